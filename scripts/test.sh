@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests need and runs them all. CI runs exactly this (see .ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v git >/dev/null || need_apt+=(git)
+command -v socat >/dev/null || need_apt+=(socat)
+if ((${#need_apt[@]})); then
+  echo "installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+VENV=${CORRAL_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]'
+
+echo "== mypy --strict"
+"$VENV/bin/mypy"
+echo "== ruff"
+"$VENV/bin/ruff" check src tests bench
+echo "== pytest"
+exec "$VENV/bin/python" -m pytest "$@"

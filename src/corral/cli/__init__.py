@@ -1,0 +1,1 @@
+"""The ``corral`` command line. Each command group lives in its own module."""

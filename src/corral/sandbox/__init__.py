@@ -1,0 +1,1 @@
+"""Sandbox contracts and definitions (provider + workspace + policy + lifecycle)."""

@@ -1,0 +1,332 @@
+"""The sandbox contract (DESIGN §2): what every provider and handle offers.
+
+Code above this layer branches on :class:`Capabilities`, never on a provider's name.
+Calling something a provider lacks raises :class:`UnsupportedCapability`.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from corral.errors import CorralError
+
+__all__ = [
+    "Capabilities",
+    "ExecResult",
+    "FileInfo",
+    "FileSystem",
+    "Handle",
+    "HostRoute",
+    "PathEscapeError",
+    "Process",
+    "ProcessApi",
+    "Provider",
+    "ResourceLimits",
+    "SandboxGoneError",
+    "SandboxRef",
+    "SandboxSpec",
+    "SnapshotRef",
+    "UnsupportedCapability",
+    "signal_name",
+]
+
+Command = str | Sequence[str]
+"""A shell string (run with ``/bin/sh -c``) or an argv list (run directly)."""
+
+
+def signal_name(signum: int) -> str:
+    """Return the symbolic name of a signal number (``SIGKILL``), or ``SIG<n>``."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+class UnsupportedCapability(CorralError):
+    """A provider was asked for something it does not offer.
+
+    Carries the provider's name, the capability, and a hint naming what to use instead.
+    """
+
+    def __init__(self, provider: str, capability: str, hint: str = "") -> None:
+        self.provider = provider
+        self.capability = capability
+        self.hint = hint
+        msg = f"provider {provider!r} does not support {capability!r}"
+        super().__init__(f"{msg}: {hint}" if hint else msg)
+
+
+class PathEscapeError(CorralError, PermissionError):
+    """A filesystem path would resolve outside the sandbox (``..``, absolute, symlink)."""
+
+
+class SandboxGoneError(CorralError):
+    """The sandbox behind a handle no longer exists (destroyed, or wiped underneath)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """Declared booleans that callers branch on. A provider must be honest about each."""
+
+    background_processes: bool = False
+    """Processes started with ``spawn`` outlive the host process that started them."""
+    killable_processes: bool = False
+    """``Process.kill`` reaches the whole tree, grandchildren included."""
+    writable_stdin: bool = False
+    """``Process.write_stdin`` / ``close_stdin`` work on spawned processes."""
+    snapshots: bool = False
+    """``Provider.snapshot`` / ``Provider.restore`` are implemented."""
+    network_policy: bool = False
+    """The sandbox has no network unless policy grants egress (through the proxy)."""
+    durable_filesystem: bool = False
+    """The sandbox's files survive the host process; ``resume`` from another process works."""
+    ports: bool = False
+    """``Handle.connect_port`` gives a host-reachable URL for a port inside the sandbox."""
+    isolated: bool = False
+    """Processes are isolated from the host (namespaces, containers, VMs). False for local."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Limits applied to everything running in one sandbox. ``None`` means no limit."""
+
+    memory_bytes: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+
+
+HostRoute = Literal["loopback", "unix-socket", "docker-gateway", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What to create. Providers ignore fields that do not apply to them."""
+
+    name: str | None = None
+    """Sandbox id to use; generated when ``None``. Must match ``[A-Za-z0-9_.-]{1,64}``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment every process in the sandbox starts with."""
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    network: bool = False
+    """Whether the sandbox gets egress at all (the default is no network)."""
+    binds: Sequence[tuple[str, str]] = ()
+    """Extra read-only host path -> sandbox path binds (agent CLIs, unix sockets)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRef:
+    """Enough to find a sandbox again from any process: provider name and sandbox id."""
+
+    provider: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRef:
+    provider: str
+    id: str
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of a finished command.
+
+    ``exit_code`` is the process's exit status; a death by signal is reported as
+    ``128 + N`` with ``signal`` set, so it is never mistaken for success.
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    signal: int | None = None
+    timed_out: bool = False
+    limit_hit: str | None = None
+    """Which resource limit killed the command (``memory``, ``pids``, ``cpu``), if known."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.signal is None and not self.timed_out
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal_name(self.signal) if self.signal is not None else None
+
+    def describe(self) -> str:
+        """A one-line human description of how the command ended."""
+        if self.timed_out:
+            return "timed out"
+        if self.signal is not None:
+            extra = f" ({self.limit_hit} limit)" if self.limit_hit else ""
+            return f"killed by {signal_name(self.signal)}{extra}"
+        return f"exit code {self.exit_code}"
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    path: str
+    """Path relative to the sandbox root as the caller named it (normalized)."""
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mtime: float
+    mode: int
+
+
+@runtime_checkable
+class Process(Protocol):
+    """A running process in a sandbox. stdout/stderr are separate async byte streams."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> AsyncIterator[bytes]: ...
+
+    @property
+    def stderr(self) -> AsyncIterator[bytes]: ...
+
+    async def write_stdin(self, data: bytes) -> None: ...
+
+    async def close_stdin(self) -> None: ...
+
+    async def wait(self) -> ExecResult:
+        """Wait for exit. ``stdout``/``stderr`` in the result are empty when streamed."""
+        ...
+
+    async def kill(self, sig: int = _signal.SIGKILL) -> None:
+        """Signal the whole process tree (grandchildren included when killable)."""
+        ...
+
+
+class ProcessApi(Protocol):
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run to completion and collect output. A timeout kills the whole tree."""
+        ...
+
+    async def spawn(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Process:
+        """Start a process and return at once; stream its output."""
+        ...
+
+
+class FileSystem(Protocol):
+    """Byte-level file access confined to the sandbox.
+
+    Relative paths are relative to the handle's workdir; absolute paths are sandbox paths
+    (``/workspace/x``). Nothing may resolve outside the sandbox's writable areas:
+    ``..`` and symlinks that point out raise :class:`PathEscapeError`.
+    """
+
+    async def read(self, path: str) -> bytes: ...
+
+    async def write(self, path: str, data: bytes, *, mode: int | None = None) -> None: ...
+
+    def read_stream(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        """Stream a file's bytes without loading it whole."""
+        ...
+
+    async def write_stream(self, path: str, chunks: AsyncIterator[bytes]) -> int:
+        """Write a file from a stream of chunks; return the byte count."""
+        ...
+
+    async def list(self, path: str = ".") -> list[FileInfo]: ...
+
+    async def stat(self, path: str) -> FileInfo: ...
+
+    async def exists(self, path: str) -> bool: ...
+
+    async def mkdir(self, path: str, *, parents: bool = True) -> None: ...
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None: ...
+
+    async def rename(self, src: str, dst: str) -> None: ...
+
+
+@runtime_checkable
+class Handle(Protocol):
+    """A live sandbox."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def ref(self) -> SandboxRef: ...
+
+    @property
+    def workdir(self) -> str:
+        """The agent's view of the workspace, ``/workspace`` by default."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def process(self) -> ProcessApi: ...
+
+    @property
+    def fs(self) -> FileSystem: ...
+
+    async def connect_port(self, port: int) -> str:
+        """A host-reachable URL for ``port`` inside the sandbox (capability ``ports``)."""
+        ...
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Creates, finds and destroys sandboxes of one kind."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def host_route(self) -> HostRoute:
+        """How a process in the sandbox reaches the host."""
+        ...
+
+    def fingerprint(self) -> str:
+        """A stable digest of the provider's configuration (image, limits, …).
+
+        It goes into the instance key so that a changed configuration gets a new sandbox.
+        """
+        ...
+
+    async def create(self, spec: SandboxSpec | None = None) -> Handle: ...
+
+    async def resume(self, ref: SandboxRef | str) -> Handle | None:
+        """Reattach to an existing sandbox, from any process; ``None`` when it is gone."""
+        ...
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        """Kill every process of the sandbox and delete it. Idempotent."""
+        ...
+
+    async def list(self) -> list[SandboxRef]: ...
+
+    async def snapshot(self, handle: Handle, label: str = "") -> SnapshotRef:
+        """Capability ``snapshots``; raises :class:`UnsupportedCapability` otherwise."""
+        ...
+
+    async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> Handle:
+        """Capability ``snapshots``; raises :class:`UnsupportedCapability` otherwise."""
+        ...

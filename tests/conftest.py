@@ -1,0 +1,35 @@
+"""Shared fixtures. Tests run the CLI as ``python -m corral`` from this checkout's src."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@pytest.fixture
+def corral_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private ``$CORRAL_HOME`` for one test."""
+    home = tmp_path / "corral-home"
+    home.mkdir()
+    monkeypatch.setenv("CORRAL_HOME", str(home))
+    yield home
+
+
+@pytest.fixture
+def cli_env(corral_home: Path) -> dict[str, str]:
+    """Environment for running ``corral`` in a subprocess against this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["CORRAL_HOME"] = str(corral_home)
+    return env
+
+
+@pytest.fixture
+def corral_cmd() -> list[str]:
+    return [sys.executable, "-m", "corral"]
