@@ -12,9 +12,12 @@ from corral.errors import CorralError
 # Each module defines ``register(subparsers)`` and sets ``func`` on its parsers; ``func``
 # takes the parsed namespace and returns the process exit code.
 COMMAND_MODULES: tuple[str, ...] = (
-    "corral.cli.exec_cmd",
-    "corral.cli.sandboxes_cmd",
-    "corral.cli.doctor_cmd",
+    "corral.cli.exec_cmd",  # corral exec
+    "corral.cli.sandboxes_cmd",  # corral sandboxes ls|rm
+    "corral.cli.doctor_cmd",  # corral doctor
+    "corral.cli.runs_cmd",  # corral run|attach|cancel|ls|show
+    "corral.cli.reap_cmd",  # corral reap
+    "corral.cli.gc_cmd",  # corral gc
 )
 
 Handler = Callable[[argparse.Namespace], int]
