@@ -131,7 +131,8 @@ def append_check(current_epoch: int | None, run_id: str, epoch: int, closed: boo
     (``None`` when the run does not exist)."""
     if current_epoch is None:
         raise UnknownRun(run_id)
-    if current_epoch != epoch:
+    # Epoch 0 means "never claimed": every writer must hold a claim (epoch >= 1).
+    if current_epoch != epoch or epoch < 1:
         raise ClaimLost(run_id, epoch, current_epoch)
     if closed:
         raise LogClosed(run_id)
