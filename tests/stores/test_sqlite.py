@@ -7,14 +7,13 @@ import os
 import signal
 import socket
 import sqlite3
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.streams.text import TextReceiveStream
 
 from corral.errors import ConfigError
 from corral.runs.records import CorruptRecord, RunStatus
@@ -178,23 +177,21 @@ async def test_sigkill_mid_append_leaves_clean_prefix_and_run_continues(tmp_path
     store = await open_store(url)
     await store.create(NewRun("r", "t"))
     dead = await store.acquire_claim("r", "doomed-host", 2.0)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CRASHER, url, "r", str(dead.epoch)],
-        stdout=subprocess.PIPE, env=_env(), text=True,
-    )
     acked = 0
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + DEADLINE
-        while acked < 3000 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            acked = int(line)
-        os.kill(proc.pid, signal.SIGKILL)  # mid-loop: appends are in flight
-    finally:
-        proc.kill()
-        proc.wait()
+    with anyio.fail_after(DEADLINE):
+        async with await anyio.open_process(
+            [sys.executable, "-c", CRASHER, url, "r", str(dead.epoch)], env=_env()
+        ) as proc:
+            assert proc.stdout is not None
+            buffer = ""
+            async for chunk in TextReceiveStream(proc.stdout):
+                *lines, buffer = (buffer + chunk).split("\n")
+                if lines:
+                    acked = int(lines[-1])
+                if acked >= 3000:
+                    break
+            proc.send_signal(signal.SIGKILL)  # mid-loop: appends are in flight
+            await proc.wait()
     assert acked >= 3000
 
     # A fresh connection (another "process") sees a clean prefix: no torn batch, no gap.
