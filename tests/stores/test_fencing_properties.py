@@ -17,7 +17,7 @@ import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from corral.runs.store import Claim, ClaimLost, ClaimRefused, NewRun, RefusalReason, Store
 from corral.stores import open_store
@@ -110,7 +110,6 @@ class FencingMachine(RuleBasedStateMachine):
     def time_passes(self, dt: float) -> None:
         self.now += dt  # leases lapse: their holders lose them to the next claim
 
-    @precondition(lambda self: True)
     @invariant()
     def log_is_exactly_the_acknowledged_events(self) -> None:
         snap = self.call(self.store.snapshot, "r")
