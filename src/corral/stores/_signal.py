@@ -100,6 +100,11 @@ class NotifySignal(LocalSignal):
                 # Full buffer: the peer has pending pokes already and will wake anyway.
                 pass
 
+    @property
+    def sock(self) -> socket.socket | None:
+        """The listening socket, once :meth:`listen` ran."""
+        return self._sock
+
     def _drain(self) -> None:
         assert self._sock is not None
         while True:

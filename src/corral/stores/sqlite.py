@@ -235,6 +235,8 @@ class SQLiteStore:
 
     async def aclose(self) -> None:
         """Close both connections and stop listening for pokes."""
+        if self._signal.sock is not None:
+            anyio.notify_closing(self._signal.sock)  # tailers parked on it get an error, not a hang
         self._signal.close()
         self._writer.close()
         self._reader.close()
