@@ -1,0 +1,299 @@
+"""``pipe_to_run_log``: drive a producer's events into a run's log, ending in one status.
+
+The pipe is total: whatever the producer does, it records exactly one terminal status
+(through the epoch fence) and calls ``close`` exactly once, then re-reads the record. Rules:
+
+- the producer yields ``(event, journal_offset)`` pairs and may end with a
+  :class:`ProducerExit` carrying the agent's exit code or error;
+- an abort (the ``abort`` event) before start, between events, or while the producer is
+  waiting for its next event, is ``aborted`` — also when the producer then ends its stream;
+- a ``RUN_ERROR`` event is ``failed`` with its message and code; a producer that raises, or
+  exits non-zero, is ``failed`` and a synthetic ``RUN_ERROR`` is appended;
+- a driver whose claim is lost (:class:`ClaimLost` from an append or the terminal write) lands
+  nothing more, writes no status over its successor, and still calls ``close`` (which leaves a
+  successor's log open);
+- cancellation from outside records ``aborted``, closes, and re-raises the cancellation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias, cast
+
+import anyio
+
+from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
+from corral.runs.store import ClaimLost, EventLog, RunStore
+
+log = logging.getLogger("corral.runs.pipe")
+
+RUN_ERROR = "RUN_ERROR"
+RUN_FINISHED = "RUN_FINISHED"
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerExit:
+    """The producer's final word: the agent's exit code and/or an error it observed."""
+
+    exit_code: int | None = None
+    error: RunError | None = None
+
+
+Produced: TypeAlias = tuple[Mapping[str, Any], int] | ProducerExit
+
+
+class PipeStore(RunStore, EventLog, Protocol):
+    """What the pipe needs: run records and the event log."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipeResult:
+    """How a pipe ended.
+
+    ``status`` is what this driver decided; ``record`` is the record re-read afterwards (the
+    successor's live record when ``claim_lost``; ``None`` if it could not be read).
+    """
+
+    status: RunStatus
+    record: RunRecord | None
+    claim_lost: bool
+    error: RunError | None
+    exit_code: int | None
+    appended: int
+
+
+class _End:
+    pass
+
+
+class _Aborted:
+    pass
+
+
+@dataclass
+class _Raised:
+    exc: BaseException
+
+
+_END = _End()
+_ABORTED = _Aborted()
+
+
+def error_from_exception(exc: BaseException) -> RunError:
+    """A :class:`RunError` for an exception: its message (or type) and a string/number code."""
+    message = str(exc) or type(exc).__name__
+    code = getattr(exc, "code", None)
+    if isinstance(code, bool) or not isinstance(code, str | int | float) or isinstance(code, float) and not math.isfinite(code):
+        code = None
+    return RunError(message=message, code=None if code is None else str(code))
+
+
+def error_from_event(event: Mapping[str, Any]) -> RunError:
+    """The error a ``RUN_ERROR`` event carries (AG-UI fields ``message`` and ``code``)."""
+    message = event.get("message")
+    code = event.get("code")
+    return RunError(
+        message=message if isinstance(message, str) and message else "the run reported an error",
+        code=code if isinstance(code, str) else None,
+    )
+
+
+def run_error_event(error: RunError) -> dict[str, Any]:
+    """A synthetic AG-UI ``RUN_ERROR`` event for ``error``."""
+    event: dict[str, Any] = {"type": RUN_ERROR, "message": error.message}
+    if error.code is not None:
+        event["code"] = error.code
+    return event
+
+
+async def _pull(it: AsyncIterator[Produced], abort: anyio.Event | None) -> object:
+    """The producer's next item, ``_END``, ``_Raised``, or ``_ABORTED`` if ``abort`` fired
+    while waiting (the pending pull is cancelled)."""
+    if abort is None:
+        try:
+            return await it.__anext__()
+        except StopAsyncIteration:
+            return _END
+        except Exception as exc:  # noqa: BLE001
+            return _Raised(exc)
+    result: object = _ABORTED
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            await abort.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            result = await it.__anext__()
+        except StopAsyncIteration:
+            result = _END
+        except Exception as exc:  # noqa: BLE001
+            result = _Raised(exc)
+        tg.cancel_scope.cancel()
+    return result
+
+
+async def pipe_to_run_log(
+    store: PipeStore,
+    run_id: str,
+    events: AsyncIterable[Produced],
+    *,
+    epoch: int,
+    abort: anyio.Event | None = None,
+    journal_offset: int = 0,
+    clock: Callable[[], float] = time.time,
+    close_timeout: float = 5.0,
+) -> PipeResult:
+    """Append ``events`` to ``run_id``'s log under claim ``epoch`` and finish the run.
+
+    ``journal_offset`` is where the producer started reading the journal (carried by
+    synthetic events before any real one). Never raises, except to propagate a cancellation
+    from outside after recording ``aborted`` and closing.
+    """
+    it = aiter(events)
+    status: RunStatus | None = None
+    error: RunError | None = None
+    exit_code: int | None = None
+    synthesize = False
+    lost = False
+    appended = 0
+    last_journal = journal_offset
+    try:
+        while status is None:
+            if abort is not None and abort.is_set():
+                status = RunStatus.ABORTED
+                break
+            item = await _pull(it, abort)
+            if item is _ABORTED:
+                status = RunStatus.ABORTED
+            elif item is _END:
+                break
+            elif isinstance(item, _Raised):
+                status, error, synthesize = RunStatus.FAILED, error_from_exception(item.exc), True
+            elif isinstance(item, ProducerExit):
+                exit_code = item.exit_code
+                if item.error is not None:
+                    status, error = RunStatus.FAILED, item.error
+                    synthesize = True
+                break
+            else:
+                event, offset = cast(tuple[Mapping[str, Any], int], item)
+                if abort is not None and abort.is_set():
+                    status = RunStatus.ABORTED  # the event that raced the abort is dropped
+                    break
+                try:
+                    await store.append(run_id, [(event, offset)], epoch=epoch)
+                except ClaimLost:
+                    lost = True
+                    status = RunStatus.ABORTED
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    status, error, synthesize = RunStatus.FAILED, error_from_exception(exc), True
+                    break
+                appended += 1
+                last_journal = offset
+                if event.get("type") == RUN_ERROR:
+                    status, error = RunStatus.FAILED, error_from_event(event)
+        if status is None:
+            if abort is not None and abort.is_set():
+                status = RunStatus.ABORTED
+            elif exit_code is not None and exit_code != 0 and error is None:
+                status = RunStatus.FAILED
+                error = RunError(f"the agent exited with code {exit_code}", "exit_code")
+                synthesize = True
+            else:
+                status = RunStatus.COMPLETED
+    finally:
+        # Runs on every path, cancellation included: shielded so the record and the log
+        # always reach their end state.
+        with anyio.CancelScope(shield=True):
+            if status is None:  # cancelled from outside mid-pipe
+                status = RunStatus.ABORTED
+            if status is RunStatus.ABORTED and error is None:
+                error = RunError("the run was aborted", "aborted")
+                synthesize = True
+            result = await _finish(
+                store,
+                run_id,
+                epoch,
+                status=status,
+                error=error,
+                exit_code=exit_code,
+                synthesize=synthesize,
+                lost=lost,
+                last_journal=last_journal,
+                appended=appended,
+                clock=clock,
+            )
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                with anyio.move_on_after(close_timeout):
+                    try:
+                        await aclose()
+                    except Exception as exc:  # noqa: BLE001
+                        log.debug("closing the producer of run %s failed: %s", run_id, exc)
+    return result
+
+
+async def _finish(
+    store: PipeStore,
+    run_id: str,
+    epoch: int,
+    *,
+    status: RunStatus,
+    error: RunError | None,
+    exit_code: int | None,
+    synthesize: bool,
+    lost: bool,
+    last_journal: int,
+    appended: int,
+    clock: Callable[[], float],
+) -> PipeResult:
+    if synthesize and not lost and error is not None:
+        try:
+            await store.append(run_id, [(run_error_event(error), last_journal)], epoch=epoch)
+            appended += 1
+        except ClaimLost:
+            lost = True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("appending the synthesized RUN_ERROR to run %s failed: %s", run_id, exc)
+            error = RunError(
+                f"{error.message}; appending the synthesized RUN_ERROR failed: {exc}", error.code
+            )
+    if not lost:
+        patch = RunPatch(
+            status=status,
+            finished_at=clock(),
+            error=error,
+            exit_code=exit_code if exit_code is not None else UNSET,
+        )
+        try:
+            await store.update(run_id, patch, expect_epoch=epoch)
+        except ClaimLost:
+            lost = True
+        except Exception as exc:  # noqa: BLE001
+            log.error("recording the terminal status of run %s failed: %s", run_id, exc)
+    if lost:
+        log.info("run %s: claim at epoch %d lost; its successor owns the run", run_id, epoch)
+    try:
+        await store.close(run_id, epoch=epoch)
+    except Exception as exc:  # noqa: BLE001
+        log.error("closing the event log of run %s failed: %s", run_id, exc)
+    record: RunRecord | None = None
+    try:
+        record = await store.get(run_id)
+    except Exception as exc:  # noqa: BLE001
+        log.error("re-reading run %s after finishing failed: %s", run_id, exc)
+    return PipeResult(
+        status=status,
+        record=record,
+        claim_lost=lost,
+        error=error,
+        exit_code=exit_code,
+        appended=appended,
+    )
