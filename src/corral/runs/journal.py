@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -133,7 +133,7 @@ async def read_journal(
     chunk_size: int = DEFAULT_CHUNK,
     max_line_bytes: int = DEFAULT_MAX_LINE,
     liveness_interval: float = 1.0,
-) -> AsyncIterator[JournalItem]:
+) -> AsyncGenerator[JournalItem, None]:
     """Yield the journal's lines after byte ``after``, then its :class:`Exit`.
 
     ``nonce``: this run's nonce; ``None`` reads lines only (no sentinel is recognised).
