@@ -261,13 +261,14 @@ class Probe:
     reason: str = ""
 
 
-def _last_sentinel(window: bytes, key: bytes, window_starts_file: bool) -> SentinelExit | None:
+def _first_sentinel(window: bytes, key: bytes, starts_at_line: bool) -> SentinelExit | None:
     parts = window.split(b"\n")
-    # parts[-1] is unterminated (never a sentinel: the trailer ends with "\n");
-    # parts[0] may be cut by the window start unless the window starts the file.
-    first = 0 if window_starts_file else 1
-    for i in range(len(parts) - 2, first - 1, -1):
-        hit = parse_sentinel(parts[i], key)
+    # parts[-1] is unterminated (never a sentinel: the trailer ends with "\n"); parts[0] may
+    # be cut by the window start. The *first* valid sentinel wins: nothing can forge one
+    # before the real one exists, while a straggler that read the journal afterwards could
+    # append a copy with another code.
+    for part in parts[0 if starts_at_line else 1 : -1]:
+        hit = parse_sentinel(part, key)
         if hit is not None:
             return hit
     return None
@@ -283,11 +284,13 @@ def probe_journal_tail(
     opener: Opener = _default_open,
     now: float | None = None,
 ) -> Probe:
-    """Classify a journal by reading only its tail (scanning from the end).
+    """Classify a journal by reading only its end; never drives the run, never raises.
 
-    With :class:`JournalPaths`, the supervisor's status decides liveness, and if a straggler
-    pushed the sentinel out of the tail window, the scan resumes from the status file's
-    trailer hint (bounded by ``max_scan`` bytes). Never raises.
+    With :class:`JournalPaths` and a status file that records the agent's exit, the scan
+    starts at the recorded trailer position (normally a ~100-byte read; at most ``max_scan``
+    bytes when a straggler wrote after the sentinel). Otherwise it reads the last
+    ``max_bytes``. Liveness for ``producing``: the supervisor (pid + start time) or a journal
+    modified within ``recent`` seconds.
     """
     try:
         key = normalize_nonce(nonce)
@@ -300,15 +303,15 @@ def probe_journal_tail(
         if f is not None:
             with f:
                 size = f.seek(0, os.SEEK_END)
-                lo = max(0, size - max_bytes)
-                f.seek(lo)
-                hit = _last_sentinel(f.read(size - lo), key, lo == 0)
-                hint = status.trailer_hint if status else None
-                exited = status is not None and status.state == "exited"
-                if hit is None and exited and hint is not None and 0 <= hint < lo:
-                    # The trailer starts at hint with its separator: a line start.
+                hint = status.trailer_hint if status and status.state == "exited" else None
+                if hint is not None and 0 <= hint <= size:
+                    # The trailer starts at hint with its separator, i.e. at a line start.
                     f.seek(hint)
-                    hit = _last_sentinel(f.read(min(max_scan, size - hint)), key, True)
+                    hit = _first_sentinel(f.read(min(max_scan, size - hint)), key, True)
+                else:
+                    lo = max(0, size - max_bytes)
+                    f.seek(lo)
+                    hit = _first_sentinel(f.read(size - lo), key, lo == 0)
                 if hit is not None:
                     return Probe("finished", hit.code, hit.signal)
         if status is not None and _is_ours(status.supervisor_pid, status.supervisor_start):
