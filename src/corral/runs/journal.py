@@ -307,7 +307,11 @@ def probe_journal_tail(
                 if hint is not None and 0 <= hint <= size:
                     # The trailer starts at hint with its separator, i.e. at a line start.
                     f.seek(hint)
-                    hit = _first_sentinel(f.read(min(max_scan, size - hint)), key, True)
+                    window = f.read(min(max_bytes, size - hint))
+                    hit = _first_sentinel(window, key, True)
+                    if hit is None and hint + len(window) < size:  # stragglers wrote a lot
+                        window += f.read(min(max_scan, size - hint) - len(window))
+                        hit = _first_sentinel(window, key, True)
                 else:
                     lo = max(0, size - max_bytes)
                     f.seek(lo)
