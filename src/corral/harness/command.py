@@ -13,10 +13,11 @@ a run, concatenated, are exactly the program's stdout whenever it is valid UTF-8
 line's visible text is delivered as soon as the line is complete.
 
 Invalid UTF-8: such a line's delta uses U+FFFD for the bad bytes, and, just before it, a
-``CUSTOM`` event named ``corral.stdout.bytes`` carries ``{"offset": s, "base64": <the line's
-raw bytes>}``. Rebuilding stdout byte for byte: for each line, take the raw bytes when such an
-event exists for its offset, else its deltas' UTF-8, each line after the first preceded by
-``\\n``. Translation never fails on agent output.
+``CUSTOM`` event named ``corral.stdout.bytes`` carries ``{"offset": s, "chars": n, "base64":
+<the line's raw bytes>}``, ``n`` being the number of delta characters that follow and stand
+for that line (its ``\\n`` prefix included). Rebuilding stdout byte for byte: for such an
+event, emit ``\\n`` (if ``s > 0``) plus the raw bytes and skip the next ``n`` delta
+characters; encode every other delta as UTF-8. Translation never fails on agent output.
 
 The translator's state is a function of the journal offset alone (``resume = "offset"``).
 """
@@ -65,14 +66,21 @@ class CommandTranslator:
 
     def _line(self, line: Line) -> list[BaseEvent]:
         out: list[BaseEvent] = []
+        raw: bytes | None = None
         try:
             text = line.data.decode("utf-8")
         except UnicodeDecodeError:
             text = line.data.decode("utf-8", "replace")
-            payload = {"offset": line.start_offset, "base64": base64.b64encode(line.data).decode()}
-            out.append(ev.custom(RAW_BYTES_EVENT, payload))
+            raw = line.data
         if line.start_offset > 0:
             text = "\n" + text
+        if raw is not None:
+            payload = {
+                "offset": line.start_offset,
+                "chars": len(text),
+                "base64": base64.b64encode(raw).decode(),
+            }
+            out.append(ev.custom(RAW_BYTES_EVENT, payload))
         step = self.max_delta_chars
         out.extend(ev.text_content(self.message_id, text[i : i + step])
                    for i in range(0, len(text), step))
@@ -102,6 +110,11 @@ class CommandHarness:
     resume: Literal["offset", "replay"] = "offset"
 
     def __init__(self, argv: Sequence[str] | None = None, *, max_delta_chars: int = 1 << 20):
+        if isinstance(argv, str):
+            raise ConfigError(
+                "the command harness takes argv as a list of strings, not one string; "
+                "use ['sh', '-c', '...'] to run a shell command line"
+            )
         self.argv = list(argv) if argv is not None else None
         self.max_delta_chars = max_delta_chars
 
