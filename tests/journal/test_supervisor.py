@@ -177,3 +177,16 @@ def test_supervisor_and_agent_survive_sigkill_of_the_launcher(jdir: Path, tmp_pa
             launcher.kill()
             launcher.wait()
         kill_supervised(paths, grace=1.0, include_supervisor=True)
+
+
+def test_kill_supervised_stops_an_orphaned_agent_after_supervisor_death(launch) -> None:
+    run = launch(["sh", "-c", "echo up; exec sleep 600"])
+    wait_for(lambda: run.paths.journal.read_bytes() == b"up\n", what="agent up")
+    os.kill(run.run.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: not supervisor_alive(run.paths), what="supervisor death")
+    agent = run.run.agent_pid
+    assert agent is not None and process_start_time(agent) is not None
+    assert kill_supervised(run.paths, grace=5.0) is False  # no exit can be recorded any more
+    wait_for(lambda: process_start_time(agent) is None, what="orphaned agent reaped")
+    probe = probe_journal_tail(run.paths, run.nonce, now=10**12)
+    assert probe.state == "unknown"

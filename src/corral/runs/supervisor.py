@@ -287,40 +287,40 @@ def kill_supervised(
     against their recorded start times, so a reused pid is never signalled.
     """
 
-    def exited() -> bool:
-        st = read_status(paths.status)
-        return st is not None and (
-            st.state == "exited" or not _is_ours(st.supervisor_pid, st.supervisor_start)
-        )
-
-    def wait(deadline: float) -> bool:
-        while time.monotonic() < deadline:
-            if exited():
-                return True
-            time.sleep(0.01)
-        return exited()
-
     st = read_status(paths.status)
     if st is None:
         return False
+
+    def recorded() -> bool:
+        now = read_status(paths.status)
+        return now is not None and now.state == "exited"
+
+    def settled() -> bool:
+        # Done when the exit is recorded, or nobody is left to record it and the agent is
+        # gone too (supervisor SIGKILLed earlier: the orphaned agent is reaped by init).
+        if recorded():
+            return True
+        sup = _is_ours(st.supervisor_pid, st.supervisor_start)
+        return not sup and not _is_ours(st.agent_pid, st.agent_start)
+
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if exited():
+        if settled():
             break
         # zombie_ok: an unreaped agent still pins its pid, so its group id is ours.
-        if _is_ours(st.agent_pid, st.agent_start, zombie_ok=True) and st.agent_pid is not None:
+        if st.agent_pid is not None and _is_ours(st.agent_pid, st.agent_start, zombie_ok=True):
             try:
                 os.killpg(st.agent_pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
-        wait(time.monotonic() + grace)
-    stop_supervisor = include_supervisor or not exited()
-    if stop_supervisor and _is_ours(st.supervisor_pid, st.supervisor_start):
+        deadline = time.monotonic() + grace
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if (include_supervisor or not settled()) and _is_ours(st.supervisor_pid, st.supervisor_start):
         try:
             os.kill(st.supervisor_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    final = read_status(paths.status)
-    return final is not None and final.state == "exited"
+    return recorded()
 
 
 async def kill_supervised_async(
