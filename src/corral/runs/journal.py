@@ -38,6 +38,7 @@ import anyio
 import anyio.lowlevel
 
 from corral.errors import CorralError
+from corral.runs.inotify import FileWatch
 from corral.runs.layout import JournalPaths, read_status
 from corral.runs.sentinel import SentinelExit, normalize_nonce, parse_sentinel
 from corral.runs.supervisor import _is_ours
@@ -137,8 +138,9 @@ async def read_journal(
     """Yield the journal's lines after byte ``after``, then its :class:`Exit`.
 
     ``nonce``: this run's nonce; ``None`` reads lines only (no sentinel is recognised).
-    ``follow``: wait for more bytes at the end (polling with sleeps that start at 2 ms and
-    grow to ``poll`` seconds while idle); otherwise stop at the current end of the file
+    ``follow``: wait for more bytes at the end (woken by inotify on Linux, re-checking at
+    least every ``max(poll, liveness_interval)`` seconds; without inotify, polling with sleeps
+    that start at 2 ms and grow to ``poll`` seconds while idle); otherwise stop at the current end of the file
     (without an :class:`Exit` unless the sentinel was there; never yielding a partial line).
     With a :class:`JournalPaths` target, :class:`Exit` carries the stderr tail and a follower
     that sees no growth for ``liveness_interval`` checks the supervisor: if it is gone and no
@@ -155,6 +157,8 @@ async def read_journal(
     f = await _open_waiting(path, opener, follow, poll)
     if f is None:
         return
+    # Registered before the first read, so no write between a read and a wait is missed.
+    watch = FileWatch.open(path) if follow else None
     try:
         if after > 0:
             f.seek(after - 1)
@@ -215,10 +219,15 @@ async def read_journal(
                         )
                     f.seek(base + len(buf))
                     continue
-            await anyio.sleep(sleep)
-            sleep = min(sleep * 2, poll)
+            if watch is not None:
+                await watch.wait(max(poll, liveness_interval))
+            else:
+                await anyio.sleep(sleep)
+                sleep = min(sleep * 2, poll)
     finally:
         f.close()
+        if watch is not None:
+            watch.close()
 
 
 def _supervisor_gone(paths: JournalPaths) -> bool:
