@@ -43,8 +43,7 @@ def bench_throughput(d: Path) -> None:
     line = b"x" * 99 + b"\n"
     n = 2_000_000
     with open(j, "wb") as f:
-        for _ in range(n // 10000):
-            f.write(line * 10000)
+        f.writelines(line * 10000 for _ in range(n // 10000))
         f.write(format_trailer(nonce, 0, None))
 
     async def read() -> int:

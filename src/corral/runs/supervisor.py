@@ -398,7 +398,8 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
             start_new_session=True,
         )
     except OSError as exc:
-        spawn_error = f"cannot start agent {job['argv'][0]!r}: {exc.strerror or exc}"
+        what = f"{exc.strerror}: {exc.filename!r}" if exc.filename else str(exc.strerror or exc)
+        spawn_error = f"cannot start agent {job['argv'][0]!r}: {what}"
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         _write_all(err_fd, f"corral supervisor: {spawn_error}\n".encode())
         write_status(
