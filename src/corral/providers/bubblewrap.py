@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,14 @@ from corral.errors import ConfigError, PrerequisiteMissing
 from corral.paths import corral_home
 from corral.providers import cgroups, procscan
 from corral.providers.base import HostDirHandle
-from corral.providers.process import Outcome, SandboxProcess, collect, merge_env, to_argv
+from corral.providers.process import (
+    Outcome,
+    SandboxProcess,
+    collect,
+    merge_env,
+    popen,
+    to_argv,
+)
 from corral.providers.state import (
     SandboxState,
     check_env,
@@ -206,7 +214,7 @@ class _Run:
         self.init_pid: int | None = None
         self.before = cgroups.limit_counters(handle.state.cgroups) if handle.state.cgroups else None
         self._status_buf = b""
-        self.proc: anyio.abc.Process | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def _read_status(self) -> None:
         while b"\n" not in self._status_buf:
@@ -227,7 +235,7 @@ class _Run:
         """The host pid of the sandbox's pid-namespace init for this run (bwrap's child)."""
         assert self.proc is not None
         with anyio.move_on_after(5):
-            while self.init_pid is None and self.proc.returncode is None:
+            while self.init_pid is None and self.proc.poll() is None:
                 self._read_status()
                 if self.init_pid is None:
                     await anyio.sleep(0.001)
@@ -422,12 +430,7 @@ class BubblewrapHandle(HostDirHandle):
         ]
         run = _Run(self, status_r, report_r)
         try:
-            proc = await anyio.open_process(
-                full,
-                env=self._env_for(env),
-                start_new_session=True,
-                pass_fds=fds,
-            )
+            proc = popen(full, env=self._env_for(env), pass_fds=fds)
         except BaseException:
             run.close()
             raise
@@ -562,7 +565,7 @@ class BubblewrapProvider:
 
     async def create(self, spec: SandboxSpec | None = None) -> BubblewrapHandle:
         spec = spec or SandboxSpec()
-        sandbox_id = validate_id(spec.name) if spec.name else new_id()
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
         state = SandboxState.from_spec(sandbox_id, "bubblewrap", spec)
         lim = self._limits_for(spec)
         state.memory_bytes, state.pids, state.cpus = lim.memory_bytes, lim.pids, lim.cpus
@@ -601,7 +604,9 @@ class BubblewrapProvider:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
-        if state is None or not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
+        if state is None or state.destroying:
+            return None
+        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
             return None
         return BubblewrapHandle(sandbox_dir, state, self)
 
@@ -610,10 +615,17 @@ class BubblewrapProvider:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
-        if state is not None:
-            await anyio.to_thread.run_sync(_kill_sandbox, state)
-            if state.files_dir:
-                await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
+        if state is None:
+            await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+            return
+        # First make the sandbox unusable (no new launches), then stop what runs.
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+        await anyio.to_thread.run_sync(_kill_sandbox, state)
+        if state.files_dir and Path(state.files_dir) != sandbox_dir:
+            await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
+            with contextlib.suppress(OSError):
+                Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
 
     async def list(self) -> list[SandboxRef]:
@@ -634,8 +646,13 @@ class BubblewrapProvider:
 
 def _kill_sandbox(state: SandboxState) -> None:
     if state.cgroups:
-        cgroups.kill_all(state.cgroups)
-        cgroups.remove(state.cgroups)
+        if not cgroups.destroy(state.cgroups):
+            from corral.errors import CorralError
+
+            raise CorralError(
+                f"could not stop every process of sandbox {state.id!r}; run "
+                f"`corral sandboxes rm {state.id}` again"
+            )
         return
     # No cgroups: the launchers carry the sandbox's tag in their environment; killing
     # each one's namespace init (its child) takes the namespace down with it.

@@ -30,6 +30,7 @@ __all__ = [
     "members",
     "procs_files",
     "remove",
+    "destroy",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -155,6 +156,36 @@ def kill_all(dirs: Sequence[str], *, timeout: float = 10.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.005)
+
+
+def destroy(dirs: Sequence[str], *, timeout: float = 10.0) -> bool:
+    """Kill every member and remove the groups; True when all are gone.
+
+    A launcher that is between its start and its join (it writes its pid to
+    ``cgroup.procs`` before it enters the sandbox) makes ``rmdir`` fail with EBUSY; then
+    we kill again. Once a group is removed, a late joiner's write fails and it exits
+    before entering the sandbox.
+    """
+    deadline = time.monotonic() + timeout
+    left = list(dirs)
+    while left:
+        kill_all(left, timeout=max(0.1, deadline - time.monotonic()))
+        still = []
+        for d in left:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                still.append(d)
+        left = still
+        if left:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+    return True
 
 
 def remove(dirs: Iterable[str], *, timeout: float = 5.0) -> None:

@@ -39,6 +39,7 @@ __all__ = ["DEFAULT_AREAS", "HostFS"]
 DEFAULT_AREAS: tuple[str, ...] = ("/workspace", "/tmp", "/home/agent")
 
 _RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
 _RESOLVE_IN_ROOT = 0x10
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after syscall unification)
 
@@ -51,8 +52,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _openat2_works: bool | None = None
 
 
-def _openat2(dirfd: int, path: str, flags: int, mode: int) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+def _openat2(dirfd: int, path: str, flags: int, mode: int, resolve: int = _RESOLVE_BENEATH) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve | _RESOLVE_NO_MAGICLINKS)
     raw = os.fsencode(path)
     for _ in range(64):  # EAGAIN: a concurrent rename raced the lookup; retry
         fd = int(_libc.syscall(_SYS_OPENAT2, dirfd, raw, ctypes.byref(how), ctypes.sizeof(how)))
@@ -68,7 +69,11 @@ def _have_openat2() -> bool:
     global _openat2_works
     if _openat2_works is None:
         try:
-            os.close(_openat2(os.open("/", os.O_PATH), ".", os.O_PATH, 0))
+            root = os.open("/", os.O_PATH)
+            try:
+                os.close(_openat2(root, ".", os.O_PATH, 0))
+            finally:
+                os.close(root)
             _openat2_works = True
         except OSError:
             _openat2_works = False
@@ -140,9 +145,21 @@ class HostFS:
         """Open ``rel`` (following symlinks the way the sandbox would) and confine it."""
         if _have_openat2():
             try:
-                fd = _openat2(rootfd, rel, flags, 0)
+                fd = _openat2(rootfd, rel, flags, 0, _RESOLVE_BENEATH)
             except OSError as exc:
-                raise _translate(exc, path) from None
+                if exc.errno != errno.EXDEV:
+                    raise _translate(exc, path) from None
+                # An absolute symlink (or one climbing out): resolve it the way the
+                # sandbox sees it; it must land in a writable area and exist.
+                try:
+                    fd = _openat2(rootfd, rel, flags, 0, _RESOLVE_IN_ROOT)
+                except OSError as exc2:
+                    if exc2.errno in (errno.ENOENT, errno.ENOTDIR):
+                        raise PathEscapeError(
+                            f"path {path!r} goes through a symlink that points outside the "
+                            "sandbox's writable areas"
+                        ) from None
+                    raise _translate(exc2, path) from None
             self._check_inside(fd, path)
             return fd
         return self._walk(rootfd, rel, flags, path)

@@ -33,7 +33,14 @@ import anyio.to_thread
 from corral.paths import corral_home
 from corral.providers import procscan
 from corral.providers.base import HostDirHandle
-from corral.providers.process import Outcome, SandboxProcess, collect, merge_env, to_argv
+from corral.providers.process import (
+    Outcome,
+    SandboxProcess,
+    collect,
+    merge_env,
+    popen,
+    to_argv,
+)
 from corral.providers.state import (
     SandboxState,
     check_env,
@@ -85,9 +92,14 @@ class _LocalProcessApi:
     ) -> SandboxProcess:
         """Start ``command`` on the host in its own session; stream its output."""
         argv, host_env, host_cwd = self._h._launch(command, cwd, env)
-        proc = await anyio.open_process(
-            argv, cwd=host_cwd, env=host_env, start_new_session=True
-        )
+        try:
+            proc = popen(argv, env=host_env, cwd=host_cwd)
+        except (FileNotFoundError, PermissionError) as exc:
+            # Report like a shell would (127 not found, 126 not executable), as the
+            # isolated providers do, instead of raising for the command's own problem.
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            script = f'echo "corral: $0: {exc.strerror}" >&2; exit {code}'
+            proc = popen(["/bin/sh", "-c", script, argv[0]], env=host_env, cwd=host_cwd)
         pid = proc.pid
 
         async def killer(sig: int) -> None:
@@ -213,7 +225,7 @@ class LocalProvider:
             raise UnsupportedCapability(
                 "local", "binds", "the local provider sees the host as is; drop the binds"
             )
-        sandbox_id = validate_id(spec.name) if spec.name else new_id()
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
         state = SandboxState.from_spec(sandbox_id, "local", spec)
         state.limit_mode = "none"
         sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
@@ -229,7 +241,9 @@ class LocalProvider:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
-        if state is None or not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
+        if state is None or state.destroying:
+            return None
+        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
             return None
         return LocalHandle(sandbox_dir, state)
 
@@ -239,6 +253,8 @@ class LocalProvider:
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
         if state is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
             await anyio.to_thread.run_sync(_kill_tagged, state.token)
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
 

@@ -8,17 +8,20 @@ pipes concurrently (so 50 MB of output cannot deadlock).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 import anyio
-import anyio.abc
 
 from corral.sandbox.contracts import Command, ExecResult, Process
 
-__all__ = ["Outcome", "SandboxProcess", "collect", "to_argv"]
+__all__ = ["Outcome", "SandboxProcess", "collect", "merge_env", "popen", "to_argv"]
 
 
 def to_argv(command: Command) -> list[str]:
@@ -46,47 +49,62 @@ Killer = Callable[[int], Awaitable[None]]
 
 
 class _ByteStream:
-    """An async iterator over chunks of one pipe; ends at EOF. Iterate it once."""
+    """An async iterator over chunks of one non-blocking pipe; ends at EOF."""
 
-    def __init__(self, stream: anyio.abc.ByteReceiveStream | None) -> None:
-        self._stream = stream
+    def __init__(self, fh: IO[bytes] | None) -> None:
+        self._fh = fh
+        if fh is not None:
+            os.set_blocking(fh.fileno(), False)
 
     def __aiter__(self) -> _ByteStream:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._stream is None:
-            raise StopAsyncIteration
-        try:
-            return await self._stream.receive(1 << 16)
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise StopAsyncIteration from None
+        while self._fh is not None:
+            try:
+                chunk = os.read(self._fh.fileno(), 1 << 16)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fh.fileno())
+                continue
+            except (OSError, ValueError):  # closed underneath us
+                chunk = b""
+            if chunk:
+                return chunk
+            self.close()
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
+            with contextlib.suppress(OSError, ValueError):
+                anyio.notify_closing(fh.fileno())
+            fh.close()
 
 
 class SandboxProcess(Process):
-    """A process started by a provider (implements the :class:`Process` protocol)."""
+    """A process started by a provider (implements the :class:`Process` protocol).
 
-    def __init__(
-        self,
-        proc: anyio.abc.Process,
-        *,
-        killer: Killer,
-        finisher: Finisher,
-        pid: int | None = None,
-    ) -> None:
-        self._proc = proc
+    It wraps a plain :class:`subprocess.Popen` (not an asyncio transport, which would
+    kill the process when the event loop closes: processes must be able to outlive us).
+    Waiting uses a pidfd, so it costs no thread.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], *, killer: Killer, finisher: Finisher) -> None:
+        self._popen = popen
         self._killer = killer
         self._finisher = finisher
-        self._pid = pid if pid is not None else proc.pid
-        self._stdout = _ByteStream(proc.stdout)
-        self._stderr = _ByteStream(proc.stderr)
+        self._stdout = _ByteStream(popen.stdout)
+        self._stderr = _ByteStream(popen.stderr)
+        self._stdin = popen.stdin
+        if self._stdin is not None:
+            os.set_blocking(self._stdin.fileno(), False)
         self._result: ExecResult | None = None
         self.timed_out = False
 
     @property
     def pid(self) -> int | None:
         """The host pid of the launcher process (not a pid inside the sandbox)."""
-        return self._pid
+        return self._popen.pid
 
     @property
     def stdout(self) -> AsyncIterator[bytes]:
@@ -98,40 +116,72 @@ class SandboxProcess(Process):
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.returncode
+        return self._popen.poll()
 
     async def write_stdin(self, data: bytes) -> None:
-        if self._proc.stdin is None:
+        """Write all of ``data``; raises :class:`BrokenPipeError` once stdin is closed."""
+        if self._stdin is None:
             raise BrokenPipeError("stdin is closed")
-        await self._proc.stdin.send(data)
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._stdin.fileno(), view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._stdin.fileno())
 
     async def close_stdin(self) -> None:
-        if self._proc.stdin is not None:
-            await self._proc.stdin.aclose()
+        if self._stdin is not None:
+            fh, self._stdin = self._stdin, None
+            with contextlib.suppress(OSError, ValueError):
+                anyio.notify_closing(fh.fileno())
+            with contextlib.suppress(OSError):
+                fh.close()
+
+    async def _wait_rc(self) -> int:
+        rc = self._popen.poll()
+        if rc is not None:
+            return rc
+        try:
+            pidfd = os.pidfd_open(self._popen.pid)
+        except OSError:
+            pidfd = -1
+        try:
+            while (rc := self._popen.poll()) is None:
+                if pidfd >= 0:
+                    await anyio.wait_readable(pidfd)
+                else:
+                    await anyio.sleep(0.01)
+            return rc
+        finally:
+            if pidfd >= 0:
+                with contextlib.suppress(OSError, ValueError):
+                    anyio.notify_closing(pidfd)
+                os.close(pidfd)
 
     async def wait(self) -> ExecResult:
         if self._result is None:
-            rc = await self._proc.wait()
-            out = self._finisher(rc)
-            self._result = ExecResult(
-                exit_code=out.exit_code,
-                stdout=b"",
-                stderr=b"",
-                signal=out.signal,
-                timed_out=self.timed_out,
-                limit_hit=out.limit_hit,
-            )
+            rc = await self._wait_rc()
+            if self._result is None:
+                out = self._finisher(rc)
+                self._result = ExecResult(
+                    exit_code=out.exit_code,
+                    stdout=b"",
+                    stderr=b"",
+                    signal=out.signal,
+                    timed_out=self.timed_out,
+                    limit_hit=out.limit_hit,
+                )
         return self._result
 
     async def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self._proc.returncode is None:
+        if self._popen.poll() is None:
             await self._killer(sig)
 
     async def aclose(self) -> None:
         """Release the pipes (does not kill the process)."""
-        for s in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
-            if s is not None:
-                await s.aclose()
+        await self.close_stdin()
+        self._stdout.close()
+        self._stderr.close()
 
 
 async def _drain(it: AsyncIterator[bytes], into: list[bytes]) -> None:
@@ -194,6 +244,27 @@ async def collect(
         signal=res.signal,
         timed_out=res.timed_out,
         limit_hit=res.limit_hit,
+    )
+
+
+def popen(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start a launcher in its own session with three pipes (vfork/posix_spawn fast path)."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        pass_fds=tuple(pass_fds),
+        bufsize=0,
     )
 
 

@@ -75,6 +75,8 @@ class SandboxState:
     """Cgroup directories (one per v1 controller) every process of the sandbox joins."""
     limit_mode: str = "none"
     """How limits are enforced: ``cgroup``, ``rlimit`` or ``none``."""
+    destroying: bool = False
+    """Read from a sandbox whose destroy began; it cannot be resumed, only destroyed."""
     files_dir: str = ""
     """Directory holding ``root/`` (the writable areas) and ``etc/``; the sandbox dir itself
     unless the sandbox runs as another host uid, which must be able to traverse to it."""
@@ -108,7 +110,9 @@ class SandboxState:
 
     def save(self, sandbox_dir: Path) -> None:
         tmp = sandbox_dir / f".state.{secrets.token_hex(4)}.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
+        data = asdict(self)
+        data.pop("destroying")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, sandbox_dir / "state.json")
 
     @classmethod
@@ -116,7 +120,11 @@ class SandboxState:
         try:
             raw: dict[str, Any] = json.loads((sandbox_dir / "state.json").read_text())
         except (FileNotFoundError, NotADirectoryError):
-            return None
+            try:  # a destroy that was interrupted: let it be finished
+                raw = json.loads((sandbox_dir / "state.destroying.json").read_text())
+                raw["destroying"] = True
+            except (OSError, ValueError):
+                return None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"sandbox state {sandbox_dir / 'state.json'} is unreadable: {exc}")
         raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
