@@ -44,6 +44,7 @@ __all__ = [
     "find_installed",
     "install_agent",
     "list_installed",
+    "mount_source",
     "package_for",
 ]
 
@@ -152,12 +153,21 @@ def others_can_reach(path: Path) -> bool:
     return True
 
 
+def mount_source(root: Path) -> Path:
+    """The host directory to bind at :data:`AGENTS_MOUNT` for agents root ``root``: the
+    root itself, or its shared storage when the root is not reachable by the sandboxes'
+    uid (see the module docstring)."""
+    if os.geteuid() != 0 or others_can_reach(root):
+        return root.resolve()
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return SHARED_ROOT / "agents" / digest
+
+
 def _storage_dir(root: Path, name: str, version: str) -> Path:
     """Where the files of ``name@version`` really go (see the module docstring)."""
-    if os.geteuid() != 0 or others_can_reach(root):
+    base = mount_source(root)
+    if base == root.resolve():
         return root / name / version
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    base = SHARED_ROOT / "agents" / digest
     for d in (SHARED_ROOT, SHARED_ROOT / "agents", base, base / name):
         d.mkdir(mode=0o755, exist_ok=True)
         os.chmod(d, 0o755)
@@ -276,7 +286,7 @@ def install_agent(
             [npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--save-exact",
              "--loglevel=error", f"{pkg.package}@{version}"],
             cwd=str(tmp), env=env, stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=timeout,
+            timeout=timeout, check=False,
         )
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
@@ -285,7 +295,7 @@ def install_agent(
             )
         binary = tmp / "node_modules" / ".bin" / pkg.bin
         check = subprocess.run([str(binary), "--version"], stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=60, env=env)
+                               capture_output=True, timeout=60, env=env, check=False)
         out = check.stdout.decode("utf-8", "replace")
         if check.returncode != 0 or version not in out:
             err = check.stderr.decode("utf-8", "replace").strip()[-500:]

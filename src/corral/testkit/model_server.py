@@ -33,9 +33,9 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 __all__ = [
     "Fail",
@@ -430,16 +430,16 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         self._handle()
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:
         self._handle()
 
-    def do_HEAD(self) -> None:  # noqa: N802 - stdlib name
+    def do_HEAD(self) -> None:
         self._handle()
 
     def _handle(self) -> None:
@@ -566,7 +566,7 @@ class ModelServer:
         self._thread: threading.Thread | None = None
 
     # -- lifecycle
-    def start(self) -> ModelServer:
+    def start(self) -> Self:
         if self._server is not None:
             return self
         self._stopping.clear()
@@ -594,7 +594,7 @@ class ModelServer:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> ModelServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -605,7 +605,9 @@ class ModelServer:
     def port(self) -> int:
         if self._server is None or self.unix is not None:
             raise RuntimeError("the model server is not serving on TCP")
-        return int(self._server.server_address[1])
+        addr = self._server.server_address
+        assert isinstance(addr, tuple)
+        return int(addr[1])
 
     @property
     def url(self) -> str:

@@ -1,0 +1,328 @@
+"""Running an agent CLI in a sandbox: binds at creation, then :func:`prepare_agent` per run.
+
+The Runner's sequence::
+
+    spec = with_agent_binds(SandboxSpec(...))          # once, when creating the sandbox
+    handle = await provider.create(spec)
+    prepared = await prepare_agent(harness, handle, AgentRequest(prompt=...),
+                                   thread_id=t, run_id=r)
+    async with prepared.services():                   # host-side model (+ egress) proxy
+        await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+        async for batch in translate_run(harness, RunContext(r, t), paths, nonce=nonce):
+            ...                                        # append batch.events atomically
+    report = await prepared.finish(paths, nonce)       # save the CLI session for resume
+
+The services must run as long as the agent does (they hold the only route to the model);
+they are restartable: a successor host that takes a run over builds a fresh
+:class:`PreparedAgent` with the same ``run_id`` and enters its ``services()``: the socket
+paths derive from the run id, so the agent's forwarder reaches the new proxy (token counts
+start again from zero on that host).
+
+Isolated sandboxes (bubblewrap) see two read-only binds made at creation: the agents root
+at ``/opt/corral/agents`` and a per-sandbox socket directory at ``/run/corral``. Without
+isolation (local) the CLI runs from its host path and the sockets live in a host directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from corral.errors import ConfigError, CorralError, PrerequisiteMissing
+from corral.harness.base import AgentCommand, AgentRequest
+from corral.harness.cli_base import CliHarness
+from corral.harness.installs import (
+    AGENTS_MOUNT,
+    SHARED_ROOT,
+    InstalledAgent,
+    agents_root,
+    find_installed,
+    mount_source,
+)
+from corral.harness.sessions import (
+    SANDBOX_HOME,
+    SavedSession,
+    restore_session,
+    save_session,
+)
+from corral.net.egress import EgressProxy
+from corral.net.model_proxy import ModelProxy, Upstream, Usage
+from corral.paths import corral_home
+from corral.runs.journal import Line, read_journal
+from corral.runs.layout import JournalPaths
+from corral.runs.supervisor import AgentSpec
+from corral.sandbox.contracts import Handle, HostCommand, SandboxSpec
+
+__all__ = [
+    "NET_MOUNT",
+    "FinishReport",
+    "PreparedAgent",
+    "agent_binds",
+    "new_net_dir",
+    "prepare_agent",
+    "with_agent_binds",
+]
+
+NET_MOUNT = "/run/corral"
+"""Where a sandbox's socket directory appears inside it (read-only bind)."""
+MAX_SOCKET_PATH = 100
+
+
+def net_root() -> Path:
+    """Parent of per-sandbox socket directories. Running as root it must be reachable by
+    the sandboxes' unprivileged host uid, so it is under ``/var/lib/corral``."""
+    if os.geteuid() == 0:
+        base = SHARED_ROOT / "net"
+        for d in (SHARED_ROOT, base):
+            d.mkdir(mode=0o711, exist_ok=True)
+        return base
+    base = corral_home() / "net"
+    base.mkdir(mode=0o700, exist_ok=True)
+    return base
+
+
+def new_net_dir() -> Path:
+    """A fresh socket directory for one sandbox (unguessable name, not listable)."""
+    d = net_root() / secrets.token_hex(12)
+    d.mkdir(mode=0o711)
+    os.chmod(d, 0o711)
+    return d
+
+
+def agent_binds(net_dir: Path | None = None, *, root: Path | None = None
+                ) -> list[tuple[str, str]]:
+    """The read-only binds an isolated sandbox needs to run agent CLIs."""
+    net = net_dir if net_dir is not None else new_net_dir()
+    return [(str(mount_source(root or agents_root())), AGENTS_MOUNT), (str(net), NET_MOUNT)]
+
+
+def with_agent_binds(spec: SandboxSpec, *, root: Path | None = None) -> SandboxSpec:
+    """``spec`` plus :func:`agent_binds` (a new socket directory)."""
+    return dataclasses.replace(spec, binds=[*spec.binds, *agent_binds(root=root)])
+
+
+def _handle_binds(handle: Handle) -> list[tuple[str, str]] | None:
+    state = getattr(handle, "state", None)
+    binds = getattr(state, "binds", None)
+    if binds is None:
+        return None
+    return [(str(h), str(i)) for h, i in binds]
+
+
+@dataclass
+class FinishReport:
+    """What :meth:`PreparedAgent.finish` did."""
+
+    session_id: str | None = None
+    saved: SavedSession | None = None
+    usage: Usage = field(default_factory=Usage)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PreparedAgent:
+    """Everything one run of an agent CLI needs (see the module docstring)."""
+
+    harness: CliHarness
+    handle: Handle
+    command: AgentCommand
+    """The in-sandbox command (argv/env/cwd/stdin) for ``handle.host_command``."""
+    thread_id: str
+    run_id: str
+    install: InstalledAgent
+    model_proxy: ModelProxy
+    model_socket: Path
+    egress_proxy: EgressProxy | None = None
+    egress_socket: Path | None = None
+    resumed: SavedSession | None = None
+    """The saved CLI session this run continues, if any."""
+    own_net_dir: Path | None = None
+    """A socket directory created for this run only (non-isolated sandboxes)."""
+
+    def host_command(self) -> HostCommand:
+        """How a host process (the supervisor) runs the agent in the sandbox."""
+        return self.handle.host_command(self.command.argv, cwd=self.command.cwd,
+                                        env=self.command.env)
+
+    def agent_spec(self) -> AgentSpec:
+        """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
+        hc = self.host_command()
+        return AgentSpec(argv=hc.argv, env=hc.env, cwd=hc.cwd, stdin=self.command.stdin)
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens metered by the model proxy for this run so far."""
+        return self.model_proxy.usage
+
+    @contextlib.asynccontextmanager
+    async def services(self) -> AsyncIterator[PreparedAgent]:
+        """Serve the model proxy (and the egress proxy) while the block runs. The sockets
+        are bound before the block starts."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.model_proxy.serve, self.model_socket)
+            if self.egress_proxy is not None and self.egress_socket is not None:
+                await tg.start(self.egress_proxy.serve, self.egress_socket)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
+                     ) -> FinishReport:
+        """After the agent exited: find the CLI's session id in the journal and save the
+        session files for the thread. Never raises; problems are listed in the report."""
+        report = FinishReport(usage=self.model_proxy.usage)
+        if paths is not None:
+            try:
+                report.session_id = await _session_from_journal(self.harness, paths, nonce)
+            except (OSError, CorralError) as exc:
+                report.errors.append(f"cannot read the journal: {exc}")
+        if report.session_id is None and self.resumed is not None:
+            report.session_id = self.resumed.session_id
+        if report.session_id is not None:
+            try:
+                report.saved = await save_session(
+                    self.handle, self.harness.name, self.harness.session_dirs, self.thread_id,
+                    report.session_id)
+            except (OSError, CorralError) as exc:
+                report.errors.append(f"cannot save the {self.harness.name} session: {exc}")
+        for sock in (self.model_socket, self.egress_socket):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    if stat.S_ISSOCK(os.lstat(sock).st_mode):
+                        os.unlink(sock)
+        if self.own_net_dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.own_net_dir)
+        return report
+
+
+async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce: str | None
+                                ) -> str | None:
+    import json
+
+    found: str | None = None
+    reader = read_journal(paths, nonce=nonce, follow=False)
+    try:
+        async for item in reader:
+            if not isinstance(item, Line) or b"session_id" not in item.data \
+                    and b"thread_id" not in item.data:
+                continue
+            try:
+                obj = json.loads(item.data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                sid = harness.session_id(obj)
+                if sid:
+                    found = sid
+    finally:
+        await reader.aclose()
+    return found
+
+
+def _run_token(run_id: str) -> str:
+    return hashlib.sha256(run_id.encode()).hexdigest()[:12]
+
+
+async def prepare_agent(
+    harness: CliHarness,
+    handle: Handle,
+    request: AgentRequest,
+    *,
+    thread_id: str,
+    run_id: str,
+    upstream: Upstream | None = None,
+    budget: int | None = None,
+    egress: Sequence[str] | None = None,
+    timeout: float | None = None,
+    model_idle_timeout: float = 300.0,
+    instructions: str | None = None,
+    resume: bool = True,
+    agents: Path | None = None,
+) -> PreparedAgent:
+    """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
+
+    ``upstream``: where model calls go and with which key (default: from the host's
+    ``ANTHROPIC_*`` / ``OPENAI_*`` variables). ``budget``: token budget of the run.
+    ``egress``: allowlist (``host[:port]``) of an egress proxy; ``None`` = no egress at all.
+    ``timeout``: the agent is stopped after that many seconds. ``instructions``: written
+    to the CLI's global instructions file in the sandbox home. ``resume``: continue the
+    thread's saved CLI session (restoring its files into a fresh sandbox).
+
+    Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
+    :class:`ConfigError` (sandbox created without :func:`with_agent_binds`, bad options).
+    """
+    if not isinstance(harness, CliHarness):
+        raise ConfigError(f"prepare_agent needs an agent-CLI harness, got {harness!r}")
+    install = find_installed(harness.name, harness.version, root=agents)
+    if install is None:
+        raise PrerequisiteMissing(
+            f"{harness.name} {harness.version} is not installed: run `corral agents install "
+            f"{harness.name}" + (f" --version {harness.version}`"
+                                 if harness.version != harness.package.version else "`")
+        )
+    upstream = upstream or Upstream.from_env(harness.model_api)
+    if upstream.api != harness.model_api:
+        raise ConfigError(f"{harness.name} speaks the {harness.model_api} API; the upstream "
+                          f"given is {upstream.api}")
+    token = _run_token(run_id)
+    own_net: Path | None = None
+    options: dict[str, Any] = dict(request.options)
+    if handle.capabilities.isolated:
+        binds = _handle_binds(handle)
+        net_host = next((Path(h) for h, i in binds or [] if i == NET_MOUNT), None)
+        agents_bound = any(i == AGENTS_MOUNT for _h, i in binds or [])
+        if net_host is None or not agents_bound:
+            raise ConfigError(
+                "this sandbox was created without the agent binds: create it with "
+                "corral.harness.agent.with_agent_binds(spec) (it binds the agent CLIs and a "
+                "socket directory for the model proxy)"
+            )
+        sock_dir_inside = NET_MOUNT
+        options.setdefault("bin", harness.default_bin)
+    else:
+        net_host = own_net = new_net_dir()
+        sock_dir_inside = str(net_host)
+        options.setdefault("bin", str(install.bin_path))
+    model_socket = net_host / f"model-{token}.sock"
+    if len(str(model_socket)) > MAX_SOCKET_PATH:
+        raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "
+                          "CORRAL_SHARED_DIR or CORRAL_HOME to a shorter directory")
+    forward: list[dict[str, Any]] = [
+        {"name": "model", "port": 0, "unix": f"{sock_dir_inside}/model-{token}.sock"}]
+    egress_proxy: EgressProxy | None = None
+    egress_socket: Path | None = None
+    if egress is not None:
+        egress_proxy = EgressProxy(list(egress))
+        egress_socket = net_host / f"egress-{token}.sock"
+        forward.append({"name": "egress", "port": 0,
+                        "unix": f"{sock_dir_inside}/egress-{token}.sock"})
+        options["egress"] = True
+    options["forward"] = forward
+    if timeout is not None:
+        options["timeout"] = timeout
+    resumed: SavedSession | None = None
+    if resume and "resume" not in options:
+        resumed = await restore_session(handle, thread_id, harness.name)
+        if resumed is not None:
+            options["resume"] = resumed.session_id
+    if instructions is not None and harness.instructions_file:
+        await handle.fs.write(f"{SANDBOX_HOME}/{harness.instructions_file}",
+                              instructions.encode("utf-8"))
+    command = harness.build_command(dataclasses.replace(request, options=options))
+    proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout)
+    return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
+                         run_id=run_id, install=install, model_proxy=proxy,
+                         model_socket=model_socket, egress_proxy=egress_proxy,
+                         egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net)

@@ -1,0 +1,262 @@
+"""Codex (``@openai/codex``), run as ``codex exec --json ... -`` with the prompt on stdin.
+
+Model traffic: a custom model provider ``corral`` (Responses API, ``wire_api =
+"responses"``; Codex ignores ``OPENAI_BASE_URL``) whose ``base_url`` is the in-sandbox
+endpoint and whose key variable ``CORRAL_MODEL_KEY`` holds a placeholder. Update checks,
+analytics and the plugin sync are off (the plugin sync would try the network). Codex's own
+sandbox is bypassed (``--dangerously-bypass-approvals-and-sandbox``): it runs inside
+corral's. Sessions live in ``~/.codex/sessions``; a later prompt continues with ``codex exec
+resume <thread id>``.
+
+Events → AG-UI:
+
+* ``thread.started`` → ``CUSTOM corral.session`` ``{harness, sessionId}``;
+* ``turn.started`` / ``turn.completed`` → ``STEP_STARTED`` / ``STEP_FINISHED`` (``turn``);
+  ``turn.completed`` carries the usage for ``RUN_FINISHED``; ``turn.failed`` → the
+  ``RUN_ERROR`` message;
+* items: ``agent_message`` → text message, ``reasoning`` → ``REASONING_*``,
+  ``command_execution`` → tool call ``shell`` (``{"command": ...}``; result: the output,
+  then ``exit code N`` when non-zero), ``file_change`` → tool call ``apply_patch``,
+  ``mcp_tool_call`` → tool call ``<server>.<tool>``, ``web_search`` → tool call
+  ``web_search``; item type ``error`` (non-fatal warnings such as unknown model metadata)
+  and everything else → ``CUSTOM codex.<...>``; top-level ``error`` events (reconnects)
+  → ``CUSTOM codex.error``.
+
+Codex's ``turn.completed`` usage counts the whole session (a resumed thread includes the
+earlier turns); the model proxy's per-run count is exact.
+
+Policy mapping: only "allow everything" (no command rules, file writes allowed) can be
+expressed for ``codex exec`` without an approval channel; network ``deny`` turns Codex's
+web search off (the sandbox has no network either). Anything else raises
+:class:`~corral.errors.ConfigError` at definition time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
+
+from corral.errors import ConfigError
+from corral.harness.base import RunContext
+from corral.harness.cli_base import (
+    CliHarness,
+    CliOptions,
+    JsonlTranslator,
+    PolicyLike,
+    PolicyMapping,
+    as_int,
+    as_str,
+    flatten_text,
+    token_usage,
+)
+from corral.net.model_proxy import ModelApi
+
+__all__ = ["CodexHarness", "CodexTranslator"]
+
+KEY_VAR = "CORRAL_MODEL_KEY"
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+class CodexHarness(CliHarness):
+    """The Codex adapter (see the module docstring)."""
+
+    name: ClassVar[str] = "codex"
+    model_api: ClassVar[ModelApi] = "openai"
+    session_dirs: ClassVar[tuple[str, ...]] = (".codex/sessions",)
+    instructions_file: ClassVar[str] = ".codex/AGENTS.md"
+
+    def default_base_url(self) -> str:
+        return "http://127.0.0.1:{corral.port.model}/v1"
+
+    def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:
+        argv = ["--dangerously-bypass-approvals-and-sandbox"]
+        enforced = [("default: allow -> --dangerously-bypass-approvals-and-sandbox (the "
+                     "sandbox is the boundary)")]
+        if policy is None:
+            return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True)
+        problems: list[str] = []
+        for kind in ("allow", "ask", "deny"):
+            rules = getattr(policy, kind)
+            if rules:
+                problems.append(f"{kind} rules {list(rules)}: codex exec has no per-command "
+                                "rules corral can set")
+        if policy.default != "allow":
+            problems.append(f"default: {policy.default}: codex exec runs every command or "
+                            "none; use default: allow")
+        if policy.file_write != "allow":
+            problems.append(f"file_write: {policy.file_write}: Codex's own sandbox cannot run "
+                            "inside corral's; use file_write: allow")
+        if problems:
+            raise ConfigError("policy rules Codex cannot enforce: " + "; ".join(problems))
+        if policy.network != "allow":
+            argv += ["-c", 'web_search="disabled"']
+            enforced.append('network: deny -> -c web_search="disabled", and the sandbox has '
+                            "no network")
+        return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True)
+
+    def cli_argv(self, opts: CliOptions) -> list[str]:
+        base_url = opts.base_url or self.default_base_url()
+        argv = ["exec"]
+        if opts.resume:
+            argv.append("resume")
+        argv += ["--json", "--skip-git-repo-check", *self.policy_mapping.argv,
+                 "--disable", "plugins"]
+        config = {
+            "model_provider": _toml_str("corral"),
+            "model_providers.corral.name": _toml_str("corral"),
+            "model_providers.corral.base_url": _toml_str(base_url),
+            "model_providers.corral.wire_api": _toml_str("responses"),
+            "model_providers.corral.env_key": _toml_str(KEY_VAR),
+            "model_providers.corral.request_max_retries": str(opts.max_retries),
+            "model_providers.corral.stream_max_retries": str(opts.max_retries),
+            "check_for_update_on_startup": "false",
+            "analytics.enabled": "false",
+        }
+        if opts.model:
+            config["model"] = _toml_str(opts.model)
+        for name, server in opts.mcp_servers.items():
+            prefix = f"mcp_servers.{name}"
+            if isinstance(server.get("url"), str):
+                config[f"{prefix}.url"] = _toml_str(server["url"])
+            else:
+                config[f"{prefix}.command"] = _toml_str(server["command"])
+                config[f"{prefix}.args"] = json.dumps(list(server.get("args") or []))
+        for key, value in config.items():
+            argv += ["-c", f"{key}={value}"]
+        argv += list(opts.extra_args)
+        if opts.resume:
+            argv.append(opts.resume)
+        argv.append("-")  # the prompt comes on stdin
+        return argv
+
+    def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
+        return {KEY_VAR: opts.api_key}
+
+    def session_id(self, obj: Mapping[str, Any]) -> str | None:
+        if obj.get("type") == "thread.started" and isinstance(obj.get("thread_id"), str):
+            sid: str = obj["thread_id"]
+            return sid
+        return None
+
+    def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CodexTranslator:
+        if at_offset is not None:
+            raise ConfigError("the codex translator resumes by replay, not by offset")
+        return CodexTranslator(ctx)
+
+
+class CodexTranslator(JsonlTranslator):
+    """``codex exec --json`` lines → AG-UI events (see the module docstring)."""
+
+    harness: ClassVar[str] = "codex"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.turns = 0
+        self.in_turn = False
+
+    def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
+        kind = obj.get("type")
+        if kind == "thread.started":
+            sid = as_str(obj.get("thread_id"))
+            return self.session_event(sid) if sid else [self.custom("thread.started", obj)]
+        if kind == "turn.started":
+            self.turns += 1
+            self.in_turn = True
+            return [StepStartedEvent(step_name=f"turn-{self.turns}")]
+        if kind == "turn.completed":
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                cached = as_int(usage.get("cached_input_tokens"))
+                total_in = as_int(usage.get("input_tokens"))
+                self.usage = [token_usage(
+                    None, provider="openai",
+                    input_tokens=(total_in - (cached or 0)) if total_in is not None else None,
+                    output_tokens=as_int(usage.get("output_tokens")),
+                    cached=cached,
+                    cache_write=as_int(usage.get("cache_write_input_tokens")),
+                    reasoning=as_int(usage.get("reasoning_output_tokens")),
+                )]
+            self.succeeded = True
+            return self._end_turn()
+        if kind == "turn.failed":
+            err = obj.get("error")
+            msg = as_str(err.get("message")) if isinstance(err, dict) else None
+            self.error_message = msg or "Codex reported a failed turn"
+            self.error_code = "codex:turn.failed"
+            return self._end_turn()
+        if kind in ("item.started", "item.updated", "item.completed"):
+            item = obj.get("item")
+            if isinstance(item, dict):
+                return self._item(kind, item)
+        if kind == "error":
+            return [self.custom("error", obj)]
+        name = kind if isinstance(kind, str) and kind else "unknown"
+        return [self.custom(name, obj)]
+
+    def _end_turn(self) -> list[BaseEvent]:
+        if not self.in_turn:
+            return []
+        self.in_turn = False
+        return [StepFinishedEvent(step_name=f"turn-{self.turns}")]
+
+    def _tool_id(self, item: dict[str, Any]) -> str | None:
+        item_id = as_str(item.get("id"))
+        # Codex item ids restart in every run of a thread; the run id makes them unique.
+        return f"{self.ctx.run_id}-{item_id}" if item_id else None
+
+    def _item(self, kind: str, item: dict[str, Any]) -> list[BaseEvent]:
+        itype = as_str(item.get("type")) or "unknown"
+        done = kind == "item.completed"
+        tool_id = self._tool_id(item)
+        if itype == "agent_message" and done:
+            return self.text(tool_id or self.id("m"), as_str(item.get("text")) or "")
+        if itype == "reasoning" and done:
+            return self.reasoning(tool_id or self.id("r"), as_str(item.get("text")) or "")
+        if itype in ("command_execution", "file_change", "mcp_tool_call", "web_search") \
+                and tool_id:
+            name, args = self._tool_shape(itype, item)
+            if kind == "item.updated":
+                return self.tool_start(tool_id, name, args)
+            if not done:
+                return self.tool_start(tool_id, name, args)
+            return self.tool_result(tool_id, self._tool_output(itype, item), name=name,
+                                    args=args)
+        if itype == "error":
+            return [self.custom("warning", item)]
+        return [self.custom(f"{kind}.{itype}", item)]
+
+    @staticmethod
+    def _tool_shape(itype: str, item: dict[str, Any]) -> tuple[str, Any]:
+        if itype == "command_execution":
+            return "shell", {"command": item.get("command")}
+        if itype == "file_change":
+            return "apply_patch", {"changes": item.get("changes")}
+        if itype == "mcp_tool_call":
+            server, tool = as_str(item.get("server")) or "mcp", as_str(item.get("tool")) or "tool"
+            return f"{server}.{tool}", item.get("arguments")
+        return "web_search", {"query": item.get("query")}
+
+    @staticmethod
+    def _tool_output(itype: str, item: dict[str, Any]) -> str:
+        if itype == "command_execution":
+            out = as_str(item.get("aggregated_output")) or ""
+            code = item.get("exit_code")
+            if isinstance(code, int) and code != 0:
+                out += ("\n" if out and not out.endswith("\n") else "") + f"exit code {code}"
+            return out
+        if itype == "file_change":
+            return as_str(item.get("status")) or json.dumps(item.get("changes"), default=str)
+        if itype == "mcp_tool_call":
+            if item.get("error") is not None:
+                return flatten_text(item.get("error"))
+            result = item.get("result")
+            if isinstance(result, dict) and "content" in result:
+                return flatten_text(result.get("content"))
+            return flatten_text(result)
+        return as_str(item.get("status")) or ""

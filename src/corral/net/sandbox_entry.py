@@ -1,0 +1,138 @@
+"""In-sandbox entry point: loopback TCP → unix-socket forwarders, then the agent CLI.
+
+Run inside the sandbox as ``python3 -c <this file's source> <config json> -- <argv...>``
+(stdlib only, no corral import: the sandbox has the system Python, not corral). The config::
+
+    {"forward": [{"name": "model", "port": 41000, "unix": "/run/corral/model.sock"}],
+     "timeout": 600, "grace": 5}
+
+For each forward it listens on ``127.0.0.1:<port>`` (``0`` = any free port) and pipes
+every accepted connection to a new connection to the unix socket (bound into the sandbox
+from the host, where the model or egress proxy serves). ``{corral.port.<name>}`` in the
+agent's argv and environment is replaced by the port actually bound. Then it runs the
+agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
+never writes to it), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
+exits with the child's status (``128 + N`` for a death by signal ``N``). After
+``timeout`` seconds the child is terminated (SIGKILL after ``grace``) and the exit status
+is 124, with a line on stderr.
+
+Nothing here is secret: credentials are added on the host side of the sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+BUF = 65536
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(BUF)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _serve_conn(client: socket.socket, unix_path: str) -> None:
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(unix_path)
+    except OSError as exc:
+        sys.stderr.write(f"corral: cannot reach {unix_path}: {exc}\n")
+        client.close()
+        upstream.close()
+        return
+    t = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+    t.start()
+    _pump(client, upstream)
+    t.join()
+    client.close()
+    upstream.close()
+
+
+def _accept_loop(listener: socket.socket, unix_path: str) -> None:
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_serve_conn, args=(client, unix_path), daemon=True).start()
+
+
+def _substitute(value: str, ports: dict[str, int]) -> str:
+    for name, port in ports.items():
+        value = value.replace("{corral.port." + name + "}", str(port))
+    return value
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[2] != "--":
+        sys.stderr.write("usage: sandbox_entry CONFIG_JSON -- ARGV...\n")
+        return 2
+    config = json.loads(argv[1])
+    command = argv[3:]
+    ports: dict[str, int] = {}
+    for fw in config.get("forward", []):
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", int(fw.get("port", 0))))
+        listener.listen(128)
+        ports[fw["name"]] = listener.getsockname()[1]
+        threading.Thread(target=_accept_loop, args=(listener, fw["unix"]), daemon=True).start()
+    env = {k: _substitute(v, ports) for k, v in os.environ.items()}
+    command = [_substitute(a, ports) for a in command]
+    try:
+        child = subprocess.Popen(command, env=env, start_new_session=True)
+    except OSError as exc:
+        sys.stderr.write(f"corral: cannot start {command[0]}: {exc}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            os.killpg(child.pid, signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    timeout = config.get("timeout")
+    grace = float(config.get("grace", 5))
+    try:
+        rc = child.wait(timeout=float(timeout) if timeout else None)
+    except subprocess.TimeoutExpired:
+        sys.stderr.write(f"corral: the agent ran longer than its timeout of {timeout}s "
+                         "and was stopped\n")
+        sys.stderr.flush()
+        forward(signal.SIGTERM, None)
+        try:
+            child.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            forward(signal.SIGKILL, None)
+            child.wait()
+        rc = 124
+    else:
+        # Tool processes the CLI left behind must not outlive it (and write to the journal).
+        forward(signal.SIGKILL, None)
+    sys.stdout.flush()
+    return rc if rc >= 0 else 128 - rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
