@@ -215,7 +215,10 @@ class CodexTranslator(JsonlTranslator):
         done = kind == "item.completed"
         tool_id = self._tool_id(item)
         if itype == "agent_message" and done:
-            return self.text(tool_id or self.id("m"), as_str(item.get("text")) or "")
+            text = as_str(item.get("text")) or ""
+            self.result = {"text": text, "sessionId": self.session} if self.session else {
+                "text": text}
+            return self.text(tool_id or self.id("m"), text)
         if itype == "reasoning" and done:
             return self.reasoning(tool_id or self.id("r"), as_str(item.get("text")) or "")
         if itype in ("command_execution", "file_change", "mcp_tool_call", "web_search") \
