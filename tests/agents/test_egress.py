@@ -1,0 +1,210 @@
+"""The egress proxy: allowlist parsing and matching, CONNECT and plain HTTP on a unix socket,
+and from inside a real bubblewrap sandbox (through the in-sandbox forwarder), with the real
+Claude Code CLI running curl."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from ag_ui.core import EventType
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.errors import ConfigError
+from corral.harness.agent import NET_MOUNT
+from corral.harness.cli_base import entry_argv
+from corral.net.egress import EgressProxy, parse_allowlist
+from corral.testkit.model_server import ModelServer, shell_then_text
+
+from .conftest import make_harness, run_agent
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = f"hello from {self.server.server_address[1]}\n".encode()  # type: ignore[index]
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+def serve(host: str) -> tuple[ThreadingHTTPServer, int]:
+    srv = ThreadingHTTPServer((host, 0), _Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+@pytest.fixture
+def two_servers() -> Iterator[tuple[str, int, int]]:
+    # 127.0.0.2: host loopback, but not the 127.0.0.1 the harness exempts from proxying.
+    a, pa = serve("127.0.0.2")
+    b, pb = serve("127.0.0.2")
+    yield "127.0.0.2", pa, pb
+    for s in (a, b):
+        s.shutdown()
+        s.server_close()
+
+
+# ---------------------------------------------------------------- allowlist
+
+
+def test_allowlist_semantics() -> None:
+    rules = parse_allowlist(["api.example.com", "*.pkg.dev:443", "10.0.0.5:8080",
+                             "[::1]:9000", "anyport.test:*"])
+    proxy = EgressProxy(list(rules))
+    assert proxy.allows("api.example.com", 443) and proxy.allows("API.example.com.", 80)
+    assert not proxy.allows("api.example.com", 8443)
+    assert proxy.allows("x.pkg.dev", 443) and proxy.allows("a.b.pkg.dev", 443)
+    assert not proxy.allows("pkg.dev", 443) and not proxy.allows("evilpkg.dev", 443)
+    assert proxy.allows("10.0.0.5", 8080) and not proxy.allows("10.0.0.5", 80)
+    assert proxy.allows("::1", 9000)
+    assert proxy.allows("anyport.test", 1) and proxy.allows("anyport.test", 65535)
+    assert not proxy.allows("example.com", 443)
+    for bad in ["", "a b", "host:0", "host:99999", "host:x", "::1", "[::1", "http://x",
+                "ex*ample.com"]:
+        with pytest.raises(ConfigError):
+            parse_allowlist([bad])
+    with pytest.raises(ConfigError):
+        parse_allowlist("example.com")  # type: ignore[arg-type]
+
+
+@given(host=st.from_regex(r"[a-z]{1,8}(\.[a-z]{1,8}){0,2}", fullmatch=True),
+       port=st.integers(1, 65535))
+def test_property_nothing_is_allowed_by_an_empty_list_and_exact_rules_are_exact(
+        host: str, port: int) -> None:
+    assert not EgressProxy([]).allows(host, port)
+    exact = EgressProxy([f"{host}:{port}"])
+    assert exact.allows(host, port)
+    assert not exact.allows(host, port % 65535 + 1)
+    assert not exact.allows("x" + host, port)
+
+
+# ---------------------------------------------------------------- on a unix socket
+
+
+def _short_sock_dir() -> Path:
+    d = Path("/tmp") / f"ceg-{os.getpid()}-{threading.get_ident() % 10**5}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def test_connect_and_plain_http_on_the_socket(two_servers: tuple[str, int, int]) -> None:
+    host, allowed, refused = two_servers
+    d = _short_sock_dir()
+    sock = d / "e.sock"
+    proxy = EgressProxy([f"{host}:{allowed}"])
+
+    async def request(data: bytes) -> bytes:
+        async with await anyio.connect_unix(str(sock)) as s:
+            await s.send(data)
+            out = b""
+            with anyio.fail_after(10):
+                while True:  # every request says Connection: close
+                    try:
+                        out += await s.receive()
+                    except anyio.EndOfStream:
+                        return out
+
+    async def go() -> list[bytes]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proxy.serve, sock)
+            tunnel = await request(
+                f"CONNECT {host}:{allowed} HTTP/1.1\r\nHost: {host}:{allowed}\r\n\r\n"
+                f"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            plain = await request(f"GET http://{host}:{allowed}/ HTTP/1.1\r\nHost: x\r\n"
+                                  "Connection: close\r\n\r\n".encode())
+            denied = await request(f"CONNECT {host}:{refused} HTTP/1.1\r\nHost: x\r\n"
+                                   "Connection: close\r\n\r\n".encode())
+            denied_plain = await request(f"GET http://{host}:{refused}/ HTTP/1.1\r\n"
+                                         "Host: x\r\nConnection: close\r\n\r\n".encode())
+            tg.cancel_scope.cancel()
+        return [tunnel, plain, denied, denied_plain]
+
+    try:
+        tunnel, plain, denied, denied_plain = anyio.run(go)
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+    assert tunnel.startswith(b"HTTP/1.1 200") and f"hello from {allowed}".encode() in tunnel
+    assert plain.startswith(b"HTTP/1.1 200") and f"hello from {allowed}".encode() in plain
+    for resp in (denied, denied_plain):
+        assert resp.startswith(b"HTTP/1.1 403")
+        assert f"connections to {host}:{refused} are not allowed".encode() in resp
+    assert proxy.refused == [f"{host}:{refused}", f"{host}:{refused}"]
+
+
+# ---------------------------------------------------------------- inside bubblewrap
+
+
+def test_egress_from_inside_a_sandbox(sandbox_factory: Any,
+                                      two_servers: tuple[str, int, int]) -> None:
+    host, allowed, refused = two_servers
+    proxy = EgressProxy([f"{host}:{allowed}"])
+    script = (
+        f"curl -s -m 5 http://{host}:{allowed}/; echo; "
+        f"curl -s -m 5 http://{host}:{refused}/; echo; "
+        f"curl -s -m 5 -p http://{host}:{allowed}/ && echo tunnel-ok; "
+        f"curl -s -m 5 -p http://{host}:{refused}/ || echo tunnel-refused; "
+        f"curl -s -m 3 --noproxy '*' http://{host}:{allowed}/ || echo direct-failed"
+    )
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        net = next(Path(h) for h, i in handle.state.binds if i == NET_MOUNT)
+        async with anyio.create_task_group() as tg:
+            await tg.start(proxy.serve, net / "egress-t.sock")
+            argv = entry_argv("/usr/bin/python3", ["sh", "-c", script],
+                              forward=[{"name": "egress", "port": 0,
+                                        "unix": f"{NET_MOUNT}/egress-t.sock"}], timeout=60)
+            px = "http://127.0.0.1:{corral.port.egress}"
+            result = await handle.process.exec(argv, env={"http_proxy": px, "HTTP_PROXY": px},
+                                               timeout=90)
+            tg.cancel_scope.cancel()
+        return result
+
+    result = anyio.run(go)
+    out = result.stdout.decode()
+    assert f"hello from {allowed}" in out, (out, result.stderr)
+    assert f"connections to {host}:{refused} are not allowed by this sandbox's network " \
+           "policy" in out
+    assert "tunnel-ok" in out and "tunnel-refused" in out
+    assert "direct-failed" in out  # no way around the proxy: the sandbox has no network
+    assert out.count(f"hello from {allowed}") == 2
+
+
+def test_claude_code_sees_the_refusal(sandbox_factory: Any, model_server: ModelServer,
+                                      two_servers: tuple[str, int, int]) -> None:
+    host, allowed, refused = two_servers
+    model_server.script = shell_then_text(
+        f"curl -s -m 5 http://{host}:{allowed}/; echo; curl -s -m 5 http://{host}:{refused}/",
+        "Fetched: {output}")
+    harness = make_harness("claude-code")
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        return await run_agent(harness, handle, "fetch both", model_server,
+                               egress=[f"{host}:{allowed}"])
+
+    run = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
+    out = run.tool_results()[0]
+    assert f"hello from {allowed}" in out
+    assert f"corral egress proxy: connections to {host}:{refused} are not allowed" in out
+    # the model proxy was not routed through the egress proxy (NO_PROXY covers 127.0.0.1)
+    assert run.prepared.egress_proxy is not None
+    assert run.prepared.egress_proxy.allowed == [f"{host}:{allowed}"]
+    assert json.dumps(run.prepared.egress_proxy.refused) == json.dumps([f"{host}:{refused}"])

@@ -1,0 +1,115 @@
+"""The in-sandbox entry (forwarders + child + timeout), run with the system Python on the
+host exactly as it runs in a sandbox."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.harness.cli_base import entry_argv
+
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def test_exit_status_passes_through_and_stdout_is_the_childs_alone() -> None:
+    r = run(entry_argv(PY, ["sh", "-c", "echo out; echo err >&2; exit 3"], forward=[],
+                       timeout=None))
+    assert (r.returncode, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
+
+
+def test_death_by_signal_is_128_plus_n() -> None:
+    r = run(entry_argv(PY, ["sh", "-c", "kill -TERM $$"], forward=[], timeout=None))
+    assert r.returncode == 128 + signal.SIGTERM
+
+
+def test_missing_program_is_127() -> None:
+    r = run(entry_argv(PY, ["/nonexistent/agent"], forward=[], timeout=None))
+    assert r.returncode == 127 and b"cannot start /nonexistent/agent" in r.stderr
+
+
+def test_timeout_stops_the_child_and_its_children(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    t0 = time.monotonic()
+    r = run(entry_argv(PY, ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+                       forward=[], timeout=1.0))
+    assert r.returncode == 124
+    assert b"ran longer than its timeout of 1.0s" in r.stderr
+    assert time.monotonic() - t0 < 15
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the agent's background child survived the timeout")
+
+
+def test_sigterm_is_forwarded_to_the_child() -> None:
+    child = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
+    proc = subprocess.Popen(entry_argv(PY, ["sh", "-c", child], forward=[], timeout=None),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 7 and b"got-term" in out
+
+
+@pytest.fixture
+def echo_unix() -> Iterator[str]:
+    path = f"/tmp/cent-{os.getpid()}.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                conn.sendall(b"echo:" + data)
+
+    threading.Thread(target=loop, daemon=True).start()
+    yield path
+    srv.close()
+    os.unlink(path)
+
+
+def test_forwarder_pipes_tcp_to_the_unix_socket_and_ports_are_substituted(
+        echo_unix: str) -> None:
+    client = (
+        "import os, socket, sys\n"
+        "port = int(sys.argv[1])\n"
+        "assert os.environ['VIA'] == f'http://127.0.0.1:{port}'\n"
+        "s = socket.create_connection(('127.0.0.1', port))\n"
+        "s.sendall(b'ping\\n'); print(s.recv(100).decode(), end='')\n"
+    )
+    argv = entry_argv(PY, [PY, "-c", client, "{corral.port.m}"],
+                      forward=[{"name": "m", "port": 0, "unix": echo_unix}], timeout=20)
+    r = run(argv, env={"VIA": "http://127.0.0.1:{corral.port.m}", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"echo:ping\n"

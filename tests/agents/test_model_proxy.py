@@ -1,0 +1,284 @@
+"""The host model proxy on a real unix socket in front of the scripted model server."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.errors import ConfigError, PrerequisiteMissing
+from corral.net.model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, UsageMeter
+from corral.testkit.model_server import Fail, Hang, ModelServer, Text, ToolCall
+
+KEY = "sk-host-only-123"
+ANTHROPIC_BODY = {"model": "claude-x", "stream": True, "max_tokens": 10,
+                  "messages": [{"role": "user", "content": "hi"}]}
+OPENAI_BODY = {"model": "gpt-x", "stream": True, "input": [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Path:
+    # Short path: unix socket paths are limited to ~108 bytes.
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"cmp-{os.getpid()}-{id(tmp_path) % 10**6}"
+    d.mkdir(exist_ok=True)
+    yield d / "m.sock"
+    for p in d.iterdir():
+        p.unlink()
+    d.rmdir()
+
+
+def with_proxy(proxy: ModelProxy, sock: Path,
+               body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
+    async def go() -> Any:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proxy.serve, sock)
+            transport = httpx.AsyncHTTPTransport(uds=str(sock))
+            async with httpx.AsyncClient(transport=transport, base_url="http://sandbox",
+                                         timeout=30) as client:
+                try:
+                    with anyio.fail_after(60):
+                        return await body(client)
+                finally:
+                    tg.cancel_scope.cancel()
+
+    return anyio.run(go)
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+
+
+def test_credentials_are_replaced_for_anthropic(sock: Path) -> None:
+    with ModelServer([Text("hello")]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post("/v1/messages?beta=true", json=ANTHROPIC_BODY,
+                                headers={"x-api-key": PLACEHOLDER_KEY,
+                                         "authorization": "Bearer also-fake",
+                                         "anthropic-version": "2023-06-01"})
+
+        resp = with_proxy(proxy, sock, body)
+        req = srv.model_requests[0]
+    assert resp.status_code == 200
+    assert req.headers["x-api-key"] == KEY and "authorization" not in req.headers
+    assert req.headers["anthropic-version"] == "2023-06-01"  # other headers pass through
+    assert req.path == "/v1/messages?beta=true"
+    assert [e["type"] for e in sse_events(resp.text)][-1] == "message_stop"
+    assert proxy.usage.requests == 1
+    assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (100, 20)
+
+
+def test_credentials_are_replaced_for_openai_and_paths_map_onto_the_base(sock: Path) -> None:
+    with ModelServer([ToolCall("ls", tool="exec_command")]) as srv:
+        proxy = ModelProxy(Upstream("openai", srv.openai_url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post("/v1/responses", json=OPENAI_BODY,
+                                headers={"authorization": f"Bearer {PLACEHOLDER_KEY}"})
+
+        resp = with_proxy(proxy, sock, body)
+        req = srv.model_requests[0]
+    assert req.headers["authorization"] == f"Bearer {KEY}"
+    assert "x-api-key" not in req.headers
+    assert req.path == "/v1/responses"
+    events = sse_events(resp.text)
+    assert events[-1]["type"] == "response.completed"
+    calls = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert calls[0]["type"] == "function_call" and json.loads(calls[0]["arguments"]) == {
+        "cmd": "ls"}
+    assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (100, 20)
+
+
+def test_streams_pass_through_without_buffering(sock: Path) -> None:
+    # The server sends 3 frames and then stalls: the client must already have them.
+    with ModelServer([Hang(after_frames=3, then=Text("streaming"))]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY), idle_timeout=60)
+
+        async def body(c: httpx.AsyncClient) -> list[str]:
+            got: list[str] = []
+            async with c.stream("POST", "/v1/messages", json=ANTHROPIC_BODY) as resp:
+                buf = ""
+                with anyio.fail_after(10):
+                    async for chunk in resp.aiter_text():
+                        buf += chunk
+                        got = [e["type"] for e in sse_events(buf)]
+                        if "content_block_start" in got:
+                            return got
+            return got
+
+        got = with_proxy(proxy, sock, body)
+    assert got[:3] == ["message_start", "ping", "content_block_start"]
+
+
+def test_token_budget_refuses_requests_once_used_up(sock: Path) -> None:
+    with ModelServer([Text("one"), Text("two")]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY), budget=100)
+
+        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
+            first = await c.post("/v1/messages", json=ANTHROPIC_BODY)
+            second = await c.post("/v1/messages", json=ANTHROPIC_BODY)
+            return [first, second]
+
+        first, second = with_proxy(proxy, sock, body)
+        n = len(srv.model_requests)
+    assert first.status_code == 200
+    assert second.status_code == 403
+    err = second.json()
+    assert err["type"] == "error" and err["error"]["type"] == "permission_error"
+    assert "token budget of 100 tokens" in err["error"]["message"]
+    assert n == 1 and proxy.usage.refused == 1 and proxy.usage.total == 120
+
+
+def test_upstream_that_never_answers_gets_a_504(sock: Path) -> None:
+    with ModelServer([Hang()]) as srv:
+        proxy = ModelProxy(Upstream("openai", srv.openai_url, KEY), idle_timeout=0.5)
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post("/v1/responses", json=OPENAI_BODY)
+
+        resp = with_proxy(proxy, sock, body)
+    assert resp.status_code == 504
+    assert "did not answer within 0.5s" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("api", ["anthropic", "openai"])
+def test_stall_mid_stream_ends_with_an_error_event(sock: Path, api: str) -> None:
+    with ModelServer([Hang(after_frames=4, then=Text("partial"))]) as srv:
+        url = srv.url if api == "anthropic" else srv.openai_url
+        proxy = ModelProxy(Upstream(api, url, KEY), idle_timeout=0.5)  # type: ignore[arg-type]
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            path = "/v1/messages" if api == "anthropic" else "/v1/responses"
+            return await c.post(path, json=ANTHROPIC_BODY if api == "anthropic" else OPENAI_BODY)
+
+        resp = with_proxy(proxy, sock, body)
+    events = sse_events(resp.text)
+    assert len(events) == 5
+    last = events[-1]
+    if api == "anthropic":
+        assert last["type"] == "error" and "stalled" in last["error"]["message"]
+    else:
+        assert last["type"] == "response.failed"
+        assert "stalled" in last["response"]["error"]["message"]
+
+
+def test_upstream_errors_pass_through_with_the_key_scrubbed(sock: Path) -> None:
+    with ModelServer([Fail(401, f"bad key {KEY}", "authentication_error")]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post("/v1/messages", json=ANTHROPIC_BODY)
+
+        resp = with_proxy(proxy, sock, body)
+    assert resp.status_code == 401
+    assert KEY not in resp.text and "bad key [redacted]" in resp.text
+
+
+def test_unreachable_upstream_is_a_502(sock: Path) -> None:
+    with ModelServer() as srv:
+        dead = srv.url
+    proxy = ModelProxy(Upstream("anthropic", dead, KEY))
+
+    async def body(c: httpx.AsyncClient) -> httpx.Response:
+        return await c.post("/v1/messages", json=ANTHROPIC_BODY)
+
+    resp = with_proxy(proxy, sock, body)
+    assert resp.status_code == 502
+    assert "cannot reach the model API" in resp.json()["error"]["message"]
+
+
+def test_keep_alive_and_malformed_requests(sock: Path) -> None:
+    with ModelServer([Text("a"), Text("b")]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> tuple[int, int, bytes]:
+            a = await c.post("/v1/messages", json=ANTHROPIC_BODY)
+            b = await c.post("/v1/messages", json=ANTHROPIC_BODY)
+            async with await anyio.connect_unix(str(sock)) as raw:
+                await raw.send(b"NOT HTTP AT ALL\r\n\r\n")
+                reply = await raw.receive()
+            return a.status_code, b.status_code, reply
+
+        a, b, reply = with_proxy(proxy, sock, body)
+    assert (a, b) == (200, 200)
+    assert reply.startswith(b"HTTP/1.1 400")
+
+
+def test_upstream_configuration() -> None:
+    assert Upstream("openai", "https://api.openai.com/v1", "k").url_for(
+        "/v1/responses") == "https://api.openai.com/v1/responses"
+    assert Upstream("openai", "http://h:1/v1/", "k").url_for("/v1/models?x=1") == \
+        "http://h:1/v1/models?x=1"
+    assert Upstream("anthropic", "https://api.anthropic.com", "k").url_for(
+        "/v1/messages?beta=true") == "https://api.anthropic.com/v1/messages?beta=true"
+    with pytest.raises(ConfigError):
+        Upstream("anthropic", "ftp://x", "k")
+    with pytest.raises(ConfigError):
+        Upstream("anthropic", "https://x", "")
+    with pytest.raises(ConfigError):
+        Upstream("anthropic", "https://x", "k").url_for("http://elsewhere/")
+    up = Upstream.from_env("anthropic", {"ANTHROPIC_API_KEY": "a1"})
+    assert (up.base_url, up.api_key) == ("https://api.anthropic.com", "a1")
+    assert "a1" not in repr(up)
+    up = Upstream.from_env("openai", {"OPENAI_API_KEY": "o1", "OPENAI_BASE_URL": "http://x/v1"})
+    assert up.base_url == "http://x/v1"
+    with pytest.raises(PrerequisiteMissing, match="OPENAI_API_KEY"):
+        Upstream.from_env("openai", {})
+    with pytest.raises(ConfigError):
+        ModelProxy(up, budget=0)
+
+
+def _stream_bytes(api: str) -> bytes:
+    """A real scripted stream of either API (what the proxy meters)."""
+    out: list[bytes] = []
+
+    async def collect(resp: AsyncIterator[bytes]) -> None:
+        async for chunk in resp:
+            out.append(chunk)
+
+    with ModelServer([Text("hi there", input_tokens=321, output_tokens=45)]) as srv:
+        url = srv.url + ("/v1/messages" if api == "anthropic" else "/v1/responses")
+        body = ANTHROPIC_BODY if api == "anthropic" else OPENAI_BODY
+        with httpx.stream("POST", url, json=body) as resp:
+            for chunk in resp.iter_bytes():
+                out.append(chunk)
+    return b"".join(out)
+
+
+STREAMS = {api: _stream_bytes(api) for api in ("anthropic", "openai")}
+
+
+@settings(max_examples=100, deadline=None)
+@given(api=st.sampled_from(["anthropic", "openai"]), cuts=st.lists(st.integers(0, 5000),
+                                                                      max_size=30))
+def test_property_usage_does_not_depend_on_chunking(api: str, cuts: list[int]) -> None:
+    data = STREAMS[api]
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    meter = UsageMeter(api, sse=True)  # type: ignore[arg-type]
+    prev = 0
+    for p in [*points, len(data)]:
+        meter.feed(data[prev:p])
+        prev = p
+    usage = meter.finish()
+    assert (usage.input_tokens, usage.output_tokens) == (321, 45)
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=64), max_size=20), api=st.sampled_from(
+    ["anthropic", "openai"]), sse=st.booleans())
+def test_property_meter_never_raises_on_garbage(chunks: list[bytes], api: str, sse: bool) -> None:
+    meter = UsageMeter(api, sse=sse)  # type: ignore[arg-type]
+    for c in chunks:
+        meter.feed(c)
+    usage = meter.finish()
+    assert usage.total >= 0
