@@ -98,20 +98,28 @@ def main(argv: list[str]) -> int:
         threading.Thread(target=_accept_loop, args=(listener, fw["unix"]), daemon=True).start()
     env = {k: _substitute(v, ports) for k, v in os.environ.items()}
     command = [_substitute(a, ports) for a in command]
-    try:
-        child = subprocess.Popen(command, env=env, start_new_session=True)
-    except OSError as exc:
-        sys.stderr.write(f"corral: cannot start {command[0]}: {exc}\n")
-        return 127 if isinstance(exc, FileNotFoundError) else 126
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
+        if child is None:
+            pending.append(signum)  # arrived before the child exists: deliver it after
+            return
         try:
             os.killpg(child.pid, signum)
         except OSError:
             pass
 
+    # Installed before the child starts, so no signal sent to us is ever lost.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    try:
+        child = subprocess.Popen(command, env=env, start_new_session=True)
+    except OSError as exc:
+        sys.stderr.write(f"corral: cannot start {command[0]}: {exc}\n")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    for signum in pending:
+        forward(signum, None)
     timeout = config.get("timeout")
     grace = float(config.get("grace", 5))
     try:

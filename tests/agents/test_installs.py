@@ -1,0 +1,107 @@
+"""The agent-CLI installer, ``corral agents`` and the doctor report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.cli import agents_cmd
+from corral.errors import ConfigError, CorralError
+from corral.harness.installs import (
+    KNOWN_AGENTS,
+    SHARED_ROOT,
+    InstalledAgent,
+    agents_report,
+    find_installed,
+    install_agent,
+    list_installed,
+    mount_source,
+)
+
+from .conftest import agent_cache
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="corral")
+    agents_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(list(argv))
+    try:
+        return int(args.func(args))
+    except CorralError as exc:
+        print(f"corral: error: {exc}")
+        return 2
+
+
+def test_pinned_installs_run(agent_installs: dict[str, InstalledAgent]) -> None:
+    for name, agent in agent_installs.items():
+        pkg = KNOWN_AGENTS[name]
+        assert agent.version == pkg.version and agent.package == pkg.package
+        out = subprocess.run([str(agent.bin_path), "--version"], capture_output=True,
+                             timeout=60, check=False, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0 and pkg.version in out.stdout.decode()
+        # readable by the sandboxes' unprivileged uid
+        assert os.stat(agent.bin_path).st_mode & 0o005 == 0o005
+
+
+def test_installing_again_reuses_the_install_without_npm(
+        agent_installs: dict[str, InstalledAgent], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")  # npm cannot be found: nothing may call it
+    again = install_agent("claude-code", root=agent_cache())
+    assert again.path == agent_installs["claude-code"].path
+    assert find_installed("codex", root=agent_cache()) == agent_installs["codex"]
+    assert find_installed("codex", "9.9.9", root=agent_cache()) is None
+
+
+def test_incomplete_installs_are_ignored(tmp_path: Path) -> None:
+    (tmp_path / "claude-code" / "2.1.332" / "node_modules").mkdir(parents=True)
+    (tmp_path / "codex" / "0.171.0").mkdir(parents=True)
+    (tmp_path / "codex" / "0.171.0" / "corral-install.json").write_text(json.dumps(
+        {"name": "codex", "version": "0.171.0", "package": "@openai/codex"}))  # no binary
+    assert list_installed(tmp_path) == []
+    report = {s.name: s for s in agents_report(tmp_path)}
+    assert not report["claude-code"].ok and "corral agents install claude-code" in \
+        report["claude-code"].message
+    assert report["opencode"].ok and not report["opencode"].supported
+
+
+@pytest.mark.parametrize("name, version, fragment", [
+    ("opencode", None, "not yet supported"),
+    ("gemini-cli", None, "not yet supported"),
+    ("aider", None, "unknown agent"),
+    ("claude-code", "latest", "invalid version"),
+    ("claude-code", "^2.1.0", "invalid version"),
+])
+def test_bad_requests_are_config_errors(tmp_path: Path, name: str, version: str | None,
+                                        fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        install_agent(name, version, root=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_cli_ls_and_install(agents_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("agents", "ls", "--json") == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {(r["name"], r["version"]) for r in rows} >= {("claude-code", "2.1.332"),
+                                                        ("codex", "0.171.0")}
+    assert cli("agents", "install", "codex") == 0  # already there: reused
+    assert "codex 0.171.0 installed at" in capsys.readouterr().out
+    assert cli("agents", "install", "opencode") == 2
+    assert "not yet supported" in capsys.readouterr().out
+    assert cli("agents", "ls") == 0
+    assert "claude-code" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="relocation only happens for root")
+def test_roots_the_sandbox_uid_cannot_reach_are_relocated(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(tmp_path, 0o700)
+    src = mount_source(private)
+    assert src.parent == SHARED_ROOT / "agents" and src != private
+    open_root = Path("/tmp")
+    assert mount_source(open_root) == open_root.resolve()

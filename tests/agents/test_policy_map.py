@@ -1,0 +1,138 @@
+"""Policy → CLI permission mapping: what each harness enforces, what it refuses at definition
+time, and a real Claude Code run where a deny rule stops a command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from ag_ui.core import EventType
+
+from corral.errors import ConfigError
+from corral.harness.base import AgentRequest
+from corral.harness.claude_code import ClaudeCodeHarness
+from corral.harness.cli_base import PolicyLike
+from corral.harness.codex import CodexHarness
+from corral.testkit.model_server import ModelServer, shell_then_text
+
+from .conftest import run_agent
+
+
+@dataclass(frozen=True)
+class P:
+    """A minimal structural policy (corral.Policy has the same attributes)."""
+
+    allow: tuple[str, ...] = ()
+    ask: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    default: str = "allow"
+    file_write: str = "allow"
+    network: str = "deny"
+
+
+def flag_values(argv: tuple[str, ...], flag: str) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                out.append(argv[i])
+                i += 1
+        else:
+            i += 1
+    return out
+
+
+def test_policy_like_is_structural() -> None:
+    assert isinstance(P(), PolicyLike)
+
+
+def test_claude_without_rules_bypasses_its_own_checks() -> None:
+    m = ClaudeCodeHarness().policy_mapping
+    assert m.bypass and flag_values(m.argv, "--permission-mode") == ["bypassPermissions"]
+    assert m.env == {"IS_SANDBOX": "1"}
+    m = ClaudeCodeHarness(policy=P()).policy_mapping
+    assert m.bypass and flag_values(m.argv, "--disallowedTools") == ["WebFetch", "WebSearch"]
+    assert any("network: deny" in e for e in m.enforced)
+
+
+def test_claude_maps_prefix_rules() -> None:
+    m = ClaudeCodeHarness(policy=P(deny=("rm *", "git push"), default="allow")).policy_mapping
+    assert not m.bypass
+    assert flag_values(m.argv, "--permission-mode") == ["dontAsk"]
+    assert "Bash" in flag_values(m.argv, "--allowedTools")
+    assert flag_values(m.argv, "--disallowedTools")[:2] == ["Bash(rm:*)", "Bash(git push)"]
+    assert "deny 'rm *' -> --disallowedTools Bash(rm:*)" in m.enforced
+
+    m = ClaudeCodeHarness(policy=P(allow=("pytest *", "git status"), default="deny",
+                                   file_write="deny")).policy_mapping
+    allowed = flag_values(m.argv, "--allowedTools")
+    assert "Bash(pytest:*)" in allowed and "Bash(git status)" in allowed
+    assert "Bash" not in allowed and "Edit" not in allowed
+    assert {"Edit", "Write"} <= set(flag_values(m.argv, "--disallowedTools"))
+    assert m.report().startswith("claude-code enforces:")
+
+
+@pytest.mark.parametrize("policy, fragment", [
+    (P(ask=("git push *",)), "ask rules"),
+    (P(default="ask"), "default: ask"),
+    (P(deny=("rm -r*",)), "deny 'rm -r*'"),
+    (P(allow=("py?est",), default="deny"), "allow 'py?est'"),
+    (P(deny=("x",), file_write="deny"), "file_write: deny with default: allow"),
+    (P(deny=("x",), file_write="ask"), "file_write: ask"),
+])
+def test_claude_refuses_unenforceable_rules_at_definition_time(policy: P, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="Claude Code cannot enforce") as err:
+        ClaudeCodeHarness(policy=policy)
+    assert fragment in str(err.value)
+
+
+def test_codex_mapping() -> None:
+    m = CodexHarness().policy_mapping
+    assert m.bypass and m.argv == ("--dangerously-bypass-approvals-and-sandbox",)
+    m = CodexHarness(policy=P()).policy_mapping
+    assert m.argv[-2:] == ("-c", 'web_search="disabled"')
+    for policy in (P(deny=("rm *",)), P(allow=("ls",)), P(default="deny"),
+                   P(file_write="deny"), P(ask=("x",))):
+        with pytest.raises(ConfigError, match="Codex cannot enforce"):
+            CodexHarness(policy=policy)
+    # the mapping lands in the command line
+    cmd = CodexHarness(policy=P()).build_command(AgentRequest(prompt="hi", options={
+        "base_url": "http://127.0.0.1:9/v1"}))
+    assert 'web_search="disabled"' in cmd.argv
+
+
+def test_claude_deny_rule_stops_the_command(sandbox_factory: Any,
+                                            model_server: ModelServer) -> None:
+    model_server.script = shell_then_text("rm -f precious.txt; ls", "Result: {output}")
+    harness = ClaudeCodeHarness(policy=P(deny=("rm *",)))
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        await handle.fs.write("/workspace/precious.txt", b"keep me")
+        run = await run_agent(harness, handle, "clean up", model_server)
+        return run, await handle.fs.exists("/workspace/precious.txt")
+
+    run, exists = anyio.run(go)
+    assert exists, run.tool_results()
+    assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
+    result = run.tool_results()[0]
+    assert "precious.txt" in result and "denied" in result.lower(), result
+
+
+def test_claude_allowed_command_runs_under_a_deny_policy(sandbox_factory: Any,
+                                                         model_server: ModelServer) -> None:
+    model_server.script = shell_then_text("touch made.txt", "ok {output}")
+    harness = ClaudeCodeHarness(policy=P(deny=("rm *",)))
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        run = await run_agent(harness, handle, "make a file", model_server)
+        return run, await handle.fs.exists("/workspace/made.txt")
+
+    run, exists = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr)
+    assert exists, ([e.model_dump() for e in run.events], run.stderr)
