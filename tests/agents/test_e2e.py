@@ -16,8 +16,16 @@ import pytest
 from ag_ui.core import EventType
 
 from corral.net.model_proxy import PLACEHOLDER_KEY
-from corral.testkit.model_server import Fail, Hang, ModelServer, ModelRequest, Reply, Text, \
-    ToolCall, shell_then_text
+from corral.testkit.model_server import (
+    Fail,
+    Hang,
+    ModelRequest,
+    ModelServer,
+    Reply,
+    Text,
+    ToolCall,
+    shell_then_text,
+)
 
 from .conftest import CLIS, REAL_KEY, files_containing, make_harness, run_agent
 

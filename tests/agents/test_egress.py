@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = f"hello from {self.server.server_address[1]}\n".encode()  # type: ignore[index]
         self.send_response(200)
         self.send_header("content-length", str(len(body)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -240,19 +240,11 @@ def test_upstream_configuration() -> None:
 
 def _stream_bytes(api: str) -> bytes:
     """A real scripted stream of either API (what the proxy meters)."""
-    out: list[bytes] = []
-
-    async def collect(resp: AsyncIterator[bytes]) -> None:
-        async for chunk in resp:
-            out.append(chunk)
-
     with ModelServer([Text("hi there", input_tokens=321, output_tokens=45)]) as srv:
         url = srv.url + ("/v1/messages" if api == "anthropic" else "/v1/responses")
         body = ANTHROPIC_BODY if api == "anthropic" else OPENAI_BODY
         with httpx.stream("POST", url, json=body) as resp:
-            for chunk in resp.iter_bytes():
-                out.append(chunk)
-    return b"".join(out)
+            return b"".join(resp.iter_bytes())
 
 
 STREAMS = {api: _stream_bytes(api) for api in ("anthropic", "openai")}
