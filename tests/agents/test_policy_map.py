@@ -118,7 +118,9 @@ def test_claude_deny_rule_stops_the_command(sandbox_factory: Any,
 
     run, exists = anyio.run(go)
     assert exists, run.tool_results()
-    assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
+    assert run.terminal.type == EventType.RUN_FINISHED, (
+        getattr(run.terminal, "message", None), run.stderr,
+        [r.reply for r in model_server.requests])
     result = run.tool_results()[0]
     assert "precious.txt" in result and "denied" in result.lower(), result
 

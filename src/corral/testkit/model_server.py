@@ -577,6 +577,8 @@ class ModelServer:
         else:
             server = _HTTPServer(("127.0.0.1", 0), _Handler)
         server.owner = self
+        # A client that resets before accept() must not block the accept loop (and stop()).
+        server.socket.settimeout(0.5)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="corral-model-server", daemon=True)
