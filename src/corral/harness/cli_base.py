@@ -229,7 +229,7 @@ def entry_argv(python: str, command: Sequence[str], *, forward: Sequence[Mapping
     """Wrap ``command`` with the in-sandbox entry (forwarders + timeout)."""
     source = Path(sandbox_entry.__file__).read_text()
     config = {"forward": [dict(f) for f in forward], "timeout": timeout, "grace": 5}
-    return [python, "-I", "-c", source, json.dumps(config, separators=(",", ":")), "--",
+    return [python, "-I", "-S", "-c", source, json.dumps(config, separators=(",", ":")), "--",
             *command]
 
 

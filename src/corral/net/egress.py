@@ -28,7 +28,7 @@ import httpx
 
 from corral.errors import ConfigError
 from corral.net.http11 import Request, Response, serve_listener, text_response
-from corral.net.model_proxy import HOP_BY_HOP, bind_unix_listener
+from corral.net.model_proxy import HOP_BY_HOP, bind_unix_listener, shared_ssl_context
 
 __all__ = ["AllowRule", "EgressProxy", "parse_allowlist"]
 
@@ -201,7 +201,7 @@ class EgressProxy:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(300.0, connect=self.connect_timeout),
-                follow_redirects=False, trust_env=False,
+                follow_redirects=False, trust_env=False, verify=shared_ssl_context(),
             )
         headers = [(k, v) for k, v in request.headers if k not in HOP_BY_HOP]
         req = self._client.build_request(request.method, request.target, headers=headers,

@@ -18,8 +18,10 @@ mid-stream.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import ssl
 import stat
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -29,6 +31,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
+import certifi
 import httpx
 
 from corral.errors import ConfigError, PrerequisiteMissing
@@ -42,6 +45,7 @@ __all__ = [
     "Usage",
     "UsageMeter",
     "bind_unix_listener",
+    "shared_ssl_context",
 ]
 
 ModelApi = Literal["anthropic", "openai"]
@@ -144,6 +148,12 @@ class Usage:
         out = asdict(self)
         out["total"] = self.total
         return out
+
+
+@functools.cache
+def shared_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context per process (building one costs tens of milliseconds)."""
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def _int(v: Any) -> int:
@@ -283,6 +293,7 @@ class ModelProxy:
                 timeout=httpx.Timeout(self.idle_timeout, connect=self.connect_timeout),
                 follow_redirects=False,
                 trust_env=False,
+                verify=shared_ssl_context(),
             )
         return self._client
 
@@ -297,6 +308,7 @@ class ModelProxy:
         """Serve on a unix socket until cancelled (``task_status.started()`` once bound)."""
         listener = await bind_unix_listener(socket_path)
         try:
+            self._http()  # now, not on the agent's first request
             task_status.started()
             await serve_listener(listener, self.handle)
         finally:

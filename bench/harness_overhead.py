@@ -1,0 +1,178 @@
+"""Harness overhead: a scripted two-step agent run (shell tool call, then a final answer),
+in a corral bubblewrap sandbox versus the same CLI run directly on the host against the same
+scripted model server.
+
+corral: ``prepare_agent`` (model proxy on a unix socket) → ``launch_supervised`` with the
+sandbox's ``host_command`` (bwrap + in-sandbox forwarder) → ``translate_run`` over the
+journal. The sandbox exists already (thread reuse); its creation is timed separately.
+direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh HOME.
+
+"first event" = first line of CLI output (direct) / first translated journal event after
+RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
+
+Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
+    PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import anyio
+
+from corral.harness.agent import prepare_agent, with_agent_binds
+from corral.harness.base import AgentRequest, RunContext, translate_run
+from corral.harness.claude_code import ClaudeCodeHarness
+from corral.harness.cli_base import CliHarness
+from corral.harness.codex import CodexHarness
+from corral.harness.installs import find_installed, install_agent
+from corral.net.model_proxy import Upstream
+from corral.providers.bubblewrap import BubblewrapProvider
+from corral.runs.layout import JournalPaths
+from corral.runs.sentinel import new_nonce
+from corral.runs.supervisor import launch_supervised_async
+from corral.sandbox.contracts import SandboxSpec
+from corral.testkit.model_server import ModelServer, shell_then_text
+
+PROMPT = "run the command"
+
+
+def options(name: str) -> dict[str, object]:
+    opts: dict[str, object] = {"max_retries": 0}
+    if name == "codex":
+        opts["model"] = "gpt-fake"
+    return opts
+
+
+def harness_for(name: str) -> CliHarness:
+    return ClaudeCodeHarness() if name == "claude-code" else CodexHarness()
+
+
+def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
+    return Upstream(h.model_api, srv.url if h.model_api == "anthropic" else srv.openai_url,
+                    "bench-key")
+
+
+def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
+    install = find_installed(h.name)
+    assert install is not None
+    base = srv.url if h.model_api == "anthropic" else srv.openai_url
+    opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base,
+            "api_key": "bench-key"}
+    cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
+    home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="bench-ws-", dir="/var/tmp")
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", **cmd.env}
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(list(cmd.argv), env=env, cwd=work, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(cmd.stdin or b"")
+        proc.stdin.close()
+        first = None
+        for _line in proc.stdout:
+            if first is None:
+                first = time.perf_counter() - t0
+        rc = proc.wait()
+        total = time.perf_counter() - t0
+        if rc != 0 or not os.path.exists(os.path.join(work, "out.txt")):
+            raise SystemExit(f"direct {h.name} run failed (exit {rc})")
+        return first or total, total
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int
+                     ) -> tuple[float, float, float]:
+    t_create = time.perf_counter()
+    handle = await provider.create(with_agent_binds(SandboxSpec()))
+    create = time.perf_counter() - t_create
+    try:
+        run_id = f"bench-{h.name}-{i}"
+        t0 = time.perf_counter()
+        prepared = await prepare_agent(h, handle, AgentRequest(prompt=PROMPT,
+                                                                options=options(h.name)),
+                                       thread_id=run_id, run_id=run_id,
+                                       upstream=upstream(h, srv), resume=False, timeout=120)
+        paths = JournalPaths.for_run(handle.private_dir, run_id)
+        nonce = new_nonce()
+        first = None
+        last = None
+        async with prepared.services():
+            await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+            async for batch in translate_run(h, RunContext(run_id, run_id), paths,
+                                             nonce=nonce):
+                if batch.item is not None and first is None:
+                    first = time.perf_counter() - t0
+                if batch.exit is not None:
+                    last = batch.events[-1]
+        total = time.perf_counter() - t0
+        if last is None or last.type.value != "RUN_FINISHED":
+            raise SystemExit(f"corral {h.name} run failed: {last}")
+        if not await handle.fs.exists("/workspace/out.txt"):
+            raise SystemExit(f"corral {h.name} run did not create out.txt")
+        return first or total, total, create
+    finally:
+        await provider.destroy(handle.ref)
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--cli", nargs="+", default=["claude-code", "codex"])
+    args = ap.parse_args()
+    for name in args.cli:
+        install_agent(name)
+    provider = BubblewrapProvider()
+    print(f"{args.runs} runs per CLI and mode, interleaved; times in ms (p50 / p90)")
+    for name in args.cli:
+        h = harness_for(name)
+        direct_first: list[float] = []
+        direct_total: list[float] = []
+        c_first: list[float] = []
+        c_total: list[float] = []
+        creates: list[float] = []
+        with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
+            direct_run(h, srv)  # warm the page cache for both modes
+            for i in range(args.runs):
+                f, t = direct_run(h, srv)
+                direct_first.append(f)
+                direct_total.append(t)
+                f, t, c = anyio.run(corral_run, h, srv, provider, i)
+                c_first.append(f)
+                c_total.append(t)
+                creates.append(c)
+
+        def row(label: str, xs: list[float]) -> str:
+            return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
+
+        print(f"{name} {h.version}")
+        print(row("direct: first event", direct_first))
+        print(row("corral bwrap: first event", c_first))
+        print(row("direct: total", direct_total))
+        print(row("corral bwrap: total", c_total))
+        over_first = statistics.median(c_first) - statistics.median(direct_first)
+        over_total = statistics.median(c_total) - statistics.median(direct_total)
+        print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
+              f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
+        print(row("(sandbox create, not included)", creates))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
