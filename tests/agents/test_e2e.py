@@ -8,6 +8,7 @@ bubblewrap handle's ``host_command``, and ``translate_run`` over the real journa
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ import anyio
 import pytest
 from ag_ui.core import EventType
 
+from corral.harness.agent import prepare_agent
+from corral.harness.base import AgentRequest, RunContext, translate_run
 from corral.net.model_proxy import PLACEHOLDER_KEY
+from corral.runs.layout import JournalPaths
+from corral.runs.sentinel import new_nonce
+from corral.runs.supervisor import kill_supervised_async, launch_supervised_async
 from corral.testkit.model_server import (
     Fail,
     Hang,
@@ -27,7 +33,15 @@ from corral.testkit.model_server import (
     shell_then_text,
 )
 
-from .conftest import CLIS, REAL_KEY, files_containing, make_harness, run_agent
+from .conftest import (
+    CLIS,
+    REAL_KEY,
+    base_options,
+    files_containing,
+    make_harness,
+    run_agent,
+    upstream_for,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -218,3 +232,54 @@ def test_agent_timeout_stops_a_hanging_cli(sandbox_factory: Any,
     assert run.terminal.type == EventType.RUN_ERROR
     assert run.terminal.code == "timeout", run.terminal
     assert run.elapsed < 20
+
+
+def _pids_with(marker: bytes) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker in fh.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_cancel_stops_every_process_of_the_run(cli: str, sandbox_factory: Any,
+                                               model_server: ModelServer) -> None:
+    marker = f"corral-cancel-{os.getpid()}-{cli}"
+    model_server.script = [ToolCall(f"tail -f /dev/null # {marker}")]
+    harness = make_harness(cli)
+
+    async def go() -> tuple[list[EventType], list[int], list[int]]:
+        handle = await sandbox_factory()
+        prepared = await prepare_agent(
+            harness, handle, AgentRequest(prompt="wait forever", options=base_options(cli)),
+            thread_id="t-cancel", run_id="r-cancel", upstream=upstream_for(harness, model_server))
+        paths = JournalPaths.for_run(handle.private_dir, "r-cancel")
+        nonce = new_nonce()
+        kinds: list[EventType] = []
+        running: list[int] = []
+        async with prepared.services():
+            await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+            with anyio.fail_after(60):
+                async for batch in translate_run(harness, RunContext("r-cancel", "t-cancel"),
+                                                 paths, nonce=nonce):
+                    kinds += [e.type for e in batch.events]
+                    if EventType.TOOL_CALL_END in kinds and not running:
+                        while not (running := _pids_with(marker.encode())):
+                            await anyio.sleep(0.02)
+                        assert await kill_supervised_async(paths, grace=3.0)
+        deadline = anyio.current_time() + 10
+        while _pids_with(marker.encode()) and anyio.current_time() < deadline:
+            await anyio.sleep(0.05)
+        return kinds, running, _pids_with(marker.encode())
+
+    kinds, running, left = anyio.run(go)
+    assert running, "the tool never started"
+    assert left == [], "processes of the cancelled run survived"
+    assert kinds[-1] == EventType.RUN_ERROR
+    assert kinds.count(EventType.TOOL_CALL_RESULT) == kinds.count(EventType.TOOL_CALL_START)

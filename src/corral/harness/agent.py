@@ -151,8 +151,9 @@ class PreparedAgent:
 
     def host_command(self) -> HostCommand:
         """How a host process (the supervisor) runs the agent in the sandbox."""
-        return self.handle.host_command(self.command.argv, cwd=self.command.cwd,
-                                        env=self.command.env)
+        hc = self.handle.host_command(self.command.argv, cwd=self.command.cwd,
+                                      env=self.command.env)
+        return dataclasses.replace(hc, argv=_die_with_parent(hc.argv))
 
     def agent_spec(self) -> AgentSpec:
         """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
@@ -229,6 +230,20 @@ async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce:
     finally:
         await reader.aclose()
     return found
+
+
+def _die_with_parent(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """Add bwrap's ``--die-with-parent`` to a bubblewrap host argv.
+
+    The supervisor stops an agent by signalling the host-side ``bwrap`` process; without
+    this flag the processes inside the sandbox (another session, another pid namespace)
+    would keep running after it died. With it, bwrap's death kills the sandbox's pid 1, and
+    with it every process of the run. (The flag belongs in the provider's
+    ``host_command``; adding it twice is harmless.)"""
+    for i, arg in enumerate(argv):  # the first bwrap is the launcher's (the rest is args)
+        if os.path.basename(arg) == "bwrap":
+            return (*argv[: i + 1], "--die-with-parent", *argv[i + 1 :])
+    return argv
 
 
 def _run_token(run_id: str) -> str:
