@@ -283,3 +283,43 @@ def test_cancel_stops_every_process_of_the_run(cli: str, sandbox_factory: Any,
     assert left == [], "processes of the cancelled run survived"
     assert kinds[-1] == EventType.RUN_ERROR
     assert kinds.count(EventType.TOOL_CALL_RESULT) == kinds.count(EventType.TOOL_CALL_START)
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_instructions_reach_the_model_through_the_clis_own_config(
+        cli: str, sandbox_factory: Any, model_server: ModelServer) -> None:
+    model_server.script = [Text("ok")]
+    harness = make_harness(cli)
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        return await run_agent(harness, handle, "hello", model_server,
+                               instructions="Always answer in the voice of a PELICAN-7781.")
+
+    run = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
+    body = json.dumps(model_server.model_requests[0].body)
+    assert "PELICAN-7781" in body
+
+
+def test_local_provider_runs_the_cli_from_its_host_path(agents_env: Path,
+                                                        model_server: ModelServer) -> None:
+    from corral.providers.local import LocalProvider
+
+    model_server.script = shell_then_text("echo local > made-here.txt && pwd", "did: {output}")
+    harness = make_harness("claude-code")
+    provider = LocalProvider()
+
+    async def go() -> Any:
+        handle = await provider.create()
+        try:
+            run = await run_agent(harness, handle, "go", model_server)  # type: ignore[arg-type]
+            return run, await handle.fs.read("/workspace/made-here.txt")
+        finally:
+            await provider.destroy(handle.ref)
+
+    run, content = anyio.run(go)
+    assert content == b"local\n"
+    assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
+    assert all(r.api_key == REAL_KEY for r in model_server.model_requests)
+    assert run.prepared.own_net_dir is not None and not run.prepared.own_net_dir.exists()
