@@ -53,6 +53,8 @@ class LogBatch:
 
     events: Sequence[Mapping[str, Any]]
     journal_offset: int
+    exit_code: int | None = None
+    """Set on the batch translated from the agent's exit: recorded on the run."""
 
 
 Produced: TypeAlias = tuple[Mapping[str, Any], int] | LogBatch | ProducerExit
@@ -220,6 +222,8 @@ async def pipe_to_run_log(
             else:
                 if isinstance(item, LogBatch):
                     batch, offset = list(item.events), item.journal_offset
+                    if item.exit_code is not None:
+                        exit_code = item.exit_code
                 else:
                     event, offset = cast(tuple[Mapping[str, Any], int], item)
                     batch = [event]
