@@ -262,16 +262,16 @@ async def _follow(
 
     if cancel.is_set():
         with anyio.CancelScope(shield=True):
-            record = await runner.cancel(run_id)
-        _say(f"run {run_id} cancelled ({record.status.value})")
+            cancelled = await runner.cancel(run_id)
+        _say(f"run {run_id} cancelled ({cancelled.status.value})")
         return 130
     result: DriveResult | None = outcome.get("drive")
     if result is not None and result.detached and not result.record.terminal:
         _say(f"detached; the run goes on. Watch again: corral attach {run_id}   "
              f"Cancel: corral cancel {run_id}")
         return 130
-    record = await runner.store.get(run_id)
-    return exit_code_for(record) if record is not None else 1
+    final = await runner.store.get(run_id)
+    return exit_code_for(final) if final is not None else 1
 
 
 def _cancel(args: argparse.Namespace) -> int:
