@@ -322,6 +322,13 @@ class Runner:
             tail = await self.store.tail(run_id)
             if tail.closed:
                 return None
+            if not paths.journal.exists():
+                # We hold the claim, so the starter is gone: it died before launching the
+                # agent. Nothing will ever write this journal.
+                await self._stop_agent(record)
+                return await pipe_to_run_log(
+                    self.store, run_id, _never_launched(), epoch=held.epoch
+                )
             harness = self._harness(record)
             ctx = RunContext(run_id, record.thread_id)
             abort = anyio.Event()
@@ -457,6 +464,11 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
             await self._teardown(record)
+
+
+async def _never_launched() -> AsyncIterator[Produced]:
+    raise RunStartError("the run's starter stopped before it launched the agent")
+    yield  # pragma: no cover
 
 
 def _lease_live(record: RunRecord) -> bool:
