@@ -1,6 +1,6 @@
 """Attacks on the bubblewrap sandbox. Each must fail, and the failure is checked."""
 
-# ruff: noqa: ASYNC220, ASYNC230
+# ruff: noqa: ASYNC220
 
 from __future__ import annotations
 
