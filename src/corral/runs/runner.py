@@ -259,12 +259,22 @@ class Runner:
 
     # ------------------------------------------------------------------ drive
 
-    async def drive(self, run_id: str, *, stop: anyio.Event | None = None) -> DriveResult:
+    async def drive(
+        self,
+        run_id: str,
+        *,
+        stop: anyio.Event | None = None,
+        clear_detached: bool = True,
+    ) -> DriveResult:
         """Make the run progress until it ends, or until ``stop`` is set (then detach).
 
         Takes the claim when nobody live holds it; while another live driver holds it,
         waits and takes over as soon as that driver is gone (at once for a dead process on
         this machine, at lease expiry otherwise).
+
+        ``clear_detached``: the claim clears ``detached_since`` (the caller is a viewer).
+        A server that drives runs whether or not anyone watches passes ``False`` and keeps
+        ``detached_since`` itself, as the mark of viewer absence.
         """
         while True:
             record = await self._require(run_id)
@@ -283,7 +293,7 @@ class Runner:
                 await _wait(stop, _POLL)
                 continue
             try:
-                result = await self._drive_claimed(record, stop)
+                result = await self._drive_claimed(record, stop, clear_detached)
             except ClaimRefused as refused:
                 if refused.reason in (RefusalReason.UNKNOWN, RefusalReason.TERMINAL):
                     continue  # the loop re-reads and returns
@@ -302,7 +312,7 @@ class Runner:
             return DriveResult(final)
 
     async def _drive_claimed(
-        self, record: RunRecord, stop: anyio.Event | None
+        self, record: RunRecord, stop: anyio.Event | None, clear_detached: bool = True
     ) -> PipeResult | None:
         run_id = record.run_id
         paths = self._paths(record)
@@ -315,7 +325,7 @@ class Runner:
             run_id,
             self.owner,
             self.lease_ttl,
-            clear_detached=True,
+            clear_detached=clear_detached,
             break_lease_of=breaking,
         ) as held:
             # Appends from any predecessor are fenced from here on, so the tail is final.
