@@ -71,8 +71,11 @@ class Redactor:
     def __init__(self, secrets: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
         self._lock = threading.RLock()
         self._values: dict[str, str] = {}  # variant -> name
+        self._raw: list[tuple[str, str]] = []
         # values of followed sources, computed once (secrets are immutable)
-        self._followed: dict[int, tuple[weakref.ref[_HasSecretValues], dict[str, str]]] = {}
+        self._followed: dict[
+            int, tuple[weakref.ref[_HasSecretValues], dict[str, str], list[tuple[str, str]]]
+        ] = {}
         self._compiled: tuple[re.Pattern[str] | None, re.Pattern[bytes] | None, dict[str, str]]
         self._compiled = (None, None, {})
         self._dirty = True
@@ -87,6 +90,7 @@ class Redactor:
         with self._lock:
             for variant in variants(value):
                 self._values.setdefault(variant, name)
+            self._raw.append((name, value))
             self._dirty = True
 
     def follow(self, source: _HasSecretValues) -> None:
@@ -99,11 +103,12 @@ class Redactor:
                 self._dirty = True
 
         table: dict[str, str] = {}
-        for name, value in source._redaction_items():
+        raw = list(source._redaction_items())
+        for name, value in raw:
             for variant in variants(value):
                 table.setdefault(variant, name)
         with self._lock:
-            self._followed[key] = (weakref.ref(source, gone), table)
+            self._followed[key] = (weakref.ref(source, gone), table, raw)
             self._dirty = True
 
     def _compile(self) -> tuple[re.Pattern[str] | None, re.Pattern[bytes] | None, dict[str, str]]:
@@ -111,7 +116,7 @@ class Redactor:
             if not self._dirty:
                 return self._compiled
             values = dict(self._values)
-            for _, table in self._followed.values():
+            for _, table, _raw in self._followed.values():
                 for variant, name in table.items():
                     values.setdefault(variant, name)
             ordered = sorted(values, key=len, reverse=True)
@@ -123,6 +128,14 @@ class Redactor:
                 self._compiled = (None, None, values)
             self._dirty = False
             return self._compiled
+
+    def items(self) -> list[tuple[str, str]]:
+        """``(name, value)`` of every secret known (for leak scans; handle with care)."""
+        with self._lock:
+            out = list(self._raw)
+            for _, _table, raw in self._followed.values():
+                out.extend(raw)
+        return out
 
     def values(self) -> set[str]:
         """Every string this redactor hides (for scanning tests)."""
