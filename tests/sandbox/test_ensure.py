@@ -247,3 +247,30 @@ async def test_local_provider_works_too(git_repo: Repo, store: Store) -> None:
         assert await text(ensured.handle, "copy.txt") == "two\n"
     finally:
         await sb.destroy(ctx(), store=store)
+
+
+def test_corral_gc_cli(cli_env: dict[str, str], corral_cmd: list[str], corral_home: Path) -> None:
+    import subprocess
+
+    import anyio
+
+    sb = Sandbox(provider="local", lifecycle=Lifecycle(keep_alive=0.001))
+
+    async def make() -> str:
+        from corral.stores import open_store
+
+        st = await open_store()
+        try:
+            return (await sb.ensure(ctx(), store=st)).handle.id
+        finally:
+            await st.aclose()
+
+    sandbox_id = anyio.run(make)
+    out = subprocess.run([*corral_cmd, "gc", "--json"], env=cli_env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    [line] = out.stdout.splitlines()
+    entry = json.loads(line)
+    assert (entry["sandbox"], entry["outcome"]) == (sandbox_id, "destroyed")
+    assert not (corral_home / "sandboxes" / "local" / sandbox_id).exists()
+    again = subprocess.run([*corral_cmd, "gc"], env=cli_env, capture_output=True, text=True)
+    assert again.returncode == 0 and "nothing idle" in again.stdout
