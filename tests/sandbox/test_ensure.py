@@ -274,3 +274,30 @@ def test_corral_gc_cli(cli_env: dict[str, str], corral_cmd: list[str], corral_ho
     assert not (corral_home / "sandboxes" / "local" / sandbox_id).exists()
     again = subprocess.run([*corral_cmd, "gc"], env=cli_env, capture_output=True, text=True)
     assert again.returncode == 0 and "nothing idle" in again.stdout
+
+
+async def test_local_dir_and_inline_files_sources(store: Store, tmp_path: Path) -> None:
+    from corral import Files, LocalDir
+
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "skip.log").write_text("noise")
+    (src / "run.sh").write_text("#!/bin/sh\necho ok\n")
+    (src / "run.sh").chmod(0o755)
+    sb = Sandbox(provider="bubblewrap", workspace=Workspace(source=LocalDir(str(src), exclude=("*.log",))))
+    e = await sb.ensure(ctx(), store=store)
+    try:
+        assert await text(e.handle, "pkg/mod.py") == "X = 1\n"
+        assert not await e.handle.fs.exists("skip.log")
+        res = await e.handle.process.exec(["./run.sh"], cwd="/workspace")
+        assert res.stdout == b"ok\n"
+    finally:
+        await sb.destroy(ctx(), store=store)
+    inline = Sandbox(provider="local", workspace=Workspace(source=Files({"a/b.txt": "hi", "c.bin": b"\x00\x01"})))
+    e = await inline.ensure(ctx(), store=store)
+    try:
+        assert await text(e.handle, "a/b.txt") == "hi"
+        assert await e.handle.fs.read("c.bin") == b"\x00\x01"
+    finally:
+        await inline.destroy(ctx(), store=store)
