@@ -33,6 +33,15 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
+def check_limit(limit: int | None) -> int | None:
+    """A listing cap must be ``None`` (no cap) or an integer >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise StoreError(f"limit must be an integer >= 0 or None, got {limit!r}")
+    return limit
+
+
 def claim_transition(
     record: RunRecord | None,
     run_id: str,
