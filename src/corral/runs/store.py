@@ -273,6 +273,12 @@ class RunStore(Protocol):
         """All runs of the thread, oldest first."""
         ...
 
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs first (by start time), optionally only those with ``status``."""
+        ...
+
     async def list_reclaimable(
         self, now: float, ttl: float, *, limit: int | None = None
     ) -> list[RunRecord]:
@@ -306,10 +312,14 @@ class ClaimStore(Protocol):
         now: float | None = None,
         clear_detached: bool = False,
         allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
     ) -> Claim:
         """Take the lease. Raises :class:`ClaimRefused` (unknown, terminal, cancelled unless
         ``allow_cancelled``, or held by an unexpired lease) having changed nothing.
-        ``clear_detached`` clears ``detached_since`` in the same transaction."""
+        ``clear_detached`` clears ``detached_since`` in the same transaction.
+        ``break_lease_of``: take the claim even though a live lease exists, but only when
+        that lease's owner is exactly this string (compare-and-swap; the caller proved that
+        owner dead, or is cancelling). The epoch bump fences the old owner."""
         ...
 
     async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:

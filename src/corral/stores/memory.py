@@ -114,11 +114,18 @@ class MemoryStore:
         runs = [r for r in self._runs.values() if r.thread_id == thread_id]
         return sorted(runs, key=lambda r: r.started_at)
 
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        runs = [r for r in self._runs.values() if status is None or r.status is status]
+        return sorted(runs, key=lambda r: r.started_at, reverse=True)[:limit]
+
     async def list_reclaimable(
         self, now: float, ttl: float, *, limit: int | None = None
     ) -> list[RunRecord]:
         cutoff = now - ttl
-        count = _logic.check_limit(limit)
+        count = _logic.check_cap(limit)
         found = [
             r
             for r in self._runs.values()
@@ -147,6 +154,7 @@ class MemoryStore:
         now: float | None = None,
         clear_detached: bool = False,
         allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
     ) -> Claim:
         new, claim = _logic.claim_transition(
             self._runs.get(run_id),
@@ -156,6 +164,7 @@ class MemoryStore:
             self._now(now),
             clear_detached=clear_detached,
             allow_cancelled=allow_cancelled,
+            break_lease_of=break_lease_of,
         )
         self._runs[run_id] = _frozen(new)
         return claim
