@@ -238,7 +238,7 @@ class _Sweep:
         except (ClaimRefused, ClaimLost, _NotClaimed) as exc:
             self.logger.debug("reap: not driving run %s: %s", run_id, exc)
             return ReapEntry(run_id, ReapOutcome.NOT_CLAIMED, error=_describe(exc))
-        except Exception as exc:  # noqa: BLE001 - one bad run must not end the sweep
+        except Exception as exc:  # one bad run must not end the sweep
             self.logger.error("reap: sweeping run %s failed: %s", run_id, exc, exc_info=exc)
             return ReapEntry(run_id, ReapOutcome.FAILED, error=_describe(exc))
 
