@@ -550,7 +550,7 @@ class TestReapOutcomes:
         result = await reap_detached_runs(
             ViewerComesBack(),
             probe=probe_run_exit, drive=journal_drive(store), ttl=60.0, quiet=QUIET,
-            reclaim=sandbox_reclaimer(w.sandboxes, store),
+            budget=2.0, reclaim=sandbox_reclaimer(w.sandboxes, store),
         )
         assert_counts(result, not_claimed=1, producing=1)
         e = entry(result, old.run_id)
@@ -602,6 +602,21 @@ class TestReapOutcomes:
         assert e.exit_code == 0  # what the probe read
         assert (await w.store.tail(done.run_id)).closed
         assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_budget_is_armed_after_the_quiet_window(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("echo patience", wait_exit=True)
+        busy = await w.start(f"echo x; {LONG}", wait_output="x")
+        busy_before = await w.freeze(busy)
+        # The quiet window alone outlasts the budget: a budget started before it would
+        # record this finished agent as aborted.
+        result = await w.sweep(quiet=0.6, budget=0.5)
+        assert_counts(result, finalized=1, producing=1)
+        assert entry(result, done.run_id).status is RunStatus.COMPLETED
+        assert await w.text(done.run_id) == "patience\n"
         await assert_untouched(w, busy, busy_before)
 
     async def test_destroy_failing_is_reclaim_failed_with_transcript_saved(
