@@ -15,10 +15,12 @@ from corral.errors import CorralError
 
 __all__ = [
     "Capabilities",
+    "Command",
     "ExecResult",
     "FileInfo",
     "FileSystem",
     "Handle",
+    "HostCommand",
     "HostRoute",
     "PathEscapeError",
     "Process",
@@ -87,6 +89,11 @@ class Capabilities:
     """``Handle.connect_port`` gives a host-reachable URL for a port inside the sandbox."""
     isolated: bool = False
     """Processes are isolated from the host (namespaces, containers, VMs). False for local."""
+    host_processes: bool = False
+    """``Handle.host_command`` and ``Handle.private_dir`` work: a separate host process (not a
+    child of this Python process) can run a command inside the sandbox, and the handle has a
+    host-side directory the sandbox cannot see (for journals and nonces). Container and cloud
+    providers say no."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,30 @@ class ExecResult:
             extra = f" ({self.limit_hit} limit)" if self.limit_hit else ""
             return f"killed by {signal_name(self.signal)}{extra}"
         return f"exit code {self.exit_code}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostCommand:
+    """How a separate host process runs a command inside a sandbox (capability
+    ``host_processes``).
+
+    The launcher (for example the durable-run supervisor) execs ``argv`` with exactly
+    ``env`` as its environment (``cwd`` is the host directory to start in; ``None`` means
+    any). ``argv`` is self-contained: it joins the sandbox's cgroups (listed in
+    ``cgroup_procs`` for information; the argv writes its own pid there before it
+    enters the sandbox), drops privileges and enters the sandbox's namespaces, so
+    ``destroy`` and the resource limits cover it. Redirect its stdout/stderr to files in
+    ``Handle.private_dir`` to keep them out of the sandbox's reach.
+
+    The exit status of ``argv`` is the command's, with a death by signal ``N`` reported
+    as exit status ``128 + N``. The process must be started in its own session
+    (``setsid``) if it should survive the launcher's terminal.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None = None
+    cgroup_procs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +317,23 @@ class Handle(Protocol):
 
     async def connect_port(self, port: int) -> str:
         """A host-reachable URL for ``port`` inside the sandbox (capability ``ports``)."""
+        ...
+
+    @property
+    def private_dir(self) -> str:
+        """A host directory that belongs to this sandbox but is not visible inside it
+        (capability ``host_processes``). It is removed with the sandbox."""
+        ...
+
+    def host_command(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> HostCommand:
+        """Describe how a separate host process runs ``command`` in this sandbox
+        (capability ``host_processes``); ``cwd`` and ``env`` as for ``process.exec``."""
         ...
 
 

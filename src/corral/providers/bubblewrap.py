@@ -1,0 +1,669 @@
+"""The bubblewrap provider: the default isolated provider on Linux.
+
+A sandbox is a host state directory (``$CORRAL_HOME/sandboxes/bubblewrap/<id>``) plus,
+where the machine has them, cgroups that hold its limits. Nothing runs between commands:
+every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, with
+
+* new user, pid, ipc, uts, net and cgroup namespaces (``--unshare-all``), no further user
+  namespaces inside (``--disable-userns``), a new session;
+* the system (``/usr``, ``/etc`` and the merged-usr links) bound read-only, a fresh
+  ``/proc`` and a minimal ``/dev``; nothing else of the host (no ``/home``, ``/root``,
+  ``/run``, ``/sys``, no project checkout);
+* private writable ``/workspace``, ``/tmp`` and ``/home/agent`` (``HOME``) bound from the
+  state directory's ``root/``; ``private/`` is never mounted (journals live there);
+* the command running as uid/gid 1000 (``agent``) inside, which is an unprivileged host
+  uid outside when corral runs as root (``host_uid``, default 1000000000), so the
+  read-only system's root-only files (``/etc/shadow``) stay unreadable;
+* no network at all unless the spec asks for it (``--share-net``);
+* memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
+  the sandbox joins before it enters the namespaces (the launcher writes its own pid to
+  ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
+  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
+
+Consequences worth knowing: each command gets its own pid namespace, so a command sees
+only its own processes, and background jobs of an ``exec`` end when the command does
+(use ``spawn`` for long-lived processes; they survive the Python process that started
+them). Killing a process tree kills the namespace's init, which takes everything in it,
+daemons included. ``destroy`` freezes and kills the whole cgroup.
+
+Signal deaths: ``bwrap`` itself can only report ``128 + N``, so the command is run under
+a tiny in-sandbox reporter (``perl``, when the host has it) that reports the real wait
+status on a pipe; without perl a status above 128 is read as a signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from corral.errors import ConfigError, PrerequisiteMissing
+from corral.paths import corral_home
+from corral.providers import cgroups, procscan
+from corral.providers.base import HostDirHandle
+from corral.providers.process import (
+    Outcome,
+    SandboxProcess,
+    collect,
+    merge_env,
+    popen,
+    to_argv,
+)
+from corral.providers.state import (
+    SandboxState,
+    check_env,
+    make_files_dir,
+    make_sandbox_dir,
+    new_id,
+    provider_root,
+    remove_tree,
+    validate_id,
+)
+from corral.sandbox.contracts import (
+    Capabilities,
+    Command,
+    ExecResult,
+    HostCommand,
+    HostRoute,
+    ProcessApi,
+    ResourceLimits,
+    SandboxRef,
+    SandboxSpec,
+    SnapshotRef,
+    UnsupportedCapability,
+)
+
+__all__ = [
+    "BWRAP_CAPABILITIES",
+    "DEFAULT_HOST_UID",
+    "DEFAULT_LIMITS",
+    "BubblewrapHandle",
+    "BubblewrapProvider",
+]
+
+BWRAP_CAPABILITIES = Capabilities(
+    background_processes=True,
+    killable_processes=True,
+    writable_stdin=True,
+    snapshots=False,
+    network_policy=True,
+    durable_filesystem=True,
+    ports=False,
+    isolated=True,
+    host_processes=True,
+)
+
+DEFAULT_HOST_UID = 1_000_000_000
+FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", "/var/lib/corral/bubblewrap"))
+SANDBOX_UID = 1000
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/home/agent",
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "SHELL": "/bin/sh",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+
+# Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
+_JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
+
+# Runs argv, then reports its raw wait status on fd $ARGV[0]. It ignores the signals
+# that the tree gets (so that the command decides how to react) but restores them for
+# the command.
+_REPORTER = r"""
+my $fd = shift @ARGV;
+open(my $st, ">&=", $fd) or exit 125;
+my @sigs = qw(HUP INT QUIT TERM PIPE USR1 USR2 ALRM TSTP TTIN TTOU);
+$SIG{$_} = "IGNORE" for @sigs;
+my $pid = fork;
+if (!defined $pid) { print STDERR "corral: cannot start $ARGV[0]: fork: $!\n"; exit 126 }
+if ($pid == 0) {
+  close $st;
+  $SIG{$_} = "DEFAULT" for @sigs;
+  exec { $ARGV[0] } @ARGV;
+  my $n = $! + 0;
+  print STDERR "corral: $ARGV[0]: $!\n";
+  exit($n == 2 ? 127 : 126);
+}
+waitpid($pid, 0);
+my $s = $?;
+syswrite $st, "$s\n";
+exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
+"""
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _passwd_files(etc: Path) -> None:
+    """Write passwd/group for the sandbox: the host's entries plus ``agent`` (uid 1000)."""
+    etc.mkdir(exist_ok=True)
+
+    def rewrite(src: str, line: str) -> str:
+        keep = []
+        with contextlib.suppress(OSError), open(src) as fh:
+            for raw in fh:
+                parts = raw.split(":")
+                if len(parts) > 2 and (parts[0] == "agent" or parts[2] == str(SANDBOX_UID)):
+                    continue
+                keep.append(raw if raw.endswith("\n") else raw + "\n")
+        return "".join(keep) + line
+
+    (etc / "passwd").write_text(
+        rewrite("/etc/passwd", f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:corral agent:/home/agent:/bin/sh\n")
+    )
+    (etc / "group").write_text(rewrite("/etc/group", f"agent:x:{SANDBOX_UID}:\n"))
+
+
+class _BwrapProcessApi:
+    def __init__(self, handle: BubblewrapHandle) -> None:
+        self._h = handle
+
+    async def spawn(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SandboxProcess:
+        """Start ``command`` in the sandbox and return at once (stream its output)."""
+        return await self._h._start(command, cwd, env)
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run to completion; a timeout kills everything the command started."""
+        proc = await self._h._start(command, cwd, env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+
+class _Run:
+    """Bookkeeping of one bwrap invocation: status pipes and limit counters."""
+
+    def __init__(self, handle: BubblewrapHandle, status_r: int, report_r: int | None) -> None:
+        self.h = handle
+        self.status_r = status_r
+        self.report_r = report_r
+        self.init_pid: int | None = None
+        self.before = cgroups.limit_counters(handle.state.cgroups) if handle.state.cgroups else None
+        self._status_buf = b""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _read_status(self) -> None:
+        while b"\n" not in self._status_buf:
+            try:
+                chunk = os.read(self.status_r, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._status_buf += chunk
+        line = self._status_buf.split(b"\n", 1)[0]
+        with contextlib.suppress(ValueError):
+            info: dict[str, Any] = json.loads(line)
+            if "child-pid" in info:
+                self.init_pid = int(info["child-pid"])
+
+    async def find_init(self) -> int | None:
+        """The host pid of the sandbox's pid-namespace init for this run (bwrap's child)."""
+        assert self.proc is not None
+        with anyio.move_on_after(5):
+            while self.init_pid is None and self.proc.poll() is None:
+                self._read_status()
+                if self.init_pid is None:
+                    await anyio.sleep(0.001)
+        return self.init_pid
+
+    async def kill(self, sig: int) -> None:
+        assert self.proc is not None
+        init = await self.find_init()
+        if init is None:
+            # bwrap never got to start the sandbox (or is gone): kill it directly.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            return
+        if sig == signal.SIGKILL:
+            # The death of a pid namespace's init kills every process in that namespace.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+            return
+        await anyio.to_thread.run_sync(self._signal_namespace, init, sig)
+
+    def _signal_namespace(self, init: int, sig: int) -> None:
+        try:
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+        except OSError:
+            return
+        if self.h.state.cgroups:
+            candidates: Sequence[int] = sorted(cgroups.members(self.h.state.cgroups))
+        else:
+            candidates = procscan.descendants(init)
+        for pid in candidates:
+            if pid == init:
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                    os.kill(pid, sig)
+
+    def finish(self, rc: int) -> Outcome:
+        status: int | None = None
+        if self.report_r is not None:
+            with contextlib.suppress(OSError, ValueError):
+                raw = os.read(self.report_r, 64)
+                if raw.strip():
+                    status = int(raw.split()[0])
+        self.close()
+        sig: int | None = None
+        if status is not None:
+            if status & 0x7F:
+                sig = status & 0x7F
+                code = 128 + sig
+            else:
+                code = (status >> 8) & 0xFF
+        elif rc < 0:
+            sig, code = -rc, 128 - rc
+        elif 128 < rc <= 128 + 64:
+            sig, code = rc - 128, rc  # no reporter: read bwrap's 128+N as a signal
+        else:
+            code = rc
+        limit: str | None = None
+        if self.before is not None:
+            oom, refused = cgroups.limit_counters(self.h.state.cgroups)
+            if oom > self.before[0]:
+                limit = "memory"
+            elif refused > self.before[1]:
+                limit = "pids"
+        if limit is None and sig == signal.SIGXCPU:
+            limit = "cpu"
+        return Outcome(exit_code=code, signal=sig, limit_hit=limit)
+
+    def close(self) -> None:
+        for fd in (self.status_r, self.report_r):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.report_r = None
+        self.status_r = -1
+
+
+class BubblewrapHandle(HostDirHandle):
+    """A bubblewrap sandbox. Cheap to build: all argv work is done here, once."""
+
+    provider_name = "bubblewrap"
+
+    def __init__(self, sandbox_dir: Path, state: SandboxState, provider: BubblewrapProvider) -> None:
+        uid = state.host_uid
+        super().__init__(
+            sandbox_dir,
+            state,
+            BWRAP_CAPABILITIES,
+            owner=(uid, uid) if uid is not None else None,
+        )
+        self._provider = provider
+        self._process = _BwrapProcessApi(self)
+        root = self._files / "root"
+        bwrap = [
+            provider.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            *(["--share-net"] if state.network else []),
+            "--disable-userns",
+            "--new-session",
+            "--hostname",
+            "corral",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            *provider.system_binds,
+            "--ro-bind",
+            str(self._files / "etc" / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(self._files / "etc" / "group"),
+            "/etc/group",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--bind",
+            str(root / "workspace"),
+            "/workspace",
+            "--bind",
+            str(root / "tmp"),
+            "/tmp",
+            "--bind",
+            str(root / "home" / "agent"),
+            "/home/agent",
+        ]
+        for host, inside in state.binds:
+            bwrap += ["--ro-bind", host, inside]
+        bwrap += ["--unsetenv", procscan.TOKEN_ENV]
+        self._bwrap = bwrap
+        # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
+        # rlimits, drop to the sandbox's host uid, then bwrap.
+        launcher: list[str] = []
+        if state.limit_mode == "cgroup":
+            launcher = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
+        elif state.limit_mode == "rlimit":
+            launcher = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
+        if uid is not None:
+            launcher += [
+                provider.setpriv,
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--no-new-privs",
+                "--",
+            ]
+        self._launcher = launcher
+        self._env = merge_env(BASE_ENV, state.env)
+        self._env["CORRAL_SANDBOX_ID"] = state.id
+        self._env[procscan.TOKEN_ENV] = state.token
+
+    @property
+    def process(self) -> ProcessApi:
+        return self._process
+
+    def _env_for(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        if not env:
+            return self._env
+        check_env(dict(env))
+        merged = dict(self._env)
+        merged.update(env)
+        merged[procscan.TOKEN_ENV] = self._state.token
+        return merged
+
+    async def _start(
+        self, command: Command, cwd: str | None, env: Mapping[str, str] | None
+    ) -> SandboxProcess:
+        self._check_alive()
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        report_r: int | None = None
+        report_w: int | None = None
+        fds = [status_w]
+        tail: list[str]
+        if self._provider.perl:
+            report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            fds.append(report_w)
+            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), *argv]
+        else:
+            tail = argv
+        full = [
+            *self._launcher,
+            *self._bwrap,
+            "--chdir",
+            chdir,
+            "--json-status-fd",
+            str(status_w),
+            "--",
+            *tail,
+        ]
+        run = _Run(self, status_r, report_r)
+        try:
+            proc = popen(full, env=self._env_for(env), pass_fds=fds)
+        except BaseException:
+            run.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        run.proc = proc
+        return SandboxProcess(proc, killer=run.kill, finisher=run.finish)
+
+    def host_command(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> HostCommand:
+        """A self-contained host argv that joins the cgroups, drops to the sandbox's host
+        uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
+
+        Its exit status is the command's (``128 + N`` for a death by signal ``N``).
+        """
+        self._check_alive()
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        full = [*self._launcher, *self._bwrap, "--chdir", chdir, "--", *argv]
+        return HostCommand(
+            argv=tuple(full),
+            env=dict(self._env_for(env)),
+            cwd=None,
+            cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
+        )
+
+
+def _rlimit_args(limits: ResourceLimits) -> list[str]:
+    args = []
+    if limits.memory_bytes is not None:
+        args.append(f"--as={limits.memory_bytes}")
+    if limits.pids is not None:
+        args.append(f"--nproc={limits.pids}")
+    return args
+
+
+class BubblewrapProvider:
+    """Isolated sandboxes with bubblewrap (see the module docstring for what that means).
+
+    ``limits`` are the defaults for fields a spec leaves ``None``; ``host_uid`` is the
+    unprivileged host uid sandboxes run as when corral runs as root.
+    """
+
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        *,
+        limits: ResourceLimits = DEFAULT_LIMITS,
+        host_uid: int = DEFAULT_HOST_UID,
+        bwrap: str | None = None,
+    ) -> None:
+        found = bwrap or shutil.which("bwrap")
+        if not found:
+            raise PrerequisiteMissing(
+                "bubblewrap is not installed: `apt-get install bubblewrap` (or use --provider local "
+                "for an unisolated sandbox)"
+            )
+        self.bwrap = found
+        self._home = Path(home) if home is not None else None
+        self._limits = limits
+        self._host_uid = host_uid if os.geteuid() == 0 else None
+        self.perl = os.path.exists("/usr/bin/perl")
+        self.prlimit = shutil.which("prlimit")
+        self.setpriv = shutil.which("setpriv") or "setpriv"
+        if self._host_uid is not None and not shutil.which("setpriv"):
+            raise PrerequisiteMissing(
+                "setpriv is needed to run sandboxes as an unprivileged uid: install util-linux"
+            )
+        self.system_binds = _system_binds()
+
+    @property
+    def name(self) -> str:
+        return "bubblewrap"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return BWRAP_CAPABILITIES
+
+    @property
+    def host_route(self) -> HostRoute:
+        return "unix-socket"
+
+    @property
+    def base_dir(self) -> Path:
+        return provider_root("bubblewrap", self._home or corral_home())
+
+    def _files_dir(self, sandbox_id: str, sandbox_dir: Path) -> Path:
+        """Where the writable areas live. Running as root, the sandbox's host uid must be
+        able to reach them (bwrap resolves bind sources by path with its own rights), and
+        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT, in a
+        directory per $CORRAL_HOME, and only ``state.json``/``private/`` stay in it."""
+        if self._host_uid is None:
+            return sandbox_dir
+        home = str((self._home or corral_home()).resolve())
+        base = FILES_ROOT / hashlib.sha256(home.encode()).hexdigest()[:16]
+        for d in (FILES_ROOT.parent, FILES_ROOT, base):
+            d.mkdir(mode=0o711, exist_ok=True)
+        return base / sandbox_id
+
+    def fingerprint(self) -> str:
+        raw = json.dumps(
+            {
+                "v": 1,
+                "limits": [self._limits.memory_bytes, self._limits.pids, self._limits.cpus],
+                "binds": self.system_binds,
+                "uid": self._host_uid,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
+        d, s = self._limits, spec.limits
+        lim = ResourceLimits(
+            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
+            pids=s.pids if s.pids is not None else d.pids,
+            cpus=s.cpus if s.cpus is not None else d.cpus,
+        )
+        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
+            raise ConfigError("memory limit must be at least 8 MiB")
+        if lim.pids is not None and lim.pids < 8:
+            raise ConfigError("pids limit must be at least 8")
+        if lim.cpus is not None and lim.cpus <= 0:
+            raise ConfigError("cpus limit must be positive")
+        return lim
+
+    async def create(self, spec: SandboxSpec | None = None) -> BubblewrapHandle:
+        spec = spec or SandboxSpec()
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
+        state = SandboxState.from_spec(sandbox_id, "bubblewrap", spec)
+        lim = self._limits_for(spec)
+        state.memory_bytes, state.pids, state.cpus = lim.memory_bytes, lim.pids, lim.cpus
+        state.host_uid = self._host_uid
+        uid = self._host_uid
+        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
+        files = self._files_dir(sandbox_id, sandbox_dir)
+        state.files_dir = str(files)
+        try:
+            if files.exists() and files != sandbox_dir:
+                remove_tree(files)  # left over by an earlier sandbox of that name
+            make_files_dir(files, (uid, uid) if uid is not None else None)
+            _passwd_files(files / "etc")
+            has_limits = any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus))
+            ok, _why = cgroups.available()
+            if ok:
+                state.cgroups = cgroups.create(
+                    f"{sandbox_id}.{state.token}",
+                    memory_bytes=lim.memory_bytes,
+                    pids=lim.pids,
+                    cpus=lim.cpus,
+                    owner_uid=uid,
+                )
+                state.limit_mode = "cgroup"
+            elif has_limits and self.prlimit:
+                state.limit_mode = "rlimit"
+            state.save(sandbox_dir)  # last: the sandbox exists once state.json does
+        except BaseException:
+            cgroups.remove(state.cgroups)
+            remove_tree(files)
+            remove_tree(sandbox_dir)
+            raise
+        return BubblewrapHandle(sandbox_dir, state, self)
+
+    async def resume(self, ref: SandboxRef | str) -> BubblewrapHandle | None:
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is None or state.destroying:
+            return None
+        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
+            return None
+        return BubblewrapHandle(sandbox_dir, state, self)
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        """Kill every process of the sandbox, remove its cgroups and files. Idempotent."""
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is None:
+            await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+            return
+        # First make the sandbox unusable (no new launches), then stop what runs.
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+        await anyio.to_thread.run_sync(_kill_sandbox, state)
+        if state.files_dir and Path(state.files_dir) != sandbox_dir:
+            await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
+            with contextlib.suppress(OSError):
+                Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
+        await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+
+    async def list(self) -> list[SandboxRef]:
+        return [
+            SandboxRef("bubblewrap", p.name)
+            for p in sorted(self.base_dir.iterdir())
+            if not p.name.startswith(".") and (p / "state.json").exists()
+        ]
+
+    async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
+        raise UnsupportedCapability("bubblewrap", "snapshots", "copy the workspace with handle.fs")
+
+    async def restore(
+        self, snapshot: SnapshotRef, spec: SandboxSpec | None = None
+    ) -> BubblewrapHandle:
+        raise UnsupportedCapability("bubblewrap", "snapshots", "copy the workspace with handle.fs")
+
+
+def _kill_sandbox(state: SandboxState) -> None:
+    if state.cgroups:
+        if not cgroups.destroy(state.cgroups):
+            from corral.errors import CorralError
+
+            raise CorralError(
+                f"could not stop every process of sandbox {state.id!r}; run "
+                f"`corral sandboxes rm {state.id}` again"
+            )
+        return
+    # No cgroups: the launchers carry the sandbox's tag in their environment; killing
+    # each one's namespace init (its child) takes the namespace down with it.
+    for _ in range(50):
+        pids = procscan.tagged(state.token)
+        if not pids:
+            return
+        for pid in pids:
+            for p in [*procscan.descendants(pid), pid]:
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
+        import time
+
+        time.sleep(0.01)

@@ -1,0 +1,16 @@
+"""The provider conformance suite against the bubblewrap provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.providers.bubblewrap import BubblewrapProvider
+from corral.testkit.providers import ProviderConformance
+
+
+class TestBubblewrapProvider(ProviderConformance):
+    @pytest.fixture
+    def provider(self, corral_home: Path, need_bwrap: None) -> BubblewrapProvider:
+        return BubblewrapProvider()
