@@ -21,8 +21,9 @@ from corral.runs.store import LogTail
 
 __all__ = ["DEFAULT_QUIET", "MAX_QUIET_PROBES", "LogNeverQuiet", "await_log_quiet"]
 
-DEFAULT_QUIET: Final = 5.0
-"""Seconds the log length must hold still (keep it above the claim renewal interval)."""
+DEFAULT_QUIET: Final = 1.0
+"""Seconds the log length must hold still. Short because the store's fenced append already
+stops a superseded writer; the window only has to outlast a batch in flight."""
 
 MAX_QUIET_PROBES: Final = 6
 """Re-measurements after the first one before giving up."""

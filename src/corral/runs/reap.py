@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
@@ -31,6 +28,7 @@ from typing import Any, Final, Literal, Protocol
 import anyio
 
 from corral.runs.claims import hold_claim
+from corral.runs.owner import new_owner_id, owner_is_dead
 from corral.runs.pipe import PipeResult, PipeStore, Produced, pipe_to_run_log
 from corral.runs.quiesce import DEFAULT_QUIET, await_log_quiet
 from corral.runs.records import RunRecord, RunStatus
@@ -208,8 +206,9 @@ async def _lazy(
 
 
 def default_owner() -> str:
-    """A claim owner id unique to this process: ``reaper:<host>:<pid>:<random>``."""
-    return f"reaper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A claim owner id for this process, in the form that lets any driver on this machine
+    notice when the reaper died (see :mod:`corral.runs.owner`)."""
+    return new_owner_id()
 
 
 def _describe(exc: BaseException) -> str:
@@ -262,8 +261,16 @@ class _Sweep:
         # allow_cancelled: a cancel recorded by a host that then died must still end the run
         # (otherwise it can never be terminalized and its sandbox leaks). The claim never
         # clears detached_since: the reaper selects on it.
+        # A lease whose owner provably died on this machine is broken at once (the store
+        # compares the owner, so a stale listing cannot break a live driver's lease).
+        dead = record.claim_owner if owner_is_dead(record.claim_owner) else None
         async with hold_claim(
-            self.store, run_id, self.owner, self.lease_ttl, allow_cancelled=True
+            self.store,
+            run_id,
+            self.owner,
+            self.lease_ttl,
+            allow_cancelled=True,
+            break_lease_of=dead,
         ) as held:
             current = await self.store.get(run_id)
             if current is None:

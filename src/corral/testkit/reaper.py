@@ -31,20 +31,20 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from corral.harness.base import Harness, RunContext, translate_run
+from corral.harness.base import RunContext, translate_run
 from corral.harness.command import CommandHarness
 from corral.harness.events import event_to_dict
 from corral.runs.layout import JournalPaths, read_status
 from corral.runs.pipe import LogBatch, Produced
-from corral.runs.probe import journal_location, probe_run_exit
+from corral.runs.probe import probe_run_exit
 from corral.runs.reap import (
-    Drive,
     ProbeResult,
     ReapEntry,
     ReapOutcome,
     ReapResult,
     reap_detached_runs,
 )
+from corral.runs.reaping import journal_drive, journal_stop
 from corral.runs.reclaim import ReclaimOutcome, reclaim_sandbox, sandbox_reclaimer
 from corral.runs.records import RunPatch, RunRecord, RunStatus
 from corral.runs.sentinel import new_nonce
@@ -53,7 +53,6 @@ from corral.runs.supervisor import (
     AgentSpec,
     _is_ours,
     kill_supervised,
-    kill_supervised_async,
     launch_supervised_async,
 )
 from corral.sandbox.contracts import SandboxRef
@@ -77,46 +76,6 @@ LONG = "sleep 600"
 
 
 # ------------------------------------------------------------------ collaborators
-
-
-def journal_drive(
-    store: Store, harness_for: Callable[[RunRecord], Harness] | None = None
-) -> Drive:
-    """A ``drive`` that continues a run from where its log stopped: it resumes the harness
-    translation after the journal offset of the last logged event and yields one
-    :class:`LogBatch` per journal item (the exit batch carries the exit code)."""
-
-    def pick(record: RunRecord) -> Harness:
-        return harness_for(record) if harness_for is not None else CommandHarness()
-
-    async def events(record: RunRecord) -> AsyncIterator[Produced]:
-        paths, nonce = journal_location(record)
-        tail = await store.tail(record.run_id)
-        ctx = RunContext(record.run_id, record.thread_id)
-        batches = translate_run(pick(record), ctx, paths, nonce=nonce,
-                                after=tail.last_journal_offset)
-        try:
-            async for batch in batches:
-                yield LogBatch(
-                    [event_to_dict(e) for e in batch.events],
-                    batch.journal_offset,
-                    exit_code=batch.exit.code if batch.exit is not None else None,
-                )
-        finally:
-            aclose = getattr(batches, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
-        return events(record)
-
-    return drive
-
-
-async def journal_stop(record: RunRecord) -> None:
-    """A ``stop`` hook: SIGTERM/SIGKILL the run's agent through its supervisor."""
-    paths, _ = journal_location(record)
-    await kill_supervised_async(paths, grace=2.0, include_supervisor=True)
 
 
 class DirSandboxes:
@@ -230,6 +189,7 @@ class ReaperWorld:
                 run_id,
                 f"thread-{run_id}",
                 harness="command",
+                spec={"argv": ["sh", "-c", script]},
                 sandbox_key=key,
                 journal={"dir": str(private), "nonce": nonce},
             )
