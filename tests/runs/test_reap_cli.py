@@ -205,3 +205,35 @@ def test_two_reapers_at_once_drive_each_run_at_most_once(cli: Cli) -> None:
         assert [e["type"] for e in log].count("RUN_FINISHED") == 1
     assert (cli.raw("busy"), cli.log("busy")) == busy_before
     cli.run("cancel", "busy")
+
+
+def test_destroy_failing_in_the_provider_is_reclaim_failed(
+    cli: Cli, request: pytest.FixtureRequest
+) -> None:
+    from corral.testkit.plugin import require
+
+    done = cli.start("stuck", "echo transcript")
+    wait_until(lambda: exited(done), 30, "the agent to exit")
+    ref = cli.raw("stuck")["sandbox_ref"]
+    sandbox = cli.home / "sandboxes" / ref["provider"] / ref["id"]
+    # A mount point cannot be renamed: the provider's destroy fails for real (EBUSY).
+    mounted = subprocess.run(["mount", "--bind", str(sandbox), str(sandbox)],
+                             capture_output=True, check=False).returncode == 0
+    require(request.config, mounted, "root with mount(2) to make a sandbox undeletable",
+            "run the tests as root in a container that allows bind mounts")
+    try:
+        out = cli.run("reap", "--json")
+        assert out.returncode == 1, out.stderr  # a leak is worth a non-zero exit
+        result = json.loads(out.stdout)
+        assert result["outcomes"]["reclaim-failed"] == 1
+        (entry,) = result["runs"]
+        assert (entry["outcome"], entry["status"], entry["exit_code"]) == (
+            "reclaim-failed", "completed", 0)
+        assert "stuck" in entry["error"] and "busy" in entry["error"].lower()
+        assert cli.text("stuck") == "transcript\n" and cli.closed("stuck")
+        assert cli.raw("stuck")["status"] == "completed"
+        assert sandbox.exists()
+    finally:
+        subprocess.run(["umount", str(sandbox)], check=False)
+    again = json.loads(cli.run("reap", "--json").stdout)
+    assert again["considered"] == 0  # terminal: not retried by the sweep (reported once)
