@@ -26,14 +26,14 @@ import anyio
 SRC = Path(__file__).resolve().parent.parent / "src"
 sys.path.insert(0, str(SRC))
 
-from corral.runs.layout import JournalPaths  # noqa: E402
-from corral.runs.probe import probe_run_exit  # noqa: E402
-from corral.runs.reap import ReapOutcome, reap_detached_runs  # noqa: E402
-from corral.runs.reaping import journal_drive  # noqa: E402
-from corral.runs.records import RunPatch  # noqa: E402
-from corral.runs.sentinel import format_trailer, new_nonce  # noqa: E402
-from corral.runs.store import NewRun  # noqa: E402
-from corral.stores import open_store  # noqa: E402
+from corral.runs.layout import JournalPaths
+from corral.runs.probe import probe_run_exit
+from corral.runs.reap import ReapOutcome, reap_detached_runs
+from corral.runs.reaping import journal_drive
+from corral.runs.records import RunPatch
+from corral.runs.sentinel import format_trailer, new_nonce
+from corral.runs.store import NewRun
+from corral.stores import open_store
 
 FINISHED_AT = (0, 5, 10, 15, 20)  # positions among the oldest runs whose agent exited
 
