@@ -365,7 +365,8 @@ class BubblewrapHandle(HostDirHandle):
         ]
         for host, inside in state.binds:
             bwrap += ["--ro-bind", host, inside]
-        bwrap += ["--unsetenv", procscan.TOKEN_ENV]
+        # The sandbox's own root (a tmpfs) read-only too: only the areas are writable.
+        bwrap += ["--remount-ro", "/", "--unsetenv", procscan.TOKEN_ENV]
         self._bwrap = bwrap
         # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
         # rlimits, drop to the sandbox's host uid, then bwrap.
@@ -443,19 +444,24 @@ class BubblewrapHandle(HostDirHandle):
     def host_command(
         self,
         command: Command,
-        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:
         """A self-contained host argv that joins the cgroups, drops to the sandbox's host
         uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
 
-        Its exit status is the command's (``128 + N`` for a death by signal ``N``).
+        Its exit status is the command's (``128 + N`` for a death by signal ``N``). The
+        launcher's pid stays the same through the chain (every step execs), and the
+        sandboxed tree dies with it: signalling the launcher (or its process group), or
+        the death of the launcher's parent, kills everything the command started
+        (``bwrap --die-with-parent``). There is no graceful SIGTERM through it.
         """
         self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
-        full = [*self._launcher, *self._bwrap, "--chdir", chdir, "--", *argv]
+        full = [
+            *self._launcher, *self._bwrap, "--die-with-parent", "--chdir", chdir, "--", *argv
+        ]
         return HostCommand(
             argv=tuple(full),
             env=dict(self._env_for(env)),
