@@ -96,21 +96,11 @@ def _reap(args: argparse.Namespace) -> int:
 async def _sweep(
     store_url: str | None, ttl: float, max_runs: int, budget: float
 ) -> tuple[ReapResult, PruneResult | None]:
-    from corral.runs.reaping import reap_runner_runs
     from corral.runs.runner import Runner
 
     store = await open_store(store_url)
     try:
-        runner = Runner(store)
-        journals = runner.journals_dir
-        return await reap_runner_runs(
-            store,
-            provider_for=runner.provider,
-            ttl=ttl,
-            max_runs=max_runs,
-            budget=budget,
-            journals_dir=str(journals) if journals.is_dir() else None,
-        )
+        return await Runner(store).reap(ttl=ttl, max_runs=max_runs, budget=budget)
     finally:
         await store.aclose()
 

@@ -43,6 +43,7 @@ from corral.runs.records import RunRecord
 from corral.runs.store import InstanceStore, Store
 from corral.runs.supervisor import kill_supervised_async
 from corral.sandbox.contracts import SandboxRef
+from corral.sandbox.redact import Redactor
 
 __all__ = [
     "journal_drive",
@@ -62,7 +63,9 @@ def _default_harness(record: RunRecord) -> Harness:
 
 
 def journal_drive(
-    store: ReapStore, harness_for: Callable[[RunRecord], Harness] | None = None
+    store: ReapStore,
+    harness_for: Callable[[RunRecord], Harness] | None = None,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
 ) -> Drive:
     """A ``drive`` that continues a run from where its log stopped.
 
@@ -70,7 +73,8 @@ def journal_drive(
     logged, start with the harness's start batch), resumes the translation there, and yields
     one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the
     exit code. ``harness_for`` rebuilds the run's harness (default: from the record's
-    ``harness`` and ``spec``, as the Runner does).
+    ``harness`` and ``spec``, as the Runner does); ``redactor_for`` gives the redactor of the
+    run's secrets, applied to every event before it is logged.
     """
     pick = harness_for or _default_harness
 
@@ -80,11 +84,15 @@ def journal_drive(
         ctx = RunContext(record.run_id, record.thread_id)
         batches = translate_run(pick(record), ctx, paths, nonce=nonce,
                                 after=tail.last_journal_offset)
+        redactor = redactor_for(record) if redactor_for is not None else None
         try:
             async for batch in batches:
                 exit = batch.exit
+                events = [event_to_dict(e) for e in batch.events]
+                if redactor is not None:
+                    events = [redactor.redact_obj(e) for e in events]
                 yield LogBatch(
-                    [event_to_dict(e) for e in batch.events],
+                    events,
                     batch.journal_offset,
                     exit_code=exit.code if exit is not None else None,
                 )
@@ -168,13 +176,14 @@ async def reap_runner_runs(
     owner: str | None = None,
     journals_dir: str | None = None,
     logger: logging.Logger | None = None,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
 ) -> tuple[ReapResult, PruneResult | None]:
     """One sweep over Runner-started runs with the collaborators above, then (when
     ``journals_dir`` is given) one journal prune of that directory."""
     result = await reap_detached_runs(
         store,
         probe=probe_run_exit,
-        drive=journal_drive(store),
+        drive=journal_drive(store, redactor_for=redactor_for),
         reclaim=record_reclaimer(provider_for, store, logger=logger),
         stop=journal_stop,
         ttl=ttl,

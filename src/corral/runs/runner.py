@@ -43,6 +43,8 @@ from corral.runs.journal import JournalError
 from corral.runs.layout import JournalPaths
 from corral.runs.owner import new_owner_id, owner_is_dead
 from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
+from corral.runs.prune import PruneResult
+from corral.runs.reap import ReapResult
 from corral.runs.records import RunPatch, RunRecord
 from corral.runs.sentinel import new_nonce
 from corral.runs.store import (
@@ -202,7 +204,8 @@ class Runner:
             except ConfigError:
                 return None
 
-    def _redactor(self, record: RunRecord) -> Redactor | None:
+    def redactor_for(self, record: RunRecord) -> Redactor | None:
+        """The redactor of the run's secrets as known on this host (``None``: no secrets)."""
         sandbox = self._definition(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
@@ -376,7 +379,7 @@ class Runner:
                 )
             harness = self._harness(record)
             ctx = RunContext(run_id, record.thread_id)
-            redactor = self._redactor(record)
+            redactor = self.redactor_for(record)
             abort = anyio.Event()
             result: PipeResult | None = None
             async with anyio.create_task_group() as tg:
@@ -481,6 +484,43 @@ class Runner:
         sctx = SandboxContext(thread_id=record.thread_id, run_id=record.run_id)
         status = outcome if outcome in ("completed", "failed", "aborted") else "failed"
         await release(sandbox, ensured, sctx, store=self.store, outcome=status)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ reap
+
+    async def reap(
+        self,
+        *,
+        ttl: float,
+        max_runs: int = 25,
+        budget: float = 30.0,
+        now: float | None = None,
+    ) -> tuple[ReapResult, PruneResult | None]:
+        """One reaper sweep over detached runs (finalize, expire, reclaim), then one prune
+        of this runner's journal directory. Never raises for a run's failure."""
+        from corral.runs.reaping import reap_runner_runs
+
+        from corral.sandbox.gc import collect_idle
+
+        journals = self.journals_dir
+        result = await reap_runner_runs(
+            self.store,
+            provider_for=self.provider,
+            ttl=ttl,
+            max_runs=max_runs,
+            budget=budget,
+            now=now,
+            owner=self.owner,
+            journals_dir=str(journals) if journals.is_dir() else None,
+            redactor_for=self.redactor_for,
+        )
+        # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
+        try:
+            report = await collect_idle(self.store, now=now, providers=self._providers)
+            if report.entries:
+                log.info("reap: idle sandboxes: %s", dict(report.counts))
+        except Exception as exc:  # noqa: BLE001 - the sweep never raises
+            log.error("reap: collecting idle sandboxes failed: %s", exc)
+        return result
 
     # ------------------------------------------------------------------ watch / detach
 
