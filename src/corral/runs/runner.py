@@ -26,7 +26,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ from corral.runs.journal import JournalError
 from corral.runs.layout import JournalPaths
 from corral.runs.owner import new_owner_id, owner_is_dead
 from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
+from corral.runs.prune import PruneResult
+from corral.runs.reap import ReapResult
 from corral.runs.records import RunPatch, RunRecord
 from corral.runs.sentinel import new_nonce
 from corral.runs.store import (
@@ -55,7 +57,13 @@ from corral.runs.store import (
     UnknownRun,
 )
 from corral.runs.supervisor import AgentSpec, kill_supervised_async, launch_supervised_async
-from corral.sandbox.contracts import Handle, Provider, SandboxSpec
+from corral.sandbox.contracts import Provider
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.ensure import Ensured, _snapshotter, destroy_record, release
+from corral.sandbox.key import RunContext as SandboxContext
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.redact import Redactor
+from corral.sandbox.sources import LocalDir
 
 log = logging.getLogger("corral.runs.runner")
 
@@ -98,17 +106,31 @@ class RunRequest:
     thread_id: str | None = None
     provider: str = "bubblewrap"
     workspace: str | None = None
-    """A host directory whose contents are copied into the sandbox's workspace."""
+    """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
+    or gives no source)."""
     env: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     """Harness options (e.g. ``model``)."""
+    sandbox: Sandbox | None = None
+    """The sandbox definition. Default: a fresh ``provider`` sandbox per run, destroyed
+    when the run ends, holding a copy of ``workspace``."""
 
-    def spec(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"provider": self.provider, **dict(self.options)}
+    def definition(self) -> Sandbox:
+        """The sandbox definition this run uses."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            sandbox = Sandbox(provider=self.provider, lifecycle=Lifecycle(reuse="none"))
+        if self.workspace is not None and sandbox.workspace.source.kind == "none":
+            if not Path(self.workspace).is_dir():
+                raise ConfigError(f"workspace {self.workspace!r} is not a directory")
+            source = LocalDir(str(Path(self.workspace).resolve()))
+            sandbox = replace(sandbox, workspace=replace(sandbox.workspace, source=source))
+        return sandbox
+
+    def spec(self, sandbox: Sandbox) -> dict[str, Any]:
+        out: dict[str, Any] = {**dict(self.options), "sandbox": sandbox.to_dict()}
         if self.command is not None:
             out["argv"] = list(self.command)
-        if self.workspace is not None:
-            out["workspace"] = str(self.workspace)
         return out
 
 
@@ -163,6 +185,32 @@ class Runner:
     def _harness(record: RunRecord) -> Harness:
         return build_harness(record.harness or "command", record.spec or {})
 
+    def _definition(self, record: RunRecord) -> Sandbox | None:
+        """Rebuild the run's sandbox definition from its record (secrets are read again from
+        this host's environment; without them the definition is used secret-less)."""
+        data = (record.spec or {}).get("sandbox")
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return Sandbox.from_dict(data)
+        except ConfigError as exc:
+            if not data.get("secrets"):
+                log.error("run %s: its sandbox definition is unusable: %s", record.run_id, exc)
+                return None
+            log.warning("run %s: secrets unavailable on this host (%s); events from here on "
+                        "are redacted only for secrets this host knows", record.run_id, exc)
+            try:
+                return Sandbox.from_dict({k: v for k, v in data.items() if k != "secrets"})
+            except ConfigError:
+                return None
+
+    def redactor_for(self, record: RunRecord) -> Redactor | None:
+        """The redactor of the run's secrets as known on this host (``None``: no secrets)."""
+        sandbox = self._definition(record)
+        if sandbox is None or not len(sandbox.secrets):
+            return None
+        return sandbox.secrets.redactor()
+
     async def _require(self, run_id: str) -> RunRecord:
         record = await self.store.get(run_id)
         if record is None:
@@ -179,33 +227,34 @@ class Runner:
         with a ``RUN_ERROR``), the new sandbox is destroyed, and :class:`RunStartError` is
         raised.
         """
-        harness = build_harness(request.harness, request.spec())
+        sandbox = request.definition()
+        spec = request.spec(sandbox)
+        harness = build_harness(request.harness, spec)
         agent = harness.build_command(
             AgentRequest(prompt=request.prompt, env=dict(request.env), options=request.options)
         )
-        provider = self.provider(request.provider)
+        provider = sandbox.get_provider()
         if not provider.capabilities.host_processes:
             raise ConfigError(
                 f"provider {provider.name!r} cannot host a supervised agent yet; "
                 "use --provider bubblewrap or local"
             )
-        if request.workspace is not None and not Path(request.workspace).is_dir():
-            raise ConfigError(f"workspace {request.workspace!r} is not a directory")
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
         nonce = new_nonce()
         self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        record = await self.store.create(
+        await self.store.create(
             NewRun(
                 run_id=run_id,
                 thread_id=thread_id,
                 harness=harness.name,
-                spec=request.spec(),
+                spec=spec,
                 journal={"dir": str(self.journals_dir), "nonce": nonce},
             )
         )
         paths = JournalPaths.for_run(self.journals_dir, run_id)
-        handle: Handle | None = None
+        ensured: Ensured | None = None
+        sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
         async with hold_claim(self.store, run_id, self.owner, self.lease_ttl) as held:
             try:
                 start = harness.translator(RunContext(run_id, thread_id)).start()
@@ -213,14 +262,20 @@ class Runner:
                     await self.store.append(
                         run_id, [(event_to_dict(e), 0) for e in start], epoch=held.epoch
                     )
-                handle = await provider.create(SandboxSpec(env=dict(request.env)))
+                ensured = await sandbox.ensure(sctx, store=self.store)
+                handle = ensured.handle
                 await self.store.update(
                     run_id,
-                    RunPatch(sandbox_ref={"provider": provider.name, "id": handle.id}),
+                    RunPatch(
+                        sandbox_key=ensured.key,
+                        sandbox_ref={"provider": provider.name, "id": handle.id},
+                    ),
                 )
-                if request.workspace is not None:
-                    await copy_tree_into(handle, Path(request.workspace))
-                host = handle.host_command(agent.argv, cwd=agent.cwd, env=agent.env)
+                # Secrets reach the agent only here: through the supervisor's pipe into the
+                # agent's environment; never the store, the journal or a file.
+                host = handle.host_command(
+                    agent.argv, cwd=agent.cwd, env=ensured.exec_env(agent.env)
+                )
                 launched = await launch_supervised_async(
                     AgentSpec(argv=host.argv, env=host.env, cwd=host.cwd, stdin=agent.stdin),
                     paths,
@@ -230,29 +285,22 @@ class Runner:
                          launched.supervisor_pid)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
-                    await self._fail_start(run_id, held.epoch, handle, provider, exc)
+                    if ensured is not None:
+                        await self._finish_sandbox(await self._require(run_id), "aborted")
+                    await self._fail_start(run_id, held.epoch, exc, sandbox)
                 if isinstance(exc, Exception):
-                    raise RunStartError(f"run {run_id} could not start: {exc}") from exc
+                    message = sandbox.secrets.redactor().redact(str(exc))
+                    raise RunStartError(f"run {run_id} could not start: {message}") from None
                 raise
-        return await self._require(record.run_id)
+        return await self._require(run_id)
 
     async def _fail_start(
-        self,
-        run_id: str,
-        epoch: int,
-        handle: Handle | None,
-        provider: Provider,
-        exc: BaseException,
+        self, run_id: str, epoch: int, exc: BaseException, sandbox: Sandbox
     ) -> None:
-        if handle is not None:
-            with anyio.move_on_after(30):
-                try:
-                    await provider.destroy(handle.ref)
-                except Exception as err:  # noqa: BLE001
-                    log.error("destroying the sandbox of failed run %s: %s", run_id, err)
+        message = sandbox.secrets.redactor().redact(str(exc)) if isinstance(exc, Exception) else ""
 
         async def failing() -> AsyncIterator[Produced]:
-            raise exc if isinstance(exc, Exception) else RuntimeError("the start was interrupted")
+            raise RunStartError(message or "the start was interrupted")
             yield  # pragma: no cover
 
         await pipe_to_run_log(self.store, run_id, failing(), epoch=epoch)
@@ -308,7 +356,7 @@ class Runner:
             if result.claim_lost:
                 continue
             final = result.record or await self._require(run_id)
-            await self._teardown(final)
+            await self._finish_sandbox(final, final.status.value)
             return DriveResult(final)
 
     async def _drive_claimed(
@@ -341,6 +389,7 @@ class Runner:
                 )
             harness = self._harness(record)
             ctx = RunContext(run_id, record.thread_id)
+            redactor = self.redactor_for(record)
             abort = anyio.Event()
             result: PipeResult | None = None
             async with anyio.create_task_group() as tg:
@@ -348,7 +397,9 @@ class Runner:
                 result = await pipe_to_run_log(
                     self.store,
                     run_id,
-                    self._produce(harness, ctx, paths, nonce, tail.last_journal_offset, abort),
+                    self._produce(
+                        harness, ctx, paths, nonce, tail.last_journal_offset, abort, redactor
+                    ),
                     epoch=held.epoch,
                     abort=abort,
                     stop=stop,
@@ -365,11 +416,14 @@ class Runner:
         nonce: str,
         after: int | None,
         abort: anyio.Event,
+        redactor: Redactor | None,
     ) -> AsyncIterator[Produced]:
         batches = translate_run(harness, ctx, paths, nonce=nonce, after=after, follow=True)
         try:
             async for batch in batches:
                 events = [event_to_dict(e) for e in batch.events]
+                if redactor is not None:
+                    events = [redactor.redact_obj(e) for e in events]
                 exit = batch.exit
                 if exit is None:
                     yield LogBatch(events, batch.journal_offset)
@@ -398,17 +452,85 @@ class Runner:
                 return
             await anyio.sleep(_POLL)
 
-    async def _teardown(self, record: RunRecord) -> None:
-        """Destroy a finished run's sandbox (runs own their sandbox for now)."""
-        ref = record.sandbox_ref or {}
-        name, sandbox_id = ref.get("provider"), ref.get("id")
-        if not isinstance(name, str) or not isinstance(sandbox_id, str):
-            return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+    async def _finish_sandbox(self, record: RunRecord, outcome: str) -> None:
+        """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
+        an aborted run), or snapshot/keep it for the next run of the thread."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(120):
             try:
-                await self.provider(name).destroy(sandbox_id)
+                await self._finish_sandbox_now(record, outcome)
             except Exception as exc:  # noqa: BLE001
-                log.error("destroying the sandbox of run %s failed: %s", record.run_id, exc)
+                log.error("finishing the sandbox of run %s failed: %s", record.run_id, exc)
+
+    async def _finish_sandbox_now(self, record: RunRecord, outcome: str) -> None:
+        sandbox = self._definition(record)
+        key = record.sandbox_key
+        if sandbox is not None and key is None:
+            # The starter died between making the sandbox and recording its key.
+            key = sandbox.key(SandboxContext(thread_id=record.thread_id, run_id=record.run_id))
+        if sandbox is None or key is None:
+            ref = record.sandbox_ref or {}
+            name, sandbox_id = ref.get("provider"), ref.get("id")
+            if isinstance(name, str) and isinstance(sandbox_id, str):
+                await self.provider(name).destroy(sandbox_id)
+            return
+        instance = await self.store.get_instance(key)
+        if instance is None:
+            return
+        provider = sandbox.get_provider()
+        if instance.latest_run_id not in (None, record.run_id) and instance.latest_run_id:
+            latest = await self.store.get(instance.latest_run_id)
+            if latest is not None and not latest.terminal and outcome != "aborted":
+                return  # a later run of the thread uses this sandbox now
+        if sandbox.lifecycle.destroys_on_complete or outcome == "aborted":
+            await destroy_record(
+                provider, instance, self.store, snapshots=_snapshotter(sandbox, provider)
+            )
+            return
+        handle = await provider.resume(instance.provider_sandbox_id)
+        if handle is None:
+            await self.store.delete_instance(key)
+            return
+        ensured = Ensured(handle, key, instance, "resumed", sandbox.secrets)
+        sctx = SandboxContext(thread_id=record.thread_id, run_id=record.run_id)
+        status = outcome if outcome in ("completed", "failed", "aborted") else "failed"
+        await release(sandbox, ensured, sctx, store=self.store, outcome=status)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ reap
+
+    async def reap(
+        self,
+        *,
+        ttl: float,
+        max_runs: int = 25,
+        budget: float = 30.0,
+        now: float | None = None,
+    ) -> tuple[ReapResult, PruneResult | None]:
+        """One reaper sweep over detached runs (finalize, expire, reclaim), then one prune
+        of this runner's journal directory. Never raises for a run's failure."""
+        from corral.runs.reaping import reap_runner_runs
+
+        from corral.sandbox.gc import collect_idle
+
+        journals = self.journals_dir
+        result = await reap_runner_runs(
+            self.store,
+            provider_for=self.provider,
+            ttl=ttl,
+            max_runs=max_runs,
+            budget=budget,
+            now=now,
+            owner=self.owner,
+            journals_dir=str(journals) if journals.is_dir() else None,
+            redactor_for=self.redactor_for,
+        )
+        # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
+        try:
+            report = await collect_idle(self.store, now=now, providers=self._providers)
+            if report.entries:
+                log.info("reap: idle sandboxes: %s", dict(report.counts))
+        except Exception as exc:  # noqa: BLE001 - the sweep never raises
+            log.error("reap: collecting idle sandboxes failed: %s", exc)
+        return result
 
     # ------------------------------------------------------------------ watch / detach
 
@@ -473,7 +595,7 @@ class Runner:
                     await kill_supervised_async(paths, grace=0.5)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
-            await self._teardown(record)
+            await self._finish_sandbox(record, "aborted")
 
 
 async def _never_launched() -> AsyncIterator[Produced]:
@@ -491,23 +613,3 @@ async def _wait(stop: anyio.Event | None, seconds: float) -> None:
         return
     with anyio.move_on_after(seconds):
         await stop.wait()
-
-
-async def copy_tree_into(handle: Handle, source: Path, dest: str = ".") -> int:
-    """Copy a host directory's files into the sandbox (symlinks are skipped). Returns the
-    number of files copied."""
-    count = 0
-    root = source.resolve()
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = Path(dirpath).relative_to(root)
-        target_dir = dest if str(rel) == "." else f"{dest}/{rel.as_posix()}"
-        await handle.fs.mkdir(target_dir, parents=True)
-        dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
-        for name in filenames:
-            path = Path(dirpath) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            mode = path.stat().st_mode & 0o777
-            await handle.fs.write(f"{target_dir}/{name}", path.read_bytes(), mode=mode)
-            count += 1
-    return count

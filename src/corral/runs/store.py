@@ -279,8 +279,16 @@ class RunStore(Protocol):
         """The newest runs first (by start time), optionally only those with ``status``."""
         ...
 
-    async def list_reclaimable(self, now: float, ttl: float) -> list[RunRecord]:
-        """Running runs with ``detached_since <= now - ttl`` (inclusive). Order unspecified."""
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        """Running runs with ``detached_since <= now - ttl`` (inclusive), oldest
+        ``detached_since`` first (ties in creation order), at most ``limit`` of them.
+
+        The order makes a capped sweep make progress: the oldest runs are the first to
+        expire and leave the listing. A backend must answer a ``limit`` in time that grows
+        with ``limit``, not with the number of detached runs (an index, a ``LIMIT``).
+        """
         ...
 
     async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:

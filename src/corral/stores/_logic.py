@@ -33,6 +33,15 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
+def check_cap(limit: int | None) -> int | None:
+    """A listing cap must be ``None`` (no cap) or an integer >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise StoreError(f"limit must be an integer >= 0 or None, got {limit!r}")
+    return limit
+
+
 def check_limit(limit: int) -> int:
     """A listing limit must be a whole number from 1 to 10,000."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:

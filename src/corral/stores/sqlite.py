@@ -321,14 +321,20 @@ class SQLiteStore:
             args = (RunStatus(status).value, limit)
         return await self._read(lambda conn: _records(conn.execute(sql, args).fetchall()))
 
-    async def list_reclaimable(self, now: float, ttl: float) -> list[RunRecord]:
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
         cutoff = now - ttl
+        count = _logic.check_cap(limit)
+        # Walks the (status, detached_since) index in order; seq is the rowid, which every
+        # SQLite index carries, so the tie-break needs no sort and LIMIT stops the scan.
         return await self._read(
             lambda conn: _records(
                 conn.execute(
                     "SELECT doc FROM runs WHERE status = 'running' "
-                    "AND detached_since IS NOT NULL AND detached_since <= ? ORDER BY seq",
-                    (cutoff,),
+                    "AND detached_since IS NOT NULL AND detached_since <= ? "
+                    "ORDER BY detached_since, seq LIMIT ?",
+                    (cutoff, -1 if count is None else count),
                 ).fetchall()
             )
         )

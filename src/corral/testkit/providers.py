@@ -368,15 +368,19 @@ class FilesConformance(_Base):
 
     async def test_dotdot_and_absolute_paths_cannot_escape(self, sandbox: Handle) -> None:
         fs = sandbox.fs
-        here = os.path.abspath(__file__)
+        # Host paths outside every sandbox area (/workspace, /tmp, home): a checkout under
+        # /tmp would name a path that is legitimately inside the sandbox's own /tmp.
+        here = "/usr/bin/env"
         for bad in ("../../../../etc/passwd", "/etc/passwd", here, "/workspace/../etc/hostname",
                     "/home/agent/../../etc/passwd", "/"):
             with pytest.raises(PathEscapeError):
                 await fs.read(bad)
-        for bad in ("../escape.txt", "/etc/corral-escape", here + ".corral", "/proc/self/environ"):
+        for bad in ("../escape.txt", "/etc/corral-escape", "/usr/lib/corral-escape",
+                    "/proc/self/environ"):
             with pytest.raises(PathEscapeError):
                 await fs.write(bad, b"x")
-        assert not os.path.exists("/etc/corral-escape") and not os.path.exists(here + ".corral")
+        assert not os.path.exists("/etc/corral-escape")
+        assert not os.path.exists("/usr/lib/corral-escape")
         with pytest.raises(PathEscapeError):
             await fs.list("/")
         with pytest.raises(PathEscapeError):

@@ -218,6 +218,21 @@ class TestRunStoreContract:
         found = await store.list_reclaimable(now=T0 + 200, ttl=0)
         assert sorted(r.run_id for r in found) == ["at-cutoff", "younger"]
 
+    async def test_list_reclaimable_oldest_first_and_limit(self, store: Store) -> None:
+        for name, since in [("b", 30), ("a", 10), ("tie-1", 20), ("tie-2", 20), ("young", 90)]:
+            await _run(store, name)
+            await store.update(name, RunPatch(detached_since=T0 + since))
+        await _run(store, "attached")
+        found = await store.list_reclaimable(now=T0 + 50, ttl=0)
+        assert [r.run_id for r in found] == ["a", "tie-1", "tie-2", "b"]
+        found = await store.list_reclaimable(now=T0 + 50, ttl=0, limit=2)
+        assert [r.run_id for r in found] == ["a", "tie-1"]
+        assert await store.list_reclaimable(now=T0 + 50, ttl=0, limit=0) == []
+        found = await store.list_reclaimable(now=T0 + 100, ttl=0, limit=10)
+        assert [r.run_id for r in found] == ["a", "tie-1", "tie-2", "b", "young"]
+        with pytest.raises(StoreError, match="limit"):
+            await store.list_reclaimable(now=T0, ttl=0, limit=-1)
+
     async def test_request_cancel_is_sticky_and_atomic(self, store: Store) -> None:
         assert await store.request_cancel("ghost") is None
         await _run(store, "r")
