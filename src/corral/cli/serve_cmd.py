@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from corral.server.serve import serve_async
 
     def ready(url: str) -> None:
-        auth = "bearer token required" if config.token else "no token (loopback only)"
+        auth = "bearer token required" if config.token else "no token: loopback only"
         print(f"corral: serving on {url} ({auth})", file=sys.stderr, flush=True)
 
     anyio.run(lambda: serve_async(config, ready=ready, log_level=args.log_level))

@@ -97,7 +97,7 @@ def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> 
     if requested is None:
         if config.default_sandbox is not None:
             return config.sandboxes[config.default_sandbox]
-        requested = SandboxIn()
+        requested = SandboxIn(provider=None, workspace=None)
     if isinstance(requested, str):
         found = config.sandboxes.get(requested)
         if found is None:

@@ -10,10 +10,10 @@ joins it. Log offsets are gap-free from 1, so the window is a list indexed by of
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -23,6 +23,19 @@ from corral.runs.store import EventLog, LoggedEvent
 log = logging.getLogger("corral.server.feed")
 
 DEFAULT_WINDOW: Final = 4096
+
+_T = TypeVar("_T")
+
+
+@asynccontextmanager
+async def closing(iterator: AsyncIterator[_T]) -> AsyncIterator[AsyncIterator[_T]]:
+    """Close an async iterator (a store's ``read`` generator) however the block ends."""
+    try:
+        yield iterator
+    finally:
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 @dataclass(eq=False)
@@ -73,7 +86,7 @@ class RunFeed:
         """Tail the store into the window until the log closes (or the feed is dropped)."""
         with self.scope:
             try:
-                async with aclosing(store.read(self.run_id, self.last)) as events:
+                async with closing(store.read(self.run_id, self.last)) as events:
                     async for logged in events:
                         self._add(logged)
                         self._notify()
@@ -130,7 +143,7 @@ class FeedHub:
         *,
         idle: float,
         stopping: Callable[[], bool] = lambda: False,
-    ) -> AsyncIterator[list[bytes]]:
+    ) -> AsyncGenerator[list[bytes], None]:
         """The run's events after offset ``after``, encoded, in batches, until its log
         closes; an empty batch after each ``idle`` seconds without events (the cue for a
         heartbeat).
@@ -143,7 +156,7 @@ class FeedHub:
             while not stopping():
                 if position < feed.base:
                     # Behind the window: read the store itself up to where the window starts.
-                    async with aclosing(self.store.read(run_id, position)) as direct:
+                    async with closing(self.store.read(run_id, position)) as direct:
                         async for logged in direct:
                             position = logged.offset
                             yield [self.encode(logged)]

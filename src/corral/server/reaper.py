@@ -3,7 +3,8 @@
 Each interval every server process first expires the runs it drives itself that nobody
 watched for ``reap_ttl`` (only it can: it holds their claims). Then it tries the store-wide
 lock ``corral.reaper``; the process that gets it runs one sweep of
-:func:`corral.runs.reaping.reap_runner_runs` over the runs nobody drives (detached
+:meth:`Runner.reap` (finalize, expire, reclaim, prune journals, collect idle sandboxes)
+over the runs nobody drives (detached
 ``corral run``\\ s, runs of a server process that died), keeping the lock renewed while the
 sweep lasts. The others skip the sweep until the next interval.
 """
@@ -41,8 +42,6 @@ async def sweep_once(service: RunService, owner: str) -> ReapResult | None:
     Returns the sweep's result, or ``None`` when another process holds the lock (or the
     sweep failed; that is logged). Never raises for a store or run failure.
     """
-    from corral.runs.reaping import reap_runner_runs
-
     config = service.config
     store = service.store
     try:
@@ -69,19 +68,12 @@ async def sweep_once(service: RunService, owner: str) -> ReapResult | None:
                         return
 
             tg.start_soon(keep_lock)
-            journals = service.runner.journals_dir
-            result, pruned = await reap_runner_runs(
-                store,
-                provider_for=service.runner.provider,
-                ttl=config.reap_ttl,
-                owner=owner,
-                journals_dir=str(journals) if journals.is_dir() else None,
-                logger=log,
-            )
+            swept, _ = await service.runner.reap(ttl=config.reap_ttl)
             tg.cancel_scope.cancel()
-        busy = {o.value: n for o, n in result.outcomes.items() if n}
+        result = swept
+        busy = {o.value: n for o, n in swept.outcomes.items() if n}
         if busy:
-            log.info("reaper sweep: considered %d: %s", result.considered, busy)
+            log.info("reaper sweep: considered %d: %s", swept.considered, busy)
     except Exception as exc:  # noqa: BLE001 - a sweep never takes the server down
         log.error("reaper sweep failed: %s", exc, exc_info=exc)
     finally:

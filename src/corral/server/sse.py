@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import aclosing
 from typing import Any, Final
 
 import anyio
 from starlette.types import Receive, Scope, Send
 
 from corral.runs.store import LoggedEvent
+from corral.server.feed import closing
 from corral.server.service import RunService
 
 log = logging.getLogger("corral.server.sse")
@@ -74,7 +74,7 @@ class EventStream:
                     idle=service.config.heartbeat,
                     stopping=service.closing.is_set,
                 )
-                async with aclosing(events):
+                async with closing(events):
                     async for frames in events:
                         await _body(send, b"".join(frames) if frames else HEARTBEAT_FRAME)
                 if not service.closing.is_set():
