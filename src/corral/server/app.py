@@ -53,6 +53,19 @@ _ERROR_CODES: Final = {
 }
 
 
+_SSE_EVENT: Final = {
+    "type": "object",
+    "description": "one server-sent event",
+    "properties": {
+        "id": {"type": "string", "description": "the event's log offset"},
+        "event": {"type": "string", "enum": ["message", "end"]},
+        "data": {"type": "string", "description": "the AG-UI event (JSON)"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+
+
 class ApiError(Exception):
     """A 4xx/5xx answer with a JSON error body."""
 
@@ -261,8 +274,11 @@ def create_app(service: RunService) -> Any:
     @app.get(
         "/v1/runs/{run_id}/events",
         responses={
-            200: {"description": "server-sent events: `id` is the log offset, `data` the "
-                  "AG-UI event", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            200: {
+                "description": "server-sent events: `id` is the log offset, `data` the AG-UI "
+                "event as JSON; a last `end` event (no id) marks the end of the log",
+                "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+            },
             204: {"description": "the run's log is closed and nothing follows `after`"},
             **_responses(400, 401, 404, 422),
         },
@@ -302,6 +318,26 @@ def create_app(service: RunService) -> Any:
         return {"ok": True, "version": __version__}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    base_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        # Auth is enforced by the Guard middleware; document it for clients.
+        if app.openapi_schema is None:
+            schema = base_openapi()
+            if config.token is not None:
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer",
+                               "description": "the server's CORRAL_API_TOKEN"}
+                }
+                for path, item in schema.get("paths", {}).items():
+                    if path.startswith("/v1/"):
+                        for operation in item.values():
+                            operation["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     return Guard(app, token=config.token, max_body=config.max_body)
 

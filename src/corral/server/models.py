@@ -50,7 +50,27 @@ class StartRun(BaseModel):
     """``POST /v1/runs``: either ``command`` (the command harness) or ``prompt`` with an
     agent ``harness``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            # Exactly one kind of run (what _one_kind checks), stated for generated clients.
+            "oneOf": [
+                {
+                    "required": ["command"],
+                    "properties": {"command": {"type": "array"},
+                                   "harness": {"enum": ["command", None]}},
+                    "not": {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                },
+                {
+                    "required": ["prompt", "harness"],
+                    "properties": {"prompt": {"type": "string"},
+                                   "harness": {"type": "string", "not": {"const": "command"}}},
+                    "not": {"required": ["command"],
+                            "properties": {"command": {"type": "array"}}},
+                },
+            ]
+        },
+    )
 
     thread_id: Id = Field(description="the conversation this run belongs to")
     run_id: Id | None = Field(None, description="caller-chosen run id (default: generated)")
