@@ -88,7 +88,7 @@ function showRecord(run) {
   status.className = `status ${run.status}`;
   $("#cancel").disabled = run.status !== "running" || run.cancel_requested;
   const parts = [`thread ${run.thread_id}`];
-  if (run.command) parts.push(run.command.join(" "));
+  if (run.command) parts.push(run.command.map((a) => (/[\s'"]/.test(a) || !a ? JSON.stringify(a) : a)).join(" "));
   if (run.exit_code !== null && run.exit_code !== undefined) parts.push(`exit ${run.exit_code}`);
   $("#run-meta").textContent = parts.join(" · ");
 }
