@@ -78,3 +78,21 @@ def test_a_watcher_on_another_server_notices_the_driver_dying(home: Home) -> Non
         assert [o for o, _ in got] == list(range(1, len(got) + 1))
         assert [e for _, e in got] == home.log(run_id)
         assert got[-1][1]["type"] == "RUN_FINISHED"
+
+
+def test_sigterm_detaches_the_servers_runs_for_others(home: Home) -> None:
+    """A server stopping cleanly ends its streams, detaches every run it drives (lease
+    released, marked unwatched) and exits; a viewer on another server continues at once."""
+    with home.server() as a, home.server() as b:
+        run_id = a.start(ticker(60, 0.05), run_id="handover")["run_id"]
+        first, _ = read_stream(a, run_id, limit=6)
+        a.stop(signal.SIGTERM, timeout=15)
+        assert a.proc.returncode is not None
+        record = home.raw(run_id)
+        assert record["status"] == "running"
+        assert record.get("claim_owner") is None and record.get("detached_since") is not None
+        rest, ended = read_stream(b, run_id, last_event_id=first[-1][0], timeout=60)
+        assert ended
+        events = [e for _, e in first + rest]
+        assert [o for o, _ in first + rest] == list(range(1, len(events) + 1))
+        assert events == home.log(run_id) and events[-1]["type"] == "RUN_FINISHED"

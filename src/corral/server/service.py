@@ -111,6 +111,12 @@ class RunService:
                     "use a sqlite:// store (or a shared database) for durable runs",
                     store.url,
                 )
+            elif store.url.startswith("sqlite:"):
+                log.info(
+                    "store %s: server processes on this machine share, take over and reap "
+                    "runs; other hosts cannot (that needs a shared database store)",
+                    store.url,
+                )
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._hub = FeedHub(store, tg, self._encode)

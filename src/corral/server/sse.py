@@ -82,6 +82,8 @@ class EventStream:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except OSError as exc:
                 log.debug("event stream of run %s ended: %s", self.run_id, exc)
+            except Exception as exc:  # noqa: BLE001 - the client reconnects and resumes
+                log.warning("event stream of run %s failed: %s", self.run_id, exc)
             finally:
                 if arrived:
                     with anyio.CancelScope(shield=True):
