@@ -63,3 +63,18 @@ def test_config_mistakes(tmp_path: Path) -> None:
 def test_loopback_names() -> None:
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))
+
+
+def test_serve_registers_as_a_corral_command() -> None:
+    import argparse
+
+    from corral.cli import serve_cmd
+
+    parser = argparse.ArgumentParser(prog="corral")
+    serve_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--port", "0", "--no-reaper", "--reap-ttl", "10m"])
+    assert args.func is serve_cmd.run
+    config = serve_cmd.config_from_args(args)
+    assert (config.port, config.reaper, config.reap_ttl) == (0, False, 600.0)
+    with pytest.raises(ConfigError, match="--reap-interval"):
+        serve_cmd.config_from_args(parser.parse_args(["serve", "--reap-interval", "soon"]))

@@ -202,7 +202,10 @@ class RunService:
         count = self.viewers.get(run_id, 0) + 1
         self.viewers[run_id] = count
         if count == 1:
-            await self._assert_presence(run_id)
+            try:
+                await self._assert_presence(run_id)
+            except Exception as exc:  # noqa: BLE001 - the presence loop retries every second
+                log.warning("noting a viewer of run %s failed: %s", run_id, exc)
 
     async def viewer_left(self, run_id: str) -> None:
         count = self.viewers.get(run_id, 0) - 1
