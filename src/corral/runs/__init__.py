@@ -1,1 +1,58 @@
-"""runs."""
+"""Durable runs: records, store protocols, claims and the pipe into the event log."""
+
+from corral.runs.claims import HeldClaim, hold_claim
+from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
+from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
+from corral.runs.store import (
+    Claim,
+    ClaimLost,
+    ClaimRefused,
+    ClaimStore,
+    EventLog,
+    InstanceRecord,
+    InstanceStore,
+    InvalidEvent,
+    LockStore,
+    LogClosed,
+    LoggedEvent,
+    LogTail,
+    NewRun,
+    RefusalReason,
+    RunExists,
+    RunStore,
+    Store,
+    StoreError,
+    UnknownRun,
+)
+
+__all__ = [
+    "UNSET",
+    "Claim",
+    "ClaimLost",
+    "ClaimRefused",
+    "ClaimStore",
+    "EventLog",
+    "HeldClaim",
+    "InstanceRecord",
+    "InstanceStore",
+    "InvalidEvent",
+    "LockStore",
+    "LogClosed",
+    "LogTail",
+    "LoggedEvent",
+    "NewRun",
+    "PipeResult",
+    "ProducerExit",
+    "RefusalReason",
+    "RunError",
+    "RunExists",
+    "RunPatch",
+    "RunRecord",
+    "RunStatus",
+    "RunStore",
+    "Store",
+    "StoreError",
+    "UnknownRun",
+    "hold_claim",
+    "pipe_to_run_log",
+]

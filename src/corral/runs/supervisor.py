@@ -1,0 +1,489 @@
+"""The journal supervisor: runs the agent detached from the driving process.
+
+``launch_supervised`` starts ``python -m corral.runs.supervisor`` in a new session; that
+process reads its whole job (agent argv, env, cwd, stdin, file paths **and the nonce**) from
+an inherited pipe, forks once more (double fork: the supervisor is reparented to init / the
+nearest subreaper and is not a session leader), and exits. The grandchild, the supervisor:
+
+1. marks itself non-dumpable (``PR_SET_DUMPABLE=0``: other non-root processes of the same uid
+   cannot read its ``/proc/<pid>/{mem,environ,fd}``); its argv holds only fd numbers and its
+   environment only ``PATH``/``PYTHONPATH``/locale, so the nonce lives in its memory alone;
+2. opens the journal and the stderr sidecar (``O_APPEND``, never truncating) and starts the
+   agent in its own session and process group, stdout/stderr *redirected* to those files
+   (never a pipe: the agent cannot get SIGPIPE when a reader dies), stdin from ``/dev/null``
+   or the given bytes, no other fds;
+3. writes the status file (pids + start times), reports readiness to the launcher, waits;
+4. when the agent exits: SIGKILLs what is left of the agent's process group (stragglers must
+   not write after the sentinel; a child that escaped with ``setsid`` can, and the reader
+   ignores everything after the sentinel), appends the trailer in one write, records the exit
+   in the status file, and exits.
+
+A SIGTERM/SIGINT sent to the supervisor is forwarded to the agent's process group (the
+sentinel is still written). The driver can be SIGKILLed at any point after
+``launch_supervised`` returned without affecting either process.
+
+Stdlib-only at import time: it is the supervisor process's entry point.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.errors import ConfigError, CorralError
+from corral.runs.layout import JournalPaths, SupervisorStatus, read_status, write_status
+from corral.runs.sentinel import format_trailer, normalize_nonce
+
+__all__ = [
+    "AgentSpec",
+    "SupervisedRun",
+    "SupervisorError",
+    "kill_supervised",
+    "kill_supervised_async",
+    "launch_supervised",
+    "launch_supervised_async",
+    "main",
+    "process_start_time",
+    "supervisor_alive",
+]
+
+_PR_SET_DUMPABLE = 4
+
+
+class SupervisorError(CorralError):
+    """The supervisor could not be started (the message carries its diagnostics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """What the supervisor runs: a *host* argv (e.g. a provider's ``host_command``)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    """The agent's complete environment (nothing is inherited)."""
+    cwd: str | None = None
+    stdin: bytes | None = None
+    """Bytes written to the agent's stdin, which is then closed; ``None`` = ``/dev/null``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisedRun:
+    """What ``launch_supervised`` learned. ``spawn_error`` set = the agent never started
+    (the journal still gets a sentinel: 127 not found, 126 not executable)."""
+
+    paths: JournalPaths
+    supervisor_pid: int
+    agent_pid: int | None
+    spawn_error: str | None = None
+
+
+# ---------------------------------------------------------------- process identity
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, starttime)`` from ``/proc/<pid>/stat``, or ``None`` if there is no such pid."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # comm may contain spaces and parens: fields start after the *last* ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return rest[0].decode(), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot, ``None`` if it does not exist."""
+    st = _proc_stat(pid)
+    return st[1] if st else None
+
+
+def _is_ours(pid: int | None, start: int | None, *, zombie_ok: bool = False) -> bool:
+    if pid is None or start is None:
+        return False
+    st = _proc_stat(pid)
+    if st is None or st[1] != start:
+        return False
+    return zombie_ok or st[0] not in ("Z", "X")
+
+
+def supervisor_alive(paths: JournalPaths) -> bool:
+    """Whether this run's supervisor process is still running (pid reuse is detected)."""
+    st = read_status(paths.status)
+    return st is not None and _is_ours(st.supervisor_pid, st.supervisor_start)
+
+
+# ---------------------------------------------------------------- launcher (driver side)
+
+
+def _supervisor_env() -> dict[str, str]:
+    # Only what the interpreter needs to import corral; never the driver's secrets.
+    src = str(Path(__file__).resolve().parents[2])
+    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "PYTHONPATH": src}
+    env["LC_ALL"] = "C.UTF-8"
+    return env
+
+
+def launch_supervised(
+    spec: AgentSpec,
+    paths: JournalPaths,
+    nonce: str,
+    *,
+    kill_stragglers: bool = True,
+    timeout: float = 30.0,
+    python: str = sys.executable,
+) -> SupervisedRun:
+    """Start a detached supervisor that runs ``spec`` with its output going to ``paths``.
+
+    Blocks until the agent has been spawned (typically ~0.1 s); use
+    :func:`launch_supervised_async` from async code. The journal file exists when this
+    returns. ``nonce`` goes to the supervisor over a pipe only. Raises
+    :class:`~corral.errors.ConfigError` for a bad spec and :class:`SupervisorError` if the
+    supervisor did not come up.
+    """
+    if not spec.argv or not all(isinstance(a, str) and "\0" not in a for a in spec.argv):
+        raise ConfigError("agent argv must be a non-empty list of strings without NUL bytes")
+    try:
+        normalize_nonce(nonce)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    payload = json.dumps(
+        {
+            "nonce": nonce,
+            "argv": list(spec.argv),
+            "env": dict(spec.env),
+            "cwd": spec.cwd,
+            "stdin": base64.b64encode(spec.stdin).decode() if spec.stdin is not None else None,
+            "journal": str(paths.journal),
+            "stderr": str(paths.stderr),
+            "status": str(paths.status),
+            "kill_stragglers": kill_stragglers,
+        }
+    ).encode()
+    job_r, job_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    log_fd = os.open(paths.supervisor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "corral.runs.supervisor", "--job-fd", str(job_r),
+             "--ready-fd", str(ready_w)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_fd,
+            pass_fds=(job_r, ready_w),
+            close_fds=True,
+            start_new_session=True,
+            cwd="/",
+            env=_supervisor_env(),
+        )
+    except OSError as exc:
+        for fd in (job_r, job_w, ready_r, ready_w):
+            os.close(fd)
+        raise SupervisorError(f"cannot start the supervisor with {python!r}: {exc}") from exc
+    finally:
+        os.close(log_fd)
+    os.close(job_r)
+    os.close(ready_w)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(job_w, view) :]
+        except BrokenPipeError:
+            pass  # the supervisor died early; reported below from its log
+        finally:
+            os.close(job_w)
+        report = _read_ready(ready_r, timeout)
+    finally:
+        os.close(ready_r)
+        try:
+            proc.wait(timeout=timeout)  # the intermediate exits right after forking
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if report is None:
+        raise SupervisorError(
+            f"the journal supervisor did not start within {timeout}s; its log "
+            f"{paths.supervisor_log} says: {_tail(paths.supervisor_log)!r}"
+        )
+    return SupervisedRun(
+        paths=paths,
+        supervisor_pid=int(report["supervisor_pid"]),
+        agent_pid=report.get("agent_pid"),
+        spawn_error=report.get("spawn_error"),
+    )
+
+
+async def launch_supervised_async(
+    spec: AgentSpec, paths: JournalPaths, nonce: str, *, kill_stragglers: bool = True,
+    timeout: float = 30.0,
+) -> SupervisedRun:
+    """:func:`launch_supervised` in a worker thread."""
+    import anyio.to_thread  # lazy: keeps the supervisor process's start-up stdlib-only
+
+    return await anyio.to_thread.run_sync(
+        lambda: launch_supervised(
+            spec, paths, nonce, kill_stragglers=kill_stragglers, timeout=timeout
+        )
+    )
+
+
+def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        report = json.loads(buf)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "supervisor_pid" in report else None
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_bytes()[-n:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- cancel
+
+
+def kill_supervised(
+    paths: JournalPaths, *, grace: float = 5.0, include_supervisor: bool = False
+) -> bool:
+    """Stop the agent of a supervised run from any process on the host.
+
+    SIGTERM to the agent's process group, up to ``grace`` seconds for the supervisor to
+    record the exit, then SIGKILL to the group and another ``grace``. The supervisor then
+    writes the sentinel (code ``128 + N``). With ``include_supervisor`` (or if the supervisor
+    is still alive after all that) the supervisor is SIGKILLed too, so no sentinel may be
+    written. Returns whether the status file records the agent's exit. Pids are checked
+    against their recorded start times, so a reused pid is never signalled.
+    """
+
+    st = read_status(paths.status)
+    if st is None:
+        return False
+
+    def recorded() -> bool:
+        now = read_status(paths.status)
+        return now is not None and now.state == "exited"
+
+    def settled() -> bool:
+        # Done when the exit is recorded, or nobody is left to record it and the agent is
+        # gone too (supervisor SIGKILLed earlier: the orphaned agent is reaped by init).
+        if recorded():
+            return True
+        sup = _is_ours(st.supervisor_pid, st.supervisor_start)
+        return not sup and not _is_ours(st.agent_pid, st.agent_start)
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if settled():
+            break
+        # zombie_ok: an unreaped agent still pins its pid, so its group id is ours.
+        if st.agent_pid is not None and _is_ours(st.agent_pid, st.agent_start, zombie_ok=True):
+            try:
+                os.killpg(st.agent_pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace
+        while not settled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if (include_supervisor or not settled()) and _is_ours(st.supervisor_pid, st.supervisor_start):
+        try:
+            os.kill(st.supervisor_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return recorded()
+
+
+async def kill_supervised_async(
+    paths: JournalPaths, *, grace: float = 5.0, include_supervisor: bool = False
+) -> bool:
+    """:func:`kill_supervised` in a worker thread."""
+    import anyio.to_thread
+
+    return await anyio.to_thread.run_sync(
+        lambda: kill_supervised(paths, grace=grace, include_supervisor=include_supervisor)
+    )
+
+
+# ---------------------------------------------------------------- the supervisor process
+
+
+def _set_non_dumpable() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # best effort: the real barrier is that the agent cannot see this process
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _supervise(job: dict[str, Any], ready_fd: int) -> int:
+    nonce: str = job.pop("nonce")
+    normalize_nonce(nonce)
+    status_path = Path(job["status"])
+    me, my_start = os.getpid(), process_start_time(os.getpid()) or 0
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    out_fd = os.open(job["journal"], flags, 0o600)
+    err_fd = os.open(job["stderr"], flags, 0o600)
+    stdin_data = base64.b64decode(job["stdin"]) if job.get("stdin") is not None else None
+
+    agent: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if agent is None:
+            pending.append(signum)
+            return
+        try:
+            os.killpg(agent.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+
+    spawn_error: str | None = None
+    try:
+        agent = subprocess.Popen(
+            job["argv"],
+            env=job["env"],
+            cwd=job.get("cwd"),
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=err_fd,
+            close_fds=True,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        what = f"{exc.strerror}: {exc.filename!r}" if exc.filename else str(exc.strerror or exc)
+        spawn_error = f"cannot start agent {job['argv'][0]!r}: {what}"
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        _write_all(err_fd, f"corral supervisor: {spawn_error}\n".encode())
+        write_status(
+            status_path,
+            SupervisorStatus("running", me, my_start, None, None, spawn_error=spawn_error),
+        )
+        _report(ready_fd, {"supervisor_pid": me, "agent_pid": None, "spawn_error": spawn_error})
+        return _finish(out_fd, status_path, nonce, me, my_start, None, None, code, None,
+                       spawn_error, kill_stragglers=False)
+
+    agent_start = process_start_time(agent.pid)
+    write_status(status_path, SupervisorStatus("running", me, my_start, agent.pid, agent_start))
+    _report(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
+    for signum in pending:
+        forward(signum, None)
+    if stdin_data is not None and agent.stdin is not None:
+        threading.Thread(target=_feed, args=(agent.stdin, stdin_data), daemon=True).start()
+    rc = agent.wait()
+    code, sig = (128 - rc, -rc) if rc < 0 else (rc, None)
+    return _finish(out_fd, status_path, nonce, me, my_start, agent.pid, agent_start, code, sig,
+                   None, kill_stragglers=bool(job.get("kill_stragglers", True)))
+
+
+def _feed(pipe: Any, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _report(fd: int, report: dict[str, Any]) -> None:
+    try:
+        _write_all(fd, json.dumps(report).encode())
+        os.close(fd)
+    except OSError:
+        pass  # the launcher is gone; the run goes on regardless
+
+
+def _finish(
+    out_fd: int, status_path: Path, nonce: str, me: int, my_start: int, agent_pid: int | None,
+    agent_start: int | None, code: int, sig: int | None, spawn_error: str | None, *,
+    kill_stragglers: bool,
+) -> int:
+    if kill_stragglers and agent_pid is not None:
+        try:
+            os.killpg(agent_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    hint = os.fstat(out_fd).st_size
+    _write_all(out_fd, format_trailer(nonce, code, sig))  # one write: atomic under O_APPEND
+    os.close(out_fd)
+    write_status(
+        status_path,
+        SupervisorStatus("exited", me, my_start, agent_pid, agent_start, code, sig, hint,
+                         spawn_error),
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m corral.runs.supervisor --job-fd N --ready-fd M``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        job_fd = int(args[args.index("--job-fd") + 1])
+        ready_fd = int(args[args.index("--ready-fd") + 1])
+    except (ValueError, IndexError):
+        print("usage: python -m corral.runs.supervisor --job-fd N --ready-fd M", file=sys.stderr)
+        return 2
+    _set_non_dumpable()
+    job = json.loads(_read_all(job_fd))
+    os.close(job_fd)
+    if os.fork() > 0:
+        os._exit(0)  # the intermediate: the launcher reaps it; the supervisor is orphaned
+    try:
+        return _supervise(job, ready_fd)
+    except BaseException as exc:  # noqa: BLE001 - last words go to the supervisor log
+        print(f"corral supervisor failed: {exc!r}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

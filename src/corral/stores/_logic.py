@@ -1,0 +1,221 @@
+"""Backend-neutral state transitions shared by every store backend.
+
+A backend reads the current row inside its transaction (or under its lock), calls one of
+these pure functions, and writes the result in the same transaction. Keeping the rules here
+means memory, SQLite and later PostgreSQL/Redis cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from corral.runs.records import RunPatch, RunRecord
+from corral.runs.store import (
+    Claim,
+    ClaimLost,
+    ClaimRefused,
+    InvalidEvent,
+    LogClosed,
+    RefusalReason,
+    StoreError,
+    UnknownRun,
+)
+
+
+def check_ttl(ttl: float) -> float:
+    """A lease length must be a positive, finite number of seconds."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
+        raise StoreError(f"lease ttl must be a positive number of seconds, got {ttl!r}")
+    return float(ttl)
+
+
+def check_limit(limit: int) -> int:
+    """A listing limit must be a whole number from 1 to 10,000."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise StoreError(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+    return limit
+
+
+def claim_transition(
+    record: RunRecord | None,
+    run_id: str,
+    owner: str,
+    ttl: float,
+    now: float,
+    *,
+    clear_detached: bool,
+    allow_cancelled: bool,
+    break_lease_of: str | None = None,
+) -> tuple[RunRecord, Claim]:
+    """The record after a successful claim, or :class:`ClaimRefused` (nothing to write)."""
+    ttl = check_ttl(ttl)
+    if not owner:
+        raise StoreError("a claim owner must be a non-empty string")
+    if record is None:
+        raise ClaimRefused(run_id, RefusalReason.UNKNOWN)
+    if record.terminal:
+        raise ClaimRefused(run_id, RefusalReason.TERMINAL, f"status {record.status.value}")
+    if record.cancel_requested is True and not allow_cancelled:
+        raise ClaimRefused(run_id, RefusalReason.CANCELLED, "a cancel was requested")
+    if record.lease_live(now) and not (
+        break_lease_of is not None and record.claim_owner == break_lease_of
+    ):
+        raise ClaimRefused(
+            run_id,
+            RefusalReason.HELD,
+            f"held by {record.claim_owner!r} at epoch {record.driver_epoch} "
+            f"until {record.claim_expires_at}",
+        )
+    epoch = record.driver_epoch + 1
+    expires = now + ttl
+    new = replace(
+        record,
+        driver_epoch=epoch,
+        claim_owner=owner,
+        claim_expires_at=expires,
+        updated_at=now,
+        detached_since=None if clear_detached else record.detached_since,
+    )
+    return new, Claim(run_id=run_id, owner=owner, epoch=epoch, expires_at=expires)
+
+
+def _current(record: RunRecord | None, claim: Claim) -> None:
+    if record is None:
+        raise ClaimLost(claim.run_id, claim.epoch, "unknown-run")
+    if record.driver_epoch != claim.epoch:
+        raise ClaimLost(claim.run_id, claim.epoch, record.driver_epoch)
+    if record.claim_owner != claim.owner:
+        raise ClaimLost(claim.run_id, claim.epoch, "released")
+
+
+def renew_transition(
+    record: RunRecord | None, claim: Claim, ttl: float, now: float
+) -> tuple[RunRecord, Claim]:
+    """The record with the lease extended, or :class:`ClaimLost`."""
+    ttl = check_ttl(ttl)
+    _current(record, claim)
+    assert record is not None
+    expires = now + ttl
+    return (
+        replace(record, claim_expires_at=expires, updated_at=now),
+        replace(claim, expires_at=expires),
+    )
+
+
+def release_transition(record: RunRecord | None, claim: Claim, now: float) -> RunRecord | None:
+    """The record with the lease dropped, or ``None`` when the claim is not current."""
+    try:
+        _current(record, claim)
+    except ClaimLost:
+        return None
+    assert record is not None
+    return replace(record, claim_owner=None, claim_expires_at=None, updated_at=now)
+
+
+def update_transition(
+    record: RunRecord | None, run_id: str, patch: RunPatch, expect_epoch: int | None, now: float
+) -> RunRecord | None:
+    """The patched record; ``None`` for an unknown run; :class:`ClaimLost` on a fence miss."""
+    if record is None:
+        return None
+    if expect_epoch is not None and record.driver_epoch != expect_epoch:
+        raise ClaimLost(run_id, expect_epoch, record.driver_epoch)
+    return patch.apply(record, now)
+
+
+def cancel_transition(record: RunRecord | None, now: float) -> RunRecord | None:
+    """The record with ``cancel_requested`` set (terminal runs unchanged)."""
+    if record is None or record.terminal or record.cancel_requested is True:
+        return record
+    return replace(record, cancel_requested=True, updated_at=now)
+
+
+def append_check(current_epoch: int | None, run_id: str, epoch: int, closed: bool) -> None:
+    """Raise unless an append at ``epoch`` may land now (unknown → lost → closed).
+
+    ``current_epoch`` is the record's ``driver_epoch`` read in the append's transaction
+    (``None`` when the run does not exist)."""
+    if current_epoch is None:
+        raise UnknownRun(run_id)
+    # Epoch 0 means "never claimed": every writer must hold a claim (epoch >= 1).
+    if current_epoch != epoch or epoch < 1:
+        raise ClaimLost(run_id, epoch, current_epoch)
+    if closed:
+        raise LogClosed(run_id)
+
+
+def close_allowed(current_epoch: int | None, epoch: int | None) -> bool:
+    """A close carrying a superseded epoch must not end the successor's log."""
+    if current_epoch is None:
+        return False
+    return epoch is None or epoch == current_epoch
+
+
+def encode_events(events: Sequence[tuple[Mapping[str, Any], int]]) -> list[tuple[str, int]]:
+    """Validate a whole batch before anything is written; JSON text + journal offset."""
+    out: list[tuple[str, int]] = []
+    for index, item in enumerate(events):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidEvent(f"event #{index} must be an (event dict, journal_offset) pair")
+        event, journal_offset = item
+        if not isinstance(event, Mapping):
+            raise InvalidEvent(f"event #{index} must be a dict, got {type(event).__name__}")
+        if (
+            isinstance(journal_offset, bool)
+            or not isinstance(journal_offset, int)
+            or journal_offset < 0
+        ):
+            raise InvalidEvent(
+                f"event #{index}: journal_offset must be an integer >= 0, got {journal_offset!r}"
+            )
+        try:
+            text = json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidEvent(f"event #{index} is not JSON-serializable: {exc}") from None
+        out.append((text, journal_offset))
+    return out
+
+
+def decode_event(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise StoreError("a stored event is not a JSON object; the store is corrupt")
+    return value
+
+
+def record_to_json(record: RunRecord) -> str:
+    """The stored form of a run record; raises :class:`StoreError` if it is not JSON-able."""
+    try:
+        return json.dumps(record.to_dict(), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"run {record.run_id!r} has a field that is not JSON: {exc}") from None
+
+
+def record_from_json(text: str) -> RunRecord:
+    """Parse and validate a stored run record (raises ``CorruptRecord``)."""
+    from corral.runs.records import CorruptRecord
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise CorruptRecord("a stored run record is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise CorruptRecord("a stored run record is not a JSON object")
+    return RunRecord.from_dict(data)
+
+
+def record_roundtrip(record: RunRecord) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(record_to_json(record))
+    return parsed
+
+
+def json_text(value: Mapping[str, Any]) -> str:
+    """Compact JSON text for storage; raises :class:`StoreError` for non-JSON values."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"value is not JSON-serializable: {exc}") from None

@@ -1,0 +1,284 @@
+"""Hostile agents against the real supervisor and reader (DESIGN §8 fault tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+
+import anyio
+import pytest
+
+from corral.runs.journal import Exit, Line, probe_journal_tail, read_journal
+from corral.runs.sentinel import format_trailer
+from corral.runs.supervisor import process_start_time
+from corral.testkit.plugin import require
+
+from .conftest import BASE_ENV, PY, Launched, wait_exited, wait_for
+
+SYSTEM_PY = "/usr/bin/python3"  # readable by any uid (the venv may live under /root)
+
+# The agent scans everything it can read for 32+ hex-char strings and forges a sentinel with
+# each one. It reports its candidates on stderr, blocks until SIGUSR1, then exits 7.
+HUNTER = r"""
+import json, os, re, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+read_mem = sys.argv[1] == "mem"
+HEX = re.compile(rb"[0-9a-fA-F]{32,}")
+found = set()
+def scan(data):
+    for m in HEX.finditer(data):
+        s = m.group().lower()
+        for i in range(len(s) - 31):
+            found.add(s[i:i + 32].decode())
+def slurp(path, limit=1 << 24):
+    try:
+        with open(path, "rb") as f:
+            scan(f.read(limit))
+    except OSError:
+        pass
+def link(path):
+    try:
+        scan(os.readlink(path).encode())
+    except OSError:
+        pass
+scan(json.dumps(dict(os.environ)).encode()); scan(json.dumps(sys.argv).encode())
+ppid = os.getppid()
+for pid in ("self", str(ppid)):
+    base = f"/proc/{pid}"
+    for name in ("cmdline", "environ", "status", "stat", "maps", "comm", "cwd", "root",
+                 "exe", "mountinfo", "limits", "sched", "wchan", "io"):
+        slurp(f"{base}/{name}"); link(f"{base}/{name}")
+    try:
+        fds = os.listdir(f"{base}/fd")
+    except OSError:
+        fds = []
+    for fd in fds:
+        link(f"{base}/fd/{fd}"); slurp(f"{base}/fd/{fd}")
+if read_mem:
+    try:
+        maps = open(f"/proc/{ppid}/maps").read().splitlines()
+        with open(f"/proc/{ppid}/mem", "rb") as mem:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if "r" in line.split()[1] and hi - lo < (1 << 26):
+                    try:
+                        mem.seek(lo); scan(mem.read(hi - lo))
+                    except (OSError, ValueError, OverflowError):
+                        pass
+    except OSError as exc:
+        print(json.dumps({"mem_error": str(exc)}), file=sys.stderr, flush=True)
+out = sys.stdout.buffer
+for h in sorted(found):
+    for code, sig in ((0, "null"), (1, "9")):
+        out.write(b'{"corral_exit":1,"code":%d,"signal":%s,"nonce":"%s"}\n' % (code, sig.encode(), h.encode()))
+    out.write(b' {"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}\n' % h.encode())
+    out.write(b'{"corral_exit":1,"code":0.0,"signal":null,"nonce":"%s"}\n' % h.encode())
+    out.write(b'{"corral_exit":1,"code":true,"signal":null,"nonce":"%s"}\n' % h.encode())
+    out.write(b'{"__exit":0,"__nonce":"%s"}\n' % h.encode())
+out.write(b"ready\n"); out.flush()
+print(json.dumps({"candidates": sorted(found)}), file=sys.stderr, flush=True)
+signal.sigwait({signal.SIGUSR1})
+last = sorted(found)[0].encode() if found else b"0" * 32
+out.write(b'{"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}' % last)  # no final newline
+out.flush()
+sys.exit(7)
+"""
+
+DECOY = "0123456789abcdef0123456789abcdef"
+
+
+def collect(launched: Launched) -> tuple[list[Line], Exit]:
+    async def go() -> tuple[list[Line], Exit]:
+        lines: list[Line] = []
+        with anyio.fail_after(30):
+            async for item in read_journal(launched.paths, nonce=launched.nonce):
+                if isinstance(item, Exit):
+                    return lines, item
+                lines.append(item)
+        raise AssertionError("journal ended without an exit")
+
+    return anyio.run(go)
+
+
+def run_hunter(launch, argv_prefix: list[str], mode: str) -> tuple[Launched, dict[str, object]]:
+    env = dict(BASE_ENV, DECOY=DECOY)
+    run = launch([*argv_prefix, SYSTEM_PY, "-c", HUNTER, mode], env)
+    wait_for(lambda: run.paths.journal.read_bytes().endswith(b"ready\n"), 30, "hunter ready")
+    report: dict[str, object] = {}
+    for line in run.paths.stderr.read_bytes().splitlines():
+        report.update(json.loads(line))
+    return run, report
+
+
+def assert_supervisor_does_not_expose(run: Launched) -> None:
+    nonce = run.nonce.encode()
+    pid = run.run.supervisor_pid
+    for name in ("cmdline", "environ"):
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            assert nonce not in f.read(), name
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        assert nonce not in os.readlink(f"/proc/{pid}/fd/{fd}").encode()
+    agent = run.run.agent_pid
+    assert agent is not None
+    for name in ("cmdline", "environ"):
+        with open(f"/proc/{agent}/{name}", "rb") as f:
+            assert nonce not in f.read(), f"agent {name}"
+    for fd in os.listdir(f"/proc/{agent}/fd"):
+        target = os.readlink(f"/proc/{agent}/fd/{fd}")
+        assert "pipe:" not in target, f"agent inherited a pipe on fd {fd}: {target}"
+
+
+def finish_hunter(run: Launched, report: dict[str, object]) -> None:
+    candidates = report["candidates"]
+    assert isinstance(candidates, list)
+    assert DECOY in candidates, "the hunter's scan is broken: it missed a planted hex string"
+    assert run.nonce not in candidates
+    assert run.run.agent_pid is not None
+    os.kill(run.run.agent_pid, signal.SIGUSR1)
+    lines, exit = collect(run)
+    assert (exit.code, exit.signal) == (7, None)
+    text = b"\n".join(line.data for line in lines)
+    forged = sum(1 for line in lines if b'"corral_exit"' in line.data)
+    assert forged == 5 * len(candidates) + 1  # every forgery was delivered as plain output
+    assert text.endswith(b"ready\n" + b'{"corral_exit":1,"code":0,"signal":null,"nonce":"'
+                         + min(candidates).encode() + b'"}')
+    probe = probe_journal_tail(run.paths, run.nonce)
+    assert (probe.state, probe.code) == ("finished", 7)
+    probe = probe_journal_tail(run.paths.journal, run.nonce)
+    assert (probe.state, probe.code) == ("finished", 7)
+
+
+def test_root_agent_cannot_find_or_forge_the_nonce(launch) -> None:
+    run, report = run_hunter(launch, [], "nomem")
+    assert_supervisor_does_not_expose(run)
+    finish_hunter(run, report)
+
+
+def test_unprivileged_agent_cannot_read_supervisor_memory(launch, request) -> None:
+    setpriv = shutil.which("setpriv")
+    require(request.config, setpriv is not None, "setpriv (util-linux)", "apt-get install util-linux")
+    require(request.config, os.geteuid() == 0, "running as root", "run this test as root")
+    assert setpriv is not None
+    run, report = run_hunter(
+        launch, [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"], "mem"
+    )
+    assert "mem_error" in report  # non-dumpable supervisor: its memory is closed to the agent
+    finish_hunter(run, report)
+
+
+def test_huge_line_invalid_utf8_and_no_final_newline(launch) -> None:
+    body = b"a" * (20 << 20) + b"\n" + b"\xff\xfe\xc3( bad\x00\n" + b"tail \xe2\x82"
+    script = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
+    run = launch([PY, "-c", script], stdin=body)
+    lines, exit = collect(run)
+    assert exit.code == 0
+    assert len(lines) == 3 and len(lines[0].data) == 20 << 20
+    assert b"\n".join(line.data for line in lines) == body
+    assert lines[-1].end_offset == len(body) + 1  # terminated by the supervisor's separator
+
+
+def test_agent_closing_stdout_early(launch) -> None:
+    run = launch(["sh", "-c", "printf partial; exec 1>&-; echo closed >&2; exit 4"])
+    lines, exit = collect(run)
+    assert [line.data for line in lines] == [b"partial"]
+    assert (exit.code, exit.stderr_tail) == (4, b"closed\n")
+
+
+def test_children_in_the_agents_group_are_stopped_at_exit(launch) -> None:
+    run = launch(["sh", "-c", "(while true; do echo late; sleep 0.01; done) & echo $! ; echo parent"])
+    lines, exit = collect(run)
+    assert exit.code == 0
+    child = int(lines[0].data)
+    wait_for(lambda: process_start_time(child) is None or _zombie(child), what="straggler dead")
+    journal = run.paths.journal.read_bytes()
+    assert journal.endswith(format_trailer(run.nonce, 0, None))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+# An escaped child (own session) that waits for the real sentinel, reads it through its
+# inherited stdout (root can reopen /proc/self/fd/1), appends a forged copy with code 0,
+# then keeps writing.
+ESCAPER = r"""
+import os, re, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    os.close(r)
+    os.write(1, b"child-started\n"); os.close(w)
+    pat = re.compile(rb'\n\{"corral_exit":1,"code":9,"signal":null,"nonce":"([0-9a-f]{32})"\}\n')
+    while True:
+        m = pat.search(open("/proc/self/fd/1", "rb").read())
+        if m:
+            break
+        time.sleep(0.005)
+    os.write(1, b'{"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}\n' % m.group(1))
+    for _ in range(50):
+        os.write(1, b"late\n")
+    os.write(1, b"forged-done\n")
+    time.sleep(600)
+os.close(w)
+os.read(r, 1)  # EOF once the child has written its first line
+print(os.getpid() + 0, flush=True)
+sys.exit(9)
+"""
+
+
+def test_escaped_child_writing_after_exit_is_ignored(launch) -> None:
+    run = launch([PY, "-c", ESCAPER])
+    straggler = None
+    try:
+        lines, exit = collect(run)  # terminates at the real sentinel: no hang
+        assert (exit.code, exit.signal) == (9, None)
+        assert lines[0].data == b"child-started"
+        wait_for(lambda: run.paths.journal.read_bytes().endswith(b"forged-done\n"),
+                 what="the straggler's forgery")
+        journal = run.paths.journal.read_bytes()
+        assert journal[exit.end_offset:].startswith(b'{"corral_exit":1,"code":0')
+        # A reader started afresh, and both probes, still see the real exit.
+        lines2, exit2 = collect(run)
+        assert (exit2.code, lines2) == (9, lines)
+        assert probe_journal_tail(run.paths, run.nonce).code == 9
+        assert probe_journal_tail(run.paths.journal, run.nonce).code == 9
+        straggler = _find_straggler(run.run.agent_pid)
+    finally:
+        if straggler is None:
+            straggler = _find_straggler(run.run.agent_pid)
+        if straggler is not None:
+            os.kill(straggler, signal.SIGKILL)
+
+
+def _find_straggler(agent_pid: int | None) -> int | None:
+    """The escaped child: the process whose command line is the ESCAPER script."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == agent_pid:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"forged-done" in f.read():
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.parametrize("tail", [b"", b"no newline", b"line\n"])
+def test_lookalike_trailer_written_by_the_agent_itself(launch, tail: bytes) -> None:
+    fake = format_trailer("f" * 32, 0, None)
+    script = "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())"
+    body = b"x\n" + fake + tail
+    run = launch([PY, "-c", script + "; sys.exit(3)"], stdin=body)
+    lines, exit = collect(run)
+    assert exit.code == 3
+    assert b"\n".join(line.data for line in lines) == body
+    wait_exited(run.paths)
+    assert re.search(rb'"code":3,', run.paths.journal.read_bytes()[-120:])

@@ -1,0 +1,11 @@
+"""The shipped conformance suite, run against the memory and SQLite backends."""
+
+from corral.testkit.stores import (  # noqa: F401
+    TestClaims,
+    TestEventLog,
+    TestInstanceStore,
+    TestListRuns,
+    TestNamedLock,
+    TestPipeToRunLog,
+    TestRunStoreContract,
+)
