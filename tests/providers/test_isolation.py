@@ -140,13 +140,25 @@ async def test_runs_unprivileged_and_cannot_nest_user_namespaces(sandbox: Bubble
     assert not nest.ok
 
 
+async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
+    start = anyio.current_time()
+    r = await sandbox.process.exec("setsid sleep 60 & sleep 60 & echo started", timeout=30)
+    assert r.ok and r.stdout == b"started\n" and not r.timed_out
+    assert anyio.current_time() - start < 10
+    deadline = anyio.current_time() + 10
+    while cgroups.members(sandbox.state.cgroups) and anyio.current_time() < deadline:
+        await anyio.sleep(0.02)
+    assert cgroups.members(sandbox.state.cgroups) == set()
+
+
 async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider) -> None:
     ok, why = cgroups.available()
     if not ok:
         pytest.skip(f"needs cgroups: {why}")
     h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=40)))
     try:
-        # Bounded: at most 200 attempts, each a sleeper that would live 30 s.
+        # Bounded: at most 200 attempts, each a sleeper that would live 30 s (they are
+        # killed when the command ends, so this returns at once).
         r = await h.process.exec(
             "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo spawned-all",
             timeout=60,
@@ -156,7 +168,11 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         # The sandbox never held more than its limit, and nothing of it is left running.
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
-        assert cgroups.members([pids_dir]) == set()
+        deadline = anyio.current_time() + 10
+        while cgroups.members([pids_dir]) and anyio.current_time() < deadline:
+            await anyio.sleep(0.02)  # killed members can take a moment to be released
+        left = cgroups.members([pids_dir])
+        assert left == set(), [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
         after = await h.process.exec(["true"])
         assert after.ok and after.limit_hit is None
     finally:

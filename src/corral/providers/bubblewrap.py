@@ -21,10 +21,12 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
 
 Consequences worth knowing: each command gets its own pid namespace, so a command sees
-only its own processes, and background jobs of an ``exec`` end when the command does
-(use ``spawn`` for long-lived processes; they survive the Python process that started
-them). Killing a process tree kills the namespace's init, which takes everything in it,
-daemons included. ``destroy`` freezes and kills the whole cgroup.
+only its own processes, and whatever an ``exec``/``spawn`` leaves running in the
+background (``cmd &``, ``setsid``, daemons) is killed when its main process ends. Use
+``spawn`` for long-lived processes: they survive the Python process that started them.
+Killing a process tree kills the namespace's init, which takes everything in it.
+``destroy`` freezes and kills the whole cgroup. (Without perl on the host, the namespace
+lives until its last process exits, and ``exec`` waits for that.)
 
 Signal deaths: ``bwrap`` itself can only report ``128 + N``, so the command is run under
 a tiny in-sandbox reporter (``perl``, when the host has it) that reports the real wait
@@ -123,7 +125,8 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift;
 
 # Runs argv, then reports its raw wait status on fd $ARGV[0]. It ignores the signals
 # that the tree gets (so that the command decides how to react) but restores them for
-# the command.
+# the command. When the command ends, whatever it left behind in its pid namespace is
+# killed (kill -1 reaches every process of the namespace but the init and itself).
 _REPORTER = r"""
 my $fd = shift @ARGV;
 open(my $st, ">&=", $fd) or exit 125;
@@ -141,6 +144,7 @@ if ($pid == 0) {
 }
 waitpid($pid, 0);
 my $s = $?;
+kill "KILL", -1;
 syswrite $st, "$s\n";
 exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
 """
