@@ -251,3 +251,24 @@ async def test_destroy_frees_cgroups_and_files(provider: BubblewrapProvider) -> 
     assert not any(os.path.exists(d) for d in dirs)
     assert not os.path.exists(files) and not os.path.exists(h.state_dir)
 
+
+
+async def test_prune_orphans_after_corral_home_is_deleted(
+    provider: BubblewrapProvider, corral_home: Path
+) -> None:
+    import shutil
+
+    h = await provider.create()
+    p = await h.process.spawn(["sleep", "1000"])
+    files, dirs = h.host_root, list(h.state.cgroups)
+    shutil.rmtree(h.state_dir)  # as if $CORRAL_HOME were deleted under a live sandbox
+    keep = await provider.create()  # a healthy sandbox must survive the prune
+    try:
+        pruned = await provider.prune_orphans()
+        assert str(Path(files).parent) in pruned
+        assert not os.path.exists(files) and not any(os.path.exists(d) for d in dirs)
+        with anyio.fail_after(10):
+            assert (await p.wait()).signal == signal.SIGKILL
+        assert (await keep.process.exec(["true"])).ok
+    finally:
+        await provider.destroy(keep.ref)
