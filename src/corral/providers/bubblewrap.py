@@ -129,6 +129,8 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift;
 # killed (kill -1 reaches every process of the namespace but the init and itself).
 _REPORTER = r"""
 my $fd = shift @ARGV;
+my $keeper = shift @ARGV;
+POSIX::close($keeper) if $keeper >= 0;
 open(my $st, ">&=", $fd) or exit 125;
 my @sigs = qw(HUP INT QUIT TERM PIPE USR1 USR2 ALRM TSTP TTIN TTOU);
 $SIG{$_} = "IGNORE" for @sigs;
@@ -419,8 +421,13 @@ class BubblewrapHandle(HostDirHandle):
         tail: list[str]
         if self._provider.perl:
             report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            fds.append(report_w)
-            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), *argv]
+            # bwrap keeps a read end of its own status pipe open: when the process that
+            # spawned it exits early (a background process outliving its creator), bwrap's
+            # status writes must not fail (it would die of EPIPE and take the tree with it).
+            keeper = os.dup(status_r)
+            fds += [report_w, keeper]
+            tail = ["/usr/bin/perl", "-MPOSIX", "-e", _REPORTER, str(report_w), str(keeper),
+                    *argv]
         else:
             tail = argv
         full = [
