@@ -140,13 +140,25 @@ async def test_runs_unprivileged_and_cannot_nest_user_namespaces(sandbox: Bubble
     assert not nest.ok
 
 
+async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
+    start = anyio.current_time()
+    r = await sandbox.process.exec("setsid sleep 60 & sleep 60 & echo started", timeout=30)
+    assert r.ok and r.stdout == b"started\n" and not r.timed_out
+    assert anyio.current_time() - start < 10
+    deadline = anyio.current_time() + 10
+    while cgroups.members(sandbox.state.cgroups) and anyio.current_time() < deadline:
+        await anyio.sleep(0.02)
+    assert cgroups.members(sandbox.state.cgroups) == set()
+
+
 async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider) -> None:
     ok, why = cgroups.available()
     if not ok:
         pytest.skip(f"needs cgroups: {why}")
     h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=40)))
     try:
-        # Bounded: at most 200 attempts, each a sleeper that would live 30 s.
+        # Bounded: at most 200 attempts, each a sleeper that would live 30 s (they are
+        # killed when the command ends, so this returns at once).
         r = await h.process.exec(
             "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo spawned-all",
             timeout=60,
@@ -156,7 +168,11 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         # The sandbox never held more than its limit, and nothing of it is left running.
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
-        assert cgroups.members([pids_dir]) == set()
+        deadline = anyio.current_time() + 10
+        while cgroups.members([pids_dir]) and anyio.current_time() < deadline:
+            await anyio.sleep(0.02)  # killed members can take a moment to be released
+        left = cgroups.members([pids_dir])
+        assert left == set(), [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
         after = await h.process.exec(["true"])
         assert after.ok and after.limit_hit is None
     finally:
@@ -235,3 +251,24 @@ async def test_destroy_frees_cgroups_and_files(provider: BubblewrapProvider) -> 
     assert not any(os.path.exists(d) for d in dirs)
     assert not os.path.exists(files) and not os.path.exists(h.state_dir)
 
+
+
+async def test_prune_orphans_after_corral_home_is_deleted(
+    provider: BubblewrapProvider, corral_home: Path
+) -> None:
+    import shutil
+
+    h = await provider.create()
+    p = await h.process.spawn(["sleep", "1000"])
+    files, dirs = h.host_root, list(h.state.cgroups)
+    shutil.rmtree(h.state_dir)  # as if $CORRAL_HOME were deleted under a live sandbox
+    keep = await provider.create()  # a healthy sandbox must survive the prune
+    try:
+        pruned = await provider.prune_orphans()
+        assert str(Path(files).parent) in pruned
+        assert not os.path.exists(files) and not any(os.path.exists(d) for d in dirs)
+        with anyio.fail_after(10):
+            assert (await p.wait()).signal == signal.SIGKILL
+        assert (await keep.process.exec(["true"])).ok
+    finally:
+        await provider.destroy(keep.ref)

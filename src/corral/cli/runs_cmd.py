@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
 
 from corral.errors import ConfigError
+from corral.sandbox.config_file import find_config, load_config
+from corral.sandbox.definition import Sandbox
 from corral.runs.records import RunRecord, RunStatus
 from corral.runs.runner import DriveResult, Runner, RunRequest
 from corral.runs.store import LoggedEvent, Store, UnknownRun
@@ -44,8 +49,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "a second Ctrl-C within 2 s cancels it."
         ),
     )
-    run.add_argument("--provider", default="bubblewrap", help="sandbox provider (default bubblewrap)")
+    run.add_argument("--provider", help="sandbox provider: bubblewrap (default) or local")
     run.add_argument("--workspace", metavar="DIR", help="directory copied into /workspace")
+    run.add_argument("--config", metavar="PATH",
+                     help="sandbox definition file (default: corral.toml in the workspace "
+                          "or the current directory, or their parents)")
     run.add_argument("--thread", metavar="T", help="thread id (default: the run id)")
     run.add_argument("--run-id", metavar="R", help="run id (default: generated)")
     run.add_argument("--harness", default="command", help="harness (default: command)")
@@ -157,22 +165,38 @@ def _run(args: argparse.Namespace) -> int:
             if args.harness == "command"
             else "give the prompt, e.g. corral run --harness claude-code \"fix the test\""
         )
-    if args.harness == "command":
-        request = RunRequest(command=list(args.argv))
-    else:
-        options = {"model": args.model} if args.model else {}
-        request = RunRequest(prompt=" ".join(args.argv), harness=args.harness, options=options)
+    sandbox, config_dir = _definition(args)
+    workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
+    options = {"model": args.model} if args.model else {}
     request = RunRequest(
-        command=request.command,
-        prompt=request.prompt,
-        harness=request.harness,
-        options=request.options,
+        command=list(args.argv) if args.harness == "command" else None,
+        prompt=None if args.harness == "command" else " ".join(args.argv),
+        harness=args.harness,
+        options=options,
         run_id=args.run_id,
         thread_id=args.thread,
-        provider=args.provider,
-        workspace=args.workspace,
+        provider=args.provider or "bubblewrap",
+        workspace=workspace,
+        sandbox=sandbox,
     )
     return anyio.run(_run_async, args, request)
+
+
+def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
+    """The sandbox definition from ``--config`` or a ``corral.toml`` found in the workspace
+    (or current) directory, and the directory holding it."""
+    if args.config:
+        path: Path | None = Path(args.config)
+        if not path.is_file():  # type: ignore[union-attr]
+            raise ConfigError(f"--config {args.config}: no such file")
+    else:
+        path = find_config(args.workspace or os.getcwd())
+    if path is None:
+        return None, None
+    sandbox = load_config(path)
+    if args.provider and args.provider != sandbox.provider_name:
+        sandbox = replace(sandbox, provider=args.provider, provider_config={})
+    return sandbox, path.resolve().parent
 
 
 async def _run_async(args: argparse.Namespace, request: RunRequest) -> int:

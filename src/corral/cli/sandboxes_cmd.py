@@ -25,6 +25,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rm.add_argument("ids", nargs="+", metavar="ID")
     rm.add_argument("--provider", choices=PROVIDER_NAMES, help="only look in this provider")
     rm.set_defaults(func=run_rm)
+    prune = cmds.add_parser(
+        "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
+    )
+    prune.set_defaults(func=run_prune)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from corral.providers.bubblewrap import BubblewrapProvider
+
+    async def main() -> int:
+        for path in await BubblewrapProvider().prune_orphans():
+            print(f"pruned {path}")
+        return 0
+
+    return anyio.run(main)
 
 
 def _providers(only: str | None) -> list[Provider]:

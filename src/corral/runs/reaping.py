@@ -37,7 +37,7 @@ from corral.runs.reclaim import (
     ReclaimOutcome,
     ReclaimProvider,
     SandboxReclaimFailedError,
-    reclaim_sandbox,
+    sandbox_reclaimer,
 )
 from corral.runs.records import RunRecord
 from corral.runs.store import InstanceStore, Store
@@ -137,13 +137,11 @@ def record_reclaimer(
             instance = await instances.get_instance(record.sandbox_key)
             if instance is None:
                 return ReclaimOutcome.NOT_FOUND
-            outcome = await reclaim_sandbox(
-                record, provider=provider_for(instance.provider), instances=instances,
+            reclaimer = sandbox_reclaimer(
+                provider_for(instance.provider), instances,
                 destroy_timeout=destroy_timeout, logger=logger,
             )
-            if outcome is ReclaimOutcome.DESTROY_FAILED:
-                raise SandboxReclaimFailedError(record.run_id, record.sandbox_key)
-            return outcome
+            return await reclaimer(record)  # raises SandboxReclaimFailedError with the cause
         ref: Any = record.sandbox_ref or {}
         name, sandbox_id = ref.get("provider"), ref.get("id")
         if not isinstance(name, str) or not isinstance(sandbox_id, str):

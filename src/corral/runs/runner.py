@@ -277,7 +277,13 @@ class Runner:
                     agent.argv, cwd=agent.cwd, env=ensured.exec_env(agent.env)
                 )
                 launched = await launch_supervised_async(
-                    AgentSpec(argv=host.argv, env=host.env, cwd=host.cwd, stdin=agent.stdin),
+                    AgentSpec(
+                        argv=host.argv,
+                        env=host.env,
+                        cwd=host.cwd,
+                        stdin=agent.stdin,
+                        redact=ensured.redactor.table(),
+                    ),
                     paths,
                     nonce,
                 )

@@ -141,6 +141,11 @@ class Redactor:
         """Every string this redactor hides (for scanning tests)."""
         return set(self._compile()[2])
 
+    def table(self) -> dict[str, str]:
+        """``{hidden string: secret name}`` for every value and encoding this redactor hides
+        (handed to the journal supervisor, which redacts the agent's output in memory)."""
+        return dict(self._compile()[2])
+
     def redact(self, text: str) -> str:
         """``text`` with every known value replaced."""
         pattern, _, values = self._compile()
