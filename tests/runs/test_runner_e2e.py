@@ -284,9 +284,9 @@ def test_sigint_detaches_and_a_second_one_cancels(cli: Cli) -> None:
     proc = cli.popen("run", "--run-id", "int2", "--json", "--", "sleep", "60")
     assert proc.stdout is not None and "RUN_STARTED" in proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
-    wait_until(lambda: proc.stderr is not None and True, 1, "")
-    time.sleep(0)  # let the first signal be handled before the second arrives
-    wait_until(lambda: cli.raw_record("int2").get("detached_since") is not None, 10,
+    # The first signal was handled once the run is stamped detached; the second must come
+    # within two seconds of the first.
+    wait_until(lambda: cli.raw_record("int2").get("detached_since") is not None, 1.5,
                "the detach stamp")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=20)

@@ -334,10 +334,13 @@ class Runner:
             record = await self._require(run_id)
             if record.terminal:
                 return DriveResult(record)
-            if stop is not None and stop.is_set():
-                # Only a viewer here (another driver holds the run): nothing to stamp.
-                return DriveResult(record, detached=True)
             held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
+            if stop is not None and stop.is_set():
+                if held_elsewhere:
+                    # Only a viewer here (another driver holds the run): nothing to stamp.
+                    return DriveResult(record, detached=True)
+                # Nobody drives it: leaving must mark it detached for attach or the reaper.
+                return DriveResult(await self.detach(run_id), detached=True)
             if record.cancel_requested:
                 if held_elsewhere:
                     await _wait(stop, _POLL)  # the canceller is ending the run
