@@ -130,7 +130,7 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift;
 _REPORTER = r"""
 my $fd = shift @ARGV;
 my $keeper = shift @ARGV;
-POSIX::close($keeper) if $keeper >= 0;
+if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
 open(my $st, ">&=", $fd) or exit 125;
 my @sigs = qw(HUP INT QUIT TERM PIPE USR1 USR2 ALRM TSTP TTIN TTOU);
 $SIG{$_} = "IGNORE" for @sigs;
@@ -426,7 +426,7 @@ class BubblewrapHandle(HostDirHandle):
             # status writes must not fail (it would die of EPIPE and take the tree with it).
             keeper = os.dup(status_r)
             fds += [report_w, keeper]
-            tail = ["/usr/bin/perl", "-MPOSIX", "-e", _REPORTER, str(report_w), str(keeper),
+            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), str(keeper),
                     *argv]
         else:
             tail = argv
