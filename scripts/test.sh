@@ -7,6 +7,11 @@ need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v git >/dev/null || need_apt+=(git)
 command -v socat >/dev/null || need_apt+=(socat)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v perl >/dev/null || need_apt+=(perl-base)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)   # the web page tests (headless)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 if ((${#need_apt[@]})); then
   echo "installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

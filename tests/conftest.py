@@ -33,3 +33,26 @@ def cli_env(corral_home: Path) -> dict[str, str]:
 @pytest.fixture
 def corral_cmd() -> list[str]:
     return [sys.executable, "-m", "corral"]
+
+
+def bwrap_works() -> bool:
+    """Whether bubblewrap can make the namespaces corral's sandboxes need."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bwrap") is None:
+        return False
+    out = subprocess.run(
+        ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+        capture_output=True,
+        check=False,
+    )
+    return out.returncode == 0
+
+
+@pytest.fixture
+def need_bwrap_runs(request: pytest.FixtureRequest) -> None:
+    from corral.testkit.plugin import require
+
+    require(request.config, bwrap_works(), "bubblewrap with user namespaces",
+            "apt-get install bubblewrap (and allow unprivileged user namespaces)")

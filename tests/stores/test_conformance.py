@@ -4,6 +4,7 @@ from corral.testkit.stores import (  # noqa: F401
     TestClaims,
     TestEventLog,
     TestInstanceStore,
+    TestListRuns,
     TestNamedLock,
     TestPipeToRunLog,
     TestRunStoreContract,

@@ -18,6 +18,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli.runs_cmd",  # corral run|attach|cancel|ls|show
     "corral.cli.reap_cmd",  # corral reap
     "corral.cli.gc_cmd",  # corral gc
+    "corral.cli.serve_cmd",  # corral serve
+    "corral.cli.agents_cmd",  # corral agents install|ls
 )
 
 Handler = Callable[[argparse.Namespace], int]

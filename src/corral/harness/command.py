@@ -89,8 +89,14 @@ class CommandTranslator:
     def _terminal(self, exit: Exit) -> BaseEvent:
         if exit.code == 0 and exit.signal is None:
             return ev.run_finished(self.ctx.thread_id, self.ctx.run_id)
-        if exit.signal is not None:
-            name = signal_name(exit.signal)
+        signum = exit.signal
+        if signum is None and 128 < exit.code < 128 + 65:
+            # Sandboxes whose init reports a child's signal death as 128+N (bubblewrap,
+            # containers) cannot tell it from `exit 128+N`; shells use the same convention,
+            # so name the signal rather than hide it.
+            signum = exit.code - 128
+        if signum is not None:
+            name = signal_name(signum)
             message = f"command killed by {name} (exit code {exit.code})"
             code = f"signal:{name}"
         else:
@@ -99,7 +105,7 @@ class CommandTranslator:
         tail = exit.stderr_tail.decode("utf-8", "replace").strip()
         if tail:
             message += ": " + tail[-STDERR_MESSAGE_CHARS:]
-        meta = {"exitCode": exit.code, "signal": signal_name(exit.signal) if exit.signal else None}
+        meta = {"exitCode": exit.code, "signal": signal_name(signum) if signum else None}
         return ev.run_error(message, code, meta)
 
 

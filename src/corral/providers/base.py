@@ -95,7 +95,6 @@ class HostDirHandle:
     def host_command(
         self,
         command: Command,
-        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:

@@ -21,10 +21,12 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
 
 Consequences worth knowing: each command gets its own pid namespace, so a command sees
-only its own processes, and background jobs of an ``exec`` end when the command does
-(use ``spawn`` for long-lived processes; they survive the Python process that started
-them). Killing a process tree kills the namespace's init, which takes everything in it,
-daemons included. ``destroy`` freezes and kills the whole cgroup.
+only its own processes, and whatever an ``exec``/``spawn`` leaves running in the
+background (``cmd &``, ``setsid``, daemons) is killed when its main process ends. Use
+``spawn`` for long-lived processes: they survive the Python process that started them.
+Killing a process tree kills the namespace's init, which takes everything in it.
+``destroy`` freezes and kills the whole cgroup. (Without perl on the host, the namespace
+lives until its last process exits, and ``exec`` waits for that.)
 
 Signal deaths: ``bwrap`` itself can only report ``128 + N``, so the command is run under
 a tiny in-sandbox reporter (``perl``, when the host has it) that reports the real wait
@@ -123,9 +125,12 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift;
 
 # Runs argv, then reports its raw wait status on fd $ARGV[0]. It ignores the signals
 # that the tree gets (so that the command decides how to react) but restores them for
-# the command.
+# the command. When the command ends, whatever it left behind in its pid namespace is
+# killed (kill -1 reaches every process of the namespace but the init and itself).
 _REPORTER = r"""
 my $fd = shift @ARGV;
+my $keeper = shift @ARGV;
+if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
 open(my $st, ">&=", $fd) or exit 125;
 my @sigs = qw(HUP INT QUIT TERM PIPE USR1 USR2 ALRM TSTP TTIN TTOU);
 $SIG{$_} = "IGNORE" for @sigs;
@@ -141,6 +146,7 @@ if ($pid == 0) {
 }
 waitpid($pid, 0);
 my $s = $?;
+kill "KILL", -1;
 syswrite $st, "$s\n";
 exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
 """
@@ -365,7 +371,8 @@ class BubblewrapHandle(HostDirHandle):
         ]
         for host, inside in state.binds:
             bwrap += ["--ro-bind", host, inside]
-        bwrap += ["--unsetenv", procscan.TOKEN_ENV]
+        # The sandbox's own root (a tmpfs) read-only too: only the areas are writable.
+        bwrap += ["--remount-ro", "/", "--unsetenv", procscan.TOKEN_ENV]
         self._bwrap = bwrap
         # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
         # rlimits, drop to the sandbox's host uid, then bwrap.
@@ -414,8 +421,13 @@ class BubblewrapHandle(HostDirHandle):
         tail: list[str]
         if self._provider.perl:
             report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            fds.append(report_w)
-            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), *argv]
+            # bwrap keeps a read end of its own status pipe open: when the process that
+            # spawned it exits early (a background process outliving its creator), bwrap's
+            # status writes must not fail (it would die of EPIPE and take the tree with it).
+            keeper = os.dup(status_r)
+            fds += [report_w, keeper]
+            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), str(keeper),
+                    *argv]
         else:
             tail = argv
         full = [
@@ -443,19 +455,24 @@ class BubblewrapHandle(HostDirHandle):
     def host_command(
         self,
         command: Command,
-        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:
         """A self-contained host argv that joins the cgroups, drops to the sandbox's host
         uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
 
-        Its exit status is the command's (``128 + N`` for a death by signal ``N``).
+        Its exit status is the command's (``128 + N`` for a death by signal ``N``). The
+        launcher's pid stays the same through the chain (every step execs), and the
+        sandboxed tree dies with it: signalling the launcher (or its process group), or
+        the death of the launcher's parent, kills everything the command started
+        (``bwrap --die-with-parent``). There is no graceful SIGTERM through it.
         """
         self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
-        full = [*self._launcher, *self._bwrap, "--chdir", chdir, "--", *argv]
+        full = [
+            *self._launcher, *self._bwrap, "--die-with-parent", "--chdir", chdir, "--", *argv
+        ]
         return HostCommand(
             argv=tuple(full),
             env=dict(self._env_for(env)),
@@ -592,7 +609,13 @@ class BubblewrapProvider:
                 state.limit_mode = "cgroup"
             elif has_limits and self.prlimit:
                 state.limit_mode = "rlimit"
-            state.save(sandbox_dir)  # last: the sandbox exists once state.json does
+            if files != sandbox_dir:
+                (files / "cgroups").write_text("\n".join(state.cgroups))
+            state.save(sandbox_dir)  # the sandbox exists once state.json does
+            if files != sandbox_dir:
+                # A back-pointer, so that prune_orphans can tell when $CORRAL_HOME is gone
+                # (written after state.json: a sandbox being created is never pruned).
+                (files / "owner").write_text(str(sandbox_dir.resolve()))
         except BaseException:
             cgroups.remove(state.cgroups)
             remove_tree(files)
@@ -627,6 +650,14 @@ class BubblewrapProvider:
             with contextlib.suppress(OSError):
                 Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+
+    async def prune_orphans(self) -> list[str]:
+        """Destroy sandboxes whose state directory vanished (e.g. a deleted $CORRAL_HOME):
+        kill their processes, remove their cgroups and files. Returns their files dirs.
+
+        Looks at every sandbox under FILES_ROOT, whatever $CORRAL_HOME created it.
+        """
+        return await anyio.to_thread.run_sync(_prune_orphans)
 
     async def list(self) -> list[SandboxRef]:
         return [
@@ -667,3 +698,30 @@ def _kill_sandbox(state: SandboxState) -> None:
         import time
 
         time.sleep(0.01)
+
+
+def _prune_orphans() -> list[str]:
+    pruned: list[str] = []
+    if not FILES_ROOT.is_dir():
+        return pruned
+    for home_dir in FILES_ROOT.iterdir():
+        if not home_dir.is_dir():
+            continue
+        for files in home_dir.iterdir():
+            try:
+                owner = Path((files / "owner").read_text().strip())
+            except OSError:
+                continue  # being created, or not ours
+            if (owner / "state.json").exists() or (owner / "state.destroying.json").exists():
+                continue
+            if not owner.is_absolute():
+                continue
+            with contextlib.suppress(OSError):
+                dirs = [d for d in (files / "cgroups").read_text().split("\n") if d]
+                if dirs and all(d.startswith(str(cgroups.CGROUP_ROOT) + "/") for d in dirs):
+                    cgroups.destroy(dirs)
+            remove_tree(files)
+            pruned.append(str(files))
+        with contextlib.suppress(OSError):
+            home_dir.rmdir()
+    return pruned

@@ -25,12 +25,12 @@ __all__ = [
     "CONTROLLERS",
     "available",
     "create",
+    "destroy",
     "kill_all",
     "limit_counters",
     "members",
     "procs_files",
     "remove",
-    "destroy",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

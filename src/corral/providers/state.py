@@ -126,7 +126,7 @@ class SandboxState:
             except (OSError, ValueError):
                 return None
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"sandbox state {sandbox_dir / 'state.json'} is unreadable: {exc}")
+            raise ConfigError(f"sandbox state {sandbox_dir / 'state.json'} is unreadable: {exc}") from exc
         raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in raw.items() if k in known})

@@ -2,6 +2,22 @@
 
 from corral.runs.claims import HeldClaim, hold_claim
 from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
+from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
+from corral.runs.prune import PruneResult, prune_journals
+from corral.runs.quiesce import LogNeverQuiet, await_log_quiet
+from corral.runs.reap import (
+    ProbeResult,
+    ReapEntry,
+    ReapOutcome,
+    ReapResult,
+    reap_detached_runs,
+)
+from corral.runs.reclaim import (
+    ReclaimOutcome,
+    SandboxReclaimFailedError,
+    reclaim_sandbox,
+    sandbox_reclaimer,
+)
 from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
 from corral.runs.store import (
     Claim,
@@ -36,13 +52,21 @@ __all__ = [
     "InstanceRecord",
     "InstanceStore",
     "InvalidEvent",
+    "JournalLocationError",
     "LockStore",
     "LogClosed",
+    "LogNeverQuiet",
     "LogTail",
     "LoggedEvent",
     "NewRun",
     "PipeResult",
+    "ProbeResult",
     "ProducerExit",
+    "PruneResult",
+    "ReapEntry",
+    "ReapOutcome",
+    "ReapResult",
+    "ReclaimOutcome",
     "RefusalReason",
     "RunError",
     "RunExists",
@@ -50,9 +74,17 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "RunStore",
+    "SandboxReclaimFailedError",
     "Store",
     "StoreError",
     "UnknownRun",
+    "await_log_quiet",
     "hold_claim",
+    "journal_location",
     "pipe_to_run_log",
+    "probe_run_exit",
+    "prune_journals",
+    "reap_detached_runs",
+    "reclaim_sandbox",
+    "sandbox_reclaimer",
 ]

@@ -77,6 +77,7 @@ async def hold_claim(
     renew_every: float | None = None,
     clear_detached: bool = False,
     allow_cancelled: bool = False,
+    break_lease_of: str | None = None,
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[HeldClaim]:
     """Acquire a claim, keep it renewed, and cancel the body if it is lost.
@@ -87,7 +88,12 @@ async def hold_claim(
     ``renew_every`` defaults to a third of ``ttl``.
     """
     claim = await store.acquire_claim(
-        run_id, owner, ttl, clear_detached=clear_detached, allow_cancelled=allow_cancelled
+        run_id,
+        owner,
+        ttl,
+        clear_detached=clear_detached,
+        allow_cancelled=allow_cancelled,
+        break_lease_of=break_lease_of,
     )
     held = HeldClaim(claim)
     interval = renew_every if renew_every is not None else ttl / 3

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, cast
 
@@ -43,7 +43,21 @@ class ProducerExit:
     error: RunError | None = None
 
 
-Produced: TypeAlias = tuple[Mapping[str, Any], int] | ProducerExit
+@dataclass(frozen=True, slots=True)
+class LogBatch:
+    """Events appended in one atomic append, all carrying ``journal_offset``.
+
+    A harness batch (the events of one journal item) must land whole or not at all, so a
+    successor resuming after ``journal_offset`` neither repeats nor skips any of them.
+    """
+
+    events: Sequence[Mapping[str, Any]]
+    journal_offset: int
+    exit_code: int | None = None
+    """Set on the batch translated from the agent's exit: recorded on the run."""
+
+
+Produced: TypeAlias = tuple[Mapping[str, Any], int] | LogBatch | ProducerExit
 
 
 class PipeStore(RunStore, EventLog, Protocol):
@@ -64,6 +78,9 @@ class PipeResult:
     error: RunError | None
     exit_code: int | None
     appended: int
+    stopped: bool = False
+    """The driver stopped without finishing (``stop`` was set): no status, no close; the run
+    goes on and a successor continues from the log."""
 
 
 class _End:
@@ -81,6 +98,7 @@ class _Raised:
 
 _END = _End()
 _ABORTED = _Aborted()
+_STOPPED = _Aborted()
 
 
 def error_from_exception(exc: BaseException) -> RunError:
@@ -110,10 +128,12 @@ def run_error_event(error: RunError) -> dict[str, Any]:
     return event
 
 
-async def _pull(it: AsyncIterator[Produced], abort: anyio.Event | None) -> object:
-    """The producer's next item, ``_END``, ``_Raised``, or ``_ABORTED`` if ``abort`` fired
-    while waiting (the pending pull is cancelled)."""
-    if abort is None:
+async def _pull(
+    it: AsyncIterator[Produced], abort: anyio.Event | None, stop: anyio.Event | None = None
+) -> object:
+    """The producer's next item, ``_END``, ``_Raised``, ``_ABORTED`` if ``abort`` fired
+    while waiting, or ``_STOPPED`` if ``stop`` did (the pending pull is cancelled)."""
+    if abort is None and stop is None:
         try:
             return await it.__anext__()
         except StopAsyncIteration:
@@ -123,11 +143,16 @@ async def _pull(it: AsyncIterator[Produced], abort: anyio.Event | None) -> objec
     result: object = _ABORTED
     async with anyio.create_task_group() as tg:
 
-        async def watch() -> None:
-            await abort.wait()
+        async def watch(event: anyio.Event, outcome: object) -> None:
+            nonlocal result
+            await event.wait()
+            result = outcome
             tg.cancel_scope.cancel()
 
-        tg.start_soon(watch)
+        if abort is not None:
+            tg.start_soon(watch, abort, _ABORTED)
+        if stop is not None:
+            tg.start_soon(watch, stop, _STOPPED)
         try:
             result = await it.__anext__()
         except StopAsyncIteration:
@@ -148,14 +173,18 @@ async def pipe_to_run_log(
     journal_offset: int = 0,
     clock: Callable[[], float] = time.time,
     close_timeout: float = 5.0,
+    stop: anyio.Event | None = None,
 ) -> PipeResult:
     """Append ``events`` to ``run_id``'s log under claim ``epoch`` and finish the run.
 
     ``journal_offset`` is where the producer started reading the journal (carried by
-    synthetic events before any real one). Never raises, except to propagate a cancellation
-    from outside after recording ``aborted`` and closing.
+    synthetic events before any real one). ``stop`` (detach): when set, the pipe stops
+    between batches and returns without a status or a close, so the run stays open for a
+    successor; ``abort`` wins when both are set. Never raises, except to propagate a
+    cancellation from outside after recording ``aborted`` and closing.
     """
     it = aiter(events)
+    stopped = False
     status: RunStatus | None = None
     error: RunError | None = None
     exit_code: int | None = None
@@ -168,7 +197,16 @@ async def pipe_to_run_log(
             if abort is not None and abort.is_set():
                 status = RunStatus.ABORTED
                 break
-            item = await _pull(it, abort)
+            if stop is not None and stop.is_set():
+                stopped = True
+                break
+            item = await _pull(it, abort, stop)
+            if item is _STOPPED:
+                if abort is not None and abort.is_set():
+                    status = RunStatus.ABORTED
+                else:
+                    stopped = True
+                break
             if item is _ABORTED:
                 status = RunStatus.ABORTED
             elif item is _END:
@@ -182,12 +220,20 @@ async def pipe_to_run_log(
                     synthesize = True
                 break
             else:
-                event, offset = cast(tuple[Mapping[str, Any], int], item)
+                if isinstance(item, LogBatch):
+                    batch, offset = list(item.events), item.journal_offset
+                    if item.exit_code is not None:
+                        exit_code = item.exit_code
+                else:
+                    event, offset = cast(tuple[Mapping[str, Any], int], item)
+                    batch = [event]
                 if abort is not None and abort.is_set():
                     status = RunStatus.ABORTED  # the event that raced the abort is dropped
                     break
+                if not batch:
+                    continue
                 try:
-                    await store.append(run_id, [(event, offset)], epoch=epoch)
+                    await store.append(run_id, [(e, offset) for e in batch], epoch=epoch)
                 except ClaimLost:
                     lost = True
                     status = RunStatus.ABORTED
@@ -195,11 +241,12 @@ async def pipe_to_run_log(
                 except Exception as exc:  # noqa: BLE001
                     status, error, synthesize = RunStatus.FAILED, error_from_exception(exc), True
                     break
-                appended += 1
+                appended += len(batch)
                 last_journal = offset
-                if event.get("type") == RUN_ERROR:
-                    status, error = RunStatus.FAILED, error_from_event(event)
-        if status is None:
+                failure = next((e for e in batch if e.get("type") == RUN_ERROR), None)
+                if failure is not None:
+                    status, error = RunStatus.FAILED, error_from_event(failure)
+        if status is None and not stopped:
             if abort is not None and abort.is_set():
                 status = RunStatus.ABORTED
             elif exit_code is not None and exit_code != 0 and error is None:
@@ -212,32 +259,66 @@ async def pipe_to_run_log(
         # Runs on every path, cancellation included: shielded so the record and the log
         # always reach their end state.
         with anyio.CancelScope(shield=True):
-            if status is None:  # cancelled from outside mid-pipe
-                status = RunStatus.ABORTED
-            if status is RunStatus.ABORTED and error is None:
-                error = RunError("the run was aborted", "aborted")
-                synthesize = True
-            result = await _finish(
-                store,
-                run_id,
-                epoch,
-                status=status,
-                error=error,
-                exit_code=exit_code,
-                synthesize=synthesize,
-                lost=lost,
-                last_journal=last_journal,
-                appended=appended,
-                clock=clock,
-            )
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                with anyio.move_on_after(close_timeout):
-                    try:
-                        await aclose()
-                    except Exception as exc:  # noqa: BLE001
-                        log.debug("closing the producer of run %s failed: %s", run_id, exc)
+            if stopped:
+                result = PipeResult(
+                    status=RunStatus.RUNNING,
+                    record=None,
+                    claim_lost=False,
+                    error=None,
+                    exit_code=None,
+                    appended=appended,
+                    stopped=True,
+                )
+            else:
+                result = await _finish_status(
+                    store, run_id, epoch, status, error, exit_code, synthesize, lost,
+                    last_journal, appended, clock,
+                )
+            await _aclose(it, run_id, close_timeout)
     return result
+
+
+async def _finish_status(
+    store: PipeStore,
+    run_id: str,
+    epoch: int,
+    status: RunStatus | None,
+    error: RunError | None,
+    exit_code: int | None,
+    synthesize: bool,
+    lost: bool,
+    last_journal: int,
+    appended: int,
+    clock: Callable[[], float],
+) -> PipeResult:
+    if status is None:  # cancelled from outside mid-pipe
+        status = RunStatus.ABORTED
+    if status is RunStatus.ABORTED and error is None:
+        error = RunError("the run was aborted", "aborted")
+        synthesize = True
+    return await _finish(
+        store,
+        run_id,
+        epoch,
+        status=status,
+        error=error,
+        exit_code=exit_code,
+        synthesize=synthesize,
+        lost=lost,
+        last_journal=last_journal,
+        appended=appended,
+        clock=clock,
+    )
+
+
+async def _aclose(it: AsyncIterator[Produced], run_id: str, timeout: float) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        with anyio.move_on_after(timeout):
+            try:
+                await aclose()
+            except Exception as exc:  # noqa: BLE001
+                log.debug("closing the producer of run %s failed: %s", run_id, exc)
 
 
 async def _finish(

@@ -273,8 +273,22 @@ class RunStore(Protocol):
         """All runs of the thread, oldest first."""
         ...
 
-    async def list_reclaimable(self, now: float, ttl: float) -> list[RunRecord]:
-        """Running runs with ``detached_since <= now - ttl`` (inclusive). Order unspecified."""
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs first (by start time), optionally only those with ``status``."""
+        ...
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        """Running runs with ``detached_since <= now - ttl`` (inclusive), oldest
+        ``detached_since`` first (ties in creation order), at most ``limit`` of them.
+
+        The order makes a capped sweep make progress: the oldest runs are the first to
+        expire and leave the listing. A backend must answer a ``limit`` in time that grows
+        with ``limit``, not with the number of detached runs (an index, a ``LIMIT``).
+        """
         ...
 
     async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
@@ -298,10 +312,14 @@ class ClaimStore(Protocol):
         now: float | None = None,
         clear_detached: bool = False,
         allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
     ) -> Claim:
         """Take the lease. Raises :class:`ClaimRefused` (unknown, terminal, cancelled unless
         ``allow_cancelled``, or held by an unexpired lease) having changed nothing.
-        ``clear_detached`` clears ``detached_since`` in the same transaction."""
+        ``clear_detached`` clears ``detached_since`` in the same transaction.
+        ``break_lease_of``: take the claim even though a live lease exists, but only when
+        that lease's owner is exactly this string (compare-and-swap; the caller proved that
+        owner dead, or is cancelling). The epoch bump fences the old owner."""
         ...
 
     async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:

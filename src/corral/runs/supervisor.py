@@ -76,6 +76,10 @@ class AgentSpec:
     cwd: str | None = None
     stdin: bytes | None = None
     """Bytes written to the agent's stdin, which is then closed; ``None`` = ``/dev/null``."""
+    redact: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """``{secret value or encoding: name}``. When given, the agent's stdout and stderr pass
+    through the supervisor, which writes them to the journal and the sidecar with every
+    occurrence replaced by ``[REDACTED:NAME]``: secret values never reach a file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,7 @@ def launch_supervised(
             "env": dict(spec.env),
             "cwd": spec.cwd,
             "stdin": base64.b64encode(spec.stdin).decode() if spec.stdin is not None else None,
+            "redact": dict(spec.redact),
             "journal": str(paths.journal),
             "stderr": str(paths.stderr),
             "status": str(paths.status),
@@ -386,14 +391,17 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     signal.signal(signal.SIGINT, forward)
 
     spawn_error: str | None = None
+    redact: dict[str, str] = job.pop("redact", None) or {}
     try:
         agent = subprocess.Popen(
             job["argv"],
             env=job["env"],
             cwd=job.get("cwd"),
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
+            # Without secrets the agent writes straight to the files (nothing in between can
+            # die); with secrets its output passes through this process to be redacted.
+            stdout=subprocess.PIPE if redact else out_fd,
+            stderr=subprocess.PIPE if redact else err_fd,
             close_fds=True,
             start_new_session=True,
         )
@@ -417,10 +425,94 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
         forward(signum, None)
     if stdin_data is not None and agent.stdin is not None:
         threading.Thread(target=_feed, args=(agent.stdin, stdin_data), daemon=True).start()
+    pumps = []
+    if redact:
+        for pipe, fd in ((agent.stdout, out_fd), (agent.stderr, err_fd)):
+            pump = threading.Thread(target=_pump, args=(pipe, fd, redact), daemon=True)
+            pump.start()
+            pumps.append(pump)
     rc = agent.wait()
     code, sig = (128 - rc, -rc) if rc < 0 else (rc, None)
+    kill_stragglers = bool(job.get("kill_stragglers", True))
+    if pumps:
+        if kill_stragglers:
+            _kill_group(agent.pid)
+        for pump in pumps:  # output of escaped stragglers after this is dropped
+            pump.join(timeout=2.0)
     return _finish(out_fd, status_path, nonce, me, my_start, agent.pid, agent_start, code, sig,
-                   None, kill_stragglers=bool(job.get("kill_stragglers", True)))
+                   None, kill_stragglers=kill_stragglers)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(pipe: Any, fd: int, table: dict[str, str]) -> None:
+    """Copy ``pipe`` to ``fd`` with every secret in ``table`` redacted, without delaying
+    complete lines (only a possible secret prefix at the end of a partial line waits)."""
+    redactor = StreamRedactor(table)
+    try:
+        while True:
+            chunk = os.read(pipe.fileno(), 1 << 16)
+            if not chunk:
+                break
+            out = redactor.feed(chunk)
+            if out:
+                _write_all(fd, out)
+        tail = redactor.flush()
+        if tail:
+            _write_all(fd, tail)
+    except OSError:
+        pass
+
+
+class StreamRedactor:
+    """Redacts a byte stream chunk by chunk; a secret split across chunks is still found.
+
+    Bytes are held back only while they could still be the start of a secret: at most the
+    longest secret minus one byte, and none after a newline when no secret holds one.
+    """
+
+    def __init__(self, table: dict[str, str]) -> None:
+        import re
+
+        ordered = sorted(table, key=len, reverse=True)
+        self._names = {v.encode(): n for v, n in table.items()}
+        self._re = re.compile(b"|".join(re.escape(v.encode()) for v in ordered))
+        self._hold = max((len(v.encode()) for v in ordered), default=1) - 1
+        self._nl_safe = not any(b"\n" in v.encode() for v in ordered)
+        self._buf = b""
+
+    def _sub(self, data: bytes, safe: int) -> tuple[bytes, int]:
+        out: list[bytes] = []
+        pos = 0
+        for m in self._re.finditer(data):
+            if m.start() >= safe:
+                break
+            out.append(data[pos : m.start()])
+            out.append(b"[REDACTED:" + self._names[m.group(0)].encode() + b"]")
+            pos = m.end()
+        end = max(pos, safe)
+        out.append(data[pos:end])
+        return b"".join(out), end
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._buf + chunk
+        safe = len(data) - self._hold
+        if self._nl_safe:
+            safe = max(safe, data.rfind(b"\n") + 1)
+        safe = max(0, safe)
+        out, end = self._sub(data, safe)
+        self._buf = data[end:]
+        return out
+
+    def flush(self) -> bytes:
+        out, _ = self._sub(self._buf, len(self._buf))
+        self._buf = b""
+        return out
 
 
 def _feed(pipe: Any, data: bytes) -> None:

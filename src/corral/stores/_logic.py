@@ -33,6 +33,22 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
+def check_cap(limit: int | None) -> int | None:
+    """A listing cap must be ``None`` (no cap) or an integer >= 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise StoreError(f"limit must be an integer >= 0 or None, got {limit!r}")
+    return limit
+
+
+def check_limit(limit: int) -> int:
+    """A listing limit must be a whole number from 1 to 10,000."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise StoreError(f"limit must be a whole number from 1 to 10000, got {limit!r}")
+    return limit
+
+
 def claim_transition(
     record: RunRecord | None,
     run_id: str,
@@ -42,6 +58,7 @@ def claim_transition(
     *,
     clear_detached: bool,
     allow_cancelled: bool,
+    break_lease_of: str | None = None,
 ) -> tuple[RunRecord, Claim]:
     """The record after a successful claim, or :class:`ClaimRefused` (nothing to write)."""
     ttl = check_ttl(ttl)
@@ -53,7 +70,9 @@ def claim_transition(
         raise ClaimRefused(run_id, RefusalReason.TERMINAL, f"status {record.status.value}")
     if record.cancel_requested is True and not allow_cancelled:
         raise ClaimRefused(run_id, RefusalReason.CANCELLED, "a cancel was requested")
-    if record.lease_live(now):
+    if record.lease_live(now) and not (
+        break_lease_of is not None and record.claim_owner == break_lease_of
+    ):
         raise ClaimRefused(
             run_id,
             RefusalReason.HELD,

@@ -114,15 +114,28 @@ class MemoryStore:
         runs = [r for r in self._runs.values() if r.thread_id == thread_id]
         return sorted(runs, key=lambda r: r.started_at)
 
-    async def list_reclaimable(self, now: float, ttl: float) -> list[RunRecord]:
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        runs = [r for r in self._runs.values() if status is None or r.status is status]
+        return sorted(runs, key=lambda r: r.started_at, reverse=True)[:limit]
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
         cutoff = now - ttl
-        return [
+        count = _logic.check_cap(limit)
+        found = [
             r
             for r in self._runs.values()
             if r.status is RunStatus.RUNNING
             and r.detached_since is not None
             and r.detached_since <= cutoff
         ]
+        # Stable sort: ties keep creation (insertion) order, as in SQLite.
+        found.sort(key=lambda r: r.detached_since or 0.0)
+        return found if count is None else found[:count]
 
     async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
         new = _logic.cancel_transition(self._runs.get(run_id), self._now(now))
@@ -141,6 +154,7 @@ class MemoryStore:
         now: float | None = None,
         clear_detached: bool = False,
         allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
     ) -> Claim:
         new, claim = _logic.claim_transition(
             self._runs.get(run_id),
@@ -150,6 +164,7 @@ class MemoryStore:
             self._now(now),
             clear_detached=clear_detached,
             allow_cancelled=allow_cancelled,
+            break_lease_of=break_lease_of,
         )
         self._runs[run_id] = _frozen(new)
         return claim

@@ -23,7 +23,7 @@ from typing import Any, Final, Self, TypeVar
 import anyio
 import anyio.to_thread
 
-from corral.runs.records import RunPatch, RunRecord
+from corral.runs.records import RunPatch, RunRecord, RunStatus
 from corral.runs.store import (
     Claim,
     InstanceRecord,
@@ -309,14 +309,32 @@ class SQLiteStore:
             )
         )
 
-    async def list_reclaimable(self, now: float, ttl: float) -> list[RunRecord]:
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        args: tuple[object, ...]
+        if status is None:
+            sql, args = "SELECT doc FROM runs ORDER BY started_at DESC, seq DESC LIMIT ?", (limit,)
+        else:
+            sql = "SELECT doc FROM runs WHERE status = ? ORDER BY started_at DESC, seq DESC LIMIT ?"
+            args = (RunStatus(status).value, limit)
+        return await self._read(lambda conn: _records(conn.execute(sql, args).fetchall()))
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
         cutoff = now - ttl
+        count = _logic.check_cap(limit)
+        # Walks the (status, detached_since) index in order; seq is the rowid, which every
+        # SQLite index carries, so the tie-break needs no sort and LIMIT stops the scan.
         return await self._read(
             lambda conn: _records(
                 conn.execute(
                     "SELECT doc FROM runs WHERE status = 'running' "
-                    "AND detached_since IS NOT NULL AND detached_since <= ? ORDER BY seq",
-                    (cutoff,),
+                    "AND detached_since IS NOT NULL AND detached_since <= ? "
+                    "ORDER BY detached_since, seq LIMIT ?",
+                    (cutoff, -1 if count is None else count),
                 ).fetchall()
             )
         )
@@ -344,6 +362,7 @@ class SQLiteStore:
         now: float | None = None,
         clear_detached: bool = False,
         allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
     ) -> Claim:
         at = self._now(now)
 
@@ -356,6 +375,7 @@ class SQLiteStore:
                 at,
                 clear_detached=clear_detached,
                 allow_cancelled=allow_cancelled,
+                break_lease_of=break_lease_of,
             )
             _save(conn, new)
             return claim

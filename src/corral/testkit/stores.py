@@ -38,11 +38,13 @@ from corral.runs.store import (
     RefusalReason,
     RunExists,
     Store,
+    StoreError,
     UnknownRun,
 )
 
 __all__ = [
     "TestClaims",
+    "TestListRuns",
     "TestEventLog",
     "TestInstanceStore",
     "TestNamedLock",
@@ -216,6 +218,21 @@ class TestRunStoreContract:
         found = await store.list_reclaimable(now=T0 + 200, ttl=0)
         assert sorted(r.run_id for r in found) == ["at-cutoff", "younger"]
 
+    async def test_list_reclaimable_oldest_first_and_limit(self, store: Store) -> None:
+        for name, since in [("b", 30), ("a", 10), ("tie-1", 20), ("tie-2", 20), ("young", 90)]:
+            await _run(store, name)
+            await store.update(name, RunPatch(detached_since=T0 + since))
+        await _run(store, "attached")
+        found = await store.list_reclaimable(now=T0 + 50, ttl=0)
+        assert [r.run_id for r in found] == ["a", "tie-1", "tie-2", "b"]
+        found = await store.list_reclaimable(now=T0 + 50, ttl=0, limit=2)
+        assert [r.run_id for r in found] == ["a", "tie-1"]
+        assert await store.list_reclaimable(now=T0 + 50, ttl=0, limit=0) == []
+        found = await store.list_reclaimable(now=T0 + 100, ttl=0, limit=10)
+        assert [r.run_id for r in found] == ["a", "tie-1", "tie-2", "b", "young"]
+        with pytest.raises(StoreError, match="limit"):
+            await store.list_reclaimable(now=T0, ttl=0, limit=-1)
+
     async def test_request_cancel_is_sticky_and_atomic(self, store: Store) -> None:
         assert await store.request_cancel("ghost") is None
         await _run(store, "r")
@@ -235,6 +252,22 @@ class TestRunStoreContract:
         usage["input_tokens"] = 999
         got = await store.get("r")
         assert got is not None and got.usage == {"input_tokens": 1}
+
+
+@pytest.mark.anyio
+class TestListRuns:
+    """``list_runs``: newest first, filtered by status, limited."""
+
+    async def test_newest_first_with_status_filter_and_limit(self, store: Store) -> None:
+        for i in range(5):
+            await store.create(NewRun(run_id=f"r{i}", thread_id="t", started_at=T0 + i), now=T0 + i)
+        await store.update("r3", RunPatch(status=RunStatus.COMPLETED))
+        assert [r.run_id for r in await store.list_runs()] == ["r4", "r3", "r2", "r1", "r0"]
+        assert [r.run_id for r in await store.list_runs(limit=2)] == ["r4", "r3"]
+        done = await store.list_runs(status=RunStatus.COMPLETED)
+        assert [r.run_id for r in done] == ["r3"]
+        with pytest.raises(StoreError):
+            await store.list_runs(limit=0)
 
 
 @pytest.mark.anyio
@@ -289,6 +322,18 @@ class TestClaims:
             await store.acquire_claim("r", "b", 10, now=T0 + 9.9)
         taken = await store.acquire_claim("r", "b", 10, now=T0 + 10)  # expiry is inclusive
         assert taken.epoch == 2
+
+    async def test_break_lease_only_of_the_named_owner(self, store: Store) -> None:
+        await _run(store, "r")
+        await store.acquire_claim("r", "dead-driver", 30, now=T0)
+        with pytest.raises(ClaimRefused) as info:
+            await store.acquire_claim("r", "b", 10, now=T0 + 1, break_lease_of="someone-else")
+        assert info.value.reason is RefusalReason.HELD
+        taken = await store.acquire_claim("r", "b", 10, now=T0 + 1, break_lease_of="dead-driver")
+        assert taken.epoch == 2
+        # the broken owner is fenced: its appends no longer land
+        with pytest.raises(ClaimLost):
+            await store.append("r", [({"type": "CUSTOM"}, 0)], epoch=1)
 
     async def test_renew_and_loss(self, store: Store) -> None:
         await _run(store, "r")

@@ -1,0 +1,239 @@
+"""HTTP service under load: event delivery latency over SSE, and memory per idle viewer.
+
+Usage: python bench/serve_load.py [--viewers 200] [--runs 50] [--lines N]
+
+A `corral serve` process (SQLite store, bubblewrap sandboxes) on 127.0.0.1; this process is
+the viewers (raw asyncio sockets, one event loop). Agents print lines carrying their
+wall-clock send time; latency = the time a viewer has the SSE frame - that send time, so it
+covers journal -> translation -> store -> server fan-out -> socket -> client parse.
+
+1. One run, --viewers concurrent SSE viewers (a line every 50 ms).
+2. --runs concurrent runs, one viewer each (a line every 200 ms per run).
+3. Memory: a fresh server's RSS before and after --viewers viewers connect to a quiet run
+   (after 10 warm-up viewers came and went).
+
+Loopback only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+AGENT = (
+    "import time,sys\n"
+    "time.sleep(max(0.0, {start} - time.time()))\n"
+    "for i in range({n}):\n"
+    "    sys.stdout.write('T%.6f\\n' % time.time()); sys.stdout.flush(); time.sleep({every})\n"
+)
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+class Server:
+    def __init__(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+        env["CORRAL_HOME"] = str(home)
+        env.pop("CORRAL_API_TOKEN", None)
+        env.pop("CORRAL_STORE", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.server", "--port", "0", "--no-reaper",
+             "--log-level", "warning", "--max-active-runs", "500"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+        ready = threading.Event()
+        self.url = ""
+
+        def drain() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                if line.startswith("corral: serving on "):
+                    self.url = line.split()[3]
+                    ready.set()
+                elif "WARNING" in line or "ERROR" in line:
+                    sys.stderr.write("server: " + line)
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not ready.wait(60) or not self.url:
+            raise SystemExit("server did not start")
+        self.host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        self.port = int(port)
+
+    def start(self, n: int, every: float, start_at: float) -> str:
+        body = json.dumps({"thread_id": "bench", "command": [
+            "python3", "-c", AGENT.format(n=n, every=every, start=start_at)]}).encode()
+        req = urllib.request.Request(f"{self.url}/v1/runs", data=body, method="POST",
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            run_id: str = json.load(r)["run_id"]
+        return run_id
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+async def viewer(server: Server, run_id: str, samples: list[float], connected: asyncio.Event,
+                 counter: list[int], total: int, deadline: float) -> int:
+    """One SSE connection; appends a latency sample per timestamped event; returns the
+    number of events seen."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: {server.host}\r\n"
+                 "Accept: text/event-stream\r\n\r\n".encode())
+    await writer.drain()
+    seen = 0
+    try:
+        while True:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                break
+            line = await asyncio.wait_for(reader.readline(), remaining)
+            if not line:
+                break
+            if line.startswith(b"retry:"):
+                counter[0] += 1
+                if counter[0] >= total:
+                    connected.set()
+                continue
+            if line.startswith(b"event: end"):
+                break
+            if line.startswith(b"data: ") and b'"delta":"' in line:
+                now = time.time()
+                seen += 1
+                delta = line.split(b'"delta":"', 1)[1].split(b'"', 1)[0]
+                for part in delta.split(b"\\n"):
+                    if part.startswith(b"T"):
+                        samples.append(now - float(part[1:]))
+    except TimeoutError:
+        pass
+    finally:
+        writer.close()
+    return seen
+
+
+async def fan_out(server: Server, viewers: int, lines: int) -> dict[str, float]:
+    start_at = time.time() + 8
+    run_id = server.start(lines, 0.05, start_at)
+    samples: list[float] = []
+    connected = asyncio.Event()
+    counter = [0]
+    deadline = start_at + lines * 0.05 + 30
+    tasks = [asyncio.create_task(viewer(server, run_id, samples, connected, counter, viewers,
+                                        deadline)) for _ in range(viewers)]
+    await asyncio.wait_for(connected.wait(), 30)
+    if time.time() > start_at:
+        print("warning: viewers connected after the agent started", file=sys.stderr)
+    await asyncio.gather(*tasks)
+    return summary(samples, expected=viewers * lines)
+
+
+async def many_runs(server: Server, runs: int, lines: int) -> dict[str, float]:
+    start_at = time.time() + 2.0 + runs * 0.25
+    run_ids = [server.start(lines, 0.2, start_at) for _ in range(runs)]
+    samples: list[float] = []
+    connected = asyncio.Event()
+    counter = [0]
+    deadline = start_at + lines * 0.2 + 30
+    tasks = [asyncio.create_task(viewer(server, r, samples, connected, counter, runs, deadline))
+             for r in run_ids]
+    await asyncio.wait_for(connected.wait(), 30)
+    if time.time() > start_at:
+        print("warning: viewers connected after the agents started", file=sys.stderr)
+    await asyncio.gather(*tasks)
+    return summary(samples, expected=runs * lines)
+
+
+async def idle_memory(server: Server, viewers: int) -> dict[str, float]:
+    run_id = server.start(1, 0.0, time.time() + 120)  # quiet for two minutes
+    pid = server.proc.pid
+    connected = asyncio.Event()
+    counter = [0]
+    warm = [asyncio.create_task(viewer(server, run_id, [], connected, counter, 10,
+                                       time.time() + 3)) for _ in range(10)]
+    await asyncio.gather(*warm)  # first-use allocations out of the way
+    await asyncio.sleep(1)
+    before = rss_kib(pid)
+    connected = asyncio.Event()
+    counter = [0]
+    deadline = time.time() + 60
+    tasks = [asyncio.create_task(viewer(server, run_id, [], connected, counter, viewers,
+                                        deadline)) for _ in range(viewers)]
+    await asyncio.wait_for(connected.wait(), 30)
+    await asyncio.sleep(2)
+    after = rss_kib(pid)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    urllib.request.urlopen(urllib.request.Request(
+        f"{server.url}/v1/runs/{run_id}/cancel", method="POST"), timeout=60).close()
+    return {"before_kib": before, "after_kib": after,
+            "per_viewer_kib": (after - before) / viewers}
+
+
+def summary(samples: list[float], expected: int) -> dict[str, float]:
+    ms = [s * 1000 for s in samples]
+    return {"events": len(ms), "expected": expected, "p50_ms": pct(ms, 50),
+            "p99_ms": pct(ms, 99), "max_ms": max(ms), "mean_ms": statistics.fmean(ms)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--viewers", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--lines", type=int, default=200,
+                        help="lines of the fan-out run (the many-runs case prints a quarter)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="corral-serve-bench-") as tmp:
+        server = Server(Path(tmp))
+        try:
+            a = asyncio.run(fan_out(server, args.viewers, args.lines))
+            print(f"1 run, {args.viewers} SSE viewers, {args.lines} lines 50 ms apart: "
+                  f"delivered {a['events']}/{a['expected']}  p50 {a['p50_ms']:.1f} ms  "
+                  f"p99 {a['p99_ms']:.1f} ms  max {a['max_ms']:.1f} ms")
+            lines = max(1, args.lines // 4)
+            b = asyncio.run(many_runs(server, args.runs, lines))
+            print(f"{args.runs} runs, 1 viewer each, {lines} lines 200 ms apart: "
+                  f"delivered {b['events']}/{b['expected']}  p50 {b['p50_ms']:.1f} ms  "
+                  f"p99 {b['p99_ms']:.1f} ms  max {b['max_ms']:.1f} ms")
+        finally:
+            server.stop()
+        # A fresh server, so memory freed by the viewers above does not hide the cost.
+        server = Server(Path(tmp) / "memory")
+        try:
+            m = asyncio.run(idle_memory(server, args.viewers))
+            print(f"memory: {args.viewers} idle viewers: server RSS {m['before_kib'] / 1024:.1f} "
+                  f"-> {m['after_kib'] / 1024:.1f} MiB, {m['per_viewer_kib']:.1f} KiB per viewer")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Harnesses by name. A run's record keeps the harness name and its spec, so any host can
+rebuild the same harness (and so the same translator) to continue the run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from corral.errors import ConfigError
+from corral.harness.base import Harness
+from corral.harness.command import CommandHarness
+
+HarnessFactory = Callable[[Mapping[str, Any]], Harness]
+
+
+def _command(spec: Mapping[str, Any]) -> Harness:
+    argv = spec.get("argv")
+    if not isinstance(argv, list | tuple) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ConfigError("the command harness needs a command: a non-empty list of strings")
+    return CommandHarness(list(argv))
+
+
+_FACTORIES: dict[str, HarnessFactory] = {"command": _command}
+
+
+def register_harness(name: str, factory: HarnessFactory) -> None:
+    """Make ``name`` available to runs (``factory`` builds the harness from the run spec)."""
+    _FACTORIES[name] = factory
+
+
+def harness_names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def build_harness(name: str, spec: Mapping[str, Any]) -> Harness:
+    """The harness called ``name`` configured from a run's ``spec``."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ConfigError(
+            f"unknown harness {name!r}: choose one of {', '.join(harness_names())}"
+        )
+    return factory(spec)

@@ -1,0 +1,198 @@
+"""The reaper's collaborators for runs started by :class:`corral.runs.runner.Runner`, and
+one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
+
+- ``probe``: :func:`corral.runs.probe.probe_run_exit` (the journal's tail);
+- ``drive``: :func:`journal_drive` continues the harness translation after the journal
+  offset stored with the last logged event, one atomic batch per journal item;
+- ``stop``: :func:`journal_stop` stops an expired run's agent through its supervisor;
+- ``reclaim``: :func:`record_reclaimer` destroys the run's sandbox, found through its
+  instance record (``sandbox_key``) or the ``sandbox_ref`` the Runner stores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+
+from corral.harness.base import Harness, RunContext, translate_run
+from corral.harness.events import event_to_dict
+from corral.harness.registry import build_harness
+from corral.runs.pipe import LogBatch, Produced
+from corral.runs.probe import journal_location, probe_run_exit
+from corral.runs.prune import PruneResult, prune_journals
+from corral.runs.quiesce import DEFAULT_QUIET
+from corral.runs.reap import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_RUNS,
+    Drive,
+    ReapResult,
+    ReapStore,
+    reap_detached_runs,
+)
+from corral.runs.reclaim import (
+    DEFAULT_DESTROY_TIMEOUT,
+    ReclaimOutcome,
+    ReclaimProvider,
+    SandboxReclaimFailedError,
+    sandbox_reclaimer,
+)
+from corral.runs.records import RunRecord
+from corral.runs.store import InstanceStore, Store
+from corral.runs.supervisor import kill_supervised_async
+from corral.sandbox.contracts import SandboxRef
+from corral.sandbox.redact import Redactor
+
+__all__ = [
+    "journal_drive",
+    "journal_stop",
+    "reap_runner_runs",
+    "record_reclaimer",
+]
+
+log = logging.getLogger("corral.runs.reaping")
+
+STOP_GRACE: Final = 2.0
+"""Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
+
+
+def _default_harness(record: RunRecord) -> Harness:
+    return build_harness(record.harness or "command", record.spec or {})
+
+
+def journal_drive(
+    store: ReapStore,
+    harness_for: Callable[[RunRecord], Harness] | None = None,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+) -> Drive:
+    """A ``drive`` that continues a run from where its log stopped.
+
+    It reads the journal offset stored with the last logged event (``None``: nothing was
+    logged, start with the harness's start batch), resumes the translation there, and yields
+    one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the
+    exit code. ``harness_for`` rebuilds the run's harness (default: from the record's
+    ``harness`` and ``spec``, as the Runner does); ``redactor_for`` gives the redactor of the
+    run's secrets, applied to every event before it is logged.
+    """
+    pick = harness_for or _default_harness
+
+    async def events(record: RunRecord) -> AsyncIterator[Produced]:
+        paths, nonce = journal_location(record)
+        tail = await store.tail(record.run_id)
+        ctx = RunContext(record.run_id, record.thread_id)
+        batches = translate_run(pick(record), ctx, paths, nonce=nonce,
+                                after=tail.last_journal_offset)
+        redactor = redactor_for(record) if redactor_for is not None else None
+        try:
+            async for batch in batches:
+                exit = batch.exit
+                events = [event_to_dict(e) for e in batch.events]
+                if redactor is not None:
+                    events = [redactor.redact_obj(e) for e in events]
+                yield LogBatch(
+                    events,
+                    batch.journal_offset,
+                    exit_code=exit.code if exit is not None else None,
+                )
+                if exit is not None:
+                    return
+        finally:
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+        return events(record)
+
+    return drive
+
+
+async def journal_stop(record: RunRecord) -> None:
+    """Stop the run's agent (SIGTERM, then SIGKILL) and its supervisor."""
+    paths, _ = journal_location(record)
+    await kill_supervised_async(paths, grace=STOP_GRACE, include_supervisor=True)
+
+
+def record_reclaimer(
+    provider_for: Callable[[str], ReclaimProvider],
+    instances: InstanceStore,
+    *,
+    destroy_timeout: float = DEFAULT_DESTROY_TIMEOUT,
+    logger: logging.Logger | None = None,
+) -> Callable[[RunRecord], Awaitable[ReclaimOutcome]]:
+    """A ``reclaim`` callable for runs bound to a sandbox either way corral records it.
+
+    With ``sandbox_key``: the instance record names the provider; :func:`reclaim_sandbox`
+    does the rest (destroy, delete the record regardless). Otherwise with ``sandbox_ref``
+    (``{"provider", "id"}``, a sandbox owned by the run): that provider destroys it. No
+    reference at all → ``no-sandbox-key``. A failed destroy raises
+    :class:`SandboxReclaimFailedError` (the sweep reports ``reclaim-failed``).
+    """
+    logger = logger or log
+
+    async def reclaim(record: RunRecord) -> ReclaimOutcome:
+        if record.sandbox_key is not None:
+            instance = await instances.get_instance(record.sandbox_key)
+            if instance is None:
+                return ReclaimOutcome.NOT_FOUND
+            reclaimer = sandbox_reclaimer(
+                provider_for(instance.provider), instances,
+                destroy_timeout=destroy_timeout, logger=logger,
+            )
+            return await reclaimer(record)  # raises SandboxReclaimFailedError with the cause
+        ref: Any = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if not isinstance(name, str) or not isinstance(sandbox_id, str):
+            return ReclaimOutcome.NO_SANDBOX_KEY
+        try:
+            with anyio.fail_after(destroy_timeout):
+                await provider_for(name).destroy(SandboxRef(name, sandbox_id))
+        except TimeoutError:
+            cause = f"destroy did not finish within {destroy_timeout:g}s"
+        except Exception as exc:  # noqa: BLE001 - reported as reclaim-failed
+            cause = str(exc) or type(exc).__name__
+        else:
+            return ReclaimOutcome.DESTROYED
+        logger.error("reclaim: run %s: destroying %s sandbox %s failed: %s",
+                     record.run_id, name, sandbox_id, cause)
+        raise SandboxReclaimFailedError(record.run_id, None, f"{name} sandbox {sandbox_id}: {cause}")
+
+    return reclaim
+
+
+async def reap_runner_runs(
+    store: Store,
+    *,
+    provider_for: Callable[[str], ReclaimProvider],
+    ttl: float,
+    max_runs: int = DEFAULT_MAX_RUNS,
+    budget: float = DEFAULT_BUDGET,
+    quiet: float = DEFAULT_QUIET,
+    now: float | None = None,
+    owner: str | None = None,
+    journals_dir: str | None = None,
+    logger: logging.Logger | None = None,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+) -> tuple[ReapResult, PruneResult | None]:
+    """One sweep over Runner-started runs with the collaborators above, then (when
+    ``journals_dir`` is given) one journal prune of that directory."""
+    result = await reap_detached_runs(
+        store,
+        probe=probe_run_exit,
+        drive=journal_drive(store, redactor_for=redactor_for),
+        reclaim=record_reclaimer(provider_for, store, logger=logger),
+        stop=journal_stop,
+        ttl=ttl,
+        now=now,
+        budget=budget,
+        max_runs=max_runs,
+        quiet=quiet,
+        owner=owner,
+        logger=logger,
+    )
+    pruned = None
+    if journals_dir is not None:
+        pruned = await prune_journals(store, journals_dir, now=now, logger=logger)
+    return result, pruned

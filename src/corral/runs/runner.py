@@ -1,0 +1,624 @@
+"""The Runner: start, drive (and take over), watch, detach and cancel durable runs.
+
+One driving path serves every case. ``start`` creates the record, and under a first claim
+makes the sandbox, logs the harness's start batch and launches the supervised agent; then it
+releases the claim. Whoever wants the run to progress calls :meth:`Runner.drive`: it takes a
+claim (breaking the lease of a driver that provably died on this machine, or waiting for a
+remote one's lease to lapse), continues translating the journal after the journal offset
+stored with the last logged event, and pipes the batches into the fenced log. A foreground
+``corral run`` is ``start`` + ``drive``; ``corral attach`` and a takeover are just ``drive``.
+
+Invariants kept here (DESIGN §4):
+
+- every append and every terminal write carries the claim's epoch (the store fences them);
+- a batch (the events of one journal item) is appended atomically with its journal offset,
+  so a successor neither repeats nor skips events;
+- a cancel is recorded in the store first (sticky), then the canceller takes the claim
+  (fencing any live driver), stops the agent, destroys the sandbox and ends the log;
+- leaving (detach) stops driving between batches without a status or a close, and stamps
+  ``detached_since`` unless a cancel is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from corral.errors import ConfigError, CorralError
+from corral.harness.base import AgentRequest, Harness, RunContext, translate_run
+from corral.harness.events import event_to_dict
+from corral.harness.registry import build_harness
+from corral.paths import corral_home
+from corral.providers import get_provider
+from corral.runs.claims import hold_claim
+from corral.runs.journal import JournalError
+from corral.runs.layout import JournalPaths
+from corral.runs.owner import new_owner_id, owner_is_dead
+from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
+from corral.runs.prune import PruneResult
+from corral.runs.reap import ReapResult
+from corral.runs.records import RunPatch, RunRecord
+from corral.runs.sentinel import new_nonce
+from corral.runs.store import (
+    ClaimLost,
+    ClaimRefused,
+    LoggedEvent,
+    NewRun,
+    RefusalReason,
+    Store,
+    UnknownRun,
+)
+from corral.runs.supervisor import AgentSpec, kill_supervised_async, launch_supervised_async
+from corral.sandbox.contracts import Provider
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.ensure import Ensured, _snapshotter, destroy_record, release
+from corral.sandbox.key import RunContext as SandboxContext
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.redact import Redactor
+from corral.sandbox.sources import LocalDir
+
+log = logging.getLogger("corral.runs.runner")
+
+DEFAULT_LEASE_TTL = 10.0
+_POLL = 0.2
+"""How often a waiting driver re-reads the record (takeover of a dead local driver and
+noticing a cancel both happen within about this)."""
+
+
+class RunStartError(CorralError):
+    """The run could not be started; it was recorded as failed with this message."""
+
+
+def lease_ttl_from_env() -> float:
+    """``CORRAL_LEASE_TTL`` in seconds, or the default (10 s)."""
+    raw = os.environ.get("CORRAL_LEASE_TTL")
+    if not raw:
+        return DEFAULT_LEASE_TTL
+    try:
+        ttl = float(raw)
+    except ValueError:
+        raise ConfigError(f"CORRAL_LEASE_TTL must be a number of seconds, got {raw!r}") from None
+    if not 0.5 <= ttl <= 3600:
+        raise ConfigError(f"CORRAL_LEASE_TTL must be between 0.5 and 3600 seconds, got {raw!r}")
+    return ttl
+
+
+def new_run_id() -> str:
+    return "run-" + uuid.uuid4().hex[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """What to run. ``command`` is for the ``command`` harness; ``prompt`` for agent CLIs."""
+
+    command: Sequence[str] | None = None
+    prompt: str | None = None
+    harness: str = "command"
+    run_id: str | None = None
+    thread_id: str | None = None
+    provider: str = "bubblewrap"
+    workspace: str | None = None
+    """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
+    or gives no source)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Harness options (e.g. ``model``)."""
+    sandbox: Sandbox | None = None
+    """The sandbox definition. Default: a fresh ``provider`` sandbox per run, destroyed
+    when the run ends, holding a copy of ``workspace``."""
+
+    def definition(self) -> Sandbox:
+        """The sandbox definition this run uses."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            sandbox = Sandbox(provider=self.provider, lifecycle=Lifecycle(reuse="none"))
+        if self.workspace is not None and sandbox.workspace.source.kind == "none":
+            if not Path(self.workspace).is_dir():
+                raise ConfigError(f"workspace {self.workspace!r} is not a directory")
+            source = LocalDir(str(Path(self.workspace).resolve()))
+            sandbox = replace(sandbox, workspace=replace(sandbox.workspace, source=source))
+        return sandbox
+
+    def spec(self, sandbox: Sandbox) -> dict[str, Any]:
+        out: dict[str, Any] = {**dict(self.options), "sandbox": sandbox.to_dict()}
+        if self.command is not None:
+            out["argv"] = list(self.command)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DriveResult:
+    """How a call to :meth:`Runner.drive` ended: the record as last read, and whether this
+    caller stopped (detached) rather than saw the run end."""
+
+    record: RunRecord
+    detached: bool = False
+
+
+class Runner:
+    """Drives durable runs against one store. Safe to use from many processes at once."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lease_ttl: float | None = None,
+        journals_dir: str | os.PathLike[str] | None = None,
+        provider_config: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.store = store
+        self.lease_ttl = lease_ttl if lease_ttl is not None else lease_ttl_from_env()
+        self.journals_dir = Path(journals_dir) if journals_dir else corral_home() / "journals"
+        self.owner = new_owner_id()
+        self._provider_config = dict(provider_config or {})
+        self._providers: dict[str, Provider] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def provider(self, name: str) -> Provider:
+        """The provider called ``name`` (built once per runner)."""
+        if name not in self._providers:
+            self._providers[name] = get_provider(name, **self._provider_config.get(name, {}))
+        return self._providers[name]
+
+    def _paths(self, record: RunRecord) -> JournalPaths | None:
+        journal = record.journal or {}
+        directory = journal.get("dir")
+        if not isinstance(directory, str):
+            return None
+        return JournalPaths.for_run(directory, record.run_id)
+
+    @staticmethod
+    def _nonce(record: RunRecord) -> str | None:
+        nonce = (record.journal or {}).get("nonce")
+        return nonce if isinstance(nonce, str) else None
+
+    @staticmethod
+    def _harness(record: RunRecord) -> Harness:
+        return build_harness(record.harness or "command", record.spec or {})
+
+    def _definition(self, record: RunRecord) -> Sandbox | None:
+        """Rebuild the run's sandbox definition from its record (secrets are read again from
+        this host's environment; without them the definition is used secret-less)."""
+        data = (record.spec or {}).get("sandbox")
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return Sandbox.from_dict(data)
+        except ConfigError as exc:
+            if not data.get("secrets"):
+                log.error("run %s: its sandbox definition is unusable: %s", record.run_id, exc)
+                return None
+            log.warning("run %s: secrets unavailable on this host (%s); events from here on "
+                        "are redacted only for secrets this host knows", record.run_id, exc)
+            try:
+                return Sandbox.from_dict({k: v for k, v in data.items() if k != "secrets"})
+            except ConfigError:
+                return None
+
+    def redactor_for(self, record: RunRecord) -> Redactor | None:
+        """The redactor of the run's secrets as known on this host (``None``: no secrets)."""
+        sandbox = self._definition(record)
+        if sandbox is None or not len(sandbox.secrets):
+            return None
+        return sandbox.secrets.redactor()
+
+    async def _require(self, run_id: str) -> RunRecord:
+        record = await self.store.get(run_id)
+        if record is None:
+            raise UnknownRun(run_id)
+        return record
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self, request: RunRequest) -> RunRecord:
+        """Create the run, make its sandbox and launch the supervised agent.
+
+        Returns the record once the agent is running; nobody drives it until
+        :meth:`drive` is called. On failure the run is recorded as failed (its log ends
+        with a ``RUN_ERROR``), the new sandbox is destroyed, and :class:`RunStartError` is
+        raised.
+        """
+        sandbox = request.definition()
+        spec = request.spec(sandbox)
+        harness = build_harness(request.harness, spec)
+        agent = harness.build_command(
+            AgentRequest(prompt=request.prompt, env=dict(request.env), options=request.options)
+        )
+        provider = sandbox.get_provider()
+        if not provider.capabilities.host_processes:
+            raise ConfigError(
+                f"provider {provider.name!r} cannot host a supervised agent yet; "
+                "use --provider bubblewrap or local"
+            )
+        run_id = request.run_id or new_run_id()
+        thread_id = request.thread_id or run_id
+        nonce = new_nonce()
+        self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await self.store.create(
+            NewRun(
+                run_id=run_id,
+                thread_id=thread_id,
+                harness=harness.name,
+                spec=spec,
+                journal={"dir": str(self.journals_dir), "nonce": nonce},
+            )
+        )
+        paths = JournalPaths.for_run(self.journals_dir, run_id)
+        ensured: Ensured | None = None
+        sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
+        async with hold_claim(self.store, run_id, self.owner, self.lease_ttl) as held:
+            try:
+                start = harness.translator(RunContext(run_id, thread_id)).start()
+                if start:
+                    await self.store.append(
+                        run_id, [(event_to_dict(e), 0) for e in start], epoch=held.epoch
+                    )
+                ensured = await sandbox.ensure(sctx, store=self.store)
+                handle = ensured.handle
+                await self.store.update(
+                    run_id,
+                    RunPatch(
+                        sandbox_key=ensured.key,
+                        sandbox_ref={"provider": provider.name, "id": handle.id},
+                    ),
+                )
+                # Secrets reach the agent only here: through the supervisor's pipe into the
+                # agent's environment; never the store, the journal or a file.
+                host = handle.host_command(
+                    agent.argv, cwd=agent.cwd, env=ensured.exec_env(agent.env)
+                )
+                launched = await launch_supervised_async(
+                    AgentSpec(
+                        argv=host.argv,
+                        env=host.env,
+                        cwd=host.cwd,
+                        stdin=agent.stdin,
+                        redact=ensured.redactor.table(),
+                    ),
+                    paths,
+                    nonce,
+                )
+                log.info("run %s: agent started (supervisor pid %d)", run_id,
+                         launched.supervisor_pid)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    if ensured is not None:
+                        await self._finish_sandbox(await self._require(run_id), "aborted")
+                    await self._fail_start(run_id, held.epoch, exc, sandbox)
+                if isinstance(exc, Exception):
+                    message = sandbox.secrets.redactor().redact(str(exc))
+                    raise RunStartError(f"run {run_id} could not start: {message}") from None
+                raise
+        return await self._require(run_id)
+
+    async def _fail_start(
+        self, run_id: str, epoch: int, exc: BaseException, sandbox: Sandbox
+    ) -> None:
+        message = sandbox.secrets.redactor().redact(str(exc)) if isinstance(exc, Exception) else ""
+
+        async def failing() -> AsyncIterator[Produced]:
+            raise RunStartError(message or "the start was interrupted")
+            yield  # pragma: no cover
+
+        await pipe_to_run_log(self.store, run_id, failing(), epoch=epoch)
+
+    # ------------------------------------------------------------------ drive
+
+    async def drive(
+        self,
+        run_id: str,
+        *,
+        stop: anyio.Event | None = None,
+        clear_detached: bool = True,
+    ) -> DriveResult:
+        """Make the run progress until it ends, or until ``stop`` is set (then detach).
+
+        Takes the claim when nobody live holds it; while another live driver holds it,
+        waits and takes over as soon as that driver is gone (at once for a dead process on
+        this machine, at lease expiry otherwise).
+
+        ``clear_detached``: the claim clears ``detached_since`` (the caller is a viewer).
+        A server that drives runs whether or not anyone watches passes ``False`` and keeps
+        ``detached_since`` itself, as the mark of viewer absence.
+        """
+        while True:
+            record = await self._require(run_id)
+            if record.terminal:
+                return DriveResult(record)
+            held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
+            if stop is not None and stop.is_set():
+                if held_elsewhere:
+                    # Only a viewer here (another driver holds the run): nothing to stamp.
+                    return DriveResult(record, detached=True)
+                # Nobody drives it: leaving must mark it detached for attach or the reaper.
+                return DriveResult(await self.detach(run_id), detached=True)
+            if record.cancel_requested:
+                if held_elsewhere:
+                    await _wait(stop, _POLL)  # the canceller is ending the run
+                    continue
+                return DriveResult(await self.cancel(run_id))  # a canceller died midway
+            if held_elsewhere:
+                await _wait(stop, _POLL)
+                continue
+            try:
+                result = await self._drive_claimed(record, stop, clear_detached)
+            except ClaimRefused as refused:
+                if refused.reason in (RefusalReason.UNKNOWN, RefusalReason.TERMINAL):
+                    continue  # the loop re-reads and returns
+                await _wait(stop, _POLL)
+                continue
+            except ClaimLost:
+                continue
+            if result is None:
+                continue
+            if result.stopped:
+                return DriveResult(await self.detach(run_id), detached=True)
+            if result.claim_lost:
+                continue
+            final = result.record or await self._require(run_id)
+            await self._finish_sandbox(final, final.status.value)
+            return DriveResult(final)
+
+    async def _drive_claimed(
+        self, record: RunRecord, stop: anyio.Event | None, clear_detached: bool = True
+    ) -> PipeResult | None:
+        run_id = record.run_id
+        paths = self._paths(record)
+        nonce = self._nonce(record)
+        if paths is None or nonce is None:
+            return None
+        breaking = record.claim_owner if owner_is_dead(record.claim_owner) else None
+        async with hold_claim(
+            self.store,
+            run_id,
+            self.owner,
+            self.lease_ttl,
+            clear_detached=clear_detached,
+            break_lease_of=breaking,
+        ) as held:
+            # Appends from any predecessor are fenced from here on, so the tail is final.
+            tail = await self.store.tail(run_id)
+            if tail.closed:
+                return None
+            if not paths.journal.exists():
+                # We hold the claim, so the starter is gone: it died before launching the
+                # agent. Nothing will ever write this journal.
+                await self._stop_agent(record)
+                return await pipe_to_run_log(
+                    self.store, run_id, _never_launched(), epoch=held.epoch
+                )
+            harness = self._harness(record)
+            ctx = RunContext(run_id, record.thread_id)
+            redactor = self.redactor_for(record)
+            abort = anyio.Event()
+            result: PipeResult | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_cancel, run_id, abort)
+                result = await pipe_to_run_log(
+                    self.store,
+                    run_id,
+                    self._produce(
+                        harness, ctx, paths, nonce, tail.last_journal_offset, abort, redactor
+                    ),
+                    epoch=held.epoch,
+                    abort=abort,
+                    stop=stop,
+                    journal_offset=tail.last_journal_offset or 0,
+                )
+                tg.cancel_scope.cancel()
+            return result
+
+    async def _produce(
+        self,
+        harness: Harness,
+        ctx: RunContext,
+        paths: JournalPaths,
+        nonce: str,
+        after: int | None,
+        abort: anyio.Event,
+        redactor: Redactor | None,
+    ) -> AsyncIterator[Produced]:
+        batches = translate_run(harness, ctx, paths, nonce=nonce, after=after, follow=True)
+        try:
+            async for batch in batches:
+                events = [event_to_dict(e) for e in batch.events]
+                if redactor is not None:
+                    events = [redactor.redact_obj(e) for e in events]
+                exit = batch.exit
+                if exit is None:
+                    yield LogBatch(events, batch.journal_offset)
+                    continue
+                # A cancel kills the agent; its exit must not land as a failure.
+                current = await self.store.get(ctx.run_id)
+                if current is not None and current.cancel_requested:
+                    abort.set()
+                    return
+                yield LogBatch(events, batch.journal_offset, exit_code=exit.code)
+                return
+        except JournalError:
+            current = await self.store.get(ctx.run_id)
+            if current is not None and current.cancel_requested:
+                abort.set()
+                return
+            raise
+        finally:
+            await batches.aclose()  # type: ignore[attr-defined]
+
+    async def _watch_cancel(self, run_id: str, abort: anyio.Event) -> None:
+        while not abort.is_set():
+            record = await self.store.get(run_id)
+            if record is None or record.cancel_requested:
+                abort.set()
+                return
+            await anyio.sleep(_POLL)
+
+    async def _finish_sandbox(self, record: RunRecord, outcome: str) -> None:
+        """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
+        an aborted run), or snapshot/keep it for the next run of the thread."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+            try:
+                await self._finish_sandbox_now(record, outcome)
+            except Exception as exc:  # noqa: BLE001
+                log.error("finishing the sandbox of run %s failed: %s", record.run_id, exc)
+
+    async def _finish_sandbox_now(self, record: RunRecord, outcome: str) -> None:
+        sandbox = self._definition(record)
+        key = record.sandbox_key
+        if sandbox is not None and key is None:
+            # The starter died between making the sandbox and recording its key.
+            key = sandbox.key(SandboxContext(thread_id=record.thread_id, run_id=record.run_id))
+        if sandbox is None or key is None:
+            ref = record.sandbox_ref or {}
+            name, sandbox_id = ref.get("provider"), ref.get("id")
+            if isinstance(name, str) and isinstance(sandbox_id, str):
+                await self.provider(name).destroy(sandbox_id)
+            return
+        instance = await self.store.get_instance(key)
+        if instance is None:
+            return
+        provider = sandbox.get_provider()
+        if instance.latest_run_id not in (None, record.run_id) and instance.latest_run_id:
+            latest = await self.store.get(instance.latest_run_id)
+            if latest is not None and not latest.terminal and outcome != "aborted":
+                return  # a later run of the thread uses this sandbox now
+        if sandbox.lifecycle.destroys_on_complete or outcome == "aborted":
+            await destroy_record(
+                provider, instance, self.store, snapshots=_snapshotter(sandbox, provider)
+            )
+            return
+        handle = await provider.resume(instance.provider_sandbox_id)
+        if handle is None:
+            await self.store.delete_instance(key)
+            return
+        ensured = Ensured(handle, key, instance, "resumed", sandbox.secrets)
+        sctx = SandboxContext(thread_id=record.thread_id, run_id=record.run_id)
+        status = outcome if outcome in ("completed", "failed", "aborted") else "failed"
+        await release(sandbox, ensured, sctx, store=self.store, outcome=status)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ reap
+
+    async def reap(
+        self,
+        *,
+        ttl: float,
+        max_runs: int = 25,
+        budget: float = 30.0,
+        now: float | None = None,
+    ) -> tuple[ReapResult, PruneResult | None]:
+        """One reaper sweep over detached runs (finalize, expire, reclaim), then one prune
+        of this runner's journal directory. Never raises for a run's failure."""
+        from corral.runs.reaping import reap_runner_runs
+
+        from corral.sandbox.gc import collect_idle
+
+        journals = self.journals_dir
+        result = await reap_runner_runs(
+            self.store,
+            provider_for=self.provider,
+            ttl=ttl,
+            max_runs=max_runs,
+            budget=budget,
+            now=now,
+            owner=self.owner,
+            journals_dir=str(journals) if journals.is_dir() else None,
+            redactor_for=self.redactor_for,
+        )
+        # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
+        try:
+            report = await collect_idle(self.store, now=now, providers=self._providers)
+            if report.entries:
+                log.info("reap: idle sandboxes: %s", dict(report.counts))
+        except Exception as exc:  # noqa: BLE001 - the sweep never raises
+            log.error("reap: collecting idle sandboxes failed: %s", exc)
+        return result
+
+    # ------------------------------------------------------------------ watch / detach
+
+    def events(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
+        """The run's logged events after offset ``after``, following until the log closes."""
+        return self.store.read(run_id, after)
+
+    async def detach(self, run_id: str) -> RunRecord:
+        """The viewer left: stamp ``detached_since`` (unless the run ended or a cancel is
+        recorded). The agent keeps running; ``drive`` or a reaper picks the run up later."""
+        record = await self._require(run_id)
+        if record.terminal or record.cancel_requested:
+            return record
+        await self.store.update(run_id, RunPatch(detached_since=time.time()))
+        return await self._require(run_id)
+
+    # ------------------------------------------------------------------ cancel
+
+    async def cancel(self, run_id: str) -> RunRecord:
+        """Cancel a run from any process: recorded first, then the agent is stopped, the
+        sandbox destroyed, and the log ended with ``RUN_ERROR`` (status ``aborted``)."""
+        record = await self.store.request_cancel(run_id)
+        if record is None:
+            raise UnknownRun(run_id)
+        for _ in range(100):
+            if record.terminal:
+                return record
+            try:
+                async with hold_claim(
+                    self.store,
+                    run_id,
+                    self.owner,
+                    self.lease_ttl,
+                    allow_cancelled=True,
+                    break_lease_of=record.claim_owner,
+                ) as held:
+                    await self._stop_agent(record)
+
+                    async def nothing() -> AsyncIterator[Produced]:
+                        return
+                        yield  # pragma: no cover
+
+                    stopped = anyio.Event()
+                    stopped.set()
+                    await pipe_to_run_log(self.store, run_id, nothing(), epoch=held.epoch,
+                                          abort=stopped)
+            except ClaimRefused as refused:
+                if refused.reason is RefusalReason.UNKNOWN:
+                    raise UnknownRun(run_id) from None
+                if refused.reason is not RefusalReason.TERMINAL:
+                    await anyio.sleep(0.05)  # the lease changed hands: read again
+            except ClaimLost:
+                pass
+            record = await self._require(run_id)
+        return record
+
+    async def _stop_agent(self, record: RunRecord) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+            paths = self._paths(record)
+            if paths is not None:
+                try:
+                    await kill_supervised_async(paths, grace=0.5)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("stopping the agent of run %s: %s", record.run_id, exc)
+            await self._finish_sandbox(record, "aborted")
+
+
+async def _never_launched() -> AsyncIterator[Produced]:
+    raise RunStartError("the run's starter stopped before it launched the agent")
+    yield  # pragma: no cover
+
+
+def _lease_live(record: RunRecord) -> bool:
+    return record.claim_owner is not None and (record.claim_expires_at or 0) > time.time()
+
+
+async def _wait(stop: anyio.Event | None, seconds: float) -> None:
+    if stop is None:
+        await anyio.sleep(seconds)
+        return
+    with anyio.move_on_after(seconds):
+        await stop.wait()

@@ -1,0 +1,191 @@
+"""Secrets as opaque references.
+
+``Secrets(GITHUB_TOKEN="…")`` holds values; the rest of a definition only ever holds
+:class:`SecretRef` names. Values reach processes only as environment variables at exec
+time (never a create-time spec, a file in the workspace, argv, a store, a log or an
+event). ``repr``, ``str``, pickling and :meth:`Secrets.to_dict` never show a value, and
+every live ``Secrets`` object is known to :func:`corral.sandbox.redact.live_redactor`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from corral.errors import ConfigError
+from corral.sandbox.redact import Redactor, register_live
+
+__all__ = ["SecretRef", "Secrets"]
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """A reference to a secret by name. It carries no value."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"<secret {self.name}>"
+
+
+class Secrets(Mapping[str, SecretRef]):
+    """A set of named secret values, exposed as :class:`SecretRef` objects.
+
+    ``secrets["TOKEN"]`` and ``secrets.TOKEN`` give the ref; :meth:`resolve` and
+    :meth:`env` give values and are meant for the exec path only.
+    """
+
+    __slots__ = ("__origins", "__values", "__weakref__")
+
+    def __init__(self, values: Mapping[str, str] | None = None, /, **named: str) -> None:
+        merged: dict[str, str] = dict(values or {})
+        for k, val in named.items():
+            if k in merged:
+                raise ConfigError(f"secrets.{k}: given twice")
+            merged[k] = val
+        for name, value in merged.items():
+            if not isinstance(name, str) or not _NAME_RE.match(name):
+                raise ConfigError(
+                    f"secrets: {name!r} is not a valid name; use letters, digits and _ "
+                    "(it becomes an environment variable)"
+                )
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"secrets.{name}: the value must be a non-empty string")
+            if "\x00" in value:
+                raise ConfigError(f"secrets.{name}: the value contains a NUL byte")
+        self.__values = merged
+        self.__origins: dict[str, dict[str, str]] = {}
+        register_live(self)
+
+    # -------------------------------------------------------------- construction
+    @classmethod
+    def from_env(cls, names: Iterable[str], environ: Mapping[str, str] | None = None) -> Secrets:
+        """Read each named secret from the host environment; a missing one is an error."""
+        env = os.environ if environ is None else environ
+        values: dict[str, str] = {}
+        for name in names:
+            if not env.get(name):
+                raise ConfigError(
+                    f"secrets.{name}: environment variable {name} is not set on the host; "
+                    "export it before running corral"
+                )
+            values[name] = env[name]
+        return cls(values)
+
+    @classmethod
+    def from_sources(
+        cls, sources: Mapping[str, Mapping[str, str]], environ: Mapping[str, str] | None = None
+    ) -> Secrets:
+        """Build from ``{NAME: {"env": VAR}}`` or ``{NAME: {"file": PATH}}`` entries."""
+        env = os.environ if environ is None else environ
+        values: dict[str, str] = {}
+        for name, spec in sources.items():
+            if (
+                not isinstance(spec, Mapping)
+                or len(spec) != 1
+                or not (set(spec) <= {"env", "file"})
+            ):
+                raise ConfigError(
+                    f'secrets.{name}: write {{ env = "VAR" }} or {{ file = "PATH" }}; '
+                    "secret values never go in the definition itself"
+                )
+            if "env" in spec:
+                var = spec["env"]
+                if not env.get(var):
+                    raise ConfigError(
+                        f"secrets.{name}: environment variable {var} is not set on the host"
+                    )
+                values[name] = env[var]
+            else:
+                path = Path(spec["file"]).expanduser()
+                try:
+                    values[name] = path.read_text().strip("\n")
+                except OSError as exc:
+                    raise ConfigError(
+                        f"secrets.{name}: cannot read {path}: {exc.strerror}"
+                    ) from None
+        out = cls(values)
+        out.__origins = {name: dict(spec) for name, spec in sources.items()}
+        return out
+
+    def origins(self) -> dict[str, dict[str, str]]:
+        """Where each value was read from (``{"env": VAR}`` / ``{"file": PATH}``), if known."""
+        return {name: dict(spec) for name, spec in self.__origins.items()}
+
+    # -------------------------------------------------------------- mapping of refs
+    def __getitem__(self, name: str) -> SecretRef:
+        if name not in self.__values:
+            raise KeyError(name)
+        return SecretRef(name)
+
+    def __getattr__(self, name: str) -> SecretRef:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no secret named {name!r}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.__values))
+
+    def __len__(self) -> int:
+        return len(self.__values)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.__values))
+
+    # -------------------------------------------------------------- values (exec path only)
+    def resolve(self, ref: SecretRef | str) -> str:
+        """The value behind a ref; raises :class:`ConfigError` for an unknown name."""
+        name = ref.name if isinstance(ref, SecretRef) else ref
+        try:
+            return self.__values[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown secret {name!r}; defined: {', '.join(self.names()) or 'none'}"
+            ) from None
+
+    def env(self) -> dict[str, str]:
+        """``NAME -> value`` for a process environment at exec time."""
+        return dict(self.__values)
+
+    def redactor(self) -> Redactor:
+        """A redactor that knows exactly these values."""
+        return Redactor(self.__values)
+
+    def merged(self, other: Secrets) -> Secrets:
+        """A new set with ``other``'s values added (``other`` wins on a clash)."""
+        out = dict(self.__values)
+        out.update(other.__values)
+        merged = Secrets(out)
+        merged.__origins = {**self.__origins, **other.__origins}
+        return merged
+
+    def _redaction_items(self) -> Iterable[tuple[str, str]]:
+        return self.__values.items()
+
+    # -------------------------------------------------------------- never leak
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data without values (names only)."""
+        return {"names": list(self.names())}
+
+    def __repr__(self) -> str:
+        return f"Secrets({', '.join(f'{n}=<secret>' for n in self.names())})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("Secrets cannot be pickled (values never leave the process)")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)

@@ -1,0 +1,260 @@
+"""File events from a sandbox's workspace: create / change / delete, with diffs.
+
+On host-directory providers (local, bubblewrap) the workspace is a host directory, so a
+recursive inotify watch (ctypes, no extra dependency; the same mechanism the journal
+follower uses) sees every change at once, with no polling and no tree walks. Ignored
+directories (``.git``, ``node_modules``, ``.corral`` by default) are pruned: never watched,
+never walked.
+
+:func:`watch_workspace` runs the watcher for the duration of a ``async with`` block and
+hands each event to the definition's hooks. :class:`GitBaseline` gives each event a
+``diff()`` against the workspace state when watching began (``git stash create``, else
+``HEAD``); a file absent at the baseline gets a synthesized add patch, a git-ignored file
+an empty diff.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import struct
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from corral.sandbox.contracts import Handle, UnsupportedCapability
+from corral.sandbox.hooks import FileEvent, FileEventKind, Hooks
+from corral.sandbox.redact import get_logger
+
+__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WorkspaceWatcher", "watch_workspace"]
+
+log = get_logger("corral.sandbox.watch")
+
+DEFAULT_IGNORE = (".git", "node_modules", ".corral", "__pycache__", ".venv")
+
+IN_MODIFY = 0x002
+IN_CLOSE_WRITE = 0x008
+IN_MOVED_FROM = 0x040
+IN_MOVED_TO = 0x080
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_DELETE_SELF = 0x400
+IN_IGNORED = 0x8000
+IN_ISDIR = 0x40000000
+IN_Q_OVERFLOW = 0x4000
+IN_ONLYDIR = 0x01000000
+IN_DONT_FOLLOW = 0x02000000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+_MASK = IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
+_HEADER = struct.Struct("iIII")
+
+
+class WorkspaceWatcher:
+    """A recursive inotify watch on a host directory, yielding ``(kind, relpath)``."""
+
+    def __init__(self, root: str | Path, ignore: Iterable[str] = DEFAULT_IGNORE) -> None:
+        self.root = Path(root)
+        self.ignore = frozenset(ignore)
+        libc_name = ctypes.util.find_library("c")
+        self._libc = ctypes.CDLL(libc_name or None, use_errno=True)
+        if not hasattr(self._libc, "inotify_init1"):
+            raise UnsupportedCapability("host", "file events", "inotify is not available here")
+        fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self._fd = fd
+        self._dirs: dict[int, str] = {}  # watch descriptor -> relative dir ("" = root)
+        self._known: set[str] = set()
+        self._fresh: set[str] = set()  # created, first close-write is part of the create
+        self._add_tree("", initial=True)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _add_tree(self, rel_dir: str, *, initial: bool) -> list[str]:
+        """Watch ``rel_dir`` and everything under it; return files found (for creates)."""
+        found: list[str] = []
+        top = self.root / rel_dir if rel_dir else self.root
+        for dirpath, dirnames, filenames in os.walk(top):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel
+            dirnames[:] = [d for d in dirnames if d not in self.ignore]
+            wd = self._libc.inotify_add_watch(
+                self._fd, os.fsencode(dirpath), _MASK | IN_ONLYDIR | IN_DONT_FOLLOW
+            )
+            if wd < 0:
+                err = ctypes.get_errno()
+                if err == 28:  # ENOSPC: the watch limit
+                    log.warning("inotify watch limit reached at %s; raise fs.inotify.max_user_watches", dirpath)
+                continue
+            self._dirs[wd] = rel
+            for name in filenames:
+                path = f"{rel}/{name}" if rel else name
+                self._known.add(path)
+                found.append(path)
+        return found
+
+    async def events(self) -> AsyncIterator[tuple[FileEventKind, str]]:
+        """Yield events until cancelled."""
+        while True:
+            await anyio.wait_readable(self._fd)
+            try:
+                data = os.read(self._fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            for item in self._parse(data):
+                yield item
+
+    def _parse(self, data: bytes) -> list[tuple[FileEventKind, str]]:
+        out: list[tuple[FileEventKind, str]] = []
+        i = 0
+        while i + _HEADER.size <= len(data):
+            wd, mask, _cookie, length = _HEADER.unpack_from(data, i)
+            raw = data[i + _HEADER.size : i + _HEADER.size + length]
+            i += _HEADER.size + length
+            name = raw.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            if mask & IN_Q_OVERFLOW:
+                log.warning("inotify queue overflowed; some file events were lost")
+                continue
+            if mask & IN_IGNORED:
+                self._dirs.pop(wd, None)
+                continue
+            base = self._dirs.get(wd)
+            if base is None or not name:
+                continue
+            path = f"{base}/{name}" if base else name
+            if mask & IN_ISDIR:
+                if name in self.ignore:
+                    continue
+                if mask & (IN_CREATE | IN_MOVED_TO):
+                    # files may land before the watch does: report what is there
+                    for f in self._add_tree(path, initial=False):
+                        out.append(("create", f))
+                elif mask & (IN_DELETE | IN_MOVED_FROM):
+                    gone = [k for k in self._known if k.startswith(path + "/")]
+                    for k in sorted(gone):
+                        self._known.discard(k)
+                        out.append(("delete", k))
+                continue
+            if mask & IN_CREATE:
+                self._fresh.add(path)
+                kind: FileEventKind = "change" if path in self._known else "create"
+                self._known.add(path)
+                out.append((kind, path))
+            elif mask & IN_MOVED_TO:
+                kind = "change" if path in self._known else "create"
+                self._known.add(path)
+                out.append((kind, path))
+            elif mask & IN_CLOSE_WRITE:
+                if path in self._fresh:
+                    self._fresh.discard(path)
+                    continue
+                self._known.add(path)
+                out.append(("change", path))
+            elif mask & (IN_DELETE | IN_MOVED_FROM):
+                self._known.discard(path)
+                self._fresh.discard(path)
+                out.append(("delete", path))
+        return out
+
+
+class GitBaseline:
+    """Diffs of workspace files against the state when the run began."""
+
+    def __init__(self, handle: Handle, base: str | None) -> None:
+        self._h = handle
+        self.base = base
+
+    @classmethod
+    async def capture(cls, handle: Handle) -> GitBaseline:
+        """``git stash create`` (working tree incl. uncommitted edits), else ``HEAD``;
+        no baseline outside a git repository."""
+        run = handle.process.exec
+        stash = await run(["git", "stash", "create"], cwd=handle.workdir, timeout=60)
+        sha = stash.stdout.decode().strip() if stash.ok else ""
+        if not sha:
+            head = await run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=handle.workdir, timeout=60)
+            sha = head.stdout.decode().strip() if head.ok else ""
+        return cls(handle, sha or None)
+
+    async def diff(self, path: str) -> str:
+        run = self._h.process.exec
+        cwd = self._h.workdir
+        if self.base:
+            ignored = await run(["git", "check-ignore", "-q", "--", path], cwd=cwd, timeout=60)
+            if ignored.exit_code == 0:
+                return ""  # git-ignored: events fire, diffs are withheld
+            res = await run(["git", "diff", "--no-color", self.base, "--", path], cwd=cwd, timeout=60)
+            if res.ok and res.stdout:
+                return res.stdout.decode("utf-8", "replace")
+            known = await run(["git", "cat-file", "-e", f"{self.base}:{path}"], cwd=cwd, timeout=60)
+            if known.exit_code == 0:
+                return ""  # unchanged against the baseline (or deleted and handled above)
+        if not await self._h.fs.exists(path):
+            return ""
+        return _add_patch(path, await self._h.fs.read(path))
+
+
+def _add_patch(path: str, data: bytes) -> str:
+    if b"\0" in data[:8000]:
+        return f"diff --git a/{path} b/{path}\nnew file mode 100644\nBinary files /dev/null and b/{path} differ\n"
+    text = data.decode("utf-8", "replace")
+    head = f"diff --git a/{path} b/{path}\nnew file mode 100644\n"
+    if not text:
+        return head
+    lines = text.split("\n")
+    missing_newline = not text.endswith("\n")
+    if not missing_newline:
+        lines = lines[:-1]
+    body = "".join(f"+{line}\n" for line in lines)
+    if missing_newline:
+        body += "\\ No newline at end of file\n"
+    return f"{head}--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
+@asynccontextmanager
+async def watch_workspace(
+    handle: Handle, hooks: Hooks, *, ignore: Iterable[str] = DEFAULT_IGNORE
+) -> AsyncIterator[WorkspaceWatcher | None]:
+    """Dispatch the workspace's file events to ``hooks`` while the block runs.
+
+    Yields ``None`` (and does nothing) when no file hook is set. Needs a provider whose
+    workspace is a host directory (``host_path``); others raise UnsupportedCapability.
+    """
+    if not hooks.wants_files:
+        yield None
+        return
+    host_path = getattr(handle, "host_path", None)
+    if host_path is None:
+        raise UnsupportedCapability(
+            handle.ref.provider, "file events", "file hooks need a host-directory provider"
+        )
+    baseline = await GitBaseline.capture(handle)
+    watcher = WorkspaceWatcher(host_path(handle.workdir), ignore)
+
+    async def pump() -> None:
+        async for kind, path in watcher.events():
+            event = FileEvent(kind, path, time.time(), baseline.diff)
+            await hooks.file_event(event)
+
+    failure: BaseException | None = None  # re-raised bare, not in an ExceptionGroup
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            try:
+                yield watcher
+            except BaseException as exc:
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        watcher.close()
+    if failure is not None:
+        raise failure

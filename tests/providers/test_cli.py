@@ -1,0 +1,91 @@
+"""The sandbox CLI: corral exec, corral sandboxes, corral doctor (real subprocesses)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PROVIDERS = ["local", "bubblewrap"]
+
+
+def run(cmd: list[str], env: dict[str, str], stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(cmd, env=env, input=stdin, capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider_name(request: pytest.FixtureRequest) -> str:
+    if request.param == "bubblewrap":
+        request.getfixturevalue("need_bwrap")
+    return str(request.param)
+
+
+def test_exec_streams_and_exits_with_the_command_status(
+    corral_cmd: list[str], cli_env: dict[str, str], provider_name: str, corral_home: Path
+) -> None:
+    r = run([*corral_cmd, "exec", "--provider", provider_name, "--",
+             "sh", "-c", "echo out; echo err >&2; exit 7"], cli_env)
+    assert (r.returncode, r.stdout, r.stderr) == (7, b"out\n", b"err\n")
+    # A fresh sandbox is destroyed afterwards.
+    ls = run([*corral_cmd, "sandboxes", "ls", "--json"], cli_env)
+    assert ls.returncode == 0 and ls.stdout == b""
+
+
+def test_signal_death_exits_128_plus_n(corral_cmd: list[str], cli_env: dict[str, str], provider_name: str) -> None:
+    r = run([*corral_cmd, "exec", "--provider", provider_name, "--", "sh", "-c", "kill -TERM $$"], cli_env)
+    assert r.returncode == 143
+    assert b"SIGTERM" in r.stderr
+
+
+def test_keep_resume_stdin_and_rm(corral_cmd: list[str], cli_env: dict[str, str], provider_name: str) -> None:
+    r = run([*corral_cmd, "exec", "--provider", provider_name, "--keep", "--",
+             "sh", "-c", "echo kept > f"], cli_env)
+    assert r.returncode == 0, r.stderr
+    line = r.stderr.decode().strip().splitlines()[-1]
+    assert line.startswith("corral: kept sandbox ")
+    sandbox_id = line.split()[3]
+    again = run([*corral_cmd, "exec", "--provider", provider_name, "--sandbox", sandbox_id, "--",
+                 "sh", "-c", "cat f; cat"], cli_env, stdin=b"from stdin")
+    assert (again.returncode, again.stdout) == (0, b"kept\nfrom stdin")
+    ls = run([*corral_cmd, "sandboxes", "ls"], cli_env)
+    assert sandbox_id.encode() in ls.stdout
+    rm = run([*corral_cmd, "sandboxes", "rm", sandbox_id], cli_env)
+    assert rm.returncode == 0
+    gone = run([*corral_cmd, "exec", "--provider", provider_name, "--sandbox", sandbox_id, "--", "true"], cli_env)
+    assert gone.returncode == 2 and b"Traceback" not in gone.stderr
+    assert gone.stderr.count(b"\n") == 1 and sandbox_id.encode() in gone.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["exec"],
+        ["exec", "--sandbox", "../etc", "--", "true"],
+        ["exec", "--env", "NOEQUALS", "--", "true"],
+        ["exec", "--provider", "local", "--cwd", "/nope", "--", "true"],
+        ["exec", "--provider", "local", "--name", "bad/name", "--", "true"],
+        ["sandboxes", "rm", "no-such-sandbox"],
+    ],
+)
+def test_user_mistakes_are_one_line(corral_cmd: list[str], cli_env: dict[str, str], argv: list[str]) -> None:
+    r = run([*corral_cmd, *argv], cli_env)
+    assert r.returncode == 2
+    assert b"Traceback" not in r.stderr
+    assert r.stderr.startswith(b"corral: error: ") and r.stderr.count(b"\n") == 1, r.stderr
+
+
+def test_timeout(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None) -> None:
+    r = run([*corral_cmd, "exec", "--timeout", "0.5", "--", "sleep", "30"], cli_env)
+    assert r.returncode == 137 and b"timed out" in r.stderr
+
+
+def test_doctor(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None) -> None:
+    r = run([*corral_cmd, "doctor"], cli_env)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out
+    assert "[ ok ] bubblewrap" in out
+    assert "NO isolation" in out
+    assert "corral agents install claude" in out or "agent claude" in out
+    for name in ("cgroups", "git", "docker", "socat", "sqlite", "postgres", "redis", "codex"):
+        assert name in out

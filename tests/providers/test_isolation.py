@@ -1,0 +1,274 @@
+"""Attacks on the bubblewrap sandbox. Each must fail, and the failure is checked."""
+
+# ruff: noqa: ASYNC220
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from corral.providers import cgroups
+from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.sandbox.contracts import ResourceLimits, SandboxSpec
+
+pytestmark = pytest.mark.anyio
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def provider(corral_home: Path, need_bwrap: None) -> BubblewrapProvider:
+    return BubblewrapProvider()
+
+
+@pytest.fixture
+async def sandbox(provider: BubblewrapProvider) -> AsyncIterator[BubblewrapHandle]:
+    h = await provider.create()
+    try:
+        yield h
+    finally:
+        await provider.destroy(h.ref)
+
+
+async def test_host_files_outside_the_sandbox_are_invisible(sandbox: BubblewrapHandle) -> None:
+    targets = [str(CHECKOUT / "pyproject.toml"), "/root", sandbox.private_dir, sandbox.state_dir,
+               os.environ["CORRAL_HOME"], "/etc/shadow"]
+    for target in targets:
+        r = await sandbox.process.exec(["sh", "-c", 'ls -la "$1" && cat "$1"', "sh", target])
+        assert not r.ok, f"{target} is readable inside the sandbox: {r.stdout[:200]!r}"
+    # The system itself is there (read-only) so that tools work.
+    assert (await sandbox.process.exec(["test", "-r", "/etc/os-release"])).ok
+    assert (await sandbox.process.exec(["cat", "/etc/shadow"])).stderr.find(b"ermission") >= 0
+
+
+async def test_no_connection_to_a_host_loopback_listener(sandbox: BubblewrapHandle) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        server.settimeout(5)
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    try:
+        # Prove the listener works from the host first, so that the failure below means
+        # isolation and not a dead listener.
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        t.join(6)
+        assert accepted, "host listener did not accept a host connection"
+        accepted.clear()
+        code = (
+            "import socket,sys\n"
+            f"try:\n socket.create_connection(('127.0.0.1',{port}),timeout=3); print('CONNECTED')\n"
+            "except OSError as e: print('refused', e)\n"
+        )
+        r = await sandbox.process.exec(["python3", "-c", code], timeout=30)
+        assert b"CONNECTED" not in r.stdout and b"refused" in r.stdout, r
+    finally:
+        server.close()
+
+
+async def test_no_name_resolution_and_no_interfaces(sandbox: BubblewrapHandle) -> None:
+    code = (
+        "import socket\n"
+        "try: print(socket.getaddrinfo('pypi.org', 443)); print('RESOLVED')\n"
+        "except OSError as e: print('no dns', e)\n"
+    )
+    r = await sandbox.process.exec(["python3", "-c", code], timeout=30)
+    assert b"RESOLVED" not in r.stdout and b"no dns" in r.stdout, r
+    links = await sandbox.process.exec(["cat", "/proc/net/dev"])
+    names = {line.split(b":")[0].strip() for line in links.stdout.splitlines()[2:]}
+    assert names == {b"lo"}, names
+
+
+async def test_host_processes_are_invisible(sandbox: BubblewrapHandle) -> None:
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        r = await sandbox.process.exec(
+            "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null | tr '\\0' ' '; echo; done"
+        )
+        assert r.ok
+        seen = r.stdout.decode()
+        assert "sleep 300" not in seen and "pytest" not in seen
+        for pid in (os.getpid(), sleeper.pid):
+            probe = await sandbox.process.exec(["kill", "-0", str(pid)])
+            assert not probe.ok, (pid, probe)
+        assert sleeper.poll() is None  # and nothing happened to it
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+async def test_the_system_is_read_only(sandbox: BubblewrapHandle) -> None:
+    for target in ("/usr/corral-pwned", "/etc/corral-pwned", "/usr/bin/corral-pwned", "/corral-pwned"):
+        r = await sandbox.process.exec(["sh", "-c", 'echo x > "$1"', "sh", target])
+        assert not r.ok
+        assert not os.path.exists(target)
+    r = await sandbox.process.exec(["sh", "-c", "echo x >> /etc/passwd"])
+    assert not r.ok
+    who = await sandbox.process.exec(["id", "-u"])
+    assert who.stdout.strip() == b"1000"
+
+
+async def test_runs_unprivileged_and_cannot_nest_user_namespaces(sandbox: BubblewrapHandle) -> None:
+    caps = await sandbox.process.exec(["grep", "Cap", "/proc/self/status"])
+    for line in caps.stdout.decode().splitlines():
+        if line.startswith(("CapEff", "CapPrm")):
+            assert int(line.split()[1], 16) == 0, line
+    nest = await sandbox.process.exec(["unshare", "-U", "true"])
+    assert not nest.ok
+
+
+async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
+    start = anyio.current_time()
+    r = await sandbox.process.exec("setsid sleep 60 & sleep 60 & echo started", timeout=30)
+    assert r.ok and r.stdout == b"started\n" and not r.timed_out
+    assert anyio.current_time() - start < 10
+    deadline = anyio.current_time() + 10
+    while cgroups.members(sandbox.state.cgroups) and anyio.current_time() < deadline:
+        await anyio.sleep(0.02)
+    assert cgroups.members(sandbox.state.cgroups) == set()
+
+
+async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider) -> None:
+    ok, why = cgroups.available()
+    if not ok:
+        pytest.skip(f"needs cgroups: {why}")
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=40)))
+    try:
+        # Bounded: at most 200 attempts, each a sleeper that would live 30 s (they are
+        # killed when the command ends, so this returns at once).
+        r = await h.process.exec(
+            "i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done; echo spawned-all",
+            timeout=60,
+        )
+        assert r.limit_hit == "pids", r
+        assert b"fork" in r.stderr.lower(), r.stderr[-300:]  # the shell saw refused forks
+        # The sandbox never held more than its limit, and nothing of it is left running.
+        pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
+        assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
+        deadline = anyio.current_time() + 10
+        while cgroups.members([pids_dir]) and anyio.current_time() < deadline:
+            await anyio.sleep(0.02)  # killed members can take a moment to be released
+        left = cgroups.members([pids_dir])
+        assert left == set(), [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+        after = await h.process.exec(["true"])
+        assert after.ok and after.limit_hit is None
+    finally:
+        await provider.destroy(h.ref)
+
+
+async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvider) -> None:
+    ok, why = cgroups.available()
+    if not ok:
+        pytest.skip(f"needs cgroups: {why}")
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(memory_bytes=64 << 20)))
+    try:
+        r = await h.process.exec(["python3", "-c", "x = b'\\x01' * (400 << 20); print('survived')"],
+                                 timeout=60)
+        assert b"survived" not in r.stdout
+        assert r.signal == signal.SIGKILL and r.limit_hit == "memory", r
+        assert "memory limit" in r.describe()
+        small = await h.process.exec(["python3", "-c", "x = b'\\x01' * (8 << 20); print('ok')"])
+        assert small.ok and small.limit_hit is None
+    finally:
+        await provider.destroy(h.ref)
+
+
+async def test_cpu_limit_throttles(provider: BubblewrapProvider) -> None:
+    ok, why = cgroups.available()
+    if not ok:
+        pytest.skip(f"needs cgroups: {why}")
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(cpus=0.2)))
+    try:
+        cpu_dir = next(d for d in h.state.cgroups if "/cpu/" in d)
+        assert Path(cpu_dir, "cpu.cfs_quota_us").read_text().strip() == "20000"
+        r = await h.process.exec("timeout 1 sh -c 'while :; do :; done'; true", timeout=30)
+        assert r.ok
+        stat = dict(line.split() for line in Path(cpu_dir, "cpu.stat").read_text().splitlines())
+        assert int(stat["nr_throttled"]) > 0
+    finally:
+        await provider.destroy(h.ref)
+
+
+def _launcher_group_kill(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
+    sandbox: BubblewrapHandle,
+) -> None:
+    from corral.testkit.providers import assert_beating, assert_stopped, heartbeat_cmd
+
+    hc = sandbox.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
+    gen = _launcher_group_kill(list(hc.argv), dict(hc.env))
+    proc = next(gen)
+    try:
+        await assert_beating(sandbox, "hb")
+        os.killpg(proc.pid, signal.SIGTERM)
+        with anyio.fail_after(10):
+            while proc.poll() is None:
+                await anyio.sleep(0.02)
+        await assert_stopped(sandbox, "hb")
+    finally:
+        for _ in gen:
+            pass
+
+
+async def test_destroy_frees_cgroups_and_files(provider: BubblewrapProvider) -> None:
+    h = await provider.create()
+    dirs = list(h.state.cgroups)
+    files = h.host_root
+    await provider.destroy(h.ref)
+    assert not any(os.path.exists(d) for d in dirs)
+    assert not os.path.exists(files) and not os.path.exists(h.state_dir)
+
+
+
+async def test_prune_orphans_after_corral_home_is_deleted(
+    provider: BubblewrapProvider, corral_home: Path
+) -> None:
+    import shutil
+
+    h = await provider.create()
+    p = await h.process.spawn(["sleep", "1000"])
+    files, dirs = h.host_root, list(h.state.cgroups)
+    shutil.rmtree(h.state_dir)  # as if $CORRAL_HOME were deleted under a live sandbox
+    keep = await provider.create()  # a healthy sandbox must survive the prune
+    try:
+        pruned = await provider.prune_orphans()
+        assert str(Path(files).parent) in pruned
+        assert not os.path.exists(files) and not any(os.path.exists(d) for d in dirs)
+        with anyio.fail_after(10):
+            assert (await p.wait()).signal == signal.SIGKILL
+        assert (await keep.process.exec(["true"])).ok
+    finally:
+        await provider.destroy(keep.ref)

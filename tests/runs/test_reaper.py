@@ -1,0 +1,8 @@
+"""The shipped reaper conformance suite, run against the memory and SQLite backends."""
+
+from corral.testkit.reaper import (  # noqa: F401
+    TestReapOutcomes,
+    TestReapSweep,
+    TestReclaim,
+    reaper_world,
+)

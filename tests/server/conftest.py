@@ -1,0 +1,223 @@
+"""Real ``corral serve`` processes on 127.0.0.1 for the HTTP tests.
+
+Servers run as ``python -m corral.server --port 0`` subprocesses of this checkout (the same
+code ``corral serve`` runs); each prints ``corral: serving on <url>`` once it accepts
+connections. Every server is stopped (SIGTERM, then SIGKILL) when its test ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TOKEN = "test-token-0123456789abcdef"
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def ticker(lines: int, every: float = 0.05, prefix: str = "tick") -> list[str]:
+    """A command printing ``<prefix> i`` lines, ``every`` seconds apart."""
+    return ["sh", "-c", f"i=0; while [ $i -lt {lines} ]; do echo {prefix} $i; i=$((i+1)); "
+            f"sleep {every}; done"]
+
+
+def ticker_text(lines: int, prefix: str = "tick") -> str:
+    return "".join(f"{prefix} {i}\n" for i in range(lines))
+
+
+class Server:
+    """One running server process."""
+
+    def __init__(self, proc: subprocess.Popen[str], url: str, home: Path, token: str | None,
+                 log: list[str]) -> None:
+        self.proc = proc
+        self.url = url
+        self.home = home
+        self.token = token
+        self.log = log
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=30, **kw)
+
+    def start(self, command: list[str], thread_id: str = "t", **body: Any) -> dict[str, Any]:
+        with self.client() as c:
+            r = c.post("/v1/runs", json={"thread_id": thread_id, "command": command, **body})
+        assert r.status_code == 201, r.text
+        data: dict[str, Any] = r.json()
+        return data
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        with self.client() as c:
+            r = c.get(f"/v1/runs/{run_id}")
+        assert r.status_code == 200, r.text
+        data: dict[str, Any] = r.json()
+        return data
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+class Home:
+    """A ``CORRAL_HOME`` (and so a SQLite store) that servers and CLI calls share."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = path / "corral.db"
+        self.env = dict(os.environ)
+        self.env["PYTHONPATH"] = str(SRC) + os.pathsep + self.env.get("PYTHONPATH", "")
+        self.env["CORRAL_HOME"] = str(path)
+        self.env["CORRAL_LEASE_TTL"] = "3"
+        self.env.pop("CORRAL_API_TOKEN", None)
+        self.env.pop("CORRAL_STORE", None)
+
+    def log(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's stored events, checked gap-free."""
+        with sqlite3.connect(self.db) as conn:
+            rows = conn.execute(
+                "SELECT offset, event FROM events WHERE run_id = ? ORDER BY offset", (run_id,)
+            ).fetchall()
+        assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), "offsets must be gap-free"
+        return [json.loads(r[1]) for r in rows]
+
+    def raw(self, run_id: str) -> dict[str, Any]:
+        with sqlite3.connect(self.db) as conn:
+            (doc,) = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        data: dict[str, Any] = json.loads(doc)
+        return data
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "corral", *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    @contextmanager
+    def server(self, *args: str, token: str | None = None, reaper: bool = False,
+               extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+        env = dict(self.env)
+        if token:
+            env["CORRAL_API_TOKEN"] = token
+        env.update(extra_env or {})
+        argv = [sys.executable, "-m", "corral.server", "--port", "0", "--log-level", "info",
+                *([] if reaper else ["--no-reaper"]), *args]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log: list[str] = []
+        ready = threading.Event()
+        url: list[str] = []
+
+        def drain() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                log.append(line)
+                if line.startswith("corral: serving on "):
+                    url.append(line.split()[3])
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        server: Server | None = None
+        try:
+            if not ready.wait(60) or not url:
+                raise AssertionError("server did not start:\n" + "".join(log))
+            server = Server(proc, url[0], self.path, token, log)
+            yield server
+        finally:
+            if server is not None:
+                server.stop()
+            elif proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def home(tmp_path: Path, need_bwrap_runs: None) -> Home:
+    path = tmp_path / "corral-home"
+    path.mkdir()
+    return Home(path)
+
+
+def sse_events(lines: Iterator[str], limit: int | None = None,
+               on_comment: Callable[[str], None] | None = None
+               ) -> Iterator[tuple[str | None, str | None, str]]:
+    """Parse an event stream into ``(event name, id, data)`` tuples."""
+    name: str | None = None
+    ident: str | None = None
+    data: list[str] = []
+    count = 0
+    for line in lines:
+        if line == "":
+            if data or name:
+                yield name, ident, "\n".join(data)
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+            name, ident, data = None, None, []
+            continue
+        if line.startswith(":"):
+            if on_comment is not None:
+                on_comment(line)
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            name = value
+        elif field == "id":
+            ident = value
+        elif field == "data":
+            data.append(value)
+
+
+def read_stream(server: Server, run_id: str, *, after: int | None = None,
+                last_event_id: int | None = None, limit: int | None = None,
+                timeout: float = 60) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
+    """Read a run's event stream: ``([(offset, event)], saw_end)``; stops after ``limit``
+    events (then disconnects) or at the end of the stream."""
+    headers = dict(server.headers)
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = str(last_event_id)
+    params = {} if after is None else {"after": str(after)}
+    got: list[tuple[int, dict[str, Any]]] = []
+    ended = False
+    with httpx.Client(base_url=server.url, timeout=timeout) as c, c.stream(
+        "GET", f"/v1/runs/{run_id}/events", headers=headers, params=params
+    ) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for name, ident, data in sse_events(r.iter_lines()):
+            if name == "end":
+                ended = True
+                break
+            assert ident is not None
+            got.append((int(ident), json.loads(data)))
+            if limit is not None and len(got) >= limit:
+                break
+    return got, ended
