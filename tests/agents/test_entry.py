@@ -113,3 +113,31 @@ def test_forwarder_pipes_tcp_to_the_unix_socket_and_ports_are_substituted(
     r = run(argv, env={"VIA": "http://127.0.0.1:{corral.port.m}", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"echo:ping\n"
+
+
+def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
+    path = f"/tmp/clate-{os.getpid()}.sock"
+    client = (
+        "import socket, sys\n"
+        "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+        "s.sendall(b'late\\n'); print(s.recv(100).decode(), end='')\n"
+    )
+    proc = subprocess.Popen(entry_argv(PY, [PY, "-c", client, "{corral.port.m}"],
+                                       forward=[{"name": "m", "port": 0, "unix": path}],
+                                       timeout=20),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(0.5)  # the service comes up after the agent already connected
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    try:
+        srv.settimeout(10)
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b"served:" + conn.recv(100))
+        out, err = proc.communicate(timeout=15)
+    finally:
+        srv.close()
+        os.unlink(path)
+    assert proc.returncode == 0, err
+    assert out == b"served:late\n"

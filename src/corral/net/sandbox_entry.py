@@ -4,11 +4,12 @@ Run inside the sandbox as ``python3 -c <this file's source> <config json> -- <ar
 (stdlib only, no corral import: the sandbox has the system Python, not corral). The config::
 
     {"forward": [{"name": "model", "port": 41000, "unix": "/run/corral/model.sock"}],
-     "timeout": 600, "grace": 5}
+     "timeout": 600, "grace": 5, "connect_patience": 10}
 
 For each forward it listens on ``127.0.0.1:<port>`` (``0`` = any free port) and pipes
 every accepted connection to a new connection to the unix socket (bound into the sandbox
-from the host, where the model or egress proxy serves). ``{corral.port.<name>}`` in the
+from the host, where the model or egress proxy serves; a socket that is missing or refuses
+is retried for ``connect_patience`` seconds, so the host side may start late or restart). ``{corral.port.<name>}`` in the
 agent's argv and environment is replaced by the port actually bound. Then it runs the
 agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
 never writes to it), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 BUF = 65536
@@ -49,14 +51,33 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
-def _serve_conn(client: socket.socket, unix_path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect(unix_path: str, patience: float) -> socket.socket:
+    """Connect to the host service, waiting up to ``patience`` seconds for it to (re)appear
+    (it may still be starting, or be restarted by a host taking the run over)."""
+    deadline = time.monotonic() + patience
+    delay = 0.01
+    while True:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(unix_path)
+            return upstream
+        except (FileNotFoundError, ConnectionRefusedError):
+            upstream.close()
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        except OSError:
+            upstream.close()
+            raise
+
+
+def _serve_conn(client: socket.socket, unix_path: str, patience: float) -> None:
     try:
-        upstream.connect(unix_path)
+        upstream = _connect(unix_path, patience)
     except OSError as exc:
         sys.stderr.write(f"corral: cannot reach {unix_path}: {exc}\n")
         client.close()
-        upstream.close()
         return
     t = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
     t.start()
@@ -66,14 +87,15 @@ def _serve_conn(client: socket.socket, unix_path: str) -> None:
     upstream.close()
 
 
-def _accept_loop(listener: socket.socket, unix_path: str) -> None:
+def _accept_loop(listener: socket.socket, unix_path: str, patience: float) -> None:
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             return
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_serve_conn, args=(client, unix_path), daemon=True).start()
+        threading.Thread(target=_serve_conn, args=(client, unix_path, patience),
+                         daemon=True).start()
 
 
 def _substitute(value: str, ports: dict[str, int]) -> str:
@@ -95,7 +117,9 @@ def main(argv: list[str]) -> int:
         listener.bind(("127.0.0.1", int(fw.get("port", 0))))
         listener.listen(128)
         ports[fw["name"]] = listener.getsockname()[1]
-        threading.Thread(target=_accept_loop, args=(listener, fw["unix"]), daemon=True).start()
+        patience = float(config.get("connect_patience", 10))
+        threading.Thread(target=_accept_loop, args=(listener, fw["unix"], patience),
+                         daemon=True).start()
     env = {k: _substitute(v, ports) for k, v in os.environ.items()}
     command = [_substitute(a, ports) for a in command]
     child: subprocess.Popen[bytes] | None = None
