@@ -323,3 +323,40 @@ def test_local_provider_runs_the_cli_from_its_host_path(agents_env: Path,
     assert run.terminal.type == EventType.RUN_FINISHED, run.stderr
     assert all(r.api_key == REAL_KEY for r in model_server.model_requests)
     assert run.prepared.own_net_dir is not None and not run.prepared.own_net_dir.exists()
+
+
+def test_detached_services_outlive_the_driver_and_stop_with_the_agent(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    model_server.script = shell_then_text("echo detached > d.txt && cat d.txt", "ok {output}")
+    harness = make_harness("claude-code")
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        prepared = await prepare_agent(
+            harness, handle, AgentRequest(prompt="go", options=base_options("claude-code")),
+            thread_id="t-det", run_id="r-det", upstream=upstream_for(harness, model_server))
+        paths = JournalPaths.for_run(handle.private_dir, "r-det")
+        nonce = new_nonce()
+        services = await prepared.launch_services(paths)
+        # No in-process services: only the daemon answers the agent.
+        await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+        events = []
+        with anyio.fail_after(60):
+            async for batch in translate_run(harness, RunContext("r-det", "t-det"), paths,
+                                             nonce=nonce):
+                events += batch.events
+        deadline = anyio.current_time() + 10
+        while os.path.exists(f"/proc/{services.pid}") and anyio.current_time() < deadline:
+            await anyio.sleep(0.05)
+        gone = not os.path.exists(f"/proc/{services.pid}")
+        report = await prepared.finish(paths, nonce)
+        return events, services, gone, report, await handle.fs.read("/workspace/d.txt")
+
+    events, services, gone, report, content = anyio.run(go)
+    assert events[-1].type == EventType.RUN_FINISHED
+    assert content == b"detached\n"
+    assert gone, "the services daemon did not stop after the agent exited"
+    assert (report.usage.requests, report.usage.input_tokens, report.usage.output_tokens) == (
+        2, 200, 40)
+    assert services.usage() is not None
+    assert all(r.api_key == REAL_KEY for r in model_server.model_requests)

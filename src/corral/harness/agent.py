@@ -55,6 +55,7 @@ from corral.harness.sessions import (
     restore_session,
     save_session,
 )
+from corral.net.daemon import ServicesProcess, launch_services
 from corral.net.egress import EgressProxy
 from corral.net.model_proxy import ModelProxy, Upstream, Usage
 from corral.paths import corral_home
@@ -167,8 +168,9 @@ class PreparedAgent:
 
     @contextlib.asynccontextmanager
     async def services(self) -> AsyncIterator[PreparedAgent]:
-        """Serve the model proxy (and the egress proxy) while the block runs. The sockets
-        are bound before the block starts."""
+        """Serve the model proxy (and the egress proxy) in this process while the block
+        runs. The sockets are bound before the block starts. See also
+        :meth:`launch_services`."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.model_proxy.serve, self.model_socket)
             if self.egress_proxy is not None and self.egress_socket is not None:
@@ -178,12 +180,35 @@ class PreparedAgent:
             finally:
                 tg.cancel_scope.cancel()
 
+    async def launch_services(self, paths: JournalPaths, *, timeout: float = 30.0
+                              ) -> ServicesProcess:
+        """Start the services as a detached process instead of :meth:`services` (they then
+        outlive this process and stop when the run's supervisor records the agent's exit).
+        Call it before ``launch_supervised``; ``paths`` are the run's journal paths."""
+        up = self.model_proxy.upstream
+        job: dict[str, Any] = {
+            "upstream": {"api": up.api, "base_url": up.base_url, "api_key": up.api_key},
+            "budget": self.model_proxy.budget,
+            "idle_timeout": self.model_proxy.idle_timeout,
+            "model_socket": str(self.model_socket),
+            "egress": [r.source for r in self.egress_proxy.rules]
+            if self.egress_proxy is not None else None,
+            "egress_socket": str(self.egress_socket) if self.egress_socket else None,
+            "status": str(paths.status),
+        }
+        paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return await anyio.to_thread.run_sync(
+            lambda: launch_services(job, paths.directory, paths.token, timeout=timeout))
+
     async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
                      ) -> FinishReport:
         """After the agent exited: find the CLI's session id in the journal and save the
         session files for the thread. Never raises; problems are listed in the report."""
         report = FinishReport(usage=self.model_proxy.usage)
         if paths is not None:
+            detached = _usage_file(paths)
+            if detached is not None:  # the services ran as a daemon (launch_services)
+                report.usage = detached
             try:
                 report.session_id = await _session_from_journal(self.harness, paths, nonce)
             except (OSError, CorralError) as exc:
@@ -230,6 +255,19 @@ async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce:
     finally:
         await reader.aclose()
     return found
+
+
+def _usage_file(paths: JournalPaths) -> Usage | None:
+    import json
+
+    try:
+        data = json.loads((paths.directory / f"{paths.token}.usage.json").read_text())
+        fields = {k: int(data[k]) for k in ("input_tokens", "output_tokens",
+                                            "cache_read_tokens", "cache_write_tokens",
+                                            "requests", "refused")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Usage(**fields)
 
 
 def _die_with_parent(argv: tuple[str, ...]) -> tuple[str, ...]:

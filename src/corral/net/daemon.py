@@ -1,0 +1,199 @@
+"""A run's host services (model proxy, egress proxy) as a detached process.
+
+The in-process :meth:`corral.harness.agent.PreparedAgent.services` lives as long as the
+driving host process. A detached run (the viewer left, nobody drives) still needs the model:
+:func:`launch_services` starts ``python -m corral.net.daemon`` in its own session (double
+fork, like the journal supervisor), hands it the job — real key included — over an inherited
+pipe (never argv or environment), waits until its sockets are bound, and returns. The daemon
+serves until the run's supervisor records the agent's exit (``<token>.status.json``), then
+exits; it also exits if no supervisor status appears within ``start_grace`` seconds, or on
+SIGTERM. Usage is written after every request to ``<token>.usage.json`` next to the journal
+(host-private).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corral.errors import CorralError
+
+__all__ = ["ServicesProcess", "ServicesStartError", "launch_services", "main"]
+
+
+class ServicesStartError(CorralError):
+    """The services daemon did not come up (the message carries its diagnostics)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServicesProcess:
+    """A launched services daemon."""
+
+    pid: int
+    usage_path: Path
+    log_path: Path
+
+    def usage(self) -> dict[str, int] | None:
+        """The usage the daemon last wrote (``None`` before the first request)."""
+        try:
+            data = json.loads(self.usage_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
+                    timeout: float = 30.0, python: str = sys.executable) -> ServicesProcess:
+    """Start the daemon for ``job`` (see :func:`corral.harness.agent.PreparedAgent.
+    launch_services`, which builds it) and wait until its sockets are bound."""
+    usage_path = private_dir / f"{token}.usage.json"
+    log_path = private_dir / f"{token}.services.log"
+    job = {**job, "usage": str(usage_path)}
+    job_r, job_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    src = str(Path(__file__).resolve().parents[2])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": src,
+           "LC_ALL": "C.UTF-8"}
+    try:
+        proc = subprocess.Popen(
+            [python, "-m", "corral.net.daemon", "--job-fd", str(job_r), "--ready-fd",
+             str(ready_w)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_fd,
+            pass_fds=(job_r, ready_w), close_fds=True, start_new_session=True, cwd="/",
+            env=env,
+        )
+    finally:
+        os.close(log_fd)
+        os.close(job_r)
+        os.close(ready_w)
+    try:
+        with os.fdopen(job_w, "wb") as fh:
+            fh.write(json.dumps(job).encode())
+    except BrokenPipeError:
+        pass
+    try:
+        report = _read_ready(ready_r, timeout)
+    finally:
+        os.close(ready_r)
+        proc.wait(timeout=timeout)  # the intermediate exits after forking
+    if report is None:
+        try:
+            tail = log_path.read_text(errors="replace")[-2000:].strip()
+        except OSError:
+            tail = ""
+        raise ServicesStartError(f"the run's services did not start within {timeout}s: {tail}")
+    return ServicesProcess(int(report["pid"]), usage_path, log_path)
+
+
+def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
+    import select
+
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        report = json.loads(buf)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) and "pid" in report else None
+
+
+async def _serve(job: dict[str, Any], ready_fd: int) -> None:
+    import anyio
+
+    from corral.net.egress import EgressProxy
+    from corral.net.model_proxy import ModelProxy, Upstream
+
+    up = job["upstream"]
+    proxy = ModelProxy(Upstream(up["api"], up["base_url"], up["api_key"]),
+                       budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
+                       usage_path=job["usage"])
+    status = Path(job["status"])
+    grace = float(job.get("start_grace", 60.0))
+    stop = anyio.Event()
+
+    async def watch() -> None:
+        started = time.monotonic()
+        while True:
+            try:
+                state = json.loads(status.read_text()).get("state")
+            except (OSError, ValueError, AttributeError):
+                state = None
+                if time.monotonic() - started > grace:
+                    break
+            if state == "exited":
+                await anyio.sleep(0.5)  # let the last response drain
+                break
+            await anyio.sleep(0.1)
+        stop.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.serve, job["model_socket"])
+        if job.get("egress_socket"):
+            await tg.start(EgressProxy(list(job["egress"])).serve, job["egress_socket"])
+        try:
+            os.write(ready_fd, json.dumps({"pid": os.getpid()}).encode())
+            os.close(ready_fd)
+        except OSError:
+            pass
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async def on_signal() -> None:
+                async for _ in signals:
+                    stop.set()
+                    return
+
+            tg.start_soon(on_signal)
+            tg.start_soon(watch)
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m corral.net.daemon --job-fd N --ready-fd M``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        job_fd = int(args[args.index("--job-fd") + 1])
+        ready_fd = int(args[args.index("--ready-fd") + 1])
+    except (ValueError, IndexError):
+        print("usage: python -m corral.net.daemon --job-fd N --ready-fd M", file=sys.stderr)
+        return 2
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: the key stays private
+    except (OSError, AttributeError):
+        pass
+    with os.fdopen(job_fd, "rb") as fh:
+        job = json.loads(fh.read())
+    if os.fork() > 0:
+        os._exit(0)  # the launcher reaps the intermediate; the daemon is orphaned
+    import anyio
+
+    try:
+        anyio.run(_serve, job, ready_fd)
+    except BaseException as exc:  # noqa: BLE001 - last words go to the services log
+        print(f"corral services failed: {exc!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
