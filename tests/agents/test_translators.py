@@ -352,7 +352,7 @@ event_obj = st.builds(lambda t, rest: {**rest, "type": t} if isinstance(rest, di
 line_st = st.one_of(
     event_obj.map(lambda o: json.dumps(o).encode()),
     st.binary(max_size=40).filter(lambda b: b"\n" not in b),
-    st.sampled_from([l.encode() for l in CLAUDE_OK + CODEX_OK + CLAUDE_API_ERROR]),
+    st.sampled_from([x.encode() for x in CLAUDE_OK + CODEX_OK + CLAUDE_API_ERROR]),
 )
 harnesses = st.sampled_from([ClaudeCodeHarness(), CodexHarness()])
 
