@@ -337,9 +337,11 @@ def test_detached_services_outlive_the_driver_and_stop_with_the_agent(
             thread_id="t-det", run_id="r-det", upstream=upstream_for(harness, model_server))
         paths = JournalPaths.for_run(handle.private_dir, "r-det")
         nonce = new_nonce()
-        services = await prepared.launch_services(paths)
-        # No in-process services: only the daemon answers the agent.
+        # No in-process services: only the daemon answers the agent. It is started first and
+        # waited for after the launch (the forwarder waits for its socket meanwhile).
+        pending = await prepared.start_services(paths)
         await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+        services = await anyio.to_thread.run_sync(pending.ready)
         events = []
         with anyio.fail_after(60):
             async for batch in translate_run(harness, RunContext("r-det", "t-det"), paths,

@@ -55,7 +55,7 @@ from corral.harness.sessions import (
     restore_session,
     save_session,
 )
-from corral.net.daemon import ServicesProcess, launch_services
+from corral.net.daemon import PendingServices, ServicesProcess, start_services
 from corral.net.egress import EgressProxy
 from corral.net.model_proxy import ModelProxy, Upstream, Usage
 from corral.paths import corral_home
@@ -183,8 +183,14 @@ class PreparedAgent:
     async def launch_services(self, paths: JournalPaths, *, timeout: float = 30.0
                               ) -> ServicesProcess:
         """Start the services as a detached process instead of :meth:`services` (they then
-        outlive this process and stop when the run's supervisor records the agent's exit).
-        Call it before ``launch_supervised``; ``paths`` are the run's journal paths."""
+        outlive this process and stop when the run's supervisor records the agent's exit),
+        and wait until they listen. ``paths`` are the run's journal paths."""
+        pending = await self.start_services(paths)
+        return await anyio.to_thread.run_sync(lambda: pending.ready(timeout))
+
+    async def start_services(self, paths: JournalPaths) -> PendingServices:
+        """Like :meth:`launch_services` without waiting: launch the agent, then call
+        ``ready()`` on the result (the daemon's ~0.2 s start-up overlaps the CLI's)."""
         up = self.model_proxy.upstream
         job: dict[str, Any] = {
             "upstream": {"api": up.api, "base_url": up.base_url, "api_key": up.api_key},
@@ -198,7 +204,7 @@ class PreparedAgent:
         }
         paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         return await anyio.to_thread.run_sync(
-            lambda: launch_services(job, paths.directory, paths.token, timeout=timeout))
+            lambda: start_services(job, paths.directory, paths.token))
 
     async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
                      ) -> FinishReport:

@@ -25,7 +25,14 @@ from typing import Any
 
 from corral.errors import CorralError
 
-__all__ = ["ServicesProcess", "ServicesStartError", "launch_services", "main"]
+__all__ = [
+    "PendingServices",
+    "ServicesProcess",
+    "ServicesStartError",
+    "launch_services",
+    "main",
+    "start_services",
+]
 
 
 class ServicesStartError(CorralError):
@@ -49,10 +56,40 @@ class ServicesProcess:
         return data if isinstance(data, dict) else None
 
 
-def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
-                    timeout: float = 30.0, python: str = sys.executable) -> ServicesProcess:
-    """Start the daemon for ``job`` (see :func:`corral.harness.agent.PreparedAgent.
-    launch_services`, which builds it) and wait until its sockets are bound."""
+@dataclass
+class PendingServices:
+    """A daemon that was started and may still be binding its sockets."""
+
+    proc: subprocess.Popen[bytes]
+    ready_fd: int
+    usage_path: Path
+    log_path: Path
+
+    def ready(self, timeout: float = 30.0) -> ServicesProcess:
+        """Wait until the sockets are bound (raises :class:`ServicesStartError`)."""
+        try:
+            report = _read_ready(self.ready_fd, timeout)
+        finally:
+            os.close(self.ready_fd)
+            try:
+                self.proc.wait(timeout=timeout)  # the intermediate exits after forking
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if report is None:
+            try:
+                tail = self.log_path.read_text(errors="replace")[-2000:].strip()
+            except OSError:
+                tail = ""
+            raise ServicesStartError(
+                f"the run's services did not start within {timeout}s: {tail}")
+        return ServicesProcess(int(report["pid"]), self.usage_path, self.log_path)
+
+
+def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
+                   python: str = sys.executable) -> PendingServices:
+    """Spawn the daemon for ``job`` and return at once; call ``ready()`` on the result.
+    (The agent's forwarder waits for the sockets, so the agent may be launched meanwhile.)"""
     usage_path = private_dir / f"{token}.usage.json"
     log_path = private_dir / f"{token}.services.log"
     job = {**job, "usage": str(usage_path)}
@@ -70,27 +107,26 @@ def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
             pass_fds=(job_r, ready_w), close_fds=True, start_new_session=True, cwd="/",
             env=env,
         )
+    except OSError:
+        for fd in (job_r, job_w, ready_r, ready_w):
+            os.close(fd)
+        raise
     finally:
         os.close(log_fd)
-        os.close(job_r)
-        os.close(ready_w)
+    os.close(job_r)
+    os.close(ready_w)
     try:
         with os.fdopen(job_w, "wb") as fh:
             fh.write(json.dumps(job).encode())
     except BrokenPipeError:
-        pass
-    try:
-        report = _read_ready(ready_r, timeout)
-    finally:
-        os.close(ready_r)
-        proc.wait(timeout=timeout)  # the intermediate exits after forking
-    if report is None:
-        try:
-            tail = log_path.read_text(errors="replace")[-2000:].strip()
-        except OSError:
-            tail = ""
-        raise ServicesStartError(f"the run's services did not start within {timeout}s: {tail}")
-    return ServicesProcess(int(report["pid"]), usage_path, log_path)
+        pass  # it died at once: ready() reports its log
+    return PendingServices(proc, ready_r, usage_path, log_path)
+
+
+def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
+                    timeout: float = 30.0, python: str = sys.executable) -> ServicesProcess:
+    """:func:`start_services` and wait until the sockets are bound."""
+    return start_services(job, private_dir, token, python=python).ready(timeout)
 
 
 def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
