@@ -12,11 +12,13 @@ RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corr
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex]
+        [--services inprocess|detached]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -91,8 +93,8 @@ def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int
-                     ) -> tuple[float, float, float]:
+async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int,
+                     detached: bool) -> tuple[float, float, float]:
     t_create = time.perf_counter()
     handle = await provider.create(with_agent_binds(SandboxSpec()))
     create = time.perf_counter() - t_create
@@ -107,8 +109,14 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
         nonce = new_nonce()
         first = None
         last = None
-        async with prepared.services():
+        async with contextlib.AsyncExitStack() as stack:
+            if detached:
+                pending = await prepared.start_services(paths)
+            else:
+                await stack.enter_async_context(prepared.services())
             await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+            if detached:
+                await anyio.to_thread.run_sync(pending.ready)
             async for batch in translate_run(h, RunContext(run_id, run_id), paths,
                                              nonce=nonce):
                 if batch.item is not None and first is None:
@@ -135,11 +143,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--cli", nargs="+", default=["claude-code", "codex"])
+    ap.add_argument("--services", choices=["inprocess", "detached"], default="inprocess",
+                    help="model proxy in the driving process, or the detached daemon")
     args = ap.parse_args()
     for name in args.cli:
         install_agent(name)
     provider = BubblewrapProvider()
-    print(f"{args.runs} runs per CLI and mode, interleaved; times in ms (p50 / p90)")
+    print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
+          "times in ms (p50 / p90)")
     for name in args.cli:
         h = harness_for(name)
         direct_first: list[float] = []
@@ -153,7 +164,8 @@ def main() -> int:
                 f, t = direct_run(h, srv)
                 direct_first.append(f)
                 direct_total.append(t)
-                f, t, c = anyio.run(corral_run, h, srv, provider, i)
+                f, t, c = anyio.run(corral_run, h, srv, provider, i,
+                                    args.services == "detached")
                 c_first.append(f)
                 c_total.append(t)
                 creates.append(c)
