@@ -145,8 +145,9 @@ def _remembering_script(first_answer: str) -> Any:
 
 
 @pytest.mark.parametrize("cli", CLIS)
-def test_resume_continues_the_cli_session_after_the_sandbox_is_destroyed(
-        cli: str, sandbox_factory: Any, bwrap: Any, model_server: ModelServer) -> None:
+@pytest.mark.parametrize("destroy", [False, True], ids=["same-sandbox", "fresh-sandbox"])
+def test_resume_continues_the_cli_session(cli: str, destroy: bool, sandbox_factory: Any,
+                                          bwrap: Any, model_server: ModelServer) -> None:
     model_server.script = _remembering_script("FIRST-ANSWER-42")
     harness = make_harness(cli)
 
@@ -154,8 +155,11 @@ def test_resume_continues_the_cli_session_after_the_sandbox_is_destroyed(
         first_box = await sandbox_factory()
         run1 = await run_agent(harness, first_box, "first prompt XYZZY-7", model_server,
                                thread_id="t-resume", run_id="r1")
-        await bwrap.destroy(first_box.ref)
-        second_box = await sandbox_factory()
+        if destroy:
+            await bwrap.destroy(first_box.ref)
+            second_box = await sandbox_factory()
+        else:
+            second_box = first_box
         run2 = await run_agent(harness, second_box, "second prompt", model_server,
                                thread_id="t-resume", run_id="r2")
         return run1, run2
