@@ -138,3 +138,22 @@ def test_claude_allowed_command_runs_under_a_deny_policy(sandbox_factory: Any,
     run, exists = anyio.run(go)
     assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr)
     assert exists, ([e.model_dump() for e in run.events], run.stderr)
+
+
+def test_harnesses_from_a_run_spec_with_the_real_policy() -> None:
+    from corral.sandbox.policy import Policy
+
+    policy = Policy(allow=("pytest *",), deny=("rm -rf *",), default="deny",
+                    file_write="deny")
+    h = ClaudeCodeHarness.from_spec({"policy": policy.to_dict()})
+    assert isinstance(h, ClaudeCodeHarness) and h.policy == policy
+    assert "Bash(pytest:*)" in flag_values(h.policy_mapping.argv, "--allowedTools")
+    assert "Bash(rm -rf:*)" in flag_values(h.policy_mapping.argv, "--disallowedTools")
+    assert ClaudeCodeHarness.from_spec({"version": "2.1.332"}).version == "2.1.332"
+    assert CodexHarness.from_spec({}).policy_mapping.bypass
+    with pytest.raises(ConfigError, match="Codex cannot enforce"):
+        CodexHarness.from_spec({"policy": policy.to_dict()})
+    with pytest.raises(ConfigError, match="bad policy"):
+        ClaudeCodeHarness.from_spec({"policy": {"bogus": 1}})
+    with pytest.raises(ConfigError):
+        ClaudeCodeHarness.from_spec({"policy": {"default": "ask"}})  # Policy's default

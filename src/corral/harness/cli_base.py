@@ -255,6 +255,26 @@ class CliHarness:
         # Definition time: an unenforceable rule raises here, not when the agent runs.
         self.policy_mapping = self.map_policy(policy)
 
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> CliHarness:
+        """Build from a run's JSON spec (for ``corral.harness.registry``): optional
+        ``version`` (str) and ``policy`` (a :class:`corral.sandbox.policy.Policy` or its
+        ``to_dict()`` form)."""
+        version = spec.get("version")
+        if version is not None and not isinstance(version, str):
+            raise ConfigError(f"{cls.name}: 'version' must be a string")
+        policy = spec.get("policy")
+        if isinstance(policy, Mapping):
+            from corral.sandbox.policy import Policy
+
+            try:
+                policy = Policy(**dict(policy))
+            except TypeError as exc:
+                raise ConfigError(f"{cls.name}: bad policy in the run spec: {exc}") from None
+        if policy is not None and not isinstance(policy, PolicyLike):
+            raise ConfigError(f"{cls.name}: 'policy' must be a Policy or a mapping")
+        return cls(version=version, policy=policy)
+
     # -- for subclasses
     def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:
         """Map a policy onto the CLI's permission system; raise :class:`ConfigError`
