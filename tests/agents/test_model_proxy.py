@@ -274,3 +274,26 @@ def test_property_meter_never_raises_on_garbage(chunks: list[bytes], api: str, s
         meter.feed(c)
     usage = meter.finish()
     assert usage.total >= 0
+
+
+def test_only_model_api_paths_are_forwarded(sock: Path) -> None:
+    with ModelServer([Text("ok")]) as srv:
+        proxy = ModelProxy(Upstream("openai", srv.openai_url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
+            return [await c.get("/v1/files"),
+                    await c.post("/v1/fine_tuning/jobs", json={}),
+                    await c.post("/v1/responses/../files", json={}),
+                    await c.get("/v1/models"),
+                    await c.post("/v1/responses", json=OPENAI_BODY)]
+
+        files, tune, dots, models, ok = with_proxy(proxy, sock, body)
+        paths = [r.path for r in srv.requests]
+    assert [r.status_code for r in (files, tune, dots)] == [403, 403, 403]
+    assert "'/v1/files' is not a model API path" in files.json()["error"]["message"]
+    assert (models.status_code, ok.status_code) == (200, 200)
+    assert paths == ["/v1/models", "/v1/responses"]  # the refused ones never left the host
+    up = Upstream("anthropic", "http://x", "k")
+    assert up.allows("/v1/messages?beta=true") and up.allows("/v1/messages/count_tokens")
+    assert not up.allows("/v1/messagesX") and not up.allows("/v1/files")
+    assert Upstream("anthropic", "http://x", "k", allowed_paths=("/",)).allows("/anything")

@@ -193,7 +193,9 @@ class PreparedAgent:
         ``ready()`` on the result (the daemon's ~0.2 s start-up overlaps the CLI's)."""
         up = self.model_proxy.upstream
         job: dict[str, Any] = {
-            "upstream": {"api": up.api, "base_url": up.base_url, "api_key": up.api_key},
+            "upstream": {"api": up.api, "base_url": up.base_url, "api_key": up.api_key,
+                         "allowed_paths": list(up.allowed_paths)
+                         if up.allowed_paths is not None else None},
             "budget": self.model_proxy.budget,
             "idle_timeout": self.model_proxy.idle_timeout,
             "model_socket": str(self.model_socket),

@@ -159,7 +159,9 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     from corral.net.model_proxy import ModelProxy, Upstream
 
     up = job["upstream"]
-    proxy = ModelProxy(Upstream(up["api"], up["base_url"], up["api_key"]),
+    paths = up.get("allowed_paths")
+    proxy = ModelProxy(Upstream(up["api"], up["base_url"], up["api_key"],
+                                tuple(paths) if paths is not None else None),
                        budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
                        usage_path=job["usage"])
     status = Path(job["status"])

@@ -39,6 +39,7 @@ from corral.net.http11 import Request, Response, serve_listener
 
 __all__ = [
     "PLACEHOLDER_KEY",
+    "DEFAULT_PATHS",
     "ModelApi",
     "ModelProxy",
     "Upstream",
@@ -58,6 +59,12 @@ HOP_BY_HOP = frozenset({
 })  # fmt: skip
 CREDENTIAL_HEADERS = frozenset({"x-api-key", "authorization", "api-key", "x-goog-api-key",
                                 "cookie"})
+DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
+    # What the CLIs call; anything else (files, batches, admin, fine-tuning) is refused so
+    # that an agent cannot spend or read through the key beyond model calls.
+    "anthropic": ("/v1/messages", "/v1/models"),
+    "openai": ("/v1/responses", "/v1/chat/completions", "/v1/models"),
+}
 _DEFAULTS: dict[str, tuple[str, str, str]] = {
     # api: (base URL variable, default base URL, key variable)
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
@@ -77,6 +84,10 @@ class Upstream:
     api: ModelApi
     base_url: str
     api_key: str = field(repr=False)
+    allowed_paths: tuple[str, ...] | None = None
+    """Request path prefixes the proxy forwards (``None``: :data:`DEFAULT_PATHS` of the
+    API). A prefix matches the path itself and anything below it (``/v1/messages`` allows
+    ``/v1/messages/count_tokens``)."""
 
     def __post_init__(self) -> None:
         if self.api not in _DEFAULTS:
@@ -104,6 +115,15 @@ class Upstream:
                 f"{api} API (the key stays on the host; the sandbox never sees it)"
             )
         return cls(api, env.get(url_var) or default_url, key)
+
+    def allows(self, target: str) -> bool:
+        """Whether a request target's path is one the proxy forwards."""
+        path = target.split("?", 1)[0]
+        if "/../" in path + "/" or "/./" in path + "/" or "//" in path:
+            return False
+        prefixes = self.allowed_paths if self.allowed_paths is not None else DEFAULT_PATHS[
+            self.api]
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
     def url_for(self, target: str) -> str:
         """The upstream URL for a request target (``/v1/messages?beta=true``)."""
@@ -345,6 +365,11 @@ class ModelProxy:
             url = self.upstream.url_for(request.target)
         except ConfigError as exc:
             return _error(api, 400, "invalid_request_error", f"corral model proxy: {exc}")
+        if not self.upstream.allows(request.target):
+            self.usage.refused += 1
+            return _error(api, 403, "permission_error",
+                          f"corral model proxy: {request.target.split('?', 1)[0]!r} is not a "
+                          "model API path this sandbox may call")
         headers = [(k, v) for k, v in request.headers
                    if k not in HOP_BY_HOP and k not in CREDENTIAL_HEADERS
                    and k != "accept-encoding"]
