@@ -14,7 +14,6 @@ from pathlib import Path
 
 import anyio
 
-from corral.paths import corral_home
 
 AGENTS = ("claude", "codex")
 
@@ -144,20 +143,18 @@ def _stores() -> list[Check]:
 
 
 def _agents() -> list[Check]:
+    """The agent CLIs corral manages (pinned npm versions under the agents root)."""
+    from corral.harness.installs import agents_report
+
     out = []
-    agents_dir = corral_home() / "agents"
-    for name in AGENTS:
-        path = _which(name)
-        if path is None:
-            for cand in (agents_dir / name / "bin" / name, agents_dir / "bin" / name,
-                         agents_dir / name / "node_modules" / ".bin" / name):
-                if os.access(cand, os.X_OK):
-                    path = str(cand)
-                    break
-        if path:
-            out.append(Check(f"agent {name}", "ok", path))
+    for status in agents_report():
+        if not status.supported:
+            continue
+        if status.ok:
+            out.append(Check(f"agent {status.name}", "ok", status.message))
         else:
-            out.append(Check(f"agent {name}", "warn", "not installed", f"corral agents install {name}"))
+            out.append(Check(f"agent {status.name}", "warn", "not installed",
+                             f"corral agents install {status.name}"))
     return out
 
 
