@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast, get_type_hints, overload
+from typing import Any, Protocol, cast, get_type_hints, overload, runtime_checkable
 
 import anyio
 import anyio.to_thread
@@ -30,6 +30,7 @@ __all__ = [
     "ToolArgumentsError",
     "ToolContext",
     "ToolError",
+    "ToolLike",
     "Toolset",
     "UnknownToolError",
     "result_text",
@@ -200,23 +201,43 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
     return wrap
 
 
-class Toolset:
-    """Host tools by unique name."""
+@runtime_checkable
+class ToolLike(Protocol):
+    """What a toolset holds: a :class:`HostTool`, or a remote stub
+    (:class:`corral.tools.remote.RemoteTool`) whose run is delegated elsewhere."""
 
-    def __init__(self, tools: Iterable[HostTool | Callable[..., Any]] = ()) -> None:
-        self._tools: dict[str, HostTool] = {}
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def approval(self) -> bool: ...
+
+    @property
+    def input_schema(self) -> dict[str, Any]: ...
+
+    async def run(self, args: Any, context: ToolContext | None = None) -> Any: ...
+
+
+class Toolset:
+    """Tools by unique name."""
+
+    def __init__(self, tools: Iterable[ToolLike | Callable[..., Any]] = ()) -> None:
+        self._tools: dict[str, ToolLike] = {}
         for t in tools:
             self.add(t)
 
-    def add(self, t: HostTool | Callable[..., Any]) -> HostTool:
+    def add(self, t: ToolLike | Callable[..., Any]) -> ToolLike:
         """Add a tool (a plain callable is wrapped with :meth:`HostTool.from_function`)."""
-        host = t if isinstance(t, HostTool) else HostTool.from_function(t)
+        host = t if isinstance(t, ToolLike) else HostTool.from_function(t)
         if host.name in self._tools:
             raise ConfigError(f"two host tools are named {host.name!r}; names must be unique")
         self._tools[host.name] = host
         return host
 
-    def get(self, name: str) -> HostTool:
+    def get(self, name: str) -> ToolLike:
         """The tool named ``name``; :class:`UnknownToolError` otherwise."""
         try:
             return self._tools[name]
@@ -224,7 +245,7 @@ class Toolset:
             known = ", ".join(sorted(self._tools)) or "none"
             raise UnknownToolError(f"unknown host tool {name!r} (known: {known})") from None
 
-    def __iter__(self) -> Iterator[HostTool]:
+    def __iter__(self) -> Iterator[ToolLike]:
         return iter(self._tools.values())
 
     def __len__(self) -> int:
