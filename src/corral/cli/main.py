@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli.gc_cmd",  # corral gc
     "corral.cli.serve_cmd",  # corral serve
     "corral.cli.agents_cmd",  # corral agents install|ls
+    "corral.cli.approve_cmd",  # corral approve
 )
 
 Handler = Callable[[argparse.Namespace], int]
