@@ -317,3 +317,51 @@ def test_a_second_prompt_on_the_thread_resumes_the_cli_session(
     sessions = [e["value"]["sessionId"] for r in ("r1", "r2") for e in corral.log(r)
                 if e["type"] == "CUSTOM" and e["name"] == "corral.session"]
     assert len(sessions) == 2 and sessions[0] == sessions[1]  # the same CLI session
+
+
+def test_a_detached_run_finished_by_the_reaper_saves_its_session(corral: Corral) -> None:
+    cli = "claude-code"
+    corral.srv.script = _remembering("REAPED-ANSWER-9")
+    out = corral.run("run", "--harness", cli, "--run-id", "d1", "--thread", "TR", "--detach",
+                     "first prompt PLOVER-3")
+    assert out.returncode == 0 and out.stdout.strip() == "d1", out.stderr[-3000:]
+    rec = corral.raw_record("d1")
+    paths = JournalPaths.for_run(rec["journal"]["dir"], "d1")
+    wait_until(lambda: (s := read_status(paths.status)) is not None and s.state == "exited",
+               60, "the detached agent to finish")
+    reaped = corral.run("reap", "--json")
+    assert reaped.returncode == 0, reaped.stderr[-3000:]
+    rec = corral.raw_record("d1")
+    assert rec["status"] == "completed" and rec["usage"]["requests"] == 1
+    assert corral.log("d1")[-1]["type"] == "RUN_FINISHED"
+    second = corral.agent(cli, "d2", "second prompt", "--thread", "TR")
+    assert second.returncode == 0, second.stderr[-3000:]
+    history = "\n".join(corral.srv.model_requests[-1].texts)
+    assert "first prompt PLOVER-3" in history and "REAPED-ANSWER-9" in history
+
+
+def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        'id = "pol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
+    # Codex cannot enforce deny rules: refused before anything runs, in one line.
+    out = corral.run("run", "--harness", "codex", "--model", "gpt-fake", "--workspace", str(ws),
+                     "hello")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "rm -rf" in out.stderr and corral.srv.model_requests == []
+    # Claude Code enforces it with its own permission rules.
+    corral.srv.script = lambda req: Text("ok")
+    out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    spec = corral.raw_record("p1")["spec"]
+    assert spec["policy"]["deny"] == ["rm -rf *"] and spec["policy"]["default"] == "allow"
+    # Without a policy the CLI runs with its prompts off; with this one, its rule mode.
+    session = next(e["value"] for e in corral.log("p1")
+                   if e["type"] == "CUSTOM" and e["name"] == "corral.session")
+    assert session["permissionMode"] == "dontAsk", session
+    assert corral.agent("claude-code", "p2", "hello").returncode == 0
+    session = next(e["value"] for e in corral.log("p2")
+                   if e["type"] == "CUSTOM" and e["name"] == "corral.session")
+    assert session["permissionMode"] == "bypassPermissions", session
+    assert "policy" not in corral.raw_record("p2")["spec"]
