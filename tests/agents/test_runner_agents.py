@@ -365,3 +365,34 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
                    if e["type"] == "CUSTOM" and e["name"] == "corral.session")
     assert session["permissionMode"] == "bypassPermissions", session
     assert "policy" not in corral.raw_record("p2")["spec"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
+    gate = Gate()
+    corral.srv.script = gate
+    try:
+        out = corral.run("run", "--harness", "claude-code", "--run-id", "c1", "--detach",
+                         "run the two steps")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert gate.waiting.wait(60), "the second model call never came"
+        rec = corral.raw_record("c1")
+        services = rec["spec"]["agent"]["services_pid"]
+        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
+        assert status is not None and status.agent_pid is not None
+        assert _alive(services)
+        cancelled = corral.run("cancel", "c1")
+        assert cancelled.returncode == 0, cancelled.stderr
+        rec = corral.raw_record("c1")
+        assert rec["status"] == "aborted"
+        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
+        wait_until(lambda: not _alive(services), 10, "the model proxy daemon to stop")
+    finally:
+        gate.open.set()
