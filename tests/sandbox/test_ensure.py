@@ -301,3 +301,36 @@ async def test_local_dir_and_inline_files_sources(store: Store, tmp_path: Path) 
         assert await e.handle.fs.read("c.bin") == b"\x00\x01"
     finally:
         await inline.destroy(ctx(), store=store)
+
+
+async def test_spec_hook_shapes_a_new_sandbox_and_not_a_resumed_one(store: Store) -> None:
+    import shutil
+    import tempfile
+    from dataclasses import replace as dc_replace
+
+    from corral.sandbox.contracts import SandboxSpec
+
+    # Not under tmp_path: pytest makes it 0700, out of reach of the sandbox's uid.
+    shared = Path(tempfile.mkdtemp(prefix="corral-hook-", dir="/var/tmp"))
+    shared.chmod(0o755)
+    (shared / "hello.txt").write_text("from the host\n")
+    calls: list[SandboxSpec] = []
+
+    def hook(spec: SandboxSpec) -> SandboxSpec:
+        calls.append(spec)
+        return dc_replace(spec, binds=[*spec.binds, (str(shared), "/opt/shared")])
+
+    sb = Sandbox(provider="bubblewrap", lifecycle=Lifecycle(reuse="thread"))
+    first = await sb.ensure(ctx("r1"), store=store, spec_hook=hook)
+    try:
+        assert first.origin == "created" and len(calls) == 1
+        out = await first.handle.process.exec(["cat", "/opt/shared/hello.txt"])
+        assert out.stdout == b"from the host\n", out
+        second = await sb.ensure(ctx("r2"), store=store, spec_hook=hook)
+        assert second.origin == "resumed" and second.handle.id == first.handle.id
+        assert len(calls) == 1  # not called again: the sandbox keeps what it was made with
+        out = await second.handle.process.exec(["cat", "/opt/shared/hello.txt"])
+        assert out.stdout == b"from the host\n"
+    finally:
+        await sb.destroy(ctx("r1"), store=store)
+        shutil.rmtree(shared, ignore_errors=True)

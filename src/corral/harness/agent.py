@@ -69,6 +69,8 @@ __all__ = [
     "FinishReport",
     "PreparedAgent",
     "agent_binds",
+    "agent_prerequisites",
+    "finish_agent_run",
     "new_net_dir",
     "prepare_agent",
     "with_agent_binds",
@@ -212,33 +214,76 @@ class PreparedAgent:
                      ) -> FinishReport:
         """After the agent exited: find the CLI's session id in the journal and save the
         session files for the thread. Never raises; problems are listed in the report."""
-        report = FinishReport(usage=self.model_proxy.usage)
-        if paths is not None:
-            detached = _usage_file(paths)
-            if detached is not None:  # the services ran as a daemon (launch_services)
-                report.usage = detached
-            try:
-                report.session_id = await _session_from_journal(self.harness, paths, nonce)
-            except (OSError, CorralError) as exc:
-                report.errors.append(f"cannot read the journal: {exc}")
-        if report.session_id is None and self.resumed is not None:
-            report.session_id = self.resumed.session_id
-        if report.session_id is not None:
-            try:
-                report.saved = await save_session(
-                    self.handle, self.harness.name, self.harness.session_dirs, self.thread_id,
-                    report.session_id)
-            except (OSError, CorralError) as exc:
-                report.errors.append(f"cannot save the {self.harness.name} session: {exc}")
-        for sock in (self.model_socket, self.egress_socket):
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    if stat.S_ISSOCK(os.lstat(sock).st_mode):
-                        os.unlink(sock)
-        if self.own_net_dir is not None:
-            with contextlib.suppress(OSError):
-                os.rmdir(self.own_net_dir)
+        report = await finish_agent_run(
+            self.harness, self.handle, self.thread_id, paths, nonce,
+            resumed_session=self.resumed.session_id if self.resumed is not None else None,
+            sockets=[s for s in (self.model_socket, self.egress_socket) if s is not None],
+            own_net_dir=self.own_net_dir)
+        if paths is None or _usage_file(paths) is None:
+            report.usage = self.model_proxy.usage  # the services ran in this process
         return report
+
+
+async def finish_agent_run(
+    harness: CliHarness,
+    handle: Handle | None,
+    thread_id: str,
+    paths: JournalPaths | None,
+    nonce: str | None,
+    *,
+    resumed_session: str | None = None,
+    sockets: Sequence[Path] = (),
+    own_net_dir: Path | None = None,
+) -> FinishReport:
+    """The end of a run of an agent CLI, from what any host can know: the session id from
+    the journal (else ``resumed_session``) and its files saved for ``thread_id`` (when the
+    sandbox ``handle`` is still there), the usage written by a detached services daemon,
+    and the run's sockets (and own socket directory) removed. Never raises; problems are
+    listed in the report. Saving twice is harmless (the later copy wins)."""
+    report = FinishReport()
+    if paths is not None:
+        detached = _usage_file(paths)
+        if detached is not None:  # the services ran as a daemon (launch_services)
+            report.usage = detached
+        try:
+            report.session_id = await _session_from_journal(harness, paths, nonce)
+        except (OSError, CorralError) as exc:
+            report.errors.append(f"cannot read the journal: {exc}")
+    if report.session_id is None:
+        report.session_id = resumed_session
+    if report.session_id is not None and handle is not None:
+        try:
+            report.saved = await save_session(
+                handle, harness.name, harness.session_dirs, thread_id, report.session_id)
+        except (OSError, CorralError) as exc:
+            report.errors.append(f"cannot save the {harness.name} session: {exc}")
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(sock).st_mode):
+                os.unlink(sock)
+    if own_net_dir is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(own_net_dir)
+    return report
+
+
+def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
+                        upstream: Upstream | None = None) -> tuple[InstalledAgent, Upstream]:
+    """The installed CLI and the model upstream for ``harness`` (default: from the host's
+    ``ANTHROPIC_*`` / ``OPENAI_*`` variables). Raises :class:`PrerequisiteMissing` naming
+    the fix (``corral agents install NAME``, the variable to set)."""
+    install = find_installed(harness.name, harness.version, root=agents)
+    if install is None:
+        raise PrerequisiteMissing(
+            f"{harness.name} {harness.version} is not installed: run `corral agents install "
+            f"{harness.name}" + (f" --version {harness.version}`"
+                                 if harness.version != harness.package.version else "`")
+        )
+    upstream = upstream or Upstream.from_env(harness.model_api)
+    if upstream.api != harness.model_api:
+        raise ConfigError(f"{harness.name} speaks the {harness.model_api} API; the upstream "
+                          f"given is {upstream.api}")
+    return install, upstream
 
 
 async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce: str | None
@@ -326,17 +371,7 @@ async def prepare_agent(
     """
     if not isinstance(harness, CliHarness):
         raise ConfigError(f"prepare_agent needs an agent-CLI harness, got {harness!r}")
-    install = find_installed(harness.name, harness.version, root=agents)
-    if install is None:
-        raise PrerequisiteMissing(
-            f"{harness.name} {harness.version} is not installed: run `corral agents install "
-            f"{harness.name}" + (f" --version {harness.version}`"
-                                 if harness.version != harness.package.version else "`")
-        )
-    upstream = upstream or Upstream.from_env(harness.model_api)
-    if upstream.api != harness.model_api:
-        raise ConfigError(f"{harness.name} speaks the {harness.model_api} API; the upstream "
-                          f"given is {upstream.api}")
+    install, upstream = agent_prerequisites(harness, agents=agents, upstream=upstream)
     token = _run_token(run_id)
     own_net: Path | None = None
     options: dict[str, Any] = dict(request.options)

@@ -20,7 +20,25 @@ def _command(spec: Mapping[str, Any]) -> Harness:
     return CommandHarness(list(argv))
 
 
-_FACTORIES: dict[str, HarnessFactory] = {"command": _command}
+def _claude_code(spec: Mapping[str, Any]) -> Harness:
+    # Imported here: the agent-CLI modules pull in the journal and net code, which import
+    # parts of corral.runs (which imports this registry).
+    from corral.harness.claude_code import ClaudeCodeHarness
+
+    return ClaudeCodeHarness.from_spec(spec)
+
+
+def _codex(spec: Mapping[str, Any]) -> Harness:
+    from corral.harness.codex import CodexHarness
+
+    return CodexHarness.from_spec(spec)
+
+
+_FACTORIES: dict[str, HarnessFactory] = {
+    "command": _command,
+    "claude-code": _claude_code,
+    "codex": _codex,
+}
 
 
 def register_harness(name: str, factory: HarnessFactory) -> None:
@@ -29,6 +47,7 @@ def register_harness(name: str, factory: HarnessFactory) -> None:
 
 
 def harness_names() -> list[str]:
+    """The registered harness names, sorted."""
     return sorted(_FACTORIES)
 
 

@@ -175,14 +175,25 @@ async def reap_runner_runs(
     journals_dir: str | None = None,
     logger: logging.Logger | None = None,
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+    before_reclaim: Callable[[RunRecord], Awaitable[None]] | None = None,
 ) -> tuple[ReapResult, PruneResult | None]:
     """One sweep over Runner-started runs with the collaborators above, then (when
-    ``journals_dir`` is given) one journal prune of that directory."""
+    ``journals_dir`` is given) one journal prune of that directory. ``before_reclaim`` runs
+    before a run's sandbox is reclaimed (e.g. to save an agent CLI's session from it); it
+    must not raise."""
+    reclaim = record_reclaimer(provider_for, store, logger=logger)
+    if before_reclaim is not None:
+        plain, first = reclaim, before_reclaim
+
+        async def reclaim(record: RunRecord) -> ReclaimOutcome:
+            await first(await store.get(record.run_id) or record)
+            return await plain(record)
+
     result = await reap_detached_runs(
         store,
         probe=probe_run_exit,
         drive=journal_drive(store, redactor_for=redactor_for),
-        reclaim=record_reclaimer(provider_for, store, logger=logger),
+        reclaim=reclaim,
         stop=journal_stop,
         ttl=ttl,
         now=now,

@@ -21,8 +21,10 @@ Invariants kept here (DESIGN §4):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -33,9 +35,17 @@ from typing import Any
 import anyio
 
 from corral.errors import ConfigError, CorralError
+from corral.harness.agent import (
+    agent_prerequisites,
+    finish_agent_run,
+    prepare_agent,
+    with_agent_binds,
+)
 from corral.harness.base import AgentRequest, Harness, RunContext, translate_run
+from corral.harness.cli_base import CliHarness
 from corral.harness.events import event_to_dict
 from corral.harness.registry import build_harness
+from corral.net.daemon import PendingServices
 from corral.paths import corral_home
 from corral.providers import get_provider
 from corral.runs.claims import hold_claim
@@ -62,6 +72,7 @@ from corral.sandbox.definition import Sandbox
 from corral.sandbox.ensure import Ensured, _snapshotter, destroy_record, release
 from corral.sandbox.key import RunContext as SandboxContext
 from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.policy import Policy
 from corral.sandbox.redact import Redactor
 from corral.sandbox.sources import LocalDir
 
@@ -131,6 +142,11 @@ class RunRequest:
         out: dict[str, Any] = {**dict(self.options), "sandbox": sandbox.to_dict()}
         if self.command is not None:
             out["argv"] = list(self.command)
+        if self.harness != "command" and sandbox.policy != Policy():
+            # Only a policy the user wrote: the default one (default "ask") cannot be
+            # enforced by the agent CLIs, and without one they run with their permission
+            # prompts off, confined by the sandbox.
+            out["policy"] = sandbox.policy.to_dict()
         return out
 
 
@@ -230,9 +246,16 @@ class Runner:
         sandbox = request.definition()
         spec = request.spec(sandbox)
         harness = build_harness(request.harness, spec)
-        agent = harness.build_command(
-            AgentRequest(prompt=request.prompt, env=dict(request.env), options=request.options)
+        agent_request = AgentRequest(
+            prompt=request.prompt, env=dict(request.env), options=request.options
         )
+        if isinstance(harness, CliHarness):
+            # Checked before anything is recorded: a missing CLI or key is the user's to fix.
+            agent_prerequisites(harness)
+            if not (request.prompt or "").strip():
+                raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
+        else:
+            agent = harness.build_command(agent_request)
         provider = sandbox.get_provider()
         if not provider.capabilities.host_processes:
             raise ConfigError(
@@ -262,7 +285,14 @@ class Runner:
                     await self.store.append(
                         run_id, [(event_to_dict(e), 0) for e in start], epoch=held.epoch
                     )
-                ensured = await sandbox.ensure(sctx, store=self.store)
+                cli = isinstance(harness, CliHarness)
+                ensured = await sandbox.ensure(
+                    sctx,
+                    store=self.store,
+                    # agent CLIs need their install and the model proxy's socket directory
+                    spec_hook=with_agent_binds
+                    if cli and provider.capabilities.isolated else None,
+                )
                 handle = ensured.handle
                 await self.store.update(
                     run_id,
@@ -271,27 +301,36 @@ class Runner:
                         sandbox_ref={"provider": provider.name, "id": handle.id},
                     ),
                 )
-                # Secrets reach the agent only here: through the supervisor's pipe into the
-                # agent's environment; never the store, the journal or a file.
-                host = handle.host_command(
-                    agent.argv, cwd=agent.cwd, env=ensured.exec_env(agent.env)
-                )
-                launched = await launch_supervised_async(
-                    AgentSpec(
-                        argv=host.argv,
-                        env=host.env,
-                        cwd=host.cwd,
-                        stdin=agent.stdin,
-                        redact=ensured.redactor.table(),
-                    ),
-                    paths,
-                    nonce,
-                )
+                if isinstance(harness, CliHarness):
+                    launched_agent = await self._launch_cli_agent(
+                        harness, ensured, agent_request, run_id, thread_id, paths, nonce,
+                        sandbox, spec,
+                    )
+                else:
+                    # Secrets reach the agent only here: through the supervisor's pipe into
+                    # the agent's environment; never the store, the journal or a file.
+                    host = handle.host_command(
+                        agent.argv, cwd=agent.cwd, env=ensured.exec_env(agent.env)
+                    )
+                    launched_agent = await launch_supervised_async(
+                        AgentSpec(
+                            argv=host.argv,
+                            env=host.env,
+                            cwd=host.cwd,
+                            stdin=agent.stdin,
+                            redact=ensured.redactor.table(),
+                        ),
+                        paths,
+                        nonce,
+                    )
                 log.info("run %s: agent started (supervisor pid %d)", run_id,
-                         launched.supervisor_pid)
+                         launched_agent.supervisor_pid)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     if ensured is not None:
+                        if paths.status.exists():  # launched, then something failed
+                            with anyio.move_on_after(30):
+                                await kill_supervised_async(paths, grace=0.5)
                         await self._finish_sandbox(await self._require(run_id), "aborted")
                     await self._fail_start(run_id, held.epoch, exc, sandbox)
                 if isinstance(exc, Exception):
@@ -299,6 +338,107 @@ class Runner:
                     raise RunStartError(f"run {run_id} could not start: {message}") from None
                 raise
         return await self._require(run_id)
+
+    async def _launch_cli_agent(
+        self,
+        harness: CliHarness,
+        ensured: Ensured,
+        request: AgentRequest,
+        run_id: str,
+        thread_id: str,
+        paths: JournalPaths,
+        nonce: str,
+        sandbox: Sandbox,
+        spec: Mapping[str, Any],
+    ) -> Any:
+        """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
+        (so the run keeps its model when no process drives it), launch it supervised, and
+        record what a successor needs to finish the run."""
+        instructions = sandbox.workspace.instructions
+        prepared = await prepare_agent(
+            harness, ensured.handle, request, thread_id=thread_id, run_id=run_id,
+            instructions=instructions if isinstance(instructions, str) else None,
+        )
+        # The sandbox's secrets join the agent's environment (as for any agent), under the
+        # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
+        prepared.command = replace(
+            prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
+        )
+        agent_info: dict[str, Any] = {
+            "resumed_session": prepared.resumed.session_id if prepared.resumed else None,
+            "sockets": [str(p) for p in (prepared.model_socket, prepared.egress_socket) if p],
+            "own_net_dir": str(prepared.own_net_dir) if prepared.own_net_dir else None,
+        }
+        await self.store.update(run_id, RunPatch(spec={**spec, "agent": agent_info}))
+        pending = await prepared.start_services(paths)
+        try:
+            launched = await launch_supervised_async(
+                replace(prepared.agent_spec(), redact=ensured.redactor.table()), paths, nonce
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: _stop_pending(pending))
+            raise
+        services = await anyio.to_thread.run_sync(pending.ready)
+        agent_info["services_pid"] = services.pid
+        await self.store.update(run_id, RunPatch(spec={**spec, "agent": agent_info}))
+        return launched
+
+    async def _finish_agent(self, record: RunRecord) -> None:
+        """The end of an agent-CLI run (any host, any outcome): save the CLI session for the
+        thread's next prompt while the sandbox is still there, and record the tokens the
+        model proxy metered."""
+        if record.harness in (None, "command"):
+            return
+        try:
+            harness = self._harness(record)
+        except CorralError as exc:
+            log.warning("run %s: cannot rebuild its harness: %s", record.run_id, exc)
+            return
+        if not isinstance(harness, CliHarness):
+            return
+        info = (record.spec or {}).get("agent")
+        info = info if isinstance(info, Mapping) else {}
+        paths = self._paths(record)
+        pid = info.get("services_pid")
+        if isinstance(pid, int):
+            # The daemon writes its last usage as the agent exits, then stops.
+            with anyio.move_on_after(3):
+                while _process_alive(pid):
+                    await anyio.sleep(0.05)
+        handle = None
+        ref = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if isinstance(name, str) and isinstance(sandbox_id, str):
+            try:
+                handle = await self.provider(name).resume(sandbox_id)
+            except CorralError as exc:
+                log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
+        resumed = info.get("resumed_session")
+        own = info.get("own_net_dir")
+        report = await finish_agent_run(
+            harness, handle, record.thread_id, paths, self._nonce(record),
+            resumed_session=resumed if isinstance(resumed, str) else None,
+            sockets=[Path(p) for p in info.get("sockets") or [] if isinstance(p, str)],
+            own_net_dir=Path(own) if isinstance(own, str) else None,
+        )
+        for error in report.errors:
+            log.warning("run %s: %s", record.run_id, error)
+        if paths is not None and report.usage.requests:
+            u = report.usage
+            await self.store.update(record.run_id, RunPatch(usage={
+                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+                "cache_read_tokens": u.cache_read_tokens,
+                "cache_write_tokens": u.cache_write_tokens,
+                "total_tokens": u.total, "requests": u.requests, "refused": u.refused,
+            }))
+
+    async def _finish_agent_quietly(self, record: RunRecord) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(60):
+            try:
+                await self._finish_agent(record)
+            except Exception as exc:  # noqa: BLE001 - the reaper goes on
+                log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
 
     async def _fail_start(
         self, run_id: str, epoch: int, exc: BaseException, sandbox: Sandbox
@@ -471,6 +611,10 @@ class Runner:
                 log.error("finishing the sandbox of run %s failed: %s", record.run_id, exc)
 
     async def _finish_sandbox_now(self, record: RunRecord, outcome: str) -> None:
+        try:
+            await self._finish_agent(record)  # before the sandbox may go
+        except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
+            log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
         sandbox = self._definition(record)
         key = record.sandbox_key
         if sandbox is not None and key is None:
@@ -531,6 +675,7 @@ class Runner:
             owner=self.owner,
             journals_dir=str(journals) if journals.is_dir() else None,
             redactor_for=self.redactor_for,
+            before_reclaim=self._finish_agent_quietly,
         )
         # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
         try:
@@ -605,6 +750,24 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
             await self._finish_sandbox(record, "aborted")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
+
+
+def _stop_pending(pending: PendingServices) -> None:
+    """Stop a services daemon whose agent never started (it would wait for a minute)."""
+    try:
+        services = pending.ready(10.0)
+    except CorralError:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(services.pid, signal.SIGTERM)
 
 
 async def _never_launched() -> AsyncIterator[Produced]:

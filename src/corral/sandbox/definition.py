@@ -24,7 +24,7 @@ from corral.sandbox.sources import source_from_dict
 from corral.sandbox.workspace import Workspace
 
 if TYPE_CHECKING:
-    from corral.sandbox.ensure import Ensured, InstanceStoreLike
+    from corral.sandbox.ensure import Ensured, InstanceStoreLike, SpecHook
 
 __all__ = ["Sandbox"]
 
@@ -119,11 +119,19 @@ class Sandbox:
         )
 
     # ------------------------------------------------------------------ instances
-    async def ensure(self, ctx: RunContext, *, store: InstanceStoreLike | None = None) -> Ensured:
-        """Resume, restore or create (and bootstrap) the sandbox for ``ctx``."""
+    async def ensure(
+        self,
+        ctx: RunContext,
+        *,
+        store: InstanceStoreLike | None = None,
+        spec_hook: SpecHook | None = None,
+    ) -> Ensured:
+        """Resume, restore or create (and bootstrap) the sandbox for ``ctx``.
+        ``spec_hook`` adjusts the spec of a sandbox made here (see
+        :func:`corral.sandbox.ensure.ensure`)."""
         from corral.sandbox.ensure import ensure
 
-        return await ensure(self, ctx, store=store)
+        return await ensure(self, ctx, store=store, spec_hook=spec_hook)
 
     async def destroy(self, ctx: RunContext, *, store: InstanceStoreLike | None = None) -> bool:
         """Destroy the sandbox for ``ctx`` and forget it. True when there was one."""

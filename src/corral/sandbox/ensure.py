@@ -16,7 +16,7 @@ import os
 import secrets as _secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,6 +40,7 @@ __all__ = [
     "Ensured",
     "InstanceStoreLike",
     "Origin",
+    "SpecHook",
     "destroy",
     "ensure",
     "key_lock",
@@ -50,6 +51,9 @@ log = get_logger("corral.sandbox.ensure")
 
 InstanceStoreLike = InstanceStore
 Origin = Literal["resumed", "rebootstrapped", "restored", "created"]
+SpecHook = Callable[[SandboxSpec], SandboxSpec]
+"""Adjusts the spec of a sandbox being created or restored (e.g. extra binds for agent
+CLIs). Not part of the instance key: a resumed sandbox keeps what it was created with."""
 
 LOCK_TTL = 30.0
 LOCK_WAIT = 3600.0
@@ -209,9 +213,16 @@ async def _marker_ok(sandbox: Sandbox, handle: Handle) -> bool:
 
 # ---------------------------------------------------------------------- ensure
 async def ensure(
-    sandbox: Sandbox, ctx: RunContext, *, store: InstanceStore | None = None
+    sandbox: Sandbox,
+    ctx: RunContext,
+    *,
+    store: InstanceStore | None = None,
+    spec_hook: SpecHook | None = None,
 ) -> Ensured:
-    """Resume, restore or create + bootstrap the sandbox for ``ctx`` (see module doc)."""
+    """Resume, restore or create + bootstrap the sandbox for ``ctx`` (see module doc).
+
+    ``spec_hook`` is applied to the spec of a sandbox that is created or restored here (a
+    resumed one keeps the spec it was created with)."""
     provider = sandbox.get_provider()
     key = sandbox.key(ctx)
     snapshots = _snapshotter(sandbox, provider)
@@ -220,7 +231,7 @@ async def ensure(
             provider.name, "snapshots", "set lifecycle.snapshot = 'none' for this provider"
         )
     async with _store_for(store) as st, key_lock(st, key):
-        ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st)
+        ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st, spec_hook)
     await call_hook(sandbox.hooks.on_ready, "on_ready", ensured.handle)
     return ensured
 
@@ -232,7 +243,12 @@ async def _ensure_locked(
     provider: Provider,
     snapshots: Snapshotter | None,
     store: InstanceStore,
+    spec_hook: SpecHook | None = None,
 ) -> Ensured:
+    def spec() -> SandboxSpec:
+        base = _spec(sandbox, key)
+        return spec_hook(base) if spec_hook is not None else base
+
     existing = await store.get_instance(key)
     if existing is not None and existing.provider != provider.name:
         existing = None  # the key covers the provider; a mismatch is not ours to touch
@@ -244,7 +260,7 @@ async def _ensure_locked(
             ref = SnapshotRef(provider.name, existing.latest_snapshot_id)
             try:
                 if await snapshots.exists(ref):
-                    handle = await snapshots.restore(ref, _spec(sandbox, key))
+                    handle = await snapshots.restore(ref, spec())
                     origin = "restored"
             except CorralError as exc:
                 log.warning("restoring snapshot %s failed, creating anew: %s", ref.id, exc)
@@ -279,7 +295,7 @@ async def _ensure_locked(
             return Ensured(handle, key, record, origin, sandbox.secrets)
 
     # create + bootstrap
-    handle = await provider.create(_spec(sandbox, key))
+    handle = await provider.create(spec())
     now = time.time()
     try:
         await store.upsert_instance(

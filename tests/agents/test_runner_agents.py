@@ -1,0 +1,398 @@
+"""`corral run --harness claude-code|codex`: the real CLIs as durable runs.
+
+Real bubblewrap sandboxes, real SQLite, `corral` in subprocesses, the scripted model server
+on 127.0.0.1 as the host's ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` (the model proxy the
+Runner starts forwards to it with the "real" key, which must never enter the sandbox or the
+store).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.harness.base import RunContext, translate_run
+from corral.harness.events import event_to_dict
+from corral.harness.registry import build_harness
+from corral.runs.layout import JournalPaths, read_status
+from corral.testkit.leaks import assert_no_secrets, find_secrets
+from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+
+from .conftest import CLIS, REAL_KEY, agent_cache
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
+
+EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt"
+TOOL_EVENTS = ("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT")
+
+
+@pytest.fixture
+def bwfiles() -> Iterator[Path]:
+    """A private bubblewrap files root (so the leak scan covers this test's sandboxes)."""
+    root = Path(tempfile.mkdtemp(prefix="corral-bw-", dir="/var/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class Corral:
+    """`corral` in subprocesses against one private home, the model server as upstream."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], home: Path, srv: ModelServer
+                 ) -> None:
+        self.cmd, self.env, self.home, self.srv = cmd, env, home, srv
+        self.db = home / "corral.db"
+
+    def run(self, *args: str, timeout: float = 180, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.cmd, *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, check=False)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*self.cmd, *args], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def agent(self, cli: str, run_id: str, prompt: str, *extra: str
+              ) -> subprocess.CompletedProcess[str]:
+        return self.run("run", "--harness", cli, *model_args(cli), "--run-id", run_id,
+                        "--json", *extra, prompt)
+
+    def raw_record(self, run_id: str) -> dict[str, Any]:
+        with sqlite3.connect(self.db) as conn:
+            (doc,) = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        data: dict[str, Any] = json.loads(doc)
+        return data
+
+    def log(self, run_id: str) -> list[dict[str, Any]]:
+        with sqlite3.connect(self.db) as conn:
+            rows = conn.execute("SELECT offset, event FROM events WHERE run_id = ? "
+                                "ORDER BY offset", (run_id,)).fetchall()
+        assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), "log offsets must be gap-free"
+        return [json.loads(r[1]) for r in rows]
+
+
+@pytest.fixture
+def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
+           model_server: ModelServer, bwfiles: Path) -> Iterator[Corral]:
+    env = dict(cli_env)
+    env.update({
+        "CORRAL_AGENTS_DIR": str(agent_cache()),
+        "CORRAL_BWRAP_FILES": str(bwfiles),
+        "CORRAL_LEASE_TTL": "3",
+        "ANTHROPIC_BASE_URL": model_server.url,
+        "ANTHROPIC_API_KEY": REAL_KEY,
+        "OPENAI_BASE_URL": model_server.openai_url,
+        "OPENAI_API_KEY": REAL_KEY,
+    })
+    c = Corral(corral_cmd, env, corral_home, model_server)
+    yield c
+    listed = c.run("sandboxes", "ls", "--json", timeout=60)
+    ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
+    if ids:
+        c.run("sandboxes", "rm", *ids, timeout=60)
+
+
+def model_args(cli: str) -> list[str]:
+    # Codex's default model sends tools in a shape the scripted server does not script.
+    return ["--model", "gpt-fake"] if cli == "codex" else []
+
+
+def ndjson(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def texts(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def retranslated(c: Corral, run_id: str) -> list[dict[str, Any]]:
+    """The run's whole journal translated afresh in one go (what an uninterrupted driver
+    would have logged from this journal)."""
+    rec = c.raw_record(run_id)
+    paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
+    harness = build_harness(rec["harness"], rec["spec"])
+
+    async def go() -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        async for batch in translate_run(harness, RunContext(run_id, rec["thread_id"]), paths,
+                                         nonce=rec["journal"]["nonce"]):
+            out += [event_to_dict(e) for e in batch.events]
+        return out
+
+    return anyio.run(go)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_corral_run_drives_the_cli_through_a_tool_call(cli: str, corral: Corral,
+                                                       tmp_path: Path) -> None:
+    corral.srv.script = lambda req: (
+        Text("All done: " + "\n".join(req.tool_results).strip()) if req.tool_results
+        else ToolCall(EDIT, text="I'll edit the file."))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "note.txt").write_text("original\n")
+    out = corral.agent(cli, "r1", "please edit note.txt", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = ndjson(out.stdout)
+    events = [p["event"] for p in printed]
+    assert events == corral.log("r1")
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    for kind in TOOL_EVENTS:
+        assert kinds.count(kind) == 1, (kind, kinds)
+    assert [kinds.index(k) for k in TOOL_EVENTS] == sorted(kinds.index(k) for k in TOOL_EVENTS)
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert "edited by the agent" in result["content"]  # the tool ran in the workspace copy
+    final = texts(events).split("All done:", 1)
+    assert len(final) == 2 and "edited by the agent" in final[1]  # the model saw the result
+    finished = events[-1]
+    assert finished["usage"] and finished["usage"][0]["outputTokens"], finished
+    rec = corral.raw_record("r1")
+    assert rec["status"] == "completed" and rec["harness"] == cli
+    # The model proxy metered exactly what the server streamed: 2 x (100 in, 20 out).
+    assert rec["usage"]["requests"] == 2
+    assert (rec["usage"]["input_tokens"], rec["usage"]["output_tokens"]) == (200, 40)
+    # The upstream got the real key; nothing corral wrote holds it.
+    assert [r.api_key for r in corral.srv.model_requests] == [REAL_KEY, REAL_KEY]
+    assert REAL_KEY not in out.stdout + out.stderr
+    written = [corral.home, Path(corral.env["CORRAL_BWRAP_FILES"])]
+    assert_no_secrets(written, {"MODEL_KEY": REAL_KEY})
+    (corral.home / "planted").write_text(REAL_KEY)  # the scan does find a copy
+    assert find_secrets(written, {"MODEL_KEY": REAL_KEY})
+
+
+def test_a_missing_key_or_cli_is_one_line_naming_the_fix(corral: Corral, tmp_path: Path
+                                                          ) -> None:
+    env = {k: v for k, v in corral.env.items() if k != "ANTHROPIC_API_KEY"}
+    out = subprocess.run([*corral.cmd, "run", "--harness", "claude-code", "hi"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "ANTHROPIC_API_KEY" in out.stderr
+    empty = tmp_path / "no-agents"
+    empty.mkdir()
+    env = {**corral.env, "CORRAL_AGENTS_DIR": str(empty)}
+    out = subprocess.run([*corral.cmd, "run", "--harness", "codex", "hi"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "corral agents install codex" in out.stderr
+    # Nothing was recorded for either.
+    assert not corral.db.exists() or not sqlite3.connect(corral.db).execute(
+        "SELECT count(*) FROM runs").fetchone()[0]
+
+
+class Gate:
+    """A script whose second model call waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.waiting = threading.Event()
+
+    def __call__(self, req: ModelRequest) -> Reply:
+        if req.tool_results:
+            self.waiting.set()
+            assert self.open.wait(120), "the gate was never opened"
+            return Text("Finished: " + "\n".join(req.tool_results).strip())
+        return ToolCall("echo step-one && echo step-two", text="Running it.")
+
+
+def _normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
+    """Events with the run id and the CLI's own per-session values (session id, timings,
+    cost) blanked: what an identical script must reproduce exactly."""
+    volatile = {"sessionId", "session_id", "duration_ms", "duration_api_ms", "total_cost_usd",
+                "uuid", "timestamp", "durationMs", "durationApiMs"}
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: ("*" if k in volatile else clean(x)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    # The scripted server numbers its message and tool ids over its lifetime.
+    ids: dict[str, str] = {}
+
+    def renumber(m: re.Match[str]) -> str:
+        return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
+
+    return [re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral)\w+", renumber,
+                   json.dumps(clean(e), sort_keys=True).replace(run_id, "RUN"))
+            for e in events]
+
+
+def test_sigkill_of_the_driver_then_attach_delivers_the_rest(corral: Corral) -> None:
+    cli = "claude-code"
+    gate = Gate()
+    gate.open.set()
+    corral.srv.script = gate
+    ref = corral.agent(cli, "ref", "run the two steps")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = corral.log("ref")
+
+    gate = Gate()
+    corral.srv.script = gate
+    proc = corral.popen("run", "--harness", cli, "--run-id", "k1", "--json", "run the two steps")
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "TOOL_CALL_RESULT" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        seen.append(json.loads(line)["event"]["type"])
+    assert gate.waiting.wait(60), "the second model call never came"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    rec = corral.raw_record("k1")
+    assert rec["status"] == "running"
+    # Nobody drives the run now; the model proxy (a daemon) still answers the agent.
+    gate.open.set()
+    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
+
+    def exited() -> bool:
+        status = read_status(paths.status)
+        return status is not None and status.state == "exited"
+
+    wait_until(exited, 60, "the agent to finish without a driver")
+    att = corral.run("attach", "k1", "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log("k1")
+    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
+    assert log == retranslated(corral, "k1")  # no duplicate, no gap
+    assert _normalized(log, "k1") == _normalized(reference, "ref")
+    assert "Finished: step-one\nstep-two" in texts(log)
+    rec = corral.raw_record("k1")
+    assert rec["status"] == "completed"
+    assert rec["usage"]["requests"] == 2  # metered by the daemon while nobody drove
+
+
+def _remembering(first_answer: str) -> Callable[[ModelRequest], Reply]:
+    def script(req: ModelRequest) -> Reply:
+        return Text("second answer" if "second" in req.last_user_text else first_answer)
+
+    return script
+
+
+@pytest.mark.parametrize("cli", CLIS)
+@pytest.mark.parametrize("reuse", ["none", "thread"])
+def test_a_second_prompt_on_the_thread_resumes_the_cli_session(
+        cli: str, reuse: str, corral: Corral, tmp_path: Path) -> None:
+    corral.srv.script = _remembering("FIRST-ANSWER-42")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(f'id = "resume"\n[lifecycle]\nreuse = "{reuse}"\n')
+    first = corral.agent(cli, "r1", "first prompt XYZZY-7", "--thread", "T",
+                         "--workspace", str(ws))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = corral.agent(cli, "r2", "second prompt", "--thread", "T", "--workspace", str(ws))
+    assert second.returncode == 0, second.stderr[-3000:]
+    box1 = corral.raw_record("r1")["sandbox_ref"]["id"]
+    box2 = corral.raw_record("r2")["sandbox_ref"]["id"]
+    assert (box1 == box2) == (reuse == "thread")
+    last = corral.srv.model_requests[-1]
+    assert "second prompt" in last.last_user_text
+    history = "\n".join(last.texts)
+    assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history
+    sessions = [e["value"]["sessionId"] for r in ("r1", "r2") for e in corral.log(r)
+                if e["type"] == "CUSTOM" and e["name"] == "corral.session"]
+    assert len(sessions) == 2 and sessions[0] == sessions[1]  # the same CLI session
+
+
+def test_a_detached_run_finished_by_the_reaper_saves_its_session(corral: Corral) -> None:
+    cli = "claude-code"
+    corral.srv.script = _remembering("REAPED-ANSWER-9")
+    out = corral.run("run", "--harness", cli, "--run-id", "d1", "--thread", "TR", "--detach",
+                     "first prompt PLOVER-3")
+    assert out.returncode == 0 and out.stdout.strip() == "d1", out.stderr[-3000:]
+    rec = corral.raw_record("d1")
+    paths = JournalPaths.for_run(rec["journal"]["dir"], "d1")
+    wait_until(lambda: (s := read_status(paths.status)) is not None and s.state == "exited",
+               60, "the detached agent to finish")
+    reaped = corral.run("reap", "--json")
+    assert reaped.returncode == 0, reaped.stderr[-3000:]
+    rec = corral.raw_record("d1")
+    assert rec["status"] == "completed" and rec["usage"]["requests"] == 1
+    assert corral.log("d1")[-1]["type"] == "RUN_FINISHED"
+    second = corral.agent(cli, "d2", "second prompt", "--thread", "TR")
+    assert second.returncode == 0, second.stderr[-3000:]
+    history = "\n".join(corral.srv.model_requests[-1].texts)
+    assert "first prompt PLOVER-3" in history and "REAPED-ANSWER-9" in history
+
+
+def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        'id = "pol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
+    # Codex cannot enforce deny rules: refused before anything runs, in one line.
+    out = corral.run("run", "--harness", "codex", "--model", "gpt-fake", "--workspace", str(ws),
+                     "hello")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "rm -rf" in out.stderr and corral.srv.model_requests == []
+    # Claude Code enforces it with its own permission rules.
+    corral.srv.script = lambda req: Text("ok")
+    out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    spec = corral.raw_record("p1")["spec"]
+    assert spec["policy"]["deny"] == ["rm -rf *"] and spec["policy"]["default"] == "allow"
+    # Without a policy the CLI runs with its prompts off; with this one, its rule mode.
+    session = next(e["value"] for e in corral.log("p1")
+                   if e["type"] == "CUSTOM" and e["name"] == "corral.session")
+    assert session["permissionMode"] == "dontAsk", session
+    assert corral.agent("claude-code", "p2", "hello").returncode == 0
+    session = next(e["value"] for e in corral.log("p2")
+                   if e["type"] == "CUSTOM" and e["name"] == "corral.session")
+    assert session["permissionMode"] == "bypassPermissions", session
+    assert "policy" not in corral.raw_record("p2")["spec"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
+    gate = Gate()
+    corral.srv.script = gate
+    try:
+        out = corral.run("run", "--harness", "claude-code", "--run-id", "c1", "--detach",
+                         "run the two steps")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert gate.waiting.wait(60), "the second model call never came"
+        rec = corral.raw_record("c1")
+        services = rec["spec"]["agent"]["services_pid"]
+        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
+        assert status is not None and status.agent_pid is not None
+        assert _alive(services)
+        cancelled = corral.run("cancel", "c1")
+        assert cancelled.returncode == 0, cancelled.stderr
+        rec = corral.raw_record("c1")
+        assert rec["status"] == "aborted"
+        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
+        wait_until(lambda: not _alive(services), 10, "the model proxy daemon to stop")
+    finally:
+        gate.open.set()
