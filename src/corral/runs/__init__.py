@@ -1,45 +1,114 @@
 """Durable runs: records, store protocols, claims and the pipe into the event log."""
 
-from corral.runs.claims import HeldClaim, hold_claim
-from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
-from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
-from corral.runs.prune import PruneResult, prune_journals
-from corral.runs.quiesce import LogNeverQuiet, await_log_quiet
-from corral.runs.reap import (
-    ProbeResult,
-    ReapEntry,
-    ReapOutcome,
-    ReapResult,
-    reap_detached_runs,
-)
-from corral.runs.reclaim import (
-    ReclaimOutcome,
-    SandboxReclaimFailedError,
-    reclaim_sandbox,
-    sandbox_reclaimer,
-)
-from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
-from corral.runs.store import (
-    Claim,
-    ClaimLost,
-    ClaimRefused,
-    ClaimStore,
-    EventLog,
-    InstanceRecord,
-    InstanceStore,
-    InvalidEvent,
-    LockStore,
-    LogClosed,
-    LoggedEvent,
-    LogTail,
-    NewRun,
-    RefusalReason,
-    RunExists,
-    RunStore,
-    Store,
-    StoreError,
-    UnknownRun,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from corral.runs.claims import HeldClaim, hold_claim
+    from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
+    from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
+    from corral.runs.prune import PruneResult, prune_journals
+    from corral.runs.quiesce import LogNeverQuiet, await_log_quiet
+    from corral.runs.reap import (
+        ProbeResult,
+        ReapEntry,
+        ReapOutcome,
+        ReapResult,
+        reap_detached_runs,
+    )
+    from corral.runs.reclaim import (
+        ReclaimOutcome,
+        SandboxReclaimFailedError,
+        reclaim_sandbox,
+        sandbox_reclaimer,
+    )
+    from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
+    from corral.runs.store import (
+        Claim,
+        ClaimLost,
+        ClaimRefused,
+        ClaimStore,
+        EventLog,
+        InstanceRecord,
+        InstanceStore,
+        InvalidEvent,
+        LockStore,
+        LogClosed,
+        LoggedEvent,
+        LogTail,
+        NewRun,
+        RefusalReason,
+        RunExists,
+        RunStore,
+        Store,
+        StoreError,
+        UnknownRun,
+    )
+
+# Names resolve on first use, so importing one submodule (the journal supervisor starts
+# a fresh interpreter per run) does not import the whole package.
+_EXPORTS: dict[str, str] = {
+    "HeldClaim": "corral.runs.claims",
+    "hold_claim": "corral.runs.claims",
+    "PipeResult": "corral.runs.pipe",
+    "ProducerExit": "corral.runs.pipe",
+    "pipe_to_run_log": "corral.runs.pipe",
+    "JournalLocationError": "corral.runs.probe",
+    "journal_location": "corral.runs.probe",
+    "probe_run_exit": "corral.runs.probe",
+    "PruneResult": "corral.runs.prune",
+    "prune_journals": "corral.runs.prune",
+    "LogNeverQuiet": "corral.runs.quiesce",
+    "await_log_quiet": "corral.runs.quiesce",
+    "ProbeResult": "corral.runs.reap",
+    "ReapEntry": "corral.runs.reap",
+    "ReapOutcome": "corral.runs.reap",
+    "ReapResult": "corral.runs.reap",
+    "reap_detached_runs": "corral.runs.reap",
+    "ReclaimOutcome": "corral.runs.reclaim",
+    "SandboxReclaimFailedError": "corral.runs.reclaim",
+    "reclaim_sandbox": "corral.runs.reclaim",
+    "sandbox_reclaimer": "corral.runs.reclaim",
+    "UNSET": "corral.runs.records",
+    "RunError": "corral.runs.records",
+    "RunPatch": "corral.runs.records",
+    "RunRecord": "corral.runs.records",
+    "RunStatus": "corral.runs.records",
+    "Claim": "corral.runs.store",
+    "ClaimLost": "corral.runs.store",
+    "ClaimRefused": "corral.runs.store",
+    "ClaimStore": "corral.runs.store",
+    "EventLog": "corral.runs.store",
+    "InstanceRecord": "corral.runs.store",
+    "InstanceStore": "corral.runs.store",
+    "InvalidEvent": "corral.runs.store",
+    "LockStore": "corral.runs.store",
+    "LogClosed": "corral.runs.store",
+    "LoggedEvent": "corral.runs.store",
+    "LogTail": "corral.runs.store",
+    "NewRun": "corral.runs.store",
+    "RefusalReason": "corral.runs.store",
+    "RunExists": "corral.runs.store",
+    "RunStore": "corral.runs.store",
+    "Store": "corral.runs.store",
+    "StoreError": "corral.runs.store",
+    "UnknownRun": "corral.runs.store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 __all__ = [
     "UNSET",
