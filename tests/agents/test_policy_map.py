@@ -15,6 +15,7 @@ from corral.harness.base import AgentRequest
 from corral.harness.claude_code import ClaudeCodeHarness
 from corral.harness.cli_base import PolicyLike
 from corral.harness.codex import CodexHarness
+from corral.sandbox.policy import Policy
 from corral.testkit.model_server import ModelServer, shell_then_text
 
 from .conftest import run_agent
@@ -57,6 +58,23 @@ def test_claude_without_rules_bypasses_its_own_checks() -> None:
     m = ClaudeCodeHarness(policy=P()).policy_mapping
     assert m.bypass and flag_values(m.argv, "--disallowedTools") == ["WebFetch", "WebSearch"]
     assert any("network: deny" in e for e in m.enforced)
+
+
+def test_allow_hosts_keeps_server_side_search_off() -> None:
+    # WebSearch runs on the model provider's servers, beyond the egress proxy.
+    pol = Policy(default="allow", network="allow", allow_hosts=["pypi.org"])
+    m = ClaudeCodeHarness(policy=pol).policy_mapping
+    assert m.bypass and flag_values(m.argv, "--disallowedTools") == ["WebSearch"]
+    assert any("allow_hosts ['pypi.org']" in e for e in m.enforced)
+    m = ClaudeCodeHarness(policy=Policy(default="allow", network="allow")).policy_mapping
+    assert "--disallowedTools" not in m.argv
+    ruled = Policy(default="allow", deny=["rm *"], network="allow", allow_hosts=["pypi.org"])
+    m = ClaudeCodeHarness(policy=ruled).policy_mapping
+    assert "WebFetch" in flag_values(m.argv, "--allowedTools")
+    assert "WebSearch" in flag_values(m.argv, "--disallowedTools")
+    assert 'web_search="disabled"' in CodexHarness(policy=pol).policy_mapping.argv
+    assert 'web_search="disabled"' not in CodexHarness(
+        policy=Policy(default="allow", network="allow")).policy_mapping.argv
 
 
 def test_claude_maps_prefix_rules() -> None:

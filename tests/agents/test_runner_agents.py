@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ from corral.harness.events import event_to_dict
 from corral.harness.registry import build_harness
 from corral.runs.layout import JournalPaths, read_status
 from corral.testkit.leaks import assert_no_secrets, find_secrets
-from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testkit.model_server import (
+    ModelRequest,
+    ModelServer,
+    Reply,
+    Text,
+    ToolCall,
+    shell_then_text,
+)
 
 from .conftest import CLIS, REAL_KEY, agent_cache
 
@@ -396,3 +404,67 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         wait_until(lambda: not _alive(services), 10, "the model proxy daemon to stop")
     finally:
         gate.open.set()
+
+
+class _Counted(BaseHTTPRequestHandler):
+    """Answers ``hello from <port>`` and counts the requests its server saw."""
+
+    def do_GET(self) -> None:
+        self.server.hits += 1  # type: ignore[attr-defined]
+        body = f"hello from {self.server.server_address[1]}\n".encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[tuple[str, ThreadingHTTPServer, ThreadingHTTPServer]]:
+    # 127.0.0.2: host loopback, but not the 127.0.0.1 the harness exempts from proxying
+    # (inside the sandbox that is its own loopback, where the model endpoint listens).
+    servers = []
+    for _ in range(2):
+        srv = ThreadingHTTPServer(("127.0.0.2", 0), _Counted)
+        srv.hits = 0  # type: ignore[attr-defined]
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+    yield "127.0.0.2", servers[0], servers[1]
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_policy_allow_hosts_is_the_runs_only_way_out(
+        corral: Corral, tmp_path: Path,
+        two_hosts: tuple[str, ThreadingHTTPServer, ThreadingHTTPServer]) -> None:
+    host, a, b = two_hosts
+    pa, pb = a.server_address[1], b.server_address[1]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        f'id = "egress"\n[policy]\ndefault = "allow"\nnetwork = "allow"\n'
+        f'allow_hosts = ["{host}:{pa}"]\n')
+    corral.srv.script = shell_then_text(
+        f"curl -s -m 5 http://{host}:{pa}/; echo; curl -s -m 5 http://{host}:{pb}/; echo; "
+        f"curl -s -m 3 --noproxy '*' http://{host}:{pa}/ || echo direct-failed",
+        "Fetched: {output}")
+    out = corral.agent("claude-code", "e1", "fetch both", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("e1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1, results
+    # the allowed host answered through the proxy; the other got the proxy's refusal
+    assert f"hello from {pa}" in results[0], results
+    assert f"corral egress proxy: connections to {host}:{pb} are not allowed" in results[0]
+    # and there is no way around the proxy: the sandbox has no network of its own
+    assert "direct-failed" in results[0]
+    assert (a.hits, b.hits) == (1, 0)  # type: ignore[attr-defined]
+    # the model saw the refusal too
+    assert f"connections to {host}:{pb} are not allowed" in texts(events)
+    spec = corral.raw_record("e1")["spec"]
+    assert spec["policy"]["allow_hosts"] == [f"{host}:{pa}"]
+    assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]

@@ -51,6 +51,7 @@ ask = ["git push *"]
 deny = ["rm -rf *"]
 default = "deny"
 network = "allow"
+allow_hosts = ["pypi.org", "*.pythonhosted.org", "api.example.com:8443"]
 
 [lifecycle]
 reuse = "run"
@@ -76,6 +77,8 @@ def test_full_definition_loads(tmp_path: Path) -> None:
     assert sb.workspace.steps[2] == parallel("make a", "make b")
     assert sb.workspace.steps[3].timeout == 3600.0  # type: ignore[union-attr]
     assert sb.policy.default == "deny" and sb.policy.egress
+    assert sb.policy.allow_hosts == ("pypi.org", "*.pythonhosted.org", "api.example.com:8443")
+    assert not sb.policy.direct_network  # the hosts are reached through the egress proxy
     assert sb.lifecycle == Lifecycle(reuse="run", snapshot="after-setup", keep_alive=7200, destroy_on_complete=True)
     assert sb.secrets.resolve("GIT_TOKEN") == "tok-123456789"
 
@@ -129,6 +132,9 @@ def test_unknown_key_names_key_and_line(tmp_path: Path, text: str, key: str, lin
         ("[lifecycle]\nkeep_alive = 'forever'\n", "lifecycle.keep_alive", 2),
         ("[workspace.source]\nurl = 'https://u:p@h/x.git'\n", "workspace.source.url", 2),
         ("[workspace.source]\nurl = 'x'\ncommit = 'abc'\n", "workspace.source.commit", 3),
+        ("[policy]\nnetwork = 'allow'\nallow_hosts = ['pypi.org', 'a b']\n",
+         "policy.allow_hosts[1]", 3),
+        ("[policy]\n\nallow_hosts = ['pypi.org']\n", "policy.allow_hosts", 3),
     ],
 )
 def test_bad_values_name_field_and_line(tmp_path: Path, text: str, field: str, line: int) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import GitSource, Lifecycle, RunContext, Sandbox, Workspace, parallel
+from corral import GitSource, Lifecycle, Policy, RunContext, Sandbox, Workspace, parallel
 from corral.providers.bubblewrap import BubblewrapProvider
 from corral.providers.local import LocalProvider
 from corral.runs.store import Store
@@ -176,6 +176,16 @@ async def test_changed_workspace_or_provider_config_gives_a_new_key() -> None:
     assert base.key(c) != Sandbox(provider="local", workspace=Workspace(setup=["make"])).key(c)
     assert base.key(c) != Sandbox(provider="bubblewrap", id="other", workspace=Workspace(setup=["make"])).key(c)
     assert base.key(c) != base.key(RunContext("t1", "r1", tenant="acme"))
+
+
+async def test_only_direct_network_changes_the_key() -> None:
+    # An allowlist is served per run from outside: the sandbox is the no-network one.
+    c = ctx()
+    closed = Sandbox(provider="bubblewrap")
+    listed = Sandbox(provider="bubblewrap",
+                     policy=Policy(network="allow", allow_hosts=["pypi.org"]))
+    direct = Sandbox(provider="bubblewrap", policy=Policy(network="allow"))
+    assert closed.key(c) == listed.key(c) != direct.key(c)
 
 
 async def test_after_setup_snapshot_restores_without_running_setup(store: Store) -> None:

@@ -108,6 +108,41 @@ def test_bad_policy_names_the_field(kwargs: dict[str, object], field: str) -> No
     assert str(err.value).startswith(field)
 
 
+def test_allow_hosts_is_an_egress_allowlist_without_direct_network() -> None:
+    p = Policy(network="allow", allow_hosts=["pypi.org", "*.example.com", "10.0.0.1:8080"])
+    assert p.allow_hosts == ("pypi.org", "*.example.com", "10.0.0.1:8080")
+    assert p.egress and not p.direct_network
+    assert Policy(network="allow").direct_network  # no allowlist: the escape hatch
+    assert not Policy().egress and not Policy().direct_network
+    assert Policy(**p.to_dict()) == p  # type: ignore[arg-type]
+    assert Policy().to_dict()["allow_hosts"] == []
+
+
+@pytest.mark.parametrize(
+    ("hosts", "field"),
+    [
+        (["pypi.org", "bad host"], "policy.allow_hosts[1]"),
+        (["pypi.org:0"], "policy.allow_hosts[0]"),
+        (["::1"], "policy.allow_hosts[0]"),
+        (["http://pypi.org"], "policy.allow_hosts[0]"),
+        (["ok.org", ""], "policy.allow_hosts[1]"),
+        ("pypi.org", "policy.allow_hosts"),
+    ],
+)
+def test_bad_allow_hosts_entry_is_named(hosts: object, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Policy(network="allow", allow_hosts=hosts)  # type: ignore[arg-type]
+    assert str(err.value).startswith(f"{field}:"), err.value
+
+
+def test_allow_hosts_needs_network_allow() -> None:
+    with pytest.raises(ConfigError) as err:
+        Policy(allow_hosts=["pypi.org"])
+    msg = str(err.value)
+    assert msg.startswith("policy.allow_hosts:") and "network = 'allow'" in msg
+    assert Policy(allow_hosts=[]) == Policy()  # an empty list is no allowlist
+
+
 # Each must be denied by deny=["rm -rf *", "curl *", "sudo *"] even though the
 # surrounding command is allowed.
 BYPASSES = [

@@ -27,7 +27,9 @@ boundary). Otherwise ``--permission-mode dontAsk`` with ``--allowedTools``/
 ``--disallowedTools``: command patterns that are plain word prefixes map to
 ``Bash(<words>:*)`` / ``Bash(<words>)``, matched by Claude on each part of a compound
 command; ``file_write: deny`` disallows Edit/Write/NotebookEdit; ``network: deny``
-disallows WebFetch/WebSearch (the sandbox has no network either). ``ask`` rules and
+disallows WebFetch/WebSearch (the sandbox has no network either); with ``allow_hosts``,
+WebSearch is disallowed (it runs on the provider's servers, beyond the egress proxy's
+reach) and everything else goes through the proxy. ``ask`` rules and
 patterns with wildcards inside words cannot be enforced by Claude and raise
 :class:`~corral.errors.ConfigError`.
 """
@@ -47,6 +49,7 @@ from corral.harness.cli_base import (
     CliOptions,
     JsonlTranslator,
     PolicyLike,
+    allow_hosts,
     PolicyMapping,
     as_int,
     as_str,
@@ -61,6 +64,11 @@ __all__ = ["ClaudeCodeHarness", "ClaudeCodeTranslator"]
 READ_TOOLS = ("Read", "Glob", "Grep", "LS", "TodoWrite", "Task", "Agent", "ToolSearch", "Skill")
 WRITE_TOOLS = ("Edit", "Write", "NotebookEdit", "MultiEdit")
 NET_TOOLS = ("WebFetch", "WebSearch")
+SERVER_NET_TOOL = "WebSearch"
+"""Runs on the model provider's servers, so no allowlist of ours can confine it."""
+_ALLOWLIST_ENFORCED = ("network: allow_hosts {} -> the sandbox has no network; commands and "
+                       "WebFetch reach only those hosts through the egress proxy; "
+                       "--disallowedTools WebSearch (it runs on the model provider's servers)")
 
 
 def _bash_rule(pattern: str) -> str | None:
@@ -93,6 +101,9 @@ class ClaudeCodeHarness(CliHarness):
                 disallowed += NET_TOOLS
                 enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and "
                                 "the sandbox has no network")
+            elif allow_hosts(policy):
+                disallowed.append(SERVER_NET_TOOL)
+                enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
             argv = ["--permission-mode", "bypassPermissions"]
             if disallowed:
                 argv += ["--disallowedTools", *disallowed]
@@ -145,6 +156,10 @@ class ClaudeCodeHarness(CliHarness):
             disallowed += NET_TOOLS
             enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and the "
                             "sandbox has no network")
+        elif allow_hosts(policy):
+            allowed.append("WebFetch")
+            disallowed.append(SERVER_NET_TOOL)
+            enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
         else:
             allowed += NET_TOOLS
         if problems:

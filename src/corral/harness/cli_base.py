@@ -98,6 +98,13 @@ class PolicyLike(Protocol):
     def network(self) -> str: ...
 
 
+def allow_hosts(policy: PolicyLike | None) -> tuple[str, ...]:
+    """The policy's egress allowlist (``()`` for policies without one: direct network when
+    ``network`` is ``allow``). Read leniently so other :class:`PolicyLike` shapes work."""
+    hosts = getattr(policy, "allow_hosts", None) or ()
+    return tuple(str(h) for h in hosts)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyMapping:
     """How a harness enforces a policy: CLI flags and config, and a report per rule."""

@@ -46,6 +46,7 @@ from corral.harness.cli_base import (
     CliOptions,
     JsonlTranslator,
     PolicyLike,
+    allow_hosts,
     PolicyMapping,
     as_int,
     as_str,
@@ -98,6 +99,12 @@ class CodexHarness(CliHarness):
             argv += ["-c", 'web_search="disabled"']
             enforced.append('network: deny -> -c web_search="disabled", and the sandbox has '
                             "no network")
+        elif allow_hosts(policy):
+            argv += ["-c", 'web_search="disabled"']
+            enforced.append(f"network: allow_hosts {list(allow_hosts(policy))} -> the sandbox "
+                            "has no network; commands reach only those hosts through the "
+                            'egress proxy; -c web_search="disabled" (it runs on the model '
+                            "provider's servers)")
         return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True)
 
     def cli_argv(self, opts: CliOptions) -> list[str]:

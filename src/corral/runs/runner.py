@@ -358,6 +358,9 @@ class Runner:
         prepared = await prepare_agent(
             harness, ensured.handle, request, thread_id=thread_id, run_id=run_id,
             instructions=instructions if isinstance(instructions, str) else None,
+            # an allowlist: the agent's only way out is the egress proxy (the sandbox has no
+            # network of its own); the services daemon serves it next to the model proxy
+            egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
         )
         # The sandbox's secrets join the agent's environment (as for any agent), under the
         # CLI's own variables: a secret never replaces the placeholder key or the endpoint.

@@ -25,7 +25,8 @@ Shape (every table optional)::
     allow = ["pytest *"]
     deny = ["rm -rf *"]
     default = "ask"
-    network = "deny"
+    network = "deny"             # "allow" + allow_hosts: only these, via the egress proxy
+    # allow_hosts = ["pypi.org", "*.pythonhosted.org", "api.example.com:8443"]
 
     [lifecycle]
     reuse = "thread"

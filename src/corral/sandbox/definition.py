@@ -113,7 +113,8 @@ class Sandbox:
             provider_name=provider.name,
             provider_fingerprint=provider.fingerprint(),
             workspace_hash=self.workspace.hash(),
-            egress=self.policy.egress,
+            # direct network only: an allowlist is served per run, outside the sandbox
+            egress=self.policy.direct_network,
             ctx=ctx,
             reuse=self.lifecycle.reuse,
         )
@@ -200,7 +201,8 @@ class Sandbox:
             raise ConfigError("policy: expected a table")
         v.no_unknown(
             pol,
-            ("allow", "ask", "deny", "default", "file_write", "network", "unparseable"),
+            ("allow", "ask", "deny", "default", "file_write", "network", "unparseable",
+             "allow_hosts"),
             "policy",
         )
         policy = Policy(**pol)

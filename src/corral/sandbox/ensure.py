@@ -326,7 +326,7 @@ async def _ensure_locked(
 def _spec(sandbox: Sandbox, key: str) -> SandboxSpec:
     # No secrets here: providers persist the spec (state files, image config).
     return SandboxSpec(
-        network=sandbox.policy.egress,
+        network=sandbox.policy.direct_network,  # allow_hosts: the egress proxy, per run
         labels={"corral.key": key, "corral.definition": sandbox.id},
     )
 

@@ -1,7 +1,8 @@
 """The instance key: which live sandbox a run gets (DESIGN §2).
 
 SHA-256 over canonical JSON of the definition id, the provider's name and configuration
-fingerprint, the workspace hash (no secret values), whether the sandbox has egress, the
+fingerprint, the workspace hash (no secret values), whether the sandbox has direct network (an
+egress allowlist is served per run from outside, so it does not change the sandbox), the
 tenant, and the thread (or thread + run unless ``reuse="thread"``). It is never the
 thread alone: a changed provider, image, workspace or tenant must get another sandbox.
 """

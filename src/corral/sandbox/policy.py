@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
@@ -108,8 +109,18 @@ class Policy:
 
     ``allow``/``ask``/``deny`` are command patterns; ``default`` applies to a command no
     rule matches. ``file_write`` covers files a command redirects into (harnesses map it
-    to their own write tools). ``network`` decides whether the sandbox gets egress at
-    all. ``unparseable`` is the verdict for strings that cannot be read with certainty.
+    to their own write tools). ``unparseable`` is the verdict for strings that cannot be
+    read with certainty.
+
+    ``network`` and ``allow_hosts`` decide egress:
+
+    * ``network = "deny"`` (the default): no network at all;
+    * ``network = "allow"`` with ``allow_hosts`` (``host``, ``host:port``, ``host:*``,
+      ``*.domain``; see :mod:`corral.net.egress`): the sandbox still has no network of its
+      own; agent runs reach exactly those hosts through the host-side egress proxy, which
+      answers any other destination with a refusal the agent sees;
+    * ``network = "allow"`` without ``allow_hosts``: direct, unrestricted network (the
+      escape hatch; prefer an allowlist).
     """
 
     allow: tuple[str, ...] = ()
@@ -119,6 +130,7 @@ class Policy:
     file_write: Verdict = "allow"
     network: Verdict = "deny"
     unparseable: Literal["ask", "deny"] = "deny"
+    allow_hosts: Sequence[str] = ()
     _compiled: dict[str, tuple[_Pattern, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -139,11 +151,28 @@ class Policy:
                 "needs the egress proxy); use 'allow' or 'deny'"
             )
         v.choice(self.unparseable, "policy.unparseable", ("ask", "deny"))
+        hosts = v.str_list(self.allow_hosts, "policy.allow_hosts")
+        object.__setattr__(self, "allow_hosts", hosts)
+        if hosts:
+            _check_hosts(hosts)
+            if self.network != "allow":
+                raise ConfigError(
+                    f"policy.allow_hosts: the hosts are reached through the egress proxy, "
+                    f"which needs policy.network = 'allow' (it is {self.network!r}); set "
+                    "network = 'allow' or remove allow_hosts"
+                )
 
     @property
     def egress(self) -> bool:
-        """Whether the sandbox gets network egress at all."""
+        """Whether agent runs may reach the network at all (directly, or through the
+        egress proxy when :attr:`allow_hosts` is set)."""
         return self.network == "allow"
+
+    @property
+    def direct_network(self) -> bool:
+        """Whether the sandbox itself gets network (``network = "allow"`` without an
+        allowlist). With :attr:`allow_hosts` it stays in its own empty network namespace."""
+        return self.network == "allow" and not self.allow_hosts
 
     def to_dict(self) -> dict[str, object]:
         """Plain data (for hashing and ``corral.toml``)."""
@@ -155,6 +184,7 @@ class Policy:
             "file_write": self.file_write,
             "network": self.network,
             "unparseable": self.unparseable,
+            "allow_hosts": list(self.allow_hosts),
         }
 
     # ------------------------------------------------------------------ evaluation
@@ -264,6 +294,19 @@ class Policy:
         return Decision(
             self.default, "default", text, f"no rule matches; policy.default is {self.default}"
         )
+
+
+def _check_hosts(hosts: tuple[str, ...]) -> None:
+    from corral.net.egress import parse_allowlist  # the proxy's own parser: one syntax
+
+    for i, entry in enumerate(hosts):
+        try:
+            parse_allowlist([entry])
+        except ConfigError as exc:
+            raise ConfigError(
+                f"policy.allow_hosts[{i}]: {exc}; write 'host', 'host:port', 'host:*' or "
+                "'*.domain'"
+            ) from None
 
 
 def text_or(part: Part) -> str:
