@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
+from corral.runs.supervisor import read_ready_report
 
 __all__ = [
     "PendingServices",
@@ -68,7 +69,7 @@ class PendingServices:
     def ready(self, timeout: float = 30.0) -> ServicesProcess:
         """Wait until the sockets are bound (raises :class:`ServicesStartError`)."""
         try:
-            report = _read_ready(self.ready_fd, timeout)
+            report = read_ready_report(self.ready_fd, timeout, "pid")
         finally:
             os.close(self.ready_fd)
             try:
@@ -127,29 +128,6 @@ def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
                     timeout: float = 30.0, python: str = sys.executable) -> ServicesProcess:
     """:func:`start_services` and wait until the sockets are bound."""
     return start_services(job, private_dir, token, python=python).ready(timeout)
-
-
-def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
-    import select
-
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        readable, _, _ = select.select([fd], [], [], left)
-        if not readable:
-            return None
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        buf += chunk
-    try:
-        report = json.loads(buf)
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) and "pid" in report else None
 
 
 async def _serve(job: dict[str, Any], ready_fd: int) -> None:

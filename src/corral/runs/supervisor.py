@@ -213,7 +213,7 @@ def launch_supervised(
             pass  # the supervisor died early; reported below from its log
         finally:
             os.close(job_w)
-        report = _read_ready(ready_r, timeout)
+        report = read_ready_report(ready_r, timeout, "supervisor_pid")
     finally:
         os.close(ready_r)
         try:
@@ -248,7 +248,9 @@ async def launch_supervised_async(
     )
 
 
-def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
+def read_ready_report(fd: int, timeout: float, key: str) -> dict[str, Any] | None:
+    """Read a detached child's one JSON readiness report from ``fd`` until EOF (bounded by
+    ``timeout``); ``None`` if it never came, is not JSON, or lacks ``key``."""
     deadline = time.monotonic() + timeout
     buf = b""
     while True:
@@ -266,7 +268,7 @@ def _read_ready(fd: int, timeout: float) -> dict[str, Any] | None:
         report = json.loads(buf)
     except ValueError:
         return None
-    return report if isinstance(report, dict) and "supervisor_pid" in report else None
+    return report if isinstance(report, dict) and key in report else None
 
 
 def _tail(path: Path, n: int = 2000) -> str:
