@@ -181,3 +181,41 @@ def test_approval_tool_waits_for_corral_approve(
     else:
         assert flags == []
         assert any("denied by a human: not today" in r for r in results)
+
+
+def test_prepare_agent_merges_the_host_tools_projection(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    from corral.harness.agent import prepare_agent
+    from corral.harness.base import AgentRequest
+
+    from .conftest import files_containing, make_harness, upstream_for
+
+    other = {"url": "http://127.0.0.1:9/mcp", "type": "http"}
+    mine = {"name": "mine", "port": 0, "unix": "/run/corral/mine.sock"}
+
+    async def main() -> None:
+        handle = await sandbox_factory()
+        harness = make_harness("claude-code")
+        prepared = await prepare_agent(
+            harness, handle, AgentRequest(prompt="hi", options={
+                "mcp_servers": {"other": other}, "forward": [mine]}),
+            thread_id="t-1", run_id="run-merge", upstream=upstream_for(harness, model_server),
+            host_tools=True)
+        proj = prepared.host_tools
+        assert proj is not None and proj.token == run_tools_token("run-merge")
+        cmd = prepared.command
+        assert not any(proj.token in a for a in cmd.argv)  # never in argv
+        assert cmd.env[TOKEN_ENV] == proj.token  # only in the CLI's environment
+        config = json.loads(cmd.argv[cmd.argv.index("--mcp-config") + 1])["mcpServers"]
+        assert set(config) == {"other", "corral"}  # merged, not replaced
+        entry = json.loads(cmd.argv[[i for i, a in enumerate(cmd.argv)
+                                     if a.startswith('{"forward"')][0]])
+        assert [f["name"] for f in entry["forward"]] == ["mine", "model", "tools"]
+        assert proj.socket.parent == next(Path(h) for h, i in handle.state.binds
+                                          if i == "/run/corral")
+        assert cmd.env["ENABLE_TOOL_SEARCH"] == "false"
+        # nothing in the sandbox's files (workspace, home) or its socket dir has the token
+        assert files_containing(Path(handle.host_root), proj.token.encode()) == []
+        assert files_containing(proj.socket.parent, proj.token.encode()) == []
+
+    anyio.run(main)
