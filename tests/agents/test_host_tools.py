@@ -20,6 +20,9 @@ import pytest
 
 from corral.runs.runner import Runner, RunRequest
 from corral.runs.store import Store
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.policy import Policy
 from corral.stores import open_store
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
@@ -70,8 +73,9 @@ def _tool_names(events: list[dict[str, Any]]) -> list[str]:
     return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
 
-def test_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
-                                            tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", [None, Policy(default="deny")], ids=["bypass", "policy"])
+def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: ModelServer,
+                                            corral_home: Path, tmp_path: Path) -> None:
     secret = "host-only-" + secrets.token_hex(8)
     secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
     secret_file.write_text(secret)
@@ -91,7 +95,10 @@ def test_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: 
             runner = Runner(store)
             rec = await runner.start(RunRequest(
                 prompt="What does the host say?", harness="claude-code",
-                options={"max_retries": 0}, tools=Toolset([read_host_state])))
+                options={"max_retries": 0}, tools=Toolset([read_host_state]),
+                # under a policy only listed tools run: host tools must be among them
+                sandbox=None if policy is None else Sandbox(
+                    provider="bubblewrap", lifecycle=Lifecycle(reuse="none"), policy=policy)))
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
             spec = result.record.spec or {}

@@ -172,6 +172,10 @@ class ClaudeCodeHarness(CliHarness):
     def cli_argv(self, opts: CliOptions) -> list[str]:
         argv = ["-p", "--output-format", "stream-json", "--verbose",
                 *self.policy_mapping.argv]
+        if "corral" in opts.mcp_servers and "--allowedTools" in argv:
+            # Under a policy only listed tools run; host tools have their own gate
+            # (approval=True), so the server's tools are allowed as a whole.
+            argv.insert(argv.index("--allowedTools") + 1, "mcp__corral")
         if opts.model:
             argv += ["--model", opts.model]
         if opts.resume:
