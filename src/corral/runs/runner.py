@@ -349,6 +349,7 @@ class Runner:
                 log.info("run %s: agent started (supervisor pid %d)", run_id,
                          launched_agent.supervisor_pid)
             except BaseException as exc:
+                self._run_tools.pop(run_id, None)
                 with anyio.CancelScope(shield=True):
                     if ensured is not None:
                         if paths.status.exists():  # launched, then something failed
@@ -514,6 +515,7 @@ class Runner:
         while True:
             record = await self._require(run_id)
             if record.terminal:
+                self._run_tools.pop(run_id, None)
                 return DriveResult(record)
             held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
             if stop is not None and stop.is_set():
@@ -546,6 +548,7 @@ class Runner:
             if result.claim_lost:
                 continue
             final = result.record or await self._require(run_id)
+            self._run_tools.pop(run_id, None)
             await self._finish_sandbox(final, final.status.value)
             return DriveResult(final)
 
