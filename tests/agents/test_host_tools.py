@@ -226,3 +226,38 @@ def test_prepare_agent_merges_the_host_tools_projection(
         assert files_containing(proj.socket.parent, proj.token.encode()) == []
 
     anyio.run(main)
+
+
+def test_another_driver_serves_the_tools(host_env: ModelServer, corral_home: Path) -> None:
+    """The starter never serves; a second Runner (a successor: its own owner id, no state
+    shared with the starter) drives with the same toolset on the recorded socket, with
+    the token derived again, and the call goes through."""
+    calls: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        calls.append(key)
+        return f"{key}=from-the-successor"
+
+    ts = Toolset([read_host_state])
+    host_env.script = call_then_answer("read_host_state", {"key": "k"})
+
+    async def main() -> tuple[str, list[dict[str, Any]]]:
+        store = await _store(corral_home)
+        try:
+            rec = await Runner(store).start(RunRequest(
+                prompt="Ask the host.", harness="claude-code", options={"max_retries": 0},
+                tools=ts))
+            successor = Runner(store)
+            with anyio.fail_after(DEADLINE):
+                result = await successor.drive(rec.run_id, tools=ts)
+            return result.record.status.value, await _logged(store, rec.run_id)
+        finally:
+            await store.aclose()
+
+    status, events = anyio.run(main)
+    assert status == "completed", events[-3:]
+    assert calls == ["k"]
+    assert any("k=from-the-successor" in r for req in host_env.model_requests
+               for r in req.tool_results)
