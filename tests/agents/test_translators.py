@@ -398,3 +398,30 @@ def test_property_resume_at_any_logged_offset_equals_the_full_tail(
         return [(b.journal_offset, [event_to_dict(e) for e in b.events]) for b in bs]
 
     assert wire(resumed) == wire(full[k + 1:])
+
+
+def _claude_tool_names(names: list[str]) -> list[str]:
+    lines = [j({"type": "assistant", "message": {"id": "msg_t", "role": "assistant",
+                "model": "claude-opus-5-5", "content": [
+                    {"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": {}}
+                    for i, n in enumerate(names)]},
+                "parent_tool_use_id": None, "session_id": SID})]
+    tr = ClaudeCodeHarness().translator(CTX)
+    events = [e for line in lines for e in tr.feed(Line(line.encode(), 0))]
+    return [e.tool_call_name for e in events if e.type == EventType.TOOL_CALL_START]
+
+
+def test_claude_host_tools_keep_their_own_names() -> None:
+    names = _claude_tool_names(["mcp__corral__read_host_state", "mcp__github__search",
+                                "Bash", "mcp__corral__", "mcp__corralx__t"])
+    assert names == ["read_host_state", "mcp__github__search", "Bash", "mcp__corral__",
+                     "mcp__corralx__t"]
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_claude_only_the_corral_prefix_is_removed(name: str) -> None:
+    from corral.harness.claude_code import host_tool_name
+
+    assert host_tool_name(f"mcp__corral__{name}") == name
+    other = f"mcp__other__{name}"
+    assert host_tool_name(other) == other

@@ -34,7 +34,7 @@ import stat
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -63,6 +63,9 @@ from corral.runs.journal import Line, read_journal
 from corral.runs.layout import JournalPaths
 from corral.runs.supervisor import AgentSpec
 from corral.sandbox.contracts import Handle, HostCommand, SandboxSpec
+
+if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
+    from corral.tools.projection import HostToolsProjection
 
 __all__ = [
     "NET_MOUNT",
@@ -151,6 +154,10 @@ class PreparedAgent:
     """The saved CLI session this run continues, if any."""
     own_net_dir: Path | None = None
     """A socket directory created for this run only (non-isolated sandboxes)."""
+    host_tools: HostToolsProjection | None = None
+    """Where the run's host-tool server must listen (and with which token), when the agent
+    was given host tools: serve a :class:`corral.tools.mcp_server.HostToolServer` on
+    ``host_tools.socket`` with ``token=host_tools.token`` while the agent runs."""
 
     def host_command(self) -> HostCommand:
         """How a host process (the supervisor) runs the agent in the sandbox."""
@@ -217,7 +224,9 @@ class PreparedAgent:
         report = await finish_agent_run(
             self.harness, self.handle, self.thread_id, paths, nonce,
             resumed_session=self.resumed.session_id if self.resumed is not None else None,
-            sockets=[s for s in (self.model_socket, self.egress_socket) if s is not None],
+            sockets=[s for s in (self.model_socket, self.egress_socket,
+                                 self.host_tools.socket if self.host_tools else None)
+                     if s is not None],
             own_net_dir=self.own_net_dir)
         if paths is None or _usage_file(paths) is None:
             report.usage = self.model_proxy.usage  # the services ran in this process
@@ -356,6 +365,7 @@ async def prepare_agent(
     instructions: str | None = None,
     resume: bool = True,
     agents: Path | None = None,
+    host_tools: bool = False,
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
 
@@ -364,7 +374,11 @@ async def prepare_agent(
     ``egress``: allowlist (``host[:port]``) of an egress proxy; ``None`` = no egress at all.
     ``timeout``: the agent is stopped after that many seconds. ``instructions``: written
     to the CLI's global instructions file in the sandbox home. ``resume``: continue the
-    thread's saved CLI session (restoring its files into a fresh sandbox).
+    thread's saved CLI session (restoring its files into a fresh sandbox). ``host_tools``:
+    give the CLI the MCP server ``corral`` (the run's host tools): a forwarder to the
+    socket in :attr:`PreparedAgent.host_tools`, the server in the CLI's MCP config, and its
+    bearer token in the CLI's environment only (see :mod:`corral.tools.projection`); the
+    caller serves the tools there.
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
     :class:`ConfigError` (sandbox created without :func:`with_agent_binds`, bad options).
@@ -405,7 +419,29 @@ async def prepare_agent(
         forward.append({"name": "egress", "port": 0,
                         "unix": f"{sock_dir_inside}/egress-{token}.sock"})
         options["egress"] = True
-    options["forward"] = forward
+    projection: HostToolsProjection | None = None
+    if host_tools:
+        from corral.tools.projection import host_tools_projection, run_tools_token
+
+        projection = host_tools_projection(net_host, sock_dir_inside, run_id,
+                                           token=run_tools_token(run_id))
+        if len(str(projection.socket)) > MAX_SOCKET_PATH:
+            raise ConfigError(f"socket path {projection.socket} is too long for a unix "
+                              "socket; set CORRAL_SHARED_DIR or CORRAL_HOME to a shorter "
+                              "directory")
+        forward.append(projection.forward)
+        servers = options.get("mcp_servers") or {}
+        if not isinstance(servers, dict):
+            raise ConfigError("agent option 'mcp_servers' must map names to server configs")
+        options["mcp_servers"] = {**servers, **projection.mcp_servers}
+        request = dataclasses.replace(request, env={**request.env, **projection.env})
+    # Forwarders the caller gave keep their place unless they reuse one of our names.
+    ours = {f["name"] for f in forward}
+    given = options.get("forward") or []
+    if not isinstance(given, (list, tuple)):
+        raise ConfigError("agent option 'forward' must be a list of forwarder entries")
+    options["forward"] = [*(f for f in given if not (isinstance(f, dict)
+                                                     and f.get("name") in ours)), *forward]
     if timeout is not None:
         options["timeout"] = timeout
     resumed: SavedSession | None = None
@@ -421,4 +457,5 @@ async def prepare_agent(
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
                          run_id=run_id, install=install, model_proxy=proxy,
                          model_socket=model_socket, egress_proxy=egress_proxy,
-                         egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net)
+                         egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
+                         host_tools=projection)

@@ -172,6 +172,10 @@ class ClaudeCodeHarness(CliHarness):
     def cli_argv(self, opts: CliOptions) -> list[str]:
         argv = ["-p", "--output-format", "stream-json", "--verbose",
                 *self.policy_mapping.argv]
+        if "corral" in opts.mcp_servers and "--allowedTools" in argv:
+            # Under a policy only listed tools run; host tools have their own gate
+            # (approval=True), so the server's tools are allowed as a whole.
+            argv.insert(argv.index("--allowedTools") + 1, "mcp__corral")
         if opts.model:
             argv += ["--model", opts.model]
         if opts.resume:
@@ -190,6 +194,14 @@ class ClaudeCodeHarness(CliHarness):
         return argv
 
     def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
+        env = self._base_env(opts, base_url)
+        if "corral" in opts.mcp_servers:
+            # Host tools are offered to the model directly; with tool search on, Claude
+            # Code hides MCP tools behind a ToolSearch round trip.
+            env["ENABLE_TOOL_SEARCH"] = "false"
+        return env
+
+    def _base_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
         return {
             "ANTHROPIC_BASE_URL": base_url,
             "ANTHROPIC_API_KEY": opts.api_key,
@@ -211,6 +223,20 @@ class ClaudeCodeHarness(CliHarness):
         if at_offset is not None:
             raise ConfigError("the claude-code translator resumes by replay, not by offset")
         return ClaudeCodeTranslator(ctx)
+
+
+HOST_TOOL_PREFIX = "mcp__corral__"
+"""How Claude Code names the tools of corral's own MCP server ``corral`` (host tools)."""
+
+
+def host_tool_name(name: str | None) -> str:
+    """The event name of a tool call: a host tool under its own name (Claude Code calls it
+    ``mcp__corral__<name>``); every other tool, other MCP servers' included, as named."""
+    if not name:
+        return "tool"
+    if name.startswith(HOST_TOOL_PREFIX) and len(name) > len(HOST_TOOL_PREFIX):
+        return name[len(HOST_TOOL_PREFIX):]
+    return name
 
 
 class ClaudeCodeTranslator(JsonlTranslator):
@@ -269,7 +295,7 @@ class ClaudeCodeTranslator(JsonlTranslator):
                 out += self.reasoning(self.id("r", i), as_str(block.get("thinking")) or "")
             elif btype in ("tool_use", "server_tool_use", "mcp_tool_use"):
                 tool_id = as_str(block.get("id")) or self.id("t", i)
-                out += self.tool_start(tool_id, as_str(block.get("name")) or "tool",
+                out += self.tool_start(tool_id, host_tool_name(as_str(block.get("name"))),
                                        block.get("input", {}), parent=parent)
             else:
                 out.append(self.custom("assistant.block", block))

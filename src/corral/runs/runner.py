@@ -30,9 +30,11 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
+from ag_ui.core import BaseEvent
 
 from corral.errors import ConfigError, CorralError
 from corral.harness.agent import (
@@ -75,6 +77,9 @@ from corral.sandbox.lifecycle import Lifecycle
 from corral.sandbox.policy import Policy
 from corral.sandbox.redact import Redactor
 from corral.sandbox.sources import LocalDir
+
+if TYPE_CHECKING:  # the MCP SDK loads only when a run has host tools
+    from corral.tools.core import Toolset
 
 log = logging.getLogger("corral.runs.runner")
 
@@ -125,6 +130,10 @@ class RunRequest:
     sandbox: Sandbox | None = None
     """The sandbox definition. Default: a fresh ``provider`` sandbox per run, destroyed
     when the run ends, holding a copy of ``workspace``."""
+    tools: Toolset | None = field(default=None, compare=False)
+    """Host tools for an agent CLI (the MCP server ``corral``), served by the process that
+    drives the run: pass the same toolset to :meth:`Runner.drive` (or to the
+    :class:`Runner`) in every process that may drive it. Never stored."""
 
     def definition(self) -> Sandbox:
         """The sandbox definition this run uses."""
@@ -169,8 +178,16 @@ class Runner:
         lease_ttl: float | None = None,
         journals_dir: str | os.PathLike[str] | None = None,
         provider_config: Mapping[str, Mapping[str, Any]] | None = None,
+        tools: Toolset | None = None,
+        approval_timeout: float = 300.0,
     ) -> None:
+        """``tools``: host tools for the agent-CLI runs this runner starts and drives (a
+        :class:`RunRequest` or :meth:`drive` may give its own). ``approval_timeout``: how long
+        a call of an ``approval=True`` tool waits for ``corral approve``."""
         self.store = store
+        self.tools = tools
+        self.approval_timeout = approval_timeout
+        self._run_tools: dict[str, Toolset] = {}
         self.lease_ttl = lease_ttl if lease_ttl is not None else lease_ttl_from_env()
         self.journals_dir = Path(journals_dir) if journals_dir else corral_home() / "journals"
         self.owner = new_owner_id()
@@ -249,6 +266,10 @@ class Runner:
         agent_request = AgentRequest(
             prompt=request.prompt, env=dict(request.env), options=request.options
         )
+        tools = request.tools if request.tools is not None else self.tools
+        if request.tools is not None and not isinstance(harness, CliHarness):
+            raise ConfigError(f"host tools need an agent-CLI harness (claude-code, codex); "
+                              f"the {harness.name} harness cannot call them")
         if isinstance(harness, CliHarness):
             # Checked before anything is recorded: a missing CLI or key is the user's to fix.
             agent_prerequisites(harness)
@@ -264,6 +285,8 @@ class Runner:
             )
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
+        if tools is not None and isinstance(harness, CliHarness):
+            self._run_tools[run_id] = tools
         nonce = new_nonce()
         self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         await self.store.create(
@@ -304,7 +327,7 @@ class Runner:
                 if isinstance(harness, CliHarness):
                     launched_agent = await self._launch_cli_agent(
                         harness, ensured, agent_request, run_id, thread_id, paths, nonce,
-                        sandbox, spec,
+                        sandbox, spec, host_tools=run_id in self._run_tools,
                     )
                 else:
                     # Secrets reach the agent only here: through the supervisor's pipe into
@@ -326,6 +349,7 @@ class Runner:
                 log.info("run %s: agent started (supervisor pid %d)", run_id,
                          launched_agent.supervisor_pid)
             except BaseException as exc:
+                self._run_tools.pop(run_id, None)
                 with anyio.CancelScope(shield=True):
                     if ensured is not None:
                         if paths.status.exists():  # launched, then something failed
@@ -350,6 +374,8 @@ class Runner:
         nonce: str,
         sandbox: Sandbox,
         spec: Mapping[str, Any],
+        *,
+        host_tools: bool = False,
     ) -> Any:
         """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
         (so the run keeps its model when no process drives it), launch it supervised, and
@@ -361,16 +387,21 @@ class Runner:
             # an allowlist: the agent's only way out is the egress proxy (the sandbox has no
             # network of its own); the services daemon serves it next to the model proxy
             egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
+            host_tools=host_tools,
         )
         # The sandbox's secrets join the agent's environment (as for any agent), under the
         # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
         prepared.command = replace(
             prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
         )
+        tools_socket = prepared.host_tools.socket if prepared.host_tools else None
         agent_info: dict[str, Any] = {
             "resumed_session": prepared.resumed.session_id if prepared.resumed else None,
-            "sockets": [str(p) for p in (prepared.model_socket, prepared.egress_socket) if p],
+            "sockets": [str(p) for p in (prepared.model_socket, prepared.egress_socket,
+                                         tools_socket) if p],
             "own_net_dir": str(prepared.own_net_dir) if prepared.own_net_dir else None,
+            # where a driver serves the host tools (the token is derived, never stored)
+            "tools_socket": str(tools_socket) if tools_socket else None,
         }
         await self.store.update(run_id, RunPatch(spec={**spec, "agent": agent_info}))
         pending = await prepared.start_services(paths)
@@ -462,6 +493,7 @@ class Runner:
         *,
         stop: anyio.Event | None = None,
         clear_detached: bool = True,
+        tools: Toolset | None = None,
     ) -> DriveResult:
         """Make the run progress until it ends, or until ``stop`` is set (then detach).
 
@@ -472,10 +504,18 @@ class Runner:
         ``clear_detached``: the claim clears ``detached_since`` (the caller is a viewer).
         A server that drives runs whether or not anyone watches passes ``False`` and keeps
         ``detached_since`` itself, as the mark of viewer absence.
+
+        ``tools``: the run's host tools (default: those it was started with by this runner,
+        else the runner's). While this call holds the claim it serves them to the agent
+        on the run's tool socket; calls of ``approval=True`` tools log a CUSTOM
+        ``corral.approval_request`` event and wait for ``corral approve``. A run started
+        with host tools and driven without them sees its tool calls fail.
         """
+        toolset = tools if tools is not None else self._run_tools.get(run_id, self.tools)
         while True:
             record = await self._require(run_id)
             if record.terminal:
+                self._run_tools.pop(run_id, None)
                 return DriveResult(record)
             held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
             if stop is not None and stop.is_set():
@@ -493,7 +533,7 @@ class Runner:
                 await _wait(stop, _POLL)
                 continue
             try:
-                result = await self._drive_claimed(record, stop, clear_detached)
+                result = await self._drive_claimed(record, stop, clear_detached, toolset)
             except ClaimRefused as refused:
                 if refused.reason in (RefusalReason.UNKNOWN, RefusalReason.TERMINAL):
                     continue  # the loop re-reads and returns
@@ -508,11 +548,13 @@ class Runner:
             if result.claim_lost:
                 continue
             final = result.record or await self._require(run_id)
+            self._run_tools.pop(run_id, None)
             await self._finish_sandbox(final, final.status.value)
             return DriveResult(final)
 
     async def _drive_claimed(
-        self, record: RunRecord, stop: anyio.Event | None, clear_detached: bool = True
+        self, record: RunRecord, stop: anyio.Event | None, clear_detached: bool = True,
+        tools: Toolset | None = None,
     ) -> PipeResult | None:
         run_id = record.run_id
         paths = self._paths(record)
@@ -546,6 +588,7 @@ class Runner:
             result: PipeResult | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_cancel, run_id, abort)
+                await self._serve_tools(tg, record, tools, held.epoch)
                 result = await pipe_to_run_log(
                     self.store,
                     run_id,
@@ -559,6 +602,42 @@ class Runner:
                 )
                 tg.cancel_scope.cancel()
             return result
+
+    async def _serve_tools(self, tg: anyio.abc.TaskGroup, record: RunRecord,
+                           tools: Toolset | None, epoch: int) -> None:
+        """Serve the run's host tools in ``tg`` (this driver's claimed section), if it has
+        a tool socket. Approval events go into the run's log under ``epoch``."""
+        info = (record.spec or {}).get("agent")
+        socket_path = info.get("tools_socket") if isinstance(info, Mapping) else None
+        if not isinstance(socket_path, str):
+            return
+        if tools is None:
+            log.warning("run %s was started with host tools, and this driver has none: its "
+                        "tool calls fail until a driver with the toolset takes it",
+                        record.run_id)
+            return
+        from corral.tools.approvals import Approvals
+        from corral.tools.mcp_server import HostToolServer
+        from corral.tools.projection import run_tools_token
+
+        run_id = record.run_id
+
+        async def emit(event: BaseEvent) -> None:
+            # Logged at the journal offset already logged: a successor resumes after it,
+            # so this event is neither repeated nor in the way of the agent's events.
+            try:
+                tail = await self.store.tail(run_id)
+                await self.store.append(
+                    run_id, [(event_to_dict(event), tail.last_journal_offset or 0)],
+                    epoch=epoch)
+            except CorralError as exc:
+                log.warning("run %s: cannot log %s: %s", run_id,
+                            getattr(event, "name", event.type), exc)
+
+        gate = Approvals(run_id, emit=emit, timeout=self.approval_timeout)
+        server = HostToolServer(tools, token=run_tools_token(run_id), run_id=run_id,
+                                approvals=gate)
+        await tg.start(server.serve, socket_path)
 
     async def _produce(
         self,

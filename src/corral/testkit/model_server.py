@@ -77,6 +77,8 @@ class ToolCall:
     reasoning: str | None = None
     tool: str | None = None
     """Tool name; default: the first shell-like tool the request offers."""
+    args: dict[str, Any] | None = None
+    """The tool's input as given (instead of the shell arguments built from ``command``)."""
     delay: float = 0.0
     input_tokens: int = 100
     output_tokens: int = 20
@@ -303,7 +305,8 @@ def _anthropic_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iter
     if isinstance(reply, ToolCall):
         stop = "tool_use"
         tool = reply.tool or req.shell_tool or "Bash"
-        args = json.dumps({"command": reply.command, "description": "Run a command"})
+        args = json.dumps(reply.args if reply.args is not None else
+                          {"command": reply.command, "description": "Run a command"})
         yield _sse("content_block_start", {"type": "content_block_start", "index": index,
                    "content_block": {"type": "tool_use", "id": f"toolu_corral{n:04d}",
                                      "name": tool, "input": {}}})
@@ -387,7 +390,8 @@ def _responses_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iter
     if isinstance(reply, ToolCall):
         idx, item_id = len(output), f"fc_corral{n:04d}"
         tool = reply.tool or req.shell_tool or "exec_command"
-        args = json.dumps(_shell_args(tool, reply.command))
+        args = json.dumps(reply.args if reply.args is not None
+                          else _shell_args(tool, reply.command))
         call = {"id": item_id, "type": "function_call", "status": "in_progress",
                 "call_id": f"call_corral{n:04d}", "name": tool, "arguments": ""}
         yield frame("response.output_item.added", output_index=idx, item=call)

@@ -112,6 +112,12 @@ class ApprovalSigner:
             time.sleep(0.01)
         raise ApprovalError(f"the approval secret {path} is empty; delete it and retry")
 
+    def derive(self, label: str, run_id: str) -> str:
+        """A secret bound to this host's secret, ``label`` and ``run_id`` (the same on every
+        call: a process taking a run over on this host derives the same value)."""
+        return _b64(hmac.new(self._secret, f"{label}\0{run_id}".encode(),
+                             hashlib.sha256).digest())
+
     def _mac(self, run_id: str, nonce: str) -> str:
         return _b64(hmac.new(self._secret, f"{run_id}\0{nonce}".encode(),
                              hashlib.sha256).digest()[:18])

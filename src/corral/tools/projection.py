@@ -28,7 +28,7 @@ from typing import Any
 
 from corral.tools.mcp_server import MCP_PATH, SERVER_NAME
 
-__all__ = ["TOKEN_ENV", "HostToolsProjection", "host_tools_projection"]
+__all__ = ["TOKEN_ENV", "HostToolsProjection", "host_tools_projection", "run_tools_token"]
 
 TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
 FORWARD_NAME = "tools"
@@ -47,6 +47,16 @@ class HostToolsProjection:
     env: dict[str, str] = field(repr=False)
     """For the CLI's environment (carries the token)."""
     token: str = field(repr=False)
+
+
+def run_tools_token(run_id: str, *, root: Path | None = None) -> str:
+    """The bearer token of run ``run_id``'s host-tool server, derived from the host's
+    approvals secret (``$CORRAL_HOME/approvals/secret``): a driver that takes the run over
+    on this host serves with the token the agent already has, and the token is stored
+    nowhere (not in the run's record, argv or workspace)."""
+    from corral.tools.approvals import ApprovalSigner
+
+    return ApprovalSigner.from_home(root).derive("corral-tools-token", run_id)
 
 
 def host_tools_projection(net_host_dir: Path, sock_dir_inside: str, run_id: str, *,

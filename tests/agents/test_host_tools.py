@@ -1,0 +1,263 @@
+"""Host tools for the agent, end to end: the real Claude Code CLI in bubblewrap (no network)
+calls Python functions of the driving process through the run's MCP server ``corral``.
+
+The Runner is used as a library (``Runner(store).start(RunRequest(..., tools=ts))`` then
+``drive``); the scripted model server stands in for the model and records what the CLI
+sends back, so a tool's result is seen arriving at the model.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.runs.runner import Runner, RunRequest
+from corral.runs.store import Store
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.policy import Policy
+from corral.stores import open_store
+from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.tools import Toolset, tool
+from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools.projection import TOKEN_ENV, run_tools_token
+
+from .conftest import REAL_KEY
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
+
+DEADLINE = 150.0
+
+
+def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
+    """Ask for host tool ``tool_name`` (as Claude Code names it), then answer with what it
+    returned. Without the tool on offer the answer says so (and the test fails on it)."""
+
+    def script(req: ModelRequest) -> Reply:
+        results = req.tool_results
+        if results:
+            return Text("Host said: " + "\n".join(results).strip())
+        if f"mcp__corral__{tool_name}" not in req.tools:
+            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
+        return ToolCall("", tool=f"mcp__corral__{tool_name}", args=args,
+                        text="Asking the host.")
+
+    return script
+
+
+@pytest.fixture
+def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
+             corral_home: Path) -> ModelServer:
+    """The model server as the host's upstream (the Runner's model proxy uses it)."""
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+    return model_server
+
+
+async def _store(home: Path) -> Store:
+    return await open_store(f"sqlite://{home / 'corral.db'}")
+
+
+async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+def _tool_names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
+
+
+@pytest.mark.parametrize("policy", [None, Policy(default="deny")], ids=["bypass", "policy"])
+def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: ModelServer,
+                                            corral_home: Path, tmp_path: Path) -> None:
+    secret = "host-only-" + secrets.token_hex(8)
+    secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
+    secret_file.write_text(secret)
+    seen: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        seen.append(key)
+        return f"{key}={secret_file.read_text()}"
+
+    host_env.script = call_then_answer("read_host_state", {"key": "answer"})
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        store = await _store(corral_home)
+        try:
+            runner = Runner(store)
+            rec = await runner.start(RunRequest(
+                prompt="What does the host say?", harness="claude-code",
+                options={"max_retries": 0}, tools=Toolset([read_host_state]),
+                # under a policy only listed tools run: host tools must be among them
+                sandbox=None if policy is None else Sandbox(
+                    provider="bubblewrap", lifecycle=Lifecycle(reuse="none"), policy=policy)))
+            with anyio.fail_after(DEADLINE):
+                result = await runner.drive(rec.run_id)
+            spec = result.record.spec or {}
+            return await _logged(store, rec.run_id), spec, result.record.status.value
+        finally:
+            await store.aclose()
+
+    events, spec, status = anyio.run(main)
+    assert status == "completed", events[-3:]
+    assert seen == ["answer"]
+    # The tool's result went back to the model in the CLI's next request.
+    assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
+    # The events name the host tool by its own name; no CLI prefix leaks through.
+    assert _tool_names(events) == ["read_host_state"]
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert any(secret in r for r in results)
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert f"Host said: answer={secret}" in text
+    # The sandbox had no network (the default): no egress forwarder was set up.
+    info = spec["agent"]
+    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
+    # The tool server's token is stored nowhere in the record.
+    token = run_tools_token(events[0]["runId"])
+    assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
+
+
+@pytest.mark.parametrize("answer", ["allow", "deny"])
+def test_approval_tool_waits_for_corral_approve(
+        answer: str, host_env: ModelServer, corral_home: Path, corral_cmd: list[str],
+        cli_env: dict[str, str]) -> None:
+    flags: list[str] = []
+
+    @tool(approval=True)
+    def set_host_flag(value: str) -> str:
+        """Set a flag on the host (needs a human's approval)."""
+        flags.append(value)
+        return f"flag set to {value}"
+
+    host_env.script = call_then_answer("set_host_flag", {"value": "on"})
+
+    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
+        store = await _store(corral_home)
+        try:
+            runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
+            rec = await runner.start(RunRequest(
+                prompt="Set the flag.", harness="claude-code", options={"max_retries": 0}))
+            run_id = rec.run_id
+            done: list[Any] = []
+
+            async def drive() -> None:
+                done.append(await runner.drive(run_id))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                with anyio.fail_after(DEADLINE):
+                    request: dict[str, Any] | None = None
+                    while request is None:  # the viewer sees the request while it waits
+                        request = next((e for e in await _logged(store, run_id)
+                                        if e["type"] == "CUSTOM"
+                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
+                        if done:
+                            raise AssertionError("the run ended without an approval request: "
+                                                 f"{(await _logged(store, run_id))[-3:]}")
+                        await anyio.sleep(0.05)
+                assert flags == []  # held until answered
+                value = request["value"]
+                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
+                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
+                     "--reason", "not today"],
+                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
+            return await _logged(store, run_id), done[0].record.status.value, approve
+        finally:
+            await store.aclose()
+
+    events, status, approve = anyio.run(main)
+    assert approve.returncode == 0, approve.stderr
+    assert status == "completed", events[-3:]
+    resolved = [e["value"] for e in events
+                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
+    assert [r["decision"] for r in resolved] == [answer]
+    assert _tool_names(events) == ["set_host_flag"]
+    results = [req_r for req in host_env.model_requests for req_r in req.tool_results]
+    if answer == "allow":
+        assert flags == ["on"]
+        assert any("flag set to on" in r for r in results)
+    else:
+        assert flags == []
+        assert any("denied by a human: not today" in r for r in results)
+
+
+def test_prepare_agent_merges_the_host_tools_projection(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    from corral.harness.agent import prepare_agent
+    from corral.harness.base import AgentRequest
+
+    from .conftest import files_containing, make_harness, upstream_for
+
+    other = {"url": "http://127.0.0.1:9/mcp", "type": "http"}
+    mine = {"name": "mine", "port": 0, "unix": "/run/corral/mine.sock"}
+
+    async def main() -> None:
+        handle = await sandbox_factory()
+        harness = make_harness("claude-code")
+        prepared = await prepare_agent(
+            harness, handle, AgentRequest(prompt="hi", options={
+                "mcp_servers": {"other": other}, "forward": [mine]}),
+            thread_id="t-1", run_id="run-merge", upstream=upstream_for(harness, model_server),
+            host_tools=True)
+        proj = prepared.host_tools
+        assert proj is not None and proj.token == run_tools_token("run-merge")
+        cmd = prepared.command
+        assert not any(proj.token in a for a in cmd.argv)  # never in argv
+        assert cmd.env[TOKEN_ENV] == proj.token  # only in the CLI's environment
+        config = json.loads(cmd.argv[cmd.argv.index("--mcp-config") + 1])["mcpServers"]
+        assert set(config) == {"other", "corral"}  # merged, not replaced
+        entry = json.loads(cmd.argv[[i for i, a in enumerate(cmd.argv)
+                                     if a.startswith('{"forward"')][0]])
+        assert [f["name"] for f in entry["forward"]] == ["mine", "model", "tools"]
+        assert proj.socket.parent == next(Path(h) for h, i in handle.state.binds
+                                          if i == "/run/corral")
+        assert cmd.env["ENABLE_TOOL_SEARCH"] == "false"
+        # nothing in the sandbox's files (workspace, home) or its socket dir has the token
+        assert files_containing(Path(handle.host_root), proj.token.encode()) == []
+        assert files_containing(proj.socket.parent, proj.token.encode()) == []
+
+    anyio.run(main)
+
+
+def test_another_driver_serves_the_tools(host_env: ModelServer, corral_home: Path) -> None:
+    """The starter never serves; a second Runner (a successor: its own owner id, no state
+    shared with the starter) drives with the same toolset on the recorded socket, with
+    the token derived again, and the call goes through."""
+    calls: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        calls.append(key)
+        return f"{key}=from-the-successor"
+
+    ts = Toolset([read_host_state])
+    host_env.script = call_then_answer("read_host_state", {"key": "k"})
+
+    async def main() -> tuple[str, list[dict[str, Any]]]:
+        store = await _store(corral_home)
+        try:
+            rec = await Runner(store).start(RunRequest(
+                prompt="Ask the host.", harness="claude-code", options={"max_retries": 0},
+                tools=ts))
+            successor = Runner(store)
+            with anyio.fail_after(DEADLINE):
+                result = await successor.drive(rec.run_id, tools=ts)
+            return result.record.status.value, await _logged(store, rec.run_id)
+        finally:
+            await store.aclose()
+
+    status, events = anyio.run(main)
+    assert status == "completed", events[-3:]
+    assert calls == ["k"]
+    assert any("k=from-the-successor" in r for req in host_env.model_requests
+               for r in req.tool_results)
