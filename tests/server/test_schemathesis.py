@@ -43,6 +43,8 @@ OPERATIONS = [
     ("POST", "/v1/runs/{run_id}/cancel"),
     ("GET", "/v1/threads/{thread_id}/active"),
     ("GET", "/v1/runs/{run_id}/events"),
+    ("GET", "/v1/runs/{run_id}/approvals"),
+    ("POST", "/v1/runs/{run_id}/approvals/{approval_id}"),
 ]
 
 

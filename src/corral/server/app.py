@@ -10,6 +10,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -25,6 +27,10 @@ from corral.runs.store import RunExists, UnknownRun
 from corral.server.config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
 from corral.server.guard import Guard
 from corral.server.models import (
+    ApprovalAnswer,
+    ApprovalList,
+    ApprovalOut,
+    ApprovalResult,
     ErrorBody,
     RunCreated,
     RunList,
@@ -262,6 +268,38 @@ def create_app(service: RunService) -> Any:
               responses=_responses(401, 403, 404), summary="Cancel a run (idempotent)")
     async def cancel_run(run_id: str) -> RunOut:
         return RunOut.of(await service.cancel(run_id))
+
+    @app.get("/v1/runs/{run_id}/approvals", response_model=ApprovalList,
+             responses=_responses(401, 404), summary="A run's pending approval requests")
+    async def pending_approvals(run_id: str) -> ApprovalList:
+        from corral.tools.approvals import list_pending
+
+        if await service.store.get(run_id) is None:
+            raise UnknownRun(run_id)
+        pending = await anyio.to_thread.run_sync(lambda: list_pending(run_id))
+        return ApprovalList(approvals=[
+            ApprovalOut(approval_id=a.approval_id, run_id=a.run_id, tool=a.tool, args=a.args,
+                        created_at=a.created_at, expires_at=a.expires_at)
+            for a in pending
+        ])
+
+    @app.post("/v1/runs/{run_id}/approvals/{approval_id}", response_model=ApprovalResult,
+              responses=_responses(400, 401, 403, 404, 409, 413, 422),
+              summary="Answer a host tool's approval request (allow or deny)")
+    async def answer(run_id: str, approval_id: str, body: ApprovalAnswer) -> ApprovalResult:
+        from corral.tools.approvals import ApprovalError, answer_approval
+
+        if await service.store.get(run_id) is None:
+            raise UnknownRun(run_id)
+        allow = body.decision == "allow"
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: answer_approval(run_id, approval_id, allow, reason=body.reason)
+            )
+        except ApprovalError as exc:
+            # a forged or foreign id, an unknown, expired or already answered request
+            raise ApiError(409, "approval_refused", str(exc)) from None
+        return ApprovalResult(approval_id=approval_id, decision=body.decision)
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -112,6 +112,35 @@ class RunCreated(BaseModel):
     thread_id: str
     status: RunStatus
     events_url: str
+
+
+class ApprovalAnswer(BaseModel):
+    """A viewer's answer to a host tool's approval request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["allow", "deny"]
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class ApprovalOut(BaseModel):
+    """A pending approval request (as in the ``corral.approval_request`` event)."""
+
+    approval_id: str
+    run_id: str
+    tool: str
+    args: Any = None
+    created_at: float
+    expires_at: float
+
+
+class ApprovalList(BaseModel):
+    approvals: list[ApprovalOut]
+
+
+class ApprovalResult(BaseModel):
+    approval_id: str
+    decision: Literal["allow", "deny"]
 
 
 class RunErrorOut(BaseModel):

@@ -1,0 +1,66 @@
+"""Answering a host tool's approval over HTTP: POST /v1/runs/{id}/approvals/{approval_id}."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.tools.approvals import Approvals
+
+from .conftest import Home, ticker, wait_until
+
+
+def _ask(run_id: str, home: Path, out: dict[str, Any]) -> None:
+    """A held tool call, as the driver's MCP server holds it, in its own thread."""
+    events: list[Any] = []
+    out["events"] = events
+
+    async def main() -> None:
+        gate = Approvals(run_id, emit=events.append, timeout=30, root=home / "approvals")
+        out["decision"] = await gate.request("deploy", {"env": "prod"})
+
+    anyio.run(main)
+    out["done"] = True
+
+
+def test_pending_approvals_are_listed_and_answered_over_http(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORRAL_HOME", str(home.path))  # the server's approvals secret
+    with home.server() as server, server.client() as c:
+        run_id = server.start(ticker(400, 0.05), thread_id="ap")["run_id"]
+        held: dict[str, Any] = {}
+        thread = threading.Thread(target=_ask, args=(run_id, home.path, held), daemon=True)
+        thread.start()
+        wait_until(lambda: bool(held.get("events")), 20, "the approval request event")
+        approval_id = held["events"][0].value["approvalId"]
+
+        listed = c.get(f"/v1/runs/{run_id}/approvals")
+        assert listed.status_code == 200, listed.text
+        (pending,) = listed.json()["approvals"]
+        assert pending["approval_id"] == approval_id and pending["tool"] == "deploy"
+
+        nonce, mac = approval_id.split(".")
+        forged = c.post(f"/v1/runs/{run_id}/approvals/{nonce}.{'A' * len(mac)}",
+                        json={"decision": "allow"})
+        assert forged.status_code == 409 and forged.json()["error"]["code"] == "approval_refused"
+        bad = c.post(f"/v1/runs/{run_id}/approvals/{approval_id}", json={"decision": "maybe"})
+        assert bad.status_code == 422
+        missing = c.post(f"/v1/runs/nope/approvals/{approval_id}", json={"decision": "allow"})
+        assert missing.status_code == 404
+        assert "done" not in held  # nothing forged or malformed released the call
+
+        ok = c.post(f"/v1/runs/{run_id}/approvals/{approval_id}",
+                    json={"decision": "allow", "reason": "looks fine"})
+        assert ok.status_code == 200, ok.text
+        assert ok.json() == {"approval_id": approval_id, "decision": "allow"}
+        thread.join(20)
+        assert held.get("done") and held["decision"] is None  # allowed: the tool may run
+        again = c.post(f"/v1/runs/{run_id}/approvals/{approval_id}", json={"decision": "deny"})
+        assert again.status_code == 409
+        assert c.get(f"/v1/runs/{run_id}/approvals").json()["approvals"] == []
+        c.post(f"/v1/runs/{run_id}/cancel")
