@@ -235,3 +235,45 @@ def test_mcp_server_config_keeps_secrets_in_the_environment() -> None:
         mcp_server_config("s", {"url": "http://h", "headers": {"X": "a ${TOK}"}})
     with pytest.raises(ConfigError, match="server name"):
         mcp_server_config("a.b", {"url": "http://h"})
+
+
+def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
+                                                  model_server: ModelServer) -> None:
+    """After a whole Codex run that used the host tool, no file in the sandbox (workspace,
+    ``~/.codex`` with its sessions and logs) nor in the socket directory holds the token;
+    a wrong token is refused by the server (the CLI really authenticated)."""
+    from corral.harness.agent import NET_MOUNT
+    from corral.tools.mcp_server import HostToolServer
+    from corral.tools.projection import host_tools_projection
+
+    from .conftest import run_agent
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        return f"{key}=from-the-host"
+
+    model_server.script = call_then_answer("read_host_state", {"key": "k"})
+
+    async def main() -> None:
+        handle = await sandbox_factory()
+        harness = make_harness("codex")
+        token = run_tools_token("run-codex-token")
+        server = HostToolServer(Toolset([read_host_state]), token=token,
+                                run_id="run-codex-token")
+        net_host = next(Path(h) for h, i in handle.state.binds if i == NET_MOUNT)
+        socket = host_tools_projection(net_host, NET_MOUNT, "run-codex-token").socket
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, socket)
+            run = await run_agent(harness, handle, "Ask the host.", model_server,
+                                  run_id="run-codex-token", host_tools=True)
+            tg.cancel_scope.cancel()
+        assert server.calls == 1 and server.refused == 0, run.stderr[-2000:]
+        assert any("k=from-the-host" in r for r in run.tool_results())
+        # Codex's own files (the rollout of this session) are among those searched.
+        assert list(Path(handle.host_root).rglob("rollout-*.jsonl"))
+        assert files_containing(Path(handle.host_root), token.encode()) == []
+        assert files_containing(net_host, token.encode()) == []
+        assert token not in run.stderr
+
+    anyio.run(main)

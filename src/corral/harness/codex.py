@@ -17,10 +17,19 @@ Events → AG-UI:
 * items: ``agent_message`` → text message, ``reasoning`` → ``REASONING_*``,
   ``command_execution`` → tool call ``shell`` (``{"command": ...}``; result: the output,
   then ``exit code N`` when non-zero), ``file_change`` → tool call ``apply_patch``,
-  ``mcp_tool_call`` → tool call ``<server>.<tool>``, ``web_search`` → tool call
+  ``mcp_tool_call`` → tool call ``<server>.<tool>`` (the run's host tools, server
+  ``corral``: the tool's own name), ``web_search`` → tool call
   ``web_search``; item type ``error`` (non-fatal warnings such as unknown model metadata)
   and everything else → ``CUSTOM codex.<...>``; top-level ``error`` events (reconnects)
   → ``CUSTOM codex.error``.
+
+MCP servers (agent option ``mcp_servers``) become ``-c mcp_servers.<name>.*`` overrides
+(see :func:`mcp_server_config`): the run's host-tools server ``corral`` is a streamable
+HTTP server at the in-sandbox forwarder whose bearer token Codex reads from
+``CORRAL_TOOLS_TOKEN`` (``bearer_token_env_var``), so the token is in the CLI's environment
+only. Codex 0.171 offers a server's tools to the model in a Responses tool namespace
+``mcp__<name>``; with ``--dangerously-bypass-approvals-and-sandbox`` it calls them without
+asking (host tools have their own gate, ``approval=True``, in the MCP server).
 
 Codex's ``turn.completed`` usage counts the whole session (a resumed thread includes the
 earlier turns); the model proxy's per-run count is exact.
