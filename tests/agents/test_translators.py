@@ -305,7 +305,8 @@ def test_codex_other_tool_items_and_nonzero_exit_codes() -> None:
     check_well_formed(evs)
     names = {e.tool_call_id: e.tool_call_name for e in evs
              if e.type == EventType.TOOL_CALL_START}
-    assert names == {"run-7-item_5": "shell", "run-7-item_6": "corral.lookup",
+    # the run's host tools (MCP server "corral") go by their own names
+    assert names == {"run-7-item_5": "shell", "run-7-item_6": "lookup",
                      "run-7-item_7": "apply_patch"}
     results = {e.tool_call_id: e.content for e in evs if e.type == EventType.TOOL_CALL_RESULT}
     assert results["run-7-item_5"] == "exit code 1"
@@ -313,6 +314,17 @@ def test_codex_other_tool_items_and_nonzero_exit_codes() -> None:
     assert results["run-7-item_7"] == "completed"
     assert any(e.type == EventType.CUSTOM and e.name == "codex.item.updated.todo_list"
                for e in evs)
+
+
+@given(st.sampled_from(["corral", "github", "corralx", "mcp", ""]),
+       st.text(min_size=1, max_size=20))
+def test_codex_only_corral_mcp_tools_lose_the_server_name(server: str, tool: str) -> None:
+    item = {"id": "item_1", "type": "mcp_tool_call", "server": server, "tool": tool,
+            "arguments": {}, "status": "in_progress"}
+    evs = translate(CodexHarness(), [CODEX_OK[0], CODEX_OK[2],
+                                     j({"type": "item.started", "item": item}), CODEX_OK[-1]])
+    names = [e.tool_call_name for e in evs if e.type == EventType.TOOL_CALL_START]
+    assert names == [tool if server == "corral" else f"{server or 'mcp'}.{tool}"]
 
 
 def test_translators_ignore_items_after_exit_and_refuse_offset_resume() -> None:

@@ -17,7 +17,8 @@ command is wrapped with the entry), ``timeout`` (seconds; the entry stops the CL
 it), ``egress`` (bool: set ``HTTP(S)_PROXY`` to the ``egress`` forwarder), ``python``
 (the sandbox's Python for the entry, default ``/usr/bin/python3``), ``max_retries``
 (the CLI's own model retries, default 2), ``mcp_servers`` (``{name: {"command": str,
-"args": [...], "env": {...}}}``), ``extra_args`` (list of str), ``env`` (extra
+"args": [...], "env": {...}}}`` or ``{name: {"url": str, "headers": {...}}}``; header
+values may name variables as ``${VAR}``), ``extra_args`` (list of str), ``env`` (extra
 environment).
 
 Translation (see :mod:`corral.harness.base`): state is rebuilt by replay

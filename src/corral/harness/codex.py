@@ -17,10 +17,19 @@ Events → AG-UI:
 * items: ``agent_message`` → text message, ``reasoning`` → ``REASONING_*``,
   ``command_execution`` → tool call ``shell`` (``{"command": ...}``; result: the output,
   then ``exit code N`` when non-zero), ``file_change`` → tool call ``apply_patch``,
-  ``mcp_tool_call`` → tool call ``<server>.<tool>``, ``web_search`` → tool call
+  ``mcp_tool_call`` → tool call ``<server>.<tool>`` (the run's host tools, server
+  ``corral``: the tool's own name), ``web_search`` → tool call
   ``web_search``; item type ``error`` (non-fatal warnings such as unknown model metadata)
   and everything else → ``CUSTOM codex.<...>``; top-level ``error`` events (reconnects)
   → ``CUSTOM codex.error``.
+
+MCP servers (agent option ``mcp_servers``) become ``-c mcp_servers.<name>.*`` overrides
+(see :func:`mcp_server_config`): the run's host-tools server ``corral`` is a streamable
+HTTP server at the in-sandbox forwarder whose bearer token Codex reads from
+``CORRAL_TOOLS_TOKEN`` (``bearer_token_env_var``), so the token is in the CLI's environment
+only. Codex 0.171 offers a server's tools to the model in a Responses tool namespace
+``mcp__<name>``; with ``--dangerously-bypass-approvals-and-sandbox`` it calls them without
+asking (host tools have their own gate, ``approval=True``, in the MCP server).
 
 Codex's ``turn.completed`` usage counts the whole session (a resumed thread includes the
 earlier turns); the model proxy's per-run count is exact.
@@ -34,6 +43,7 @@ web search off (the sandbox has no network either). Anything else raises
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -55,9 +65,10 @@ from corral.harness.cli_base import (
 )
 from corral.net.model_proxy import ModelApi
 
-__all__ = ["CodexHarness", "CodexTranslator"]
+__all__ = ["CodexHarness", "CodexTranslator", "mcp_server_config"]
 
 KEY_VAR = "CORRAL_MODEL_KEY"
+HOST_TOOLS_SERVER = "corral"  # corral.tools.mcp_server.SERVER_NAME
 
 
 def _toml_str(s: str) -> str:
@@ -128,12 +139,7 @@ class CodexHarness(CliHarness):
         if opts.model:
             config["model"] = _toml_str(opts.model)
         for name, server in opts.mcp_servers.items():
-            prefix = f"mcp_servers.{name}"
-            if isinstance(server.get("url"), str):
-                config[f"{prefix}.url"] = _toml_str(server["url"])
-            else:
-                config[f"{prefix}.command"] = _toml_str(server["command"])
-                config[f"{prefix}.args"] = json.dumps(list(server.get("args") or []))
+            config.update(mcp_server_config(name, server))
         for key, value in config.items():
             argv += ["-c", f"{key}={value}"]
         argv += list(opts.extra_args)
@@ -155,6 +161,65 @@ class CodexHarness(CliHarness):
         if at_offset is not None:
             raise ConfigError("the codex translator resumes by replay, not by offset")
         return CodexTranslator(ctx)
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def mcp_server_config(name: str, server: Mapping[str, Any]) -> dict[str, str]:
+    """``-c`` overrides (dotted key → TOML value) for MCP server ``name``.
+
+    A ``url`` server is a streamable HTTP server. Its ``headers`` use Claude Code's form
+    (values may hold ``${VAR}``, expanded by the CLI): Codex does not expand variables, so
+    ``Authorization: Bearer ${VAR}`` becomes ``bearer_token_env_var = "VAR"``, a header that
+    is exactly ``${VAR}`` becomes ``env_http_headers.<header> = "VAR"``, and a literal
+    header ``http_headers.<header>``; either way the secret stays in the CLI's environment,
+    out of argv. A ``bearer_token_env_var`` key is passed as is. Any other use of ``${...}``
+    raises :class:`ConfigError`.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ConfigError(f"MCP server name {name!r}: Codex needs letters, digits, '_' or "
+                          "'-' only")
+    prefix = f"mcp_servers.{name}"
+    config: dict[str, str] = {}
+    if not isinstance(server.get("url"), str):
+        config[f"{prefix}.command"] = _toml_str(server["command"])
+        config[f"{prefix}.args"] = json.dumps(list(server.get("args") or []))
+        env = server.get("env") or {}
+        if env:
+            config[f"{prefix}.env"] = "{" + ", ".join(
+                f"{_toml_str(str(k))} = {_toml_str(str(v))}" for k, v in env.items()) + "}"
+        return config
+    config[f"{prefix}.url"] = _toml_str(server["url"])
+    bearer = server.get("bearer_token_env_var")
+    literal: dict[str, str] = {}
+    from_env: dict[str, str] = {}
+    for header, value in dict(server.get("headers") or {}).items():
+        value = str(value)
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(header)):
+            raise ConfigError(f"MCP server {name!r}: header name {header!r} must be letters, "
+                              "digits, '_' or '-'")
+        m = re.fullmatch(r"Bearer \$\{([A-Za-z_][A-Za-z0-9_]*)\}", value)
+        if str(header).lower() == "authorization" and m and bearer is None:
+            bearer = m.group(1)
+        elif (m := _ENV_REF.fullmatch(value)) is not None:
+            from_env[str(header)] = m.group(1)
+        elif _ENV_REF.search(value) or "${" in value:
+            raise ConfigError(f"MCP server {name!r}: header {header!r} mixes text and "
+                              "${VAR}; Codex can only take a whole header from a variable "
+                              "(or 'Bearer ${VAR}' for Authorization)")
+        else:
+            literal[str(header)] = value
+    if bearer is not None:
+        if not isinstance(bearer, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", bearer):
+            raise ConfigError(f"MCP server {name!r}: bearer_token_env_var must be a "
+                              "variable name")
+        config[f"{prefix}.bearer_token_env_var"] = _toml_str(bearer)
+    for header, var in from_env.items():
+        config[f"{prefix}.env_http_headers.{header}"] = _toml_str(var)
+    for header, value in literal.items():
+        config[f"{prefix}.http_headers.{header}"] = _toml_str(value)
+    return config
 
 
 class CodexTranslator(JsonlTranslator):
@@ -249,7 +314,9 @@ class CodexTranslator(JsonlTranslator):
             return "apply_patch", {"changes": item.get("changes")}
         if itype == "mcp_tool_call":
             server, tool = as_str(item.get("server")) or "mcp", as_str(item.get("tool")) or "tool"
-            return f"{server}.{tool}", item.get("arguments")
+            # The run's host tools go by their own names; other servers' keep a prefix.
+            return (tool if server == HOST_TOOLS_SERVER else f"{server}.{tool}"), \
+                item.get("arguments")
         return "web_search", {"query": item.get("query")}
 
     @staticmethod

@@ -79,6 +79,10 @@ class ToolCall:
     """Tool name; default: the first shell-like tool the request offers."""
     args: dict[str, Any] | None = None
     """The tool's input as given (instead of the shell arguments built from ``command``)."""
+    namespace: str | None = None
+    """Responses API only: the tool namespace the tool is offered in (Codex offers MCP
+    tools as ``{"type": "namespace", "name": "mcp__<server>", "tools": [...]}``); the
+    function call then carries ``namespace`` and the bare ``tool`` name."""
     delay: float = 0.0
     input_tokens: int = 100
     output_tokens: int = 20
@@ -143,6 +147,19 @@ class ModelRequest:
                 name = tool.get("name") or (tool.get("function") or {}).get("name")
                 if isinstance(name, str):
                     out.append(name)
+        return out
+
+    @property
+    def namespaced_tools(self) -> dict[str, list[str]]:
+        """Responses API tool namespaces offered: ``{namespace: [tool names]}``."""
+        if not isinstance(self.body, dict):
+            return {}
+        out: dict[str, list[str]] = {}
+        for tool in self.body.get("tools") or []:
+            if isinstance(tool, dict) and tool.get("type") == "namespace" \
+                    and isinstance(tool.get("name"), str):
+                out[tool["name"]] = [t["name"] for t in tool.get("tools") or []
+                                     if isinstance(t, dict) and isinstance(t.get("name"), str)]
         return out
 
     @property
@@ -394,6 +411,8 @@ def _responses_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iter
                           else _shell_args(tool, reply.command))
         call = {"id": item_id, "type": "function_call", "status": "in_progress",
                 "call_id": f"call_corral{n:04d}", "name": tool, "arguments": ""}
+        if reply.namespace is not None:
+            call["namespace"] = reply.namespace
         yield frame("response.output_item.added", output_index=idx, item=call)
         for part_text in _halves(args):
             yield frame("response.function_call_arguments.delta", item_id=item_id,

@@ -5,8 +5,9 @@ the net dir at ``/run/corral`` and the in-sandbox entry forwards
 ``127.0.0.1:{corral.port.tools}`` to it. The CLI is given an HTTP MCP server ``corral`` at
 ``http://127.0.0.1:{corral.port.tools}/mcp`` whose ``Authorization`` header is
 ``Bearer ${CORRAL_TOOLS_TOKEN}``: the CLI expands the variable itself (Claude Code expands
-``${VAR}`` in MCP server configs), so the token travels in the CLI's environment only,
-never in argv and never in a workspace file.
+``${VAR}`` in MCP server configs; the Codex harness turns the header into
+``bearer_token_env_var = "CORRAL_TOOLS_TOKEN"``), so the token travels in the CLI's
+environment only, never in argv and never in a workspace file.
 
 Wiring (for :func:`corral.harness.agent.prepare_agent` / the Runner)::
 

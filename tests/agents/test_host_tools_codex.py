@@ -1,0 +1,279 @@
+"""Host tools for Codex, end to end: the real Codex CLI in bubblewrap (no network) calls a
+Python function of the driving process through the run's MCP server ``corral``, projected
+into Codex's ``mcp_servers`` with the bearer token read from an environment variable.
+
+The scripted model server (OpenAI Responses API) stands in for the model: it asks for the
+host tool by the name Codex offers it under, and records what Codex sends back.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.harness.codex import mcp_server_config
+from corral.runs.runner import Runner, RunRequest
+from corral.runs.store import Store
+from corral.stores import open_store
+from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.tools import Toolset, tool
+from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools.projection import TOKEN_ENV, run_tools_token
+
+from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
+
+DEADLINE = 150.0
+# Codex 0.171 offers a server's MCP tools in a Responses tool namespace "mcp__<server>".
+CODEX_NAMESPACE = "mcp__corral"
+
+
+def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
+    """Ask for host tool ``tool_name`` (as Codex names it), then answer with its result.
+    Without the tool on offer the answer says so (and the test fails on it)."""
+
+    def script(req: ModelRequest) -> Reply:
+        results = req.tool_results
+        if results:
+            return Text("Host said: " + "\n".join(results).strip())
+        if tool_name not in req.namespaced_tools.get(CODEX_NAMESPACE, []):
+            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
+        return ToolCall("", tool=tool_name, namespace=CODEX_NAMESPACE, args=args)
+
+    return script
+
+
+@pytest.fixture
+def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
+             corral_home: Path) -> ModelServer:
+    """The model server as the host's OpenAI upstream (the Runner's model proxy uses it)."""
+    monkeypatch.setenv("OPENAI_BASE_URL", model_server.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
+    return model_server
+
+
+async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+def _tool_names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
+
+
+def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
+                                                  tmp_path: Path) -> None:
+    secret = "host-only-" + secrets.token_hex(8)
+    secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
+    secret_file.write_text(secret)
+    seen: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        seen.append(key)
+        return f"{key}={secret_file.read_text()}"
+
+    host_env.script = call_then_answer("read_host_state", {"key": "answer"})
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
+        try:
+            runner = Runner(store)
+            rec = await runner.start(RunRequest(
+                prompt="What does the host say?", harness="codex",
+                options={"max_retries": 0, "model": "gpt-fake"},
+                tools=Toolset([read_host_state])))
+            with anyio.fail_after(DEADLINE):
+                result = await runner.drive(rec.run_id)
+            return (await _logged(store, rec.run_id), result.record.spec or {},
+                    result.record.status.value)
+        finally:
+            await store.aclose()
+
+    events, spec, status = anyio.run(main)
+    offered = [r.tools for r in host_env.model_requests]
+    assert status == "completed", (events[-3:], offered)
+    assert seen == ["answer"], offered
+    # The tool's result went back to the model in Codex's next request.
+    assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
+    # The events name the host tool by its own name; no server prefix leaks through.
+    assert _tool_names(events) == ["read_host_state"]
+    start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"
+                   and e["toolCallId"] == start["toolCallId"])
+    assert json.loads(args) == {"key": "answer"}
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert any(secret in r for r in results)
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text.startswith("Host said:") and f"answer={secret}" in text
+    # No network in the sandbox (the default): no egress forwarder was set up.
+    info = spec["agent"]
+    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
+    token = run_tools_token(events[0]["runId"])
+    assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
+
+
+@pytest.mark.parametrize("answer", ["allow", "deny"])
+def test_codex_approval_tool_waits_for_corral_approve(
+        answer: str, host_env: ModelServer, corral_home: Path, corral_cmd: list[str],
+        cli_env: dict[str, str]) -> None:
+    """Approvals live in the MCP server: Codex's call is held until `corral approve`."""
+    flags: list[str] = []
+
+    @tool(approval=True)
+    def set_host_flag(value: str) -> str:
+        """Set a flag on the host (needs a human's approval)."""
+        flags.append(value)
+        return f"flag set to {value}"
+
+    host_env.script = call_then_answer("set_host_flag", {"value": "on"})
+
+    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
+        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
+        try:
+            runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
+            rec = await runner.start(RunRequest(
+                prompt="Set the flag.", harness="codex",
+                options={"max_retries": 0, "model": "gpt-fake"}))
+            run_id = rec.run_id
+            done: list[Any] = []
+
+            async def drive() -> None:
+                done.append(await runner.drive(run_id))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                with anyio.fail_after(DEADLINE):
+                    request: dict[str, Any] | None = None
+                    while request is None:  # the viewer sees the request while it waits
+                        request = next((e for e in await _logged(store, run_id)
+                                        if e["type"] == "CUSTOM"
+                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
+                        if done:
+                            raise AssertionError("the run ended without an approval request: "
+                                                 f"{(await _logged(store, run_id))[-3:]}")
+                        await anyio.sleep(0.05)
+                assert flags == []  # held until answered
+                value = request["value"]
+                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
+                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
+                     "--reason", "not today"],
+                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
+            return await _logged(store, run_id), done[0].record.status.value, approve
+        finally:
+            await store.aclose()
+
+    events, status, approve = anyio.run(main)
+    assert approve.returncode == 0, approve.stderr
+    assert status == "completed", events[-3:]
+    resolved = [e["value"] for e in events
+                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
+    assert [r["decision"] for r in resolved] == [answer]
+    assert _tool_names(events) == ["set_host_flag"]
+    results = [r for req in host_env.model_requests for r in req.tool_results]
+    if answer == "allow":
+        assert flags == ["on"]
+        assert any("flag set to on" in r for r in results)
+    else:
+        assert flags == []
+        assert any("denied by a human: not today" in r for r in results)
+
+
+def test_prepare_agent_projects_host_tools_into_codex_config(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    from corral.harness.agent import prepare_agent
+    from corral.harness.base import AgentRequest
+
+    async def main() -> None:
+        handle = await sandbox_factory()
+        harness = make_harness("codex")
+        prepared = await prepare_agent(
+            harness, handle, AgentRequest(prompt="hi", options={
+                "model": "gpt-fake",
+                "mcp_servers": {"other": {"url": "http://127.0.0.1:9/mcp"}}}),
+            thread_id="t-1", run_id="run-codex-merge",
+            upstream=upstream_for(harness, model_server), host_tools=True)
+        proj = prepared.host_tools
+        assert proj is not None and proj.token == run_tools_token("run-codex-merge")
+        cmd = prepared.command
+        assert not any(proj.token in a for a in cmd.argv)  # never in argv
+        assert cmd.env[TOKEN_ENV] == proj.token  # only in the CLI's environment
+        overrides = [cmd.argv[i + 1] for i, a in enumerate(cmd.argv) if a == "-c"]
+        assert "mcp_servers.other.url=\"http://127.0.0.1:9/mcp\"" in overrides
+        assert ("mcp_servers.corral.url=\"http://127.0.0.1:{corral.port.tools}/mcp\""
+                in overrides)
+        assert f"mcp_servers.corral.bearer_token_env_var=\"{TOKEN_ENV}\"" in overrides
+        entry = json.loads(next(a for a in cmd.argv if a.startswith('{"forward"')))
+        assert [f["name"] for f in entry["forward"]] == ["model", "tools"]
+        assert files_containing(Path(handle.host_root), proj.token.encode()) == []
+        assert files_containing(proj.socket.parent, proj.token.encode()) == []
+
+    anyio.run(main)
+
+
+def test_mcp_server_config_keeps_secrets_in_the_environment() -> None:
+    from corral.errors import ConfigError
+
+    cfg = mcp_server_config("s", {"url": "http://h/mcp", "headers": {
+        "Authorization": "Bearer ${TOK}", "X-Key": "${KEY}", "X-Plain": "v"}})
+    assert cfg == {
+        "mcp_servers.s.url": '"http://h/mcp"',
+        "mcp_servers.s.bearer_token_env_var": '"TOK"',
+        "mcp_servers.s.env_http_headers.X-Key": '"KEY"',
+        "mcp_servers.s.http_headers.X-Plain": '"v"',
+    }
+    with pytest.raises(ConfigError, match="mixes text"):
+        mcp_server_config("s", {"url": "http://h", "headers": {"X": "a ${TOK}"}})
+    with pytest.raises(ConfigError, match="server name"):
+        mcp_server_config("a.b", {"url": "http://h"})
+
+
+def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
+                                                  model_server: ModelServer) -> None:
+    """After a whole Codex run that used the host tool, no file in the sandbox (workspace,
+    ``~/.codex`` with its sessions and logs) nor in the socket directory holds the token;
+    a wrong token is refused by the server (the CLI really authenticated)."""
+    from corral.harness.agent import NET_MOUNT
+    from corral.tools.mcp_server import HostToolServer
+    from corral.tools.projection import host_tools_projection
+
+    from .conftest import run_agent
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        return f"{key}=from-the-host"
+
+    model_server.script = call_then_answer("read_host_state", {"key": "k"})
+
+    async def main() -> None:
+        handle = await sandbox_factory()
+        harness = make_harness("codex")
+        token = run_tools_token("run-codex-token")
+        server = HostToolServer(Toolset([read_host_state]), token=token,
+                                run_id="run-codex-token")
+        net_host = next(Path(h) for h, i in handle.state.binds if i == NET_MOUNT)
+        socket = host_tools_projection(net_host, NET_MOUNT, "run-codex-token").socket
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, socket)
+            run = await run_agent(harness, handle, "Ask the host.", model_server,
+                                  run_id="run-codex-token", host_tools=True)
+            tg.cancel_scope.cancel()
+        assert server.calls == 1 and server.refused == 0, run.stderr[-2000:]
+        assert any("k=from-the-host" in r for r in run.tool_results())
+        # Codex's own files (the rollout of this session) are among those searched.
+        assert list(Path(handle.host_root).rglob("rollout-*.jsonl"))
+        assert files_containing(Path(handle.host_root), token.encode()) == []
+        assert files_containing(net_host, token.encode()) == []
+        assert token not in run.stderr
+
+    anyio.run(main)
