@@ -26,8 +26,9 @@ from .test_host_tools import DEADLINE, _logged, _store, host_env  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
-POLICY = Policy(allow=("echo *", "ls *"), deny=("rm *",), ask=("touch *",), default="deny")
-STEPS = ["echo ok", "rm -f x", "touch y", "ls y"]
+POLICY = Policy(allow=("echo *", "ls *"), deny=("rm *", "mk?ir *", "cat *"),
+                ask=("touch *",), default="deny")
+STEPS = ["echo ok", "rm -f x", "mkdir d", "touch y", "ls y", "cat /etc/hostname"]
 
 
 def bash_steps(req: ModelRequest) -> Reply:
@@ -94,8 +95,13 @@ def test_policy_decides_claude_code_commands_live(
     seen = [req.tool_results for req in host_env.model_requests if req.tool_results]
     by_step = {len(r): r[-1] for r in seen}
     assert by_step[1].strip() == "ok"  # allowed: ran
-    assert "denied by corral policy" in by_step[2] and "rm *" in by_step[2]
-    assert "y" == by_step[4].strip()  # touch y ran after the approval: ls finds it
+    # A deny rule Claude can match itself is also given to it (--disallowedTools).
+    assert "rm -f x has been denied" in by_step[2]
+    # A deny rule only corral can match: the prompt tool's denial names the rule.
+    assert "denied by corral policy (deny: mk?ir *)" in by_step[3], by_step[3]
+    assert by_step[5].strip() == "y"  # touch y ran after the approval: ls finds it
+    # Claude Code runs commands it deems read-only without asking: a deny rule still holds.
+    assert "has been denied" in by_step[6], by_step[6]
     # The permission prompt tool is not a tool call of the run.
     starts = [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
-    assert starts == ["Bash"] * 4
+    assert starts == ["Bash"] * len(STEPS)

@@ -184,6 +184,13 @@ class ClaudeCodeHarness(CliHarness):
                     "command; ask rules raise a corral approval)"]
         allowed: list[str] = [*READ_TOOLS, "mcp__corral"]
         disallowed: list[str] = []
+        # Claude Code runs commands it deems read-only (echo, ls, ...) without asking the
+        # prompt tool: deny rules it can match are given to it as well.
+        for pattern in policy.deny:
+            rule = _bash_rule(pattern)
+            if rule is not None:
+                disallowed.append(rule)
+                enforced.append(f"deny {pattern!r} -> --disallowedTools {rule}")
         if policy.file_write == "allow":
             allowed += WRITE_TOOLS
         elif policy.file_write == "deny":
