@@ -102,6 +102,9 @@ def test_policy_decides_claude_code_commands_live(
     assert by_step[5].strip() == "y"  # touch y ran after the approval: ls finds it
     # Claude Code runs commands it deems read-only without asking: a deny rule still holds.
     assert "has been denied" in by_step[6], by_step[6]
-    # The permission prompt tool is not a tool call of the run.
+    # Claude Code keeps the permission prompt tool from the model, and it is no tool call.
+    assert all("mcp__corral__permission_prompt" not in req.tools
+               for req in host_env.model_requests)
+    assert all("Bash" in req.tools for req in host_env.model_requests)
     starts = [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
     assert starts == ["Bash"] * len(STEPS)
