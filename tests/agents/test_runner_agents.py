@@ -358,16 +358,18 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
                      "hello")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "rm -rf" in out.stderr and corral.srv.model_requests == []
-    # Claude Code enforces it with its own permission rules.
+    # Claude Code enforces it (its prompts go to corral, which evaluates the policy).
     corral.srv.script = lambda req: Text("ok")
     out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     spec = corral.raw_record("p1")["spec"]
     assert spec["policy"]["deny"] == ["rm -rf *"] and spec["policy"]["default"] == "allow"
-    # Without a policy the CLI runs with its prompts off; with this one, its rule mode.
+    # Without a policy the CLI runs with its prompts off; with this one, its prompts go to
+    # corral's permission prompt tool (the policy decides each command live).
     session = next(e["value"] for e in corral.log("p1")
                    if e["type"] == "CUSTOM" and e["name"] == "corral.session")
-    assert session["permissionMode"] == "dontAsk", session
+    assert session["permissionMode"] == "default", session
+    assert corral.raw_record("p1")["spec"]["permission_prompt"] is True
     assert corral.agent("claude-code", "p2", "hello").returncode == 0
     session = next(e["value"] for e in corral.log("p2")
                    if e["type"] == "CUSTOM" and e["name"] == "corral.session")

@@ -193,3 +193,12 @@ def test_signer_properties(run_a: str, run_b: str, pos: int, ch: str) -> None:
     i = pos % len(aid)
     tampered = aid[:i] + ch + aid[i + 1:]
     assert s.verify(run_a, tampered) == (tampered == aid)
+
+
+def test_ids_never_look_like_options() -> None:
+    """An id is passed to ``corral approve`` on the command line: one starting with '-'
+    would be read as an option (base64url nonces start with '-' one time in 64)."""
+    s = ApprovalSigner(b"k" * 32)
+    ids = [s.new_id("run") for _ in range(2000)]
+    assert not any(i.startswith("-") for i in ids)
+    assert all(s.verify("run", i) for i in ids[:50])

@@ -31,7 +31,11 @@ disallows WebFetch/WebSearch (the sandbox has no network either); with ``allow_h
 WebSearch is disallowed (it runs on the provider's servers, beyond the egress proxy's
 reach) and everything else goes through the proxy. ``ask`` rules and
 patterns with wildcards inside words cannot be enforced by Claude and raise
-:class:`~corral.errors.ConfigError`.
+:class:`~corral.errors.ConfigError` -- unless the run serves corral's permission prompt
+tool (``permission_prompt=True``; the Runner does for Claude Code runs under a policy):
+then ``--permission-mode default --permission-prompt-tool
+mcp__corral__permission_prompt`` and every Bash command is decided by
+:meth:`corral.sandbox.policy.Policy.evaluate` live (:mod:`corral.tools.permission`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ READ_TOOLS = ("Read", "Glob", "Grep", "LS", "TodoWrite", "Task", "Agent", "ToolS
 WRITE_TOOLS = ("Edit", "Write", "NotebookEdit", "MultiEdit")
 NET_TOOLS = ("WebFetch", "WebSearch")
 SERVER_NET_TOOL = "WebSearch"
+PROMPT_TOOL = "mcp__corral__permission_prompt"
+"""Claude Code's name for :data:`corral.tools.permission.PERMISSION_TOOL`."""
 """Runs on the model provider's servers, so no allowlist of ours can confine it."""
 _ALLOWLIST_ENFORCED = ("network: allow_hosts {} -> the sandbox has no network; commands and "
                        "WebFetch reach only those hosts through the egress proxy; "
@@ -109,6 +115,8 @@ class ClaudeCodeHarness(CliHarness):
                 argv += ["--disallowedTools", *disallowed]
             return PolicyMapping(self.name, tuple(argv), {"IS_SANDBOX": "1"}, tuple(enforced),
                                  bypass=True)
+        if self.permission_prompt:
+            return self._prompt_mapping(policy)
         problems: list[str] = []
         enforced = []
         allowed: list[str] = list(READ_TOOLS)
@@ -169,10 +177,55 @@ class ClaudeCodeHarness(CliHarness):
             argv += ["--disallowedTools", *disallowed]
         return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced))
 
+    def _prompt_mapping(self, policy: PolicyLike) -> PolicyMapping:
+        """Every Bash command (and whatever else no fixed rule settles) goes to corral's
+        permission prompt tool, which evaluates the policy live (ask → a corral approval)."""
+        enforced = [f"commands -> {PROMPT_TOOL} (corral evaluates the policy on each "
+                    "command; ask rules raise a corral approval)"]
+        allowed: list[str] = [*READ_TOOLS, "mcp__corral"]
+        disallowed: list[str] = []
+        # Claude Code runs commands it deems read-only (echo, ls, ...) without asking the
+        # prompt tool: deny rules it can match are given to it as well.
+        for pattern in policy.deny:
+            rule = _bash_rule(pattern)
+            if rule is not None:
+                disallowed.append(rule)
+                enforced.append(f"deny {pattern!r} -> --disallowedTools {rule}")
+        if policy.file_write == "allow":
+            allowed += WRITE_TOOLS
+        elif policy.file_write == "deny":
+            disallowed += WRITE_TOOLS
+            enforced.append("file_write: deny -> --disallowedTools Edit Write NotebookEdit "
+                            "MultiEdit")
+        else:
+            enforced.append(f"file_write: ask -> {PROMPT_TOOL} (a corral approval)")
+        if policy.network != "allow":
+            disallowed += NET_TOOLS
+            enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and the "
+                            "sandbox has no network")
+        elif allow_hosts(policy):
+            allowed.append("WebFetch")
+            disallowed.append(SERVER_NET_TOOL)
+            enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
+        else:
+            allowed += NET_TOOLS
+        # "default" mode: what the lists do not settle is asked of the prompt tool.
+        argv = ["--permission-mode", "default", "--permission-prompt-tool", PROMPT_TOOL,
+                "--allowedTools", *allowed]
+        if disallowed:
+            argv += ["--disallowedTools", *disallowed]
+        return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced),
+                             permission_prompt=True)
+
     def cli_argv(self, opts: CliOptions) -> list[str]:
+        if self.policy_mapping.permission_prompt and "corral" not in opts.mcp_servers:
+            raise ConfigError("this Claude Code policy mapping asks corral's permission "
+                              "prompt tool, which needs the corral MCP server: prepare the "
+                              "agent with host_tools=True (the Runner does)")
         argv = ["-p", "--output-format", "stream-json", "--verbose",
                 *self.policy_mapping.argv]
-        if "corral" in opts.mcp_servers and "--allowedTools" in argv:
+        if ("corral" in opts.mcp_servers and "--allowedTools" in argv
+                and not self.policy_mapping.permission_prompt):
             # Under a policy only listed tools run; host tools have their own gate
             # (approval=True), so the server's tools are allowed as a whole.
             argv.insert(argv.index("--allowedTools") + 1, "mcp__corral")

@@ -118,6 +118,9 @@ class PolicyMapping:
     bypass: bool = False
     """Whether the CLI runs with its own permission checks off (the sandbox is the
     boundary; no command rules apply)."""
+    permission_prompt: bool = False
+    """Whether the CLI asks corral's permission prompt tool (served by the run's MCP server
+    ``corral``, :mod:`corral.tools.permission`), which decides with the policy live."""
 
     def report(self) -> str:
         """A human-readable report of what is enforced and how."""
@@ -256,10 +259,14 @@ class CliHarness:
     """Home-relative file the CLI reads global instructions from."""
     resume: Literal["offset", "replay"] = "replay"
 
-    def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None) -> None:
+    def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
+                 permission_prompt: bool = False) -> None:
+        """``permission_prompt``: the run serves corral's permission prompt tool (a Runner
+        run with host tools), so a harness that can ask it enforces the policy live."""
         self.package: AgentPackage = package_for(self.name)
         self.version = version or self.package.version
         self.policy = policy
+        self.permission_prompt = permission_prompt
         # Definition time: an unenforceable rule raises here, not when the agent runs.
         self.policy_mapping = self.map_policy(policy)
 
@@ -281,7 +288,8 @@ class CliHarness:
                 raise ConfigError(f"{cls.name}: bad policy in the run spec: {exc}") from None
         if policy is not None and not isinstance(policy, PolicyLike):
             raise ConfigError(f"{cls.name}: 'policy' must be a Policy or a mapping")
-        return cls(version=version, policy=policy)
+        return cls(version=version, policy=policy,
+                   permission_prompt=spec.get("permission_prompt") is True)
 
     # -- for subclasses
     def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:

@@ -156,6 +156,10 @@ class RunRequest:
             # enforced by the agent CLIs, and without one they run with their permission
             # prompts off, confined by the sandbox.
             out["policy"] = sandbox.policy.to_dict()
+            if self.harness == "claude-code":
+                # Claude Code asks corral's permission prompt tool on the run's MCP server:
+                # the policy is evaluated live (ask rules become corral approvals).
+                out["permission_prompt"] = True
         return out
 
 
@@ -285,6 +289,11 @@ class Runner:
             )
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
+        if (tools is None and isinstance(harness, CliHarness)
+                and harness.policy_mapping.permission_prompt):
+            from corral.tools.core import Toolset
+
+            tools = Toolset()  # the server is needed for the permission prompt tool alone
         if tools is not None and isinstance(harness, CliHarness):
             self._run_tools[run_id] = tools
         nonce = new_nonce()
@@ -611,6 +620,13 @@ class Runner:
         socket_path = info.get("tools_socket") if isinstance(info, Mapping) else None
         if not isinstance(socket_path, str):
             return
+        spec = record.spec or {}
+        prompt = spec.get("permission_prompt") is True and isinstance(spec.get("policy"),
+                                                                         Mapping)
+        if tools is None and prompt:
+            from corral.tools.core import Toolset
+
+            tools = Toolset()  # the permission prompt needs only the run's policy
         if tools is None:
             log.warning("run %s was started with host tools, and this driver has none: its "
                         "tool calls fail until a driver with the toolset takes it",
@@ -635,6 +651,12 @@ class Runner:
                             getattr(event, "name", event.type), exc)
 
         gate = Approvals(run_id, emit=emit, timeout=self.approval_timeout)
+        if prompt:
+            from corral.tools.core import Toolset
+            from corral.tools.permission import PermissionPromptTool
+
+            tools = Toolset([*tools, PermissionPromptTool(
+                Policy(**dict(spec["policy"])), gate)])
         server = HostToolServer(tools, token=run_tools_token(run_id), run_id=run_id,
                                 approvals=gate)
         await tg.start(server.serve, socket_path)

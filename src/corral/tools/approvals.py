@@ -125,6 +125,8 @@ class ApprovalSigner:
     def new_id(self, run_id: str) -> str:
         """A fresh approval id for ``run_id``."""
         nonce = _b64(secrets.token_bytes(12))
+        while nonce.startswith("-"):  # an id is a CLI argument: never like an option
+            nonce = _b64(secrets.token_bytes(12))
         return f"{nonce}.{self._mac(run_id, nonce)}"
 
     def verify(self, run_id: str, approval_id: str) -> bool:

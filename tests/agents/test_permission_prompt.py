@@ -1,0 +1,110 @@
+"""Claude Code's permission prompt tool, end to end: the real Claude Code CLI in bubblewrap
+(no network) run by the Runner under a policy asks ``mcp__corral__permission_prompt`` on
+the run's MCP server about each Bash command, and corral's policy decides live: allowed
+commands run, denied ones come back to the model naming the rule, and ``ask`` ones wait
+for ``corral approve``.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.runs.runner import Runner, RunRequest
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.policy import Policy
+from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+
+from .test_host_tools import DEADLINE, _logged, _store, host_env  # noqa: F401
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
+
+POLICY = Policy(allow=("echo *", "ls *"), deny=("rm *", "mk?ir *", "cat *"),
+                ask=("touch *",), default="deny")
+STEPS = ["echo ok", "rm -f x", "mkdir d", "touch y", "ls y", "cat /etc/hostname"]
+
+
+def bash_steps(req: ModelRequest) -> Reply:
+    """One Bash command per turn (the number of results so far says which), then stop."""
+    done = len(req.tool_results)
+    if done < len(STEPS):
+        return ToolCall(STEPS[done], tool="Bash", args={"command": STEPS[done]})
+    return Text("All done.")
+
+
+def test_policy_decides_claude_code_commands_live(
+        host_env: ModelServer, corral_home: Path, corral_cmd: list[str],  # noqa: F811
+        cli_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="corral.tools.permission")
+    host_env.script = bash_steps
+
+    async def main() -> tuple[list[dict[str, Any]], str, dict[str, Any],
+                              subprocess.CompletedProcess[str]]:
+        store = await _store(corral_home)
+        try:
+            runner = Runner(store, approval_timeout=120)  # no host tools of its own
+            rec = await runner.start(RunRequest(
+                prompt="Run the commands.", harness="claude-code",
+                options={"max_retries": 0},
+                sandbox=Sandbox(provider="bubblewrap", lifecycle=Lifecycle(reuse="none"),
+                                policy=POLICY)))
+            run_id = rec.run_id
+            done: list[Any] = []
+
+            async def drive() -> None:
+                done.append(await runner.drive(run_id))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                with anyio.fail_after(DEADLINE):
+                    request: dict[str, Any] | None = None
+                    while request is None:
+                        request = next((e for e in await _logged(store, run_id)
+                                        if e["type"] == "CUSTOM"
+                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
+                        if done:
+                            raise AssertionError("the run ended without an approval request: "
+                                                 f"{(await _logged(store, run_id))[-3:]}")
+                        await anyio.sleep(0.05)
+                value = request["value"]
+                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [*corral_cmd, "approve", run_id, value["approvalId"], "--allow"],
+                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
+            return (await _logged(store, run_id), done[0].record.status.value, value,
+                    approve)
+        finally:
+            await store.aclose()
+
+    events, status, approval, approve = anyio.run(main)
+    assert approve.returncode == 0, approve.stderr
+    assert status == "completed", events[-3:]
+    # Claude Code sends {tool_name, input, tool_use_id}; the approval shows the command.
+    assert approval["tool"] == "Bash" and approval["args"]["command"] == "touch y"
+    asked = [r.getMessage() for r in caplog.records if "permission request" in r.getMessage()]
+    assert asked and all("'input'" in m and "'tool_name'" in m for m in asked), asked
+    assert [e["value"]["decision"] for e in events if e["type"] == "CUSTOM"
+            and e["name"] == APPROVAL_RESOLVED_EVENT] == ["allow"]
+    # What the model saw after each command, in order.
+    seen = [req.tool_results for req in host_env.model_requests if req.tool_results]
+    by_step = {len(r): r[-1] for r in seen}
+    assert by_step[1].strip() == "ok"  # allowed: ran
+    # A deny rule Claude can match itself is also given to it (--disallowedTools).
+    assert "rm -f x has been denied" in by_step[2]
+    # A deny rule only corral can match: the prompt tool's denial names the rule.
+    assert "denied by corral policy (deny: mk?ir *)" in by_step[3], by_step[3]
+    assert by_step[5].strip() == "y"  # touch y ran after the approval: ls finds it
+    # Claude Code runs commands it deems read-only without asking: a deny rule still holds.
+    assert "has been denied" in by_step[6], by_step[6]
+    # Claude Code keeps the permission prompt tool from the model, and it is no tool call.
+    assert all("mcp__corral__permission_prompt" not in req.tools
+               for req in host_env.model_requests)
+    assert all("Bash" in req.tools for req in host_env.model_requests)
+    starts = [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
+    assert starts == ["Bash"] * len(STEPS)
