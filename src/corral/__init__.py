@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.errors import ConfigError, CorralError, PrerequisiteMissing
@@ -29,8 +30,7 @@ if TYPE_CHECKING:
     from corral.sandbox.sources import Files, GitSource, LocalDir, NoSource
     from corral.sandbox.workspace import Parallel, Step, Workspace, parallel
 
-# Names resolve on first use, so importing one submodule (the journal supervisor starts
-# a fresh interpreter per run) does not import the whole package.
+# Names resolve on first use (corral._lazy).
 _EXPORTS: dict[str, str] = {
     "ConfigError": "corral.errors",
     "CorralError": "corral.errors",
@@ -67,17 +67,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __version__ = "0.1.0"
 
