@@ -160,16 +160,7 @@ class ClaudeCodeHarness(CliHarness):
                             "MultiEdit; shell redirections need approval and are refused")
         else:
             problems.append("file_write: ask: no approval channel yet; use allow or deny")
-        if policy.network != "allow":
-            disallowed += NET_TOOLS
-            enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and the "
-                            "sandbox has no network")
-        elif allow_hosts(policy):
-            allowed.append("WebFetch")
-            disallowed.append(SERVER_NET_TOOL)
-            enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
-        else:
-            allowed += NET_TOOLS
+        _map_network(policy, allowed, disallowed, enforced)
         if problems:
             raise ConfigError("policy rules Claude Code cannot enforce: " + "; ".join(problems))
         argv = ["--permission-mode", "dontAsk", "--allowedTools", *allowed]
@@ -199,16 +190,7 @@ class ClaudeCodeHarness(CliHarness):
                             "MultiEdit")
         else:
             enforced.append(f"file_write: ask -> {PROMPT_TOOL} (a corral approval)")
-        if policy.network != "allow":
-            disallowed += NET_TOOLS
-            enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and the "
-                            "sandbox has no network")
-        elif allow_hosts(policy):
-            allowed.append("WebFetch")
-            disallowed.append(SERVER_NET_TOOL)
-            enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
-        else:
-            allowed += NET_TOOLS
+        _map_network(policy, allowed, disallowed, enforced)
         # "default" mode: what the lists do not settle is asked of the prompt tool.
         argv = ["--permission-mode", "default", "--permission-prompt-tool", PROMPT_TOOL,
                 "--allowedTools", *allowed]
@@ -415,3 +397,19 @@ class ClaudeCodeTranslator(JsonlTranslator):
         if denials:
             out.append(self.custom("permission_denials", denials))
         return out
+
+
+def _map_network(
+    policy: PolicyLike, allowed: list[str], disallowed: list[str], enforced: list[str]
+) -> None:
+    """Claude Code's web tools under the policy's network rule (shared by both mappings)."""
+    if policy.network != "allow":
+        disallowed += NET_TOOLS
+        enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and the "
+                        "sandbox has no network")
+    elif allow_hosts(policy):
+        allowed.append("WebFetch")
+        disallowed.append(SERVER_NET_TOOL)
+        enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
+    else:
+        allowed += NET_TOOLS
