@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,13 @@ from corral.sandbox.policy import Policy
 from corral.stores import open_store
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools.projection import TOKEN_ENV, run_tools_token
 
+from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .conftest import REAL_KEY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
-DEADLINE = 150.0
 
 
 def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
@@ -65,12 +63,6 @@ async def _store(home: Path) -> Store:
     return await open_store(f"sqlite://{home / 'corral.db'}")
 
 
-async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
-    return [dict(e.event) for e in await store.snapshot(run_id)]
-
-
-def _tool_names(events: list[dict[str, Any]]) -> list[str]:
-    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
 
 @pytest.mark.parametrize("policy", [None, Policy(default="deny")], ids=["bypass", "policy"])
@@ -102,7 +94,7 @@ def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: Mod
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
             spec = result.record.spec or {}
-            return await _logged(store, rec.run_id), spec, result.record.status.value
+            return await logged(store, rec.run_id), spec, result.record.status.value
         finally:
             await store.aclose()
 
@@ -112,7 +104,7 @@ def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: Mod
     # The tool's result went back to the model in the CLI's next request.
     assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
     # The events name the host tool by its own name; no CLI prefix leaks through.
-    assert _tool_names(events) == ["read_host_state"]
+    assert tool_names(events) == ["read_host_state"]
     results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert any(secret in r for r in results)
     text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
@@ -138,56 +130,12 @@ def test_approval_tool_waits_for_corral_approve(
         return f"flag set to {value}"
 
     host_env.script = call_then_answer("set_host_flag", {"value": "on"})
-
-    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
-        store = await _store(corral_home)
-        try:
-            runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
-            rec = await runner.start(RunRequest(
-                prompt="Set the flag.", harness="claude-code", options={"max_retries": 0}))
-            run_id = rec.run_id
-            done: list[Any] = []
-
-            async def drive() -> None:
-                done.append(await runner.drive(run_id))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drive)
-                with anyio.fail_after(DEADLINE):
-                    request: dict[str, Any] | None = None
-                    while request is None:  # the viewer sees the request while it waits
-                        request = next((e for e in await _logged(store, run_id)
-                                        if e["type"] == "CUSTOM"
-                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
-                        if done:
-                            raise AssertionError("the run ended without an approval request: "
-                                                 f"{(await _logged(store, run_id))[-3:]}")
-                        await anyio.sleep(0.05)
-                assert flags == []  # held until answered
-                value = request["value"]
-                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
-                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
-                     "--reason", "not today"],
-                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return await _logged(store, run_id), done[0].record.status.value, approve
-        finally:
-            await store.aclose()
-
-    events, status, approve = anyio.run(main)
-    assert approve.returncode == 0, approve.stderr
-    assert status == "completed", events[-3:]
-    resolved = [e["value"] for e in events
-                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
-    assert [r["decision"] for r in resolved] == [answer]
-    assert _tool_names(events) == ["set_host_flag"]
-    results = [req_r for req in host_env.model_requests for req_r in req.tool_results]
-    if answer == "allow":
-        assert flags == ["on"]
-        assert any("flag set to on" in r for r in results)
-    else:
-        assert flags == []
-        assert any("denied by a human: not today" in r for r in results)
+    run_approval_flow(
+        request=RunRequest(prompt="Set the flag.", harness="claude-code",
+                           options={"max_retries": 0}),
+        toolset=Toolset([set_host_flag]), answer=answer, flags=flags, host_env=host_env,
+        corral_home=corral_home, corral_cmd=corral_cmd, cli_env=cli_env,
+    )
 
 
 def test_prepare_agent_merges_the_host_tools_projection(
@@ -252,7 +200,7 @@ def test_another_driver_serves_the_tools(host_env: ModelServer, corral_home: Pat
             successor = Runner(store)
             with anyio.fail_after(DEADLINE):
                 result = await successor.drive(rec.run_id, tools=ts)
-            return result.record.status.value, await _logged(store, rec.run_id)
+            return result.record.status.value, await logged(store, rec.run_id)
         finally:
             await store.aclose()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,16 @@ import pytest
 
 from corral.harness.codex import mcp_server_config
 from corral.runs.runner import Runner, RunRequest
-from corral.runs.store import Store
 from corral.stores import open_store
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools.projection import TOKEN_ENV, run_tools_token
 
+from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
-DEADLINE = 150.0
 # Codex 0.171 offers a server's MCP tools in a Responses tool namespace "mcp__<server>".
 CODEX_NAMESPACE = "mcp__corral"
 
@@ -60,12 +57,6 @@ def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
     return model_server
 
 
-async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
-    return [dict(e.event) for e in await store.snapshot(run_id)]
-
-
-def _tool_names(events: list[dict[str, Any]]) -> list[str]:
-    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
 
 def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
@@ -93,7 +84,7 @@ def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_
                 tools=Toolset([read_host_state])))
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
-            return (await _logged(store, rec.run_id), result.record.spec or {},
+            return (await logged(store, rec.run_id), result.record.spec or {},
                     result.record.status.value)
         finally:
             await store.aclose()
@@ -105,7 +96,7 @@ def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_
     # The tool's result went back to the model in Codex's next request.
     assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
     # The events name the host tool by its own name; no server prefix leaks through.
-    assert _tool_names(events) == ["read_host_state"]
+    assert tool_names(events) == ["read_host_state"]
     start = next(e for e in events if e["type"] == "TOOL_CALL_START")
     args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"
                    and e["toolCallId"] == start["toolCallId"])
@@ -135,57 +126,12 @@ def test_codex_approval_tool_waits_for_corral_approve(
         return f"flag set to {value}"
 
     host_env.script = call_then_answer("set_host_flag", {"value": "on"})
-
-    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
-        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
-        try:
-            runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
-            rec = await runner.start(RunRequest(
-                prompt="Set the flag.", harness="codex",
-                options={"max_retries": 0, "model": "gpt-fake"}))
-            run_id = rec.run_id
-            done: list[Any] = []
-
-            async def drive() -> None:
-                done.append(await runner.drive(run_id))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drive)
-                with anyio.fail_after(DEADLINE):
-                    request: dict[str, Any] | None = None
-                    while request is None:  # the viewer sees the request while it waits
-                        request = next((e for e in await _logged(store, run_id)
-                                        if e["type"] == "CUSTOM"
-                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
-                        if done:
-                            raise AssertionError("the run ended without an approval request: "
-                                                 f"{(await _logged(store, run_id))[-3:]}")
-                        await anyio.sleep(0.05)
-                assert flags == []  # held until answered
-                value = request["value"]
-                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
-                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
-                     "--reason", "not today"],
-                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return await _logged(store, run_id), done[0].record.status.value, approve
-        finally:
-            await store.aclose()
-
-    events, status, approve = anyio.run(main)
-    assert approve.returncode == 0, approve.stderr
-    assert status == "completed", events[-3:]
-    resolved = [e["value"] for e in events
-                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
-    assert [r["decision"] for r in resolved] == [answer]
-    assert _tool_names(events) == ["set_host_flag"]
-    results = [r for req in host_env.model_requests for r in req.tool_results]
-    if answer == "allow":
-        assert flags == ["on"]
-        assert any("flag set to on" in r for r in results)
-    else:
-        assert flags == []
-        assert any("denied by a human: not today" in r for r in results)
+    run_approval_flow(
+        request=RunRequest(prompt="Set the flag.", harness="codex",
+                           options={"max_retries": 0, "model": "gpt-fake"}),
+        toolset=Toolset([set_host_flag]), answer=answer, flags=flags, host_env=host_env,
+        corral_home=corral_home, corral_cmd=corral_cmd, cli_env=cli_env,
+    )
 
 
 def test_prepare_agent_projects_host_tools_into_codex_config(

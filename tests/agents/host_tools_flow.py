@@ -1,0 +1,90 @@
+"""The host-tool approval flow both agent CLIs are tested with (shared by their test files)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from corral.runs.runner import Runner, RunRequest
+from corral.runs.store import Store
+from corral.stores import open_store
+from corral.testkit.model_server import ModelServer
+from corral.tools import Toolset
+from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+
+DEADLINE = 150.0
+
+
+async def logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+def tool_names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
+
+
+def run_approval_flow(
+    *,
+    request: RunRequest,
+    toolset: Toolset,
+    answer: str,
+    flags: list[str],
+    host_env: ModelServer,
+    corral_home: Path,
+    corral_cmd: list[str],
+    cli_env: dict[str, str],
+) -> None:
+    """Start ``request`` with the approval tool ``set_host_flag``; wait until the approval
+    request is in the run's log (the call held: nothing ran yet), answer it with
+    ``corral approve --allow|--deny``, and check what the tool and the model saw."""
+
+    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
+        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
+        try:
+            runner = Runner(store, tools=toolset, approval_timeout=120)
+            run_id = (await runner.start(request)).run_id
+            done: list[Any] = []
+
+            async def drive() -> None:
+                done.append(await runner.drive(run_id))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                with anyio.fail_after(DEADLINE):
+                    pending: dict[str, Any] | None = None
+                    while pending is None:  # the viewer sees the request while it waits
+                        pending = next((e for e in await logged(store, run_id)
+                                        if e["type"] == "CUSTOM"
+                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
+                        if done:
+                            raise AssertionError("the run ended without an approval request: "
+                                                 f"{(await logged(store, run_id))[-3:]}")
+                        await anyio.sleep(0.05)
+                assert flags == []  # held until answered
+                value = pending["value"]
+                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
+                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
+                     "--reason", "not today"],
+                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
+            return await logged(store, run_id), done[0].record.status.value, approve
+        finally:
+            await store.aclose()
+
+    events, status, approve = anyio.run(main)
+    assert approve.returncode == 0, approve.stderr
+    assert status == "completed", events[-3:]
+    resolved = [e["value"] for e in events
+                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
+    assert [r["decision"] for r in resolved] == [answer]
+    assert tool_names(events) == ["set_host_flag"]
+    results = [r for req in host_env.model_requests for r in req.tool_results]
+    if answer == "allow":
+        assert flags == ["on"]
+        assert any("flag set to on" in r for r in results)
+    else:
+        assert flags == []
+        assert any("denied by a human: not today" in r for r in results)
