@@ -22,7 +22,8 @@ from corral.sandbox.policy import Policy
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
-from .test_host_tools import DEADLINE, _logged, _store, host_env  # noqa: F401
+from .host_tools_flow import DEADLINE, logged
+from .test_host_tools import _store, host_env  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
@@ -66,18 +67,18 @@ def test_policy_decides_claude_code_commands_live(
                 with anyio.fail_after(DEADLINE):
                     request: dict[str, Any] | None = None
                     while request is None:
-                        request = next((e for e in await _logged(store, run_id)
+                        request = next((e for e in await logged(store, run_id)
                                         if e["type"] == "CUSTOM"
                                         and e["name"] == APPROVAL_REQUEST_EVENT), None)
                         if done:
                             raise AssertionError("the run ended without an approval request: "
-                                                 f"{(await _logged(store, run_id))[-3:]}")
+                                                 f"{(await logged(store, run_id))[-3:]}")
                         await anyio.sleep(0.05)
                 value = request["value"]
                 approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
                     [*corral_cmd, "approve", run_id, value["approvalId"], "--allow"],
                     env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return (await _logged(store, run_id), done[0].record.status.value, value,
+            return (await logged(store, run_id), done[0].record.status.value, value,
                     approve)
         finally:
             await store.aclose()
