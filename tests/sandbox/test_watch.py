@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import anyio
 import pytest
 
 from corral import FileEvent, GitSource, Hooks, RunContext, Sandbox, Workspace
 from corral.runs.store import Store
-from corral.sandbox.watch import watch_workspace
+from corral.sandbox.watch import WorkspaceWatcher, watch_workspace
 
 from .conftest import Repo
 
@@ -86,3 +87,27 @@ async def test_ready_error_destroy_hooks(store: Store) -> None:
     with pytest.raises(Exception, match="exit 1"):
         await bad.ensure(ctx, store=store)
     assert calls[-1] == "error:SetupError"
+
+
+async def test_watcher_sees_every_file_of_trees_made_while_it_runs(tmp_path: Path) -> None:
+    """Directories created and filled faster than the watcher adds its watches: every file
+    still arrives as exactly one create (the watch goes on before the listing)."""
+    watcher = WorkspaceWatcher(tmp_path)
+    script = "; ".join(
+        f"mkdir -p t{i}/a/b/c && echo x > t{i}/a/b/c/f && echo y > t{i}/a/g" for i in range(200)
+    )
+    want = {f"t{i}/a/b/c/f" for i in range(200)} | {f"t{i}/a/g" for i in range(200)}
+    creates: list[str] = []
+    try:
+        with anyio.fail_after(20):
+            async with await anyio.open_process(["sh", "-c", script], cwd=tmp_path) as proc:
+                # consumed while the trees are being made, so the watcher races the writer
+                async for kind, path in watcher.events():
+                    if kind == "create":
+                        creates.append(path)
+                    if want <= set(creates):
+                        break
+                assert await proc.wait() == 0
+    finally:
+        watcher.close()
+    assert sorted(creates) == sorted(want)  # no file twice

@@ -71,6 +71,8 @@ class WorkspaceWatcher:
         self._dirs: dict[int, str] = {}  # watch descriptor -> relative dir ("" = root)
         self._known: set[str] = set()
         self._fresh: set[str] = set()  # created, first close-write is part of the create
+        self._listed: set[str] = set()  # reported from a listing; its IN_CREATE may follow
+        self._watched: set[str] = {""}  # directories watched (relative)
         self._add_tree("", initial=True)
 
     def close(self) -> None:
@@ -79,13 +81,17 @@ class WorkspaceWatcher:
             self._fd = -1
 
     def _add_tree(self, rel_dir: str, *, initial: bool) -> list[str]:
-        """Watch ``rel_dir`` and everything under it; return files found (for creates)."""
+        """Watch ``rel_dir`` and everything under it; return files found (for creates).
+
+        Each directory is watched *before* it is listed: a file or directory created in
+        between then shows up in the listing, as an inotify event, or both (deduplicated
+        through ``_listed``), never in neither.
+        """
         found: list[str] = []
-        top = self.root / rel_dir if rel_dir else self.root
-        for dirpath, dirnames, filenames in os.walk(top):
-            rel = os.path.relpath(dirpath, self.root)
-            rel = "" if rel == "." else rel
-            dirnames[:] = [d for d in dirnames if d not in self.ignore]
+        stack = [rel_dir]
+        while stack:
+            rel = stack.pop()
+            dirpath = self.root / rel if rel else self.root
             wd = self._libc.inotify_add_watch(
                 self._fd, os.fsencode(dirpath), _MASK | IN_ONLYDIR | IN_DONT_FOLLOW
             )
@@ -95,10 +101,27 @@ class WorkspaceWatcher:
                     log.warning("inotify watch limit reached at %s; raise fs.inotify.max_user_watches", dirpath)
                 continue
             self._dirs[wd] = rel
-            for name in filenames:
-                path = f"{rel}/{name}" if rel else name
+            try:
+                entries = list(os.scandir(dirpath))
+            except OSError:
+                continue  # gone again: its IN_DELETE_SELF/IN_IGNORED follow
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_dir:
+                    if entry.name not in self.ignore and path not in self._watched:
+                        self._watched.add(path)
+                        stack.append(path)
+                    continue
+                if path in self._known:
+                    continue
                 self._known.add(path)
-                found.append(path)
+                if not initial:
+                    self._listed.add(path)
+                    found.append(path)
         return found
 
     async def events(self) -> AsyncIterator[tuple[FileEventKind, str]]:
@@ -134,14 +157,26 @@ class WorkspaceWatcher:
                 if name in self.ignore:
                     continue
                 if mask & (IN_CREATE | IN_MOVED_TO):
+                    if path in self._watched:
+                        continue  # already found by its parent's listing
+                    self._watched.add(path)
                     # files may land before the watch does: report what is there
                     for f in self._add_tree(path, initial=False):
                         out.append(("create", f))
                 elif mask & (IN_DELETE | IN_MOVED_FROM):
-                    gone = [k for k in self._known if k.startswith(path + "/")]
+                    prefix = path + "/"
+                    self._watched = {w for w in self._watched if w != path and not w.startswith(prefix)}
+                    self._listed = {k for k in self._listed if not k.startswith(prefix)}
+                    gone = [k for k in self._known if k.startswith(prefix)]
                     for k in sorted(gone):
                         self._known.discard(k)
                         out.append(("delete", k))
+                continue
+            if mask & (IN_CREATE | IN_MOVED_TO) and path in self._listed:
+                # already reported as a create by a listing
+                self._listed.discard(path)
+                if mask & IN_CREATE:
+                    self._fresh.add(path)
                 continue
             if mask & IN_CREATE:
                 self._fresh.add(path)
@@ -161,6 +196,7 @@ class WorkspaceWatcher:
             elif mask & (IN_DELETE | IN_MOVED_FROM):
                 self._known.discard(path)
                 self._fresh.discard(path)
+                self._listed.discard(path)
                 out.append(("delete", path))
         return out
 
