@@ -27,9 +27,12 @@ from .test_host_tools import _store, host_env  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
-POLICY = Policy(allow=("echo *", "ls *"), deny=("rm *", "mk?ir *", "cat *"),
+POLICY = Policy(allow=("echo *", "ls *"), deny=("rm *", "mk?ir *", "cat *", "ech? hidden*"),
                 ask=("touch *",), default="deny")
-STEPS = ["echo ok", "rm -f x", "mkdir d", "touch y", "ls y", "cat /etc/hostname"]
+# The last two are commands Claude Code deems read-only and would run without asking its
+# permission prompt tool: only corral's PreToolUse gate can refuse them.
+STEPS = ["echo ok", "rm -f x", "mkdir d", "touch y", "ls y", "cat /etc/hostname",
+         "echo hidden", "head -c 64 /etc/passwd"]
 
 
 def bash_steps(req: ModelRequest) -> Reply:
@@ -96,13 +99,18 @@ def test_policy_decides_claude_code_commands_live(
     seen = [req.tool_results for req in host_env.model_requests if req.tool_results]
     by_step = {len(r): r[-1] for r in seen}
     assert by_step[1].strip() == "ok"  # allowed: ran
-    # A deny rule Claude can match itself is also given to it (--disallowedTools).
-    assert "rm -f x has been denied" in by_step[2]
+    # A deny rule Claude can match itself is also given to it (--disallowedTools); the
+    # gate hook runs first and refuses it naming corral's rule.
+    assert "denied by corral policy (deny: rm *)" in by_step[2], by_step[2]
     # A deny rule only corral can match: the prompt tool's denial names the rule.
     assert "denied by corral policy (deny: mk?ir *)" in by_step[3], by_step[3]
     assert by_step[5].strip() == "y"  # touch y ran after the approval: ls finds it
-    # Claude Code runs commands it deems read-only without asking: a deny rule still holds.
-    assert "has been denied" in by_step[6], by_step[6]
+    # Commands Claude Code deems read-only go through corral's gate hook as well.
+    assert "denied by corral policy (deny: cat *)" in by_step[6], by_step[6]
+    assert "denied by corral policy (deny: ech? hidden*)" in by_step[7], by_step[7]
+    assert "hidden" not in by_step[7].replace("ech? hidden*", "").replace("echo hidden", "")
+    assert "denied by corral policy (default)" in by_step[8], by_step[8]
+    assert "root:" not in by_step[8]
     # Claude Code keeps the permission prompt tool from the model, and it is no tool call.
     assert all("mcp__corral__permission_prompt" not in req.tools
                for req in host_env.model_requests)

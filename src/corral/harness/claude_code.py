@@ -35,18 +35,24 @@ patterns with wildcards inside words cannot be enforced by Claude and raise
 tool (``permission_prompt=True``; the Runner does for Claude Code runs under a policy):
 then ``--permission-mode default --permission-prompt-tool
 mcp__corral__permission_prompt`` and every Bash command is decided by
-:meth:`corral.sandbox.policy.Policy.evaluate` live (:mod:`corral.tools.permission`).
+:meth:`corral.sandbox.policy.Policy.evaluate` live (:mod:`corral.tools.permission`),
+through the prompt tool and, for the commands Claude Code would run unasked, a
+``PreToolUse`` hook given in ``--settings`` (:mod:`corral.harness.claude_gate`).
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ag_ui.core import BaseEvent
 
 from corral.errors import ConfigError
+from corral.harness import claude_gate
 from corral.harness.base import RunContext
 from corral.harness.cli_base import (
     CliHarness,
@@ -172,11 +178,14 @@ class ClaudeCodeHarness(CliHarness):
         """Every Bash command (and whatever else no fixed rule settles) goes to corral's
         permission prompt tool, which evaluates the policy live (ask → a corral approval)."""
         enforced = [f"commands -> {PROMPT_TOOL} (corral evaluates the policy on each "
-                    "command; ask rules raise a corral approval)"]
+                    "command; ask rules raise a corral approval)",
+                    "commands Claude Code deems read-only -> the same decision through a "
+                    "PreToolUse hook on Bash (--settings; it fails closed)"]
         allowed: list[str] = [*READ_TOOLS, "mcp__corral"]
         disallowed: list[str] = []
         # Claude Code runs commands it deems read-only (echo, ls, ...) without asking the
-        # prompt tool: deny rules it can match are given to it as well.
+        # prompt tool: the Bash gate hook (cli_argv) asks corral about those too, and deny
+        # rules it can match are given to it as well.
         for pattern in policy.deny:
             rule = _bash_rule(pattern)
             if rule is not None:
@@ -215,6 +224,8 @@ class ClaudeCodeHarness(CliHarness):
             argv += ["--model", opts.model]
         if opts.resume:
             argv += ["--resume", opts.resume]
+        if self.policy_mapping.permission_prompt:
+            argv += ["--settings", json.dumps(bash_gate_settings(opts))]
         if opts.mcp_servers:
             servers = {}
             for name, s in opts.mcp_servers.items():
@@ -413,3 +424,21 @@ def _map_network(
         enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
     else:
         allowed += NET_TOOLS
+
+
+def bash_gate_settings(opts: CliOptions) -> dict[str, Any]:
+    """Claude Code settings (for ``--settings``) with a PreToolUse hook on Bash that asks
+    corral's policy about every command, the read-only ones Claude Code would otherwise run
+    unasked included (:mod:`corral.harness.claude_gate`; it fails closed). The hook waits
+    as long as an approval takes: the host side always answers (a timeout denies)."""
+    url = opts.mcp_servers["corral"]["url"]
+    source = base64.b64encode(Path(claude_gate.__file__).read_bytes()).decode()
+    command = (f"{shlex.quote(opts.python)} -I -S -c "
+               f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
+    return {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+        {"type": "command", "command": command, "timeout": GATE_TIMEOUT}]}]}}
+
+
+GATE_TIMEOUT = 86400
+"""Seconds Claude Code lets the Bash gate run: longer than any approval wait, because a hook
+that times out counts as a non-blocking error and the command would run unchecked."""

@@ -1,0 +1,82 @@
+"""Claude Code's PreToolUse hook that puts every Bash command through corral's policy.
+
+Claude Code runs commands it judges read-only (``echo``, ``cat``, ``ls`` ...) without
+asking its permission prompt tool, so a policy rule that is not a plain word prefix, or
+``default = "deny"``, would not stop them. This hook closes that gap: Claude Code runs it
+before *every* Bash call, read-only or not. It sends the call to the run's ``corral`` MCP
+server (``tools/call permission_prompt``, the same decision the prompt tool makes: policy,
+then a corral approval for ``ask``) and answers Claude Code:
+
+* allowed: ``permissionDecision: "allow"`` (so the prompt tool is not asked a second time);
+* denied, or anything going wrong (server unreachable, bad answer, no token): exit status
+  2 with the reason on stderr, which Claude Code treats as a block and shows the model.
+  The gate fails closed.
+
+It runs inside the sandbox as ``python3 -I -S -c <this file's source> URL`` (stdlib only:
+the sandbox has the system Python, not corral), with the token from the CLI's environment
+(``CORRAL_TOOLS_TOKEN``). The command line lives in the ``--settings`` argument of the
+CLI, so nothing the agent can write to changes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from typing import Any
+
+TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
+TOOL = "permission_prompt"
+
+
+def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise RuntimeError(f"{TOKEN_ENV} is not set")
+    body = json.dumps({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": TOOL, "arguments": {
+            "tool_name": hook.get("tool_name"), "input": hook.get("tool_input"),
+            "tool_use_id": hook.get("tool_use_id")}},
+    }).encode()
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {token}",
+    })
+    # Straight to the loopback forwarder: never through an egress proxy from the env.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req) as resp:
+        answer = json.loads(resp.read())
+    result = answer["result"]
+    text = "".join(c.get("text", "") for c in result.get("content", []))
+    if result.get("isError"):
+        raise RuntimeError(text or "the permission check failed")
+    verdict = json.loads(text)
+    if not isinstance(verdict, dict):
+        raise RuntimeError("malformed answer")
+    return verdict
+
+
+def main(argv: list[str]) -> int:
+    try:
+        hook = json.loads(sys.stdin.read())
+        if hook.get("tool_name") != "Bash":
+            return 0  # only Bash is routed here; anything else takes Claude Code's own path
+        verdict = _ask(argv[1], hook)
+    except Exception as exc:  # noqa: BLE001 - any failure blocks the command
+        sys.stderr.write(f"corral could not check this command against the sandbox policy "
+                         f"({exc.__class__.__name__}: {exc}); it was not run\n")
+        return 2
+    if verdict.get("behavior") == "allow":
+        sys.stdout.write(json.dumps({"hookSpecificOutput": {
+            "hookEventName": "PreToolUse", "permissionDecision": "allow",
+            "permissionDecisionReason": "allowed by corral policy"}}))
+        return 0
+    sys.stderr.write(str(verdict.get("message") or "denied by corral policy") + "\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

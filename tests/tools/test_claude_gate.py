@@ -1,0 +1,159 @@
+"""Claude Code's Bash gate hook (``corral.harness.claude_gate``) against a real run MCP
+server: the exact hook command corral puts in ``--settings`` is run by ``sh -c`` with a
+hook input on stdin, as Claude Code runs it, and must allow, deny naming the rule, and
+fail closed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from corral.harness.claude_code import bash_gate_settings
+from corral.harness.cli_base import CliOptions
+from corral.sandbox.policy import Policy
+from corral.tools.approvals import Approvals, answer_approval, list_pending
+from corral.tools.core import Toolset
+from corral.tools.mcp_server import HostToolServer
+from corral.tools.permission import PermissionPromptTool
+from corral.tools.projection import TOKEN_ENV
+
+pytestmark = pytest.mark.anyio
+
+POLICY = Policy(allow=("echo *",), deny=("c?t *",), ask=("touch *",), default="deny")
+TOKEN = "t" * 32
+
+
+async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
+    try:
+        async for chunk in src:
+            await dst.send(chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        await dst.send_eof()
+
+
+@pytest.fixture
+async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
+    """The run's MCP server on a unix socket, reached over loopback TCP as in a sandbox."""
+    approvals = Approvals("run-1", timeout=30, root=tmp_path)
+    server = HostToolServer(Toolset([PermissionPromptTool(POLICY, approvals)]), token=TOKEN,
+                            run_id="run-1", approvals=approvals)
+    sock = tmp_path / "tools.sock"
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def forward(client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_unix(sock) as upstream:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_pipe, client, upstream)
+                tg.start_soon(_pipe, upstream, client)
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, sock)
+        tg.start_soon(listener.serve, forward)
+        yield f"http://127.0.0.1:{port}/mcp", approvals
+        tg.cancel_scope.cancel()
+
+
+def _hook_command(url: str) -> str:
+    opts = CliOptions(mcp_servers={"corral": {"type": "http", "url": url}})
+    settings = bash_gate_settings(opts)
+    (entry,) = settings["hooks"]["PreToolUse"]
+    assert entry["matcher"] == "Bash"
+    (hook,) = entry["hooks"]
+    assert hook["type"] == "command" and hook["timeout"] >= 3600
+    command: str = hook["command"]
+    return command
+
+
+async def _run_hook(url: str, hook_input: dict[str, Any], *, token: str | None = TOKEN
+                    ) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    if token is not None:
+        env[TOKEN_ENV] = token
+    return await anyio.run_process(["sh", "-c", _hook_command(url)],
+                                   input=json.dumps(hook_input).encode(), env=env,
+                                   check=False)
+
+
+def _bash(command: str) -> dict[str, Any]:
+    return {"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+            "tool_input": {"command": command, "description": "x"}, "tool_use_id": "toolu_1"}
+
+
+async def test_allowed_command_is_allowed(gate_url: tuple[str, Approvals]) -> None:
+    res = await _run_hook(gate_url[0], _bash("echo hi"))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)["hookSpecificOutput"]
+    assert out["hookEventName"] == "PreToolUse" and out["permissionDecision"] == "allow"
+
+
+@pytest.mark.parametrize("command, rule", [
+    ("cat /etc/passwd", "deny: c?t *"),            # read-only, refused by a non-prefix rule
+    ("head -c 9 /etc/passwd", "default"),          # read-only, refused by default deny
+    ("echo ok; cat /etc/shadow", "deny: c?t *"),   # a denied part anywhere
+])
+async def test_denied_command_blocks_naming_the_rule(
+        gate_url: tuple[str, Approvals], command: str, rule: str) -> None:
+    res = await _run_hook(gate_url[0], _bash(command))
+    assert res.returncode == 2
+    assert f"denied by corral policy ({rule})" in res.stderr.decode()
+    assert res.stdout == b""
+
+
+async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals],
+                                          tmp_path: Path) -> None:
+    url, _ = gate_url
+    results: list[subprocess.CompletedProcess[bytes]] = []
+
+    async def hook() -> None:
+        results.append(await _run_hook(url, _bash("touch y")))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hook)
+        with anyio.fail_after(30):
+            while not (pending := list_pending("run-1", root=tmp_path)):
+                await anyio.sleep(0.02)
+        assert not results  # held while nobody answered
+        answer_approval("run-1", pending[0].approval_id, False, reason="not now",
+                        root=tmp_path)
+    assert results[0].returncode == 2
+    assert "not now" in results[0].stderr.decode()
+
+
+@pytest.mark.parametrize("token", [None, "w" * 32])
+async def test_fails_closed_without_the_right_token(
+        gate_url: tuple[str, Approvals], token: str | None) -> None:
+    res = await _run_hook(gate_url[0], _bash("echo hi"), token=token)
+    assert res.returncode == 2
+    assert "could not check this command" in res.stderr.decode()
+
+
+async def test_fails_closed_when_the_server_is_gone() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    await listener.aclose()  # nothing listens there now
+    res = await _run_hook(f"http://127.0.0.1:{port}/mcp", _bash("echo hi"))
+    assert res.returncode == 2
+    assert "could not check this command" in res.stderr.decode()
+
+
+async def test_fails_closed_on_garbage_input(gate_url: tuple[str, Approvals]) -> None:
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    res = await anyio.run_process(["sh", "-c", _hook_command(gate_url[0])], input=b"{not json",
+                                  env=env, check=False)
+    assert res.returncode == 2
+
+
+async def test_other_tools_pass_through(gate_url: tuple[str, Approvals]) -> None:
+    res = await _run_hook(gate_url[0], {"tool_name": "Read", "tool_input": {"file_path": "x"}})
+    assert res.returncode == 0 and res.stdout == b""
