@@ -470,3 +470,20 @@ def test_policy_allow_hosts_is_the_runs_only_way_out(
     spec = corral.raw_record("e1")["spec"]
     assert spec["policy"]["allow_hosts"] == [f"{host}:{pa}"]
     assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_token_budget_stops_model_calls_past_it(cli: str, corral: Corral) -> None:
+    # Each scripted model call uses 120 tokens: the first crosses a budget of 150 only
+    # with the second, so the third is refused; an unlimited run would make all three.
+    corral.srv.script = lambda req: (
+        Text("All done.") if len(req.tool_results) >= 2
+        else ToolCall(f"echo step {len(req.tool_results)}"))
+    out = corral.agent(cli, "b1", "run two steps", "--token-budget", "150")
+    assert out.returncode != 0
+    events = corral.log("b1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    assert len(corral.srv.model_requests) == 2  # the refused call never reached upstream
+    rec = corral.raw_record("b1")
+    assert rec["status"] == "failed" and rec["usage"]["requests"] == 2
+    assert "token budget" in json.dumps([events[-1], rec.get("error")]), events[-1]

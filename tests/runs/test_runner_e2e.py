@@ -363,3 +363,23 @@ def test_no_sandbox_is_left_behind(cli: Cli) -> None:
     for i in range(3):
         cli.run("run", "--run-id", f"leak-{i}", "--", "true")
     assert live_sandboxes() == []
+
+
+def test_timeout_stops_the_command_and_fails_the_run(cli: Cli) -> None:
+    started = time.monotonic()
+    out = cli.run("run", "--run-id", "slow", "--timeout", "1.5", "--json", "--",
+                  "sh", "-c", "echo begun; sleep 60; echo never")
+    assert time.monotonic() - started < 30  # not the 60 s the command wanted
+    assert out.returncode == 124, out.stderr
+    events = cli.log("slow")
+    assert "begun" in stdout_text(events) and "never" not in stdout_text(events)
+    assert events[-1]["type"] == "RUN_ERROR" and "timeout of 1.5s" in events[-1]["message"]
+    rec = cli.record("slow")
+    assert (rec["status"], rec["exit_code"]) == ("failed", 124)
+    quick = cli.run("run", "--run-id", "quick", "--timeout", "30", "--", "echo", "fine")
+    assert quick.returncode == 0 and cli.record("quick")["status"] == "completed"
+    for bad in ("0", "-3", "soon", "inf"):
+        res = cli.run("run", "--timeout", bad, "--", "true")
+        assert res.returncode == 2 and "--timeout" in res.stderr and "Traceback" not in res.stderr
+    res = cli.run("run", "--token-budget", "100", "--", "true")
+    assert res.returncode != 0 and "token_budget" in res.stderr and "Traceback" not in res.stderr

@@ -164,6 +164,11 @@ def test_bad_input_gets_a_clear_4xx(home: Home, tmp_path: Any) -> None:
             (post({"thread_id": "t", "command": []}), 422, "command"),
             (post({"thread_id": "t", "command": ["a\u0000b"]}), 422, "NUL"),
             (post({"thread_id": "t", "command": ["true"], "surprise": 1}), 422, "surprise"),
+            (post({"thread_id": "t", "command": ["true"], "timeout": 0}), 422, "timeout"),
+            (post({"thread_id": "t", "command": ["true"], "token_budget": 9}), 422,
+             "token_budget"),
+            (post({"thread_id": "t", "prompt": "hi", "harness": "codex", "token_budget": 0}),
+             422, "token_budget"),
             (post({"thread_id": "t", "prompt": "hi", "harness": "nosuch"}), 400, "nosuch"),
             (post({"thread_id": "t", "command": ["true"], "sandbox": {"provider": "local"}}),
              400, "not allowed"),
@@ -246,3 +251,13 @@ def test_memory_store_warns_at_start_up(home: Home) -> None:
         assert server.start(["true"])["status"] == "running"
         text = "".join(server.log)
         assert "cannot share" in text or "other server processes" in text, text
+
+
+def test_a_run_with_a_timeout_is_stopped(home: Home) -> None:
+    with home.server() as server, server.client() as c:
+        r = c.post("/v1/runs", json={"thread_id": "t", "run_id": "slow", "timeout": 1,
+                                     "command": ["sh", "-c", "sleep 60"]})
+        assert r.status_code == 201, r.text
+        wait_until(lambda: server.run("slow")["status"] != "running", 40, "the timeout")
+        rec = server.run("slow")
+        assert (rec["status"], rec["exit_code"]) == ("failed", 124), rec

@@ -58,6 +58,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--run-id", metavar="R", help="run id (default: generated)")
     run.add_argument("--harness", default="command", help="harness (default: command)")
     run.add_argument("--model", metavar="M", help="model for agent harnesses")
+    run.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
+                     help="stop the agent after this long (the run fails, exit code 124)")
+    run.add_argument("--token-budget", type=_positive(int), metavar="N",
+                     help="agent harnesses: model tokens the run may use; model calls past "
+                          "it are refused")
     _common(run)
     run.add_argument("--detach", action="store_true", help="start, print the run id, return")
     run.add_argument("argv", nargs="*", metavar="COMMAND",
@@ -87,6 +92,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("run_id", metavar="RUN_ID")
     _common(show)
     show.set_defaults(func=_show)
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
+    return parse
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -178,6 +197,8 @@ def _run(args: argparse.Namespace) -> int:
         provider=args.provider or "bubblewrap",
         workspace=workspace,
         sandbox=sandbox,
+        timeout=args.timeout,
+        token_budget=args.token_budget,
     )
     return anyio.run(_run_async, args, request)
 

@@ -111,6 +111,13 @@ def new_run_id() -> str:
     return "run-" + uuid.uuid4().hex[:20]
 
 
+_TIMEOUT_SCRIPT = (
+    'timeout --kill-after=5 "$@"; rc=$?; '
+    'if [ "$rc" = 124 ]; then '
+    'echo "corral: stopped after the run\'s timeout of ${1}s" >&2; fi; exit "$rc"'
+)
+
+
 @dataclass(frozen=True, slots=True)
 class RunRequest:
     """What to run. ``command`` is for the ``command`` harness; ``prompt`` for agent CLIs."""
@@ -134,6 +141,24 @@ class RunRequest:
     """Host tools for an agent CLI (the MCP server ``corral``), served by the process that
     drives the run: pass the same toolset to :meth:`Runner.drive` (or to the
     :class:`Runner`) in every process that may drive it. Never stored."""
+    timeout: float | None = None
+    """Seconds the agent may run; then it is stopped (SIGTERM, SIGKILL 5 s later) and the
+    run fails with exit code 124. ``None``: no limit."""
+    token_budget: int | None = None
+    """Model tokens (input + output + cache) an agent CLI run may use; the host model proxy
+    refuses further model calls once the total reaches it. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not 0 < t < float("inf")):
+            raise ConfigError(f"timeout must be a positive number of seconds, not {t!r}")
+        b = self.token_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"token_budget must be a positive integer, not {b!r}")
+        if b is not None and self.harness == "command":
+            raise ConfigError("token_budget limits an agent CLI's model calls; the command "
+                              "harness makes none")
 
     def definition(self) -> Sandbox:
         """The sandbox definition this run uses."""
@@ -151,6 +176,11 @@ class RunRequest:
         out: dict[str, Any] = {**dict(self.options), "sandbox": sandbox.to_dict()}
         if self.command is not None:
             out["argv"] = list(self.command)
+            if self.timeout is not None:
+                # coreutils timeout inside the sandbox (exit 124 when it fires), and a line
+                # on stderr so the run's error says what happened
+                out["argv"] = ["sh", "-c", _TIMEOUT_SCRIPT, "corral-timeout",
+                               str(float(self.timeout)), *out["argv"]]
         if self.harness != "command" and sandbox.policy != Policy():
             # Only a policy the user wrote: the default one (default "ask") cannot be
             # enforced by the agent CLIs, and without one they run with their permission
@@ -337,6 +367,7 @@ class Runner:
                     launched_agent = await self._launch_cli_agent(
                         harness, ensured, agent_request, run_id, thread_id, paths, nonce,
                         sandbox, spec, host_tools=run_id in self._run_tools,
+                        token_budget=request.token_budget, timeout=request.timeout,
                     )
                 else:
                     # Secrets reach the agent only here: through the supervisor's pipe into
@@ -385,6 +416,8 @@ class Runner:
         spec: Mapping[str, Any],
         *,
         host_tools: bool = False,
+        token_budget: int | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
         (so the run keeps its model when no process drives it), launch it supervised, and
@@ -397,6 +430,8 @@ class Runner:
             # network of its own); the services daemon serves it next to the model proxy
             egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
             host_tools=host_tools,
+            budget=token_budget,
+            timeout=timeout,
         )
         # The sandbox's secrets join the agent's environment (as for any agent), under the
         # CLI's own variables: a secret never replaces the placeholder key or the endpoint.

@@ -232,6 +232,8 @@ def create_app(service: RunService) -> Any:
             provider=sandbox.provider,
             workspace=sandbox.workspace,
             options={"model": body.model} if body.model else {},
+            timeout=body.timeout,
+            token_budget=body.token_budget,
         )
         record = await service.start_run(request)
         url = events_url(record.run_id)

@@ -90,6 +90,13 @@ class StartRun(BaseModel):
         description="an inline sandbox definition, or the name of one configured on the "
         "server (default: the server's default sandbox)",
     )
+    timeout: float | None = Field(
+        None, gt=0, le=7 * 86400,
+        description="seconds the agent may run; then it is stopped and the run fails (124)",
+    )
+    token_budget: int | None = Field(
+        None, ge=1, description="agent harnesses: model tokens the run may use"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> StartRun:
@@ -102,6 +109,8 @@ class StartRun(BaseModel):
                 raise ValueError("command[0] (the program) must not be empty")
             if self.harness not in (None, "command"):
                 raise ValueError("command runs use the command harness; use prompt for agents")
+            if self.token_budget is not None:
+                raise ValueError("token_budget is for agent harnesses (prompt runs)")
         elif self.harness in (None, "command"):
             raise ValueError("a prompt needs an agent harness, e.g. \"harness\": \"claude-code\"")
         return self
