@@ -141,3 +141,4 @@ def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
         os.unlink(path)
     assert proc.returncode == 0, err
     assert out == b"served:late\n"
+

@@ -43,7 +43,6 @@ from corral.harness.base import AgentCommand, AgentRequest
 from corral.harness.cli_base import CliHarness
 from corral.harness.installs import (
     AGENTS_MOUNT,
-    SHARED_ROOT,
     InstalledAgent,
     agents_root,
     find_installed,
@@ -58,7 +57,7 @@ from corral.harness.sessions import (
 from corral.net.daemon import PendingServices, ServicesProcess, start_services
 from corral.net.egress import EgressProxy
 from corral.net.model_proxy import ModelProxy, Upstream, Usage
-from corral.paths import corral_home
+from corral.paths import net_root
 from corral.runs.journal import Line, read_journal
 from corral.runs.layout import JournalPaths
 from corral.runs.supervisor import AgentSpec
@@ -82,19 +81,6 @@ __all__ = [
 NET_MOUNT = "/run/corral"
 """Where a sandbox's socket directory appears inside it (read-only bind)."""
 MAX_SOCKET_PATH = 100
-
-
-def net_root() -> Path:
-    """Parent of per-sandbox socket directories. Running as root it must be reachable by
-    the sandboxes' unprivileged host uid, so it is under ``/var/lib/corral``."""
-    if os.geteuid() == 0:
-        base = SHARED_ROOT / "net"
-        for d in (SHARED_ROOT, base):
-            d.mkdir(mode=0o711, exist_ok=True)
-        return base
-    base = corral_home() / "net"
-    base.mkdir(mode=0o700, exist_ok=True)
-    return base
 
 
 def new_net_dir() -> Path:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral.errors import ConfigError, CorralError, PrerequisiteMissing
-from corral.paths import corral_home
+from corral.paths import SHARED_ROOT, corral_home
 
 __all__ = [
     "AGENTS_MOUNT",
@@ -50,7 +50,6 @@ __all__ = [
 
 AGENTS_MOUNT = "/opt/corral/agents"
 """Where the agents root appears inside isolated sandboxes (read-only)."""
-SHARED_ROOT = Path(os.environ.get("CORRAL_SHARED_DIR", "/var/lib/corral"))
 MARKER = "corral-install.json"
 _VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.-]+)?$")
 

@@ -50,7 +50,7 @@ import anyio
 import anyio.to_thread
 
 from corral.errors import ConfigError, PrerequisiteMissing
-from corral.paths import corral_home
+from corral.paths import corral_home, net_root
 from corral.providers import cgroups, procscan
 from corral.providers.base import HostDirHandle
 from corral.providers.process import (
@@ -645,6 +645,7 @@ class BubblewrapProvider:
         with contextlib.suppress(FileNotFoundError):
             os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
         await anyio.to_thread.run_sync(_kill_sandbox, state)
+        await anyio.to_thread.run_sync(_remove_socket_dirs, state)
         if state.files_dir and Path(state.files_dir) != sandbox_dir:
             await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
             with contextlib.suppress(OSError):
@@ -673,6 +674,16 @@ class BubblewrapProvider:
         self, snapshot: SnapshotRef, spec: SandboxSpec | None = None
     ) -> BubblewrapHandle:
         raise UnsupportedCapability("bubblewrap", "snapshots", "copy the workspace with handle.fs")
+
+
+def _remove_socket_dirs(state: SandboxState) -> None:
+    """The sandbox's own socket directory (bound at /run/corral for agent runs) goes with
+    it. Only a direct child of corral's net root is removed, whatever the state says."""
+    root = net_root(create=False).resolve()
+    for host, _inside in state.binds:
+        path = Path(host)
+        if path.parent.resolve() == root and path.name and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_sandbox(state: SandboxState) -> None:
