@@ -172,17 +172,17 @@ def test_sigkill_of_the_driver_then_attach_equals_an_uninterrupted_run(cli: Cli)
         assert cli.record(run_id)["status"] == "completed"
 
 
-def test_takeover_of_a_dead_local_driver_is_fast(cli: Cli) -> None:
+def test_takeover_of_a_dead_local_driver_does_not_wait_for_its_lease(cli: Cli) -> None:
+    # A lease of an hour: the attach can only finish within its 60 s if it breaks the dead
+    # driver's lease at once (the driver was on this machine and is provably gone).
+    cli.env["CORRAL_LEASE_TTL"] = "3600"
     proc = cli.popen("run", "--run-id", "fast", "--json", "--", "sh", "-c",
                      "echo start; sleep 1; echo end")
     assert proc.stdout is not None and "RUN_STARTED" in proc.stdout.readline()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    started = time.monotonic()
-    att = cli.run("attach", "fast", "--json")
+    att = cli.run("attach", "fast", "--json", timeout=60)
     assert att.returncode == 0, att.stderr
-    # The lease is 3 s; a dead driver on this machine is taken over without waiting for it.
-    assert time.monotonic() - started < 2.9
     assert stdout_text(cli.log("fast")) == "start\nend\n"
 
 
@@ -366,10 +366,8 @@ def test_no_sandbox_is_left_behind(cli: Cli) -> None:
 
 
 def test_timeout_stops_the_command_and_fails_the_run(cli: Cli) -> None:
-    started = time.monotonic()
     out = cli.run("run", "--run-id", "slow", "--timeout", "1.5", "--json", "--",
-                  "sh", "-c", "echo begun; sleep 60; echo never")
-    assert time.monotonic() - started < 30  # not the 60 s the command wanted
+                  "sh", "-c", "echo begun; sleep 60; echo never", timeout=40)
     assert out.returncode == 124, out.stderr
     events = cli.log("slow")
     assert "begun" in stdout_text(events) and "never" not in stdout_text(events)
