@@ -7,6 +7,7 @@ for ``corral approve``.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, 
 from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
 from .host_tools_flow import DEADLINE, logged
+from .conftest import REAL_KEY
 from .test_host_tools import _store, host_env  # noqa: F401
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
@@ -43,20 +45,21 @@ def bash_steps(req: ModelRequest) -> Reply:
     return Text("All done.")
 
 
-def test_policy_decides_claude_code_commands_live(
-        host_env: ModelServer, corral_home: Path, corral_cmd: list[str],  # noqa: F811
-        cli_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="corral.tools.permission")
-    host_env.script = bash_steps
+Outcome = tuple[list[dict[str, Any]], str, dict[str, Any], subprocess.CompletedProcess[str]]
 
-    async def main() -> tuple[list[dict[str, Any]], str, dict[str, Any],
-                              subprocess.CompletedProcess[str]]:
+
+def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Path,
+                          corral_cmd: list[str], cli_env: dict[str, str]) -> Outcome:
+    """Run the STEPS under POLICY with the Runner; allow the one approval (``touch y``)
+    with ``corral approve`` when it shows in the run's log."""
+
+    async def main() -> Outcome:
         store = await _store(corral_home)
         try:
             runner = Runner(store, approval_timeout=120)  # no host tools of its own
             rec = await runner.start(RunRequest(
-                prompt="Run the commands.", harness="claude-code",
-                options={"max_retries": 0},
+                prompt="Run the commands.", harness=harness,
+                options={"max_retries": 0, **options},
                 sandbox=Sandbox(provider="bubblewrap", lifecycle=Lifecycle(reuse="none"),
                                 policy=POLICY)))
             run_id = rec.run_id
@@ -86,7 +89,16 @@ def test_policy_decides_claude_code_commands_live(
         finally:
             await store.aclose()
 
-    events, status, approval, approve = anyio.run(main)
+    return anyio.run(main)
+
+
+def test_policy_decides_claude_code_commands_live(
+        host_env: ModelServer, corral_home: Path, corral_cmd: list[str],  # noqa: F811
+        cli_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="corral.tools.permission")
+    host_env.script = bash_steps
+    events, status, approval, approve = run_with_one_approval(
+        "claude-code", {}, corral_home, corral_cmd, cli_env)
     assert approve.returncode == 0, approve.stderr
     assert status == "completed", events[-3:]
     # Claude Code sends {tool_name, input, tool_use_id}; the approval shows the command.
@@ -117,3 +129,38 @@ def test_policy_decides_claude_code_commands_live(
     assert all("Bash" in req.tools for req in host_env.model_requests)
     starts = [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
     assert starts == ["Bash"] * len(STEPS)
+
+
+def codex_steps(req: ModelRequest) -> Reply:
+    done = len(req.tool_results)
+    if done < len(STEPS):
+        return ToolCall(STEPS[done])  # Codex's own shell tool
+    return Text("All done.")
+
+
+def test_policy_decides_codex_commands_live(
+        model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, corral_home: Path,
+        corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    """codex exec has no per-command rules: corral's command gate (a PreToolUse hook in
+    ``-c hooks.PreToolUse``) enforces allow / ask / deny / default for it."""
+    monkeypatch.setenv("OPENAI_BASE_URL", model_server.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
+    model_server.script = codex_steps
+    events, status, approval, approve = run_with_one_approval(
+        "codex", {"model": "gpt-fake"}, corral_home, corral_cmd, cli_env)
+    assert approve.returncode == 0, approve.stderr
+    assert status == "completed", events[-3:]
+    assert approval["tool"] == "Bash" and approval["args"]["command"] == "touch y"
+    seen = [req.tool_results for req in model_server.model_requests if req.tool_results]
+    by_step = {len(r): r[-1] for r in seen}
+    assert by_step[1].rstrip().endswith("ok")  # allowed: ran
+    assert "denied by corral policy (deny: rm *)" in by_step[2], by_step[2]
+    assert "denied by corral policy (deny: mk?ir *)" in by_step[3], by_step[3]
+    assert by_step[5].rstrip().endswith("y")  # touch y ran after the approval
+    assert "denied by corral policy (deny: cat *)" in by_step[6], by_step[6]
+    assert "denied by corral policy (deny: ech? hidden*)" in by_step[7], by_step[7]
+    assert "denied by corral policy (default)" in by_step[8], by_step[8]
+    assert "root:" not in by_step[8]
+    # the decision tool is the gate's, not the model's
+    assert all("permission_prompt" not in json.dumps(req.namespaced_tools)
+               for req in model_server.model_requests)

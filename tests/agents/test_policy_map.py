@@ -121,6 +121,17 @@ def test_codex_mapping() -> None:
     cmd = CodexHarness(policy=P()).build_command(AgentRequest(prompt="hi", options={
         "base_url": "http://127.0.0.1:9/v1"}))
     assert 'web_search="disabled"' in cmd.argv
+    # With corral's command gate (a Runner run), command rules are enforced by the hook;
+    # file_write still cannot be.
+    for policy in (P(deny=("rm *",)), P(allow=("ls",)), P(default="deny"), P(ask=("x",))):
+        m = CodexHarness(policy=policy, permission_prompt=True).policy_mapping
+        assert m.permission_prompt and any("PreToolUse" in e for e in m.enforced)
+    with pytest.raises(ConfigError, match="file_write"):
+        CodexHarness(policy=P(deny=("x",), file_write="deny"), permission_prompt=True)
+    assert not CodexHarness(policy=P(), permission_prompt=True).policy_mapping.permission_prompt
+    with pytest.raises(ConfigError, match="host_tools=True"):
+        CodexHarness(policy=P(deny=("x",)), permission_prompt=True).build_command(
+            AgentRequest(prompt="hi", options={"base_url": "http://127.0.0.1:9/v1"}))
 
 
 def test_claude_deny_rule_stops_the_command(sandbox_factory: Any,

@@ -37,24 +37,21 @@ then ``--permission-mode default --permission-prompt-tool
 mcp__corral__permission_prompt`` and every Bash command is decided by
 :meth:`corral.sandbox.policy.Policy.evaluate` live (:mod:`corral.tools.permission`),
 through the prompt tool and, for the commands Claude Code would run unasked, a
-``PreToolUse`` hook given in ``--settings`` (:mod:`corral.harness.claude_gate`).
+``PreToolUse`` hook given in ``--settings`` (:mod:`corral.harness.command_gate`).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from ag_ui.core import BaseEvent
 
 from corral.errors import ConfigError
-from corral.harness import claude_gate
 from corral.harness.base import RunContext
 from corral.harness.cli_base import (
+    GATE_TIMEOUT,
     CliHarness,
     CliOptions,
     JsonlTranslator,
@@ -63,6 +60,7 @@ from corral.harness.cli_base import (
     PolicyMapping,
     as_int,
     as_str,
+    bash_gate_command,
     flatten_text,
     policy_words,
     token_usage,
@@ -429,16 +427,8 @@ def _map_network(
 def bash_gate_settings(opts: CliOptions) -> dict[str, Any]:
     """Claude Code settings (for ``--settings``) with a PreToolUse hook on Bash that asks
     corral's policy about every command, the read-only ones Claude Code would otherwise run
-    unasked included (:mod:`corral.harness.claude_gate`; it fails closed). The hook waits
+    unasked included (:mod:`corral.harness.command_gate`; it fails closed). The hook waits
     as long as an approval takes: the host side always answers (a timeout denies)."""
-    url = opts.mcp_servers["corral"]["url"]
-    source = base64.b64encode(Path(claude_gate.__file__).read_bytes()).decode()
-    command = (f"{shlex.quote(opts.python)} -I -S -c "
-               f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
     return {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
-        {"type": "command", "command": command, "timeout": GATE_TIMEOUT}]}]}}
+        {"type": "command", "command": bash_gate_command(opts), "timeout": GATE_TIMEOUT}]}]}}
 
-
-GATE_TIMEOUT = 86400
-"""Seconds Claude Code lets the Bash gate run: longer than any approval wait, because a hook
-that times out counts as a non-blocking error and the command would run unchecked."""

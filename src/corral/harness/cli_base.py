@@ -30,7 +30,9 @@ translator raise.
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ from corral.errors import ConfigError
 from corral.harness import events as ev
 from corral.harness.base import AgentCommand, AgentRequest, RunContext
 from corral.harness.installs import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
+from corral.harness import command_gate
 from corral.net import sandbox_entry
 from corral.net.model_proxy import PLACEHOLDER_KEY, ModelApi
 from corral.runs.journal import Exit, JournalItem, Line
@@ -233,6 +236,21 @@ class CliOptions:
             extra_args=tuple(extra),
             env=dict(env),
         )
+
+
+GATE_TIMEOUT = 86400
+"""Seconds a CLI lets the command gate run: longer than any approval wait, because a hook
+that times out counts as a non-blocking error and the command would run unchecked."""
+
+
+def bash_gate_command(opts: CliOptions) -> str:
+    """The shell command of the command gate hook (:mod:`corral.harness.command_gate`) for
+    a run whose corral MCP server is ``opts.mcp_servers["corral"]``: the sandbox's Python
+    runs the gate's source, inlined (base64), so no file the agent could edit is involved."""
+    url = opts.mcp_servers["corral"]["url"]
+    source = base64.b64encode(Path(command_gate.__file__).read_bytes()).decode()
+    return (f"{shlex.quote(opts.python)} -I -S -c "
+            f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
 
 
 def entry_argv(python: str, command: Sequence[str], *, forward: Sequence[Mapping[str, Any]],

@@ -50,8 +50,10 @@ from typing import Any, ClassVar
 from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
 
 from corral.errors import ConfigError
+from corral.harness import command_gate
 from corral.harness.base import RunContext
 from corral.harness.cli_base import (
+    GATE_TIMEOUT,
     CliHarness,
     CliOptions,
     JsonlTranslator,
@@ -60,6 +62,7 @@ from corral.harness.cli_base import (
     PolicyMapping,
     as_int,
     as_str,
+    bash_gate_command,
     flatten_text,
     token_usage,
 )
@@ -93,14 +96,17 @@ class CodexHarness(CliHarness):
         if policy is None:
             return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True)
         problems: list[str] = []
-        for kind in ("allow", "ask", "deny"):
-            rules = getattr(policy, kind)
-            if rules:
-                problems.append(f"{kind} rules {list(rules)}: codex exec has no per-command "
-                                "rules corral can set")
-        if policy.default != "allow":
-            problems.append(f"default: {policy.default}: codex exec runs every command or "
-                            "none; use default: allow")
+        ruled = bool(policy.allow or policy.ask or policy.deny) or policy.default != "allow"
+        if ruled and not self.permission_prompt:
+            for kind in ("allow", "ask", "deny"):
+                rules = getattr(policy, kind)
+                if rules:
+                    problems.append(f"{kind} rules {list(rules)}: codex exec has no "
+                                    "per-command rules of its own; corral's command gate "
+                                    "enforces them in a Runner run")
+            if policy.default != "allow":
+                problems.append(f"default: {policy.default}: codex exec runs every command "
+                                "or none; corral's command gate enforces it in a Runner run")
         if policy.file_write != "allow":
             problems.append(f"file_write: {policy.file_write}: Codex's own sandbox cannot run "
                             "inside corral's; use file_write: allow")
@@ -116,6 +122,12 @@ class CodexHarness(CliHarness):
                             "has no network; commands reach only those hosts through the "
                             'egress proxy; -c web_search="disabled" (it runs on the model '
                             "provider's servers)")
+        if ruled:
+            enforced.append("commands -> a PreToolUse hook on Bash (-c hooks.PreToolUse) "
+                            "asks corral's policy on the run's MCP server about each command "
+                            "(ask rules raise a corral approval; it fails closed)")
+            return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True,
+                                 permission_prompt=True)
         return PolicyMapping(self.name, tuple(argv), {}, tuple(enforced), bypass=True)
 
     def cli_argv(self, opts: CliOptions) -> list[str]:
@@ -140,6 +152,20 @@ class CodexHarness(CliHarness):
             config["model"] = _toml_str(opts.model)
         for name, server in opts.mcp_servers.items():
             config.update(mcp_server_config(name, server))
+        if self.policy_mapping.permission_prompt:
+            if HOST_TOOLS_SERVER not in opts.mcp_servers:
+                raise ConfigError("this Codex policy mapping asks corral's command gate, "
+                                  "which needs the corral MCP server: prepare the agent with "
+                                  "host_tools=True (the Runner does)")
+            # The gate calls the decision tool itself; the model is not offered it.
+            config[f"mcp_servers.{HOST_TOOLS_SERVER}.disabled_tools"] = json.dumps(
+                [command_gate.TOOL])
+            command = bash_gate_command(opts)
+            config["hooks.PreToolUse"] = (
+                '[{matcher = "Bash", hooks = [{type = "command", command = '
+                f'{_toml_str(command)}, timeout = {GATE_TIMEOUT}}}]}}]')
+            # corral wrote this hook (in argv, out of the agent's reach): no trust prompt.
+            argv.append("--dangerously-bypass-hook-trust")
         for key, value in config.items():
             argv += ["-c", f"{key}={value}"]
         argv += list(opts.extra_args)

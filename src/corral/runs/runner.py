@@ -186,9 +186,10 @@ class RunRequest:
             # enforced by the agent CLIs, and without one they run with their permission
             # prompts off, confined by the sandbox.
             out["policy"] = sandbox.policy.to_dict()
-            if self.harness == "claude-code":
-                # Claude Code asks corral's permission prompt tool on the run's MCP server:
-                # the policy is evaluated live (ask rules become corral approvals).
+            if self.harness in ("claude-code", "codex"):
+                # The CLI asks corral (permission prompt tool, command gate hook) on the
+                # run's MCP server: the policy is evaluated live (ask rules become corral
+                # approvals).
                 out["permission_prompt"] = True
         return out
 

@@ -1,21 +1,25 @@
-"""Claude Code's PreToolUse hook that puts every Bash command through corral's policy.
+"""The command gate: a PreToolUse hook that puts every Bash command through corral's policy.
 
-Claude Code runs commands it judges read-only (``echo``, ``cat``, ``ls`` ...) without
-asking its permission prompt tool, so a policy rule that is not a plain word prefix, or
-``default = "deny"``, would not stop them. This hook closes that gap: Claude Code runs it
-before *every* Bash call, read-only or not. It sends the call to the run's ``corral`` MCP
-server (``tools/call permission_prompt``, the same decision the prompt tool makes: policy,
-then a corral approval for ``ask``) and answers Claude Code:
+Claude Code and Codex both run PreToolUse hooks (same input: ``tool_name``, ``tool_input``
+with ``command``, ``tool_use_id``; same answers: ``hookSpecificOutput.permissionDecision``
+or exit status 2 with the reason on stderr). Claude Code runs commands it judges read-only
+(``echo``, ``cat``, ``ls`` ...) without asking its permission prompt tool, and ``codex
+exec`` has no per-command rules at all; this hook closes both gaps. The CLI runs it before
+*every* Bash call. It sends the call to the run's ``corral`` MCP server (``tools/call
+permission_prompt``: :meth:`corral.sandbox.policy.Policy.evaluate`, then a corral approval
+for ``ask``) and answers:
 
-* allowed: ``permissionDecision: "allow"`` (so the prompt tool is not asked a second time);
+* allowed: ``permissionDecision: "allow"`` (Claude Code then does not ask its prompt tool
+  a second time);
 * denied, or anything going wrong (server unreachable, bad answer, no token): exit status
-  2 with the reason on stderr, which Claude Code treats as a block and shows the model.
-  The gate fails closed.
+  2 with the reason on stderr, which the CLI treats as a block and shows the model. The
+  gate fails closed.
 
 It runs inside the sandbox as ``python3 -I -S -c <this file's source> URL`` (stdlib only:
 the sandbox has the system Python, not corral), with the token from the CLI's environment
-(``CORRAL_TOOLS_TOKEN``). The command line lives in the ``--settings`` argument of the
-CLI, so nothing the agent can write to changes it.
+(``CORRAL_TOOLS_TOKEN``). The command line lives in the CLI's argv (Claude Code
+``--settings``, Codex ``-c hooks.PreToolUse``), so nothing the agent can write changes it.
+:func:`corral.harness.cli_base.bash_gate_command` builds it.
 """
 
 from __future__ import annotations

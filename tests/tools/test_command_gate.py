@@ -1,4 +1,4 @@
-"""Claude Code's Bash gate hook (``corral.harness.claude_gate``) against a real run MCP
+"""The command gate hook (``corral.harness.command_gate``) against a real run MCP
 server: the exact hook command corral puts in ``--settings`` is run by ``sh -c`` with a
 hook input on stdin, as Claude Code runs it, and must allow, deny naming the rule, and
 fail closed."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import anyio.abc
 import pytest
 
 from corral.harness.claude_code import bash_gate_settings
+from corral.harness.cli_base import bash_gate_command
+from corral.harness.codex import CodexHarness
 from corral.harness.cli_base import CliOptions
 from corral.sandbox.policy import Policy
 from corral.tools.approvals import Approvals, answer_approval, list_pending
@@ -64,7 +67,7 @@ async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
         tg.cancel_scope.cancel()
 
 
-def _hook_command(url: str) -> str:
+def _claude_hook(url: str) -> str:
     opts = CliOptions(mcp_servers={"corral": {"type": "http", "url": url}})
     settings = bash_gate_settings(opts)
     (entry,) = settings["hooks"]["PreToolUse"]
@@ -75,12 +78,34 @@ def _hook_command(url: str) -> str:
     return command
 
 
-async def _run_hook(url: str, hook_input: dict[str, Any], *, token: str | None = TOKEN
-                    ) -> subprocess.CompletedProcess[bytes]:
+def _codex_hook(url: str) -> str:
+    """The hook as Codex reads it: a TOML value of a ``-c hooks.PreToolUse=...`` override."""
+    opts = CliOptions(mcp_servers={"corral": {"type": "http", "url": url}},
+                      base_url="http://127.0.0.1:9/v1")
+    argv = CodexHarness(policy=POLICY, permission_prompt=True).cli_argv(opts)
+    assert "--dangerously-bypass-hook-trust" in argv
+    (value,) = [a.split("=", 1)[1] for a in argv if a.startswith("hooks.PreToolUse=")]
+    (entry,) = tomllib.loads(f"v = {value}")["v"]
+    assert entry["matcher"] == "Bash"
+    (hook,) = entry["hooks"]
+    assert hook["type"] == "command" and hook["timeout"] >= 3600
+    # the model is not offered the decision tool
+    assert 'mcp_servers.corral.disabled_tools=["permission_prompt"]' in argv
+    command: str = hook["command"]
+    assert command == bash_gate_command(opts)
+    return command
+
+
+HOOKS = {"claude-code": _claude_hook, "codex": _codex_hook}
+_hook_command = _claude_hook
+
+
+async def _run_hook(url: str, hook_input: dict[str, Any], *, token: str | None = TOKEN,
+                    cli: str = "claude-code") -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     if token is not None:
         env[TOKEN_ENV] = token
-    return await anyio.run_process(["sh", "-c", _hook_command(url)],
+    return await anyio.run_process(["sh", "-c", HOOKS[cli](url)],
                                    input=json.dumps(hook_input).encode(), env=env,
                                    check=False)
 
@@ -90,21 +115,23 @@ def _bash(command: str) -> dict[str, Any]:
             "tool_input": {"command": command, "description": "x"}, "tool_use_id": "toolu_1"}
 
 
-async def test_allowed_command_is_allowed(gate_url: tuple[str, Approvals]) -> None:
-    res = await _run_hook(gate_url[0], _bash("echo hi"))
+@pytest.mark.parametrize("cli", sorted(HOOKS))
+async def test_allowed_command_is_allowed(gate_url: tuple[str, Approvals], cli: str) -> None:
+    res = await _run_hook(gate_url[0], _bash("echo hi"), cli=cli)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)["hookSpecificOutput"]
     assert out["hookEventName"] == "PreToolUse" and out["permissionDecision"] == "allow"
 
 
+@pytest.mark.parametrize("cli", sorted(HOOKS))
 @pytest.mark.parametrize("command, rule", [
     ("cat /etc/passwd", "deny: c?t *"),            # read-only, refused by a non-prefix rule
     ("head -c 9 /etc/passwd", "default"),          # read-only, refused by default deny
     ("echo ok; cat /etc/shadow", "deny: c?t *"),   # a denied part anywhere
 ])
 async def test_denied_command_blocks_naming_the_rule(
-        gate_url: tuple[str, Approvals], command: str, rule: str) -> None:
-    res = await _run_hook(gate_url[0], _bash(command))
+        gate_url: tuple[str, Approvals], command: str, rule: str, cli: str) -> None:
+    res = await _run_hook(gate_url[0], _bash(command), cli=cli)
     assert res.returncode == 2
     assert f"denied by corral policy ({rule})" in res.stderr.decode()
     assert res.stdout == b""
