@@ -353,13 +353,20 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
     ws.mkdir()
     (ws / "corral.toml").write_text(
         'id = "pol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
-    # Codex cannot enforce deny rules: refused before anything runs, in one line.
-    out = corral.run("run", "--harness", "codex", "--model", "gpt-fake", "--workspace", str(ws),
-                     "hello")
+    # Codex cannot gate its file edits: refused before anything runs, in one line.
+    ws2 = tmp_path / "ws2"
+    ws2.mkdir()
+    (ws2 / "corral.toml").write_text('id = "pol2"\n[policy]\nfile_write = "deny"\n')
+    out = corral.run("run", "--harness", "codex", "--model", "gpt-fake", "--workspace",
+                     str(ws2), "hello")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "rm -rf" in out.stderr and corral.srv.model_requests == []
-    # Claude Code enforces it (its prompts go to corral, which evaluates the policy).
+    assert "file_write" in out.stderr and corral.srv.model_requests == []
+    # Its commands are gated by corral (the command gate hook): the deny rule is accepted.
     corral.srv.script = lambda req: Text("ok")
+    out = corral.agent("codex", "c1", "hello", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert corral.raw_record("c1")["spec"]["permission_prompt"] is True
+    # Claude Code enforces it (its prompts go to corral, which evaluates the policy).
     out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     spec = corral.raw_record("p1")["spec"]
