@@ -16,10 +16,13 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.harness.claude_code import bash_gate_settings
 from corral.harness.cli_base import bash_gate_command
 from corral.harness.codex import CodexHarness
+from corral.harness.command_gate import parse_response
 from corral.harness.cli_base import CliOptions
 from corral.sandbox.policy import Policy
 from corral.tools.approvals import Approvals, answer_approval, list_pending
@@ -184,3 +187,34 @@ async def test_fails_closed_on_garbage_input(gate_url: tuple[str, Approvals]) ->
 async def test_other_tools_pass_through(gate_url: tuple[str, Approvals]) -> None:
     res = await _run_hook(gate_url[0], {"tool_name": "Read", "tool_input": {"file_path": "x"}})
     assert res.returncode == 0 and res.stdout == b""
+
+
+@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 500), max_size=8),
+       extra=st.sampled_from(["", "X-Other: 1\r\n", "content-type: application/json\r\n"]))
+def test_response_parser_reads_every_framing(body: bytes, cuts: list[int], extra: str) -> None:
+    """Content-Length, chunked (any chunk sizes) and read-to-end answers give back the body;
+    a truncated one raises instead of yielding a partial verdict."""
+    fixed = f"HTTP/1.1 200 OK\r\n{extra}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    assert parse_response(fixed) == body
+    chunks, rest = [], body
+    for cut in cuts:
+        if rest:
+            chunks.append(rest[:cut])
+            rest = rest[cut:]
+    if rest:
+        chunks.append(rest)
+    chunked = f"HTTP/1.1 200 OK\r\n{extra}Transfer-Encoding: chunked\r\n\r\n".encode() + b"".join(
+        f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    assert parse_response(chunked) == body
+    assert parse_response(f"HTTP/1.1 200 OK\r\n{extra}\r\n".encode() + body) == body
+    if body:
+        with pytest.raises(RuntimeError):
+            parse_response(fixed[:-1])
+        with pytest.raises(RuntimeError):
+            parse_response(chunked[: len(chunked) - len(body) // 2 - 7])
+
+
+@pytest.mark.parametrize("status", ["HTTP/1.1 401 Unauthorized", "HTTP/1.1 500 Oops", "junk"])
+def test_response_parser_refuses_anything_but_200(status: str) -> None:
+    with pytest.raises(RuntimeError):
+        parse_response(f"{status}\r\nContent-Length: 2\r\n\r\n{{}}".encode())

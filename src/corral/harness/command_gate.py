@@ -26,12 +26,64 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
-import urllib.request
 from typing import Any
 
 TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
 TOOL = "permission_prompt"
+
+
+def _post(url: str, body: bytes, token: str) -> bytes:
+    """POST ``body`` to ``http://host:port/path`` and return the response body (HTTP/1.1 by
+    hand: ``urllib`` would cost ~50 ms of imports on every command)."""
+    if not url.startswith("http://"):
+        raise RuntimeError(f"unsupported URL {url!r}")
+    hostport, _, path = url[len("http://"):].partition("/")
+    host, _, port = hostport.rpartition(":")
+    head = (f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\n"
+            "Content-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(head + body)
+        chunks = []
+        while data := conn.recv(65536):
+            chunks.append(data)
+    return parse_response(b"".join(chunks))
+
+
+def parse_response(raw: bytes) -> bytes:
+    """The body of a complete HTTP/1.1 response (``Content-Length``, chunked, or up to
+    the end); anything but a 200 raises."""
+    header, sep, payload = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise RuntimeError("truncated answer")
+    lines = header.decode("latin-1").split("\r\n")
+    status = lines[0].split(" ", 2)
+    if len(status) < 2 or status[1] != "200":
+        raise RuntimeError(f"the run's MCP server answered {lines[0]!r}")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        out = b""
+        while True:
+            size_line, sep, payload = payload.partition(b"\r\n")
+            if not sep:
+                raise RuntimeError("truncated chunked answer")
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                return out
+            if len(payload) < size + 2:
+                raise RuntimeError("truncated chunked answer")
+            out += payload[:size]
+            payload = payload[size + 2:]
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if len(payload) < length:
+            raise RuntimeError("truncated answer")
+        return payload[:length]
+    return payload
 
 
 def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
@@ -44,15 +96,7 @@ def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
             "tool_name": hook.get("tool_name"), "input": hook.get("tool_input"),
             "tool_use_id": hook.get("tool_use_id")}},
     }).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "Authorization": f"Bearer {token}",
-    })
-    # Straight to the loopback forwarder: never through an egress proxy from the env.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req) as resp:
-        answer = json.loads(resp.read())
+    answer = json.loads(_post(url, body, token))
     result = answer["result"]
     text = "".join(c.get("text", "") for c in result.get("content", []))
     if result.get("isError"):

@@ -1,0 +1,94 @@
+"""Command gate cost: what corral's PreToolUse hook adds to each Bash command of an agent
+run under a policy (Claude Code and Codex both run it).
+
+The run's MCP server (``HostToolServer`` with the permission tool) listens on a unix
+socket, reached over a loopback TCP forwarder as in a sandbox; the exact hook command
+corral gives the CLI is run with ``sh -c`` and a PreToolUse input on stdin, as the CLI runs
+it. Reported: wall time per decision (process start of the sandbox's Python, the MCP call,
+the policy evaluation), for an allowed and a denied command, p50 / p90 / max.
+
+Run:
+    PYTHONPATH=src python bench/command_gate.py [--runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from corral.harness.cli_base import CliOptions, bash_gate_command
+from corral.sandbox.policy import Policy
+from corral.tools.core import Toolset
+from corral.tools.mcp_server import HostToolServer
+from corral.tools.permission import PermissionPromptTool
+from corral.tools.projection import TOKEN_ENV
+
+TOKEN = "bench-token-" + "x" * 20
+POLICY = Policy(allow=("echo *", "git *"), deny=("rm *", "c?t *"), default="deny")
+
+
+async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
+    try:
+        async for chunk in src:
+            await dst.send(chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        await dst.send_eof()
+
+
+async def main(runs: int) -> None:
+    server = HostToolServer(Toolset([PermissionPromptTool(POLICY, None)]), token=TOKEN)
+    sock = Path(tempfile.mkdtemp(prefix="corral-gate-")) / "tools.sock"
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def forward(client: anyio.abc.SocketStream) -> None:
+        async with client, await anyio.connect_unix(sock) as upstream:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_pipe, client, upstream)
+                tg.start_soon(_pipe, upstream, client)
+
+    url = f"http://127.0.0.1:{port}/mcp"
+    command = bash_gate_command(CliOptions(mcp_servers={"corral": {"url": url}}))
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    print(f"command gate, {runs} decisions each, hook = {len(command)} bytes of shell")
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, sock)
+        tg.start_soon(listener.serve, forward)
+        for label, cmd, want in (("allowed", "git status && echo ok", 0),
+                                 ("denied", "echo hi; cat /etc/passwd", 2)):
+            body = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash",
+                               "tool_input": {"command": cmd}, "tool_use_id": "t"}).encode()
+            times: list[float] = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                res = await anyio.run_process(["sh", "-c", command], input=body, env=env,
+                                              check=False)
+                times.append((time.perf_counter() - t0) * 1000)
+                assert res.returncode == want, res.stderr
+            times.sort()
+            print(f"  {label:8s} p50 {statistics.median(times):6.1f} ms   "
+                  f"p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms   max {times[-1]:6.1f} ms")
+        # for scale: the sandbox's Python starting and exiting, nothing else
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            await anyio.run_process(["/usr/bin/python3", "-I", "-S", "-c", "pass"])
+            times.append((time.perf_counter() - t0) * 1000)
+        print(f"  (python3 -I -S start+exit alone: p50 {statistics.median(times):.1f} ms)")
+        tg.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=50)
+    anyio.run(main, parser.parse_args().runs)
