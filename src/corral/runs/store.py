@@ -120,7 +120,10 @@ class LogTail:
     last_offset: int
     """Offset of the last event, 0 when the log is empty."""
     last_journal_offset: int | None
-    """Journal offset carried by the last event; ``None`` when the log is empty."""
+    """The highest journal offset any logged event carries (where a successor resumes
+    the journal); ``None`` when the log is empty. Not simply the last event's: events
+    logged out of band (approval requests, file events) carry the offset their driver
+    knew, which a concurrent batch may already have passed."""
     closed: bool
 
 

@@ -34,6 +34,7 @@ def _frozen(record: RunRecord) -> RunRecord:
 class _Log:
     events: list[tuple[int, str]] = field(default_factory=list)  # (journal_offset, json text)
     closed: bool = False
+    high_journal: int | None = None  # the highest journal offset logged
 
 
 class MemoryStore:
@@ -202,6 +203,8 @@ class MemoryStore:
         assert log is not None
         first = len(log.events) + 1
         log.events.extend((journal_offset, text) for text, journal_offset in encoded)
+        for _text, journal_offset in encoded:
+            log.high_journal = max(journal_offset, log.high_journal or 0)
         if encoded:
             self._signal.notify()
         return list(range(first, first + len(encoded)))
@@ -247,8 +250,7 @@ class MemoryStore:
             if run_id not in self._runs:
                 raise UnknownRun(run_id)
             return LogTail(0, None, False)
-        last = log.events[-1][0] if log.events else None
-        return LogTail(len(log.events), last, log.closed)
+        return LogTail(len(log.events), log.high_journal, log.closed)
 
     # ------------------------------------------------------------------ instances
 

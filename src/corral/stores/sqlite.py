@@ -431,9 +431,14 @@ class SQLiteStore:
                     for i, (text, journal_offset) in enumerate(encoded)
                 ],
             )
+            # The highest journal offset, not the last one: an out-of-band event (an
+            # approval request, a file event) logged at a stale offset must not make a
+            # successor re-read journal lines that are already in the log.
             conn.execute(
-                "UPDATE runs SET last_offset = ?, last_journal_offset = ? WHERE run_id = ?",
-                (first + len(encoded) - 1, encoded[-1][1], run_id),
+                "UPDATE runs SET last_offset = ?, "
+                "last_journal_offset = MAX(COALESCE(last_journal_offset, 0), ?) "
+                "WHERE run_id = ?",
+                (first + len(encoded) - 1, max(jo for _t, jo in encoded), run_id),
             )
             return list(range(first, first + len(encoded)))
 

@@ -423,6 +423,16 @@ class TestEventLog:
         tail = await store.tail("run-1")
         assert (tail.last_offset, tail.last_journal_offset, tail.closed) == (3, 30, False)
 
+    async def test_tail_keeps_the_highest_journal_offset(self, store: Store) -> None:
+        """An event logged out of band at a stale journal offset (an approval request
+        raced by a batch) must not send a successor back over lines already logged."""
+        epoch = await _claimed(store)
+        await store.append("run-1", [(_ev(1), 10), (_ev(2), 40)], epoch=epoch)
+        await store.append("run-1", [(_ev(3), 25)], epoch=epoch)
+        tail = await store.tail("run-1")
+        assert (tail.last_offset, tail.last_journal_offset) == (3, 40)
+        assert [e.journal_offset for e in await store.snapshot("run-1")] == [10, 40, 25]
+
     async def test_events_round_trip_as_json(self, store: Store) -> None:
         epoch = await _claimed(store)
         event = {"type": "CUSTOM", "name": "x", "value": {"a": [1, 2.5, None, True], "ü": "é"}}
