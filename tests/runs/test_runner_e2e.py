@@ -381,3 +381,22 @@ def test_timeout_stops_the_command_and_fails_the_run(cli: Cli) -> None:
         assert res.returncode == 2 and "--timeout" in res.stderr and "Traceback" not in res.stderr
     res = cli.run("run", "--token-budget", "100", "--", "true")
     assert res.returncode != 0 and "token_budget" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_file_events_flag(cli: Cli, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "old.txt").write_text("old\n")
+    out = cli.run("run", "--run-id", "fe", "--workspace", str(ws), "--file-events", "diff",
+                  "--json", "--", "sh", "-c", "echo new > new.txt; rm old.txt")
+    assert out.returncode == 0, out.stderr
+    events = [e["event"] for e in ndjson(out.stdout)]
+    files = {(e["value"]["type"], e["value"]["path"]) for e in events
+             if e["type"] == "CUSTOM" and e["name"] == "sandbox.file"}
+    assert files == {("create", "new.txt"), ("delete", "old.txt")}
+    diffs = {e["value"]["path"]: e["value"]["diff"] for e in events
+             if e["type"] == "CUSTOM" and e["name"] == "sandbox.file.diff"}
+    assert "+new" in diffs["new.txt"]
+    text = cli.run("run", "--workspace", str(ws), "--file-events", "--", "touch", "t.txt")
+    assert text.returncode == 0 and "[file] create t.txt" in text.stderr, text.stderr
+    assert (ws / "old.txt").exists()  # the workspace was a copy

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import anyio
 
@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--model", metavar="M", help="model for agent harnesses")
     run.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
                      help="stop the agent after this long (the run fails, exit code 124)")
+    run.add_argument("--file-events", nargs="?", const="on", choices=["on", "diff"],
+                     help="log the agent's workspace changes as sandbox.file events "
+                          "(--file-events diff: with patches)")
     run.add_argument("--token-budget", type=_positive(int), metavar="N",
                      help="agent harnesses: model tokens the run may use; model calls past "
                           "it are refused")
@@ -145,6 +148,9 @@ class EventPrinter:
             self._note(f"[tool result] {content[:200]}")
         elif kind == "RUN_ERROR":
             self._note(f"[run error] {event.get('message')}")
+        elif kind == "CUSTOM" and event.get("name") == "sandbox.file":
+            value = event.get("value") or {}
+            self._note(f"[file] {value.get('type')} {value.get('path')}")
         elif kind == "RUN_FINISHED":
             self.out.flush()
 
@@ -200,6 +206,10 @@ def _run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         token_budget=args.token_budget,
     )
+    if args.file_events:
+        file_events: bool | Literal["diff"] = "diff" if args.file_events == "diff" else True
+        request = replace(request, sandbox=replace(request.definition(),
+                                                   file_events=file_events))
     return anyio.run(_run_async, args, request)
 
 

@@ -51,7 +51,7 @@ def encode_run_id(run_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JournalPaths:
-    """The four files of one run's journal, all in ``directory``."""
+    """The files of one run's journal, all in ``directory``."""
 
     directory: Path
     token: str
@@ -77,8 +77,13 @@ class JournalPaths:
     def supervisor_log(self) -> Path:
         return self.directory / f"{self.token}.supervisor.log"
 
+    @property
+    def files(self) -> Path:
+        """The workspace manifest at the run's start (:mod:`corral.runs.file_feed`)."""
+        return self.directory / f"{self.token}.files.json"
+
     def all(self) -> tuple[Path, ...]:
-        return (self.journal, self.stderr, self.status, self.supervisor_log)
+        return (self.journal, self.stderr, self.status, self.supervisor_log, self.files)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,16 +69,18 @@ from corral.runs.store import (
     UnknownRun,
 )
 from corral.runs.supervisor import AgentSpec, kill_supervised_async, launch_supervised_async
-from corral.sandbox.contracts import Provider
+from corral.sandbox.contracts import Handle, Provider, UnsupportedCapability
 from corral.sandbox.definition import Sandbox
 from corral.sandbox.ensure import Ensured, _snapshotter, destroy_record, release
 from corral.sandbox.key import RunContext as SandboxContext
 from corral.sandbox.lifecycle import Lifecycle
 from corral.sandbox.policy import Policy
 from corral.sandbox.redact import Redactor
+from corral.sandbox.secrets import Secrets
 from corral.sandbox.sources import LocalDir
 
 if TYPE_CHECKING:  # the MCP SDK loads only when a run has host tools
+    from corral.runs.file_feed import FileFeed
     from corral.tools.core import Toolset
 
 log = logging.getLogger("corral.runs.runner")
@@ -174,6 +176,9 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> dict[str, Any]:
         out: dict[str, Any] = {**dict(self.options), "sandbox": sandbox.to_dict()}
+        if len(sandbox.secrets):
+            # names only: a driver that cannot redact them all withholds file events
+            out["secret_names"] = list(sandbox.secrets)
         if self.command is not None:
             out["argv"] = list(self.command)
             if self.timeout is not None:
@@ -192,6 +197,23 @@ class RunRequest:
                 # approvals).
                 out["permission_prompt"] = True
         return out
+
+
+async def _file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> dict[str, Any]:
+    """Record the workspace as the agent finds it: a manifest next to the journal (for the
+    catch-up of unwatched changes) and, for diffs, a git baseline commit."""
+    from corral.runs.file_feed import save_manifest, scan_manifest
+    from corral.sandbox.watch import GitBaseline
+
+    host_path = getattr(handle, "host_path", None)
+    if host_path is None:
+        raise UnsupportedCapability(handle.ref.provider, "file events",
+                                    "file_events needs a host-directory provider")
+    root = host_path(handle.workdir)
+    manifest = await anyio.to_thread.run_sync(scan_manifest, root)
+    await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
+    base = (await GitBaseline.capture(handle)).base if diff else None
+    return {"diff": diff, "baseline": base}
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +245,9 @@ class Runner:
         self.tools = tools
         self.approval_timeout = approval_timeout
         self._run_tools: dict[str, Toolset] = {}
+        # The secrets of runs this runner started: a definition rebuilt from the record
+        # lacks values given in code (only env/file origins are recorded).
+        self._run_secrets: dict[str, Secrets] = {}
         self.lease_ttl = lease_ttl if lease_ttl is not None else lease_ttl_from_env()
         self.journals_dir = Path(journals_dir) if journals_dir else corral_home() / "journals"
         self.owner = new_owner_id()
@@ -274,10 +299,17 @@ class Runner:
 
     def redactor_for(self, record: RunRecord) -> Redactor | None:
         """The redactor of the run's secrets as known on this host (``None``: no secrets)."""
+        secrets = self._secrets_for(record)
+        return secrets.redactor() if secrets is not None else None
+
+    def _secrets_for(self, record: RunRecord) -> Secrets | None:
+        known = self._run_secrets.get(record.run_id)
+        if known is not None:
+            return known
         sandbox = self._definition(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
-        return sandbox.secrets.redactor()
+        return sandbox.secrets
 
     async def _require(self, run_id: str) -> RunRecord:
         record = await self.store.get(run_id)
@@ -320,6 +352,8 @@ class Runner:
             )
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
+        if len(sandbox.secrets):
+            self._run_secrets[run_id] = sandbox.secrets
         if (tools is None and isinstance(harness, CliHarness)
                 and harness.policy_mapping.permission_prompt):
             from corral.tools.core import Toolset
@@ -364,6 +398,11 @@ class Runner:
                         sandbox_ref={"provider": provider.name, "id": handle.id},
                     ),
                 )
+                if sandbox.file_events:
+                    # before the agent starts: what its changes are measured against
+                    spec["files"] = await _file_baseline(
+                        handle, paths, diff=sandbox.file_events == "diff")
+                    await self.store.update(run_id, RunPatch(spec=dict(spec)))
                 if isinstance(harness, CliHarness):
                     launched_agent = await self._launch_cli_agent(
                         harness, ensured, agent_request, run_id, thread_id, paths, nonce,
@@ -391,6 +430,7 @@ class Runner:
                          launched_agent.supervisor_pid)
             except BaseException as exc:
                 self._run_tools.pop(run_id, None)
+                self._run_secrets.pop(run_id, None)
                 with anyio.CancelScope(shield=True):
                     if ensured is not None:
                         if paths.status.exists():  # launched, then something failed
@@ -561,6 +601,7 @@ class Runner:
             record = await self._require(run_id)
             if record.terminal:
                 self._run_tools.pop(run_id, None)
+                self._run_secrets.pop(run_id, None)
                 return DriveResult(record)
             held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
             if stop is not None and stop.is_set():
@@ -594,6 +635,7 @@ class Runner:
                 continue
             final = result.record or await self._require(run_id)
             self._run_tools.pop(run_id, None)
+            self._run_secrets.pop(run_id, None)
             await self._finish_sandbox(final, final.status.value)
             return DriveResult(final)
 
@@ -631,14 +673,19 @@ class Runner:
             redactor = self.redactor_for(record)
             abort = anyio.Event()
             result: PipeResult | None = None
+            feed = await self._file_feed(record, paths, held.epoch, redactor)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_cancel, run_id, abort)
                 await self._serve_tools(tg, record, tools, held.epoch)
+                if feed is not None:
+                    await feed.start(e.event for e in await self.store.snapshot(run_id))
+                    tg.start_soon(feed.run)
                 result = await pipe_to_run_log(
                     self.store,
                     run_id,
                     self._produce(
-                        harness, ctx, paths, nonce, tail.last_journal_offset, abort, redactor
+                        harness, ctx, paths, nonce, tail.last_journal_offset, abort, redactor,
+                        feed,
                     ),
                     epoch=held.epoch,
                     abort=abort,
@@ -646,6 +693,8 @@ class Runner:
                     journal_offset=tail.last_journal_offset or 0,
                 )
                 tg.cancel_scope.cancel()
+            if feed is not None:
+                feed.close()
             return result
 
     async def _serve_tools(self, tg: anyio.abc.TaskGroup, record: RunRecord,
@@ -706,6 +755,7 @@ class Runner:
         after: int | None,
         abort: anyio.Event,
         redactor: Redactor | None,
+        feed: FileFeed | None = None,
     ) -> AsyncIterator[Produced]:
         batches = translate_run(harness, ctx, paths, nonce=nonce, after=after, follow=True)
         try:
@@ -722,6 +772,8 @@ class Runner:
                 if current is not None and current.cancel_requested:
                     abort.set()
                     return
+                if feed is not None:
+                    await feed.flush()  # the agent's last changes go in before its end
                 yield LogBatch(events, batch.journal_offset, exit_code=exit.code)
                 return
         except JournalError:
@@ -732,6 +784,51 @@ class Runner:
             raise
         finally:
             await batches.aclose()  # type: ignore[attr-defined]
+
+    async def _file_feed(self, record: RunRecord, paths: JournalPaths, epoch: int,
+                         redactor: Redactor | None) -> FileFeed | None:
+        """The run's file feed when its sandbox definition asked for file events."""
+        from corral.runs.file_feed import FileFeed, load_manifest
+
+        files = (record.spec or {}).get("files")
+        ref = record.sandbox_ref or {}
+        if not isinstance(files, Mapping) or not isinstance(ref.get("id"), str):
+            return None
+        try:
+            handle = await self.provider(str(ref.get("provider"))).resume(str(ref["id"]))
+        except CorralError as exc:
+            log.warning("run %s: no file events, its sandbox is unreachable: %s",
+                        record.run_id, exc)
+            return None
+        host_path = getattr(handle, "host_path", None)
+        if handle is None or host_path is None:
+            return None
+        run_id = record.run_id
+        names = (record.spec or {}).get("secret_names") or []
+        secrets = self._secrets_for(record)
+        missing = set(names) - set(secrets or ())
+        if missing:
+            # Paths and patches could carry them: the next driver that knows every secret
+            # logs what this one did not (the catch-up).
+            log.warning("run %s: no file events from this driver: secrets %s are not known "
+                        "here", run_id, sorted(missing))
+            return None
+
+        async def emit(events: Sequence[dict[str, Any]]) -> None:
+            # At the highest journal offset logged (the store keeps the maximum): a
+            # successor resumes the journal after it and never repeats these.
+            try:
+                tail = await self.store.tail(run_id)
+                await self.store.append(
+                    run_id, [(e, tail.last_journal_offset or 0) for e in events], epoch=epoch)
+            except CorralError as exc:
+                log.warning("run %s: cannot log file events: %s", run_id, exc)
+
+        baseline = files.get("baseline")
+        return FileFeed(handle, host_path(handle.workdir), emit=emit,
+                        diff=files.get("diff") is True,
+                        baseline=baseline if isinstance(baseline, str) else None,
+                        manifest=load_manifest(paths.files), redactor=redactor)
 
     async def _watch_cancel(self, run_id: str, abort: anyio.Event) -> None:
         while not abort.is_set():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from corral.errors import ConfigError
 from corral.sandbox import validate as v
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Sandbox"]
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TOP_KEYS = ("id", "provider", "workspace", "secrets", "policy", "lifecycle")
+TOP_KEYS = ("id", "provider", "workspace", "secrets", "policy", "lifecycle", "file_events")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ class Sandbox:
     hooks: Hooks = field(default_factory=Hooks)
     id: str = "default"
     provider_config: Mapping[str, Any] = field(default_factory=dict)
+    file_events: bool | Literal["diff"] = False
+    """Runs log the agent's workspace changes as ``CUSTOM sandbox.file`` events
+    (``"diff"``: with ``sandbox.file.diff`` patches too); see :mod:`corral.runs.file_feed`.
+    Not part of the instance key."""
     _provider_cache: list[Provider] = field(
         default_factory=list, init=False, repr=False, compare=False, hash=False
     )
@@ -74,6 +78,9 @@ class Sandbox:
             )
         if not isinstance(self.provider_config, Mapping):
             raise ConfigError("sandbox.provider_config: expected a table")
+        if not (isinstance(self.file_events, bool) or self.file_events == "diff"):
+            raise ConfigError(f'sandbox.file_events: {self.file_events!r}; use true, false '
+                              'or "diff"')
         object.__setattr__(self, "provider_config", dict(self.provider_config))
 
     # ------------------------------------------------------------------ provider
@@ -156,6 +163,7 @@ class Sandbox:
             "secrets": self.workspace.secrets.origins(),
             "policy": self.policy.to_dict(),
             "lifecycle": self.lifecycle.to_dict(),
+            **({"file_events": self.file_events} if self.file_events else {}),
         }
 
     @classmethod
@@ -221,4 +229,5 @@ class Sandbox:
             lifecycle=lifecycle,
             hooks=hooks or Hooks(),
             id=v.string(data.get("id", "default"), "id"),
+            file_events=data.get("file_events", False),
         )

@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
@@ -30,7 +31,7 @@ from corral.sandbox.contracts import Handle, UnsupportedCapability
 from corral.sandbox.hooks import FileEvent, FileEventKind, Hooks
 from corral.sandbox.redact import get_logger
 
-__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WorkspaceWatcher", "watch_workspace"]
+__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WatchKind", "WorkspaceWatcher", "watch_workspace"]
 
 log = get_logger("corral.sandbox.watch")
 
@@ -54,11 +55,18 @@ _MASK = IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | I
 _HEADER = struct.Struct("iIII")
 
 
+WatchKind = Literal["create", "change", "delete", "written"]
+"""A file event kind, or ``written``: a created file's first write closed (reported only
+with ``fresh_writes=True``; its ``create`` came before its content)."""
+
+
 class WorkspaceWatcher:
     """A recursive inotify watch on a host directory, yielding ``(kind, relpath)``."""
 
-    def __init__(self, root: str | Path, ignore: Iterable[str] = DEFAULT_IGNORE) -> None:
+    def __init__(self, root: str | Path, ignore: Iterable[str] = DEFAULT_IGNORE, *,
+                 fresh_writes: bool = False) -> None:
         self.root = Path(root)
+        self.fresh_writes = fresh_writes
         self.ignore = frozenset(ignore)
         libc_name = ctypes.util.find_library("c")
         self._libc = ctypes.CDLL(libc_name or None, use_errno=True)
@@ -67,7 +75,7 @@ class WorkspaceWatcher:
         fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        self._fd = fd
+        self._fd: int = fd
         self._dirs: dict[int, str] = {}  # watch descriptor -> relative dir ("" = root)
         self._known: set[str] = set()
         self._fresh: set[str] = set()  # created, first close-write is part of the create
@@ -124,19 +132,30 @@ class WorkspaceWatcher:
                     found.append(path)
         return found
 
-    async def events(self) -> AsyncIterator[tuple[FileEventKind, str]]:
-        """Yield events until cancelled."""
+    def fileno(self) -> int:
+        """The inotify descriptor (readable when events are pending)."""
+        return self._fd
+
+    def read_now(self) -> list[tuple[WatchKind, str]]:
+        """Every event already queued, without waiting."""
+        out: list[tuple[WatchKind, str]] = []
         while True:
-            await anyio.wait_readable(self._fd)
             try:
                 data = os.read(self._fd, 1 << 16)
             except BlockingIOError:
-                continue
-            for item in self._parse(data):
-                yield item
+                return out
+            out += self._parse(data)
 
-    def _parse(self, data: bytes) -> list[tuple[FileEventKind, str]]:
-        out: list[tuple[FileEventKind, str]] = []
+    async def events(self) -> AsyncIterator[tuple[FileEventKind, str]]:
+        """Yield events until cancelled (``written`` ones are not file events)."""
+        while True:
+            await anyio.wait_readable(self._fd)
+            for kind, path in self.read_now():
+                if kind != "written":
+                    yield kind, path
+
+    def _parse(self, data: bytes) -> list[tuple[WatchKind, str]]:
+        out: list[tuple[WatchKind, str]] = []
         i = 0
         while i + _HEADER.size <= len(data):
             wd, mask, _cookie, length = _HEADER.unpack_from(data, i)
@@ -180,7 +199,7 @@ class WorkspaceWatcher:
                 continue
             if mask & IN_CREATE:
                 self._fresh.add(path)
-                kind: FileEventKind = "change" if path in self._known else "create"
+                kind: WatchKind = "change" if path in self._known else "create"
                 self._known.add(path)
                 out.append((kind, path))
             elif mask & IN_MOVED_TO:
@@ -190,6 +209,8 @@ class WorkspaceWatcher:
             elif mask & IN_CLOSE_WRITE:
                 if path in self._fresh:
                     self._fresh.discard(path)
+                    if self.fresh_writes:
+                        out.append(("written", path))
                     continue
                 self._known.add(path)
                 out.append(("change", path))

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
+from dataclasses import replace
 from typing import Annotated, Any, Final
 
 import anyio
@@ -235,6 +236,9 @@ def create_app(service: RunService) -> Any:
             timeout=body.timeout,
             token_budget=body.token_budget,
         )
+        if body.file_events:
+            request = replace(request, sandbox=replace(request.definition(),
+                                                       file_events=body.file_events))
         record = await service.start_run(request)
         url = events_url(record.run_id)
         response.headers["location"] = url.removesuffix("/events")

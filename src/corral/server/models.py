@@ -97,6 +97,10 @@ class StartRun(BaseModel):
     token_budget: int | None = Field(
         None, ge=1, description="agent harnesses: model tokens the run may use"
     )
+    file_events: bool | Literal["diff"] = Field(
+        False, description='log workspace changes as CUSTOM sandbox.file events ("diff": '
+        "with sandbox.file.diff patches)"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> StartRun:

@@ -1,0 +1,255 @@
+"""File events in a run's event log: ``CUSTOM sandbox.file`` (and ``sandbox.file.diff``).
+
+A run whose sandbox definition sets ``file_events`` (``True``, or ``"diff"`` for patches
+too) gets, in its log, one ``CUSTOM`` event ``sandbox.file`` with ``{type: create | change |
+delete, path, timestamp}`` per change the agent makes to the workspace, and with ``"diff"``
+a ``sandbox.file.diff`` ``{path, diff}`` after it (a unified patch against the workspace as
+it was when the run started; empty for deletes and git-ignored files).
+
+They are observations of the workspace, not lines of the journal, so the driving process
+makes them: an inotify watch on the workspace (host-directory providers) while it holds
+the claim, appended under its epoch at the last logged journal offset (a successor resumes
+the journal after that offset, so file events are never repeated by a takeover). What no
+driver saw -- the moments between the start and the first drive, or while a run was
+detached or its driver dead -- is caught up when the next driver begins: the run's
+*manifest* (``path -> (mtime_ns, size)`` of every file when the run started, kept next to
+its journal on the host) plus the file events already logged say what the log believes;
+a walk of the workspace says what is; the difference is logged as events first. Several
+changes to one file while nobody watched become one event. Before the run's terminal
+event the driver drains every pending change, so the log is complete when it closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+
+from corral.sandbox.contracts import Handle
+from corral.sandbox.redact import Redactor, get_logger
+from corral.sandbox.watch import DEFAULT_IGNORE, GitBaseline, WatchKind, WorkspaceWatcher
+
+__all__ = [
+    "FILE_DIFF_EVENT",
+    "FILE_EVENT",
+    "FileFeed",
+    "Manifest",
+    "catch_up",
+    "logged_file_state",
+    "scan_manifest",
+]
+
+log = get_logger("corral.runs.file_feed")
+
+FILE_EVENT = "sandbox.file"
+FILE_DIFF_EVENT = "sandbox.file.diff"
+
+Kind = Literal["create", "change", "delete"]
+Manifest = dict[str, tuple[int, int]]
+"""Relative path -> (mtime in ns, size) of every regular file or symlink."""
+
+
+def scan_manifest(root: str | os.PathLike[str], ignore: Iterable[str] = DEFAULT_IGNORE
+                  ) -> Manifest:
+    """Every file under ``root`` (ignored directories pruned, symlinks not followed)."""
+    skip = frozenset(ignore)
+    out: Manifest = {}
+    base = Path(root)
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d not in skip]
+        rel = os.path.relpath(dirpath, base)
+        for name in filenames:
+            path = name if rel == "." else f"{rel}/{name}"
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue  # gone meanwhile
+            out[path] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def save_manifest(path: Path, manifest: Manifest) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({p: list(v) for p, v in manifest.items()}))
+    os.replace(tmp, path)
+
+
+def load_manifest(path: Path) -> Manifest | None:
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return {str(p): (int(v[0]), int(v[1])) for p, v in raw.items()
+            if isinstance(v, list) and len(v) == 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """What the log last said of one path."""
+
+    exists: bool
+    at: float
+
+
+def logged_file_state(events: Iterable[Mapping[str, Any]]) -> dict[str, Logged]:
+    """The last ``sandbox.file`` event of each path in a run's log."""
+    out: dict[str, Logged] = {}
+    for e in events:
+        if e.get("type") != "CUSTOM" or e.get("name") != FILE_EVENT:
+            continue
+        value = e.get("value")
+        if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
+            continue
+        ts = value.get("timestamp")
+        out[value["path"]] = Logged(value.get("type") != "delete",
+                                    float(ts) if isinstance(ts, (int, float)) else 0.0)
+    return out
+
+
+def catch_up(baseline: Manifest, logged: Mapping[str, Logged], now: Manifest
+             ) -> list[tuple[Kind, str]]:
+    """The events that bring the log's view (``baseline`` plus ``logged``) to ``now``.
+
+    A file the log thinks absent but present is a create; present in both but modified
+    after the log's last word on it (or, never mentioned, differing from the baseline) a
+    change; believed present but gone a delete."""
+    out: list[tuple[Kind, str]] = []
+    for path in sorted(set(baseline) | set(logged) | set(now)):
+        said = logged.get(path)
+        believed = said.exists if said is not None else path in baseline
+        if path not in now:
+            if believed:
+                out.append(("delete", path))
+            continue
+        if not believed:
+            out.append(("create", path))
+        elif said is not None:
+            if now[path][0] > said.at * 1e9:
+                out.append(("change", path))
+        elif now[path] != baseline[path]:
+            out.append(("change", path))
+    return out
+
+
+Emit = Callable[[Sequence[dict[str, Any]]], Awaitable[None]]
+
+
+class FileFeed:
+    """The file events of one run while this process drives it (see the module doc).
+
+    ``emit`` appends events to the run's log (the driver's epoch); ``redactor`` masks
+    secrets in paths and diffs; ``diff`` adds ``sandbox.file.diff`` events."""
+
+    def __init__(self, handle: Handle, root: str, *, emit: Emit, diff: bool,
+                 baseline: str | None, manifest: Manifest | None,
+                 redactor: Redactor | None = None) -> None:
+        self._handle = handle
+        self._root = root
+        self._emit = emit
+        self._diff = GitBaseline(handle, baseline) if diff else None
+        self._manifest = manifest
+        self._redactor = redactor
+        self._lock = anyio.Lock()
+        self._watcher: WorkspaceWatcher | None = None
+        self._caught: dict[str, tuple[Kind, int]] = {}
+
+    async def start(self, logged: Iterable[Mapping[str, Any]]) -> None:
+        """Watch, then log what happened while nobody watched (watch first, so nothing
+        falls between the walk and the watch; a change made just then may be logged by
+        both)."""
+        self._watcher = WorkspaceWatcher(self._root, fresh_writes=self._diff is not None)
+        if self._manifest is None:
+            return
+        walked_at = time.time_ns()
+        now = await anyio.to_thread.run_sync(scan_manifest, self._root)
+        missed = catch_up(self._manifest, logged_file_state(logged), now)
+        if missed:
+            # The watch may have queued some of these too (made between watch and walk).
+            self._caught = {path: (kind, walked_at) for kind, path in missed}
+            async with self._lock:
+                await self._log(missed)
+
+    async def run(self) -> None:
+        """Log events as the watcher sees them, until cancelled."""
+        assert self._watcher is not None, "start() first"
+        fd = self._watcher.fileno()
+        while True:
+            await anyio.wait_readable(fd)
+            async with self._lock:
+                items = self._fresh(self._watcher.read_now())
+                if items:
+                    await self._log(items)
+
+    def _fresh(self, items: list[tuple[WatchKind, str]]) -> list[tuple[WatchKind, str]]:
+        """Drop what the catch-up logged already: a create of a file it reported, not
+        modified since its walk, or a delete it reported."""
+        if not self._caught:
+            return items
+        out: list[tuple[WatchKind, str]] = []
+        for kind, path in items:
+            caught = self._caught.pop(path, None)
+            if caught is not None:
+                said, walked_at = caught
+                if kind == "delete" and said == "delete":
+                    continue
+                if kind in ("create", "written") and said != "delete":
+                    try:
+                        mtime = os.lstat(os.path.join(self._root, path)).st_mtime_ns
+                    except OSError:
+                        mtime = walked_at + 1
+                    if mtime <= walked_at:
+                        continue
+            out.append((kind, path))
+        return out
+
+    async def flush(self) -> None:
+        """Log every change already made (the agent has exited): called before the run's
+        terminal event."""
+        if self._watcher is None:
+            return
+        async with self._lock:
+            items = self._fresh(self._watcher.read_now())
+            if items:
+                await self._log(items)
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+
+    async def _log(self, items: Sequence[tuple[WatchKind, str]]) -> None:
+        now = time.time()
+        events: list[dict[str, Any]] = [
+            {"type": "CUSTOM", "name": FILE_EVENT,
+             "value": {"type": kind, "path": path, "timestamp": now}}
+            for kind, path in items if kind != "written"]
+        if self._diff is not None:
+            # One patch per path, taken now: a file created and written in this batch gets
+            # its content; one whose first write lands later gets a second patch then.
+            last: dict[str, WatchKind] = {}
+            for kind, path in items:
+                last[path] = kind
+            for path, kind in last.items():
+                patch = "" if kind == "delete" else await self._patch(path)
+                events.append({"type": "CUSTOM", "name": FILE_DIFF_EVENT,
+                               "value": {"path": path, "diff": patch}})
+        if not events:
+            return
+        if self._redactor is not None:
+            events = [self._redactor.redact_obj(e) for e in events]
+        await self._emit(events)
+
+    async def _patch(self, path: str) -> str:
+        assert self._diff is not None
+        try:
+            return await self._diff.diff(path)
+        except Exception as exc:  # noqa: BLE001 - a diff is extra; the event stands
+            log.warning("no diff for %s: %s", path, exc)
+            return ""

@@ -1,0 +1,196 @@
+"""File events in the run log (``Sandbox(file_events=...)``): what the agent does to the
+workspace shows up as ``CUSTOM sandbox.file`` events before the run's end, with patches in
+diff mode, caught up when nobody watched, never with a secret in them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.runs.file_feed import FILE_DIFF_EVENT, FILE_EVENT, Logged, catch_up
+from corral.runs.layout import JournalPaths, read_status
+from corral.runs.runner import Runner, RunRequest
+from corral.runs.store import Store
+from corral.sandbox.definition import Sandbox
+from corral.sandbox.lifecycle import Lifecycle
+from corral.sandbox.secrets import Secrets
+from corral.sandbox.sources import LocalDir
+from corral.sandbox.workspace import Workspace
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "filesecret-6c1f0e9a77d2"
+
+# Every kind of change, the last one right before the agent exits.
+AGENT = ("echo a > a.txt; echo more >> keep.txt; mkdir -p d/e; echo x > d/e/f; "
+         "rm gone.txt; mkdir -p node_modules/p; echo y > node_modules/p/i; "
+         "echo last > last.txt")
+WANT = [("create", "a.txt"), ("change", "keep.txt"), ("create", "d/e/f"),
+        ("delete", "gone.txt"), ("create", "last.txt")]
+
+
+def _workspace(tmp_path: Path, *, git: bool = False) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep.txt").write_text("keep\n")
+    (ws / "gone.txt").write_text("old\n")
+    if git:
+        for args in (["init", "-q"], ["add", "."],
+                     ["-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "base"]):
+            subprocess.run(["git", *args], cwd=ws, check=True)
+    return ws
+
+
+def _request(ws: Path, provider: str, file_events: bool | str, command: str,
+             **kw: Any) -> RunRequest:
+    sandbox = Sandbox(provider=provider, lifecycle=Lifecycle(reuse="none"),
+                      workspace=Workspace(source=LocalDir(str(ws)), **kw),
+                      file_events=file_events)  # type: ignore[arg-type]
+    return RunRequest(command=["sh", "-c", command], sandbox=sandbox)
+
+
+def _file_events(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(e["value"]["type"], e["value"]["path"]) for e in events
+            if e["type"] == "CUSTOM" and e["name"] == FILE_EVENT]
+
+
+async def _events(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+@pytest.mark.parametrize("provider", ["local", "bubblewrap"])
+async def test_changes_are_logged_before_the_end(store: Store, tmp_path: Path, provider: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    if provider == "bubblewrap":
+        request.getfixturevalue("need_bwrap_runs")
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), provider, True, AGENT))
+    result = await runner.drive(rec.run_id)
+    assert result.record.status.value == "completed"
+    events = await _events(store, rec.run_id)
+    assert events[-1]["type"] == "RUN_FINISHED"
+    seen = _file_events(events)
+    for want in WANT:
+        assert want in seen, (want, seen)
+    assert not any(p.startswith("node_modules") for _, p in seen)  # ignored, never walked
+    assert len(seen) == len(set(seen)), seen  # nothing twice
+    assert not any(e["name"] == FILE_DIFF_EVENT for e in events if e["type"] == "CUSTOM")
+
+
+async def test_diff_mode_gives_patches_against_the_start(store: Store, tmp_path: Path) -> None:
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path, git=True), "local", "diff", AGENT))
+    await runner.drive(rec.run_id)
+    events = await _events(store, rec.run_id)
+    patches: dict[str, str] = {}
+    for e in events:  # the last patch of each path is its state at the end
+        if e["type"] == "CUSTOM" and e["name"] == FILE_DIFF_EVENT:
+            patches[e["value"]["path"]] = e["value"]["diff"]
+    assert " keep\n+more\n" in patches["keep.txt"]
+    assert "new file mode" in patches["a.txt"] and "+a\n" in patches["a.txt"]
+    assert "+last\n" in patches["last.txt"]
+    assert patches["gone.txt"] == ""
+    last_file = max(i for i, e in enumerate(events) if e["type"] == "CUSTOM")
+    assert last_file < len(events) - 1 and events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_unwatched_changes_are_caught_up_by_the_next_driver(store: Store,
+                                                                  tmp_path: Path) -> None:
+    """Nobody drives while the agent works; the driver that comes later logs what it
+    missed, once, from the start manifest and the log."""
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", True, AGENT))
+    paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
+    with anyio.fail_after(30):  # the agent is done before anyone drives
+        while (status := read_status(paths.status)) is None or status.state != "exited":
+            await anyio.sleep(0.02)
+    assert _file_events(await _events(store, rec.run_id)) == []  # nobody watched
+    await runner.drive(rec.run_id)
+    seen = _file_events(await _events(store, rec.run_id))
+    assert sorted(seen) == sorted(WANT), seen
+
+
+async def test_no_secret_in_file_events(store: Store, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(
+        ws, "local", "diff", 'echo "$TOKEN" > "leak-$TOKEN.txt"',
+        secrets=Secrets(TOKEN=SECRET)))
+    await runner.drive(rec.run_id)
+    events = await _events(store, rec.run_id)
+    text = json.dumps(events)
+    assert SECRET not in text
+    assert any(e["name"] == FILE_DIFF_EVENT for e in events if e["type"] == "CUSTOM")
+
+
+def test_file_events_is_validated() -> None:
+    from corral.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="file_events"):
+        Sandbox(provider="local", file_events="yes")  # type: ignore[arg-type]
+    assert Sandbox.from_dict({"file_events": "diff"}).file_events == "diff"
+    assert Sandbox(provider="local", file_events=True).to_dict()["file_events"] is True
+    assert "file_events" not in Sandbox(provider="local").to_dict()
+
+
+# ------------------------------------------------------------------ catch-up property
+
+_ops = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d/e"]),
+                          st.sampled_from(["write", "delete"]), st.integers(0, 9)),
+                max_size=12)
+
+
+@settings(max_examples=300)
+@given(baseline_files=st.sets(st.sampled_from(["a", "b", "c", "d/e"])), ops=_ops,
+       logged_upto=st.integers(0, 12))
+def test_catch_up_brings_the_log_to_the_workspace(baseline_files: set[str],
+                                                  ops: list[tuple[str, str, int]],
+                                                  logged_upto: int) -> None:
+    """Replaying a prefix of the changes into the log, then the catch-up: every path's
+    existence is right afterwards, a path changed after its last logged word gets an event,
+    and an untouched path none."""
+    t = 1.0
+    state = {p: (int(t * 1e9), 1) for p in baseline_files}
+    baseline = dict(state)
+    logged: dict[str, Logged] = {}
+    touched_late: set[str] = set()
+    for i, (path, op, size) in enumerate(ops):
+        t += 1.0
+        if op == "write":
+            existed = path in state
+            state[path] = (int(t * 1e9), size)
+        elif path in state:
+            existed = True
+            del state[path]
+        else:
+            continue
+        if i < logged_upto:
+            logged[path] = Logged(op == "write", t + 0.5)  # seen a little after
+        else:
+            touched_late.add(path)
+        del existed
+    events = catch_up(baseline, logged, state)
+    believed = {p for p in baseline if p not in logged} | {p for p, s in logged.items() if s.exists}
+    for kind, path in events:
+        if kind == "create":
+            assert path not in believed
+            believed.add(path)
+        elif kind == "delete":
+            assert path in believed
+            believed.discard(path)
+        else:
+            assert path in believed and path in state
+    assert believed == set(state)
+    evented = {p for _, p in events}
+    assert len(evented) == len(events)  # one event a path at most
+    for path in set(state) & touched_late:
+        assert path in evented, (path, events)
+    for path in evented:
+        assert path in touched_late
