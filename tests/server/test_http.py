@@ -261,3 +261,13 @@ def test_a_run_with_a_timeout_is_stopped(home: Home) -> None:
         wait_until(lambda: server.run("slow")["status"] != "running", 40, "the timeout")
         rec = server.run("slow")
         assert (rec["status"], rec["exit_code"]) == ("failed", 124), rec
+
+
+def test_a_run_with_file_events_streams_them(home: Home) -> None:
+    with home.server() as server:
+        server.start(["sh", "-c", "echo x > made.txt"], run_id="fe", file_events=True)
+        got, ended = read_stream(server, "fe")
+        assert ended
+        files = [e["value"] for _, e in got if e["type"] == "CUSTOM" and e["name"] == "sandbox.file"]
+        assert [(f["type"], f["path"]) for f in files] == [("create", "made.txt")]
+        assert got[-1][1]["type"] == "RUN_FINISHED"
