@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v git >/dev/null || need_apt+=(git)
-command -v socat >/dev/null || need_apt+=(socat)
 command -v curl >/dev/null || need_apt+=(curl)     # agents' tool calls inside sandboxes
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v setpriv >/dev/null || need_apt+=(util-linux)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import sqlite3
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,39 +105,19 @@ def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
     return Check(name, "missing" if required else "warn", f"not found ({why})", fix, required)
 
 
-def _docker() -> Check:
-    path = _which("docker")
-    if not path:
-        return Check("docker", "warn", "not installed (docker provider unavailable)",
-                     "install Docker Engine")
-    try:
-        r = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                           text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("docker", "warn", f"{path}: cannot run: {exc}", "start the Docker daemon")
-    if r.returncode != 0:
-        return Check("docker", "warn", f"{path}: daemon not reachable", "start the Docker daemon "
-                     "(systemctl start docker) or set DOCKER_HOST")
-    return Check("docker", "ok", f"{path}: engine {r.stdout.strip()}")
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def _stores() -> list[Check]:
-    checks = [Check("sqlite", "ok", f"SQLite {sqlite3.sqlite_version} (default store)")]
-    for name, port, env in (("postgres", 5432, "CORRAL_POSTGRES_URL"), ("redis", 6379, "CORRAL_REDIS_URL")):
-        if _reachable("127.0.0.1", port):
-            checks.append(Check(name, "ok", f"reachable on 127.0.0.1:{port} (optional store)"))
-        else:
-            checks.append(Check(name, "warn", f"not reachable on 127.0.0.1:{port} (optional store)",
-                                f"start {name} or point {env} at one, if you want a shared store"))
-    return checks
+    return [Check("sqlite", "ok", f"SQLite {sqlite3.sqlite_version} (default store; "
+                  "memory:// for one process)")]
+
+
+def _python_in_sandbox() -> Check:
+    # Agent runs start the in-sandbox entry (forwarders) and the command gate with the
+    # system Python the sandbox sees through its read-only /usr.
+    if os.path.exists("/usr/bin/python3"):
+        return Check("python3", "ok", "/usr/bin/python3 (agent runs: in-sandbox entry and "
+                     "command gate)")
+    return Check("python3", "warn", "/usr/bin/python3 not found (agent CLI runs need it "
+                 "inside the sandbox)", "apt-get install python3")
 
 
 def _agents() -> list[Check]:
@@ -167,9 +145,11 @@ def collect() -> list[Check]:
         checks.append(_tool("setpriv", "drops sandboxes to an unprivileged uid when run as root",
                             "apt-get install util-linux", required=True))
     checks.append(_tool("git", "workspaces from git repositories", "apt-get install git"))
-    checks.append(_docker())
-    checks.append(_tool("socat", "bridges unix sockets for host tools", "apt-get install socat"))
     checks += _stores()
+    checks.append(_python_in_sandbox())
+    checks.append(_tool("npm", "corral agents install fetches the agent CLIs from npm",
+                        "apt-get install npm"))
+    checks.append(_tool("node", "Codex's launcher runs on Node.js", "apt-get install nodejs"))
     checks += _agents()
     checks.append(Check("local provider", "warn",
                         "gives NO isolation: commands run on the host as you, with your files "
@@ -186,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{label}] {c.name:<{width}}  {c.detail}")
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
+    print("not in this version: Docker and Kubernetes providers, PostgreSQL and Redis stores, "
+          "the opencode/gemini-cli/ACP harnesses")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:
         print(f"\ncorral cannot run isolated sandboxes here: fix {', '.join(c.name for c in failed)}")
