@@ -60,6 +60,8 @@ def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: 
     assert "run error" in out["cancelBanner"]
     assert out["hostileText"] == "<img src=x onerror=window.pwned=1>\n"
     assert out["hostileImages"] == 0 and out["pwned"] is False
+    # the page starts runs with file events on: the file the agent made is listed, as text
+    assert "<img src=y onerror=window.pwned=1>" in out["filesShown"], out["filesShown"]
     # Only the API's 401 before the token was given.
     assert [e for e in out["consoleErrors"] if "401" not in e] == []
     for name in ("page-finished.png", "page-cancelled.png"):

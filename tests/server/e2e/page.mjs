@@ -73,12 +73,15 @@ try {
   await page.screenshot({ path: `${shots}/page-cancelled.png`, fullPage: true });
 
   // Agent output is hostile: markup in it is shown as text, never run.
-  await page.fill("#command", `sh -c 'echo "<img src=x onerror=window.pwned=1>"'`);
+  // So are the names of the files it makes (shown from sandbox.file events).
+  await page.fill("#command",
+    `sh -c 'echo "<img src=x onerror=window.pwned=1>"; touch "<img src=y onerror=window.pwned=1>"'`);
   await page.click("#start");
   await page.waitForFunction((prev) => document.querySelector("#run-title").textContent !== prev &&
       document.querySelector('#events li[data-type="RUN_FINISHED"]'), out.cancelRunId,
       { timeout: 30000 });
   out.hostileText = await page.$eval("#transcript .msg .text", (n) => n.textContent);
+  out.filesShown = await page.$$eval("#files-list li", (lis) => lis.map((li) => li.textContent));
   out.hostileImages = await page.$$eval("#run img", (imgs) => imgs.length);
   out.pwned = await page.evaluate(() => window.pwned === 1);
   out.consoleErrors = consoleErrors;

@@ -116,7 +116,7 @@ $("#start-form").addEventListener("submit", async (e) => {
     const thread = $("#thread").value.trim() || `thread-${crypto.randomUUID().slice(0, 8)}`;
     const created = await api("/v1/runs", {
       method: "POST",
-      body: JSON.stringify({ thread_id: thread, command }),
+      body: JSON.stringify({ thread_id: thread, command, file_events: $("#file-events").checked }),
     });
     await refreshRuns();
     select(created.run_id);
