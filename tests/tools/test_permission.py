@@ -17,6 +17,7 @@ from corral.sandbox.policy import Policy
 from corral.tools.approvals import Approvals, answer_approval, list_pending
 from corral.tools.core import Toolset, result_text
 from corral.tools.permission import PERMISSION_TOOL, PermissionPromptTool
+from corral.tools.remote import execute_host_tool
 
 POLICY = Policy(allow=("echo *",), deny=("rm *",), ask=("touch *",), default="deny",
                 file_write="ask", network="deny")
@@ -81,6 +82,31 @@ def test_ask_waits_for_the_approval_gate(allow: bool, tmp_path: Path) -> None:
     else:
         assert answer["behavior"] == "deny" and "ask: touch *" in answer["message"]
     assert [e.name for e in events] == ["corral.approval_request", "corral.approval_resolved"]
+
+
+def test_an_approval_outlasts_the_servers_call_timeout(tmp_path: Path) -> None:
+    """The run's MCP server cuts tool calls at its call timeout; the permission prompt's
+    wait for a human is bounded by the approval timeout instead."""
+    gate = Approvals("run-c", timeout=30, root=tmp_path)
+    tools = Toolset([PermissionPromptTool(POLICY, gate)])
+
+    async def main() -> Any:
+        out: list[Any] = []
+
+        async def call() -> None:
+            out.append(await execute_host_tool(tools, {"name": PERMISSION_TOOL, "args": {
+                "tool_name": "Bash", "input": {"command": "touch y"}}}, timeout=0.2))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while not (pending := list_pending("run-c", root=tmp_path)):
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.5)  # the scenario: the human answers after the call timeout
+            answer_approval("run-c", pending[0].approval_id, True, root=tmp_path)
+        return out[0]
+
+    assert anyio.run(main)["behavior"] == "allow"
 
 
 def test_ask_times_out_to_deny(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ class PermissionPromptTool:
     description = ("Internal to corral: Claude Code's permission check against the sandbox "
                    "policy. Not for direct use; it runs nothing.")
     approval = False  # it raises its own approvals, for "ask" verdicts only
+    waits_for_approvals = True  # so the server's call timeout does not cut a human short
 
     def __init__(self, policy: Policy, approvals: ApprovalGate | None) -> None:
         self.policy = policy

@@ -300,7 +300,9 @@ async def execute_host_tool(toolset: Toolset, body: Any, *, approvals: ApprovalG
         if reason is not None:
             raise ToolDeniedError(f"tool {name!r} was denied: {reason}")
     ctx = context or ToolContext(tool=name)
-    if timeout is None:
+    # A tool that holds calls for its own approvals (the permission prompt) is bounded by
+    # the approval timeout, not by the call timeout: a human may take longer than a tool.
+    if timeout is None or getattr(t, "waits_for_approvals", False) is True:
         value = await t.run(args, ctx)
     else:
         with anyio.move_on_after(timeout) as scope:
