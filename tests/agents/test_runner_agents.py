@@ -494,3 +494,25 @@ def test_token_budget_stops_model_calls_past_it(cli: str, corral: Corral) -> Non
     rec = corral.raw_record("b1")
     assert rec["status"] == "failed" and rec["usage"]["requests"] == 2
     assert "token budget" in json.dumps([events[-1], rec.get("error")]), events[-1]
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_file_events_of_an_agent_run(cli: str, corral: Corral, tmp_path: Path) -> None:
+    """The agent's edit shows as a sandbox.file event with its patch; what corral itself
+    puts in place for the CLI does not."""
+    corral.srv.script = lambda req: (
+        Text("done") if req.tool_results else ToolCall(EDIT, text="editing"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "note.txt").write_text("original\n")
+    out = corral.agent(cli, "fe1", "edit note.txt", "--workspace", str(ws),
+                       "--file-events", "diff")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("fe1")
+    files = [(e["value"]["type"], e["value"]["path"]) for e in events
+             if e["type"] == "CUSTOM" and e["name"] == "sandbox.file"]
+    assert files == [("change", "note.txt")], files
+    (patch,) = [e["value"]["diff"] for e in events
+                if e["type"] == "CUSTOM" and e["name"] == "sandbox.file.diff"]
+    assert "-original" in patch and "+edited by the agent" in patch
+    assert events[-1]["type"] == "RUN_FINISHED"

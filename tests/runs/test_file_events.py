@@ -84,9 +84,16 @@ async def test_changes_are_logged_before_the_end(store: Store, tmp_path: Path, p
     assert not any(e["name"] == FILE_DIFF_EVENT for e in events if e["type"] == "CUSTOM")
 
 
-async def test_diff_mode_gives_patches_against_the_start(store: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("git", [True, False], ids=["git-workspace", "plain-workspace"])
+async def test_diff_mode_gives_patches_against_the_start(store: Store, tmp_path: Path,
+                                                         git: bool) -> None:
+    """A git workspace is diffed against ``git stash create`` of its start; any other
+    against a tree corral wrote at the start into a git directory of its own, on the host
+    next to the journal (nothing is added to the workspace)."""
     runner = Runner(store, journals_dir=tmp_path / "journals")
-    rec = await runner.start(_request(_workspace(tmp_path, git=True), "local", "diff", AGENT))
+    rec = await runner.start(_request(_workspace(tmp_path, git=git), "local", "diff", AGENT))
+    paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
+    assert paths.baseline_git.is_dir() is not git
     await runner.drive(rec.run_id)
     events = await _events(store, rec.run_id)
     patches: dict[str, str] = {}

@@ -142,6 +142,55 @@ def catch_up(baseline: Manifest, logged: Mapping[str, Logged], now: Manifest
 Emit = Callable[[Sequence[dict[str, Any]]], Awaitable[None]]
 
 
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+
+class HostTreeBaseline(GitBaseline):
+    """The baseline of a workspace that is no git repository: a tree written at the run's
+    start into a git directory of the host's own (next to the journal, out of the
+    sandbox's reach), diffed against the workspace's host directory. The workspace's
+    files are data here: no configuration of theirs is read, no filter or hook runs."""
+
+    def __init__(self, handle: Handle, git_dir: str, root: str, tree: str) -> None:
+        super().__init__(handle, tree)
+        self._git_dir = git_dir
+        self._root = root
+
+    @classmethod
+    async def create(cls, handle: Handle, git_dir: Path, root: str) -> HostTreeBaseline | None:
+        """Snapshot ``root`` (``.gitignore`` honoured) into ``git_dir``; ``None`` if git
+        cannot."""
+        init = await anyio.run_process(["git", f"--git-dir={git_dir}", "init", "-q"],
+                                       env={**os.environ, **_GIT_ENV}, check=False)
+        if init.returncode != 0:
+            log.warning("no baseline for diffs: git init failed: %s", init.stderr[-300:])
+            return None
+        await _host_git(str(git_dir), root, "add", "-A", "--ignore-errors")
+        code, tree = await _host_git(str(git_dir), root, "write-tree")
+        if code != 0:
+            log.warning("no baseline for diffs: git write-tree failed")
+            return None
+        return cls(handle, str(git_dir), root, tree.decode().strip())
+
+    async def _git(self, *args: str) -> tuple[int, bytes]:
+        return await _host_git(self._git_dir, self._root, *args)
+
+    async def _read(self, path: str) -> bytes | None:
+        full = os.path.join(self._root, path)
+        if os.path.islink(full) or not os.path.isfile(full):
+            return None
+        return await anyio.Path(full).read_bytes()
+
+
+async def _host_git(git_dir: str, root: str, *args: str) -> tuple[int, bytes]:
+    res = await anyio.run_process(
+        ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null",
+         f"--git-dir={git_dir}", f"--work-tree={root}", *args],
+        cwd=root, env={**os.environ, **_GIT_ENV}, check=False)
+    return res.returncode, res.stdout
+
+
 class FileFeed:
     """The file events of one run while this process drives it (see the module doc).
 
@@ -150,11 +199,15 @@ class FileFeed:
 
     def __init__(self, handle: Handle, root: str, *, emit: Emit, diff: bool,
                  baseline: str | None, manifest: Manifest | None,
-                 redactor: Redactor | None = None) -> None:
+                 redactor: Redactor | None = None, tree: tuple[str, str] | None = None
+                 ) -> None:
         self._handle = handle
         self._root = root
         self._emit = emit
-        self._diff = GitBaseline(handle, baseline) if diff else None
+        self._diff: GitBaseline | None = None
+        if diff:
+            self._diff = (HostTreeBaseline(handle, tree[0], root, tree[1]) if tree is not None
+                          else GitBaseline(handle, baseline))
         self._manifest = manifest
         self._redactor = redactor
         self._lock = anyio.Lock()
@@ -168,8 +221,8 @@ class FileFeed:
         self._watcher = WorkspaceWatcher(self._root, fresh_writes=self._diff is not None)
         if self._manifest is None:
             return
-        walked_at = time.time_ns()
         now = await anyio.to_thread.run_sync(scan_manifest, self._root)
+        walked_at = time.time_ns()  # every file the walk saw is older than this
         missed = catch_up(self._manifest, logged_file_state(logged), now)
         if missed:
             # The watch may have queued some of these too (made between watch and walk).
@@ -207,6 +260,8 @@ class FileFeed:
                         mtime = walked_at + 1
                     if mtime <= walked_at:
                         continue
+                    if kind == "create":
+                        kind = "change"  # created before the walk, written after it
             out.append((kind, path))
         return out
 

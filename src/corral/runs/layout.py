@@ -82,8 +82,15 @@ class JournalPaths:
         """The workspace manifest at the run's start (:mod:`corral.runs.file_feed`)."""
         return self.directory / f"{self.token}.files.json"
 
+    @property
+    def baseline_git(self) -> Path:
+        """A git directory holding the workspace's start state, for file diffs when the
+        workspace is no git repository (:mod:`corral.runs.file_feed`)."""
+        return self.directory / f"{self.token}.baseline.git"
+
     def all(self) -> tuple[Path, ...]:
-        return (self.journal, self.stderr, self.status, self.supervisor_log, self.files)
+        return (self.journal, self.stderr, self.status, self.supervisor_log, self.files,
+                self.baseline_git)
 
 
 @dataclass(frozen=True, slots=True)

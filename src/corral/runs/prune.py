@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,7 +49,8 @@ DEFAULT_ORPHAN_TTL: Final = 3600.0
 DEFAULT_MAX_DELETES: Final = 200
 """Runs whose files one sweep deletes at most."""
 
-_SUFFIXES: Final = (".status.json", ".supervisor.log", ".journal", ".err", ".files.json")
+_SUFFIXES: Final = (".status.json", ".supervisor.log", ".journal", ".err", ".files.json",
+                    ".baseline.git")
 _HEX: Final = frozenset("0123456789abcdef")
 _PASS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 
@@ -208,7 +211,10 @@ def _delete(base: Path, files: Iterable[str]) -> str:
     errors = []
     for name in files:
         try:
-            os.unlink(base / name)
+            if stat.S_ISDIR(os.lstat(base / name).st_mode):
+                shutil.rmtree(base / name)  # a file-diff baseline (a git directory)
+            else:
+                os.unlink(base / name)
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -202,7 +202,7 @@ class RunRequest:
 async def _file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> dict[str, Any]:
     """Record the workspace as the agent finds it: a manifest next to the journal (for the
     catch-up of unwatched changes) and, for diffs, a git baseline commit."""
-    from corral.runs.file_feed import save_manifest, scan_manifest
+    from corral.runs.file_feed import HostTreeBaseline, save_manifest, scan_manifest
     from corral.sandbox.watch import GitBaseline
 
     host_path = getattr(handle, "host_path", None)
@@ -213,7 +213,13 @@ async def _file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> 
     manifest = await anyio.to_thread.run_sync(scan_manifest, root)
     await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
     base = (await GitBaseline.capture(handle)).base if diff else None
-    return {"diff": diff, "baseline": base}
+    out: dict[str, Any] = {"diff": diff, "baseline": base}
+    if diff and base is None:
+        # no git repository in the workspace: a baseline tree of the host's own
+        tree = await HostTreeBaseline.create(handle, paths.baseline_git, root)
+        if tree is not None:
+            out["tree"] = [str(paths.baseline_git), tree.base]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -825,10 +831,13 @@ class Runner:
                 log.warning("run %s: cannot log file events: %s", run_id, exc)
 
         baseline = files.get("baseline")
+        tree = files.get("tree")
         return FileFeed(handle, host_path(handle.workdir), emit=emit,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
-                        manifest=load_manifest(paths.files), redactor=redactor)
+                        manifest=load_manifest(paths.files), redactor=redactor,
+                        tree=(str(tree[0]), str(tree[1])) if isinstance(tree, list)
+                        and len(tree) == 2 else None)
 
     async def _watch_cancel(self, run_id: str, abort: anyio.Event) -> None:
         while not abort.is_set():

@@ -241,22 +241,31 @@ class GitBaseline:
             sha = head.stdout.decode().strip() if head.ok else ""
         return cls(handle, sha or None)
 
-    async def diff(self, path: str) -> str:
-        run = self._h.process.exec
-        cwd = self._h.workdir
-        if self.base:
-            ignored = await run(["git", "check-ignore", "-q", "--", path], cwd=cwd, timeout=60)
-            if ignored.exit_code == 0:
-                return ""  # git-ignored: events fire, diffs are withheld
-            res = await run(["git", "diff", "--no-color", self.base, "--", path], cwd=cwd, timeout=60)
-            if res.ok and res.stdout:
-                return res.stdout.decode("utf-8", "replace")
-            known = await run(["git", "cat-file", "-e", f"{self.base}:{path}"], cwd=cwd, timeout=60)
-            if known.exit_code == 0:
-                return ""  # unchanged against the baseline (or deleted and handled above)
+    async def _git(self, *args: str) -> tuple[int, bytes]:
+        """Run git on the workspace (inside the sandbox); ``(exit code, stdout)``."""
+        res = await self._h.process.exec(["git", *args], cwd=self._h.workdir, timeout=60)
+        return res.exit_code, res.stdout
+
+    async def _read(self, path: str) -> bytes | None:
         if not await self._h.fs.exists(path):
+            return None
+        return await self._h.fs.read(path)
+
+    async def diff(self, path: str) -> str:
+        if self.base:
+            ignored, _ = await self._git("check-ignore", "-q", "--", path)
+            if ignored == 0:
+                return ""  # git-ignored: events fire, diffs are withheld
+            code, out = await self._git("diff", "--no-color", self.base, "--", path)
+            if code == 0 and out:
+                return out.decode("utf-8", "replace")
+            known, _ = await self._git("cat-file", "-e", f"{self.base}:{path}")
+            if known == 0:
+                return ""  # unchanged against the baseline (or deleted and handled above)
+        data = await self._read(path)
+        if data is None:
             return ""
-        return _add_patch(path, await self._h.fs.read(path))
+        return _add_patch(path, data)
 
 
 def _add_patch(path: str, data: bytes) -> str:
