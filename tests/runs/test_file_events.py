@@ -201,3 +201,20 @@ def test_catch_up_brings_the_log_to_the_workspace(baseline_files: set[str],
         assert path in evented, (path, events)
     for path in evented:
         assert path in touched_late
+
+
+async def test_a_watch_that_cannot_start_does_not_stop_the_run(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of inotify instances (128 per user by default): the run goes on without file
+    events from this driver."""
+    import corral.runs.file_feed as ff
+
+    def no_watch(*a: Any, **kw: Any) -> Any:
+        raise OSError(24, "inotify_init1 failed")
+
+    monkeypatch.setattr(ff, "WorkspaceWatcher", no_watch)
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", True, AGENT))
+    result = await runner.drive(rec.run_id)
+    assert result.record.status.value == "completed"
+    assert _file_events(await _events(store, rec.run_id)) == []

@@ -231,15 +231,33 @@ class FileFeed:
                 await self._log(missed)
 
     async def run(self) -> None:
-        """Log events as the watcher sees them, until cancelled."""
+        """Log events as the watcher sees them, until cancelled. A failure stops the feed
+        (logged), never the run: the next driver's catch-up covers what it missed."""
         assert self._watcher is not None, "start() first"
         fd = self._watcher.fileno()
-        while True:
-            await anyio.wait_readable(fd)
+        try:
+            while True:
+                await anyio.wait_readable(fd)
+                async with self._lock:
+                    items = self._fresh(self._watcher.read_now())
+                    if items:
+                        await self._log(items)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("file events stopped: %s", exc)
+            self.close()
+
+    async def flush(self) -> None:
+        """Log every change already made (the agent has exited): called before the run's
+        terminal event."""
+        if self._watcher is None:
+            return
+        try:
             async with self._lock:
                 items = self._fresh(self._watcher.read_now())
                 if items:
                     await self._log(items)
+        except Exception as exc:  # noqa: BLE001 - the run's end matters more
+            log.warning("file events: the last changes could not be logged: %s", exc)
 
     def _fresh(self, items: list[tuple[WatchKind, str]]) -> list[tuple[WatchKind, str]]:
         """Drop what the catch-up logged already: a create of a file it reported, not
@@ -265,19 +283,11 @@ class FileFeed:
             out.append((kind, path))
         return out
 
-    async def flush(self) -> None:
-        """Log every change already made (the agent has exited): called before the run's
-        terminal event."""
-        if self._watcher is None:
-            return
-        async with self._lock:
-            items = self._fresh(self._watcher.read_now())
-            if items:
-                await self._log(items)
 
     def close(self) -> None:
         if self._watcher is not None:
             self._watcher.close()
+            self._watcher = None
 
     async def _log(self, items: Sequence[tuple[WatchKind, str]]) -> None:
         now = time.time()

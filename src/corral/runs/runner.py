@@ -684,8 +684,14 @@ class Runner:
                 tg.start_soon(self._watch_cancel, run_id, abort)
                 await self._serve_tools(tg, record, tools, held.epoch)
                 if feed is not None:
-                    await feed.start(e.event for e in await self.store.snapshot(run_id))
-                    tg.start_soon(feed.run)
+                    try:
+                        await feed.start(e.event for e in await self.store.snapshot(run_id))
+                    except OSError as exc:  # e.g. the host's inotify limits: the run goes on
+                        log.warning("run %s: no file events from this driver: %s", run_id, exc)
+                        feed.close()
+                        feed = None
+                    else:
+                        tg.start_soon(feed.run)
                 result = await pipe_to_run_log(
                     self.store,
                     run_id,
