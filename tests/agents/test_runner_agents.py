@@ -516,3 +516,23 @@ def test_file_events_of_an_agent_run(cli: str, corral: Corral, tmp_path: Path) -
                 if e["type"] == "CUSTOM" and e["name"] == "sandbox.file.diff"]
     assert "-original" in patch and "+edited by the agent" in patch
     assert events[-1]["type"] == "RUN_FINISHED"
+
+
+def test_an_agent_run_reuses_a_thread_sandbox_a_command_made(corral: Corral,
+                                                             tmp_path: Path) -> None:
+    """A thread's sandbox made by a command run (say, a setup step) serves the thread's
+    next agent run: it is created with the agent binds whatever runs first."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text('id = "th"\n[lifecycle]\nreuse = "thread"\n')
+    made = corral.run("run", "--workspace", str(ws), "--thread", "T1", "--", "sh", "-c",
+                      "echo from-the-command > made.txt")
+    assert made.returncode == 0, made.stderr
+    corral.srv.script = lambda req: (
+        Text("saw: " + "\n".join(req.tool_results)) if req.tool_results
+        else ToolCall("cat made.txt"))
+    out = corral.run("run", "--harness", "claude-code", "--workspace", str(ws), "--thread", "T1",
+                     "--run-id", "ag1", "--json", "show me made.txt")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = next(e for e in corral.log("ag1") if e["type"] == "TOOL_CALL_RESULT")
+    assert "from-the-command" in result["content"]

@@ -45,8 +45,8 @@ from corral.harness.installs import (
     AGENTS_MOUNT,
     InstalledAgent,
     agents_root,
+    ensure_mount_source,
     find_installed,
-    mount_source,
 )
 from corral.harness.sessions import (
     SANDBOX_HOME,
@@ -95,7 +95,8 @@ def agent_binds(net_dir: Path | None = None, *, root: Path | None = None
                 ) -> list[tuple[str, str]]:
     """The read-only binds an isolated sandbox needs to run agent CLIs."""
     net = net_dir if net_dir is not None else new_net_dir()
-    return [(str(mount_source(root or agents_root())), AGENTS_MOUNT), (str(net), NET_MOUNT)]
+    return [(str(ensure_mount_source(root or agents_root())), AGENTS_MOUNT),
+            (str(net), NET_MOUNT)]
 
 
 def with_agent_binds(spec: SandboxSpec, *, root: Path | None = None) -> SandboxSpec:

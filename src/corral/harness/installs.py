@@ -162,6 +162,17 @@ def mount_source(root: Path) -> Path:
     return SHARED_ROOT / "agents" / digest
 
 
+def ensure_mount_source(root: Path) -> Path:
+    """:func:`mount_source` for ``root``, created if missing (a sandbox may be made before
+    any agent is installed, and bubblewrap cannot bind a path that does not exist)."""
+    base = mount_source(root)
+    if base != root.resolve():
+        for d in (SHARED_ROOT, SHARED_ROOT / "agents", base):
+            d.mkdir(mode=0o755, exist_ok=True)
+            os.chmod(d, 0o755)
+    return base
+
+
 def _storage_dir(root: Path, name: str, version: str) -> Path:
     """Where the files of ``name@version`` really go (see the module docstring)."""
     base = mount_source(root)

@@ -392,9 +392,12 @@ class Runner:
                 ensured = await sandbox.ensure(
                     sctx,
                     store=self.store,
-                    # agent CLIs need their install and the model proxy's socket directory
+                    # agent CLIs need their install and the model proxy's socket directory;
+                    # a thread's sandbox gets them whatever runs first, since an agent run
+                    # of the thread may come next
                     spec_hook=with_agent_binds
-                    if cli and provider.capabilities.isolated else None,
+                    if provider.capabilities.isolated
+                    and (cli or sandbox.lifecycle.reuse == "thread") else None,
                 )
                 handle = ensured.handle
                 await self.store.update(
