@@ -1,11 +1,14 @@
-"""Command gate cost: what corral's PreToolUse hook adds to each Bash command of an agent
-run under a policy (Claude Code and Codex both run it).
+"""Host tools and the command gate: what a host-tool call costs an agent, and what corral's
+PreToolUse hook adds to each Bash command of an agent run under a policy (Claude Code and
+Codex both run it).
 
 The run's MCP server (``HostToolServer`` with the permission tool) listens on a unix
 socket, reached over a loopback TCP forwarder as in a sandbox; the exact hook command
 corral gives the CLI is run with ``sh -c`` and a PreToolUse input on stdin, as the CLI runs
 it. Reported: wall time per decision (process start of the sandbox's Python, the MCP call,
-the policy evaluation), for an allowed and a denied command, p50 / p90 / max.
+the policy evaluation), for an allowed and a denied command, p50 / p90 / max. And a host
+tool call (``tools/call`` of a Python function, over the same forwarder, from a client that
+keeps no connection: what a CLI's MCP client pays per call at most).
 
 Run:
     PYTHONPATH=src python bench/command_gate.py [--runs 50]
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import tempfile
 import time
@@ -26,12 +30,31 @@ import anyio.abc
 
 from corral.harness.cli_base import CliOptions, bash_gate_command
 from corral.sandbox.policy import Policy
-from corral.tools.core import Toolset
+from corral.tools.core import Toolset, tool
 from corral.tools.mcp_server import HostToolServer
 from corral.tools.permission import PermissionPromptTool
 from corral.tools.projection import TOKEN_ENV
 
 TOKEN = "bench-token-" + "x" * 20
+
+
+@tool
+def lookup(key: str) -> str:
+    """A host tool: read host-only state."""
+    return f"value of {key}"
+
+
+def _call(port: int, body: bytes) -> bytes:
+    head = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json"
+            "\r\nAccept: application/json, text/event-stream\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(head + body)
+        chunks = []
+        while data := conn.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks)
 POLICY = Policy(allow=("echo *", "git *"), deny=("rm *", "c?t *"), default="deny")
 
 
@@ -46,7 +69,7 @@ async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
 
 
 async def main(runs: int) -> None:
-    server = HostToolServer(Toolset([PermissionPromptTool(POLICY, None)]), token=TOKEN)
+    server = HostToolServer(Toolset([PermissionPromptTool(POLICY, None), lookup]), token=TOKEN)
     sock = Path(tempfile.mkdtemp(prefix="corral-gate-")) / "tools.sock"
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
@@ -78,6 +101,17 @@ async def main(runs: int) -> None:
             times.sort()
             print(f"  {label:8s} p50 {statistics.median(times):6.1f} ms   "
                   f"p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms   max {times[-1]:6.1f} ms")
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "lookup", "arguments": {"key": "k"}}}).encode()
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            answer = await anyio.to_thread.run_sync(_call, port, body)
+            times.append((time.perf_counter() - t0) * 1000)
+            assert b"value of k" in answer, answer
+        times.sort()
+        print(f"  host tool call (tools/call, fresh connection) p50 "
+              f"{statistics.median(times):6.1f} ms   p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms")
         # for scale: the sandbox's Python starting and exiting, nothing else
         times = []
         for _ in range(runs):
