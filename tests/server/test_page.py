@@ -62,6 +62,9 @@ def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: 
     assert out["hostileImages"] == 0 and out["pwned"] is False
     # the page starts runs with file events on: the file the agent made is listed, as text
     assert "<img src=y onerror=window.pwned=1>" in out["filesShown"], out["filesShown"]
+    # ... and with diffs, its patch on click, as text (no markup made of it)
+    assert "+<b>bold</b>" in out["diffShown"], out["diffShown"]
+    assert out["diffBold"] == 0
     # Only the API's 401 before the token was given.
     assert [e for e in out["consoleErrors"] if "401" not in e] == []
     for name in ("page-finished.png", "page-cancelled.png"):

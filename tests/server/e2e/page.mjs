@@ -82,6 +82,18 @@ try {
       { timeout: 30000 });
   out.hostileText = await page.$eval("#transcript .msg .text", (n) => n.textContent);
   out.filesShown = await page.$$eval("#files-list li", (lis) => lis.map((li) => li.textContent));
+
+  // With diffs: a file's patch is shown on click, as text.
+  await page.check("#file-diffs");
+  await page.fill("#command", `sh -c 'printf "<b>bold</b>\\n" > page.html'`);
+  await page.click("#start");
+  await page.waitForFunction((prev) => document.querySelector("#run-title").textContent !== prev &&
+      document.querySelector('#events li[data-type="RUN_FINISHED"]') &&
+      document.querySelector('#files-list li[data-path="page.html"]'), out.cancelRunId,
+      { timeout: 30000 });
+  await page.click('#files-list li[data-path="page.html"]');
+  out.diffShown = await page.$eval("#file-diff", (n) => n.textContent);
+  out.diffBold = await page.$$eval("#file-diff b", (bs) => bs.length);
   out.hostileImages = await page.$$eval("#run img", (imgs) => imgs.length);
   out.pwned = await page.evaluate(() => window.pwned === 1);
   out.consoleErrors = consoleErrors;

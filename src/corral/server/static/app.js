@@ -116,7 +116,10 @@ $("#start-form").addEventListener("submit", async (e) => {
     const thread = $("#thread").value.trim() || `thread-${crypto.randomUUID().slice(0, 8)}`;
     const created = await api("/v1/runs", {
       method: "POST",
-      body: JSON.stringify({ thread_id: thread, command, file_events: $("#file-events").checked }),
+      body: JSON.stringify({
+        thread_id: thread, command,
+        file_events: $("#file-diffs").checked ? "diff" : $("#file-events").checked,
+      }),
     });
     await refreshRuns();
     select(created.run_id);
@@ -172,8 +175,10 @@ function select(id) {
 function resetView() {
   for (const sel of ["#transcript", "#errors", "#events", "#files-list"]) $(sel).replaceChildren();
   $("#files").hidden = true;
+  $("#file-diff").hidden = true;
+  $("#file-diff").textContent = "";
   $("#event-count").textContent = "0";
-  return { messages: new Map(), tools: new Map(), files: new Set() };
+  return { messages: new Map(), tools: new Map(), files: new Set(), diffs: new Map() };
 }
 
 function watch(id) {
@@ -264,7 +269,15 @@ function fileChanged(view, path) {
   if (typeof path !== "string" || !path || view.files.has(path)) return;
   view.files.add(path);
   $("#files").hidden = false;
-  $("#files-list").append(el("li", "", path));
+  const item = el("li", "", path);
+  item.dataset.path = path;
+  // A file's latest patch (sandbox.file.diff), shown as text on click.
+  item.addEventListener("click", () => {
+    const diff = view.diffs.get(path);
+    $("#file-diff").textContent = diff === undefined ? `${path}: no patch (start the run with diffs)` : diff || `${path}: no changes against the start`;
+    $("#file-diff").hidden = false;
+  });
+  $("#files-list").append(item);
 }
 
 function filesFromArgs(view, card) {
@@ -317,7 +330,10 @@ function show(offset, event, live) {
       banner("run finished", "good");
       break;
     case "CUSTOM":
-      if (/file/i.test(event.name || "")) {
+      if (event.name === "sandbox.file.diff" && event.value && typeof event.value.path === "string") {
+        view.diffs.set(event.value.path, String(event.value.diff ?? ""));
+        fileChanged(view, event.value.path);
+      } else if (/file/i.test(event.name || "")) {
         const value = event.value || {};
         fileChanged(view, value.path);
         for (const change of value.changes || []) fileChanged(view, change && change.path);
