@@ -30,6 +30,7 @@ import anyio.abc
 
 from corral.harness.cli_base import CliOptions, bash_gate_command
 from corral.sandbox.policy import Policy
+from corral.testkit.loopback import tcp_to_unix
 from corral.tools.core import Toolset, tool
 from corral.tools.mcp_server import HostToolServer
 from corral.tools.permission import PermissionPromptTool
@@ -55,71 +56,58 @@ def _call(port: int, body: bytes) -> bytes:
         while data := conn.recv(65536):
             chunks.append(data)
     return b"".join(chunks)
+
+
 POLICY = Policy(allow=("echo *", "git *"), deny=("rm *", "c?t *"), default="deny")
-
-
-async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
-    try:
-        async for chunk in src:
-            await dst.send(chunk)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
-    finally:
-        await dst.send_eof()
 
 
 async def main(runs: int) -> None:
     server = HostToolServer(Toolset([PermissionPromptTool(POLICY, None), lookup]), token=TOKEN)
     sock = Path(tempfile.mkdtemp(prefix="corral-gate-")) / "tools.sock"
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, sock)
+        async with tcp_to_unix(sock) as port:
+            await _measure(runs, port)
+        tg.cancel_scope.cancel()
 
-    async def forward(client: anyio.abc.SocketStream) -> None:
-        async with client, await anyio.connect_unix(sock) as upstream:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_pipe, client, upstream)
-                tg.start_soon(_pipe, upstream, client)
 
+async def _measure(runs: int, port: int) -> None:
     url = f"http://127.0.0.1:{port}/mcp"
     command = bash_gate_command(CliOptions(mcp_servers={"corral": {"url": url}}))
     env = {**os.environ, TOKEN_ENV: TOKEN}
     print(f"command gate, {runs} decisions each, hook = {len(command)} bytes of shell")
-    async with anyio.create_task_group() as tg:
-        await tg.start(server.serve, sock)
-        tg.start_soon(listener.serve, forward)
-        for label, cmd, want in (("allowed", "git status && echo ok", 0),
-                                 ("denied", "echo hi; cat /etc/passwd", 2)):
-            body = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash",
-                               "tool_input": {"command": cmd}, "tool_use_id": "t"}).encode()
-            times: list[float] = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                res = await anyio.run_process(["sh", "-c", command], input=body, env=env,
-                                              check=False)
-                times.append((time.perf_counter() - t0) * 1000)
-                assert res.returncode == want, res.stderr
-            times.sort()
-            print(f"  {label:8s} p50 {statistics.median(times):6.1f} ms   "
-                  f"p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms   max {times[-1]:6.1f} ms")
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-            "name": "lookup", "arguments": {"key": "k"}}}).encode()
-        times = []
+    for label, cmd, want in (("allowed", "git status && echo ok", 0),
+                             ("denied", "echo hi; cat /etc/passwd", 2)):
+        body = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash",
+                           "tool_input": {"command": cmd}, "tool_use_id": "t"}).encode()
+        times: list[float] = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            answer = await anyio.to_thread.run_sync(_call, port, body)
+            res = await anyio.run_process(["sh", "-c", command], input=body, env=env,
+                                          check=False)
             times.append((time.perf_counter() - t0) * 1000)
-            assert b"value of k" in answer, answer
+            assert res.returncode == want, res.stderr
         times.sort()
-        print(f"  host tool call (tools/call, fresh connection) p50 "
-              f"{statistics.median(times):6.1f} ms   p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms")
-        # for scale: the sandbox's Python starting and exiting, nothing else
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            await anyio.run_process(["/usr/bin/python3", "-I", "-S", "-c", "pass"])
-            times.append((time.perf_counter() - t0) * 1000)
-        print(f"  (python3 -I -S start+exit alone: p50 {statistics.median(times):.1f} ms)")
-        tg.cancel_scope.cancel()
+        print(f"  {label:8s} p50 {statistics.median(times):6.1f} ms   "
+              f"p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms   max {times[-1]:6.1f} ms")
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "lookup", "arguments": {"key": "k"}}}).encode()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        answer = await anyio.to_thread.run_sync(_call, port, body)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert b"value of k" in answer, answer
+    times.sort()
+    print(f"  host tool call (tools/call, fresh connection) p50 "
+          f"{statistics.median(times):6.1f} ms   p90 {times[int(len(times) * 0.9) - 1]:6.1f} ms")
+    # for scale: the sandbox's Python starting and exiting, nothing else
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        await anyio.run_process(["/usr/bin/python3", "-I", "-S", "-c", "pass"])
+        times.append((time.perf_counter() - t0) * 1000)
+    print(f"  (python3 -I -S start+exit alone: p50 {statistics.median(times):.1f} ms)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from corral.harness.codex import CodexHarness
 from corral.harness.command_gate import parse_response
 from corral.harness.cli_base import CliOptions
 from corral.sandbox.policy import Policy
+from corral.testkit.loopback import tcp_to_unix
 from corral.tools.approvals import Approvals, answer_approval, list_pending
 from corral.tools.core import Toolset
 from corral.tools.mcp_server import HostToolServer
@@ -37,16 +38,6 @@ POLICY = Policy(allow=("echo *",), deny=("c?t *",), ask=("touch *",), default="d
 TOKEN = "t" * 32
 
 
-async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
-    try:
-        async for chunk in src:
-            await dst.send(chunk)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
-    finally:
-        await dst.send_eof()
-
-
 @pytest.fixture
 async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
     """The run's MCP server on a unix socket, reached over loopback TCP as in a sandbox."""
@@ -54,19 +45,10 @@ async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
     server = HostToolServer(Toolset([PermissionPromptTool(POLICY, approvals)]), token=TOKEN,
                             run_id="run-1", approvals=approvals)
     sock = tmp_path / "tools.sock"
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-
-    async def forward(client: anyio.abc.SocketStream) -> None:
-        async with client, await anyio.connect_unix(sock) as upstream:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_pipe, client, upstream)
-                tg.start_soon(_pipe, upstream, client)
-
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, sock)
-        tg.start_soon(listener.serve, forward)
-        yield f"http://127.0.0.1:{port}/mcp", approvals
+        async with tcp_to_unix(sock) as port:
+            yield f"http://127.0.0.1:{port}/mcp", approvals
         tg.cancel_scope.cancel()
 
 
