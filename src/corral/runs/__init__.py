@@ -8,6 +8,7 @@ from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.runs.claims import HeldClaim, hold_claim
+    from corral.runs.file_feed import FILE_DIFF_EVENT, FILE_EVENT
     from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
     from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
     from corral.runs.prune import PruneResult, prune_journals
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "HeldClaim": "corral.runs.claims",
     "hold_claim": "corral.runs.claims",
+    "FILE_DIFF_EVENT": "corral.runs.file_feed",
+    "FILE_EVENT": "corral.runs.file_feed",
     "PipeResult": "corral.runs.pipe",
     "ProducerExit": "corral.runs.pipe",
     "pipe_to_run_log": "corral.runs.pipe",
@@ -101,6 +104,8 @@ _EXPORTS: dict[str, str] = {
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
+    "FILE_DIFF_EVENT",
+    "FILE_EVENT",
     "UNSET",
     "Claim",
     "ClaimLost",
