@@ -9,6 +9,7 @@ store).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -536,3 +537,41 @@ def test_an_agent_run_reuses_a_thread_sandbox_a_command_made(corral: Corral,
     assert out.returncode == 0, out.stderr[-3000:]
     result = next(e for e in corral.log("ag1") if e["type"] == "TOOL_CALL_RESULT")
     assert "from-the-command" in result["content"]
+
+
+def test_a_dead_services_daemon_is_restarted_and_keeps_counting(corral: Corral) -> None:
+    """The run's model proxy daemon is SIGKILLed between two model calls: the driver starts
+    another on the same socket, the agent's next call goes through, and the usage (so the
+    budget) counts both calls."""
+    corral.srv.script = lambda req: (
+        Text("done: " + "\n".join(req.tool_results)) if req.tool_results
+        else ToolCall("sleep 3; echo slept"))
+    driver = corral.popen("run", "--harness", "claude-code", "--run-id", "sv1", "--json", "go")
+    usage_file: list[Path] = []
+
+    def first_call_counted() -> bool:
+        try:
+            rec = corral.raw_record("sv1")
+        except (TypeError, sqlite3.OperationalError):  # no store or no record yet
+            return False
+        agent = rec["spec"].get("agent") or {}
+        if "services_pid" not in agent:
+            return False
+        paths = JournalPaths.for_run(rec["journal"]["dir"], "sv1")
+        usage_file[:] = [paths.directory / f"{paths.token}.usage.json"]
+        try:
+            return json.loads(usage_file[0].read_text())["requests"] >= 1
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wait_until(first_call_counted, 60, "the first model call to be metered")
+    first_pid = corral.raw_record("sv1")["spec"]["agent"]["services_pid"]
+    os.kill(first_pid, signal.SIGKILL)
+    out, err = driver.communicate(timeout=180)
+    assert driver.returncode == 0, err[-3000:]
+    rec = corral.raw_record("sv1")
+    assert rec["status"] == "completed"
+    assert rec["spec"]["agent"]["services_pid"] != first_pid
+    assert len(corral.srv.model_requests) == 2
+    assert rec["usage"]["requests"] == 2  # counted across the restart
+    assert "slept" in texts(corral.log("sv1"))

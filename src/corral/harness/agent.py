@@ -184,12 +184,12 @@ class PreparedAgent:
         pending = await self.start_services(paths)
         return await anyio.to_thread.run_sync(lambda: pending.ready(timeout))
 
-    async def start_services(self, paths: JournalPaths) -> PendingServices:
-        """Like :meth:`launch_services` without waiting: launch the agent, then call
-        ``ready()`` on the result (the daemon's ~0.2 s start-up overlaps the CLI's)."""
+    def services_job(self, paths: JournalPaths) -> dict[str, Any]:
+        """The services daemon's job, *without* the upstream key (safe to record: a
+        driver restarting a dead daemon adds the key from its own environment)."""
         up = self.model_proxy.upstream
-        job: dict[str, Any] = {
-            "upstream": {"api": up.api, "base_url": up.base_url, "api_key": up.api_key,
+        return {
+            "upstream": {"api": up.api, "base_url": up.base_url,
                          "allowed_paths": list(up.allowed_paths)
                          if up.allowed_paths is not None else None},
             "budget": self.model_proxy.budget,
@@ -200,6 +200,12 @@ class PreparedAgent:
             "egress_socket": str(self.egress_socket) if self.egress_socket else None,
             "status": str(paths.status),
         }
+
+    async def start_services(self, paths: JournalPaths) -> PendingServices:
+        """Like :meth:`launch_services` without waiting: launch the agent, then call
+        ``ready()`` on the result (the daemon's ~0.2 s start-up overlaps the CLI's)."""
+        job = self.services_job(paths)
+        job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
         paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         return await anyio.to_thread.run_sync(
             lambda: start_services(job, paths.directory, paths.token))

@@ -134,7 +134,7 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     import anyio
 
     from corral.net.egress import EgressProxy
-    from corral.net.model_proxy import ModelProxy, Upstream
+    from corral.net.model_proxy import ModelProxy, Upstream, Usage
 
     up = job["upstream"]
     paths = up.get("allowed_paths")
@@ -142,6 +142,12 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
                                 tuple(paths) if paths is not None else None),
                        budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
                        usage_path=job["usage"])
+    try:  # a restarted daemon goes on counting where its predecessor stopped
+        previous = json.loads(Path(job["usage"]).read_text())
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict):
+        proxy.usage = Usage.from_dict(previous)
     status = Path(job["status"])
     grace = float(job.get("start_grace", 60.0))
     stop = anyio.Event()

@@ -169,6 +169,13 @@ class Usage:
         out["total"] = self.total
         return out
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        """The inverse of :meth:`to_dict` (unknown keys and bad values ignored)."""
+        return cls(**{k: _int(data.get(k)) for k in (
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+            "requests", "refused")})
+
 
 @functools.cache
 def shared_ssl_context() -> ssl.SSLContext:

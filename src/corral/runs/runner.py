@@ -52,7 +52,7 @@ from corral.paths import corral_home
 from corral.providers import get_provider
 from corral.runs.claims import hold_claim
 from corral.runs.journal import JournalError
-from corral.runs.layout import JournalPaths
+from corral.runs.layout import JournalPaths, read_status
 from corral.runs.owner import new_owner_id, owner_is_dead
 from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs.prune import PruneResult
@@ -87,6 +87,7 @@ log = logging.getLogger("corral.runs.runner")
 
 DEFAULT_LEASE_TTL = 10.0
 _POLL = 0.2
+_SERVICES_CHECK = 0.5
 """How often a waiting driver re-reads the record (takeover of a dead local driver and
 noticing a cancel both happen within about this)."""
 
@@ -496,6 +497,8 @@ class Runner:
             "own_net_dir": str(prepared.own_net_dir) if prepared.own_net_dir else None,
             # where a driver serves the host tools (the token is derived, never stored)
             "tools_socket": str(tools_socket) if tools_socket else None,
+            # what a driver needs to restart a dead services daemon (no key in it)
+            "services": prepared.services_job(paths),
         }
         await self.store.update(run_id, RunPatch(spec={**spec, "agent": agent_info}))
         pending = await prepared.start_services(paths)
@@ -685,6 +688,8 @@ class Runner:
             feed = await self._file_feed(record, paths, held.epoch, redactor)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_cancel, run_id, abort)
+                if isinstance(harness, CliHarness):
+                    tg.start_soon(self._keep_services, record, paths, held.epoch)
                 await self._serve_tools(tg, record, tools, held.epoch)
                 if feed is not None:
                     try:
@@ -848,6 +853,50 @@ class Runner:
                         tree=(str(tree[0]), str(tree[1])) if isinstance(tree, list)
                         and len(tree) == 2 else None)
 
+    async def _keep_services(self, record: RunRecord, paths: JournalPaths, epoch: int
+                             ) -> None:
+        """While this driver holds the run: if the run's services daemon (model and egress
+        proxies) dies while the agent runs, start another on the same sockets. The agent's
+        forwarder retries a refused socket for a while, so its model calls go on; the new
+        daemon continues the usage count (and so the budget) from the usage file."""
+        info = (record.spec or {}).get("agent")
+        job = info.get("services") if isinstance(info, Mapping) else None
+        pid = info.get("services_pid") if isinstance(info, Mapping) else None
+        if not isinstance(job, Mapping) or not isinstance(pid, int):
+            return
+        while True:
+            await anyio.sleep(_SERVICES_CHECK)
+            if _is_services_daemon(pid):
+                continue
+            status = read_status(paths.status)
+            if status is None or status.state != "running":
+                return  # the agent is done: the daemon exited as it should
+            try:
+                pid = await self._restart_services(record, paths, job, epoch)
+            except CorralError as exc:
+                log.error("run %s: its services daemon died and could not be restarted: %s",
+                          record.run_id, exc)
+                return
+
+    async def _restart_services(self, record: RunRecord, paths: JournalPaths,
+                                job: Mapping[str, Any], epoch: int) -> int:
+        from corral.net.daemon import start_services
+        from corral.net.model_proxy import Upstream
+
+        up = dict(job["upstream"])
+        key = Upstream.from_env(up["api"]).api_key  # this host's key for the same API
+        full = {**job, "upstream": {**up, "api_key": key}}
+        pending = await anyio.to_thread.run_sync(
+            lambda: start_services(full, paths.directory, paths.token))
+        services = await anyio.to_thread.run_sync(pending.ready)
+        log.warning("run %s: its services daemon had died; restarted it (pid %d)",
+                    record.run_id, services.pid)
+        current = await self._require(record.run_id)
+        spec = dict(current.spec or {})
+        spec["agent"] = {**dict(spec.get("agent") or {}), "services_pid": services.pid}
+        await self.store.update(record.run_id, RunPatch(spec=spec), expect_epoch=epoch)
+        return services.pid
+
     async def _watch_cancel(self, run_id: str, abort: anyio.Event) -> None:
         while not abort.is_set():
             record = await self.store.get(run_id)
@@ -1005,6 +1054,16 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
             await self._finish_sandbox(record, "aborted")
+
+
+def _is_services_daemon(pid: int) -> bool:
+    """``pid`` is alive and still a corral services daemon (not a reused pid)."""
+    if not _process_alive(pid):
+        return False
+    try:
+        return b"corral.net.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _process_alive(pid: int) -> bool:
