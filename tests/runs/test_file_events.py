@@ -218,3 +218,18 @@ async def test_a_watch_that_cannot_start_does_not_stop_the_run(
     result = await runner.drive(rec.run_id)
     assert result.record.status.value == "completed"
     assert _file_events(await _events(store, rec.run_id)) == []
+
+
+async def test_a_patch_never_reads_outside_the_workspace(store: Store, tmp_path: Path) -> None:
+    """The agent writes files in a directory and swaps the directory for a symlink to a
+    host directory while corral computes their patches: no patch carries host bytes."""
+    host_dir = tmp_path / "host-only"
+    host_dir.mkdir()
+    for i in range(40):
+        (host_dir / f"f{i}").write_text("HOST-ONLY-BYTES\n")
+    agent = ("mkdir d; for i in $(seq 0 39); do echo mine > d/f$i; done; "
+             f"sleep 0.05; mv d gone; ln -s {host_dir} d")
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
+    await runner.drive(rec.run_id)
+    assert "HOST-ONLY-BYTES" not in json.dumps(await _events(store, rec.run_id))

@@ -176,11 +176,8 @@ class HostTreeBaseline(GitBaseline):
     async def _git(self, *args: str) -> tuple[int, bytes]:
         return await _host_git(self._git_dir, self._root, *args)
 
-    async def _read(self, path: str) -> bytes | None:
-        full = os.path.join(self._root, path)
-        if os.path.islink(full) or not os.path.isfile(full):
-            return None
-        return await anyio.Path(full).read_bytes()
+    # Reading a new file for its add patch stays with the handle's confined filesystem
+    # (a directory swapped for a symlink must not make corral read a host file).
 
 
 async def _host_git(git_dir: str, root: str, *args: str) -> tuple[int, bytes]:
