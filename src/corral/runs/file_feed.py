@@ -33,7 +33,13 @@ import anyio
 
 from corral.sandbox.contracts import Handle
 from corral.sandbox.redact import Redactor, get_logger
-from corral.sandbox.watch import DEFAULT_IGNORE, GitBaseline, WatchKind, WorkspaceWatcher
+from corral.sandbox.watch import (
+    DEFAULT_IGNORE,
+    GitBaseline,
+    WatchKind,
+    WorkspaceWatcher,
+    resolves_inside,
+)
 
 __all__ = [
     "FILE_DIFF_EVENT",
@@ -61,7 +67,11 @@ def scan_manifest(root: str | os.PathLike[str], ignore: Iterable[str] = DEFAULT_
     skip = frozenset(ignore)
     out: Manifest = {}
     base = Path(root)
+    real_root = os.path.realpath(base)
     for dirpath, dirnames, filenames in os.walk(base):
+        if not resolves_inside(real_root, dirpath):
+            dirnames[:] = []  # swapped for a symlink out of the workspace meanwhile
+            continue
         dirnames[:] = [d for d in dirnames if d not in skip]
         rel = os.path.relpath(dirpath, base)
         for name in filenames:

@@ -31,7 +31,8 @@ from corral.sandbox.contracts import Handle, UnsupportedCapability
 from corral.sandbox.hooks import FileEvent, FileEventKind, Hooks
 from corral.sandbox.redact import get_logger
 
-__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WatchKind", "WorkspaceWatcher", "watch_workspace"]
+__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WatchKind", "WorkspaceWatcher", "resolves_inside",
+           "watch_workspace"]
 
 log = get_logger("corral.sandbox.watch")
 
@@ -76,6 +77,7 @@ class WorkspaceWatcher:
         if fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
         self._fd: int = fd
+        self._real_root = os.path.realpath(self.root)
         self._dirs: dict[int, str] = {}  # watch descriptor -> relative dir ("" = root)
         self._known: set[str] = set()
         self._fresh: set[str] = set()  # created, first close-write is part of the create
@@ -100,6 +102,8 @@ class WorkspaceWatcher:
         while stack:
             rel = stack.pop()
             dirpath = self.root / rel if rel else self.root
+            if rel and not resolves_inside(self._real_root, dirpath):
+                continue  # swapped for a symlink out of the workspace meanwhile
             wd = self._libc.inotify_add_watch(
                 self._fd, os.fsencode(dirpath), _MASK | IN_ONLYDIR | IN_DONT_FOLLOW
             )
@@ -220,6 +224,13 @@ class WorkspaceWatcher:
                 self._listed.discard(path)
                 out.append(("delete", path))
         return out
+
+
+def resolves_inside(real_root: str, path: str | Path) -> bool:
+    """``path`` resolves inside ``real_root`` (the workspace's contents are hostile: a
+    directory may be swapped for a symlink to a host directory at any moment)."""
+    real = os.path.realpath(path)
+    return real == real_root or real.startswith(real_root + os.sep)
 
 
 class GitBaseline:
