@@ -52,6 +52,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _openat2_works: bool | None = None
 
 
+def _regular(fd: int, path: str) -> int:
+    """``fd`` if it is a regular file (then back in blocking mode), else closed and refused."""
+    if not st.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
+    os.set_blocking(fd, True)
+    return fd
+
+
 def _openat2(dirfd: int, path: str, flags: int, mode: int, resolve: int = _RESOLVE_BENEATH) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve | _RESOLVE_NO_MAGICLINKS)
     raw = os.fsencode(path)
@@ -222,11 +231,9 @@ class HostFS:
     def _read_fd(self, path: str) -> int:
         rel = self.to_relative(path)
         with self._rootfd() as rootfd:
-            fd = self._open(rootfd, rel, os.O_RDONLY, path)
-        if not st.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
-        return fd
+            # O_NONBLOCK: opening a named pipe the sandbox planted must not block the host
+            fd = self._open(rootfd, rel, os.O_RDONLY | os.O_NONBLOCK, path)
+        return _regular(fd, path)
 
     def _write_fd(self, path: str, mode: int | None) -> int:
         rel = self.to_relative(path)
@@ -241,7 +248,8 @@ class HostFS:
 
     def _create(self, rel: str, path: str, mode: int | None) -> int:
         with self._parent(rel, path) as (pfd, name):
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK)  # a named pipe planted there must not block the host
             try:
                 fd = os.open(name, flags, 0o644 if mode is None else mode, dir_fd=pfd)
             except OSError as exc:
@@ -250,10 +258,9 @@ class HostFS:
                 # The final component is a symlink: write through it only if its target
                 # exists inside the sandbox (a dangling link could create files elsewhere).
                 with self._rootfd() as rootfd:
-                    fd = self._open(rootfd, rel, os.O_WRONLY | os.O_TRUNC, path)
-        if not st.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
+                    fd = self._open(rootfd, rel, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK,
+                                    path)
+        fd = _regular(fd, path)
         self._chown(fd)
         if mode is not None:
             os.fchmod(fd, mode)

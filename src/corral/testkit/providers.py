@@ -388,6 +388,17 @@ class FilesConformance(_Base):
         with pytest.raises(PathEscapeError):
             await fs.rename("/workspace", "/tmp/ws")
 
+    async def test_fifos_planted_inside_never_block_the_host(self, sandbox: Handle) -> None:
+        """A named pipe the sandbox made is no file to read or write: refused at once
+        (opening it would block the host until the sandbox chose to connect)."""
+        r = await sandbox.process.exec("mkfifo pipe")
+        assert r.ok, r
+        with anyio.fail_after(10):
+            with pytest.raises(OSError):
+                await sandbox.fs.read("pipe")
+            with pytest.raises(OSError):
+                await sandbox.fs.write("pipe", b"x")
+
     async def test_symlinks_planted_inside_cannot_reach_out(self, sandbox: Handle, tmp_path: object) -> None:
         fs = sandbox.fs
         outside = os.path.join(str(tmp_path), "outside.txt")
