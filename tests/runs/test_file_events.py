@@ -4,6 +4,7 @@ diff mode, caught up when nobody watched, never with a secret in them."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from pathlib import Path
@@ -233,3 +234,25 @@ async def test_a_patch_never_reads_outside_the_workspace(store: Store, tmp_path:
     rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
     await runner.drive(rec.run_id)
     assert "HOST-ONLY-BYTES" not in json.dumps(await _events(store, rec.run_id))
+
+
+@pytest.mark.parametrize("drive_late", [False, True], ids=["watched", "caught-up"])
+async def test_hostile_file_names(store: Store, tmp_path: Path, drive_late: bool) -> None:
+    """Names are bytes the agent picks: not UTF-8, or with a newline. They are logged (the
+    exact bytes in ``pathBytes``), once, and never take the driver down."""
+    agent = "touch \"$(printf 'bad\\377name')\" \"$(printf 'two\\nlines')\" plain"
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
+    if drive_late:
+        paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
+        with anyio.fail_after(30):
+            while (status := read_status(paths.status)) is None or status.state != "exited":
+                await anyio.sleep(0.02)
+    result = await runner.drive(rec.run_id)
+    assert result.record.status.value == "completed"
+    values = [e["value"] for e in await _events(store, rec.run_id)
+              if e["type"] == "CUSTOM" and e["name"] == FILE_EVENT]
+    names = sorted(base64.b64decode(v["pathBytes"]) if "pathBytes" in v else v["path"].encode()
+                   for v in values)
+    assert names == sorted([b"bad\xffname", b"two\nlines", b"plain"]), values
+    assert [v["path"] for v in values if "pathBytes" in v] == ["bad\\xffname"]

@@ -21,6 +21,7 @@ event the driver drains every pending change, so the log is complete when it clo
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -118,9 +119,15 @@ def logged_file_state(events: Iterable[Mapping[str, Any]]) -> dict[str, Logged]:
         value = e.get("value")
         if not isinstance(value, Mapping) or not isinstance(value.get("path"), str):
             continue
+        path = value["path"]
+        if isinstance(value.get("pathBytes"), str):  # not UTF-8: back to the walk's form
+            try:
+                path = base64.b64decode(value["pathBytes"]).decode("utf-8", "surrogateescape")
+            except ValueError:
+                continue
         ts = value.get("timestamp")
-        out[value["path"]] = Logged(value.get("type") != "delete",
-                                    float(ts) if isinstance(ts, (int, float)) else 0.0)
+        out[path] = Logged(value.get("type") != "delete",
+                           float(ts) if isinstance(ts, (int, float)) else 0.0)
     return out
 
 
@@ -150,6 +157,24 @@ def catch_up(baseline: Manifest, logged: Mapping[str, Logged], now: Manifest
 
 
 Emit = Callable[[Sequence[dict[str, Any]]], Awaitable[None]]
+
+
+def _text(s: str) -> str:
+    """``s`` as valid UTF-8 text (a patch names its file: bytes of a non-UTF-8 name become
+    ``\\xNN``)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _path_fields(path: str) -> dict[str, str]:
+    """A path as event fields. File names are bytes, and the agent picks them: one that is
+    not UTF-8 is shown with ``\\xNN`` escapes in ``path``, its exact bytes base64 in
+    ``pathBytes``."""
+    raw = path.encode("utf-8", "surrogateescape")
+    try:
+        return {"path": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"path": raw.decode("utf-8", "backslashreplace"),
+                "pathBytes": base64.b64encode(raw).decode()}
 
 
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
@@ -234,8 +259,11 @@ class FileFeed:
         if missed:
             # The watch may have queued some of these too (made between watch and walk).
             self._caught = {path: (kind, walked_at) for kind, path in missed}
-            async with self._lock:
-                await self._log(missed)
+            try:
+                async with self._lock:
+                    await self._log(missed)
+            except Exception as exc:  # noqa: BLE001 - file events never stop a run
+                log.warning("file events: the catch-up could not be logged: %s", exc)
 
     async def run(self) -> None:
         """Log events as the watcher sees them, until cancelled. A failure stops the feed
@@ -300,7 +328,7 @@ class FileFeed:
         now = time.time()
         events: list[dict[str, Any]] = [
             {"type": "CUSTOM", "name": FILE_EVENT,
-             "value": {"type": kind, "path": path, "timestamp": now}}
+             "value": {"type": kind, **_path_fields(path), "timestamp": now}}
             for kind, path in items if kind != "written"]
         if self._diff is not None:
             # One patch per path, taken now: a file created and written in this batch gets
@@ -309,9 +337,9 @@ class FileFeed:
             for kind, path in items:
                 last[path] = kind
             for path, kind in last.items():
-                patch = "" if kind == "delete" else await self._patch(path)
+                patch = "" if kind == "delete" else _text(await self._patch(path))
                 events.append({"type": "CUSTOM", "name": FILE_DIFF_EVENT,
-                               "value": {"path": path, "diff": patch}})
+                               "value": {**_path_fields(path), "diff": patch}})
         if not events:
             return
         if self._redactor is not None:
