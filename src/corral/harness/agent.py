@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from corral.errors import ConfigError, CorralError, PrerequisiteMissing
+from corral.harness import command_gate
 from corral.harness.base import AgentCommand, AgentRequest
 from corral.harness.cli_base import CliHarness
 from corral.harness.installs import (
@@ -77,6 +78,9 @@ __all__ = [
     "prepare_agent",
     "with_agent_binds",
 ]
+
+GATE_SCRIPT = "command_gate.py"
+"""The command gate's script in a run's socket directory (:mod:`corral.harness.command_gate`)."""
 
 NET_MOUNT = "/run/corral"
 """Where a sandbox's socket directory appears inside it (read-only bind)."""
@@ -428,6 +432,12 @@ async def prepare_agent(
             raise ConfigError("agent option 'mcp_servers' must map names to server configs")
         options["mcp_servers"] = {**servers, **projection.mcp_servers}
         request = dataclasses.replace(request, env={**request.env, **projection.env})
+        # The command gate's script, where the sandbox sees it read-only (the CLI's hook
+        # command then names a file instead of carrying the whole script).
+        gate = net_host / GATE_SCRIPT
+        gate.write_bytes(Path(command_gate.__file__).read_bytes())
+        gate.chmod(0o644)
+        options["gate_script"] = f"{sock_dir_inside}/{GATE_SCRIPT}"
     # Forwarders the caller gave keep their place unless they reuse one of our names.
     ours = {f["name"] for f in forward}
     given = options.get("forward") or []

@@ -213,6 +213,10 @@ class ClaudeCodeHarness(CliHarness):
                               "agent with host_tools=True (the Runner does)")
         argv = ["-p", "--output-format", "stream-json", "--verbose",
                 *self.policy_mapping.argv]
+        if self.policy is not None:
+            # Under a policy no settings file is read: a repository's (or the agent's own)
+            # .claude/settings*.json could widen permissions or turn hooks off.
+            argv += ["--setting-sources", ""]
         if ("corral" in opts.mcp_servers and "--allowedTools" in argv
                 and not self.policy_mapping.permission_prompt):
             # Under a policy only listed tools run; host tools have their own gate

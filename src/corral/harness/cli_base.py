@@ -149,7 +149,7 @@ def policy_words(pattern: str) -> list[str] | None:
 
 _OPTION_KEYS = frozenset({
     "model", "resume", "base_url", "api_key", "bin", "forward", "timeout", "egress", "python",
-    "max_retries", "mcp_servers", "extra_args", "env", "argv",
+    "max_retries", "mcp_servers", "extra_args", "env", "argv", "gate_script",
 })  # fmt: skip
 
 
@@ -168,6 +168,8 @@ class CliOptions:
     python: str = "/usr/bin/python3"
     max_retries: int = 2
     mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gate_script: str | None = None
+    """The command gate's script as the sandbox sees it (read-only); ``None``: inlined."""
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -233,6 +235,7 @@ class CliOptions:
             python=opt_str("python") or "/usr/bin/python3",
             max_retries=retries,
             mcp_servers=dict(mcp),
+            gate_script=opt_str("gate_script"),
             extra_args=tuple(extra),
             env=dict(env),
         )
@@ -246,8 +249,14 @@ that times out counts as a non-blocking error and the command would run unchecke
 def bash_gate_command(opts: CliOptions) -> str:
     """The shell command of the command gate hook (:mod:`corral.harness.command_gate`) for
     a run whose corral MCP server is ``opts.mcp_servers["corral"]``: the sandbox's Python
-    runs the gate's source, inlined (base64), so no file the agent could edit is involved."""
+    runs the gate from ``opts.gate_script`` (a read-only file, see
+    :func:`corral.harness.agent.prepare_agent`), else from its source inlined (base64);
+    either way nothing the agent can write is involved."""
     url = opts.mcp_servers["corral"]["url"]
+    if opts.gate_script:
+        # A file in the sandbox's read-only socket directory: a short command (the CLI
+        # quotes it back to the model in every refusal).
+        return f"{shlex.quote(opts.python)} -I -S {shlex.quote(opts.gate_script)} {shlex.quote(url)}"
     source = base64.b64encode(Path(command_gate.__file__).read_bytes()).decode()
     return (f"{shlex.quote(opts.python)} -I -S -c "
             f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
