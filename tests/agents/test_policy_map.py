@@ -18,7 +18,7 @@ from corral.harness.codex import CodexHarness
 from corral.sandbox.policy import Policy
 from corral.testkit.model_server import ModelServer, shell_then_text
 
-from .conftest import run_agent
+from .conftest import run_agent, upstream_for
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,28 @@ def test_harnesses_from_a_run_spec_with_the_real_policy() -> None:
         ClaudeCodeHarness.from_spec({"policy": {"bogus": 1}})
     with pytest.raises(ConfigError):
         ClaudeCodeHarness.from_spec({"policy": {"default": "ask"}})  # Policy's default
+
+
+def test_codex_config_planted_in_the_home_is_removed_before_a_gated_run(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    """The gate runs Codex with --dangerously-bypass-hook-trust, which would run user-level
+    hooks unreviewed: whatever sits at ~/.codex/hooks.json or ~/.codex/config.toml (say,
+    planted by the thread's previous run) is gone before the CLI starts."""
+    from corral.harness.agent import prepare_agent
+    from corral.harness.sessions import SANDBOX_HOME
+
+    harness = CodexHarness(policy=P(deny=("rm *",)), permission_prompt=True)
+
+    async def go() -> tuple[bool, bool, bool]:
+        handle = await sandbox_factory()
+        await handle.fs.write(f"{SANDBOX_HOME}/.codex/hooks.json", b'{"hooks": {}}')
+        await handle.fs.mkdir(f"{SANDBOX_HOME}/.codex/config.toml", parents=True)  # even a dir
+        await handle.fs.write(f"{SANDBOX_HOME}/.codex/sessions/keep.jsonl", b"{}")
+        await prepare_agent(harness, handle, AgentRequest(prompt="hi", options={"model": "gpt-fake"}),
+                            thread_id="t", run_id="r", host_tools=True,
+                            upstream=upstream_for(harness, model_server))
+        return (await handle.fs.exists(f"{SANDBOX_HOME}/.codex/hooks.json"),
+                await handle.fs.exists(f"{SANDBOX_HOME}/.codex/config.toml"),
+                await handle.fs.exists(f"{SANDBOX_HOME}/.codex/sessions/keep.jsonl"))
+
+    assert anyio.run(go) == (False, False, True)

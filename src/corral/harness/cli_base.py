@@ -284,6 +284,9 @@ class CliHarness:
     """Home-relative directories holding the CLI's sessions (saved for resume)."""
     instructions_file: ClassVar[str] = ""
     """Home-relative file the CLI reads global instructions from."""
+    gated_home_files: ClassVar[tuple[str, ...]] = ()
+    """Home-relative files removed before a run under corral's command gate: CLI
+    configuration (hooks above all) something in the sandbox may have planted for it."""
     resume: Literal["offset", "replay"] = "replay"
 
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,

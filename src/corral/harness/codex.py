@@ -85,6 +85,9 @@ class CodexHarness(CliHarness):
     model_api: ClassVar[ModelApi] = "openai"
     session_dirs: ClassVar[tuple[str, ...]] = (".codex/sessions",)
     instructions_file: ClassVar[str] = ".codex/AGENTS.md"
+    # The gate needs --dangerously-bypass-hook-trust, which would also run user-level
+    # hooks unreviewed: corral configures Codex through -c only, so these go.
+    gated_home_files: ClassVar[tuple[str, ...]] = (".codex/hooks.json", ".codex/config.toml")
 
     def default_base_url(self) -> str:
         return "http://127.0.0.1:{corral.port.model}/v1"
