@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -256,3 +257,25 @@ async def test_hostile_file_names(store: Store, tmp_path: Path, drive_late: bool
                    for v in values)
     assert names == sorted([b"bad\xffname", b"two\nlines", b"plain"]), values
     assert [v["path"] for v in values if "pathBytes" in v] == ["bad\\xffname"]
+
+
+def test_watch_events_the_catch_up_already_logged_are_dropped(tmp_path: Path) -> None:
+    """Between the watch starting and the catch-up walk ending, a change can be both queued
+    by the watch and found by the walk: logged once."""
+    from corral.runs.file_feed import FileFeed
+
+    async def noop(events: Any) -> None:
+        pass
+
+    walked = 2_000_000_000_000_000_000
+    for name, mtime in (("seen", walked - 10), ("later", walked + 10)):
+        (tmp_path / name).write_text(name)
+        os.utime(tmp_path / name, ns=(mtime, mtime))
+    feed = FileFeed(None, str(tmp_path), emit=noop, diff=False,  # type: ignore[arg-type]
+                    baseline=None, manifest=None)
+    feed._caught = {"seen": (True, walked), "later": (True, walked), "gone": (False, walked),
+                    "removed": (True, walked)}
+    got = feed._fresh([("create", "seen"), ("change", "seen"), ("create", "later"),
+                       ("delete", "gone"), ("delete", "removed"), ("delete", "removed"),
+                       ("create", "other")])
+    assert got == [("change", "later"), ("delete", "removed"), ("create", "other")]

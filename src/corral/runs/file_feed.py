@@ -244,7 +244,8 @@ class FileFeed:
         self._redactor = redactor
         self._lock = anyio.Lock()
         self._watcher: WorkspaceWatcher | None = None
-        self._caught: dict[str, tuple[Kind, int]] = {}
+        # paths the catch-up reported: (present per the log, when the walk ended)
+        self._caught: dict[str, tuple[bool, int]] = {}
 
     async def start(self, logged: Iterable[Mapping[str, Any]]) -> None:
         """Watch, then log what happened while nobody watched (watch first, so nothing
@@ -258,7 +259,7 @@ class FileFeed:
         missed = catch_up(self._manifest, logged_file_state(logged), now)
         if missed:
             # The watch may have queued some of these too (made between watch and walk).
-            self._caught = {path: (kind, walked_at) for kind, path in missed}
+            self._caught = {path: (kind != "delete", walked_at) for kind, path in missed}
             try:
                 async with self._lock:
                     await self._log(missed)
@@ -295,29 +296,33 @@ class FileFeed:
             log.warning("file events: the last changes could not be logged: %s", exc)
 
     def _fresh(self, items: list[tuple[WatchKind, str]]) -> list[tuple[WatchKind, str]]:
-        """Drop what the catch-up logged already: a create of a file it reported, not
-        modified since its walk, or a delete it reported."""
+        """Drop what the catch-up logged already. For a path it reported: an event about
+        a change the walk saw (the file is no newer than the walk) goes, a delete of a
+        file the log already has as gone goes; a later create of a file the log has as
+        present is a change."""
         if not self._caught:
             return items
         out: list[tuple[WatchKind, str]] = []
         for kind, path in items:
-            caught = self._caught.pop(path, None)
-            if caught is not None:
-                said, walked_at = caught
-                if kind == "delete" and said == "delete":
-                    continue
-                if kind in ("create", "written") and said != "delete":
-                    try:
-                        mtime = os.lstat(os.path.join(self._root, path)).st_mtime_ns
-                    except OSError:
-                        mtime = walked_at + 1
-                    if mtime <= walked_at:
-                        continue
-                    if kind == "create":
-                        kind = "change"  # created before the walk, written after it
-            out.append((kind, path))
+            caught = self._caught.get(path)
+            if caught is None:
+                out.append((kind, path))
+                continue
+            exists, walked_at = caught
+            if kind == "delete":
+                if exists:
+                    out.append((kind, path))
+                    self._caught[path] = (False, walked_at)
+                continue
+            try:
+                mtime = os.lstat(os.path.join(self._root, path)).st_mtime_ns
+            except OSError:
+                mtime = walked_at + 1  # gone again: its delete follows
+            if mtime <= walked_at:
+                continue
+            out.append(("change" if exists and kind == "create" else kind, path))
+            self._caught[path] = (True, walked_at)
         return out
-
 
     def close(self) -> None:
         if self._watcher is not None:
