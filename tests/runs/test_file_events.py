@@ -279,3 +279,21 @@ def test_watch_events_the_catch_up_already_logged_are_dropped(tmp_path: Path) ->
                        ("delete", "gone"), ("delete", "removed"), ("delete", "removed"),
                        ("create", "other")])
     assert got == [("change", "later"), ("delete", "removed"), ("create", "other")]
+
+
+async def test_the_reaper_logs_the_changes_of_a_run_it_finalizes(store: Store,
+                                                                 tmp_path: Path) -> None:
+    """A detached run whose agent finished is finalized by the reaper, which never watched:
+    the changes are still in the log, before the end."""
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", True, AGENT))
+    await runner.detach(rec.run_id)
+    paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
+    with anyio.fail_after(30):
+        while (status := read_status(paths.status)) is None or status.state != "exited":
+            await anyio.sleep(0.02)
+    result, _ = await runner.reap(ttl=3600)
+    assert [e.outcome for e in result.runs] == ["finalized"]
+    events = await _events(store, rec.run_id)
+    assert sorted(_file_events(events)) == sorted(WANT)
+    assert events[-1]["type"] == "RUN_FINISHED"

@@ -66,6 +66,7 @@ def journal_drive(
     store: ReapStore,
     harness_for: Callable[[RunRecord], Harness] | None = None,
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+    files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
 ) -> Drive:
     """A ``drive`` that continues a run from where its log stopped.
 
@@ -74,7 +75,9 @@ def journal_drive(
     one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the
     exit code. ``harness_for`` rebuilds the run's harness (default: from the record's
     ``harness`` and ``spec``, as the Runner does); ``redactor_for`` gives the redactor of the
-    run's secrets, applied to every event before it is logged.
+    run's secrets, applied to every event before it is logged. ``files_for`` gives the
+    run's file events nobody logged yet (:mod:`corral.runs.file_feed`); they go in just
+    before the exit's batch, at the journal offset already logged.
     """
     pick = harness_for or _default_harness
 
@@ -85,17 +88,23 @@ def journal_drive(
         batches = translate_run(pick(record), ctx, paths, nonce=nonce,
                                 after=tail.last_journal_offset)
         redactor = redactor_for(record) if redactor_for is not None else None
+        logged_offset = tail.last_journal_offset or 0
         try:
             async for batch in batches:
                 exit = batch.exit
                 events = [event_to_dict(e) for e in batch.events]
                 if redactor is not None:
                     events = [redactor.redact_obj(e) for e in events]
+                if exit is not None and files_for is not None:
+                    files = await files_for(record)
+                    if files:
+                        yield LogBatch(files, logged_offset)
                 yield LogBatch(
                     events,
                     batch.journal_offset,
                     exit_code=exit.code if exit is not None else None,
                 )
+                logged_offset = batch.journal_offset
                 if exit is not None:
                     return
         finally:
@@ -176,6 +185,7 @@ async def reap_runner_runs(
     logger: logging.Logger | None = None,
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
     before_reclaim: Callable[[RunRecord], Awaitable[None]] | None = None,
+    files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
 ) -> tuple[ReapResult, PruneResult | None]:
     """One sweep over Runner-started runs with the collaborators above, then (when
     ``journals_dir`` is given) one journal prune of that directory. ``before_reclaim`` runs
@@ -192,7 +202,7 @@ async def reap_runner_runs(
     result = await reap_detached_runs(
         store,
         probe=probe_run_exit,
-        drive=journal_drive(store, redactor_for=redactor_for),
+        drive=journal_drive(store, redactor_for=redactor_for, files_for=files_for),
         reclaim=reclaim,
         stop=journal_stop,
         ttl=ttl,

@@ -27,7 +27,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -805,8 +805,36 @@ class Runner:
         finally:
             await batches.aclose()  # type: ignore[attr-defined]
 
+    async def unlogged_file_events(self, record: RunRecord) -> list[dict[str, Any]]:
+        """The file events of a run with ``file_events`` that its log lacks (changes made
+        while nobody watched), for a driver that finishes the run without a watch (the
+        reaper); ``[]`` when there are none or they cannot be had. Never raises."""
+        paths = self._paths(record)
+        if paths is None:
+            return []
+        got: list[dict[str, Any]] = []
+
+        async def collect(events: Sequence[dict[str, Any]]) -> None:
+            got.extend(events)
+
+        try:
+            feed = await self._file_feed(record, paths, 0, self.redactor_for(record),
+                                         emit=collect)
+            if feed is None:
+                return []
+            try:
+                await feed.start(e.event for e in await self.store.snapshot(record.run_id))
+            finally:
+                feed.close()
+        except Exception as exc:  # noqa: BLE001 - file events never stop a run's end
+            log.warning("run %s: no catch-up of file events: %s", record.run_id, exc)
+            return []
+        return got
+
     async def _file_feed(self, record: RunRecord, paths: JournalPaths, epoch: int,
-                         redactor: Redactor | None) -> FileFeed | None:
+                         redactor: Redactor | None, *,
+                         emit: Callable[[Sequence[dict[str, Any]]], Awaitable[None]] | None
+                         = None) -> FileFeed | None:
         """The run's file feed when its sandbox definition asked for file events."""
         from corral.runs.file_feed import FileFeed, load_manifest
 
@@ -834,7 +862,7 @@ class Runner:
                         "here", run_id, sorted(missing))
             return None
 
-        async def emit(events: Sequence[dict[str, Any]]) -> None:
+        async def append(events: Sequence[dict[str, Any]]) -> None:
             # At the highest journal offset logged (the store keeps the maximum): a
             # successor resumes the journal after it and never repeats these.
             try:
@@ -846,7 +874,7 @@ class Runner:
 
         baseline = files.get("baseline")
         tree = files.get("tree")
-        return FileFeed(handle, host_path(handle.workdir), emit=emit,
+        return FileFeed(handle, host_path(handle.workdir), emit=emit or append,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
                         manifest=load_manifest(paths.files), redactor=redactor,
@@ -980,6 +1008,7 @@ class Runner:
             journals_dir=str(journals) if journals.is_dir() else None,
             redactor_for=self.redactor_for,
             before_reclaim=self._finish_agent_quietly,
+            files_for=self.unlogged_file_events,
         )
         # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
         try:
