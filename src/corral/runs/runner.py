@@ -87,9 +87,10 @@ log = logging.getLogger("corral.runs.runner")
 
 DEFAULT_LEASE_TTL = 10.0
 _POLL = 0.2
-_SERVICES_CHECK = 0.5
 """How often a waiting driver re-reads the record (takeover of a dead local driver and
 noticing a cancel both happen within about this)."""
+_SERVICES_CHECK = 0.5
+"""How often a driver checks that its run's services daemon is alive."""
 
 
 class RunStartError(CorralError):
