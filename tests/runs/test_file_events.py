@@ -297,3 +297,30 @@ async def test_the_reaper_logs_the_changes_of_a_run_it_finalizes(store: Store,
     events = await _events(store, rec.run_id)
     assert sorted(_file_events(events)) == sorted(WANT)
     assert events[-1]["type"] == "RUN_FINISHED"
+
+
+async def test_patches_are_bounded(store: Store, tmp_path: Path) -> None:
+    """A huge file gets no patch, and a burst of files (an install) gets patches for the
+    first MAX_PATCHES only: the events still name every file, and the run's end is not held
+    up computing thousands of diffs."""
+    from corral.runs.file_feed import MAX_PATCHES
+
+    n = MAX_PATCHES + 50
+    agent = (f"head -c 3000000 /dev/zero | tr '\\0' a > big.txt; mkdir many; "
+             f"for i in $(seq 1 {n}); do echo $i > many/f$i; done")
+    runner = Runner(store, journals_dir=tmp_path / "journals")
+    rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
+    paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
+    with anyio.fail_after(60):  # all of it caught up at once by the driver below
+        while (status := read_status(paths.status)) is None or status.state != "exited":
+            await anyio.sleep(0.02)
+    await runner.drive(rec.run_id)
+    events = await _events(store, rec.run_id)
+    assert len([p for _, p in _file_events(events) if p.startswith("many/")]) == n
+    diffs = {e["value"]["path"]: e["value"] for e in events
+             if e["type"] == "CUSTOM" and e["name"] == FILE_DIFF_EVENT}
+    assert diffs["big.txt"]["diff"] == "" and "3000000 bytes" in diffs["big.txt"]["omitted"]
+    many = [v for p, v in diffs.items() if p.startswith("many/")]
+    assert len(many) == n
+    assert len([v for v in many if v.get("omitted") == "too many changes at once"]) >= n - MAX_PATCHES
+    assert all("+" in v["diff"] for v in many if "omitted" not in v)

@@ -57,6 +57,13 @@ log = get_logger("corral.runs.file_feed")
 FILE_EVENT = "sandbox.file"
 FILE_DIFF_EVENT = "sandbox.file.diff"
 
+MAX_PATCHES = 200
+"""Patches made per batch of changes; the rest get ``omitted`` (their events still come)."""
+MAX_PATCH_SOURCE = 1 << 20
+"""Files larger than this (bytes) get no patch."""
+MAX_PATCH = 256 * 1024
+"""Patches are cut at this many characters."""
+
 Kind = Literal["create", "change", "delete"]
 Manifest = dict[str, tuple[int, int]]
 """Relative path -> (mtime in ns, size) of every regular file or symlink."""
@@ -341,20 +348,38 @@ class FileFeed:
             last: dict[str, WatchKind] = {}
             for kind, path in items:
                 last[path] = kind
-            for path, kind in last.items():
-                patch = "" if kind == "delete" else _text(await self._patch(path))
-                events.append({"type": "CUSTOM", "name": FILE_DIFF_EVENT,
-                               "value": {**_path_fields(path), "diff": patch}})
+            for n, (path, kind) in enumerate(last.items()):
+                value: dict[str, Any] = _path_fields(path)
+                if kind == "delete":
+                    value["diff"] = ""
+                elif n >= MAX_PATCHES:
+                    # thousands of files at once (an install, a build): the events say
+                    # what changed; patches for all would hold the run's end for minutes
+                    value.update(diff="", omitted="too many changes at once")
+                else:
+                    value.update(await self._patch(path))
+                events.append({"type": "CUSTOM", "name": FILE_DIFF_EVENT, "value": value})
         if not events:
             return
         if self._redactor is not None:
             events = [self._redactor.redact_obj(e) for e in events]
         await self._emit(events)
 
-    async def _patch(self, path: str) -> str:
+    async def _patch(self, path: str) -> dict[str, Any]:
+        """``{"diff": ...}`` for ``path``, with ``omitted`` saying why when there is none:
+        patches are bounded (a file of any size may be written)."""
         assert self._diff is not None
         try:
-            return await self._diff.diff(path)
+            size = os.lstat(os.path.join(self._root, path)).st_size
+        except OSError:
+            size = 0
+        if size > MAX_PATCH_SOURCE:
+            return {"diff": "", "omitted": f"file of {size} bytes, over {MAX_PATCH_SOURCE}"}
+        try:
+            patch = _text(await self._diff.diff(path))
         except Exception as exc:  # noqa: BLE001 - a diff is extra; the event stands
             log.warning("no diff for %s: %s", path, exc)
-            return ""
+            return {"diff": "", "omitted": "the patch could not be made"}
+        if len(patch) > MAX_PATCH:
+            return {"diff": patch[:MAX_PATCH], "omitted": f"patch cut at {MAX_PATCH} characters"}
+        return {"diff": patch}
