@@ -7,6 +7,7 @@ need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v git >/dev/null || need_apt+=(git)
 command -v curl >/dev/null || need_apt+=(curl)     # agents' tool calls inside sandboxes
+[ -x /usr/bin/python3 ] || need_apt+=(python3)     # agent runs: the in-sandbox entry and command gate
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v perl >/dev/null || need_apt+=(perl-base)
