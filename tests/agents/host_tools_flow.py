@@ -22,6 +22,21 @@ async def logged(store: Store, run_id: str) -> list[dict[str, Any]]:
     return [dict(e.event) for e in await store.snapshot(run_id)]
 
 
+async def approval_request(store: Store, run_id: str, done: list[Any]) -> dict[str, Any]:
+    """The run's approval request event, once the viewer sees it in the log (polled; fails
+    if the run ends first, ``done`` being filled by its driver)."""
+    with anyio.fail_after(DEADLINE):
+        while True:
+            events = await logged(store, run_id)
+            found = next((e for e in events if e["type"] == "CUSTOM"
+                          and e["name"] == APPROVAL_REQUEST_EVENT), None)
+            if found is not None:
+                return found
+            if done:
+                raise AssertionError(f"the run ended without an approval request: {events[-3:]}")
+            await anyio.sleep(0.05)
+
+
 def tool_names(events: list[dict[str, Any]]) -> list[str]:
     return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
@@ -53,16 +68,7 @@ def run_approval_flow(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive)
-                with anyio.fail_after(DEADLINE):
-                    pending: dict[str, Any] | None = None
-                    while pending is None:  # the viewer sees the request while it waits
-                        pending = next((e for e in await logged(store, run_id)
-                                        if e["type"] == "CUSTOM"
-                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
-                        if done:
-                            raise AssertionError("the run ended without an approval request: "
-                                                 f"{(await logged(store, run_id))[-3:]}")
-                        await anyio.sleep(0.05)
+                pending = await approval_request(store, run_id, done)
                 assert flags == []  # held until answered
                 value = pending["value"]
                 assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}

@@ -23,9 +23,9 @@ from corral.sandbox.policy import Policy
 from corral.sandbox.sources import LocalDir
 from corral.sandbox.workspace import Workspace
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
-from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools.approvals import APPROVAL_RESOLVED_EVENT
 
-from .host_tools_flow import DEADLINE, logged
+from .host_tools_flow import approval_request, logged
 from .conftest import REAL_KEY
 from .test_host_tools import _store, host_env  # noqa: F401
 
@@ -72,17 +72,7 @@ def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Pa
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive)
-                with anyio.fail_after(DEADLINE):
-                    request: dict[str, Any] | None = None
-                    while request is None:
-                        request = next((e for e in await logged(store, run_id)
-                                        if e["type"] == "CUSTOM"
-                                        and e["name"] == APPROVAL_REQUEST_EVENT), None)
-                        if done:
-                            raise AssertionError("the run ended without an approval request: "
-                                                 f"{(await logged(store, run_id))[-3:]}")
-                        await anyio.sleep(0.05)
-                value = request["value"]
+                value = (await approval_request(store, run_id, done))["value"]
                 approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
                     [*corral_cmd, "approve", run_id, value["approvalId"], "--allow"],
                     env=cli_env, capture_output=True, text=True, timeout=60, check=False))
