@@ -27,8 +27,8 @@ import anyio.abc
 import httpx
 
 from corral.errors import ConfigError
-from corral.net.http11 import Request, Response, serve_listener, text_response
-from corral.net.model_proxy import HOP_BY_HOP, bind_unix_listener, shared_ssl_context
+from corral.net.http11 import Request, Response, serve_unix, text_response
+from corral.net.model_proxy import HOP_BY_HOP, shared_ssl_context
 
 __all__ = ["AllowRule", "EgressProxy", "parse_allowlist"]
 
@@ -136,15 +136,10 @@ class EgressProxy:
                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                     ) -> None:
         """Serve on a unix socket until cancelled (``task_status.started()`` once bound)."""
-        listener = await bind_unix_listener(socket_path)
         try:
-            task_status.started()
-            await serve_listener(listener, self.handle)
+            await serve_unix(socket_path, self.handle, task_status=task_status)
         finally:
             with anyio.CancelScope(shield=True):
-                await listener.aclose()
-                with contextlib.suppress(OSError):
-                    os.unlink(socket_path)
                 if self._client is not None:
                     await self._client.aclose()
                     self._client = None

@@ -13,6 +13,8 @@ request and a 413 for a body that is too large. Every connection is one task.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +22,10 @@ import anyio
 import anyio.abc
 import h11
 
-__all__ = ["Handler", "Request", "Response", "serve_connection", "serve_listener"]
+from corral.errors import ConfigError
+
+__all__ = ["Handler", "Request", "Response", "bind_unix_listener", "serve_connection",
+           "serve_listener", "serve_unix"]
 
 MAX_BODY = 64 << 20
 MAX_HEAD = 64 << 10
@@ -177,3 +182,34 @@ async def serve_listener(listener: anyio.abc.Listener[anyio.abc.SocketStream], h
         await serve_connection(stream, handler, max_body=max_body)
 
     await listener.serve(one)
+
+
+async def bind_unix_listener(socket_path: str | os.PathLike[str]
+                             ) -> anyio.abc.Listener[anyio.abc.SocketStream]:
+    """Bind a unix socket any local uid can connect to (the sandbox runs as another uid;
+    the directory it sits in decides who can reach it). A stale socket is replaced; any
+    other file at the path is an error."""
+    path = os.fspath(socket_path)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ConfigError(f"{path} exists and is not a socket; remove it")
+        os.unlink(path)
+    listener = await anyio.create_unix_listener(path, mode=0o666)
+    return listener
+
+
+async def serve_unix(socket_path: str | os.PathLike[str], handler: Handler, *,
+                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+                     max_body: int = MAX_BODY) -> None:
+    """Serve ``handler`` on a unix socket until cancelled (``task_status.started()`` once
+    bound); the socket file goes when it stops."""
+    listener = await bind_unix_listener(socket_path)
+    try:
+        task_status.started()
+        await serve_listener(listener, handler, max_body=max_body)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await listener.aclose()
+            with contextlib.suppress(OSError):
+                os.unlink(socket_path)

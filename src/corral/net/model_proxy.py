@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import ssl
-import stat
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +34,7 @@ import certifi
 import httpx
 
 from corral.errors import ConfigError, PrerequisiteMissing
-from corral.net.http11 import Request, Response, serve_listener
+from corral.net.http11 import Request, Response, serve_unix
 
 __all__ = [
     "PLACEHOLDER_KEY",
@@ -45,7 +44,6 @@ __all__ = [
     "Upstream",
     "Usage",
     "UsageMeter",
-    "bind_unix_listener",
     "shared_ssl_context",
 ]
 
@@ -333,16 +331,11 @@ class ModelProxy:
                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                     ) -> None:
         """Serve on a unix socket until cancelled (``task_status.started()`` once bound)."""
-        listener = await bind_unix_listener(socket_path)
+        self._http()  # now, not on the agent's first request
         try:
-            self._http()  # now, not on the agent's first request
-            task_status.started()
-            await serve_listener(listener, self.handle)
+            await serve_unix(socket_path, self.handle, task_status=task_status)
         finally:
             with anyio.CancelScope(shield=True):
-                await listener.aclose()
-                with contextlib.suppress(OSError):
-                    os.unlink(socket_path)
                 await self.aclose()
 
     # ---------------------------------------------------------------- requests
@@ -440,18 +433,3 @@ class ModelProxy:
                 await resp.aclose()
             self.usage.add(meter.finish())
             self._save_usage()
-
-
-async def bind_unix_listener(socket_path: str | os.PathLike[str]
-                             ) -> anyio.abc.Listener[anyio.abc.SocketStream]:
-    """Bind a unix socket any local uid can connect to (the sandbox runs as another uid;
-    the directory it sits in decides who can reach it). A stale socket is replaced; any
-    other file at the path is an error."""
-    path = os.fspath(socket_path)
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if not stat.S_ISSOCK(st.st_mode):
-            raise ConfigError(f"{path} exists and is not a socket; remove it")
-        os.unlink(path)
-    listener = await anyio.create_unix_listener(path, mode=0o666)
-    return listener
