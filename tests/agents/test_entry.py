@@ -117,16 +117,21 @@ def test_forwarder_pipes_tcp_to_the_unix_socket_and_ports_are_substituted(
 
 def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
     path = f"/tmp/clate-{os.getpid()}.sock"
+    marker = tmp_path / "connected"
     client = (
-        "import socket, sys\n"
+        "import pathlib, socket, sys\n"
         "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+        "pathlib.Path(sys.argv[2]).touch()\n"
         "s.sendall(b'late\\n'); print(s.recv(100).decode(), end='')\n"
     )
-    proc = subprocess.Popen(entry_argv(PY, [PY, "-c", client, "{corral.port.m}"],
+    proc = subprocess.Popen(entry_argv(PY, [PY, "-c", client, "{corral.port.m}", str(marker)],
                                        forward=[{"name": "m", "port": 0, "unix": path}],
                                        timeout=20),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.5)  # the service comes up after the agent already connected
+    deadline = time.monotonic() + 10  # the agent connected before the service exists
+    while not marker.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the client never connected"
+        time.sleep(0.01)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from corral.testkit.plugin import require
 from corral.providers import cgroups
 from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
 from corral.sandbox.contracts import ResourceLimits, SandboxSpec
@@ -151,10 +152,9 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
     assert cgroups.members(sandbox.state.cgroups) == set()
 
 
-async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider) -> None:
-    ok, why = cgroups.available()
-    if not ok:
-        pytest.skip(f"needs cgroups: {why}")
+async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider,
+                                                     request: pytest.FixtureRequest) -> None:
+    need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=40)))
     try:
         # Bounded: at most 200 attempts, each a sleeper that would live 30 s (they are
@@ -179,10 +179,9 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         await provider.destroy(h.ref)
 
 
-async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvider) -> None:
-    ok, why = cgroups.available()
-    if not ok:
-        pytest.skip(f"needs cgroups: {why}")
+async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvider,
+                                                    request: pytest.FixtureRequest) -> None:
+    need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(memory_bytes=64 << 20)))
     try:
         r = await h.process.exec(["python3", "-c", "x = b'\\x01' * (400 << 20); print('survived')"],
@@ -196,10 +195,9 @@ async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvide
         await provider.destroy(h.ref)
 
 
-async def test_cpu_limit_throttles(provider: BubblewrapProvider) -> None:
-    ok, why = cgroups.available()
-    if not ok:
-        pytest.skip(f"needs cgroups: {why}")
+async def test_cpu_limit_throttles(provider: BubblewrapProvider,
+                                  request: pytest.FixtureRequest) -> None:
+    need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(cpus=0.2)))
     try:
         cpu_dir = next(d for d in h.state.cgroups if "/cpu/" in d)
@@ -272,3 +270,9 @@ async def test_prune_orphans_after_corral_home_is_deleted(
         assert (await keep.process.exec(["true"])).ok
     finally:
         await provider.destroy(keep.ref)
+
+
+def need_cgroups(request: pytest.FixtureRequest) -> None:
+    ok, why = cgroups.available()
+    require(request.config, ok, f"cgroups ({why})",
+            "run where a cgroup v1 memory/pids/cpu hierarchy is writable")

@@ -323,4 +323,6 @@ async def test_patches_are_bounded(store: Store, tmp_path: Path) -> None:
     many = [v for p, v in diffs.items() if p.startswith("many/")]
     assert len(many) == n
     assert len([v for v in many if v.get("omitted") == "too many changes at once"]) >= n - MAX_PATCHES
-    assert all("+" in v["diff"] for v in many if "omitted" not in v)
+    patched = [v for v in many if "omitted" not in v]
+    assert MAX_PATCHES - 2 <= len(patched) <= MAX_PATCHES  # big.txt may take a slot
+    assert all("+" in v["diff"] for v in patched)

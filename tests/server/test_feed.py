@@ -100,7 +100,9 @@ def test_two_hundred_viewers_share_one_tail(tmp_path: Path) -> None:
 
                 for slot in got:
                     tg.start_soon(view, slot)
-                await anyio.sleep(0.05)
+                with anyio.fail_after(10):  # every viewer attached before the events come
+                    while "r" not in hub.feeds or hub.feeds["r"].viewers < len(got):
+                        await anyio.sleep(0.01)
                 for i in range(50):
                     await store.append("r", [({"type": "CUSTOM", "value": i}, i)],
                                        epoch=claim.epoch)

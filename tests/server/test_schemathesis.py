@@ -25,11 +25,13 @@ EXAMPLES = 25
 
 
 @pytest.fixture(scope="module")
-def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def api_server(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    from corral.testkit.plugin import require
     from tests.conftest import bwrap_works
 
-    if not bwrap_works():
-        pytest.skip("bubblewrap with user namespaces is needed to start runs")
+    require(request.config, bwrap_works(), "bubblewrap with user namespaces (runs start)",
+            "apt-get install bubblewrap and allow unprivileged user namespaces")
     path = Path(tmp_path_factory.mktemp("schemathesis")) / "home"
     path.mkdir()
     with Home(path).server(token=TOKEN) as server:

@@ -87,7 +87,10 @@ def test_sigterm_detaches_the_servers_runs_for_others(home: Home) -> None:
         run_id = a.start(ticker(60, 0.05), run_id="handover")["run_id"]
         first, _ = read_stream(a, run_id, limit=6)
         a.stop(signal.SIGTERM, timeout=15)
-        assert a.proc.returncode is not None
+        # A clean stop (uvicorn re-raises the SIGTERM it handled), not stop()'s SIGKILL
+        # fallback after a hang.
+        assert a.proc.returncode in (0, -signal.SIGTERM), "".join(a.log)
+        assert "Application shutdown complete" in "".join(a.log)
         record = home.raw(run_id)
         assert record["status"] == "running"
         assert record.get("claim_owner") is None and record.get("detached_since") is not None

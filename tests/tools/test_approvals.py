@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,17 +31,9 @@ pytestmark = pytest.mark.anyio
 
 ran: list[dict[str, Any]] = []
 
-# `corral` with the approve command registered even before the lead adds
-# "corral.cli.approve_cmd" to COMMAND_MODULES (main's own parsing and error mapping).
-_CLI = ("import sys; from corral.cli import main as m; "
-        "n = 'corral.cli.approve_cmd'; "
-        "m.COMMAND_MODULES = m.COMMAND_MODULES + ((n,) if n not in m.COMMAND_MODULES else ()); "
-        "sys.exit(m.main())")
-
-
 @pytest.fixture
-def approve_cmd() -> list[str]:
-    return [sys.executable, "-c", _CLI, "approve"]
+def approve_cmd(corral_cmd: list[str]) -> list[str]:
+    return [*corral_cmd, "approve"]
 
 
 @tool(approval=True)

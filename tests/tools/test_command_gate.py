@@ -164,6 +164,7 @@ async def test_fails_closed_on_garbage_input(gate_url: tuple[str, Approvals]) ->
     res = await anyio.run_process(["sh", "-c", _hook_command(gate_url[0])], input=b"{not json",
                                   env=env, check=False)
     assert res.returncode == 2
+    assert b"could not check this command" in res.stderr and b"JSONDecodeError" in res.stderr
 
 
 async def test_other_tools_pass_through(gate_url: tuple[str, Approvals]) -> None:

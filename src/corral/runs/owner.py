@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.runs.records import RunRecord
 
 
 @cache
@@ -73,3 +78,11 @@ def owner_is_dead(owner: str | None) -> bool:
     if parsed is None or parsed.boot != boot_id() or parsed.boot == "unknown":
         return False
     return _start_ticks(parsed.pid) != parsed.start
+
+
+def driver_gone(record: RunRecord, now: float | None = None) -> bool:
+    """True when nobody holds a live lease on the run, or its holder provably died here."""
+    at = time.time() if now is None else now
+    if not record.lease_live(at):
+        return True
+    return owner_is_dead(record.claim_owner)

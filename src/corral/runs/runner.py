@@ -53,7 +53,7 @@ from corral.providers import get_provider
 from corral.runs.claims import hold_claim
 from corral.runs.journal import JournalError
 from corral.runs.layout import JournalPaths, read_status
-from corral.runs.owner import new_owner_id, owner_is_dead
+from corral.runs.owner import driver_gone, new_owner_id, owner_is_dead
 from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs.prune import PruneResult
 from corral.runs.reap import ReapResult
@@ -616,7 +616,7 @@ class Runner:
                 self._run_tools.pop(run_id, None)
                 self._run_secrets.pop(run_id, None)
                 return DriveResult(record)
-            held_elsewhere = _lease_live(record) and not owner_is_dead(record.claim_owner)
+            held_elsewhere = not driver_gone(record)
             if stop is not None and stop.is_set():
                 if held_elsewhere:
                     # Only a viewer here (another driver holds the run): nothing to stamp.
@@ -1117,10 +1117,6 @@ def _stop_pending(pending: PendingServices) -> None:
 async def _never_launched() -> AsyncIterator[Produced]:
     raise RunStartError("the run's starter stopped before it launched the agent")
     yield  # pragma: no cover
-
-
-def _lease_live(record: RunRecord) -> bool:
-    return record.claim_owner is not None and (record.claim_expires_at or 0) > time.time()
 
 
 async def _wait(stop: anyio.Event | None, seconds: float) -> None:

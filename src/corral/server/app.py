@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
@@ -183,25 +183,19 @@ def create_app(service: RunService) -> Any:
     async def on_api(_: Request, exc: ApiError) -> JSONResponse:
         return _error(exc.status, exc.code, exc.message)
 
-    @app.exception_handler(UnknownRun)
-    async def on_unknown(_: Request, exc: UnknownRun) -> JSONResponse:
-        return _error(404, "run_not_found", str(exc))
+    def mapped(status: int, code: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+        async def handle(_: Request, exc: Exception) -> JSONResponse:
+            return _error(status, code, str(exc))
 
-    @app.exception_handler(RunExists)
-    async def on_exists(_: Request, exc: RunExists) -> JSONResponse:
-        return _error(409, "run_exists", str(exc))
+        return handle
 
-    @app.exception_handler(TooManyRuns)
-    async def on_busy(_: Request, exc: TooManyRuns) -> JSONResponse:
-        return _error(429, "too_many_runs", str(exc))
-
-    @app.exception_handler(RunStartError)
-    async def on_start_failed(_: Request, exc: RunStartError) -> JSONResponse:
-        return _error(500, "run_start_failed", str(exc))
-
-    @app.exception_handler(ConfigError)
-    async def on_config(_: Request, exc: ConfigError) -> JSONResponse:
-        return _error(400, "invalid_request", str(exc))
+    # Starlette picks a handler by the exception's class, most specific first.
+    for exc_type, (status, code) in {
+        UnknownRun: (404, "run_not_found"), RunExists: (409, "run_exists"),
+        TooManyRuns: (429, "too_many_runs"), RunStartError: (500, "run_start_failed"),
+        ConfigError: (400, "invalid_request"),
+    }.items():
+        app.add_exception_handler(exc_type, mapped(status, code))
 
     @app.exception_handler(CorralError)
     async def on_corral(_: Request, exc: CorralError) -> JSONResponse:
@@ -343,10 +337,7 @@ def create_app(service: RunService) -> Any:
                 raise ApiError(400, "invalid_last_event_id",
                                f"Last-Event-ID must be a log offset (a whole number), got {raw!r}")
             position = int(raw)  # the browser's resume point wins over the URL's
-        store = service.store
-        if await store.get(run_id) is None:
-            raise UnknownRun(run_id)
-        tail = await store.tail(run_id)
+        tail = await service.store.tail(run_id)  # raises UnknownRun for a run it lacks
         if tail.closed and position >= tail.last_offset:
             return Response(status_code=204)
         return _Asgi(EventStream(service, run_id, position))

@@ -31,7 +31,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from corral.errors import CorralError
-from corral.runs.owner import owner_is_dead
+from corral.runs.owner import driver_gone
 from corral.runs.records import RunPatch, RunRecord
 from corral.runs.runner import Runner, RunRequest
 from corral.runs.store import LoggedEvent, Store
@@ -47,14 +47,6 @@ SHUTDOWN_GRACE: Final = 10.0
 
 class TooManyRuns(CorralError):
     """The server already drives as many runs as it is configured to."""
-
-
-def driver_gone(record: RunRecord, now: float | None = None) -> bool:
-    """True when nobody holds a live lease on the run, or its holder provably died here."""
-    at = time.time() if now is None else now
-    if not record.lease_live(at):
-        return True
-    return owner_is_dead(record.claim_owner)
 
 
 class RunService:
