@@ -4,12 +4,31 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from corral.runs.store import Store
+from corral.stores import open_store
+
 SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Each backend in turn (a directory's conftest may give its own ``store``)."""
+    url = "memory://" if request.param == "memory" else f"sqlite://{tmp_path / 'corral.db'}"
+    s = await open_store(url)
+    try:
+        yield s
+    finally:
+        await s.aclose()
 
 
 @pytest.fixture

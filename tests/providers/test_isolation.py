@@ -26,11 +26,6 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def provider(corral_home: Path, need_bwrap: None) -> BubblewrapProvider:
     return BubblewrapProvider()
 

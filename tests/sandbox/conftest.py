@@ -16,11 +16,6 @@ from corral.stores import open_store
 from corral.testkit.plugin import require
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Repo:
     url: str

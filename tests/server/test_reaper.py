@@ -64,11 +64,6 @@ def test_a_run_nobody_drives_is_finalized_by_the_servers_reaper(home: Home) -> N
         assert "done" in "".join(e.get("delta", "") for _, e in got)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_one_sweep_at_a_time(tmp_path: Path, need_bwrap_runs: None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
