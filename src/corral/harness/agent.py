@@ -55,7 +55,7 @@ from corral.harness.sessions import (
     restore_session,
     save_session,
 )
-from corral.net.daemon import PendingServices, ServicesProcess, start_services
+from corral.net.daemon import PendingServices, start_services
 from corral.net.egress import EgressProxy
 from corral.net.model_proxy import ModelProxy, Upstream, Usage
 from corral.paths import net_root
@@ -152,9 +152,10 @@ class PreparedAgent:
 
     def host_command(self) -> HostCommand:
         """How a host process (the supervisor) runs the agent in the sandbox."""
-        hc = self.handle.host_command(self.command.argv, cwd=self.command.cwd,
-                                      env=self.command.env)
-        return dataclasses.replace(hc, argv=_die_with_parent(hc.argv))
+        # (bubblewrap's host command carries --die-with-parent: stopping the host-side
+        # bwrap stops every process of the sandbox)
+        return self.handle.host_command(self.command.argv, cwd=self.command.cwd,
+                                        env=self.command.env)
 
     def agent_spec(self) -> AgentSpec:
         """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
@@ -170,7 +171,7 @@ class PreparedAgent:
     async def services(self) -> AsyncIterator[PreparedAgent]:
         """Serve the model proxy (and the egress proxy) in this process while the block
         runs. The sockets are bound before the block starts. See also
-        :meth:`launch_services`."""
+        :meth:`start_services` (a detached daemon)."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.model_proxy.serve, self.model_socket)
             if self.egress_proxy is not None and self.egress_socket is not None:
@@ -179,14 +180,6 @@ class PreparedAgent:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
-
-    async def launch_services(self, paths: JournalPaths, *, timeout: float = 30.0
-                              ) -> ServicesProcess:
-        """Start the services as a detached process instead of :meth:`services` (they then
-        outlive this process and stop when the run's supervisor records the agent's exit),
-        and wait until they listen. ``paths`` are the run's journal paths."""
-        pending = await self.start_services(paths)
-        return await anyio.to_thread.run_sync(lambda: pending.ready(timeout))
 
     def services_job(self, paths: JournalPaths) -> dict[str, Any]:
         """The services daemon's job, *without* the upstream key (safe to record: a
@@ -206,8 +199,10 @@ class PreparedAgent:
         }
 
     async def start_services(self, paths: JournalPaths) -> PendingServices:
-        """Like :meth:`launch_services` without waiting: launch the agent, then call
-        ``ready()`` on the result (the daemon's ~0.2 s start-up overlaps the CLI's)."""
+        """Start the services as a detached daemon instead of :meth:`services` (they
+        outlive this process and stop when the run's supervisor records the agent's exit).
+        Launch the agent, then call ``ready()`` on the result (the daemon's ~0.2 s
+        start-up overlaps the CLI's). ``paths`` are the run's journal paths."""
         job = self.services_job(paths)
         job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
         paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -249,7 +244,7 @@ async def finish_agent_run(
     report = FinishReport()
     if paths is not None:
         detached = _usage_file(paths)
-        if detached is not None:  # the services ran as a daemon (launch_services)
+        if detached is not None:  # the services ran as a daemon (start_services)
             report.usage = detached
         try:
             report.session_id = await _session_from_journal(harness, paths, nonce)
@@ -327,20 +322,6 @@ def _usage_file(paths: JournalPaths) -> Usage | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return Usage(**fields)
-
-
-def _die_with_parent(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """Add bwrap's ``--die-with-parent`` to a bubblewrap host argv.
-
-    The supervisor stops an agent by signalling the host-side ``bwrap`` process; without
-    this flag the processes inside the sandbox (another session, another pid namespace)
-    would keep running after it died. With it, bwrap's death kills the sandbox's pid 1, and
-    with it every process of the run. (The flag belongs in the provider's
-    ``host_command``; adding it twice is harmless.)"""
-    for i, arg in enumerate(argv):  # the first bwrap is the launcher's (the rest is args)
-        if os.path.basename(arg) == "bwrap":
-            return (*argv[: i + 1], "--die-with-parent", *argv[i + 1 :])
-    return argv
 
 
 def _run_token(run_id: str) -> str:

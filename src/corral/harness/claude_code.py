@@ -73,9 +73,9 @@ READ_TOOLS = ("Read", "Glob", "Grep", "LS", "TodoWrite", "Task", "Agent", "ToolS
 WRITE_TOOLS = ("Edit", "Write", "NotebookEdit", "MultiEdit")
 NET_TOOLS = ("WebFetch", "WebSearch")
 SERVER_NET_TOOL = "WebSearch"
+"""Runs on the model provider's servers, so no allowlist of ours can confine it."""
 PROMPT_TOOL = "mcp__corral__permission_prompt"
 """Claude Code's name for :data:`corral.tools.permission.PERMISSION_TOOL`."""
-"""Runs on the model provider's servers, so no allowlist of ours can confine it."""
 _ALLOWLIST_ENFORCED = ("network: allow_hosts {} -> the sandbox has no network; commands and "
                        "WebFetch reach only those hosts through the egress proxy; "
                        "--disallowedTools WebSearch (it runs on the model provider's servers)")
@@ -107,13 +107,8 @@ class ClaudeCodeHarness(CliHarness):
             enforced = [("default: allow -> --permission-mode bypassPermissions (the sandbox "
                          "is the boundary)")]
             disallowed: list[str] = []
-            if policy is not None and policy.network != "allow":
-                disallowed += NET_TOOLS
-                enforced.append("network: deny -> --disallowedTools WebFetch WebSearch, and "
-                                "the sandbox has no network")
-            elif allow_hosts(policy):
-                disallowed.append(SERVER_NET_TOOL)
-                enforced.append(_ALLOWLIST_ENFORCED.format(list(allow_hosts(policy))))
+            if policy is not None:  # what it would allow is allowed here anyway
+                _map_network(policy, [], disallowed, enforced)
             argv = ["--permission-mode", "bypassPermissions"]
             if disallowed:
                 argv += ["--disallowedTools", *disallowed]

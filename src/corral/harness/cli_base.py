@@ -441,7 +441,6 @@ class JsonlTranslator:
         self.session: str | None = None
         self.open_tools: dict[str, str] = {}
         """tool_call_id -> name, started but without a result yet."""
-        self.ended_tools: set[str] = set()
         self.done_tools: set[str] = set()
         self.error_message: str | None = None
         self.error_code: str | None = None
@@ -520,8 +519,8 @@ class JsonlTranslator:
         return out
 
     def tool_start(self, tool_id: str, name: str, args: Any = None, *,
-                   parent: str | None = None, end: bool = True) -> list[BaseEvent]:
-        """START (+ ARGS) (+ END) for a new tool call; nothing if it was seen already."""
+                   parent: str | None = None) -> list[BaseEvent]:
+        """START (+ ARGS) + END for a new tool call; nothing if it was seen already."""
         if tool_id in self.open_tools or tool_id in self.done_tools:
             return []
         self.open_tools[tool_id] = name
@@ -530,9 +529,7 @@ class JsonlTranslator:
             delta = args if isinstance(args, str) else json.dumps(args, sort_keys=True)
             if delta:
                 out.append(ev.tool_call_args(tool_id, delta))
-        if end:
-            out.append(ev.tool_call_end(tool_id))
-            self.ended_tools.add(tool_id)
+        out.append(ev.tool_call_end(tool_id))
         return out
 
     def tool_result(self, tool_id: str, content: str, *, name: str = "tool",
@@ -541,9 +538,6 @@ class JsonlTranslator:
         if tool_id in self.done_tools:
             return []
         out = self.tool_start(tool_id, name, args) if tool_id not in self.open_tools else []
-        if tool_id not in self.ended_tools:
-            out.append(ev.tool_call_end(tool_id))
-            self.ended_tools.add(tool_id)
         out.append(ev.tool_call_result(f"{tool_id}-result", tool_id, content))
         self.open_tools.pop(tool_id, None)
         self.done_tools.add(tool_id)

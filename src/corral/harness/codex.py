@@ -295,8 +295,6 @@ class CodexTranslator(JsonlTranslator):
             item = obj.get("item")
             if isinstance(item, dict):
                 return self._item(kind, item)
-        if kind == "error":
-            return [self.custom("error", obj)]
         name = kind if isinstance(kind, str) and kind else "unknown"
         return [self.custom(name, obj)]
 
@@ -325,8 +323,6 @@ class CodexTranslator(JsonlTranslator):
         if itype in ("command_execution", "file_change", "mcp_tool_call", "web_search") \
                 and tool_id:
             name, args = self._tool_shape(itype, item)
-            if kind == "item.updated":
-                return self.tool_start(tool_id, name, args)
             if not done:
                 return self.tool_start(tool_id, name, args)
             return self.tool_result(tool_id, self._tool_output(itype, item), name=name,

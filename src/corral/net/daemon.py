@@ -2,9 +2,9 @@
 
 The in-process :meth:`corral.harness.agent.PreparedAgent.services` lives as long as the
 driving host process. A detached run (the viewer left, nobody drives) still needs the model:
-:func:`launch_services` starts ``python -m corral.net.daemon`` in its own session (double
-fork, like the journal supervisor), hands it the job — real key included — over an inherited
-pipe (never argv or environment), waits until its sockets are bound, and returns. The daemon
+:func:`start_services` starts ``python -m corral.net.daemon`` in its own session (double
+fork, like the journal supervisor) and hands it the job — real key included — over an
+inherited pipe (never argv or environment); ``ready()`` waits until its sockets are bound. The daemon
 serves until the run's supervisor records the agent's exit (``<token>.status.json``), then
 exits; it also exits if no supervisor status appears within ``start_grace`` seconds, or on
 SIGTERM. Usage is written after every request to ``<token>.usage.json`` next to the journal
@@ -30,7 +30,6 @@ __all__ = [
     "PendingServices",
     "ServicesProcess",
     "ServicesStartError",
-    "launch_services",
     "main",
     "start_services",
 ]
@@ -122,12 +121,6 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
     except BrokenPipeError:
         pass  # it died at once: ready() reports its log
     return PendingServices(proc, ready_r, usage_path, log_path)
-
-
-def launch_services(job: dict[str, Any], private_dir: Path, token: str, *,
-                    timeout: float = 30.0, python: str = sys.executable) -> ServicesProcess:
-    """:func:`start_services` and wait until the sockets are bound."""
-    return start_services(job, private_dir, token, python=python).ready(timeout)
 
 
 async def _serve(job: dict[str, Any], ready_fd: int) -> None:
