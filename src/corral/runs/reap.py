@@ -205,12 +205,6 @@ async def _lazy(
             await aclose()
 
 
-def default_owner() -> str:
-    """A claim owner id for this process, in the form that lets any driver on this machine
-    notice when the reaper died (see :mod:`corral.runs.owner`)."""
-    return new_owner_id()
-
-
 def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
@@ -385,7 +379,6 @@ async def reap_detached_runs(
     except Exception as exc:  # noqa: BLE001 - a sweep never raises
         logger.error("reap: listing detached runs failed: %s", exc)
         return result
-    batch = batch[:cap]
     sweep = _Sweep(
         store=store,
         probe=probe,
@@ -395,7 +388,7 @@ async def reap_detached_runs(
         cutoff=at - ttl,
         budget=budget,
         quiet=quiet,
-        owner=owner or default_owner(),
+        owner=owner or new_owner_id(),
         lease_ttl=lease_ttl,
         logger=logger,
     )

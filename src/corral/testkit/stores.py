@@ -530,6 +530,8 @@ class TestEventLog:
         with pytest.raises(UnknownRun):
             async for _ in store.read("ghost"):
                 pass
+        with pytest.raises(UnknownRun):  # the server's event stream relies on this
+            await store.tail("ghost")
 
     async def test_close_never_fenced(self, store: Store) -> None:
         await _run(store, "r")

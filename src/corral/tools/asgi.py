@@ -136,8 +136,8 @@ def _bind(path: Path) -> socket.socket:
 
 
 async def serve_unix(app: ASGIApp, path: str | os.PathLike[str], *,
-                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-                     graceful: int = 1) -> None:
+                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                     ) -> None:
     """Serve ``app`` on a unix socket until cancelled. ``task_status.started()`` once the
     socket listens (connections made from then on are queued, never refused). The socket
     file is removed on exit."""
@@ -145,13 +145,13 @@ async def serve_unix(app: ASGIApp, path: str | os.PathLike[str], *,
     sock = _bind(sock_path)
     config = uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning",
                             access_log=False, proxy_headers=False,
-                            timeout_graceful_shutdown=graceful)
+                            timeout_graceful_shutdown=1)
     server = _EmbeddedServer(config)
     try:
         async with anyio.create_task_group() as tg:
             async def run() -> None:
                 # Shielded: on cancellation uvicorn is told to exit and shuts down
-                # (bounded by ``graceful``) instead of being torn mid-request.
+                # (bounded to a second) instead of being torn mid-request.
                 with anyio.CancelScope(shield=True):
                     await server.serve(sockets=[sock])
                 tg.cancel_scope.cancel()  # stopped by itself: so does this task

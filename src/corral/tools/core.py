@@ -16,7 +16,7 @@ import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast, get_type_hints, overload, runtime_checkable
 
 import anyio
@@ -60,7 +60,6 @@ class ToolContext:
     tool: str
     run_id: str | None = None
     call_id: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 class _Args(BaseModel):

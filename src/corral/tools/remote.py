@@ -289,9 +289,9 @@ async def execute_host_tool(toolset: Toolset, body: Any, *, approvals: ApprovalG
     name: str = body["name"]
     args = body.get("args") or {}
     t = toolset.get(name)
-    if not isinstance(t, RemoteTool) and hasattr(t, "validate"):
-        t.validate(args)  # before asking a human about arguments that cannot run
     if t.approval:
+        if hasattr(t, "validate"):
+            t.validate(args)  # before asking a human about arguments that cannot run
         if approvals is None:
             raise ToolDeniedError(f"tool {name!r} needs approval and this run has no "
                                   "approval channel")
