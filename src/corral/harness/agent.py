@@ -315,7 +315,7 @@ def _usage_file(paths: JournalPaths) -> Usage | None:
     import json
 
     try:
-        data = json.loads((paths.directory / f"{paths.token}.usage.json").read_text())
+        data = json.loads(paths.usage.read_text())
         fields = {k: int(data[k]) for k in ("input_tokens", "output_tokens",
                                             "cache_read_tokens", "cache_write_tokens",
                                             "requests", "refused")}

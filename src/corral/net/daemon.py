@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.errors import CorralError
+from corral.runs.layout import JournalPaths
 from corral.runs.supervisor import read_ready_report
 
 __all__ = [
@@ -90,8 +91,8 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
                    python: str = sys.executable) -> PendingServices:
     """Spawn the daemon for ``job`` and return at once; call ``ready()`` on the result.
     (The agent's forwarder waits for the sockets, so the agent may be launched meanwhile.)"""
-    usage_path = private_dir / f"{token}.usage.json"
-    log_path = private_dir / f"{token}.services.log"
+    paths = JournalPaths(private_dir, token)
+    usage_path, log_path = paths.usage, paths.services_log
     job = {**job, "usage": str(usage_path)}
     job_r, job_w = os.pipe()
     ready_r, ready_w = os.pipe()

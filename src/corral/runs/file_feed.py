@@ -257,8 +257,14 @@ class FileFeed:
     async def start(self, logged: Iterable[Mapping[str, Any]]) -> None:
         """Watch, then log what happened while nobody watched (watch first, so nothing
         falls between the walk and the watch; a change made just then may be logged by
-        both)."""
+        both: :meth:`_fresh` drops the watch's copy)."""
         self._watcher = WorkspaceWatcher(self._root, fresh_writes=self._diff is not None)
+        await self.catch_up(logged)
+
+    async def catch_up(self, logged: Iterable[Mapping[str, Any]]) -> None:
+        """Log what the log lacks (``logged``: its events so far) against the start
+        manifest; without a watch, this is all a driver that never follows the run does
+        (the reaper, once the agent has exited)."""
         if self._manifest is None:
             return
         now = await anyio.to_thread.run_sync(scan_manifest, self._root)
@@ -281,10 +287,7 @@ class FileFeed:
         try:
             while True:
                 await anyio.wait_readable(fd)
-                async with self._lock:
-                    items = self._fresh(self._watcher.read_now())
-                    if items:
-                        await self._log(items)
+                await self._drain()
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.warning("file events stopped: %s", exc)
             self.close()
@@ -295,12 +298,17 @@ class FileFeed:
         if self._watcher is None:
             return
         try:
-            async with self._lock:
+            await self._drain()
+        except Exception as exc:  # noqa: BLE001 - the run's end matters more
+            log.warning("file events: the last changes could not be logged: %s", exc)
+
+    async def _drain(self) -> None:
+        """Log what the watch has queued."""
+        async with self._lock:
+            if self._watcher is not None:
                 items = self._fresh(self._watcher.read_now())
                 if items:
                     await self._log(items)
-        except Exception as exc:  # noqa: BLE001 - the run's end matters more
-            log.warning("file events: the last changes could not be logged: %s", exc)
 
     def _fresh(self, items: list[tuple[WatchKind, str]]) -> list[tuple[WatchKind, str]]:
         """Drop what the catch-up logged already. For a path it reported: an event about

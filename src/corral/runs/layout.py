@@ -88,9 +88,20 @@ class JournalPaths:
         workspace is no git repository (:mod:`corral.runs.file_feed`)."""
         return self.directory / f"{self.token}.baseline.git"
 
+    @property
+    def usage(self) -> Path:
+        """Model tokens the run's services daemon metered (:mod:`corral.net.daemon`)."""
+        return self.directory / f"{self.token}.usage.json"
+
+    @property
+    def services_log(self) -> Path:
+        """The run's services daemon's own log."""
+        return self.directory / f"{self.token}.services.log"
+
     def all(self) -> tuple[Path, ...]:
+        """Every file a run may have here (what journal pruning removes)."""
         return (self.journal, self.stderr, self.status, self.supervisor_log, self.files,
-                self.baseline_git)
+                self.baseline_git, self.usage, self.services_log)
 
 
 @dataclass(frozen=True, slots=True)

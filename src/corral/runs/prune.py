@@ -49,8 +49,7 @@ DEFAULT_ORPHAN_TTL: Final = 3600.0
 DEFAULT_MAX_DELETES: Final = 200
 """Runs whose files one sweep deletes at most."""
 
-_SUFFIXES: Final = (".status.json", ".supervisor.log", ".journal", ".err", ".files.json",
-                    ".baseline.git")
+_SUFFIXES: Final = tuple(p.name for p in JournalPaths(Path(), "").all())
 _HEX: Final = frozenset("0123456789abcdef")
 _PASS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 

@@ -823,10 +823,7 @@ class Runner:
                                          emit=collect)
             if feed is None:
                 return []
-            try:
-                await feed.start(e.event for e in await self.store.snapshot(record.run_id))
-            finally:
-                feed.close()
+            await feed.catch_up(e.event for e in await self.store.snapshot(record.run_id))
         except Exception as exc:  # noqa: BLE001 - file events never stop a run's end
             log.warning("run %s: no catch-up of file events: %s", record.run_id, exc)
             return []
