@@ -95,6 +95,7 @@ class HostDirHandle:
     def host_command(
         self,
         command: Command,
+        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:

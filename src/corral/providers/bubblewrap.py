@@ -455,6 +455,7 @@ class BubblewrapHandle(HostDirHandle):
     def host_command(
         self,
         command: Command,
+        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:

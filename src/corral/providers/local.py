@@ -180,6 +180,7 @@ class LocalHandle(HostDirHandle):
     def host_command(
         self,
         command: Command,
+        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:

@@ -68,7 +68,12 @@ from corral.runs.store import (
     Store,
     UnknownRun,
 )
-from corral.runs.supervisor import AgentSpec, kill_supervised_async, launch_supervised_async
+from corral.runs.supervisor import (
+    AgentSpec,
+    kill_supervised_async,
+    launch_supervised_async,
+    process_alive,
+)
 from corral.sandbox.contracts import Handle, Provider, UnsupportedCapability
 from corral.sandbox.definition import Sandbox
 from corral.sandbox.ensure import Ensured, _snapshotter, destroy_record, release
@@ -536,7 +541,7 @@ class Runner:
         if isinstance(pid, int):
             # The daemon writes its last usage as the agent exits, then stops.
             with anyio.move_on_after(3):
-                while _process_alive(pid):
+                while process_alive(pid):
                     await anyio.sleep(0.05)
         handle = None
         ref = record.sandbox_ref or {}
@@ -1085,20 +1090,12 @@ class Runner:
 
 def _is_services_daemon(pid: int) -> bool:
     """``pid`` is alive and still a corral services daemon (not a reused pid)."""
-    if not _process_alive(pid):
+    if not process_alive(pid):
         return False
     try:
         return b"corral.net.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X", "")
 
 
 def _stop_pending(pending: PendingServices) -> None:

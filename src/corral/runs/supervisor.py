@@ -110,6 +110,12 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def process_alive(pid: int) -> bool:
+    """``pid`` exists and is neither a zombie nor dead."""
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
 def process_start_time(pid: int) -> int | None:
     """A process's start time in clock ticks since boot, ``None`` if it does not exist."""
     st = _proc_stat(pid)

@@ -328,6 +328,7 @@ class Handle(Protocol):
     def host_command(
         self,
         command: Command,
+        *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:

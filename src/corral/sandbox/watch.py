@@ -257,11 +257,6 @@ class GitBaseline:
         res = await self._h.process.exec(["git", *args], cwd=self._h.workdir, timeout=60)
         return res.exit_code, res.stdout
 
-    async def _read(self, path: str) -> bytes | None:
-        if not await self._h.fs.exists(path):
-            return None
-        return await self._h.fs.read(path)
-
     async def diff(self, path: str) -> str:
         if self.base:
             ignored, _ = await self._git("check-ignore", "-q", "--", path)
@@ -273,10 +268,9 @@ class GitBaseline:
             known, _ = await self._git("cat-file", "-e", f"{self.base}:{path}")
             if known == 0:
                 return ""  # unchanged against the baseline (or deleted and handled above)
-        data = await self._read(path)
-        if data is None:
+        if not await self._h.fs.exists(path):
             return ""
-        return _add_patch(path, data)
+        return _add_patch(path, await self._h.fs.read(path))
 
 
 def _add_patch(path: str, data: bytes) -> str:
