@@ -4,11 +4,14 @@ rebuild the same harness (and so the same translator) to continue the run."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import ConfigError
 from corral.harness.base import Harness
 from corral.harness.command import CommandHarness
+
+if TYPE_CHECKING:
+    from corral.runs.records import RunRecord
 
 HarnessFactory = Callable[[Mapping[str, Any]], Harness]
 
@@ -59,3 +62,8 @@ def build_harness(name: str, spec: Mapping[str, Any]) -> Harness:
             f"unknown harness {name!r}: choose one of {', '.join(harness_names())}"
         )
     return factory(spec)
+
+
+def harness_for_record(record: RunRecord) -> Harness:
+    """The harness a run was started with, rebuilt from its record."""
+    return build_harness(record.harness or "command", record.spec or {})

@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import anyio
 
-from corral.harness.base import Harness, RunContext, translate_run
+from corral.harness.base import RunContext, translate_run
 from corral.harness.events import event_to_dict
-from corral.harness.registry import build_harness
+from corral.harness.registry import harness_for_record
 from corral.runs.pipe import LogBatch, Produced
 from corral.runs.probe import journal_location, probe_run_exit
 from corral.runs.prune import PruneResult, prune_journals
@@ -58,13 +58,8 @@ STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
 
 
-def _default_harness(record: RunRecord) -> Harness:
-    return build_harness(record.harness or "command", record.spec or {})
-
-
 def journal_drive(
     store: ReapStore,
-    harness_for: Callable[[RunRecord], Harness] | None = None,
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
     files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
 ) -> Drive:
@@ -73,19 +68,18 @@ def journal_drive(
     It reads the journal offset stored with the last logged event (``None``: nothing was
     logged, start with the harness's start batch), resumes the translation there, and yields
     one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the
-    exit code. ``harness_for`` rebuilds the run's harness (default: from the record's
-    ``harness`` and ``spec``, as the Runner does); ``redactor_for`` gives the redactor of the
+    exit code. The harness is rebuilt from the record (``harness`` and ``spec``), as the
+    Runner does; ``redactor_for`` gives the redactor of the
     run's secrets, applied to every event before it is logged. ``files_for`` gives the
     run's file events nobody logged yet (:mod:`corral.runs.file_feed`); they go in just
     before the exit's batch, at the journal offset already logged.
     """
-    pick = harness_for or _default_harness
 
     async def events(record: RunRecord) -> AsyncIterator[Produced]:
         paths, nonce = journal_location(record)
         tail = await store.tail(record.run_id)
         ctx = RunContext(record.run_id, record.thread_id)
-        batches = translate_run(pick(record), ctx, paths, nonce=nonce,
+        batches = translate_run(harness_for_record(record), ctx, paths, nonce=nonce,
                                 after=tail.last_journal_offset)
         redactor = redactor_for(record) if redactor_for is not None else None
         logged_offset = tail.last_journal_offset or 0

@@ -46,7 +46,7 @@ from corral.harness.agent import (
 from corral.harness.base import AgentRequest, Harness, RunContext, translate_run
 from corral.harness.cli_base import CliHarness
 from corral.harness.events import event_to_dict
-from corral.harness.registry import build_harness
+from corral.harness.registry import build_harness, harness_for_record
 from corral.net.daemon import PendingServices
 from corral.paths import corral_home
 from corral.providers import get_provider
@@ -289,7 +289,7 @@ class Runner:
 
     @staticmethod
     def _harness(record: RunRecord) -> Harness:
-        return build_harness(record.harness or "command", record.spec or {})
+        return harness_for_record(record)
 
     def _definition(self, record: RunRecord) -> Sandbox | None:
         """Rebuild the run's sandbox definition from its record (secrets are read again from
@@ -688,10 +688,11 @@ class Runner:
                 )
             harness = self._harness(record)
             ctx = RunContext(run_id, record.thread_id)
-            redactor = self.redactor_for(record)
+            secrets = self._secrets_for(record)  # once: it may rebuild the definition
+            redactor = secrets.redactor() if secrets is not None else None
             abort = anyio.Event()
             result: PipeResult | None = None
-            feed = await self._file_feed(record, paths, held.epoch, redactor)
+            feed = await self._file_feed(record, paths, held.epoch, secrets)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_cancel, run_id, abort)
                 if isinstance(harness, CliHarness):
@@ -723,6 +724,16 @@ class Runner:
                 feed.close()
             return result
 
+    async def _append_aside(self, run_id: str, events: Sequence[Mapping[str, Any]],
+                            epoch: int) -> None:
+        """Log events that come from no journal line (approval requests, file events) at
+        the highest journal offset logged (the store keeps the maximum): a successor
+        resumes the journal after it, so they are neither repeated nor in the way of the
+        agent's events."""
+        tail = await self.store.tail(run_id)
+        await self.store.append(
+            run_id, [(e, tail.last_journal_offset or 0) for e in events], epoch=epoch)
+
     async def _serve_tools(self, tg: anyio.abc.TaskGroup, record: RunRecord,
                            tools: Toolset | None, epoch: int) -> None:
         """Serve the run's host tools in ``tg`` (this driver's claimed section), if it has
@@ -750,13 +761,8 @@ class Runner:
         run_id = record.run_id
 
         async def emit(event: BaseEvent) -> None:
-            # Logged at the journal offset already logged: a successor resumes after it,
-            # so this event is neither repeated nor in the way of the agent's events.
             try:
-                tail = await self.store.tail(run_id)
-                await self.store.append(
-                    run_id, [(event_to_dict(event), tail.last_journal_offset or 0)],
-                    epoch=epoch)
+                await self._append_aside(run_id, [event_to_dict(event)], epoch)
             except CorralError as exc:
                 log.warning("run %s: cannot log %s: %s", run_id,
                             getattr(event, "name", event.type), exc)
@@ -824,7 +830,7 @@ class Runner:
             got.extend(events)
 
         try:
-            feed = await self._file_feed(record, paths, 0, self.redactor_for(record),
+            feed = await self._file_feed(record, paths, 0, self._secrets_for(record),
                                          emit=collect)
             if feed is None:
                 return []
@@ -835,7 +841,7 @@ class Runner:
         return got
 
     async def _file_feed(self, record: RunRecord, paths: JournalPaths, epoch: int,
-                         redactor: Redactor | None, *,
+                         secrets: Secrets | None, *,
                          emit: Callable[[Sequence[dict[str, Any]]], Awaitable[None]] | None
                          = None) -> FileFeed | None:
         """The run's file feed when its sandbox definition asked for file events."""
@@ -856,7 +862,6 @@ class Runner:
             return None
         run_id = record.run_id
         names = (record.spec or {}).get("secret_names") or []
-        secrets = self._secrets_for(record)
         missing = set(names) - set(secrets or ())
         if missing:
             # Paths and patches could carry them: the next driver that knows every secret
@@ -866,12 +871,8 @@ class Runner:
             return None
 
         async def append(events: Sequence[dict[str, Any]]) -> None:
-            # At the highest journal offset logged (the store keeps the maximum): a
-            # successor resumes the journal after it and never repeats these.
             try:
-                tail = await self.store.tail(run_id)
-                await self.store.append(
-                    run_id, [(e, tail.last_journal_offset or 0) for e in events], epoch=epoch)
+                await self._append_aside(run_id, events, epoch)
             except Exception as exc:  # noqa: BLE001 - file events never stop a run
                 log.warning("run %s: cannot log file events: %s", run_id, exc)
 
@@ -880,7 +881,8 @@ class Runner:
         return FileFeed(handle, host_path(handle.workdir), emit=emit or append,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
-                        manifest=load_manifest(paths.files), redactor=redactor,
+                        manifest=load_manifest(paths.files),
+                        redactor=secrets.redactor() if secrets is not None else None,
                         tree=(str(tree[0]), str(tree[1])) if isinstance(tree, list)
                         and len(tree) == 2 else None)
 
