@@ -220,7 +220,7 @@ class PreparedAgent:
                                  self.host_tools.socket if self.host_tools else None)
                      if s is not None],
             own_net_dir=self.own_net_dir)
-        if paths is None or _usage_file(paths) is None:
+        if paths is None or Usage.load(paths.usage) is None:
             report.usage = self.model_proxy.usage  # the services ran in this process
         return report
 
@@ -243,7 +243,7 @@ async def finish_agent_run(
     listed in the report. Saving twice is harmless (the later copy wins)."""
     report = FinishReport()
     if paths is not None:
-        detached = _usage_file(paths)
+        detached = Usage.load(paths.usage)
         if detached is not None:  # the services ran as a daemon (start_services)
             report.usage = detached
         try:
@@ -309,19 +309,6 @@ async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce:
     finally:
         await reader.aclose()
     return found
-
-
-def _usage_file(paths: JournalPaths) -> Usage | None:
-    import json
-
-    try:
-        data = json.loads(paths.usage.read_text())
-        fields = {k: int(data[k]) for k in ("input_tokens", "output_tokens",
-                                            "cache_read_tokens", "cache_write_tokens",
-                                            "requests", "refused")}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return Usage(**fields)
 
 
 def _run_token(run_id: str) -> str:

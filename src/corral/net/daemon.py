@@ -48,14 +48,6 @@ class ServicesProcess:
     usage_path: Path
     log_path: Path
 
-    def usage(self) -> dict[str, int] | None:
-        """The usage the daemon last wrote (``None`` before the first request)."""
-        try:
-            data = json.loads(self.usage_path.read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
 
 @dataclass
 class PendingServices:
@@ -136,12 +128,9 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
                                 tuple(paths) if paths is not None else None),
                        budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
                        usage_path=job["usage"])
-    try:  # a restarted daemon goes on counting where its predecessor stopped
-        previous = json.loads(Path(job["usage"]).read_text())
-    except (OSError, ValueError):
-        previous = None
-    if isinstance(previous, dict):
-        proxy.usage = Usage.from_dict(previous)
+    previous = Usage.load(job["usage"])
+    if previous is not None:  # restarted: go on counting where the predecessor stopped
+        proxy.usage = previous
     status = Path(job["status"])
     grace = float(job.get("start_grace", 60.0))
     stop = anyio.Event()

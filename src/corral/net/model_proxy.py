@@ -168,6 +168,15 @@ class Usage:
         return out
 
     @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Usage | None:
+        """The usage a proxy wrote to ``path`` (``usage_path``); ``None`` if there is none."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return None
+        return cls.from_dict(data) if isinstance(data, dict) else None
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         """The inverse of :meth:`to_dict` (unknown keys and bad values ignored)."""
         return cls(**{k: _int(data.get(k)) for k in (
