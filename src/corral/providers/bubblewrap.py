@@ -50,7 +50,7 @@ import anyio
 import anyio.to_thread
 
 from corral.errors import ConfigError, PrerequisiteMissing
-from corral.paths import corral_home, net_root
+from corral.paths import SHARED_ROOT, corral_home, net_root
 from corral.providers import cgroups, procscan
 from corral.providers.base import HostDirHandle
 from corral.providers.process import (
@@ -106,7 +106,7 @@ BWRAP_CAPABILITIES = Capabilities(
 )
 
 DEFAULT_HOST_UID = 1_000_000_000
-FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", "/var/lib/corral/bubblewrap"))
+FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", SHARED_ROOT / "bubblewrap"))
 SANDBOX_UID = 1000
 DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
