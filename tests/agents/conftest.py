@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from corral.runs.supervisor import kill_supervised, launch_supervised_async
 from corral.sandbox.contracts import SandboxSpec
 from corral.testkit.model_server import ModelServer
 from corral.testkit.plugin import require
+from tests.conftest import bwrap_works
 
 REAL_KEY = "sk-corral-REAL-7f3a9c2e-never-in-sandbox"
 CLIS = ("claude-code", "codex")
@@ -39,14 +39,6 @@ CLIS = ("claude-code", "codex")
 def agent_cache() -> Path:
     raw = os.environ.get("CORRAL_AGENT_CACHE")
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "corral-agents"
-
-
-def _bwrap_works() -> bool:
-    if shutil.which("bwrap") is None:
-        return False
-    out = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/",
-                          "true"], capture_output=True, check=False)
-    return out.returncode == 0
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +62,7 @@ def agents_env(agent_installs: dict[str, InstalledAgent], corral_home: Path,
 
 @pytest.fixture
 def bwrap(request: pytest.FixtureRequest, agents_env: Path) -> BubblewrapProvider:
-    require(request.config, _bwrap_works(), "bubblewrap with user namespaces",
+    require(request.config, bwrap_works(), "bubblewrap with user namespaces",
             "apt-get install bubblewrap")
     require(request.config, os.path.exists("/usr/bin/python3"), "/usr/bin/python3",
             "apt-get install python3 (the in-sandbox forwarder runs on it)")

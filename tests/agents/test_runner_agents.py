@@ -17,7 +17,6 @@ import sqlite3
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -41,6 +40,8 @@ from corral.testkit.model_server import (
 )
 
 from .conftest import CLIS, REAL_KEY, agent_cache
+from tests.helpers import wait_until
+from corral.runs.supervisor import process_alive
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
 
@@ -125,14 +126,6 @@ def ndjson(stdout: str) -> list[dict[str, Any]]:
 
 def texts(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def retranslated(c: Corral, run_id: str) -> list[dict[str, Any]]:
@@ -385,14 +378,6 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
     assert "policy" not in corral.raw_record("p2")["spec"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
     gate = Gate()
     corral.srv.script = gate
@@ -405,13 +390,13 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         services = rec["spec"]["agent"]["services_pid"]
         status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
         assert status is not None and status.agent_pid is not None
-        assert _alive(services)
+        assert process_alive(services)
         cancelled = corral.run("cancel", "c1")
         assert cancelled.returncode == 0, cancelled.stderr
         rec = corral.raw_record("c1")
         assert rec["status"] == "aborted"
         assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
-        wait_until(lambda: not _alive(services), 10, "the model proxy daemon to stop")
+        wait_until(lambda: not process_alive(services), 10, "the model proxy daemon to stop")
     finally:
         gate.open.set()
 

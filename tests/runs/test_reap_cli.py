@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +16,7 @@ from corral.cli.reap_cmd import parse_duration
 from corral.errors import ConfigError
 from corral.runs.layout import JournalPaths, read_status
 from corral.runs.supervisor import supervisor_alive
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+from tests.helpers import wait_until
 
 
 # ------------------------------------------------------------------ durations

@@ -12,26 +12,19 @@ import signal
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.runs.layout import JournalPaths, read_status
+from corral.runs.supervisor import process_alive
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 
 # 40 lines, 25 ms apart: long enough to be killed in the middle.
 TICKER = ["sh", "-c", "i=0; while [ $i -lt 40 ]; do echo tick $i; i=$((i+1)); sleep 0.025; done"]
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class Cli:
@@ -222,14 +215,6 @@ def _agent_pid(cli: Cli, run_id: str) -> int:
     return int(status.agent_pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
 def test_cancel_from_another_process(cli: Cli) -> None:
     driver = cli.popen("run", "--run-id", "can", "--json", "--", "sh", "-c",
                        "echo up; sleep 60; echo never")
@@ -237,11 +222,11 @@ def test_cancel_from_another_process(cli: Cli) -> None:
     wait_until(lambda: "up" in stdout_text(cli.log("can")), 10, "the agent's first line")
     pid = _agent_pid(cli, "can")
     sandbox_id = cli.raw_record("can")["sandbox_ref"]["id"]
-    assert _alive(pid)
+    assert process_alive(pid)
     started = time.monotonic()
     out = cli.run("cancel", "can")
     assert out.returncode == 0, out.stderr
-    wait_until(lambda: not _alive(pid), 2.0 - (time.monotonic() - started), "the agent to stop")
+    wait_until(lambda: not process_alive(pid), 2.0 - (time.monotonic() - started), "the agent to stop")
     assert time.monotonic() - started < 2.0
     rest, _ = driver.communicate(timeout=20)
     rec = cli.record("can")
@@ -262,7 +247,7 @@ def test_cancel_of_a_detached_run(cli: Cli) -> None:
     pid = _agent_pid(cli, "dcan")
     out = cli.run("cancel", "dcan")
     assert out.returncode == 0
-    wait_until(lambda: not _alive(pid), 2, "the agent to stop")
+    wait_until(lambda: not process_alive(pid), 2, "the agent to stop")
     rec = cli.record("dcan")
     assert rec["status"] == "aborted"
     assert cli.log("dcan")[-1]["type"] == "RUN_ERROR" and cli.log_closed("dcan")

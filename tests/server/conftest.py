@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,14 +24,6 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOKEN = "test-token-0123456789abcdef"
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def ticker(lines: int, every: float = 0.05, prefix: str = "tick") -> list[str]:

@@ -11,7 +11,9 @@ import pytest
 
 from corral.tools.approvals import Approvals
 
-from .conftest import Home, ticker, wait_until
+from tests.helpers import wait_until
+
+from .conftest import Home, ticker
 
 
 def _ask(run_id: str, home: Path, out: dict[str, Any]) -> None:

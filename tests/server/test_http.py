@@ -16,8 +16,8 @@ from tests.server.conftest import (
     sse_events,
     ticker,
     ticker_text,
-    wait_until,
 )
+from tests.helpers import wait_until
 
 
 def text_of(events: list[dict[str, Any]]) -> str:

@@ -17,7 +17,8 @@ from corral.server.reaper import LOCK_NAME, sweep_once
 from corral.server.service import RunService
 from corral.server.sse import encode_event
 from corral.stores import open_store
-from tests.server.conftest import Home, read_stream, sse_events, ticker, wait_until
+from tests.helpers import wait_until
+from tests.server.conftest import Home, read_stream, sse_events, ticker
 
 REAPER = ("--reap-interval", "0.3s", "--reap-ttl", "1s")
 

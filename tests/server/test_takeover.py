@@ -10,7 +10,8 @@ from typing import Any
 
 import httpx
 
-from tests.server.conftest import Home, read_stream, sse_events, ticker, ticker_text, wait_until
+from tests.helpers import wait_until
+from tests.server.conftest import Home, read_stream, sse_events, ticker, ticker_text
 
 
 def normalized(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
