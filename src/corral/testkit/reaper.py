@@ -226,6 +226,12 @@ class ReaperWorld:
         await wait_for(lambda: time.time() > claim.expires_at, "the dead host's lease to lapse")
         return Started(run_id, paths, sandbox_id)
 
+    async def bystander(self) -> tuple[Started, Frozen]:
+        """A detached run that is still producing, and its state now: every sweep must
+        leave it exactly so (an empty sweep cannot pass a test that holds one)."""
+        busy = await self.start(f"echo x; {LONG}", wait_output="x")
+        return busy, await self.freeze(busy)
+
     async def freeze(self, started: Started) -> Frozen:
         record = await self.store.get(started.run_id)
         assert record is not None
@@ -370,8 +376,7 @@ class TestReapOutcomes:
         w = reaper_world
         done = await w.start("printf 'a\\nb\\nc\\nd\\n'", wait_exit=True, logged_lines=2)
         assert await w.text(done.run_id) == "a\nb"  # what the dead host had logged
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         result = await w.sweep()
         assert_counts(result, finalized=1, producing=1)
         assert await w.text(done.run_id) == "a\nb\nc\nd\n"  # no duplicate, no gap
@@ -382,8 +387,7 @@ class TestReapOutcomes:
     ) -> None:
         w = reaper_world
         bad = await w.start("echo partial; echo oops >&2; exit 3", wait_exit=True)
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         result = await w.sweep()
         assert_counts(result, finalized=1, producing=1)
         e = entry(result, bad.run_id)
@@ -542,8 +546,7 @@ class TestReapOutcomes:
     ) -> None:
         w = reaper_world
         done = await w.start("echo done", wait_exit=True)
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         real = journal_drive(w.store)
 
         def wedged(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
@@ -567,8 +570,7 @@ class TestReapOutcomes:
     ) -> None:
         w = reaper_world
         done = await w.start("echo patience", wait_exit=True)
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         # The quiet window alone outlasts the budget: a budget started before it would
         # record this finished agent as aborted.
         result = await w.sweep(quiet=0.6, budget=0.5)
@@ -584,8 +586,7 @@ class TestReapOutcomes:
         done = await w.start("echo saved", wait_exit=True)
         assert done.sandbox_id is not None
         w.sandboxes.break_destroy(done.sandbox_id, "provider API unreachable")
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         result = await w.sweep()
         assert_counts(result, reclaim_failed=1, producing=1)
         e = entry(result, done.run_id)
@@ -666,8 +667,7 @@ class TestReapSweep:
     ) -> None:
         w = reaper_world
         done = [await w.start(f"echo run{i}", wait_exit=True) for i in range(4)]
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         driven: list[str] = []
         real = journal_drive(w.store)
 
@@ -697,8 +697,7 @@ class TestReapSweep:
         w = reaper_world
         done = await w.start("echo fin", wait_exit=True)
         await w.store.request_cancel(done.run_id)
-        busy = await w.start(f"echo x; {LONG}", wait_output="x")
-        busy_before = await w.freeze(busy)
+        busy, busy_before = await w.bystander()
         result = await w.sweep()
         assert_counts(result, finalized=1, producing=1)
         assert (await w.record(done.run_id)).status is RunStatus.COMPLETED
