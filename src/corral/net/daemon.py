@@ -25,7 +25,13 @@ from typing import Any
 
 from corral.errors import CorralError
 from corral.runs.layout import JournalPaths
-from corral.runs.supervisor import read_ready_report
+from corral.runs.supervisor import (
+    child_env,
+    file_tail,
+    read_ready_report,
+    report_ready,
+    set_non_dumpable,
+)
 
 __all__ = [
     "PendingServices",
@@ -70,12 +76,8 @@ class PendingServices:
                 self.proc.kill()
                 self.proc.wait()
         if report is None:
-            try:
-                tail = self.log_path.read_text(errors="replace")[-2000:].strip()
-            except OSError:
-                tail = ""
-            raise ServicesStartError(
-                f"the run's services did not start within {timeout}s: {tail}")
+            raise ServicesStartError(f"the run's services did not start within {timeout}s: "
+                                     f"{file_tail(self.log_path)}")
         return ServicesProcess(int(report["pid"]), self.usage_path, self.log_path)
 
 
@@ -89,9 +91,7 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
     job_r, job_w = os.pipe()
     ready_r, ready_w = os.pipe()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    src = str(Path(__file__).resolve().parents[2])
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": src,
-           "LC_ALL": "C.UTF-8"}
+    env = child_env()
     try:
         proc = subprocess.Popen(
             [python, "-m", "corral.net.daemon", "--job-fd", str(job_r), "--ready-fd",
@@ -154,11 +154,7 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
         await tg.start(proxy.serve, job["model_socket"])
         if job.get("egress_socket"):
             await tg.start(EgressProxy(list(job["egress"])).serve, job["egress_socket"])
-        try:
-            os.write(ready_fd, json.dumps({"pid": os.getpid()}).encode())
-            os.close(ready_fd)
-        except OSError:
-            pass
+        report_ready(ready_fd, {"pid": os.getpid()})
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async def on_signal() -> None:
                 async for _ in signals:
@@ -180,12 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, IndexError):
         print("usage: python -m corral.net.daemon --job-fd N --ready-fd M", file=sys.stderr)
         return 2
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: the key stays private
-    except (OSError, AttributeError):
-        pass
+    set_non_dumpable()  # the key stays private
     with os.fdopen(job_fd, "rb") as fh:
         job = json.loads(fh.read())
     if os.fork() > 0:

@@ -140,8 +140,9 @@ def supervisor_alive(paths: JournalPaths) -> bool:
 # ---------------------------------------------------------------- launcher (driver side)
 
 
-def _supervisor_env() -> dict[str, str]:
-    # Only what the interpreter needs to import corral; never the driver's secrets.
+def child_env() -> dict[str, str]:
+    """The environment of a detached corral helper process (supervisor, services daemon):
+    only what the interpreter needs to import corral; never the driver's secrets."""
     src = str(Path(__file__).resolve().parents[2])
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "PYTHONPATH": src}
     env["LC_ALL"] = "C.UTF-8"
@@ -200,7 +201,7 @@ def launch_supervised(
             close_fds=True,
             start_new_session=True,
             cwd="/",
-            env=_supervisor_env(),
+            env=child_env(),
         )
     except OSError as exc:
         for fd in (job_r, job_w, ready_r, ready_w):
@@ -230,7 +231,7 @@ def launch_supervised(
     if report is None:
         raise SupervisorError(
             f"the journal supervisor did not start within {timeout}s; its log "
-            f"{paths.supervisor_log} says: {_tail(paths.supervisor_log)!r}"
+            f"{paths.supervisor_log} says: {file_tail(paths.supervisor_log)!r}"
         )
     return SupervisedRun(
         paths=paths,
@@ -277,7 +278,7 @@ def read_ready_report(fd: int, timeout: float, key: str) -> dict[str, Any] | Non
     return report if isinstance(report, dict) and key in report else None
 
 
-def _tail(path: Path, n: int = 2000) -> str:
+def file_tail(path: Path, n: int = 2000) -> str:
     try:
         return path.read_bytes()[-n:].decode("utf-8", "replace").strip()
     except OSError:
@@ -350,7 +351,7 @@ async def kill_supervised_async(
 # ---------------------------------------------------------------- the supervisor process
 
 
-def _set_non_dumpable() -> None:
+def set_non_dumpable() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -422,13 +423,13 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
             status_path,
             SupervisorStatus("running", me, my_start, None, None, spawn_error=spawn_error),
         )
-        _report(ready_fd, {"supervisor_pid": me, "agent_pid": None, "spawn_error": spawn_error})
+        report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": None, "spawn_error": spawn_error})
         return _finish(out_fd, status_path, nonce, me, my_start, None, None, code, None,
                        spawn_error, kill_stragglers=False)
 
     agent_start = process_start_time(agent.pid)
     write_status(status_path, SupervisorStatus("running", me, my_start, agent.pid, agent_start))
-    _report(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
+    report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
     for signum in pending:
         forward(signum, None)
     if stdin_data is not None and agent.stdin is not None:
@@ -535,7 +536,7 @@ def _feed(pipe: Any, data: bytes) -> None:
             pass
 
 
-def _report(fd: int, report: dict[str, Any]) -> None:
+def report_ready(fd: int, report: dict[str, Any]) -> None:
     try:
         _write_all(fd, json.dumps(report).encode())
         os.close(fd)
@@ -573,7 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, IndexError):
         print("usage: python -m corral.runs.supervisor --job-fd N --ready-fd M", file=sys.stderr)
         return 2
-    _set_non_dumpable()
+    set_non_dumpable()
     job = json.loads(_read_all(job_fd))
     os.close(job_fd)
     if os.fork() > 0:
