@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError
 from corral.runs.layout import JournalPaths
@@ -32,6 +32,9 @@ from corral.runs.supervisor import (
     report_ready,
     set_non_dumpable,
 )
+
+if TYPE_CHECKING:
+    from corral.net.model_proxy import Usage
 
 __all__ = [
     "PendingServices",
@@ -53,6 +56,12 @@ class ServicesProcess:
     pid: int
     usage_path: Path
     log_path: Path
+
+    def usage(self) -> Usage | None:
+        """The usage the daemon last wrote (``None`` before the first request)."""
+        from corral.net.model_proxy import Usage
+
+        return Usage.load(self.usage_path)
 
 
 @dataclass
