@@ -169,7 +169,7 @@ def test_egress_from_inside_a_sandbox(sandbox_factory: Any,
             await tg.start(proxy.serve, net / "egress-t.sock")
             argv = entry_argv("/usr/bin/python3", ["sh", "-c", script],
                               forward=[{"name": "egress", "port": 0,
-                                        "unix": f"{NET_MOUNT}/egress-t.sock"}], timeout=60)
+                                        "unix": f"{NET_MOUNT}/egress-t.sock"}])
             px = "http://127.0.0.1:{corral.port.egress}"
             result = await handle.process.exec(argv, env={"http_proxy": px, "HTTP_PROXY": px},
                                                timeout=90)

@@ -1,4 +1,4 @@
-"""The in-sandbox entry (forwarders + child + timeout), run with the system Python on the
+"""The in-sandbox entry (forwarders + child), run with the system Python on the
 host exactly as it runs in a sandbox."""
 
 from __future__ import annotations
@@ -25,44 +25,23 @@ def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_exit_status_passes_through_and_stdout_is_the_childs_alone() -> None:
-    r = run(entry_argv(PY, ["sh", "-c", "echo out; echo err >&2; exit 3"], forward=[],
-                       timeout=None))
+    r = run(entry_argv(PY, ["sh", "-c", "echo out; echo err >&2; exit 3"], forward=[]))
     assert (r.returncode, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
 
 
 def test_death_by_signal_is_128_plus_n() -> None:
-    r = run(entry_argv(PY, ["sh", "-c", "kill -TERM $$"], forward=[], timeout=None))
+    r = run(entry_argv(PY, ["sh", "-c", "kill -TERM $$"], forward=[]))
     assert r.returncode == 128 + signal.SIGTERM
 
 
 def test_missing_program_is_127() -> None:
-    r = run(entry_argv(PY, ["/nonexistent/agent"], forward=[], timeout=None))
+    r = run(entry_argv(PY, ["/nonexistent/agent"], forward=[]))
     assert r.returncode == 127 and b"cannot start /nonexistent/agent" in r.stderr
-
-
-def test_timeout_stops_the_child_and_its_children(tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    t0 = time.monotonic()
-    r = run(entry_argv(PY, ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
-                       forward=[], timeout=1.0))
-    assert r.returncode == 124
-    assert b"ran longer than its timeout of 1.0s" in r.stderr
-    assert time.monotonic() - t0 < 15
-    grandchild = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail("the agent's background child survived the timeout")
 
 
 def test_sigterm_is_forwarded_to_the_child() -> None:
     child = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"
-    proc = subprocess.Popen(entry_argv(PY, ["sh", "-c", child], forward=[], timeout=None),
+    proc = subprocess.Popen(entry_argv(PY, ["sh", "-c", child], forward=[]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"ready\n"
@@ -109,7 +88,7 @@ def test_forwarder_pipes_tcp_to_the_unix_socket_and_ports_are_substituted(
         "s.sendall(b'ping\\n'); print(s.recv(100).decode(), end='')\n"
     )
     argv = entry_argv(PY, [PY, "-c", client, "{corral.port.m}"],
-                      forward=[{"name": "m", "port": 0, "unix": echo_unix}], timeout=20)
+                      forward=[{"name": "m", "port": 0, "unix": echo_unix}])
     r = run(argv, env={"VIA": "http://127.0.0.1:{corral.port.m}", "PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"echo:ping\n"
@@ -125,8 +104,7 @@ def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
         "s.sendall(b'late\\n'); print(s.recv(100).decode(), end='')\n"
     )
     proc = subprocess.Popen(entry_argv(PY, [PY, "-c", client, "{corral.port.m}", str(marker)],
-                                       forward=[{"name": "m", "port": 0, "unix": path}],
-                                       timeout=20),
+                                       forward=[{"name": "m", "port": 0, "unix": path}]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 10  # the agent connected before the service exists
     while not marker.exists():

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+from pathlib import Path
 
 import anyio
 import pytest
@@ -34,9 +35,12 @@ def scan(data):
         for i in range(len(s) - 31):
             found.add(s[i:i + 32].decode())
 def slurp(path, limit=1 << 24):
-    try:
-        with open(path, "rb") as f:
-            scan(f.read(limit))
+    try:  # non-blocking: its own stdout is a pipe, which would block a reader forever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            scan(os.read(fd, limit))
+        finally:
+            os.close(fd)
     except OSError:
         pass
 def link(path):
@@ -126,9 +130,12 @@ def assert_supervisor_does_not_expose(run: Launched) -> None:
     for name in ("cmdline", "environ"):
         with open(f"/proc/{agent}/{name}", "rb") as f:
             assert nonce not in f.read(), f"agent {name}"
+    journal_files = {str(run.paths.journal), str(run.paths.stderr)}
     for fd in os.listdir(f"/proc/{agent}/fd"):
         target = os.readlink(f"/proc/{agent}/fd/{fd}")
-        assert "pipe:" not in target, f"agent inherited a pipe on fd {fd}: {target}"
+        # stdout/stderr are pipes to the supervisor; nothing else, and never the journal
+        assert target not in journal_files, f"agent holds the journal on fd {fd}"
+        assert fd in ("1", "2") or "pipe:" not in target, f"agent inherited a pipe on fd {fd}"
 
 
 def finish_hunter(run: Launched, report: dict[str, object]) -> None:
@@ -205,26 +212,23 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-# An escaped child (own session) that waits for the real sentinel, reads it through its
-# inherited stdout (root can reopen /proc/self/fd/1), appends a forged copy with code 0,
-# then keeps writing.
+# An escaped child (own session) outlives the agent and keeps writing. It holds the agent's
+# stdout, which is a pipe to the supervisor, never the journal: reopening /proc/self/fd/1
+# reads that pipe (it can never see the sentinel, let alone copy its nonce), and nothing it
+# writes after the agent's exit reaches the journal.
 ESCAPER = r"""
-import os, re, sys, time
+import os, sys, time
 r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
     os.close(r)
     os.write(1, b"child-started\n"); os.close(w)
-    pat = re.compile(rb'\n\{"corral_exit":1,"code":9,"signal":null,"nonce":"([0-9a-f]{32})"\}\n')
-    while True:
-        m = pat.search(open("/proc/self/fd/1", "rb").read())
-        if m:
-            break
+    target = os.readlink("/proc/self/fd/1")
+    os.write(2, target.encode() + b"\n")
+    while not os.path.exists(sys.argv[1]):  # the test saw the run's end
         time.sleep(0.005)
-    os.write(1, b'{"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}\n' % m.group(1))
     for _ in range(50):
         os.write(1, b"late\n")
-    os.write(1, b"forged-done\n")
     time.sleep(600)
 os.close(w)
 os.read(r, 1)  # EOF once the child has written its first line
@@ -233,28 +237,37 @@ sys.exit(9)
 """
 
 
-def test_escaped_child_writing_after_exit_is_ignored(launch) -> None:
-    run = launch([PY, "-c", ESCAPER])
+def test_escaped_child_writing_after_exit_is_ignored(launch, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    run = launch([PY, "-c", ESCAPER, str(go)])
     straggler = None
     try:
         lines, exit = collect(run)  # terminates at the real sentinel: no hang
         assert (exit.code, exit.signal) == (9, None)
         assert lines[0].data == b"child-started"
-        wait_for(lambda: run.paths.journal.read_bytes().endswith(b"forged-done\n"),
-                 what="the straggler's forgery")
+        assert exit.stderr_tail.startswith(b"pipe:")  # the straggler's stdout: not the journal
+        straggler = _find_straggler(run.run.agent_pid)
+        assert straggler is not None
+        go.touch()
+        wait_for(lambda: not _supervisor_running(run), what="the supervisor's exit")
+        # its writes fail once the supervisor is gone (EPIPE), which ends it
+        wait_for(lambda: _zombie(straggler), what="the straggler's writes")
         journal = run.paths.journal.read_bytes()
-        assert journal[exit.end_offset:].startswith(b'{"corral_exit":1,"code":0')
-        # A reader started afresh, and both probes, still see the real exit.
+        assert journal.endswith(format_trailer(run.nonce, 9, None))
+        assert b"late" not in journal
         lines2, exit2 = collect(run)
         assert (exit2.code, lines2) == (9, lines)
         assert probe_journal_tail(run.paths, run.nonce).code == 9
-        assert probe_journal_tail(run.paths.journal, run.nonce).code == 9
-        straggler = _find_straggler(run.run.agent_pid)
     finally:
         if straggler is None:
             straggler = _find_straggler(run.run.agent_pid)
         if straggler is not None:
             os.kill(straggler, signal.SIGKILL)
+
+
+def _supervisor_running(run: Launched) -> bool:
+    st = process_start_time(run.run.supervisor_pid)
+    return st is not None and not _zombie(run.run.supervisor_pid)
 
 
 def _find_straggler(agent_pid: int | None) -> int | None:
@@ -264,7 +277,7 @@ def _find_straggler(agent_pid: int | None) -> int | None:
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"forged-done" in f.read():
+                if b"child-started" in f.read():
                     return int(pid)
         except OSError:
             continue

@@ -18,7 +18,8 @@ import pytest
 from corral.testkit.plugin import require
 from corral.providers import cgroups
 from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
-from corral.sandbox.contracts import ResourceLimits, SandboxSpec
+from corral.sandbox.contracts import HostCommand, ResourceLimits, SandboxSpec
+from corral.testkit.providers import start_host_command
 
 pytestmark = pytest.mark.anyio
 
@@ -205,9 +206,8 @@ async def test_cpu_limit_throttles(provider: BubblewrapProvider,
         await provider.destroy(h.ref)
 
 
-def _launcher_group_kill(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _launcher_group_kill(hc: HostCommand) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_host_command(hc, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield proc
     finally:
@@ -222,7 +222,7 @@ async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
     from corral.testkit.providers import assert_beating, assert_stopped, heartbeat_cmd
 
     hc = sandbox.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
-    gen = _launcher_group_kill(list(hc.argv), dict(hc.env))
+    gen = _launcher_group_kill(hc)
     proc = next(gen)
     try:
         await assert_beating(sandbox, "hb")

@@ -15,7 +15,13 @@ import anyio
 from corral.errors import ConfigError
 from corral.providers import PROVIDER_NAMES, get_provider
 from corral.providers.process import SandboxProcess
-from corral.sandbox.contracts import Handle, Provider, SandboxSpec
+from corral.sandbox.contracts import (
+    TIMEOUT_EXIT_CODE,
+    Handle,
+    Provider,
+    SandboxSpec,
+    check_env_name,
+)
 
 DEFAULT_PROVIDER = "bubblewrap"
 
@@ -50,7 +56,7 @@ def _parse_env(items: list[str]) -> dict[str, str]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ConfigError(f"--env {item!r}: use NAME=VALUE")
-        env[name] = value
+        env[check_env_name(name, "--env")] = value
     return env
 
 
@@ -163,7 +169,9 @@ async def _stream(
         with anyio.CancelScope(shield=True):
             await proc.aclose()
     if timed_out:
-        print(f"corral: command timed out after {timeout:g}s and was killed", file=sys.stderr)
-    elif result.signal is not None:
+        print(f"corral: command timed out after {timeout:g}s and was killed (exit "
+              f"{TIMEOUT_EXIT_CODE})", file=sys.stderr)
+        return TIMEOUT_EXIT_CODE
+    if result.signal is not None:
         print(f"corral: command {result.describe()}", file=sys.stderr)
     return result.exit_code

@@ -160,7 +160,8 @@ class PreparedAgent:
     def agent_spec(self) -> AgentSpec:
         """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
         hc = self.host_command()
-        return AgentSpec(argv=hc.argv, env=hc.env, cwd=hc.cwd, stdin=self.command.stdin)
+        return AgentSpec(argv=hc.argv, env=hc.env, cwd=hc.cwd, stdin=self.command.stdin,
+                         stdin_prefix=hc.stdin_prefix, timeout=self.command.timeout)
 
     @property
     def usage(self) -> Usage:

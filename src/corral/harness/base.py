@@ -83,6 +83,9 @@ class AgentCommand:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     stdin: bytes | None = None
+    timeout: float | None = None
+    """Seconds the process may run; enforced on the host by the supervisor (out of the
+    agent's reach), which then records exit code 124."""
 
 
 @runtime_checkable

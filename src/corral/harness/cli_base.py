@@ -262,11 +262,11 @@ def bash_gate_command(opts: CliOptions) -> str:
             f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
 
 
-def entry_argv(python: str, command: Sequence[str], *, forward: Sequence[Mapping[str, Any]],
-               timeout: float | None) -> list[str]:
-    """Wrap ``command`` with the in-sandbox entry (forwarders + timeout)."""
+def entry_argv(python: str, command: Sequence[str], *,
+               forward: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Wrap ``command`` with the in-sandbox entry (the model/egress forwarders)."""
     source = Path(sandbox_entry.__file__).read_text()
-    config = {"forward": [dict(f) for f in forward], "timeout": timeout, "grace": 5}
+    config = {"forward": [dict(f) for f in forward]}
     return [python, "-I", "-S", "-c", source, json.dumps(config, separators=(",", ":")), "--",
             *command]
 
@@ -372,14 +372,14 @@ class CliHarness:
         env.update(request.env)
         env.update(opts.env)
         if opts.forward is not None:
-            argv = entry_argv(opts.python, argv, forward=opts.forward, timeout=opts.timeout)
+            argv = entry_argv(opts.python, argv, forward=opts.forward)
         elif "{corral.port." in base_url:
             raise ConfigError(
                 f"the {self.name} harness needs a model endpoint: run it through "
                 "corral.harness.agent.prepare_agent, or pass options base_url=..."
             )
         return AgentCommand(argv=argv, env=env, cwd=request.workdir,
-                            stdin=request.prompt.encode("utf-8"))
+                            stdin=request.prompt.encode("utf-8"), timeout=opts.timeout)
 
 
 # ---------------------------------------------------------------- translator base

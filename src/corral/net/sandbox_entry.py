@@ -4,7 +4,7 @@ Run inside the sandbox as ``python3 -c <this file's source> <config json> -- <ar
 (stdlib only, no corral import: the sandbox has the system Python, not corral). The config::
 
     {"forward": [{"name": "model", "port": 41000, "unix": "/run/corral/model.sock"}],
-     "timeout": 600, "grace": 5, "connect_patience": 10}
+     "connect_patience": 10}
 
 For each forward it listens on ``127.0.0.1:<port>`` (``0`` = any free port) and pipes
 every accepted connection to a new connection to the unix socket (bound into the sandbox
@@ -13,9 +13,8 @@ is retried for ``connect_patience`` seconds, so the host side may start late or 
 agent's argv and environment is replaced by the port actually bound. Then it runs the
 agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
 never writes to it), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
-exits with the child's status (``128 + N`` for a death by signal ``N``). After
-``timeout`` seconds the child is terminated (SIGKILL after ``grace``) and the exit status
-is 124, with a line on stderr.
+exits with the child's status (``128 + N`` for a death by signal ``N``). (A run's timeout
+is not enforced here, where the agent could stop it, but by the supervisor on the host.)
 
 Nothing here is secret: credentials are added on the host side of the sockets.
 """
@@ -144,24 +143,9 @@ def main(argv: list[str]) -> int:
         return 127 if isinstance(exc, FileNotFoundError) else 126
     for signum in pending:
         forward(signum, None)
-    timeout = config.get("timeout")
-    grace = float(config.get("grace", 5))
-    try:
-        rc = child.wait(timeout=float(timeout) if timeout else None)
-    except subprocess.TimeoutExpired:
-        sys.stderr.write(f"corral: the agent ran longer than its timeout of {timeout}s "
-                         "and was stopped\n")
-        sys.stderr.flush()
-        forward(signal.SIGTERM, None)
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            forward(signal.SIGKILL, None)
-            child.wait()
-        rc = 124
-    else:
-        # Tool processes the CLI left behind must not outlive it (and write to the journal).
-        forward(signal.SIGKILL, None)
+    rc = child.wait()
+    # Tool processes the CLI left behind must not outlive it (and write to the journal).
+    forward(signal.SIGKILL, None)
     sys.stdout.flush()
     return rc if rc >= 0 else 128 - rc
 

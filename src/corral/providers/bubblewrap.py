@@ -39,6 +39,7 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -123,33 +124,51 @@ BASE_ENV = {
 # Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
-# Runs argv, then reports its raw wait status on fd $ARGV[0]. It ignores the signals
-# that the tree gets (so that the command decides how to react) but restores them for
-# the command. When the command ends, whatever it left behind in its pid namespace is
-# killed (kill -1 reaches every process of the namespace but the init and itself).
-_REPORTER = r"""
-my $fd = shift @ARGV;
-my $keeper = shift @ARGV;
+# pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
+# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR COMMAND... It first makes itself
+# non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
+# or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
+# inside either. It reads the command's environment from the head of stdin
+# ("<length>\n" + NUL-separated NAME=VALUE: never in a host process's environment or
+# argv), runs the command, reaps every orphan, and when the command ends writes its raw
+# wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
+# namespace, whatever state it is in.
+_INIT = r"""
+my ($fd, $keeper, $nr) = splice(@ARGV, 0, 3);
+syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
 if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
-open(my $st, ">&=", $fd) or exit 125;
-my @sigs = qw(HUP INT QUIT TERM PIPE USR1 USR2 ALRM TSTP TTIN TTOU);
-$SIG{$_} = "IGNORE" for @sigs;
+my $st;
+if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
+my ($len, $c, $blob) = ("", "", "");
+while (1) { sysread(STDIN, $c, 1) == 1 or exit 125; last if $c eq "\n"; $len .= $c }
+while (length($blob) < $len) {
+  my $r = sysread(STDIN, $blob, $len - length($blob), length($blob));
+  defined($r) && $r > 0 or exit 125;
+}
 my $pid = fork;
 if (!defined $pid) { print STDERR "corral: cannot start $ARGV[0]: fork: $!\n"; exit 126 }
 if ($pid == 0) {
-  close $st;
-  $SIG{$_} = "DEFAULT" for @sigs;
+  close $st if $st;
+  %ENV = map { split(/=/, $_, 2) } grep { length } split(/\0/, $blob);
   exec { $ARGV[0] } @ARGV;
   my $n = $! + 0;
   print STDERR "corral: $ARGV[0]: $!\n";
   exit($n == 2 ? 127 : 126);
 }
-waitpid($pid, 0);
-my $s = $?;
-kill "KILL", -1;
-syswrite $st, "$s\n";
+my $s = 255 << 8;
+while ((my $w = waitpid(-1, 0)) > 0) { if ($w == $pid) { $s = $?; last } }
+syswrite $st, "$s\n" if $st;
 exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
 """
+
+# prctl(2)'s number per machine (perl's syscall() takes the raw number).
+_PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
+
+
+def env_prefix(env: Mapping[str, str]) -> bytes:
+    """The head of a sandboxed command's stdin that carries its environment to the init."""
+    blob = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    return str(len(blob)).encode() + b"\n" + blob
 
 
 def _system_binds() -> list[str]:
@@ -371,8 +390,9 @@ class BubblewrapHandle(HostDirHandle):
         ]
         for host, inside in state.binds:
             bwrap += ["--ro-bind", host, inside]
-        # The sandbox's own root (a tmpfs) read-only too: only the areas are writable.
-        bwrap += ["--remount-ro", "/", "--unsetenv", procscan.TOKEN_ENV]
+        # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
+        # init starts with no environment at all (the command's comes over stdin).
+        bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1"]
         self._bwrap = bwrap
         # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
         # rlimits, drop to the sandbox's host uid, then bwrap.
@@ -391,9 +411,13 @@ class BubblewrapHandle(HostDirHandle):
                 "--",
             ]
         self._launcher = launcher
+        # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
+        # repository controls (a name like LD_PRELOAD would run code on the host as root).
+        self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
+        # What the sandboxed command gets, delivered inside the sandbox only.
         self._env = merge_env(BASE_ENV, state.env)
         self._env["CORRAL_SANDBOX_ID"] = state.id
-        self._env[procscan.TOKEN_ENV] = state.token
+        self._init_nr = str(provider.prctl_nr)
 
     @property
     def process(self) -> ProcessApi:
@@ -405,8 +429,11 @@ class BubblewrapHandle(HostDirHandle):
         check_env(dict(env))
         merged = dict(self._env)
         merged.update(env)
-        merged[procscan.TOKEN_ENV] = self._state.token
         return merged
+
+    def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
+        return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
+                self._init_nr]
 
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
@@ -414,22 +441,14 @@ class BubblewrapHandle(HostDirHandle):
         self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        prefix = env_prefix(self._env_for(env))
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        report_r: int | None = None
-        report_w: int | None = None
-        fds = [status_w]
-        tail: list[str]
-        if self._provider.perl:
-            report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            # bwrap keeps a read end of its own status pipe open: when the process that
-            # spawned it exits early (a background process outliving its creator), bwrap's
-            # status writes must not fail (it would die of EPIPE and take the tree with it).
-            keeper = os.dup(status_r)
-            fds += [report_w, keeper]
-            tail = ["/usr/bin/perl", "-e", _REPORTER, str(report_w), str(keeper),
-                    *argv]
-        else:
-            tail = argv
+        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # bwrap keeps a read end of its own status pipe open: when the process that
+        # spawned it exits early (a background process outliving its creator), bwrap's
+        # status writes must not fail (it would die of EPIPE and take the tree with it).
+        keeper = os.dup(status_r)
+        fds = [status_w, report_w, keeper]
         full = [
             *self._launcher,
             *self._bwrap,
@@ -438,11 +457,12 @@ class BubblewrapHandle(HostDirHandle):
             "--json-status-fd",
             str(status_w),
             "--",
-            *tail,
+            *self._init(report_w, keeper),
+            *argv,
         ]
         run = _Run(self, status_r, report_r)
         try:
-            proc = popen(full, env=self._env_for(env), pass_fds=fds)
+            proc = popen(full, env=self._host_env, pass_fds=fds)
         except BaseException:
             run.close()
             raise
@@ -450,7 +470,12 @@ class BubblewrapHandle(HostDirHandle):
             for fd in fds:
                 os.close(fd)
         run.proc = proc
-        return SandboxProcess(proc, killer=run.kill, finisher=run.finish)
+        sandboxed = SandboxProcess(proc, killer=run.kill, finisher=run.finish)
+        try:
+            await sandboxed.write_stdin(prefix)
+        except BrokenPipeError:
+            pass  # bwrap failed before the init ran; its exit status says why
+        return sandboxed
 
     def host_command(
         self,
@@ -472,13 +497,15 @@ class BubblewrapHandle(HostDirHandle):
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
         full = [
-            *self._launcher, *self._bwrap, "--die-with-parent", "--chdir", chdir, "--", *argv
+            *self._launcher, *self._bwrap, "--die-with-parent", "--chdir", chdir, "--",
+            *self._init(-1, -1), *argv,
         ]
         return HostCommand(
             argv=tuple(full),
-            env=dict(self._env_for(env)),
+            env=dict(self._host_env),
             cwd=None,
             cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
+            stdin_prefix=env_prefix(self._env_for(env)),
         )
 
 
@@ -516,7 +543,18 @@ class BubblewrapProvider:
         self._home = Path(home) if home is not None else None
         self._limits = limits
         self._host_uid = host_uid if os.geteuid() == 0 else None
-        self.perl = os.path.exists("/usr/bin/perl")
+        if not os.path.exists("/usr/bin/perl"):
+            raise PrerequisiteMissing(
+                "perl is needed for the sandboxes' init process (it decides the exit status "
+                "out of the command's reach): `apt-get install perl-base`"
+            )
+        nr = _PRCTL_NR.get(platform.machine())
+        if nr is None:
+            raise PrerequisiteMissing(
+                f"the bubblewrap provider does not know prctl's syscall number on "
+                f"{platform.machine()!r}; use --provider local or docker"
+            )
+        self.prctl_nr = nr
         self.prlimit = shutil.which("prlimit")
         self.setpriv = shutil.which("setpriv") or "setpriv"
         if self._host_uid is not None and not shutil.which("setpriv"):

@@ -19,7 +19,7 @@ from typing import IO
 
 import anyio
 
-from corral.sandbox.contracts import Command, ExecResult, Process
+from corral.sandbox.contracts import TIMEOUT_EXIT_CODE, Command, ExecResult, Process
 
 __all__ = ["Outcome", "SandboxProcess", "collect", "merge_env", "popen", "to_argv"]
 
@@ -238,7 +238,8 @@ async def collect(
         with anyio.CancelScope(shield=True):
             await proc.aclose()
     return ExecResult(
-        exit_code=res.exit_code,
+        # Stopped by the timeout: a failure whatever the command (or a wedged reporter) said.
+        exit_code=TIMEOUT_EXIT_CODE if res.timed_out else res.exit_code,
         stdout=b"".join(out),
         stderr=b"".join(err),
         signal=res.signal,

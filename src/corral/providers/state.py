@@ -25,7 +25,7 @@ from typing import Any
 
 from corral.errors import ConfigError
 from corral.paths import corral_home
-from corral.sandbox.contracts import ResourceLimits, SandboxSpec
+from corral.sandbox.contracts import ResourceLimits, SandboxSpec, check_env_name
 
 __all__ = ["AREAS_REL", "SandboxState", "new_id", "provider_root", "validate_id"]
 
@@ -133,8 +133,9 @@ class SandboxState:
 
 
 def _check_env(key: str, value: str) -> None:
-    if not key or "=" in key or "\x00" in key or "\x00" in str(value):
-        raise ConfigError(f"invalid environment variable {key!r}: names cannot be empty or hold '='")
+    check_env_name(key)
+    if not isinstance(value, str) or "\x00" in value:
+        raise ConfigError(f"environment variable {key!r}: the value must be a string without NUL")
 
 
 def check_env(env: dict[str, str] | None) -> None:

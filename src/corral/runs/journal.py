@@ -48,6 +48,7 @@ __all__ = [
     "JournalAbandonedError",
     "JournalError",
     "JournalItem",
+    "JournalTamperedError",
     "Line",
     "Opener",
     "Probe",
@@ -205,6 +206,7 @@ async def read_journal(
                     )
                 await anyio.lowlevel.checkpoint()
                 continue
+            _check_unchanged(f, path, base, len(buf))
             if not follow:
                 return
             if paths is not None and time.monotonic() - idle_since >= liveness_interval:
@@ -228,6 +230,29 @@ async def read_journal(
         f.close()
         if watch is not None:
             watch.close()
+
+
+class JournalTamperedError(JournalError):
+    """The journal shrank or changed under an offset already read: only its supervisor
+    appends to it, so something else wrote it and the run's output cannot be trusted."""
+
+
+def _check_unchanged(f: BinaryIO, path: Path, base: int, pending: int) -> None:
+    """At the end of the file: it must still reach what was read, and the byte before
+    ``base`` (the newline that ended the last line yielded) must still be one."""
+    read_to = base + pending
+    size = f.seek(0, os.SEEK_END)
+    intact = size >= read_to
+    if intact and base > 0:
+        f.seek(base - 1)
+        intact = f.read(1) == b"\n"
+    if not intact:
+        raise JournalTamperedError(
+            f"journal {path} changed under the reader: it is {size} bytes, {read_to} were "
+            "already read; something other than the run's supervisor truncated or rewrote it, "
+            "so the run's output and exit cannot be trusted"
+        )
+    f.seek(read_to)
 
 
 def _supervisor_gone(paths: JournalPaths) -> bool:

@@ -120,13 +120,6 @@ def new_run_id() -> str:
     return "run-" + uuid.uuid4().hex[:20]
 
 
-_TIMEOUT_SCRIPT = (
-    'timeout --kill-after=5 "$@"; rc=$?; '
-    'if [ "$rc" = 124 ]; then '
-    'echo "corral: stopped after the run\'s timeout of ${1}s" >&2; fi; exit "$rc"'
-)
-
-
 @dataclass(frozen=True, slots=True)
 class RunRequest:
     """What to run. ``command`` is for the ``command`` harness; ``prompt`` for agent CLIs."""
@@ -151,8 +144,9 @@ class RunRequest:
     drives the run: pass the same toolset to :meth:`Runner.drive` (or to the
     :class:`Runner`) in every process that may drive it. Never stored."""
     timeout: float | None = None
-    """Seconds the agent may run; then it is stopped (SIGTERM, SIGKILL 5 s later) and the
-    run fails with exit code 124. ``None``: no limit."""
+    """Seconds the agent may run; then its supervisor, on the host and out of the agent's
+    reach, stops it (SIGTERM, SIGKILL 5 s later) and the run fails with exit code 124.
+    ``None``: no limit."""
     token_budget: int | None = None
     """Model tokens (input + output + cache) an agent CLI run may use; the host model proxy
     refuses further model calls once the total reaches it. ``None``: no limit."""
@@ -188,11 +182,6 @@ class RunRequest:
             out["secret_names"] = list(sandbox.secrets)
         if self.command is not None:
             out["argv"] = list(self.command)
-            if self.timeout is not None:
-                # coreutils timeout inside the sandbox (exit 124 when it fires), and a line
-                # on stderr so the run's error says what happened
-                out["argv"] = ["sh", "-c", _TIMEOUT_SCRIPT, "corral-timeout",
-                               str(float(self.timeout)), *out["argv"]]
         if self.harness != "command" and sandbox.policy != Policy():
             # Only a policy the user wrote: the default one (default "ask") cannot be
             # enforced by the agent CLIs, and without one they run with their permission
@@ -438,6 +427,8 @@ class Runner:
                             cwd=host.cwd,
                             stdin=agent.stdin,
                             redact=ensured.redactor.table(),
+                            stdin_prefix=host.stdin_prefix,
+                            timeout=request.timeout,
                         ),
                         paths,
                         nonce,

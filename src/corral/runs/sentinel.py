@@ -32,11 +32,16 @@ __all__ = [
     "NONCE_HEX_LEN",
     "SENTINEL_MAX_LEN",
     "SentinelExit",
+    "TIMEOUT_EXIT_CODE",
     "format_trailer",
     "new_nonce",
     "normalize_nonce",
     "parse_sentinel",
 ]
+
+TIMEOUT_EXIT_CODE = 124
+"""The exit status recorded for a command or run stopped by its timeout (the ``exec``
+result and a run's sentinel alike), whatever the command's own status would have been."""
 
 NONCE_HEX_LEN = 32
 """Nonce length in lowercase hex characters (128 random bits)."""

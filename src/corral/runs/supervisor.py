@@ -9,14 +9,17 @@ nearest subreaper and is not a session leader), and exits. The grandchild, the s
    cannot read its ``/proc/<pid>/{mem,environ,fd}``); its argv holds only fd numbers and its
    environment only ``PATH``/``PYTHONPATH``/locale, so the nonce lives in its memory alone;
 2. opens the journal and the stderr sidecar (``O_APPEND``, never truncating) and starts the
-   agent in its own session and process group, stdout/stderr *redirected* to those files
-   (never a pipe: the agent cannot get SIGPIPE when a reader dies), stdin from ``/dev/null``
-   or the given bytes, no other fds;
-3. writes the status file (pids + start times), reports readiness to the launcher, waits;
+   agent in its own session and process group, its stdout/stderr *piped* to this process,
+   which appends them to those files (redacting the run's secrets): the agent never holds a
+   descriptor of the journal, so it cannot clear ``O_APPEND``, seek or truncate it. (Piping
+   loses nothing when the driver dies: this process outlives it.) stdin is ``/dev/null`` or
+   a pipe that gets the given bytes (after ``stdin_prefix``); no other fds;
+3. writes the status file (pids + start times), reports readiness to the launcher, waits
+   (at most ``timeout`` seconds: then it stops the agent and records exit code 124);
 4. when the agent exits: SIGKILLs what is left of the agent's process group (stragglers must
-   not write after the sentinel; a child that escaped with ``setsid`` can, and the reader
-   ignores everything after the sentinel), appends the trailer in one write, records the exit
-   in the status file, and exits.
+   not write after the sentinel; what a child that escaped with ``setsid`` writes later is
+   dropped), appends the trailer in one write, records the exit in the status file, and
+   exits.
 
 A SIGTERM/SIGINT sent to the supervisor is forwarded to the agent's process group (the
 sentinel is still written). The driver can be SIGKILLed at any point after
@@ -44,7 +47,7 @@ from typing import Any
 
 from corral.errors import ConfigError, CorralError
 from corral.runs.layout import JournalPaths, SupervisorStatus, read_status, write_status
-from corral.runs.sentinel import format_trailer, normalize_nonce
+from corral.runs.sentinel import TIMEOUT_EXIT_CODE, format_trailer, normalize_nonce
 
 __all__ = [
     "AgentSpec",
@@ -77,9 +80,14 @@ class AgentSpec:
     stdin: bytes | None = None
     """Bytes written to the agent's stdin, which is then closed; ``None`` = ``/dev/null``."""
     redact: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """``{secret value or encoding: name}``. When given, the agent's stdout and stderr pass
-    through the supervisor, which writes them to the journal and the sidecar with every
-    occurrence replaced by ``[REDACTED:NAME]``: secret values never reach a file."""
+    """``{secret value or encoding: name}``: the supervisor writes the agent's stdout and
+    stderr to the journal and the sidecar with every occurrence replaced by
+    ``[REDACTED:NAME]``, so secret values never reach a file."""
+    stdin_prefix: bytes = field(default=b"", repr=False)
+    """Written to the agent's stdin before ``stdin`` (``HostCommand.stdin_prefix``)."""
+    timeout: float | None = None
+    """Seconds the agent may run; then the supervisor (out of the agent's reach) stops it
+    and records exit code 124 (:data:`~corral.sandbox.contracts.TIMEOUT_EXIT_CODE`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +176,9 @@ def launch_supervised(
     """
     if not spec.argv or not all(isinstance(a, str) and "\0" not in a for a in spec.argv):
         raise ConfigError("agent argv must be a non-empty list of strings without NUL bytes")
+    t = spec.timeout
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9):
+        raise ConfigError(f"agent timeout must be a positive number of seconds, not {t!r}")
     try:
         normalize_nonce(nonce)
     except ValueError as exc:
@@ -180,6 +191,8 @@ def launch_supervised(
             "env": dict(spec.env),
             "cwd": spec.cwd,
             "stdin": base64.b64encode(spec.stdin).decode() if spec.stdin is not None else None,
+            "stdin_prefix": base64.b64encode(spec.stdin_prefix).decode(),
+            "timeout": spec.timeout,
             "redact": dict(spec.redact),
             "journal": str(paths.journal),
             "stderr": str(paths.stderr),
@@ -380,9 +393,11 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     status_path = Path(job["status"])
     me, my_start = os.getpid(), process_start_time(os.getpid()) or 0
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    out_fd = os.open(job["journal"], flags, 0o600)
-    err_fd = os.open(job["stderr"], flags, 0o600)
+    out = _Sink(os.open(job["journal"], flags, 0o600))
+    err = _Sink(os.open(job["stderr"], flags, 0o600))
     stdin_data = base64.b64decode(job["stdin"]) if job.get("stdin") is not None else None
+    prefix = base64.b64decode(job.get("stdin_prefix") or "")
+    timeout: float | None = job.get("timeout")
 
     agent: subprocess.Popen[bytes] | None = None
     pending: list[int] = []
@@ -406,11 +421,11 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
             job["argv"],
             env=job["env"],
             cwd=job.get("cwd"),
-            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-            # Without secrets the agent writes straight to the files (nothing in between can
-            # die); with secrets its output passes through this process to be redacted.
-            stdout=subprocess.PIPE if redact else out_fd,
-            stderr=subprocess.PIPE if redact else err_fd,
+            stdin=subprocess.PIPE if stdin_data is not None or prefix else subprocess.DEVNULL,
+            # Always through this process, never the files themselves: an agent holding the
+            # journal's open file description could clear O_APPEND, seek or truncate it.
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             close_fds=True,
             start_new_session=True,
         )
@@ -418,13 +433,13 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
         what = f"{exc.strerror}: {exc.filename!r}" if exc.filename else str(exc.strerror or exc)
         spawn_error = f"cannot start agent {job['argv'][0]!r}: {what}"
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        _write_all(err_fd, f"corral supervisor: {spawn_error}\n".encode())
+        err.write(f"corral supervisor: {spawn_error}\n".encode())
         write_status(
             status_path,
             SupervisorStatus("running", me, my_start, None, None, spawn_error=spawn_error),
         )
         report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": None, "spawn_error": spawn_error})
-        return _finish(out_fd, status_path, nonce, me, my_start, None, None, code, None,
+        return _finish(out, err, status_path, nonce, me, my_start, None, None, code, None,
                        spawn_error, kill_stragglers=False)
 
     agent_start = process_start_time(agent.pid)
@@ -432,24 +447,54 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
     for signum in pending:
         forward(signum, None)
-    if stdin_data is not None and agent.stdin is not None:
-        threading.Thread(target=_feed, args=(agent.stdin, stdin_data), daemon=True).start()
+    if agent.stdin is not None:
+        threading.Thread(target=_feed, args=(agent.stdin, prefix + (stdin_data or b"")),
+                         daemon=True).start()
     pumps = []
-    if redact:
-        for pipe, fd in ((agent.stdout, out_fd), (agent.stderr, err_fd)):
-            pump = threading.Thread(target=_pump, args=(pipe, fd, redact), daemon=True)
-            pump.start()
-            pumps.append(pump)
-    rc = agent.wait()
+    wake_r, wake_w = os.pipe()
+    for pipe, sink in ((agent.stdout, out), (agent.stderr, err)):
+        pump = threading.Thread(target=_pump, args=(pipe, sink, redact, wake_r), daemon=True)
+        pump.start()
+        pumps.append(pump)
+    rc = _wait(agent, timeout, err)
     code, sig = (128 - rc, -rc) if rc < 0 else (rc, None)
+    if rc == _TIMED_OUT:
+        code, sig = TIMEOUT_EXIT_CODE, None
     kill_stragglers = bool(job.get("kill_stragglers", True))
-    if pumps:
-        if kill_stragglers:
-            _kill_group(agent.pid)
-        for pump in pumps:  # output of escaped stragglers after this is dropped
-            pump.join(timeout=2.0)
-    return _finish(out_fd, status_path, nonce, me, my_start, agent.pid, agent_start, code, sig,
+    if kill_stragglers:
+        _kill_group(agent.pid)
+    # The pumps copy what is in the pipes now, then stop: an escaped straggler may hold
+    # them open forever, and what it writes after this is dropped.
+    os.write(wake_w, b"x")
+    for pump in pumps:
+        pump.join(timeout=2.0)
+    return _finish(out, err, status_path, nonce, me, my_start, agent.pid, agent_start, code, sig,
                    None, kill_stragglers=kill_stragglers)
+
+
+_TIMED_OUT = -(1 << 20)
+_TIMEOUT_GRACE = 5.0
+
+
+def _wait(agent: subprocess.Popen[bytes], timeout: float | None, err: _Sink) -> int:
+    """The agent's return code, or ``_TIMED_OUT`` once it was stopped after ``timeout``
+    seconds (SIGTERM to its group, SIGKILL ``_TIMEOUT_GRACE`` seconds later)."""
+    try:
+        return agent.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    err.write(f"\ncorral: stopped after the run's timeout of {timeout:g}s\n".encode())
+    for sig, grace in ((signal.SIGTERM, _TIMEOUT_GRACE), (signal.SIGKILL, None)):
+        try:
+            os.killpg(agent.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            agent.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return _TIMED_OUT
 
 
 def _kill_group(pid: int) -> None:
@@ -459,21 +504,58 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _pump(pipe: Any, fd: int, table: dict[str, str]) -> None:
-    """Copy ``pipe`` to ``fd`` with every secret in ``table`` redacted, without delaying
-    complete lines (only a possible secret prefix at the end of a partial line waits)."""
-    redactor = StreamRedactor(table)
+class _Sink:
+    """An output file (journal or sidecar) the pumps and the supervisor write to. Once
+    sealed, writes are dropped: a straggler's pump that outlives the trailer can neither
+    write after it nor into whatever file later reuses the descriptor's number."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+        self._sealed = False
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if not self._sealed:
+                _write_all(self._fd, data)
+
+    def seal(self, last: bytes = b"") -> int:
+        """Write ``last`` (in one write: atomic under ``O_APPEND``), close the file, and
+        return the offset ``last`` starts at."""
+        with self._lock:
+            start = os.fstat(self._fd).st_size
+            if last:
+                _write_all(self._fd, last)
+            self._sealed = True
+            os.close(self._fd)
+            return start
+
+
+def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
+    """Copy ``pipe`` to ``sink`` with every secret in ``table`` redacted, without delaying
+    complete lines (only a possible secret prefix at the end of a partial line waits).
+    Ends at EOF, or once ``wake`` is readable (the agent exited) and the pipe is empty."""
+    redactor = StreamRedactor(table) if table else None
+    fd = pipe.fileno()
+    draining = False
     try:
         while True:
-            chunk = os.read(pipe.fileno(), 1 << 16)
+            ready, _, _ = select.select([fd] if draining else [fd, wake], [], [],
+                                        0 if draining else None)
+            if fd not in ready:
+                if draining:
+                    break
+                draining = True
+                continue
+            chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
-            out = redactor.feed(chunk)
-            if out:
-                _write_all(fd, out)
-        tail = redactor.flush()
+            data = redactor.feed(chunk) if redactor is not None else chunk
+            if data:
+                sink.write(data)
+        tail = redactor.flush() if redactor is not None else b""
         if tail:
-            _write_all(fd, tail)
+            sink.write(tail)
     except OSError:
         pass
 
@@ -545,7 +627,8 @@ def report_ready(fd: int, report: dict[str, Any]) -> None:
 
 
 def _finish(
-    out_fd: int, status_path: Path, nonce: str, me: int, my_start: int, agent_pid: int | None,
+    out: _Sink, err: _Sink, status_path: Path, nonce: str, me: int, my_start: int,
+    agent_pid: int | None,
     agent_start: int | None, code: int, sig: int | None, spawn_error: str | None, *,
     kill_stragglers: bool,
 ) -> int:
@@ -554,9 +637,8 @@ def _finish(
             os.killpg(agent_pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    hint = os.fstat(out_fd).st_size
-    _write_all(out_fd, format_trailer(nonce, code, sig))  # one write: atomic under O_APPEND
-    os.close(out_fd)
+    hint = out.seal(format_trailer(nonce, code, sig))
+    err.seal()
     write_status(
         status_path,
         SupervisorStatus("exited", me, my_start, agent_pid, agent_start, code, sig, hint,

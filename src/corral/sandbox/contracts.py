@@ -6,12 +6,14 @@ Calling something a provider lacks raises :class:`UnsupportedCapability`.
 
 from __future__ import annotations
 
+import re
 import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from corral.errors import CorralError
+from corral.errors import ConfigError, CorralError
+from corral.runs.sentinel import TIMEOUT_EXIT_CODE
 
 __all__ = [
     "Capabilities",
@@ -31,12 +33,32 @@ __all__ = [
     "SandboxRef",
     "SandboxSpec",
     "SnapshotRef",
+    "TIMEOUT_EXIT_CODE",
     "UnsupportedCapability",
+    "check_env_name",
     "signal_name",
 ]
 
 Command = str | Sequence[str]
 """A shell string (run with ``/bin/sh -c``) or an argv list (run directly)."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(name: object, what: str = "environment variable") -> str:
+    """Return ``name`` if it is a POSIX environment variable name (letters, digits and
+    ``_``, not starting with a digit), else raise :class:`~corral.errors.ConfigError`.
+
+    Every variable given for a sandbox (``SandboxSpec.env``, ``exec(env=...)``, secrets,
+    ``corral exec --env``) must pass: such names reach the sandboxed command only, never a
+    host process, and a name a shell cannot even export is a mistake worth naming.
+    """
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        raise ConfigError(
+            f"invalid {what} name {name!r}: use letters, digits and '_', not starting with "
+            "a digit (POSIX)"
+        )
+    return name
 
 
 def signal_name(signum: int) -> str:
@@ -184,7 +206,8 @@ class HostCommand:
     ``cgroup_procs`` for information; the argv writes its own pid there before it
     enters the sandbox), drops privileges and enters the sandbox's namespaces, so
     ``destroy`` and the resource limits cover it. Redirect its stdout/stderr to files in
-    ``Handle.private_dir`` to keep them out of the sandbox's reach.
+    ``Handle.private_dir`` to keep them out of the sandbox's reach. Secrets and every
+    other variable given for the command travel in ``stdin_prefix``, not in ``env``.
 
     The exit status of ``argv`` is the command's, with a death by signal ``N`` reported
     as exit status ``128 + N``. The process must be started in its own session
@@ -193,8 +216,13 @@ class HostCommand:
 
     argv: tuple[str, ...]
     env: Mapping[str, str]
+    """The launcher's own environment: fixed by the provider, never user-controlled."""
     cwd: str | None = None
     cgroup_procs: tuple[str, ...] = ()
+    stdin_prefix: bytes = field(default=b"", repr=False)
+    """Bytes to write to the process's stdin before anything else (the sandboxed
+    command's environment, which reaches it inside the sandbox only). Give the process a
+    stdin pipe whenever this is not empty, even if the command reads no input."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ declared is verified. Missing prerequisites are named skips (failures under CI).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,13 +37,14 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import anyio
 import pytest
 
 from corral.sandbox.contracts import (
     Handle,
+    HostCommand,
     PathEscapeError,
     Provider,
     SandboxGoneError,
@@ -58,6 +60,7 @@ __all__ = [
     "ProviderConformance",
     "SpawnConformance",
     "heartbeat_cmd",
+    "start_host_command",
     "wait_for",
 ]
 
@@ -505,6 +508,19 @@ class LifecycleConformance(_Base):
                 await provider.create(SandboxSpec(name=bad))
 
 
+def start_host_command(hc: HostCommand, *, stdout: Any, stderr: Any) -> subprocess.Popen[bytes]:
+    """Start ``hc`` as its contract says: exactly its env, its stdin prefix written first."""
+    proc = subprocess.Popen(
+        list(hc.argv), env=dict(hc.env), cwd=hc.cwd, stdout=stdout, stderr=stderr,
+        stdin=subprocess.PIPE, start_new_session=True,
+    )
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(hc.stdin_prefix)
+    proc.stdin.close()
+    return proc
+
+
 class HostProcessConformance(_Base):
     async def test_host_command_from_a_detached_process(self, provider: Provider, sandbox: Handle) -> None:
         if not provider.capabilities.host_processes:
@@ -515,10 +531,7 @@ class HostProcessConformance(_Base):
             "echo line1; echo to-stderr >&2; echo $MARK; exit 5", env={"MARK": "marked"}
         )
         with open(journal, "wb") as out, open(journal + ".err", "wb") as err:
-            proc = subprocess.Popen(
-                list(hc.argv), env=dict(hc.env), cwd=hc.cwd, stdout=out, stderr=err,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            proc = start_host_command(hc, stdout=out, stderr=err)
         assert proc.wait(timeout=60) == 5
         with open(journal, "rb") as fh:
             assert fh.read() == b"line1\nmarked\n"
@@ -530,10 +543,7 @@ class HostProcessConformance(_Base):
             return
         h = await provider.create()
         hc = h.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
-        proc = subprocess.Popen(
-            list(hc.argv), env=dict(hc.env), cwd=hc.cwd, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
+        proc = start_host_command(hc, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             await assert_beating(h, "hb")
             await provider.destroy(h.ref)
