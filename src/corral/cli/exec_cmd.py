@@ -172,6 +172,6 @@ async def _stream(
         print(f"corral: command timed out after {timeout:g}s and was killed (exit "
               f"{TIMEOUT_EXIT_CODE})", file=sys.stderr)
         return TIMEOUT_EXIT_CODE
-    if result.signal is not None:
+    if result.signal is not None or result.limit_hit is not None:
         print(f"corral: command {result.describe()}", file=sys.stderr)
     return result.exit_code

@@ -189,10 +189,12 @@ class ExecResult:
         """A one-line human description of how the command ended."""
         if self.timed_out:
             return "timed out"
+        # A limit may kill (memory: SIGKILL) or only refuse (pids: "Cannot fork", then
+        # whatever exit status the command chose): name it either way.
+        extra = f" (the sandbox's {self.limit_hit} limit was reached)" if self.limit_hit else ""
         if self.signal is not None:
-            extra = f" ({self.limit_hit} limit)" if self.limit_hit else ""
             return f"killed by {signal_name(self.signal)}{extra}"
-        return f"exit code {self.exit_code}"
+        return f"exit code {self.exit_code}{extra}"
 
 
 @dataclass(frozen=True, slots=True)

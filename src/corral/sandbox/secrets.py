@@ -10,18 +10,17 @@ every live ``Secrets`` object is known to :func:`corral.sandbox.redact.live_reda
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from corral.errors import ConfigError
+from corral.sandbox.contracts import check_env_name
 from corral.sandbox.redact import Redactor, register_live
 
 __all__ = ["SecretRef", "Secrets"]
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +49,8 @@ class Secrets(Mapping[str, SecretRef]):
                 raise ConfigError(f"secrets.{k}: given twice")
             merged[k] = val
         for name, value in merged.items():
-            if not isinstance(name, str) or not _NAME_RE.match(name):
-                raise ConfigError(
-                    f"secrets: {name!r} is not a valid name; use letters, digits and _ "
-                    "(it becomes an environment variable)"
-                )
+            # it becomes an environment variable of the sandboxed command (only)
+            check_env_name(name, "secret")
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"secrets.{name}: the value must be a non-empty string")
             if "\x00" in value:

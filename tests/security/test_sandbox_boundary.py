@@ -1,0 +1,272 @@
+"""Attacks on the sandbox boundary, the exit status and the journal (bubblewrap, as root).
+
+Each test is the attack itself, run through the real CLI against real bubblewrap
+sandboxes: a repository whose corral.toml names a secret ``LD_PRELOAD``, an agent that
+steals the exit reporter's descriptor or kills it, one that ptrace-stops the sandbox's
+pid 1 or the process that enforces the timeout, and one that clears ``O_APPEND`` on its
+stdout, seeks and truncates it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from corral.testkit.plugin import require
+
+pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
+
+PY = "/usr/bin/python3"  # inside the sandbox: the host's /usr, read-only
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 120,
+        cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(argv, env=env, capture_output=True, timeout=timeout, check=False,
+                          cwd=cwd)
+
+
+def last_run(corral_cmd: list[str], cli_env: dict[str, str]) -> dict[str, object]:
+    """The newest run's record, as ``corral ls --json`` gives it."""
+    listing = run([*corral_cmd, "ls", "--json"], cli_env)
+    assert listing.returncode == 0, listing.stderr
+    record: dict[str, object] = json.loads(listing.stdout)[0]
+    return record
+
+
+# ----------------------------------------------------------------- 1. host code execution
+
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void corral_pwned(void) {
+    FILE *f = fopen("@MARKER@", "a");
+    if (f) { fprintf(f, "ran as uid %d in %s\n", (int)getuid(), "@WHERE@"); fclose(f); }
+}
+"""
+
+
+@pytest.fixture
+def evil_so(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, Path]:
+    """A shared object whose constructor records, in a host file, that it ran."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    require(request.config, gcc is not None, "a C compiler", "apt-get install gcc")
+    assert gcc is not None
+    marker = tmp_path / "pwned"
+    src = tmp_path / "evil.c"
+    src.write_text(PRELOAD_C.replace("@MARKER@", str(marker)).replace("@WHERE@", "host"))
+    so = tmp_path / "repo" / "evil.so"
+    so.parent.mkdir()
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    so.chmod(0o755)
+    return so, marker
+
+
+def test_repository_secret_named_ld_preload_runs_nothing_on_the_host(
+    evil_so: tuple[Path, Path], corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    so, marker = evil_so
+    repo = so.parent
+    (repo / "p.txt").write_text(str(so))
+    (repo / "corral.toml").write_text(textwrap.dedent(f"""
+        [secrets]
+        LD_PRELOAD = {{ file = "{repo / 'p.txt'}" }}
+    """))
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "sh", "-c",
+             'test "$LD_PRELOAD" = "[REDACTED:LD_PRELOAD]" || echo "$LD_PRELOAD" | wc -c'],
+            cli_env, cwd=repo)
+    assert not marker.exists(), f"the repository's .so ran on the host: {marker.read_text()}"
+    assert r.returncode == 0, r.stderr
+    # The command did get the variable, inside the sandbox (where the path does not exist).
+    assert last_run(corral_cmd, cli_env)["exit_code"] == 0
+
+
+def test_exec_env_reaches_the_sandbox_only(
+    evil_so: tuple[Path, Path], corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    so, marker = evil_so
+    r = run([*corral_cmd, "exec", "--env", f"LD_PRELOAD={so}", "--env", "SEEN=yes", "--",
+             "sh", "-c", 'echo "$SEEN $LD_PRELOAD"'], cli_env)
+    assert not marker.exists(), f"--env LD_PRELOAD ran code on the host: {marker.read_text()}"
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == f"yes {so}"
+
+
+@pytest.mark.parametrize("bad", ["1ABC", "A-B", "A B", "", "Ä"])
+def test_invalid_env_names_are_refused_in_one_line(
+    bad: str, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    r = run([*corral_cmd, "exec", "--env", f"{bad}=x", "--", "true"], cli_env)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "NAME=VALUE" in err or "POSIX" in err
+
+
+def test_invalid_secret_name_in_corral_toml_is_refused(
+    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    (tmp_path / "v").write_text("x")
+    (tmp_path / "corral.toml").write_text(f'[secrets]\n"BAD\\n" = {{ file = "{tmp_path}/v" }}\n')
+    r = run([*corral_cmd, "run", "--workspace", str(tmp_path), "--", "true"], cli_env)
+    err = r.stderr.decode()
+    assert r.returncode != 0 and "Traceback" not in err and "POSIX" in err, err
+
+
+# ----------------------------------------------------------------- 2. the exit status
+
+STEAL = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+me, parent = os.getpid(), os.getppid()
+stolen = killed = 0
+for name in os.listdir("/proc"):
+    if not name.isdigit() or int(name) in (me, parent):
+        continue
+    pid = int(name)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        continue
+    for fd in range(3, 64):
+        got = libc.syscall(438, pidfd, fd, 0)  # pidfd_getfd
+        if got >= 0:
+            try:
+                os.write(got, b"0\n")  # a forged "exited 0" report
+                stolen += 1
+            except OSError:
+                pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+        killed += 1
+    except OSError:
+        pass
+print(f"stolen={stolen} killed={killed}", flush=True)
+"""
+
+
+def test_agent_cannot_decide_its_exit_status(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    r = run([*corral_cmd, "exec", "--", "sh", "-c",
+             f"sleep 300 & {PY} -c '{STEAL}'; exit 7"], cli_env, timeout=60)
+    assert b"stolen=0" in r.stdout, r.stdout  # no descriptor of the reporter could be taken
+    assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)
+
+
+def test_killing_everything_it_sees_does_not_fake_a_signal_death(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    # The command's own background job keeps stdout open: exec must not wait for it.
+    r = run([*corral_cmd, "exec", "--", "sh", "-c",
+             f"sleep 300 & {PY} -c '{STEAL}'; exit 3"], cli_env, timeout=60)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+
+
+# ----------------------------------------------------------------- 3. wedging the sandbox
+
+PTRACE_INIT = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH to pid 1 of the sandbox
+print("attach", rc, os.strerror(ctypes.get_errno()), flush=True)
+"""
+
+
+def test_ptrace_stopping_pid_1_is_refused(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    r = run([*corral_cmd, "exec", "--timeout", "30", "--", "sh", "-c",
+             f"{PY} -c '{PTRACE_INIT}'; exit 4"], cli_env, timeout=90)
+    assert r.stdout.startswith(b"attach -1"), r.stdout
+    assert r.returncode == 4, (r.returncode, r.stderr)
+
+
+def test_timeout_kills_stopped_and_traced_processes(
+    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path
+) -> None:
+    # A stopped child, a child ptrace-stopped by its sibling, and a command that ignores
+    # SIGTERM: the timeout still ends it all, with the timeout's exit status.
+    script = (
+        "sleep 1000 & kill -STOP $!; "
+        f"sleep 1000 & {PY} -c 'import ctypes,sys; ctypes.CDLL(None).ptrace(16, int(sys.argv[1]), 0, 0); "
+        "import time; time.sleep(1000)' $! & "
+        "trap '' TERM; exec sleep 1000"
+    )
+    r = run([*corral_cmd, "exec", "--keep", "--name", "wedge", "--timeout", "2", "--",
+             "sh", "-c", script], cli_env, timeout=60)
+    assert r.returncode == 124, (r.returncode, r.stderr)
+    assert b"timed out" in r.stderr
+    state = json.loads(next(corral_home.glob("sandboxes/bubblewrap/wedge/state.json")).read_text())
+    left = [pid for cg in state["cgroups"] for pid in Path(cg, "cgroup.procs").read_text().split()]
+    try:
+        assert left == [], f"processes left in the sandbox after its timeout: {left}"
+    finally:
+        run([*corral_cmd, "sandboxes", "rm", "wedge"], cli_env)
+
+
+def test_run_timeout_cannot_be_stopped_by_the_agent(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    # Stop whatever might enforce the timeout from inside: the parent, pid 1, everyone.
+    r = run([*corral_cmd, "run", "--timeout", "2", "--", "sh", "-c",
+             "kill -STOP $PPID 1; kill -STOP -1; exec sleep 100"], cli_env, timeout=90)
+    assert r.returncode == 124, (r.returncode, r.stderr)
+    record = last_run(corral_cmd, cli_env)
+    assert record["exit_code"] == 124 and record["status"] == "failed"
+
+
+# ----------------------------------------------------------------- 4. the journal
+
+SEEK = r"""
+import fcntl, os, sys
+sys.stdout.write("first line\n" * 50); sys.stdout.flush()
+try:
+    fl = fcntl.fcntl(1, fcntl.F_GETFL)
+    fcntl.fcntl(1, fcntl.F_SETFL, fl & ~os.O_APPEND)
+    os.lseek(1, 0, os.SEEK_SET)
+    print("seeked", flush=True)
+except OSError as exc:
+    print("no seek:", exc.strerror, flush=True)
+"""
+
+TRUNCATE = r"""
+import os, sys
+sys.stdout.write("before\n"); sys.stdout.flush()
+try:
+    os.ftruncate(1, 0)
+    print("truncated", flush=True)
+except OSError as exc:
+    print("no truncate:", exc.strerror, flush=True)
+"""
+
+
+def _events(corral_cmd: list[str], cli_env: dict[str, str], run_id: str) -> list[dict[str, object]]:
+    r = run([*corral_cmd, "attach", run_id, "--json"], cli_env, timeout=60)
+    return [json.loads(line)["event"] for line in r.stdout.splitlines()]
+
+
+def test_agent_cannot_seek_over_the_journal(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    r = run([*corral_cmd, "run", "--", "sh", "-c", f"{PY} -c '{SEEK}'; exit 5"], cli_env)
+    record = last_run(corral_cmd, cli_env)
+    assert record["exit_code"] == 5, (record, r.stderr)
+    assert b"exit status is lost" not in r.stderr
+    text = "".join(str(e.get("delta", "")) for e in _events(corral_cmd, cli_env,
+                                                             str(record["run_id"])))
+    assert text.startswith("first line\n" * 50)
+
+
+def test_agent_cannot_truncate_the_journal(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    r = run([*corral_cmd, "run", "--", "sh", "-c", f"{PY} -c '{TRUNCATE}'; exit 6"], cli_env,
+            timeout=60)
+    record = last_run(corral_cmd, cli_env)
+    assert record["exit_code"] == 6, (record, r.stderr)
+    assert b"before" in r.stdout and b"no truncate" in r.stdout
