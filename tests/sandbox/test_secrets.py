@@ -34,7 +34,7 @@ def test_refs_carry_names_only() -> None:
 def test_bad_secrets_name_the_field() -> None:
     with pytest.raises(ConfigError, match="secrets.X: the value"):
         Secrets(X="")
-    with pytest.raises(ConfigError, match="not a valid name"):
+    with pytest.raises(ConfigError, match="invalid secret name .1BAD.*POSIX"):
         Secrets({"1BAD": "value-123"})
     with pytest.raises(ConfigError, match="unknown secret 'NOPE'"):
         Secrets(A="value-123").resolve("NOPE")

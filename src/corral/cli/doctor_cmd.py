@@ -139,8 +139,9 @@ def _agents() -> list[Check]:
 def collect() -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
-    checks.append(_tool("perl", "used to report which signal killed a command",
-                        "apt-get install perl-base"))
+    checks.append(_tool("perl", "the bubblewrap sandboxes' init, which decides the exit "
+                        "status out of the command's reach", "apt-get install perl-base",
+                        required=True))
     if os.geteuid() == 0:
         checks.append(_tool("setpriv", "drops sandboxes to an unprivileged uid when run as root",
                             "apt-get install util-linux", required=True))

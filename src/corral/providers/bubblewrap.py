@@ -20,17 +20,27 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
   ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
 
+What host processes see: the launcher chain (``sh`` joining the cgroups, ``setpriv``,
+``bwrap``) runs with a fixed environment (``PATH`` and corral's own tag), never a variable a
+user, a secret or a repository's corral.toml names: those reach the command inside the
+sandbox only, over the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the
+sandbox's pid 1 with no environment at all.
+
+Each command runs under corral's own init as pid 1 of a fresh pid namespace
+(``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
+itself non-dumpable before the command starts, so the command (same uid) cannot ptrace it,
+read its ``/proc`` entries or take its descriptors; as a namespace's init it cannot be
+signalled from inside. It alone reports the command's raw wait status, on a pipe whose
+other end only the host holds: nothing the agent can reach decides the status corral
+reports. When the command ends the init exits and the kernel kills everything left in the
+namespace, stopped or traced processes included.
+
 Consequences worth knowing: each command gets its own pid namespace, so a command sees
 only its own processes, and whatever an ``exec``/``spawn`` leaves running in the
 background (``cmd &``, ``setsid``, daemons) is killed when its main process ends. Use
 ``spawn`` for long-lived processes: they survive the Python process that started them.
-Killing a process tree kills the namespace's init, which takes everything in it.
-``destroy`` freezes and kills the whole cgroup. (Without perl on the host, the namespace
-lives until its last process exits, and ``exec`` waits for that.)
-
-Signal deaths: ``bwrap`` itself can only report ``128 + N``, so the command is run under
-a tiny in-sandbox reporter (``perl``, when the host has it) that reports the real wait
-status on a pipe; without perl a status above 128 is read as a signal.
+Killing a process tree kills the namespace's init, which takes everything in it; a timeout
+does the same and reports exit status 124. ``destroy`` freezes and kills the whole cgroup.
 """
 
 from __future__ import annotations
