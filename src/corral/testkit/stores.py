@@ -233,6 +233,65 @@ class TestRunStoreContract:
         with pytest.raises(StoreError, match="limit"):
             await store.list_reclaimable(now=T0, ttl=0, limit=-1)
 
+    async def test_list_reclaimable_lapsed_lease_counts_from_its_end(self, store: Store) -> None:
+        """A driver that died without detaching leaves a lease that lapses: from its end
+        the run is as unattended as a detached one (inclusive cutoff); a live lease or a
+        run never claimed is never listed."""
+        await _run(store, "lapsed")
+        await store.acquire_claim("lapsed", "dead-driver", 10, now=T0)  # ends T0 + 10
+        await _run(store, "live")
+        await store.acquire_claim("live", "driver", 100, now=T0)  # ends T0 + 100
+        await _run(store, "never-claimed")
+        await _run(store, "done")
+        await store.acquire_claim("done", "driver", 10, now=T0)
+        await store.update("done", RunPatch(status=RunStatus.COMPLETED))
+        assert await store.list_reclaimable(now=T0 + 9.9, ttl=0) == []
+        found = await store.list_reclaimable(now=T0 + 10, ttl=0)
+        assert [r.run_id for r in found] == ["lapsed"]
+        assert await store.list_reclaimable(now=T0 + 69.9, ttl=60) == []
+        found = await store.list_reclaimable(now=T0 + 70, ttl=60)
+        assert [r.run_id for r in found] == ["lapsed"]
+        found = await store.list_reclaimable(now=T0 + 100, ttl=0)
+        assert [r.run_id for r in found] == ["lapsed", "live"]
+
+    async def test_list_reclaimable_released_claim_counts_from_the_release(
+        self, store: Store
+    ) -> None:
+        """A driver that released its claim and died before the next one took it (between
+        ``start`` and ``drive``, or before stamping a detach) leaves a reapable run."""
+        await _run(store, "r")
+        claim = await store.acquire_claim("r", "starter", 30, now=T0)
+        await store.release_claim(claim)
+        rec = await store.get("r")
+        assert rec is not None and rec.claim_owner is None
+        assert rec.claim_expires_at is not None and rec.claim_expires_at <= T0 + 30
+        released = rec.claim_expires_at
+        assert await store.list_reclaimable(now=released - 0.5, ttl=0) == []
+        found = await store.list_reclaimable(now=released, ttl=0)
+        assert [r.run_id for r in found] == ["r"]
+        # a new driver takes it: not listed while its lease lives
+        await store.acquire_claim("r", "successor", 30, now=released + 1)
+        assert await store.list_reclaimable(now=released + 2, ttl=0) == []
+
+    async def test_list_reclaimable_detached_since_wins_and_order_mixes_both(
+        self, store: Store
+    ) -> None:
+        """``detached_since`` decides when set (a server may drive a detached run under a
+        live lease); runs of both kinds are listed oldest first together."""
+        await _run(store, "detached-held")
+        await store.acquire_claim("detached-held", "server", 1000, now=T0)
+        await store.update("detached-held", RunPatch(detached_since=T0 + 5))
+        await _run(store, "lapsed")
+        await store.acquire_claim("lapsed", "dead", 10, now=T0)  # ends T0 + 10
+        await _run(store, "detached")
+        await store.update("detached", RunPatch(detached_since=T0 + 20))
+        found = await store.list_reclaimable(now=T0 + 30, ttl=0)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed", "detached"]
+        found = await store.list_reclaimable(now=T0 + 30, ttl=0, limit=2)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed"]
+        found = await store.list_reclaimable(now=T0 + 30, ttl=20)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed"]
+
     async def test_request_cancel_is_sticky_and_atomic(self, store: Store) -> None:
         assert await store.request_cancel("ghost") is None
         await _run(store, "r")
