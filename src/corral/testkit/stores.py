@@ -705,6 +705,33 @@ class _Counting:
         return await self.inner.close(run_id, epoch=epoch)
 
 
+class _FlakyTerminal:
+    """Delegates to a store; its terminal status writes fail ``failures`` times first (as a
+    refused transaction: nothing written). ``calls`` records refused/stored/close."""
+
+    def __init__(self, inner: Store, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def update(self, run_id: str, patch: RunPatch, **kw: Any) -> RunRecord | None:
+        if not patch.is_terminal:
+            return await self.inner.update(run_id, patch, **kw)
+        if self.failures > 0:
+            self.failures -= 1
+            self.calls.append("refused")
+            raise StoreError("database is locked")
+        self.calls.append("stored")
+        return await self.inner.update(run_id, patch, **kw)
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        self.calls.append("close")
+        return await self.inner.close(run_id, epoch=epoch)
+
+
 async def _until(cond: Any, timeout: float = DEADLINE) -> None:
     with anyio.fail_after(timeout):
         while not cond():
@@ -863,6 +890,50 @@ class TestPipeToRunLog:
         assert result.record is not None and result.record.exit_code == 3
         assert result.record.error is not None and result.record.error.code == "exit_code"
         assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+
+    async def test_terminal_write_refused_once_is_retried_then_closed(
+        self, store: Store
+    ) -> None:
+        """A transient store error on the terminal write: retried, stored, and only then
+        the log closed."""
+        epoch = await _claimed(store)
+        flaky = _FlakyTerminal(store, failures=1)
+        items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
+        with anyio.fail_after(DEADLINE):
+            result = await pipe_to_run_log(flaky, "run-1", _events(items), epoch=epoch)
+        assert result.status is RunStatus.COMPLETED and result.record_error is None
+        assert result.record is not None and result.record.status is RunStatus.COMPLETED
+        assert flaky.calls == ["refused", "stored", "close"]
+
+    async def test_terminal_write_never_stored_leaves_the_log_open(self, store: Store) -> None:
+        """A store that keeps refusing: no close (a closed log under a running record could
+        never be finished); ``record_error`` says why; a successor ends the run with the
+        end already logged, appending nothing."""
+        epoch = await _claimed(store)
+        flaky = _FlakyTerminal(store, failures=100)
+        items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
+        with anyio.fail_after(DEADLINE):
+            result = await pipe_to_run_log(flaky, "run-1", _events(items), epoch=epoch)
+        assert result.record_error is not None and "terminal status" in result.record_error
+        assert "close" not in flaky.calls
+        assert result.record is not None and result.record.status is RunStatus.RUNNING
+        assert not (await store.tail("run-1")).closed
+        successor = await store.acquire_claim("run-1", "successor", 30, break_lease_of="host-a")
+        result, _ = await self._pipe(
+            store, _events([ProducerExit(exit_code=0, logged=True)]), epoch=successor.epoch)
+        assert result.status is RunStatus.COMPLETED and result.appended == 0
+        assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
+
+    async def test_logged_end_records_the_error_without_appending(self, store: Store) -> None:
+        epoch = await _claimed(store)
+        await store.append("run-1", [({"type": "RUN_ERROR", "message": "boom"}, 3)], epoch=epoch)
+        await store.close("run-1", epoch=epoch)  # as an older driver left it
+        end = ProducerExit(exit_code=2, error=RunError("boom"), logged=True)
+        result, _ = await self._pipe(store, _events([end]), epoch=epoch)
+        assert result.status is RunStatus.FAILED and result.appended == 0
+        assert result.record is not None and result.record.error == RunError("boom")
+        assert result.record.exit_code == 2
+        assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
     async def test_zero_exit_completes(self, store: Store) -> None:
         items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
