@@ -394,10 +394,12 @@ async def reap_detached_runs(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     logger: logging.Logger | None = None,
 ) -> ReapResult:
-    """Sweep detached runs once: finalize those whose agent exited, expire those detached
-    for at least ``ttl`` seconds, and leave every other run exactly as it was.
+    """Sweep unattended runs once: finalize those whose agent exited (or was never
+    launched), expire those unattended for at least ``ttl`` seconds, and leave every other
+    run exactly as it was. Unattended: detached, or its driver's lease lapsed
+    (:attr:`RunRecord.unattended_since`).
 
-    One ``list_reclaimable(now, 0, limit=max_runs)`` (every detached run is a finalization
+    One ``list_reclaimable(now, 0, limit=max_runs)`` (every unattended run is a finalization
     candidate; expiry is decided here against the inclusive cutoff ``now - ttl``), then the
     runs one after another. Per run: expired → claim, re-read under the claim (a viewer came
     back → ``not-claimed``), record the cancel; not expired → ``probe`` first, and on

@@ -159,6 +159,10 @@ def journal_drive(
 ) -> Drive:
     """A ``drive`` that continues a run from where its log stopped.
 
+    First, a log that already holds the run's end (or is closed) is finished with that end
+    (:func:`logged_end`), appending nothing; a run with no journal (its agent was never
+    launched; we hold the claim, so its starter is fenced off) fails with
+    :class:`AgentNeverStarted`. Otherwise:
     It reads the journal offset stored with the last logged event (``None``: nothing was
     logged, start with the harness's start batch), resumes the translation there, and yields
     one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the

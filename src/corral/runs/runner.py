@@ -1010,7 +1010,8 @@ class Runner:
         budget: float = 30.0,
         now: float | None = None,
     ) -> tuple[ReapResult, PruneResult | None]:
-        """One reaper sweep over detached runs (finalize, expire, reclaim), then one prune
+        """One reaper sweep over unattended runs (detached, or their driver's lease lapsed:
+        finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         from corral.runs.reaping import reap_runner_runs
 
