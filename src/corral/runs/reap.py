@@ -306,7 +306,8 @@ class _Sweep:
                 # detached_since inside its own claim, and cancel_requested is sticky, so a
                 # cancel written from the stale listing would poison a run a viewer owns now.
                 if not _still_expired(record, current, held.epoch, self.cutoff):
-                    raise _NotClaimed(f"a viewer came back to run {run_id!r}")
+                    raise _NotClaimed(f"a viewer came back to run {run_id!r} (or another "
+                                      "driver took it) since it was listed")
                 await self.store.request_cancel(run_id)
             await await_log_quiet(self.store, run_id, self.quiet)
             # Armed only now: the budget bounds the drive, not the wait for the claim or the
