@@ -1,7 +1,8 @@
 """``pipe_to_run_log``: drive a producer's events into a run's log, ending in one status.
 
 The pipe is total: whatever the producer does, it records exactly one terminal status
-(through the epoch fence) and calls ``close`` exactly once, then re-reads the record. Rules:
+(through the epoch fence) and calls ``close`` exactly once, then re-reads the record; the
+close always comes after the terminal status is stored. Rules:
 
 - the producer yields ``(event, journal_offset)`` pairs and may end with a
   :class:`ProducerExit` carrying the agent's exit code or error;
@@ -12,7 +13,11 @@ The pipe is total: whatever the producer does, it records exactly one terminal s
 - a driver whose claim is lost (:class:`ClaimLost` from an append or the terminal write) lands
   nothing more, writes no status over its successor, and still calls ``close`` (which leaves a
   successor's log open);
-- cancellation from outside records ``aborted``, closes, and re-raises the cancellation.
+- cancellation from outside records ``aborted``, closes, and re-raises the cancellation;
+- a terminal write the store refuses for another reason (a transient database error) is
+  retried a few times; if it never lands, the log is **not** closed (``record_error`` says
+  why): a closed log under a ``running`` record would make every successor fail a run whose
+  end may already be logged, while an open one lets the next driver finish it properly.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 import anyio
 
@@ -34,6 +39,10 @@ log = logging.getLogger("corral.runs.pipe")
 RUN_ERROR = "RUN_ERROR"
 RUN_FINISHED = "RUN_FINISHED"
 
+TERMINAL_WRITE_DELAYS: Final = (0.05, 0.2, 0.8)
+"""Waits before each retry of a terminal status write the store refused (not a fence
+miss): a transient database error must not leave a finished run ``running``."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProducerExit:
@@ -41,6 +50,10 @@ class ProducerExit:
 
     exit_code: int | None = None
     error: RunError | None = None
+    logged: bool = False
+    """The run's end (its ``RUN_FINISHED``/``RUN_ERROR``) is already in the log, put there
+    by an earlier driver whose terminal write was lost: record the status, append
+    nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +94,9 @@ class PipeResult:
     stopped: bool = False
     """The driver stopped without finishing (``stop`` was set): no status, no close; the run
     goes on and a successor continues from the log."""
+    record_error: str | None = None
+    """Why the terminal status could not be stored even after retries (the claim was held).
+    The log was left open, the record still says ``running``: a later driver finishes it."""
 
 
 class _End:
@@ -190,6 +206,7 @@ async def pipe_to_run_log(
     exit_code: int | None = None
     synthesize = False
     lost = False
+    end_logged = False
     appended = 0
     last_journal = journal_offset
     try:
@@ -215,9 +232,10 @@ async def pipe_to_run_log(
                 status, error, synthesize = RunStatus.FAILED, error_from_exception(item.exc), True
             elif isinstance(item, ProducerExit):
                 exit_code = item.exit_code
+                end_logged = item.logged
                 if item.error is not None:
                     status, error = RunStatus.FAILED, item.error
-                    synthesize = True
+                    synthesize = not end_logged
                 break
             else:
                 if isinstance(item, LogBatch):
@@ -252,7 +270,7 @@ async def pipe_to_run_log(
             elif exit_code is not None and exit_code != 0 and error is None:
                 status = RunStatus.FAILED
                 error = RunError(f"the agent exited with code {exit_code}", "exit_code")
-                synthesize = True
+                synthesize = not end_logged
             else:
                 status = RunStatus.COMPLETED
     finally:
@@ -346,6 +364,7 @@ async def _finish(
             error = RunError(
                 f"{error.message}; appending the synthesized RUN_ERROR failed: {exc}", error.code
             )
+    record_error: str | None = None
     if not lost:
         patch = RunPatch(
             status=status,
@@ -354,17 +373,22 @@ async def _finish(
             exit_code=exit_code if exit_code is not None else UNSET,
         )
         try:
-            await store.update(run_id, patch, expect_epoch=epoch)
+            await _write_terminal(store, run_id, patch, epoch)
         except ClaimLost:
             lost = True
         except Exception as exc:  # noqa: BLE001
-            log.error("recording the terminal status of run %s failed: %s", run_id, exc)
+            record_error = f"recording the terminal status failed: {exc}"
+            log.error("recording the terminal status of run %s failed (the log stays open "
+                      "for a successor): %s", run_id, exc)
     if lost:
         log.info("run %s: claim at epoch %d lost; its successor owns the run", run_id, epoch)
-    try:
-        await store.close(run_id, epoch=epoch)
-    except Exception as exc:  # noqa: BLE001
-        log.error("closing the event log of run %s failed: %s", run_id, exc)
+    if record_error is None:
+        # Only after the status is stored: a closed log under a running record would make
+        # every successor fail the run (nothing can be appended to finish it).
+        try:
+            await store.close(run_id, epoch=epoch)
+        except Exception as exc:  # noqa: BLE001
+            log.error("closing the event log of run %s failed: %s", run_id, exc)
     record: RunRecord | None = None
     try:
         record = await store.get(run_id)
@@ -377,4 +401,22 @@ async def _finish(
         error=error,
         exit_code=exit_code,
         appended=appended,
+        record_error=record_error,
     )
+
+
+async def _write_terminal(store: PipeStore, run_id: str, patch: RunPatch, epoch: int) -> None:
+    """The fenced terminal write, retried (bounded) when the store fails for any reason
+    but the fence: the patch is idempotent, and a lost claim (:class:`ClaimLost`) is final."""
+    for delay in (*TERMINAL_WRITE_DELAYS, None):
+        try:
+            await store.update(run_id, patch, expect_epoch=epoch)
+            return
+        except ClaimLost:
+            raise
+        except Exception as exc:
+            if delay is None:
+                raise
+            log.warning("recording the terminal status of run %s failed, retrying in %gs: %s",
+                        run_id, delay, exc)
+            await anyio.sleep(delay)

@@ -9,6 +9,11 @@ finished is learned out of band, by probing the end of its journal
 (:func:`corral.runs.probe.probe_run_exit`); a run is driven only when the probe saw its exit,
 or when its detach TTL has run out (then the outcome is terminal either way).
 
+"Detached" here means unattended (:attr:`RunRecord.unattended_since`): a viewer left
+(``detached_since``), or the run's driver died without detaching, at any moment, and its
+lease lapsed (its end is the moment the TTL counts from). A run under a live lease that is
+not detached is never listed, so never touched.
+
 The reaper never clears ``detached_since``: it selects on it, and clearing it would restart
 the TTL on every sweep. Only a viewer attaching clears it (inside its claim).
 
@@ -84,7 +89,9 @@ class ReapOutcome(enum.StrEnum):
     """The run is terminal and its transcript saved, but reclaiming its sandbox failed; a
     later sweep will not retry (the run left the listing). ``error`` says why."""
     FAILED = "failed"
-    """Something else went wrong; logged, and the sweep went on."""
+    """Something else went wrong; logged, and the sweep went on. Also a drive whose
+    terminal status the store would not take (after retries): the run is left ``running``
+    with its log open and its sandbox in place, for the next sweep to finish."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +99,13 @@ class ProbeResult:
     """What an out-of-band look at a run's journal learned.
 
     Three states, not a boolean: "could not tell" must not read as "still working" (only
-    one of them is something an operator should see), and never as "finished".
+    one of them is something an operator should see), and never as "finished". A fourth,
+    ``not-started``, is for a run whose starter provably died before it launched the
+    agent: there is nothing to wait for, the run is claimed and ended like a finished one
+    (its drive, under the claim, decides how).
     """
 
-    state: Literal["finished", "producing", "unknown"]
+    state: Literal["finished", "producing", "unknown", "not-started"]
     exit_code: int | None = None
     error: str | None = None
 
@@ -110,6 +120,10 @@ class ProbeResult:
     @classmethod
     def unknown(cls, error: str) -> ProbeResult:
         return cls("unknown", error=error)
+
+    @classmethod
+    def not_started(cls, reason: str) -> ProbeResult:
+        return cls("not-started", error=reason)
 
 
 Probe = Callable[[RunRecord], Awaitable[ProbeResult]]
@@ -209,6 +223,21 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _still_expired(listed: RunRecord, current: RunRecord, epoch: int, cutoff: float) -> bool:
+    """Whether the expiry decided from the listing still holds, judged from ``current``
+    (read under our claim, taken at ``epoch``).
+
+    Detached: ``detached_since`` is still set and old enough (the attach path clears it
+    inside its own claim; a viewer that came and left again re-stamped it). Unattended
+    through a lapsed lease: our claim replaced that lease, so the listing's verdict holds
+    only if nobody claimed the run in between (our epoch is the listed one plus one) and
+    nobody detached it since.
+    """
+    if current.detached_since is not None:
+        return current.detached_since <= cutoff
+    return listed.detached_since is None and epoch == listed.driver_epoch + 1
+
+
 @dataclass(slots=True)
 class _Sweep:
     store: ReapStore
@@ -237,14 +266,17 @@ class _Sweep:
 
     async def _reap_one(self, record: RunRecord) -> ReapEntry:
         run_id = record.run_id
-        expired = record.detached_since is not None and record.detached_since <= self.cutoff
+        since = record.unattended_since
+        expired = since is not None and since <= self.cutoff
         exit_code: int | None = None
         if not expired:
             self.probed += 1
             probe = await self.probe(record)
             if probe.state == "producing":
                 return ReapEntry(run_id, ReapOutcome.PRODUCING)
-            if probe.state != "finished":
+            if probe.state == "not-started":
+                self.logger.info("reap: run %s: %s", run_id, probe.error)
+            elif probe.state != "finished":
                 self.logger.warning("reap: cannot tell whether run %s finished: %s",
                                     run_id, probe.error)
                 return ReapEntry(run_id, ReapOutcome.UNKNOWN, error=probe.error)
@@ -273,8 +305,9 @@ class _Sweep:
                 # Re-derived from a read under the claim: the attach path clears
                 # detached_since inside its own claim, and cancel_requested is sticky, so a
                 # cancel written from the stale listing would poison a run a viewer owns now.
-                if current.detached_since is None or current.detached_since > self.cutoff:
-                    raise _NotClaimed(f"a viewer came back to run {run_id!r}")
+                if not _still_expired(record, current, held.epoch, self.cutoff):
+                    raise _NotClaimed(f"a viewer came back to run {run_id!r} (or another "
+                                      "driver took it) since it was listed")
                 await self.store.request_cancel(run_id)
             await await_log_quiet(self.store, run_id, self.quiet)
             # Armed only now: the budget bounds the drive, not the wait for the claim or the
@@ -304,6 +337,13 @@ class _Sweep:
         terminal = not pipe.claim_lost and status.terminal
         if pipe.exit_code is not None:
             exit_code = pipe.exit_code
+        if pipe.record_error is not None:
+            # We held the claim: nobody else owns the run. It stays running with its log
+            # open (the pipe closes only after a stored status) and its sandbox in place
+            # (never reclaim a run that is not terminal); the next sweep finishes it.
+            self.logger.error("reap: run %s: %s", run_id, pipe.record_error)
+            return ReapEntry(run_id, ReapOutcome.FAILED, status=status, exit_code=exit_code,
+                             error=pipe.record_error)
         if budget_fired and not expired:
             outcome = ReapOutcome.BUDGET_EXCEEDED
         elif not terminal:
@@ -355,10 +395,12 @@ async def reap_detached_runs(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     logger: logging.Logger | None = None,
 ) -> ReapResult:
-    """Sweep detached runs once: finalize those whose agent exited, expire those detached
-    for at least ``ttl`` seconds, and leave every other run exactly as it was.
+    """Sweep unattended runs once: finalize those whose agent exited (or was never
+    launched), expire those unattended for at least ``ttl`` seconds, and leave every other
+    run exactly as it was. Unattended: detached, or its driver's lease lapsed
+    (:attr:`RunRecord.unattended_since`).
 
-    One ``list_reclaimable(now, 0, limit=max_runs)`` (every detached run is a finalization
+    One ``list_reclaimable(now, 0, limit=max_runs)`` (every unattended run is a finalization
     candidate; expiry is decided here against the inclusive cutoff ``now - ttl``), then the
     runs one after another. Per run: expired → claim, re-read under the claim (a viewer came
     back → ``not-claimed``), record the cancel; not expired → ``probe`` first, and on

@@ -1,9 +1,12 @@
 """The reaper's collaborators for runs started by :class:`corral.runs.runner.Runner`, and
 one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
 
-- ``probe``: :func:`corral.runs.probe.probe_run_exit` (the journal's tail);
+- ``probe``: :func:`probe_runner_run`, :func:`corral.runs.probe.probe_run_exit` (the
+  journal's tail) plus the case of a starter that provably died before launching the agent;
 - ``drive``: :func:`journal_drive` continues the harness translation after the journal
-  offset stored with the last logged event, one atomic batch per journal item;
+  offset stored with the last logged event, one atomic batch per journal item (or records
+  the end an earlier driver already logged, :func:`logged_end`; or fails a run whose agent
+  was never launched);
 - ``stop``: :func:`journal_stop` stops an expired run's agent through its supervisor;
 - ``reclaim``: :func:`record_reclaimer` destroys the run's sandbox, found through its
   instance record (``sandbox_key``) or the ``sandbox_ref`` the Runner stores.
@@ -16,18 +19,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 import anyio
+import anyio.to_thread
 
+from corral.errors import CorralError
 from corral.harness.base import RunContext, translate_run
 from corral.harness.events import event_to_dict
 from corral.harness.registry import harness_for_record
-from corral.runs.pipe import LogBatch, Produced
-from corral.runs.probe import journal_location, probe_run_exit
+from corral.runs.owner import owner_is_dead
+from corral.runs.pipe import (
+    RUN_ERROR,
+    RUN_FINISHED,
+    LogBatch,
+    Produced,
+    ProducerExit,
+    error_from_event,
+)
+from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
 from corral.runs.prune import PruneResult, prune_journals
 from corral.runs.quiesce import DEFAULT_QUIET
 from corral.runs.reap import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_RUNS,
     Drive,
+    ProbeResult,
     ReapResult,
     ReapStore,
     reap_detached_runs,
@@ -39,14 +53,18 @@ from corral.runs.reclaim import (
     SandboxReclaimFailedError,
     sandbox_reclaimer,
 )
-from corral.runs.records import RunRecord
-from corral.runs.store import InstanceStore, Store
+from corral.runs.records import RunError, RunRecord
+from corral.runs.store import EventLog, InstanceStore, Store
 from corral.runs.supervisor import kill_supervised_async
 from corral.sandbox.contracts import SandboxRef
 from corral.sandbox.redact import Redactor
 
 __all__ = [
+    "NOT_STARTED",
+    "AgentNeverStarted",
     "journal_drive",
+    "logged_end",
+    "probe_runner_run",
     "journal_stop",
     "reap_runner_runs",
     "record_reclaimer",
@@ -57,6 +75,82 @@ log = logging.getLogger("corral.runs.reaping")
 STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
 
+NOT_STARTED: Final = "the process that started this run died before the agent started"
+
+
+class AgentNeverStarted(CorralError):
+    """A run's agent was never launched (no journal): its starter died first. Nothing will
+    ever write the journal, so the run can only end ``failed``."""
+
+    code = "not_started"
+
+
+async def probe_runner_run(record: RunRecord) -> ProbeResult:
+    """:func:`probe_run_exit`, except for a run whose starter provably died on this machine
+    (its lease's owner is a dead process here) without detaching and before launching the
+    agent (neither journal nor supervisor status exists): ``not-started``, so the sweep ends
+    it now instead of calling it ``producing`` until the TTL runs out.
+
+    Only a dead starter proves it: a live one (or one on another machine, whose journal is
+    not here to look at) may still launch the agent."""
+    if record.detached_since is None and owner_is_dead(record.claim_owner):
+        try:
+            paths, _ = journal_location(record)
+        except JournalLocationError:
+            pass
+        else:
+            def launched() -> bool:
+                return paths.journal.exists() or paths.status.exists()
+
+            if not await anyio.to_thread.run_sync(launched):
+                return ProbeResult.not_started(NOT_STARTED)
+    return await probe_run_exit(record)
+
+
+async def _last_event(store: EventLog, run_id: str, last_offset: int) -> dict[str, Any] | None:
+    if last_offset < 1:
+        return None
+    events = store.read(run_id, after=last_offset - 1)
+    try:
+        async for logged in events:
+            return logged.event
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return None
+
+
+async def logged_end(store: EventLog, record: RunRecord) -> ProducerExit | None:
+    """How to finish a ``running`` run whose log cannot (or need not) be continued, or
+    ``None`` to drive it normally.
+
+    - The log already ends with the run's end (``RUN_FINISHED``/``RUN_ERROR``): an earlier
+      driver logged the exit batch and died, or lost its terminal write, before storing
+      the status. The status is that end (exit code from the journal's sentinel); nothing
+      is appended. Resuming the journal after the exit would find no exit and fail the run.
+    - The log is closed without an end (nothing can be appended): the journal decides —
+      its exit code if the agent exited, else ``failed`` saying the log was closed.
+
+    The result carries ``logged=True``: the pipe records it without appending.
+    """
+    tail = await store.tail(record.run_id)
+    last = await _last_event(store, record.run_id, tail.last_offset)
+    kind = last.get("type") if last is not None else None
+    if kind not in (RUN_FINISHED, RUN_ERROR) and not tail.closed:
+        return None
+    probe = await probe_run_exit(record)
+    code = probe.exit_code if probe.state == "finished" else None
+    if kind == RUN_ERROR and last is not None:
+        return ProducerExit(exit_code=code, error=error_from_event(last), logged=True)
+    if kind == RUN_FINISHED or code is not None:
+        return ProducerExit(exit_code=code, logged=True)
+    return ProducerExit(
+        error=RunError("the run's event log was closed before the run's end was logged",
+                       "log_closed"),
+        logged=True,
+    )
+
 
 def journal_drive(
     store: ReapStore,
@@ -65,6 +159,10 @@ def journal_drive(
 ) -> Drive:
     """A ``drive`` that continues a run from where its log stopped.
 
+    First, a log that already holds the run's end (or is closed) is finished with that end
+    (:func:`logged_end`), appending nothing; a run with no journal (its agent was never
+    launched; we hold the claim, so its starter is fenced off) fails with
+    :class:`AgentNeverStarted`. Otherwise:
     It reads the journal offset stored with the last logged event (``None``: nothing was
     logged, start with the harness's start batch), resumes the translation there, and yields
     one :class:`~corral.runs.pipe.LogBatch` per journal item; the exit's batch carries the
@@ -77,6 +175,14 @@ def journal_drive(
 
     async def events(record: RunRecord) -> AsyncIterator[Produced]:
         paths, nonce = journal_location(record)
+        end = await logged_end(store, record)
+        if end is not None:
+            yield end
+            return
+        if not await anyio.to_thread.run_sync(paths.journal.exists):
+            # We hold the claim, so whoever started the run is fenced off: with no
+            # journal, its agent was never launched and nothing will ever write one.
+            raise AgentNeverStarted(f"{NOT_STARTED} (no journal at {paths.journal})")
         tail = await store.tail(record.run_id)
         ctx = RunContext(record.run_id, record.thread_id)
         batches = translate_run(harness_for_record(record), ctx, paths, nonce=nonce,
@@ -195,7 +301,7 @@ async def reap_runner_runs(
 
     result = await reap_detached_runs(
         store,
-        probe=probe_run_exit,
+        probe=probe_runner_run,
         drive=journal_drive(store, redactor_for=redactor_for, files_for=files_for),
         reclaim=reclaim,
         stop=journal_stop,

@@ -96,8 +96,10 @@ Patch = Union[_T, None, _Unset]  # noqa: UP007 (a generic alias needs Union on 3
 class RunRecord:
     """One run. Field names are the ``corral show --json`` keys.
 
-    ``driver_epoch`` is 0 until the first claim; only claims change it. ``claim_owner`` and
-    ``claim_expires_at`` describe the live lease (both ``None`` when nobody holds it).
+    ``driver_epoch`` is 0 until the first claim; only claims change it. ``claim_owner`` is
+    who holds the lease (``None`` once it is released); ``claim_expires_at`` is when the
+    latest lease ends or ended (a release sets it to the release time; ``None`` only for a
+    run never claimed), so a lapsed lease still says since when nobody drives the run.
     """
 
     run_id: str
@@ -131,6 +133,17 @@ class RunRecord:
             and self.claim_expires_at is not None
             and self.claim_expires_at > now
         )
+
+    @property
+    def unattended_since(self) -> float | None:
+        """Since when nobody watches or drives this run: ``detached_since`` when a viewer
+        left, else the end of its latest lease (a driver that died without detaching, at
+        any moment, leaves a lease that lapses). ``None`` for a run never claimed. While a
+        lease is live this is in the future, so a cutoff at or before now never selects
+        it. What :meth:`~corral.runs.store.RunStore.list_reclaimable` selects on."""
+        if self.detached_since is not None:
+            return self.detached_since
+        return self.claim_expires_at
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict; fields that are ``None`` are omitted (absent, not null)."""

@@ -57,6 +57,7 @@ from corral.runs.owner import driver_gone, new_owner_id, owner_is_dead
 from corral.runs.pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs.prune import PruneResult
 from corral.runs.reap import ReapResult
+from corral.runs.reaping import logged_end
 from corral.runs.records import RunPatch, RunRecord
 from corral.runs.sentinel import new_nonce
 from corral.runs.store import (
@@ -365,6 +366,7 @@ class Runner:
             self._run_tools[run_id] = tools
         nonce = new_nonce()
         self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
         await self.store.create(
             NewRun(
                 run_id=run_id,
@@ -372,11 +374,15 @@ class Runner:
                 harness=harness.name,
                 spec=spec,
                 journal={"dir": str(self.journals_dir), "nonce": nonce},
+                # Recorded before the sandbox exists: ensure writes its instance record as
+                # soon as the sandbox does, so if this process dies mid-bootstrap (the
+                # workspace copy) whoever ends the run (the reaper) still finds and
+                # reclaims it.
+                sandbox_key=sandbox.key(sctx),
             )
         )
         paths = JournalPaths.for_run(self.journals_dir, run_id)
         ensured: Ensured | None = None
-        sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
         async with hold_claim(self.store, run_id, self.owner, self.lease_ttl) as held:
             try:
                 start = harness.translator(RunContext(run_id, thread_id)).start()
@@ -642,6 +648,11 @@ class Runner:
                 return DriveResult(await self.detach(run_id), detached=True)
             if result.claim_lost:
                 continue
+            if result.record_error is not None:
+                # The store would not take the terminal status: the log is still open,
+                # the next claim (ours or another driver's) records the logged end.
+                await _wait(stop, _POLL)
+                continue
             final = result.record or await self._require(run_id)
             self._run_tools.pop(run_id, None)
             self._run_secrets.pop(run_id, None)
@@ -667,9 +678,13 @@ class Runner:
             break_lease_of=breaking,
         ) as held:
             # Appends from any predecessor are fenced from here on, so the tail is final.
+            end = await logged_end(self.store, record)
+            if end is not None:
+                # A predecessor logged the run's end (or closed the log) but never stored
+                # the status: record that end; resuming after the exit would find none.
+                return await pipe_to_run_log(self.store, run_id, _once(end),
+                                             epoch=held.epoch)
             tail = await self.store.tail(run_id)
-            if tail.closed:
-                return None
             if not paths.journal.exists():
                 # We hold the claim, so the starter is gone: it died before launching the
                 # agent. Nothing will ever write this journal.
@@ -986,7 +1001,8 @@ class Runner:
         budget: float = 30.0,
         now: float | None = None,
     ) -> tuple[ReapResult, PruneResult | None]:
-        """One reaper sweep over detached runs (finalize, expire, reclaim), then one prune
+        """One reaper sweep over unattended runs (detached, or their driver's lease lapsed:
+        finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         from corral.runs.reaping import reap_runner_runs
 
@@ -1099,6 +1115,10 @@ def _stop_pending(pending: PendingServices) -> None:
         return
     with contextlib.suppress(OSError):
         os.kill(services.pid, signal.SIGTERM)
+
+
+async def _once(item: Produced) -> AsyncIterator[Produced]:
+    yield item
 
 
 async def _never_launched() -> AsyncIterator[Produced]:

@@ -285,8 +285,14 @@ class RunStore(Protocol):
     async def list_reclaimable(
         self, now: float, ttl: float, *, limit: int | None = None
     ) -> list[RunRecord]:
-        """Running runs with ``detached_since <= now - ttl`` (inclusive), oldest
-        ``detached_since`` first (ties in creation order), at most ``limit`` of them.
+        """Running runs unattended since ``now - ttl`` or earlier (inclusive), oldest
+        first (ties in creation order), at most ``limit`` of them.
+
+        "Unattended since" is :attr:`RunRecord.unattended_since`: ``detached_since`` when a
+        viewer left, else the end of the latest lease. So a run whose driver died without
+        detaching (its lease lapsed, or it released its claim and died before the next
+        driver took one) is listed too, from the moment its lease ended; a run under a
+        live lease and not detached never is, and neither is a run never claimed.
 
         The order makes a capped sweep make progress: the oldest runs are the first to
         expire and leave the listing. A backend must answer a ``limit`` in time that grows

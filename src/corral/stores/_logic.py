@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from corral.runs.records import RunPatch, RunRecord
+from corral.runs.records import RunPatch, RunRecord, RunStatus
 from corral.runs.store import (
     Claim,
     ClaimLost,
@@ -116,13 +116,25 @@ def renew_transition(
 
 
 def release_transition(record: RunRecord | None, claim: Claim, now: float) -> RunRecord | None:
-    """The record with the lease dropped, or ``None`` when the claim is not current."""
+    """The record with the lease dropped, or ``None`` when the claim is not current.
+
+    ``claim_expires_at`` becomes the release time (never later than the lease's end): the
+    moment nobody drives the run any more, which makes a run whose releasing driver died
+    before anyone took it over reapable (:attr:`RunRecord.unattended_since`)."""
     try:
         _current(record, claim)
     except ClaimLost:
         return None
     assert record is not None
-    return replace(record, claim_owner=None, claim_expires_at=None, updated_at=now)
+    ended = min(now, record.claim_expires_at) if record.claim_expires_at is not None else now
+    return replace(record, claim_owner=None, claim_expires_at=ended, updated_at=now)
+
+
+def reclaimable(record: RunRecord, cutoff: float) -> bool:
+    """The ``list_reclaimable`` rule: running, and unattended since ``cutoff`` or earlier
+    (inclusive): detached then, or its latest lease ended then."""
+    since = record.unattended_since
+    return record.status is RunStatus.RUNNING and since is not None and since <= cutoff
 
 
 def update_transition(

@@ -127,15 +127,9 @@ class MemoryStore:
     ) -> list[RunRecord]:
         cutoff = now - ttl
         count = _logic.check_cap(limit)
-        found = [
-            r
-            for r in self._runs.values()
-            if r.status is RunStatus.RUNNING
-            and r.detached_since is not None
-            and r.detached_since <= cutoff
-        ]
+        found = [r for r in self._runs.values() if _logic.reclaimable(r, cutoff)]
         # Stable sort: ties keep creation (insertion) order, as in SQLite.
-        found.sort(key=lambda r: r.detached_since or 0.0)
+        found.sort(key=lambda r: r.unattended_since or 0.0)
         return found if count is None else found[:count]
 
     async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:

@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at);
 CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since);
+CREATE INDEX IF NOT EXISTS runs_unattended ON runs
+    (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')));
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
     offset INTEGER NOT NULL,
@@ -75,6 +77,10 @@ CREATE TABLE IF NOT EXISTS locks (
     expires_at REAL NOT NULL
 );
 """
+
+_UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
+"""Since when nobody watches or drives a run (``RunRecord.unattended_since``), exactly as
+the ``runs_unattended`` index spells it."""
 
 _READ_BATCH: Final = 1000
 _FALLBACK_POLL: Final = 1.0
@@ -326,14 +332,14 @@ class SQLiteStore:
     ) -> list[RunRecord]:
         cutoff = now - ttl
         count = _logic.check_cap(limit)
-        # Walks the (status, detached_since) index in order; seq is the rowid, which every
+        # RunRecord.unattended_since in SQL. Walks the runs_unattended expression index in
+        # order (the expression must match it exactly); seq is the rowid, which every
         # SQLite index carries, so the tie-break needs no sort and LIMIT stops the scan.
         return await self._read(
             lambda conn: _records(
                 conn.execute(
-                    "SELECT doc FROM runs WHERE status = 'running' "
-                    "AND detached_since IS NOT NULL AND detached_since <= ? "
-                    "ORDER BY detached_since, seq LIMIT ?",
+                    f"SELECT doc FROM runs WHERE status = 'running' AND {_UNATTENDED} <= ? "
+                    f"ORDER BY {_UNATTENDED}, seq LIMIT ?",
                     (cutoff, -1 if count is None else count),
                 ).fetchall()
             )

@@ -164,7 +164,7 @@ class ReaperWorld:
         self,
         script: str,
         *,
-        detached_ago: float = 1.0,
+        detached_ago: float | None = 1.0,
         run_id: str | None = None,
         sandbox: bool = True,
         logged_lines: int = 0,
@@ -173,7 +173,8 @@ class ReaperWorld:
     ) -> Started:
         """Start ``sh -c script`` under a supervisor; record the run as a dead host left it:
         the start batch (and the first ``logged_lines`` lines) in the log under an expired
-        lease, ``detached_since = now - detached_ago``."""
+        lease, ``detached_since = now - detached_ago`` (``None``: the host died without
+        detaching, only its lapsed lease says nobody drives the run)."""
         run_id = run_id or f"run-{next(self._ids)}-{os.getpid()}-{time.monotonic_ns()}"
         sandbox_id: str | None = None
         if sandbox:
@@ -222,7 +223,8 @@ class ReaperWorld:
             )
             count += 1
         # …then the viewer left and the host died (its lease lapses on its own).
-        await self.store.update(run_id, RunPatch(detached_since=time.time() - detached_ago))
+        if detached_ago is not None:
+            await self.store.update(run_id, RunPatch(detached_since=time.time() - detached_ago))
         await wait_for(lambda: time.time() > claim.expires_at, "the dead host's lease to lapse")
         return Started(run_id, paths, sandbox_id)
 
@@ -369,6 +371,38 @@ class TestReapOutcomes:
         assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
         assert await w.store.get_instance(f"key-{done.run_id}") is None
         await assert_untouched(w, busy, busy_before)
+
+    async def test_driver_that_died_without_detaching_is_finalized_after_its_lease(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        """No detach at all: the lapsed lease is what makes the run reapable."""
+        w = reaper_world
+        done = await w.start("echo out", wait_exit=True, detached_ago=None, logged_lines=0)
+        busy = await w.start(f"echo working; {LONG}", wait_output="working", detached_ago=None)
+        busy_before = await w.freeze(busy)
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        record = await w.record(done.run_id)
+        assert (record.status, record.exit_code) == (RunStatus.COMPLETED, 0)
+        assert record.detached_since is None
+        assert await w.text(done.run_id) == "out\n"
+        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_a_live_lease_without_detach_is_never_touched(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
+        w = reaper_world
+        done = await w.start("echo out", wait_exit=True, detached_ago=None)
+        await w.store.acquire_claim(done.run_id, "live-driver", 600)
+        before = await w.freeze(done)
+        busy = await w.start(f"echo working; {LONG}", wait_output="working")
+        result = await w.sweep(ttl=0.0, budget=1.0)
+        # the detached run is expired (the sweep acts), the held one is not even considered
+        assert result.considered == 1
+        assert entry(result, busy.run_id).outcome is ReapOutcome.EXPIRED
+        await assert_untouched(w, done, before)
 
     async def test_finalized_resumes_after_what_the_dead_host_logged(
         self, reaper_world: ReaperWorld

@@ -233,6 +233,65 @@ class TestRunStoreContract:
         with pytest.raises(StoreError, match="limit"):
             await store.list_reclaimable(now=T0, ttl=0, limit=-1)
 
+    async def test_list_reclaimable_lapsed_lease_counts_from_its_end(self, store: Store) -> None:
+        """A driver that died without detaching leaves a lease that lapses: from its end
+        the run is as unattended as a detached one (inclusive cutoff); a live lease or a
+        run never claimed is never listed."""
+        await _run(store, "lapsed")
+        await store.acquire_claim("lapsed", "dead-driver", 10, now=T0)  # ends T0 + 10
+        await _run(store, "live")
+        await store.acquire_claim("live", "driver", 100, now=T0)  # ends T0 + 100
+        await _run(store, "never-claimed")
+        await _run(store, "done")
+        await store.acquire_claim("done", "driver", 10, now=T0)
+        await store.update("done", RunPatch(status=RunStatus.COMPLETED))
+        assert await store.list_reclaimable(now=T0 + 9.9, ttl=0) == []
+        found = await store.list_reclaimable(now=T0 + 10, ttl=0)
+        assert [r.run_id for r in found] == ["lapsed"]
+        assert await store.list_reclaimable(now=T0 + 69.9, ttl=60) == []
+        found = await store.list_reclaimable(now=T0 + 70, ttl=60)
+        assert [r.run_id for r in found] == ["lapsed"]
+        found = await store.list_reclaimable(now=T0 + 100, ttl=0)
+        assert [r.run_id for r in found] == ["lapsed", "live"]
+
+    async def test_list_reclaimable_released_claim_counts_from_the_release(
+        self, store: Store
+    ) -> None:
+        """A driver that released its claim and died before the next one took it (between
+        ``start`` and ``drive``, or before stamping a detach) leaves a reapable run."""
+        await _run(store, "r")
+        claim = await store.acquire_claim("r", "starter", 30, now=T0)
+        await store.release_claim(claim)
+        rec = await store.get("r")
+        assert rec is not None and rec.claim_owner is None
+        assert rec.claim_expires_at is not None and rec.claim_expires_at <= T0 + 30
+        released = rec.claim_expires_at
+        assert await store.list_reclaimable(now=released - 0.5, ttl=0) == []
+        found = await store.list_reclaimable(now=released, ttl=0)
+        assert [r.run_id for r in found] == ["r"]
+        # a new driver takes it: not listed while its lease lives
+        await store.acquire_claim("r", "successor", 30, now=released + 1)
+        assert await store.list_reclaimable(now=released + 2, ttl=0) == []
+
+    async def test_list_reclaimable_detached_since_wins_and_order_mixes_both(
+        self, store: Store
+    ) -> None:
+        """``detached_since`` decides when set (a server may drive a detached run under a
+        live lease); runs of both kinds are listed oldest first together."""
+        await _run(store, "detached-held")
+        await store.acquire_claim("detached-held", "server", 1000, now=T0)
+        await store.update("detached-held", RunPatch(detached_since=T0 + 5))
+        await _run(store, "lapsed")
+        await store.acquire_claim("lapsed", "dead", 10, now=T0)  # ends T0 + 10
+        await _run(store, "detached")
+        await store.update("detached", RunPatch(detached_since=T0 + 20))
+        found = await store.list_reclaimable(now=T0 + 30, ttl=0)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed", "detached"]
+        found = await store.list_reclaimable(now=T0 + 30, ttl=0, limit=2)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed"]
+        found = await store.list_reclaimable(now=T0 + 30, ttl=20)
+        assert [r.run_id for r in found] == ["detached-held", "lapsed"]
+
     async def test_request_cancel_is_sticky_and_atomic(self, store: Store) -> None:
         assert await store.request_cancel("ghost") is None
         await _run(store, "r")
@@ -646,6 +705,33 @@ class _Counting:
         return await self.inner.close(run_id, epoch=epoch)
 
 
+class _FlakyTerminal:
+    """Delegates to a store; its terminal status writes fail ``failures`` times first (as a
+    refused transaction: nothing written). ``calls`` records refused/stored/close."""
+
+    def __init__(self, inner: Store, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def update(self, run_id: str, patch: RunPatch, **kw: Any) -> RunRecord | None:
+        if not patch.is_terminal:
+            return await self.inner.update(run_id, patch, **kw)
+        if self.failures > 0:
+            self.failures -= 1
+            self.calls.append("refused")
+            raise StoreError("database is locked")
+        self.calls.append("stored")
+        return await self.inner.update(run_id, patch, **kw)
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        self.calls.append("close")
+        return await self.inner.close(run_id, epoch=epoch)
+
+
 async def _until(cond: Any, timeout: float = DEADLINE) -> None:
     with anyio.fail_after(timeout):
         while not cond():
@@ -804,6 +890,50 @@ class TestPipeToRunLog:
         assert result.record is not None and result.record.exit_code == 3
         assert result.record.error is not None and result.record.error.code == "exit_code"
         assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+
+    async def test_terminal_write_refused_once_is_retried_then_closed(
+        self, store: Store
+    ) -> None:
+        """A transient store error on the terminal write: retried, stored, and only then
+        the log closed."""
+        epoch = await _claimed(store)
+        flaky = _FlakyTerminal(store, failures=1)
+        items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
+        with anyio.fail_after(DEADLINE):
+            result = await pipe_to_run_log(flaky, "run-1", _events(items), epoch=epoch)
+        assert result.status is RunStatus.COMPLETED and result.record_error is None
+        assert result.record is not None and result.record.status is RunStatus.COMPLETED
+        assert flaky.calls == ["refused", "stored", "close"]
+
+    async def test_terminal_write_never_stored_leaves_the_log_open(self, store: Store) -> None:
+        """A store that keeps refusing: no close (a closed log under a running record could
+        never be finished); ``record_error`` says why; a successor ends the run with the
+        end already logged, appending nothing."""
+        epoch = await _claimed(store)
+        flaky = _FlakyTerminal(store, failures=100)
+        items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
+        with anyio.fail_after(DEADLINE):
+            result = await pipe_to_run_log(flaky, "run-1", _events(items), epoch=epoch)
+        assert result.record_error is not None and "terminal status" in result.record_error
+        assert "close" not in flaky.calls
+        assert result.record is not None and result.record.status is RunStatus.RUNNING
+        assert not (await store.tail("run-1")).closed
+        successor = await store.acquire_claim("run-1", "successor", 30, break_lease_of="host-a")
+        result, _ = await self._pipe(
+            store, _events([ProducerExit(exit_code=0, logged=True)]), epoch=successor.epoch)
+        assert result.status is RunStatus.COMPLETED and result.appended == 0
+        assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
+
+    async def test_logged_end_records_the_error_without_appending(self, store: Store) -> None:
+        epoch = await _claimed(store)
+        await store.append("run-1", [({"type": "RUN_ERROR", "message": "boom"}, 3)], epoch=epoch)
+        await store.close("run-1", epoch=epoch)  # as an older driver left it
+        end = ProducerExit(exit_code=2, error=RunError("boom"), logged=True)
+        result, _ = await self._pipe(store, _events([end]), epoch=epoch)
+        assert result.status is RunStatus.FAILED and result.appended == 0
+        assert result.record is not None and result.record.error == RunError("boom")
+        assert result.record.exit_code == 2
+        assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
     async def test_zero_exit_completes(self, store: Store) -> None:
         items = [(_ev(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
