@@ -86,16 +86,15 @@ class StateGuard:
                     f"{field}: {source!r} is inside corral's own state ({root}); corral never "
                     "copies its state into a sandbox: pass your project's directory instead"
                 )
+        # Only the marker counts here: the looser signs used for skipping (a corral.db
+        # next to journals/) are too weak to refuse a directory that merely sits beside
+        # such files.
         for parent in (source, *map(str, Path(source).parents)):
-            try:
-                names = os.listdir(parent)
-            except OSError:
-                continue
-            if self.skip_dir(parent, names) is not None:
+            if os.path.isfile(os.path.join(parent, HOME_MARKER)):
                 raise ConfigError(
-                    f"{field}: {source!r} is inside corral's own state ({parent}); corral "
-                    "never copies its state into a sandbox: pass your project's directory "
-                    "instead"
+                    f"{field}: {source!r} is inside corral's own state ({parent} is a "
+                    "CORRAL_HOME); corral never copies its state into a sandbox: pass your "
+                    "project's directory instead"
                 )
 
     def skip_dir(self, path: str, names: Collection[str]) -> str | None:

@@ -270,8 +270,10 @@ class _Stopped(Exception):
 
 
 class _Sink(io.RawIOBase):
-    """The file object tarfile writes to: each write goes to the event loop, which writes
-    it to ``tar``'s stdin (so at most one chunk is in flight)."""
+    """The file object tarfile writes to. Writes are gathered into chunks of
+    :data:`CHUNK` bytes (a bytearray: tarfile's many 512-byte writes cost no copying of
+    what is already gathered); each full chunk goes to the event loop, which writes it to
+    ``tar``'s stdin, so at most one chunk is gathered and one in flight."""
 
     def __init__(
         self, send: Callable[[bytes], Coroutine[Any, Any, None]], stop: threading.Event
@@ -279,16 +281,32 @@ class _Sink(io.RawIOBase):
         super().__init__()
         self._send = send
         self._stop = stop
+        self._buf = bytearray()
+        self._pos = 0
 
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self._pos  # tarfile's "w" mode asks once, for its start offset
+
     def write(self, data: Buffer) -> int:
+        view = memoryview(data)
+        self._buf += view
+        self._pos += view.nbytes
+        if len(self._buf) >= CHUNK:
+            self.send_buffered()
+        return view.nbytes
+
+    def send_buffered(self) -> None:
+        """Hand what is gathered to the event loop (not ``flush``: IOBase calls that from
+        ``close`` and ``__del__``, possibly without an event loop)."""
         if self._stop.is_set():
             raise _Stopped
-        chunk = bytes(data)
-        anyio.from_thread.run(self._send, chunk)
-        return len(chunk)
+        if self._buf:
+            chunk = bytes(self._buf)
+            self._buf.clear()
+            anyio.from_thread.run(self._send, chunk)
 
 
 def _produce(
@@ -302,8 +320,9 @@ def _produce(
 ) -> None:
     """Second pass (in a worker thread): write the archive to ``sink``."""
     # Not ``with``: on failure, closing would write the end of the archive, turning a
-    # truncated copy into a valid one. Unclosed, it holds nothing but a buffer.
-    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK)
+    # truncated copy into a valid one. Mode "w", not the stream mode "w|", whose buffer
+    # is copied whole on every write; the sink buffers instead.
+    tar = tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)
     # read source files in CHUNK reads, not 16 KiB ones (typeshed lacks the attribute)
     tar.copybufsize = CHUNK  # type: ignore[attr-defined]
     content = 0
@@ -317,7 +336,8 @@ def _produce(
             counter.files_done += 1
             if content > limit.max_bytes:
                 raise limit.exceeded(source, content, counter.files_done)
-    tar.close()
+    tar.close()  # the end-of-archive blocks
+    sink.send_buffered()
 
 
 def _add_file(tar: tarfile.TarFile, entry: _Entry) -> int:
