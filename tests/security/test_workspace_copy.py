@@ -15,10 +15,12 @@ bubblewrap provider:
 from __future__ import annotations
 
 import os
+import pty
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import anyio
@@ -47,22 +49,35 @@ sys.exit(rc)
 
 
 def _corral(
-    corral_cmd: list[str], env: dict[str, str], *args: str
+    corral_cmd: list[str], env: dict[str, str], *args: str, tty_stderr: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], int]:
-    """Run the CLI; return its result and its peak RSS in bytes."""
+    """Run the CLI; return its result and its peak RSS in bytes. ``tty_stderr``: its
+    stderr is a terminal (a pty), as for a user at a shell."""
     fd, name = tempfile.mkstemp(prefix="corral-peak-rss-")
     os.close(fd)
     rss_file = Path(name)
+    master = slave = -1
+    if tty_stderr:
+        master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-c", _MEASURE, str(rss_file), *corral_cmd, *args],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=slave if tty_stderr else subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    tty_out: list[bytes] = []
+    reader = None
+    if tty_stderr:
+        os.close(slave)
+        reader = threading.Thread(target=_read_pty, args=(master, tty_out))
+        reader.start()
     try:
         out, err = proc.communicate(timeout=CLI_TIMEOUT)
+        if reader is not None:
+            reader.join()
+            err = b"".join(tty_out).decode("utf-8", "replace")
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
@@ -76,6 +91,16 @@ def _corral(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), peak
 
 
+def _read_pty(fd: int, into: list[bytes]) -> None:
+    try:
+        while chunk := os.read(fd, 4096):
+            into.append(chunk)
+    except OSError:  # EIO: every writer closed it
+        pass
+    finally:
+        os.close(fd)
+
+
 def _sandboxes_left(home: Path) -> list[str]:
     root = home / "sandboxes" / "bubblewrap"
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
@@ -84,7 +109,7 @@ def _sandboxes_left(home: Path) -> list[str]:
 # ------------------------------------------------------------------ bounded memory
 
 
-def test_big_file_is_streamed_in_bounded_memory(
+def test_big_file_is_streamed_in_bounded_memory_with_progress_on_a_terminal(
     tmp_path: Path, cli_env: dict[str, str], corral_cmd: list[str]
 ) -> None:
     size = 768 * MiB
@@ -97,11 +122,15 @@ def test_big_file_is_streamed_in_bounded_memory(
     res, peak = _corral(
         corral_cmd, env, "run", "--workspace", str(ws), "--",
         "sh", "-c", "stat -c '%s' /workspace/big.bin; cat /workspace/small.txt",
+        tty_stderr=True,
     )
     assert res.returncode == 0, res.stderr
     assert f"{size}" in res.stdout and "small" in res.stdout
     # The CLI process alone is ~60 MiB; an in-memory tar would be at least the file's size.
     assert 0 < peak < size // 4, f"peak RSS {peak / MiB:.0f} MiB for a {size // MiB} MiB file"
+    # a terminal saw the copy progress, then a summary
+    assert "corral: copying the workspace:" in res.stderr and " of 768 MiB (" in res.stderr
+    assert "corral: copied the workspace: 768 MiB in 2 files" in res.stderr
 
 
 # ------------------------------------------------------------------ refusals

@@ -156,8 +156,8 @@ class _Counter:
     """Progress shared by the producing thread and the event loop (ints: GIL-atomic)."""
 
     source: str
-    files_total: int
-    bytes_total: int
+    files_total: int = 0
+    bytes_total: int = 0
     started: float = field(default_factory=time.monotonic)
     files_done: int = 0
     bytes_done: int = 0
@@ -317,8 +317,15 @@ def _produce(
     sink: _Sink,
     counter: _Counter,
     stop: threading.Event,
-) -> None:
-    """Second pass (in a worker thread): write the archive to ``sink``."""
+) -> _Plan:
+    """In a worker thread: both passes, the archive written to ``sink``. One thread for
+    both, and ``tar`` already starting meanwhile: a small copy costs one thread hop."""
+    plan = _scan(source, exclude, guard, limit)
+    for path, why in plan.skipped:
+        log.warning("not copying %s into the sandbox: %s", path, why)
+    log.info("copying %s (%s in %d files) into the sandbox", source,
+             v.format_size(plan.bytes), plan.files)
+    counter.files_total, counter.bytes_total = plan.files, plan.bytes
     # Not ``with``: on failure, closing would write the end of the archive, turning a
     # truncated copy into a valid one. Mode "w", not the stream mode "w|", whose buffer
     # is copied whole on every write; the sink buffers instead.
@@ -338,6 +345,7 @@ def _produce(
                 raise limit.exceeded(source, content, counter.files_done)
     tar.close()  # the end-of-archive blocks
     sink.send_buffered()
+    return plan
 
 
 def _add_file(tar: tarfile.TarFile, entry: _Entry) -> int:
@@ -394,16 +402,11 @@ async def copy_dir_into(
         raise TransferError(f"{source} is not a directory on the host")
     limit = limit or CopyLimit.resolve()
     guard = StateGuard.current()
-    plan = await anyio.to_thread.run_sync(_scan, source, tuple(exclude), guard, limit)
-    for path, why in plan.skipped:
-        log.warning("not copying %s into the sandbox: %s", path, why)
-    log.info("copying %s (%s in %d files) into the sandbox", source,
-             v.format_size(plan.bytes), plan.files)
-    counter = _Counter(str(source), plan.files, plan.bytes)
+    counter = _Counter(str(source))
     await handle.fs.mkdir(dest, parents=True)
-    await _stream(handle, dest, counter, progress or _progress_var.get(),
-                  lambda sink, stop: _produce(source, tuple(exclude), guard, limit, sink,
-                                              counter, stop))
+    plan = await _stream(handle, dest, counter, progress or _progress_var.get(),
+                         lambda sink, stop: _produce(source, tuple(exclude), guard, limit,
+                                                     sink, counter, stop))
     log.info("copied %s into the sandbox in %.1f s", source, time.monotonic() - counter.started)
     return CopyStats(plan.files, plan.bytes, plan.skipped)
 
@@ -413,8 +416,8 @@ async def _stream(
     dest: str,
     counter: _Counter,
     progress: ProgressCallback | None,
-    produce: Callable[[_Sink, threading.Event], None],
-) -> None:
+    produce: Callable[[_Sink, threading.Event], _Plan],
+) -> _Plan:
     """Run ``tar -x`` in the sandbox and feed it what ``produce`` writes, then check it."""
     proc = await handle.process.spawn(list(_TAR_X), cwd=dest)
     stop = threading.Event()
@@ -436,8 +439,8 @@ async def _stream(
             try:
                 # abandon_on_cancel: a cancel (Ctrl-C) returns at once; ``stop`` and the
                 # killed tar end the thread at its next write
-                await anyio.to_thread.run_sync(produce, _Sink(send, stop), stop,
-                                               abandon_on_cancel=True)
+                plan = await anyio.to_thread.run_sync(produce, _Sink(send, stop), stop,
+                                                      abandon_on_cancel=True)
             except (BrokenPipeError, ConnectionResetError):
                 broken = True  # tar stopped reading: its exit status says why
             finally:
@@ -458,4 +461,5 @@ async def _stream(
         )
     if progress is not None:
         progress(counter.snapshot(done=True))
+    return plan
 
