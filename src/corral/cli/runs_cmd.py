@@ -15,9 +15,12 @@ from typing import Any, Literal, TextIO
 
 import anyio
 
+from corral.cli.progress import CopyProgressLine
 from corral.errors import ConfigError
+from corral.sandbox import validate
 from corral.sandbox.config_file import find_config, load_config
 from corral.sandbox.definition import Sandbox
+from corral.sandbox.transfer import report_copy_progress
 from corral.runs.records import RunRecord, RunStatus
 from corral.runs.runner import DriveResult, Runner, RunRequest
 from corral.runs.store import LoggedEvent, Store, UnknownRun
@@ -51,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument("--provider", help="sandbox provider: bubblewrap (default) or local")
     run.add_argument("--workspace", metavar="DIR", help="directory copied into /workspace")
+    run.add_argument("--max-copy-size", metavar="SIZE",
+                     help="most file contents to copy into /workspace, e.g. 4GiB (default: "
+                          "[workspace] max_copy_size, $CORRAL_MAX_COPY_SIZE or 1GiB)")
     run.add_argument("--config", metavar="PATH",
                      help="sandbox definition file (default: corral.toml in the workspace "
                           "or the current directory, or their parents)")
@@ -210,7 +216,15 @@ def _run(args: argparse.Namespace) -> int:
         file_events: bool | Literal["diff"] = "diff" if args.file_events == "diff" else True
         request = replace(request, sandbox=replace(request.definition(),
                                                    file_events=file_events))
-    return anyio.run(_run_async, args, request)
+    if args.max_copy_size is not None:
+        defn = request.definition()
+        ws = replace(defn.workspace,
+                     max_copy_size=validate.size(args.max_copy_size, "--max-copy-size"))
+        request = replace(request, sandbox=replace(defn, workspace=ws))
+    if not sys.stderr.isatty():
+        return anyio.run(_run_async, args, request)
+    with report_copy_progress(CopyProgressLine(sys.stderr)):
+        return anyio.run(_run_async, args, request)
 
 
 def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:

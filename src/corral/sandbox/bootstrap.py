@@ -20,11 +20,12 @@ from typing import Any
 from corral.errors import CorralError
 from corral.paths import corral_home
 from corral.sandbox.contracts import Handle
+from corral.sandbox.copyguard import StateGuard
 from corral.sandbox.gitsrc import clone_source
 from corral.sandbox.redact import Redactor
 from corral.sandbox.setup_shell import run_setup
 from corral.sandbox.sources import Files, GitSource, LocalDir
-from corral.sandbox.transfer import copy_dir_into
+from corral.sandbox.transfer import CopyLimit, copy_dir_into
 from corral.sandbox.workspace import Workspace
 
 __all__ = [
@@ -75,6 +76,7 @@ async def read_marker(handle: Handle) -> dict[str, Any] | None:
 
 async def _materialize(handle: Handle, workspace: Workspace) -> str | None:
     src = workspace.source
+    limit = CopyLimit.resolve(workspace.copy_limit_bytes)
     if isinstance(src, GitSource):
         if await handle.fs.exists(".git"):
             return None  # an earlier, interrupted bootstrap already cloned
@@ -84,12 +86,16 @@ async def _materialize(handle: Handle, workspace: Workspace) -> str | None:
         try:
             dest = tmp / "repo"
             commit = await clone_source(src, dest, workspace.secrets)
-            await copy_dir_into(handle, dest, "/workspace")
+            await copy_dir_into(handle, dest, "/workspace", limit=limit)
             return commit
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if isinstance(src, LocalDir):
-        await copy_dir_into(handle, Path(src.path), "/workspace", exclude=src.exclude)
+        # Checked here, not when the definition is built: it depends on this process's
+        # $CORRAL_HOME. (The git clone above lives in $CORRAL_HOME/tmp, hence LocalDir only.)
+        StateGuard.current().refuse_source(src.path)
+        await copy_dir_into(handle, Path(src.path), "/workspace", exclude=src.exclude,
+                            limit=limit)
     elif isinstance(src, Files):
         for path, content in src.files.items():
             parent = path.rsplit("/", 1)[0] if "/" in path else ""

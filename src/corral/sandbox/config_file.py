@@ -203,7 +203,8 @@ def dump_config(sandbox: Sandbox) -> str:
     out: list[str] = [f"id = {_toml_str(d['id'])}"]
     _table("provider", d["provider"], out)
     ws = d["workspace"]
-    _table("workspace", {k: v for k, v in ws.items() if k in ("instructions", "setup")}, out)
+    _table("workspace", {k: v for k, v in ws.items()
+                         if k in ("instructions", "setup", "max_copy_size")}, out)
     source = {k: v for k, v in ws["source"].items() if v is not None}
     _table("workspace.source", source, out)
     if ws["scripts"]:

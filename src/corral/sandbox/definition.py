@@ -159,6 +159,7 @@ class Sandbox:
                 "setup": ws["setup"],
                 "scripts": ws["scripts"],
                 "instructions": ws["instructions"],
+                **({"max_copy_size": ws["max_copy_size"]} if "max_copy_size" in ws else {}),
             },
             "secrets": self.workspace.secrets.origins(),
             "policy": self.policy.to_dict(),
@@ -192,7 +193,8 @@ class Sandbox:
         ws = data.get("workspace", {})
         if not isinstance(ws, Mapping):
             raise ConfigError("workspace: expected a table")
-        v.no_unknown(ws, ("source", "setup", "scripts", "instructions"), "workspace")
+        v.no_unknown(ws, ("source", "setup", "scripts", "instructions", "max_copy_size"),
+                     "workspace")
         src = ws.get("source")
         if src is not None and not isinstance(src, Mapping):
             raise ConfigError("workspace.source: expected a table")
@@ -202,6 +204,7 @@ class Sandbox:
             scripts=ws.get("scripts", {}),
             instructions=ws.get("instructions"),
             secrets=secrets,
+            max_copy_size=ws.get("max_copy_size"),
         )
 
         pol = data.get("policy", {})

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from corral.errors import ConfigError
 from corral.sandbox import validate as v
+from corral.sandbox.copyguard import refuse_system_dir
 from corral.sandbox.secrets import SecretRef
 
 __all__ = [
@@ -107,7 +108,9 @@ class LocalDir:
     """A host directory copied into the workspace at bootstrap.
 
     The workspace hash covers the path, not the contents: edit files freely, a changed
-    path gets a new sandbox.
+    path gets a new sandbox. System directories (``/``, ``/usr``, ``/proc``, …) are refused;
+    corral's own state inside the directory is never copied (see
+    :mod:`corral.sandbox.copyguard`).
     """
 
     path: str
@@ -117,6 +120,7 @@ class LocalDir:
     def __post_init__(self) -> None:
         v.string(self.path, "workspace.source.path")
         resolved = str(Path(self.path).expanduser().resolve())
+        refuse_system_dir(resolved)
         object.__setattr__(self, "path", resolved)
         object.__setattr__(self, "exclude", v.str_list(self.exclude, "workspace.source.exclude"))
 

@@ -11,8 +11,10 @@ from corral.errors import ConfigError
 __all__ = [
     "choice",
     "duration",
+    "format_size",
     "opt_str",
     "positive_int",
+    "size",
     "str_list",
     "str_map",
     "string",
@@ -21,6 +23,9 @@ __all__ = [
 T = TypeVar("T", bound=str)
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|[kmgt]b|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_BINARY = "kmgt"
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -92,3 +97,40 @@ def no_unknown(data: Mapping[str, Any], known: Iterable[str], field: str) -> Non
         if key not in allowed:
             where = f"{field}.{key}" if field else str(key)
             raise ConfigError(f"unknown key {where!r}; known keys: {', '.join(sorted(allowed))}")
+
+
+def size(value: object, field: str) -> int:
+    """Bytes from an integer or a string such as ``"500MiB"``, ``"2G"``, ``"1.5GB"``.
+
+    ``K``/``KiB``, ``M``/``MiB``, ``G``/``GiB``, ``T``/``TiB`` are powers of 1024;
+    ``KB``, ``MB``, ``GB``, ``TB`` powers of 1000."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{field}: expected a size such as '1GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        unit = (m.group(2) or "").lower()
+        if unit in _SIZE_UNITS:
+            factor = _SIZE_UNITS[unit]
+        else:  # k, ki, kib, m, … : binary
+            factor = 1024 ** (_BINARY.index(unit[0]) + 1)
+        n = int(float(m.group(1)) * factor)
+    else:
+        raise ConfigError(
+            f"{field}: {value!r} is not a size; write a number of bytes or a number with a "
+            "unit such as '500MiB', '2GiB' or '1.5GB'"
+        )
+    if n < 1:
+        raise ConfigError(f"{field}: must be greater than zero")
+    return n
+
+
+def format_size(n: int) -> str:
+    """``1 GiB``, ``1.5 MiB``, ``512 B``: how sizes appear in messages."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            text = f"{value:.1f}".removesuffix(".0") if unit != "B" else str(n)
+            return f"{text} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

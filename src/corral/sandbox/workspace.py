@@ -131,6 +131,9 @@ class Workspace:
 
     ``scripts`` are named commands listed in AGENTS.md; ``instructions`` become
     AGENTS.md (linked as CLAUDE.md and GEMINI.md). ``secrets`` never enter the hash.
+    ``max_copy_size`` caps the bytes of file contents copied from the host into the
+    sandbox (a local directory or a git clone): bytes or a string such as ``"4GiB"``;
+    ``None`` means ``$CORRAL_MAX_COPY_SIZE``, else 1 GiB. It is not part of the hash.
     """
 
     source: Source = field(default_factory=NoSource)
@@ -138,6 +141,7 @@ class Workspace:
     scripts: Mapping[str, str] = field(default_factory=dict)
     instructions: str | None = None
     secrets: Secrets = field(default_factory=Secrets)
+    max_copy_size: int | str | None = None
 
     def __post_init__(self) -> None:
         src = self.source
@@ -154,6 +158,10 @@ class Workspace:
         )
         if self.instructions is not None:
             v.string(self.instructions, "workspace.instructions", allow_empty=True)
+        if self.max_copy_size is not None:
+            object.__setattr__(
+                self, "max_copy_size", v.size(self.max_copy_size, "workspace.max_copy_size")
+            )
         if not isinstance(self.secrets, Secrets):
             raise ConfigError("workspace.secrets: expected a corral.Secrets object")
         src = self.source
@@ -166,16 +174,28 @@ class Workspace:
     def steps(self) -> tuple[SetupItem, ...]:
         return tuple(self.setup)  # type: ignore[arg-type]
 
+    @property
+    def copy_limit_bytes(self) -> int | None:
+        """``max_copy_size`` in bytes, or ``None`` when not set."""
+        limit = self.max_copy_size
+        return limit if isinstance(limit, int) else None
+
     def to_dict(self) -> dict[str, Any]:
         """Canonical plain data; secret *names* only."""
-        return {
+        data: dict[str, Any] = {
             "source": self.source.to_dict(),
             "setup": [item.to_data() for item in self.steps],
             "scripts": dict(self.scripts),
             "instructions": self.instructions,
             "secrets": list(self.secrets.names()),
         }
+        if self.max_copy_size is not None:
+            data["max_copy_size"] = self.max_copy_size
+        return data
 
     def hash(self) -> str:
-        """SHA-256 over the canonical form (no secret values, so rotation keeps the key)."""
-        return hashlib.sha256(canonical_json(self.to_dict()).encode()).hexdigest()
+        """SHA-256 over the canonical form (no secret values, so rotation keeps the key).
+        The copy limit is left out: it changes no content, so raising it keeps the key."""
+        data = self.to_dict()
+        data.pop("max_copy_size", None)
+        return hashlib.sha256(canonical_json(data).encode()).hexdigest()
