@@ -19,6 +19,7 @@ from corral.cli.progress import CopyProgressLine
 from corral.errors import ConfigError
 from corral.sandbox import validate
 from corral.sandbox.config_file import find_config, load_config
+from corral.sandbox.trust import check_found_config
 from corral.sandbox.definition import Sandbox
 from corral.sandbox.transfer import report_copy_progress
 from corral.runs.records import RunRecord, RunStatus
@@ -239,6 +240,8 @@ def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
     if path is None:
         return None, None
     sandbox = load_config(path)
+    if not args.config:  # the repository's own file: a request, not the host's settings
+        check_found_config(sandbox, path, provider_chosen=bool(args.provider))
     if args.provider and args.provider != sandbox.provider_name:
         sandbox = replace(sandbox, provider=args.provider, provider_config={})
     return sandbox, path.resolve().parent

@@ -1,0 +1,54 @@
+"""What a repository's own ``corral.toml`` may ask for.
+
+A ``corral.toml`` that corral *finds* in the workspace belongs to the repository, and a
+repository can be hostile: it is read as a request about the sandbox, never as the host's
+configuration. A file the user names (``--config PATH``) or a definition built in Python is
+the user's own and is trusted. A found file may not
+
+- choose a provider that does not isolate (``local``: its setup and commands would run on
+  this host) unless the user chose that provider on the command line;
+- configure a provider's host-side settings (``[provider]`` keys beyond ``name``: paths of
+  host programs, the host uid, directories);
+- read a secret from a host file outside the directory that holds it.
+
+Each refusal is one line naming the key and the two ways forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral.errors import ConfigError
+from corral.sandbox.definition import Sandbox
+
+__all__ = ["check_found_config"]
+
+
+def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool) -> None:
+    """Raise :class:`ConfigError` if ``sandbox``, loaded from the repository's own
+    ``config`` file, asks for something only the user may decide (see the module
+    docstring). ``provider_chosen``: the user named the provider on the command line."""
+    trust = f"pass --config {config} if you trust this file"
+    if sandbox.provider_config:
+        keys = ", ".join(sorted(sandbox.provider_config))
+        raise ConfigError(
+            f"{config}: [provider] sets {keys}: a repository's corral.toml cannot "
+            f"configure the provider's host-side settings; {trust}"
+        )
+    if not provider_chosen and not sandbox.get_provider().capabilities.isolated:
+        raise ConfigError(
+            f"{config}: provider {sandbox.provider_name!r} does not isolate (its setup "
+            "and commands would run on this host): a repository's corral.toml cannot "
+            f"choose it; pass --provider {sandbox.provider_name} or {trust}"
+        )
+    home = config.resolve().parent
+    for name, origin in sandbox.secrets.origins().items():
+        raw = origin.get("file")
+        if raw is None:
+            continue
+        path = Path(raw).expanduser().resolve()
+        if not path.is_relative_to(home):
+            raise ConfigError(
+                f"{config}: secrets.{name} reads {raw}, outside {home}: a repository's "
+                f"corral.toml cannot read host files into the sandbox; {trust}"
+            )

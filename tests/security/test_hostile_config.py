@@ -1,0 +1,96 @@
+"""A repository's own corral.toml asks; it does not configure the host.
+
+Attacks: a found corral.toml that picks the ``local`` provider (its setup step then runs on
+the host, as root), one that points the bubblewrap provider at a program of its own
+(``bwrap = "./evil"``) or makes sandboxes run as host root (``host_uid = 0``), and one that
+reads a host file into the sandbox as a secret. Each is refused in one line before anything
+runs; the same file given with ``--config`` (the user's explicit trust) still works.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120,
+                          check=False, cwd=cwd)
+
+
+def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    d = tmp_path / "repo"
+    d.mkdir()
+    return d
+
+
+def test_found_config_cannot_choose_the_local_provider(
+    repo: Path, tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    marker = tmp_path / "setup-ran-on-the-host"
+    (repo / "corral.toml").write_text(textwrap.dedent(f"""
+        [provider]
+        name = "local"
+        [workspace]
+        setup = ["touch {marker}"]
+    """))
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, "does not isolate", "--provider local", "--config")
+    assert not marker.exists()
+    # The user's explicit choice is honoured.
+    ok = run([*corral_cmd, "run", "--provider", "local", "--workspace", str(repo), "--", "true"],
+             cli_env, repo)
+    assert ok.returncode == 0, ok.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("setting", ['bwrap = "./evil"', "host_uid = 0"])
+def test_found_config_cannot_configure_the_provider(
+    setting: str, repo: Path, tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    marker = tmp_path / "evil-ran"
+    evil = repo / "evil"
+    evil.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    evil.chmod(0o755)
+    (repo / "corral.toml").write_text(f'[provider]\nname = "bubblewrap"\n{setting}\n')
+    for extra in ([], ["--provider", "bubblewrap"]):
+        r = run([*corral_cmd, "run", *extra, "--workspace", str(repo), "--", "true"],
+                cli_env, repo)
+        one_line_refusal(r, "host-side settings", setting.split(" ")[0])
+    assert not marker.exists()
+
+
+def test_found_config_cannot_read_host_files_as_secrets(
+    repo: Path, tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    host_secret = tmp_path / "id_rsa"
+    host_secret.write_text("HOST-PRIVATE-KEY-MATERIAL")
+    (repo / "corral.toml").write_text(f'[secrets]\nKEY = {{ file = "{host_secret}" }}\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "sh", "-c", "echo $KEY"],
+            cli_env, repo)
+    one_line_refusal(r, "secrets.KEY", "outside")
+    assert "HOST-PRIVATE-KEY-MATERIAL" not in r.stdout + r.stderr
+    # A file inside the repository is fine, and so is the same file given with --config.
+    (repo / "token").write_text("repo-token")
+    (repo / "corral.toml").write_text(f'[secrets]\nKEY = {{ file = "{repo / "token"}" }}\n')
+    inside = run([*corral_cmd, "run", "--workspace", str(repo), "--", "sh", "-c",
+                  'test "$KEY" = repo-token'], cli_env, repo)
+    assert inside.returncode == 0, inside.stderr
+    trusted = tmp_path / "trusted.toml"
+    trusted.write_text(f'[secrets]\nKEY = {{ file = "{host_secret}" }}\n')
+    given = run([*corral_cmd, "run", "--config", str(trusted), "--workspace", str(repo), "--",
+                 "sh", "-c", 'test "$KEY" = HOST-PRIVATE-KEY-MATERIAL'], cli_env, repo)
+    assert given.returncode == 0, given.stderr
