@@ -134,11 +134,10 @@ def _sigkill(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=30)
 
 
-def test_starter_killed_during_the_workspace_copy_is_failed_and_reclaimed(
-    cli: Cli, tmp_path: Path
-) -> None:
+def _killed_during_the_copy(cli: Cli, tmp_path: Path, run_id: str) -> dict[str, Any]:
+    """Start ``corral run`` on a big workspace and SIGKILL it while the copy is under way;
+    return the instance record of the sandbox being filled."""
     workspace = _big_workspace(tmp_path / "ws")
-    run_id = "killed-in-copy"
     proc = cli.popen("run", "--run-id", run_id, "--workspace", str(workspace), "--",
                      "sh", "-c", "echo agent-ran")
     copying: dict[str, Any] = {}
@@ -157,6 +156,14 @@ def test_starter_killed_during_the_workspace_copy_is_failed_and_reclaimed(
         wait_until(caught_copying, 60, "the workspace copy to be under way")
     finally:
         _sigkill(proc)
+    return copying
+
+
+def test_starter_killed_during_the_workspace_copy_is_failed_and_reclaimed(
+    cli: Cli, tmp_path: Path
+) -> None:
+    run_id = "killed-in-copy"
+    copying = _killed_during_the_copy(cli, tmp_path, run_id)
     paths = cli.journal(run_id)
     record = cli.raw(run_id)
     assert record is not None and record["status"] == "running"
@@ -187,22 +194,8 @@ def test_starter_killed_before_the_agent_started_is_finalized_without_waiting_th
 ) -> None:
     """The same death, swept with the default TTL: the starter provably died on this
     machine and no agent was ever launched, so there is nothing to wait for."""
-    workspace = _big_workspace(tmp_path / "ws")
     run_id = "killed-in-copy-2"
-    proc = cli.popen("run", "--run-id", run_id, "--workspace", str(workspace), "--",
-                     "sh", "-c", "echo agent-ran")
-
-    def caught_copying() -> bool:
-        for inst in cli.instances() if cli.raw(run_id) is not None else []:
-            ws = cli.workspace_of(inst["provider_sandbox_id"])
-            if ws is not None and ws.is_dir() and any(ws.glob("f*.bin")):
-                return True
-        return False
-
-    try:
-        wait_until(caught_copying, 60, "the workspace copy to be under way")
-    finally:
-        _sigkill(proc)
+    _killed_during_the_copy(cli, tmp_path, run_id)
     assert not cli.journal(run_id).journal.exists()
     wait_until(lambda: _lease_lapsed(cli, run_id), 30, "the dead starter's lease to lapse")
     result = json.loads(cli.run("reap", "--json").stdout)
