@@ -270,3 +270,19 @@ def test_agent_cannot_truncate_the_journal(
     record = last_run(corral_cmd, cli_env)
     assert record["exit_code"] == 6, (record, r.stderr)
     assert b"before" in r.stdout and b"no truncate" in r.stdout
+
+
+# ----------------------------------------------------------------- 9. what /proc shows
+
+
+def test_proc_inside_shows_nothing_of_the_host_environment(
+    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    host_dir = tmp_path / "host-working-dir-marker"
+    host_dir.mkdir()
+    r = run([*corral_cmd, "exec", "--", "sh", "-c",
+             "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done; env"],
+            cli_env, cwd=host_dir)
+    assert r.returncode == 0, r.stderr
+    assert b"host-working-dir-marker" not in r.stdout
+    assert b"CORRAL_HOME" not in r.stdout and str(tmp_path).encode() not in r.stdout
