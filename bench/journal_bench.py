@@ -1,4 +1,5 @@
-"""Journal benchmarks: supervisor launch, reader throughput, line latency, tail attach.
+"""Journal benchmarks: supervisor launch, agent output into the journal, reader throughput,
+line latency, tail attach.
 
 Run: PYTHONPATH=src python bench/journal_bench.py
 """
@@ -35,6 +36,22 @@ def bench_launch(d: Path, n: int = 20) -> None:
             time.sleep(0.005)
     print(f"launch_supervised (agent spawned, call returns): median {statistics.median(times)*1e3:.1f} ms, "
           f"max {max(times)*1e3:.1f} ms over {n}")
+
+
+def bench_agent_output(d: Path, mib: int = 200) -> None:
+    """An agent writing ``mib`` MiB of 100-byte lines, from launch to the recorded exit:
+    what the supervisor costs on the way to the journal (it pipes the agent's output)."""
+    script = ("import sys; line = b'x' * 99 + b'\\n'; block = line * 10486; "
+              f"[sys.stdout.buffer.write(block) for _ in range({mib * 1024 * 1024 // (100 * 10486)})]")
+    paths = JournalPaths.for_run(d, "output")
+    t = time.perf_counter()
+    launch_supervised(AgentSpec([sys.executable, "-c", script], ENV), paths, new_nonce())
+    while (st := read_status(paths.status)) is None or st.state != "exited":
+        time.sleep(0.002)
+    dt = time.perf_counter() - t
+    size = paths.journal.stat().st_size
+    print(f"agent output into the journal, {size/1e6:.0f} MB: {dt*1e3:.0f} ms, {size/dt/1e6:.0f} MB/s")
+    paths.journal.unlink()
 
 
 def bench_throughput(d: Path) -> None:
@@ -122,6 +139,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         bench_launch(d)
+        bench_agent_output(d)
         bench_throughput(d)
         bench_line_latency(d)
         bench_tail_attach(d)

@@ -31,7 +31,9 @@ Stdlib-only at import time: it is the supervisor process's entry point.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import select
@@ -63,6 +65,7 @@ __all__ = [
 ]
 
 _PR_SET_DUMPABLE = 4
+_F_SETPIPE_SZ = 1031
 
 
 class SupervisorError(CorralError):
@@ -537,9 +540,12 @@ def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
     Ends at EOF, or once ``wake`` is readable (the agent exited) and the pipe is empty."""
     redactor = StreamRedactor(table) if table else None
     fd = pipe.fileno()
-    draining = False
+    os.set_blocking(fd, False)
+    with contextlib.suppress(OSError):  # fewer, larger reads (the default pipe holds 64 KiB)
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
+    draining = eof = False
     try:
-        while True:
+        while not eof:
             ready, _, _ = select.select([fd] if draining else [fd, wake], [], [],
                                         0 if draining else None)
             if fd not in ready:
@@ -547,12 +553,17 @@ def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
                     break
                 draining = True
                 continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            data = redactor.feed(chunk) if redactor is not None else chunk
-            if data:
-                sink.write(data)
+            while True:  # all that is there now, then wait again
+                try:
+                    chunk = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    eof = True
+                    break
+                data = redactor.feed(chunk) if redactor is not None else chunk
+                if data:
+                    sink.write(data)
         tail = redactor.flush() if redactor is not None else b""
         if tail:
             sink.write(tail)
