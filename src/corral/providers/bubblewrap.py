@@ -52,7 +52,7 @@ import anyio.to_thread
 
 from corral.errors import ConfigError, PrerequisiteMissing
 from corral.paths import SHARED_ROOT, corral_home, net_root
-from corral.providers import cgroups, procscan
+from corral.providers import btrfs, cgroups, procscan
 from corral.providers.base import HostDirHandle
 from corral.providers.process import (
     Outcome,
@@ -125,17 +125,23 @@ BASE_ENV = {
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
 # pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
-# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR COMMAND... It first makes itself
+# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER COMMAND... It first makes itself
 # non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
 # or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
-# inside either. It reads the command's environment from the head of stdin
+# inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
+# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads the command's environment from the head of stdin
 # ("<length>\n" + NUL-separated NAME=VALUE: never in a host process's environment or
 # argv), runs the command, reaps every orphan, and when the command ends writes its raw
 # wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
 # namespace, whatever state it is in.
 _INIT = r"""
-my ($fd, $keeper, $nr) = splice(@ARGV, 0, 3);
+my ($fd, $keeper, $nr, $filter) = splice(@ARGV, 0, 4);
 syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
+if ($filter ne "-") {
+  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog); bwrap set no_new_privs
+  my $prog = pack("H*", $filter);
+  syscall($nr, 22, 2, pack("S x![P] P", length($prog) / 8, $prog), 0, 0) == 0 or exit 125;
+}
 if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
 my $st;
 if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
@@ -418,6 +424,7 @@ class BubblewrapHandle(HostDirHandle):
         self._env = merge_env(BASE_ENV, state.env)
         self._env["CORRAL_SANDBOX_ID"] = state.id
         self._init_nr = str(provider.prctl_nr)
+        self._filter = provider.seccomp.hex() if provider.seccomp else "-"
 
     @property
     def process(self) -> ProcessApi:
@@ -433,7 +440,7 @@ class BubblewrapHandle(HostDirHandle):
 
     def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
         return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
-                self._init_nr]
+                self._init_nr, self._filter]
 
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
@@ -555,6 +562,7 @@ class BubblewrapProvider:
                 f"{platform.machine()!r}; use --provider local or docker"
             )
         self.prctl_nr = nr
+        self.seccomp = btrfs.no_subvolumes_filter()
         self.prlimit = shutil.which("prlimit")
         self.setpriv = shutil.which("setpriv") or "setpriv"
         if self._host_uid is not None and not shutil.which("setpriv"):
