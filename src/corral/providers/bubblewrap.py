@@ -18,7 +18,9 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
   the sandbox joins before it enters the namespaces (the launcher writes its own pid to
   ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
-  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
+  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force);
+* a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
+  subvolume in corral's own pool (:mod:`corral.providers.diskquota`).
 
 Consequences worth knowing: each command gets its own pid namespace, so a command sees
 only its own processes, and whatever an ``exec``/``spawn`` leaves running in the
@@ -52,7 +54,7 @@ import anyio.to_thread
 
 from corral.errors import ConfigError, PrerequisiteMissing
 from corral.paths import SHARED_ROOT, corral_home, net_root
-from corral.providers import btrfs, cgroups, procscan
+from corral.providers import btrfs, cgroups, diskquota, procscan
 from corral.providers.base import HostDirHandle
 from corral.providers.process import (
     Outcome,
@@ -72,6 +74,7 @@ from corral.providers.state import (
     remove_tree,
     validate_id,
 )
+from corral.sandbox import validate
 from corral.sandbox.contracts import (
     Capabilities,
     Command,
@@ -109,7 +112,8 @@ BWRAP_CAPABILITIES = Capabilities(
 DEFAULT_HOST_UID = 1_000_000_000
 FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", SHARED_ROOT / "bubblewrap"))
 SANDBOX_UID = 1000
-DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None, disk_bytes=10 << 30)
+MIN_DISK_BYTES = 8 << 20
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -331,6 +335,12 @@ class _Run:
                 limit = "memory"
             elif refused > self.before[1]:
                 limit = "pids"
+        st = self.h.state
+        if limit is None and (code != 0 or sig is not None) and st.disk_fsid and st.disk_bytes:
+            # The quota fails writes (EDQUOT) rather than killing anything: a failed command
+            # in a sandbox that is now full is taken to have failed for that reason.
+            if diskquota.reached(st.disk_fsid, st.disk_subvol, st.disk_bytes):
+                limit = "disk"
         if limit is None and sig == signal.SIGXCPU:
             limit = "cpu"
         return Outcome(exit_code=code, signal=sig, limit_hit=limit)
@@ -525,18 +535,49 @@ def _rlimit_args(limits: ResourceLimits) -> list[str]:
     return args
 
 
+def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> tuple[ResourceLimits, bool]:
+    """The provider's default limits, and whether they ask for a disk limit explicitly.
+
+    A mapping is ``[provider] limits = { memory = "4G", pids = 2048, cpus = 2,
+    disk = "10G" }`` from corral.toml: keys left out keep :data:`DEFAULT_LIMITS`' values.
+    """
+    if isinstance(value, ResourceLimits):
+        return value, value is not DEFAULT_LIMITS and value.disk_bytes is not None
+    if not isinstance(value, Mapping):
+        raise ConfigError("provider.limits: expected a table such as { disk = \"10G\" }")
+    validate.no_unknown(value, ("memory", "pids", "cpus", "disk"), "provider.limits")
+    d = DEFAULT_LIMITS
+    cpus = value.get("cpus", d.cpus)
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise ConfigError(f"provider.limits.cpus: expected a number, got {cpus!r}")
+    lim = ResourceLimits(
+        memory_bytes=(validate.size(value["memory"], "provider.limits.memory")
+                      if "memory" in value else d.memory_bytes),
+        pids=validate.positive_int(value["pids"], "provider.limits.pids") if "pids" in value else d.pids,
+        cpus=float(cpus) if cpus is not None else None,
+        disk_bytes=(validate.size(value["disk"], "provider.limits.disk")
+                    if "disk" in value else d.disk_bytes),
+    )
+    return lim, "disk" in value
+
+
 class BubblewrapProvider:
     """Isolated sandboxes with bubblewrap (see the module docstring for what that means).
 
-    ``limits`` are the defaults for fields a spec leaves ``None``; ``host_uid`` is the
+    ``limits`` are the defaults for fields a spec leaves ``None`` (a mapping, as in
+    corral.toml, overrides :data:`DEFAULT_LIMITS` key by key); ``host_uid`` is the
     unprivileged host uid sandboxes run as when corral runs as root.
+
+    The default disk limit is enforced where the machine can (see
+    :mod:`corral.providers.diskquota`) and otherwise only logged once; a disk limit asked
+    for explicitly (here or in a spec) that cannot be enforced is a ConfigError at create.
     """
 
     def __init__(
         self,
         home: Path | str | None = None,
         *,
-        limits: ResourceLimits = DEFAULT_LIMITS,
+        limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
         host_uid: int = DEFAULT_HOST_UID,
         bwrap: str | None = None,
     ) -> None:
@@ -548,7 +589,7 @@ class BubblewrapProvider:
             )
         self.bwrap = found
         self._home = Path(home) if home is not None else None
-        self._limits = limits
+        self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
         if not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
@@ -587,18 +628,40 @@ class BubblewrapProvider:
     def base_dir(self) -> Path:
         return provider_root("bubblewrap", self._home or corral_home())
 
-    def _files_dir(self, sandbox_id: str, sandbox_dir: Path) -> Path:
+    def _files_dir(
+        self, sandbox_id: str, sandbox_dir: Path, pool: diskquota.Pool | None
+    ) -> Path:
         """Where the writable areas live. Running as root, the sandbox's host uid must be
         able to reach them (bwrap resolves bind sources by path with its own rights), and
-        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT, in a
-        directory per $CORRAL_HOME, and only ``state.json``/``private/`` stay in it."""
+        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT (in the
+        btrfs pool when there is one), in a directory per $CORRAL_HOME, and only
+        ``state.json``/``private/`` stay in it."""
         if self._host_uid is None:
             return sandbox_dir
         home = str((self._home or corral_home()).resolve())
-        base = FILES_ROOT / hashlib.sha256(home.encode()).hexdigest()[:16]
-        for d in (FILES_ROOT.parent, FILES_ROOT, base):
-            d.mkdir(mode=0o711, exist_ok=True)
+        key = hashlib.sha256(home.encode()).hexdigest()[:16]
+        if pool is not None:
+            return pool.root / key / sandbox_id  # the subvolume; its parent made with it
+        base = FILES_ROOT / key
+        base.mkdir(mode=0o711, exist_ok=True)
         return base / sandbox_id
+
+    def _disk_pool(self, spec: SandboxSpec, lim: ResourceLimits) -> diskquota.Pool | None:
+        """The btrfs pool for the new sandbox's files, or None (then no disk quota)."""
+        if self._host_uid is None:
+            reason = "corral is not running as root"
+        else:
+            for d in (FILES_ROOT.parent, FILES_ROOT):
+                d.mkdir(mode=0o711, exist_ok=True)
+            try:
+                return diskquota.pool(FILES_ROOT)
+            except diskquota.PoolUnavailable as exc:
+                reason = str(exc)
+        if lim.disk_bytes is not None:
+            if spec.limits.disk_bytes is not None or self._disk_asked:
+                raise diskquota.unenforceable(lim.disk_bytes, reason)
+            diskquota.warn_unenforced(reason)
+        return None
 
     def fingerprint(self) -> str:
         raw = json.dumps(
@@ -607,6 +670,9 @@ class BubblewrapProvider:
                 "limits": [self._limits.memory_bytes, self._limits.pids, self._limits.cpus],
                 "binds": self.system_binds,
                 "uid": self._host_uid,
+                # Only when not the default: keys of existing sandboxes stay the same.
+                **({"disk": self._limits.disk_bytes}
+                   if self._limits.disk_bytes != DEFAULT_LIMITS.disk_bytes else {}),
             },
             sort_keys=True,
         )
@@ -618,6 +684,7 @@ class BubblewrapProvider:
             memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
             pids=s.pids if s.pids is not None else d.pids,
             cpus=s.cpus if s.cpus is not None else d.cpus,
+            disk_bytes=s.disk_bytes if s.disk_bytes is not None else d.disk_bytes,
         )
         if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
             raise ConfigError("memory limit must be at least 8 MiB")
@@ -625,6 +692,8 @@ class BubblewrapProvider:
             raise ConfigError("pids limit must be at least 8")
         if lim.cpus is not None and lim.cpus <= 0:
             raise ConfigError("cpus limit must be positive")
+        if lim.disk_bytes is not None and lim.disk_bytes < MIN_DISK_BYTES:
+            raise ConfigError(f"disk limit must be at least {diskquota.format_size(MIN_DISK_BYTES)}")
         return lim
 
     async def create(self, spec: SandboxSpec | None = None) -> BubblewrapHandle:
@@ -635,12 +704,16 @@ class BubblewrapProvider:
         state.memory_bytes, state.pids, state.cpus = lim.memory_bytes, lim.pids, lim.cpus
         state.host_uid = self._host_uid
         uid = self._host_uid
+        pool = self._disk_pool(spec, lim)
         sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
-        files = self._files_dir(sandbox_id, sandbox_dir)
+        files = self._files_dir(sandbox_id, sandbox_dir, pool)
         state.files_dir = str(files)
         try:
-            if files.exists() and files != sandbox_dir:
-                remove_tree(files)  # left over by an earlier sandbox of that name
+            if files != sandbox_dir and os.path.lexists(files):
+                diskquota.remove_files(files)  # left over by an earlier sandbox of that name
+            if pool is not None:
+                state.disk_subvol = diskquota.make_subvolume(pool, files, lim.disk_bytes)
+                state.disk_fsid, state.disk_bytes = pool.fsid, lim.disk_bytes
             make_files_dir(files, (uid, uid) if uid is not None else None)
             _passwd_files(files / "etc")
             has_limits = any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus))
@@ -665,7 +738,7 @@ class BubblewrapProvider:
                 (files / "owner").write_text(str(sandbox_dir.resolve()))
         except BaseException:
             cgroups.remove(state.cgroups)
-            remove_tree(files)
+            diskquota.remove_files(files)
             remove_tree(sandbox_dir)
             raise
         return BubblewrapHandle(sandbox_dir, state, self)
@@ -676,6 +749,7 @@ class BubblewrapProvider:
         state = SandboxState.load(sandbox_dir)
         if state is None or state.destroying:
             return None
+        _mount_pool_of(state)
         if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
             return None
         return BubblewrapHandle(sandbox_dir, state, self)
@@ -694,7 +768,8 @@ class BubblewrapProvider:
         await anyio.to_thread.run_sync(_kill_sandbox, state)
         await anyio.to_thread.run_sync(_remove_socket_dirs, state)
         if state.files_dir and Path(state.files_dir) != sandbox_dir:
-            await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
+            _mount_pool_of(state)
+            await anyio.to_thread.run_sync(diskquota.remove_files, Path(state.files_dir))
             with contextlib.suppress(OSError):
                 Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
@@ -733,6 +808,14 @@ def _remove_socket_dirs(state: SandboxState) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _mount_pool_of(state: SandboxState) -> None:
+    """Make sure the pool holding the sandbox's files is mounted (after a reboot it is
+    not). Its files dir is ``<FILES_ROOT>/btrfs/<hash>/<id>``."""
+    if state.disk_fsid and state.files_dir:
+        with contextlib.suppress(diskquota.PoolUnavailable):
+            diskquota.pool(Path(state.files_dir).parents[2], create=False)
+
+
 def _kill_sandbox(state: SandboxState) -> None:
     if state.cgroups:
         if not cgroups.destroy(state.cgroups):
@@ -762,8 +845,11 @@ def _prune_orphans() -> list[str]:
     pruned: list[str] = []
     if not FILES_ROOT.is_dir():
         return pruned
-    for home_dir in FILES_ROOT.iterdir():
-        if not home_dir.is_dir():
+    roots = [FILES_ROOT]
+    with contextlib.suppress(diskquota.PoolUnavailable):
+        roots.append(diskquota.pool(FILES_ROOT, create=False).root)
+    for home_dir in [d for root in roots for d in root.iterdir()]:
+        if not home_dir.is_dir() or home_dir == FILES_ROOT / diskquota.POOL_DIR:
             continue
         for files in home_dir.iterdir():
             try:
@@ -778,7 +864,7 @@ def _prune_orphans() -> list[str]:
                 dirs = [d for d in (files / "cgroups").read_text().split("\n") if d]
                 if dirs and all(d.startswith(str(cgroups.CGROUP_ROOT) + "/") for d in dirs):
                     cgroups.destroy(dirs)
-            remove_tree(files)
+            diskquota.remove_files(files)
             pruned.append(str(files))
         with contextlib.suppress(OSError):
             home_dir.rmdir()

@@ -13,6 +13,7 @@ __all__ = [
     "duration",
     "opt_str",
     "positive_int",
+    "size",
     "str_list",
     "str_map",
     "string",
@@ -22,6 +23,8 @@ T = TypeVar("T", bound=str)
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE_SHIFT = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
 
 
 def string(value: object, field: str, *, allow_empty: bool = False) -> str:
@@ -83,6 +86,23 @@ def duration(value: object, field: str) -> float:
     if seconds <= 0:
         raise ConfigError(f"{field}: must be greater than zero")
     return seconds
+
+
+def size(value: object, field: str) -> int:
+    """Bytes from an integer or a string such as ``"64M"``, ``"10G"``, ``"512KiB"``
+    (binary units: K = 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        n = int(float(m.group(1)) * (1 << _SIZE_SHIFT[m.group(2).upper()]))
+    else:
+        raise ConfigError(
+            f"{field}: {value!r} is not a size; write a number of bytes or a number with a "
+            "unit K, M, G or T (e.g. '64M', '10G')"
+        )
+    if n <= 0:
+        raise ConfigError(f"{field}: must be greater than zero")
+    return n
 
 
 def no_unknown(data: Mapping[str, Any], known: Iterable[str], field: str) -> None:
