@@ -78,11 +78,12 @@ async def _try_sandbox() -> str:
             if b"eth" in net.stdout or b"ens" in net.stdout:
                 raise RuntimeError("the test sandbox can see host network interfaces")
             mode = handle.state.limit_mode
+            disk = "a disk quota" if handle.state.disk_fsid else "no disk quota"
         finally:
             await provider.destroy(handle.ref)
     limits = {"cgroup": "limits via cgroups", "rlimit": "limits via rlimits only",
               "none": "no resource limits"}[mode]
-    return f"a test sandbox ran as an unprivileged user without network; {limits}"
+    return f"a test sandbox ran as an unprivileged user without network; {limits}; {disk}"
 
 
 def _cgroups() -> Check:
@@ -96,6 +97,29 @@ def _cgroups() -> Check:
         return Check("cgroups", "ok", why)
     return Check("cgroups", "warn", f"{why}; limits fall back to rlimits (per process)",
                  "mount cgroup v1 memory,pids,cpu,freezer hierarchies (cgroup v2 is not supported yet)")
+
+
+def _disk_quota() -> Check:
+    """Which disk-quota mode bubblewrap sandboxes get here (sets up the pool if it can)."""
+    from corral.providers import diskquota
+    from corral.providers.bubblewrap import DEFAULT_LIMITS, FILES_ROOT
+
+    default = diskquota.format_size(DEFAULT_LIMITS.disk_bytes or 0)
+    if os.geteuid() != 0:
+        return Check("disk quota", "warn", "not root: sandboxes have no disk quota (a sandbox "
+                     "can fill the disk); asking for a disk limit is an error",
+                     "run corral as root (with btrfs-progs installed)")
+    try:
+        FILES_ROOT.mkdir(parents=True, mode=0o711, exist_ok=True)
+        pool = diskquota.pool(FILES_ROOT)
+    except (diskquota.PoolUnavailable, OSError) as exc:
+        fix = ("apt-get install btrfs-progs" if "mkfs.btrfs" in str(exc) else diskquota.FIX)
+        return Check("disk quota", "warn", f"no disk quota for sandboxes ({exc}): a sandbox can "
+                     "fill the disk; asking for a disk limit is an error", fix)
+    st = os.statvfs(pool.root)
+    return Check("disk quota", "ok", f"btrfs pool at {pool.root} "
+                 f"({diskquota.format_size(st.f_blocks * st.f_frsize // (1 << 30) << 30)}, "
+                 f"sparse): each sandbox is a subvolume limited to {default} by default")
 
 
 def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
@@ -139,6 +163,7 @@ def _agents() -> list[Check]:
 def collect() -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
+    checks.append(_disk_quota())
     checks.append(_tool("perl", "the bubblewrap sandboxes' init, which decides the exit "
                         "status out of the command's reach", "apt-get install perl-base",
                         required=True))

@@ -19,9 +19,11 @@ from corral.sandbox.contracts import (
     TIMEOUT_EXIT_CODE,
     Handle,
     Provider,
+    ResourceLimits,
     SandboxSpec,
     check_env_name,
 )
+from corral.sandbox.validate import size
 
 DEFAULT_PROVIDER = "bubblewrap"
 
@@ -46,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="set an environment variable (repeatable)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="kill the command after this long")
     p.add_argument("--network", action="store_true", help="give a fresh sandbox network access")
+    p.add_argument("--disk", metavar="SIZE",
+                   help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
+                        "cannot be enforced)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     p.set_defaults(func=run)
 
@@ -66,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise ConfigError("no command given: corral exec [options] -- COMMAND [ARGS...]")
-    if args.sandbox and (args.keep or args.name or args.network):
-        raise ConfigError("--keep, --name and --network apply to a fresh sandbox, not to --sandbox")
+    if args.sandbox and (args.keep or args.name or args.network or args.disk):
+        raise ConfigError(
+            "--keep, --name, --network and --disk apply to a fresh sandbox, not to --sandbox"
+        )
+    args.disk_bytes = size(args.disk, "--disk") if args.disk is not None else None
     provider_name = args.provider or os.environ.get("CORRAL_PROVIDER") or DEFAULT_PROVIDER
     env = _parse_env(args.env)
     return anyio.run(_run, args, provider_name, command, env)
@@ -77,7 +85,10 @@ async def _run(args: argparse.Namespace, provider_name: str, command: list[str],
     provider = get_provider(provider_name)
     fresh = args.sandbox is None
     if fresh:
-        handle: Handle | None = await provider.create(SandboxSpec(name=args.name, network=args.network))
+        spec = SandboxSpec(
+            name=args.name, network=args.network, limits=ResourceLimits(disk_bytes=args.disk_bytes)
+        )
+        handle: Handle | None = await provider.create(spec)
     else:
         handle = await provider.resume(args.sandbox)
         if handle is None:

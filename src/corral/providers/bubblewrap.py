@@ -18,7 +18,9 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
   the sandbox joins before it enters the namespaces (the launcher writes its own pid to
   ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
-  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force).
+  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force);
+* a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
+  subvolume in corral's own pool (:mod:`corral.providers.diskquota`).
 
 What host processes see: the launcher chain (``sh`` joining the cgroups, ``setpriv``,
 ``bwrap``) runs with a fixed environment (``PATH`` and corral's own tag), never a variable a
@@ -62,7 +64,7 @@ import anyio.to_thread
 
 from corral.errors import ConfigError, PrerequisiteMissing
 from corral.paths import SHARED_ROOT, corral_home, net_root
-from corral.providers import cgroups, procscan
+from corral.providers import btrfs, cgroups, diskquota, procscan
 from corral.providers.base import HostDirHandle
 from corral.providers.process import (
     Outcome,
@@ -82,6 +84,7 @@ from corral.providers.state import (
     remove_tree,
     validate_id,
 )
+from corral.sandbox import validate
 from corral.sandbox.contracts import (
     Capabilities,
     Command,
@@ -119,7 +122,8 @@ BWRAP_CAPABILITIES = Capabilities(
 DEFAULT_HOST_UID = 1_000_000_000
 FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", SHARED_ROOT / "bubblewrap"))
 SANDBOX_UID = 1000
-DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None, disk_bytes=10 << 30)
+MIN_DISK_BYTES = 8 << 20
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -135,17 +139,23 @@ BASE_ENV = {
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
 # pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
-# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR COMMAND... It first makes itself
+# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER COMMAND... It first makes itself
 # non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
 # or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
-# inside either. It reads the command's environment from the head of stdin
+# inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
+# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads the command's environment from the head of stdin
 # ("<length>\n" + NUL-separated NAME=VALUE: never in a host process's environment or
 # argv), runs the command, reaps every orphan, and when the command ends writes its raw
 # wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
 # namespace, whatever state it is in.
 _INIT = r"""
-my ($fd, $keeper, $nr) = splice(@ARGV, 0, 3);
+my ($fd, $keeper, $nr, $filter) = splice(@ARGV, 0, 4);
 syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
+if ($filter ne "-") {
+  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog); bwrap set no_new_privs
+  my $prog = pack("H*", $filter);
+  syscall($nr, 22, 2, pack("S x![P] P", length($prog) / 8, $prog), 0, 0) == 0 or exit 125;
+}
 if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
 my $st;
 if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
@@ -335,6 +345,12 @@ class _Run:
                 limit = "memory"
             elif refused > self.before[1]:
                 limit = "pids"
+        st = self.h.state
+        if limit is None and (code != 0 or sig is not None) and st.disk_fsid and st.disk_bytes:
+            # The quota fails writes (EDQUOT) rather than killing anything: a failed command
+            # in a sandbox that is now full is taken to have failed for that reason.
+            if diskquota.reached(st.disk_fsid, st.disk_subvol, st.disk_bytes):
+                limit = "disk"
         if limit is None and sig == signal.SIGXCPU:
             limit = "cpu"
         return Outcome(exit_code=code, signal=sig, limit_hit=limit)
@@ -428,6 +444,7 @@ class BubblewrapHandle(HostDirHandle):
         self._env = merge_env(BASE_ENV, state.env)
         self._env["CORRAL_SANDBOX_ID"] = state.id
         self._init_nr = str(provider.prctl_nr)
+        self._filter = provider.seccomp.hex() if provider.seccomp else "-"
 
     @property
     def process(self) -> ProcessApi:
@@ -443,7 +460,7 @@ class BubblewrapHandle(HostDirHandle):
 
     def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
         return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
-                self._init_nr]
+                self._init_nr, self._filter]
 
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
@@ -528,18 +545,49 @@ def _rlimit_args(limits: ResourceLimits) -> list[str]:
     return args
 
 
+def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> tuple[ResourceLimits, bool]:
+    """The provider's default limits, and whether they ask for a disk limit explicitly.
+
+    A mapping is ``[provider] limits = { memory = "4G", pids = 2048, cpus = 2,
+    disk = "10G" }`` from corral.toml: keys left out keep :data:`DEFAULT_LIMITS`' values.
+    """
+    if isinstance(value, ResourceLimits):
+        return value, value is not DEFAULT_LIMITS and value.disk_bytes is not None
+    if not isinstance(value, Mapping):
+        raise ConfigError("provider.limits: expected a table such as { disk = \"10G\" }")
+    validate.no_unknown(value, ("memory", "pids", "cpus", "disk"), "provider.limits")
+    d = DEFAULT_LIMITS
+    cpus = value.get("cpus", d.cpus)
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise ConfigError(f"provider.limits.cpus: expected a number, got {cpus!r}")
+    lim = ResourceLimits(
+        memory_bytes=(validate.size(value["memory"], "provider.limits.memory")
+                      if "memory" in value else d.memory_bytes),
+        pids=validate.positive_int(value["pids"], "provider.limits.pids") if "pids" in value else d.pids,
+        cpus=float(cpus) if cpus is not None else None,
+        disk_bytes=(validate.size(value["disk"], "provider.limits.disk")
+                    if "disk" in value else d.disk_bytes),
+    )
+    return lim, "disk" in value
+
+
 class BubblewrapProvider:
     """Isolated sandboxes with bubblewrap (see the module docstring for what that means).
 
-    ``limits`` are the defaults for fields a spec leaves ``None``; ``host_uid`` is the
+    ``limits`` are the defaults for fields a spec leaves ``None`` (a mapping, as in
+    corral.toml, overrides :data:`DEFAULT_LIMITS` key by key); ``host_uid`` is the
     unprivileged host uid sandboxes run as when corral runs as root.
+
+    The default disk limit is enforced where the machine can (see
+    :mod:`corral.providers.diskquota`) and otherwise only logged once; a disk limit asked
+    for explicitly (here or in a spec) that cannot be enforced is a ConfigError at create.
     """
 
     def __init__(
         self,
         home: Path | str | None = None,
         *,
-        limits: ResourceLimits = DEFAULT_LIMITS,
+        limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
         host_uid: int = DEFAULT_HOST_UID,
         bwrap: str | None = None,
     ) -> None:
@@ -551,7 +599,7 @@ class BubblewrapProvider:
             )
         self.bwrap = found
         self._home = Path(home) if home is not None else None
-        self._limits = limits
+        self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
         if not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
@@ -565,6 +613,7 @@ class BubblewrapProvider:
                 f"{platform.machine()!r}; use --provider local or docker"
             )
         self.prctl_nr = nr
+        self.seccomp = btrfs.no_subvolumes_filter()
         self.prlimit = shutil.which("prlimit")
         self.setpriv = shutil.which("setpriv") or "setpriv"
         if self._host_uid is not None and not shutil.which("setpriv"):
@@ -589,18 +638,40 @@ class BubblewrapProvider:
     def base_dir(self) -> Path:
         return provider_root("bubblewrap", self._home or corral_home())
 
-    def _files_dir(self, sandbox_id: str, sandbox_dir: Path) -> Path:
+    def _files_dir(
+        self, sandbox_id: str, sandbox_dir: Path, pool: diskquota.Pool | None
+    ) -> Path:
         """Where the writable areas live. Running as root, the sandbox's host uid must be
         able to reach them (bwrap resolves bind sources by path with its own rights), and
-        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT, in a
-        directory per $CORRAL_HOME, and only ``state.json``/``private/`` stay in it."""
+        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT (in the
+        btrfs pool when there is one), in a directory per $CORRAL_HOME, and only
+        ``state.json``/``private/`` stay in it."""
         if self._host_uid is None:
             return sandbox_dir
         home = str((self._home or corral_home()).resolve())
-        base = FILES_ROOT / hashlib.sha256(home.encode()).hexdigest()[:16]
-        for d in (FILES_ROOT.parent, FILES_ROOT, base):
-            d.mkdir(mode=0o711, exist_ok=True)
+        key = hashlib.sha256(home.encode()).hexdigest()[:16]
+        if pool is not None:
+            return pool.root / key / sandbox_id  # the subvolume; its parent made with it
+        base = FILES_ROOT / key
+        base.mkdir(mode=0o711, exist_ok=True)
         return base / sandbox_id
+
+    def _disk_pool(self, spec: SandboxSpec, lim: ResourceLimits) -> diskquota.Pool | None:
+        """The btrfs pool for the new sandbox's files, or None (then no disk quota)."""
+        if self._host_uid is None:
+            reason = "corral is not running as root"
+        else:
+            for d in (FILES_ROOT.parent, FILES_ROOT):
+                d.mkdir(mode=0o711, exist_ok=True)
+            try:
+                return diskquota.pool(FILES_ROOT)
+            except diskquota.PoolUnavailable as exc:
+                reason = str(exc)
+        if lim.disk_bytes is not None:
+            if spec.limits.disk_bytes is not None or self._disk_asked:
+                raise diskquota.unenforceable(lim.disk_bytes, reason)
+            diskquota.warn_unenforced(reason)
+        return None
 
     def fingerprint(self) -> str:
         raw = json.dumps(
@@ -609,6 +680,9 @@ class BubblewrapProvider:
                 "limits": [self._limits.memory_bytes, self._limits.pids, self._limits.cpus],
                 "binds": self.system_binds,
                 "uid": self._host_uid,
+                # Only when not the default: keys of existing sandboxes stay the same.
+                **({"disk": self._limits.disk_bytes}
+                   if self._limits.disk_bytes != DEFAULT_LIMITS.disk_bytes else {}),
             },
             sort_keys=True,
         )
@@ -620,6 +694,7 @@ class BubblewrapProvider:
             memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
             pids=s.pids if s.pids is not None else d.pids,
             cpus=s.cpus if s.cpus is not None else d.cpus,
+            disk_bytes=s.disk_bytes if s.disk_bytes is not None else d.disk_bytes,
         )
         if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
             raise ConfigError("memory limit must be at least 8 MiB")
@@ -627,6 +702,8 @@ class BubblewrapProvider:
             raise ConfigError("pids limit must be at least 8")
         if lim.cpus is not None and lim.cpus <= 0:
             raise ConfigError("cpus limit must be positive")
+        if lim.disk_bytes is not None and lim.disk_bytes < MIN_DISK_BYTES:
+            raise ConfigError(f"disk limit must be at least {diskquota.format_size(MIN_DISK_BYTES)}")
         return lim
 
     async def create(self, spec: SandboxSpec | None = None) -> BubblewrapHandle:
@@ -637,12 +714,16 @@ class BubblewrapProvider:
         state.memory_bytes, state.pids, state.cpus = lim.memory_bytes, lim.pids, lim.cpus
         state.host_uid = self._host_uid
         uid = self._host_uid
+        pool = self._disk_pool(spec, lim)
         sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
-        files = self._files_dir(sandbox_id, sandbox_dir)
+        files = self._files_dir(sandbox_id, sandbox_dir, pool)
         state.files_dir = str(files)
         try:
-            if files.exists() and files != sandbox_dir:
-                remove_tree(files)  # left over by an earlier sandbox of that name
+            if files != sandbox_dir and os.path.lexists(files):
+                diskquota.remove_files(files)  # left over by an earlier sandbox of that name
+            if pool is not None:
+                state.disk_subvol = diskquota.make_subvolume(pool, files, lim.disk_bytes)
+                state.disk_fsid, state.disk_bytes = pool.fsid, lim.disk_bytes
             make_files_dir(files, (uid, uid) if uid is not None else None)
             _passwd_files(files / "etc")
             has_limits = any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus))
@@ -667,7 +748,7 @@ class BubblewrapProvider:
                 (files / "owner").write_text(str(sandbox_dir.resolve()))
         except BaseException:
             cgroups.remove(state.cgroups)
-            remove_tree(files)
+            diskquota.remove_files(files)
             remove_tree(sandbox_dir)
             raise
         return BubblewrapHandle(sandbox_dir, state, self)
@@ -678,6 +759,7 @@ class BubblewrapProvider:
         state = SandboxState.load(sandbox_dir)
         if state is None or state.destroying:
             return None
+        _mount_pool_of(state)
         if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
             return None
         return BubblewrapHandle(sandbox_dir, state, self)
@@ -696,7 +778,8 @@ class BubblewrapProvider:
         await anyio.to_thread.run_sync(_kill_sandbox, state)
         await anyio.to_thread.run_sync(_remove_socket_dirs, state)
         if state.files_dir and Path(state.files_dir) != sandbox_dir:
-            await anyio.to_thread.run_sync(remove_tree, Path(state.files_dir))
+            _mount_pool_of(state)
+            await anyio.to_thread.run_sync(diskquota.remove_files, Path(state.files_dir))
             with contextlib.suppress(OSError):
                 Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
@@ -735,6 +818,14 @@ def _remove_socket_dirs(state: SandboxState) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _mount_pool_of(state: SandboxState) -> None:
+    """Make sure the pool holding the sandbox's files is mounted (after a reboot it is
+    not). Its files dir is ``<FILES_ROOT>/btrfs/<hash>/<id>``."""
+    if state.disk_fsid and state.files_dir:
+        with contextlib.suppress(diskquota.PoolUnavailable):
+            diskquota.pool(Path(state.files_dir).parents[2], create=False)
+
+
 def _kill_sandbox(state: SandboxState) -> None:
     if state.cgroups:
         if not cgroups.destroy(state.cgroups):
@@ -764,8 +855,11 @@ def _prune_orphans() -> list[str]:
     pruned: list[str] = []
     if not FILES_ROOT.is_dir():
         return pruned
-    for home_dir in FILES_ROOT.iterdir():
-        if not home_dir.is_dir():
+    roots = [FILES_ROOT]
+    with contextlib.suppress(diskquota.PoolUnavailable):
+        roots.append(diskquota.pool(FILES_ROOT, create=False).root)
+    for home_dir in [d for root in roots for d in root.iterdir()]:
+        if not home_dir.is_dir() or home_dir == FILES_ROOT / diskquota.POOL_DIR:
             continue
         for files in home_dir.iterdir():
             try:
@@ -780,7 +874,7 @@ def _prune_orphans() -> list[str]:
                 dirs = [d for d in (files / "cgroups").read_text().split("\n") if d]
                 if dirs and all(d.startswith(str(cgroups.CGROUP_ROOT) + "/") for d in dirs):
                     cgroups.destroy(dirs)
-            remove_tree(files)
+            diskquota.remove_files(files)
             pruned.append(str(files))
         with contextlib.suppress(OSError):
             home_dir.rmdir()

@@ -217,7 +217,7 @@ class LocalProvider:
     async def create(self, spec: SandboxSpec | None = None) -> LocalHandle:
         spec = spec or SandboxSpec()
         lim = spec.limits
-        if lim.memory_bytes is not None or lim.pids is not None or lim.cpus is not None:
+        if any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus, lim.disk_bytes)):
             raise UnsupportedCapability(
                 "local", "resource limits", "use the bubblewrap provider to enforce limits"
             )

@@ -67,6 +67,12 @@ class SandboxState:
     memory_bytes: int | None = None
     pids: int | None = None
     cpus: float | None = None
+    disk_bytes: int | None = None
+    """The disk limit in force (None: none is enforced)."""
+    disk_fsid: str = ""
+    """UUID of the btrfs pool holding the files dir as a quota-limited subvolume, if so."""
+    disk_subvol: int = 0
+    """That subvolume's id (its quota group is ``0/<id>``)."""
     network: bool = False
     binds: list[tuple[str, str]] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
@@ -106,7 +112,10 @@ class SandboxState:
 
     @property
     def limits(self) -> ResourceLimits:
-        return ResourceLimits(memory_bytes=self.memory_bytes, pids=self.pids, cpus=self.cpus)
+        return ResourceLimits(
+            memory_bytes=self.memory_bytes, pids=self.pids, cpus=self.cpus,
+            disk_bytes=self.disk_bytes,
+        )
 
     def save(self, sandbox_dir: Path) -> None:
         tmp = sandbox_dir / f".state.{secrets.token_hex(4)}.tmp"

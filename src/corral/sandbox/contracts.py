@@ -125,6 +125,9 @@ class ResourceLimits:
     memory_bytes: int | None = None
     pids: int | None = None
     cpus: float | None = None
+    disk_bytes: int | None = None
+    """Space the sandbox's files (workspace, home, /tmp) may take on the host's disk. A
+    provider that cannot enforce it refuses a spec that sets it (never ignores it)."""
 
 
 HostRoute = Literal["loopback", "unix-socket", "docker-gateway", "none"]
@@ -175,7 +178,8 @@ class ExecResult:
     signal: int | None = None
     timed_out: bool = False
     limit_hit: str | None = None
-    """Which resource limit killed the command (``memory``, ``pids``, ``cpu``), if known."""
+    """Which resource limit killed or failed the command (``memory``, ``pids``, ``cpu``,
+    ``disk``), if known."""
 
     @property
     def ok(self) -> bool:
