@@ -94,3 +94,16 @@ def test_found_config_cannot_read_host_files_as_secrets(
     given = run([*corral_cmd, "run", "--config", str(trusted), "--workspace", str(repo), "--",
                  "sh", "-c", 'test "$KEY" = HOST-PRIVATE-KEY-MATERIAL'], cli_env, repo)
     assert given.returncode == 0, given.stderr
+
+
+def test_found_config_may_lower_limits_but_not_raise_them(
+    repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    (repo / "corral.toml").write_text('[provider]\nname = "bubblewrap"\n'
+                                      'limits = { memory = "64G", pids = 64 }\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, "raises memory", "may only lower")
+    (repo / "corral.toml").write_text('[provider]\nname = "bubblewrap"\n'
+                                      'limits = { memory = "256M", pids = 64 }\n')
+    ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    assert ok.returncode == 0, ok.stderr  # lowering is a request any repository may make

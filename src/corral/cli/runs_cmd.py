@@ -19,7 +19,7 @@ from corral.cli.progress import CopyProgressLine
 from corral.errors import ConfigError
 from corral.sandbox import validate
 from corral.sandbox.config_file import find_config, load_config
-from corral.sandbox.trust import check_found_config
+from corral.cli.trust import check_found_config
 from corral.sandbox.definition import Sandbox
 from corral.sandbox.transfer import report_copy_progress
 from corral.runs.records import RunRecord, RunStatus

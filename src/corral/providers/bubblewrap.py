@@ -627,6 +627,11 @@ class BubblewrapProvider:
         return "bubblewrap"
 
     @property
+    def default_limits(self) -> ResourceLimits:
+        """The limits of sandboxes whose spec leaves a field ``None``."""
+        return self._limits
+
+    @property
     def capabilities(self) -> Capabilities:
         return BWRAP_CAPABILITIES
 

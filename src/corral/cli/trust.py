@@ -8,7 +8,8 @@ the user's own and is trusted. A found file may not
 - choose a provider that does not isolate (``local``: its setup and commands would run on
   this host) unless the user chose that provider on the command line;
 - configure a provider's host-side settings (``[provider]`` keys beyond ``name``: paths of
-  host programs, the host uid, directories);
+  host programs, the host uid, directories), or raise its resource limits (``limits`` may
+  only lower them);
 - read a secret from a host file outside the directory that holds it.
 
 Each refusal is one line naming the key and the two ways forward.
@@ -19,6 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.errors import ConfigError
+from corral.providers import get_provider
+from corral.sandbox.contracts import ResourceLimits
 from corral.sandbox.definition import Sandbox
 
 __all__ = ["check_found_config"]
@@ -29,12 +32,19 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
     ``config`` file, asks for something only the user may decide (see the module
     docstring). ``provider_chosen``: the user named the provider on the command line."""
     trust = f"pass --config {config} if you trust this file"
-    if sandbox.provider_config:
-        keys = ", ".join(sorted(sandbox.provider_config))
+    host_side = sorted(set(sandbox.provider_config) - {"limits"})
+    if host_side:
         raise ConfigError(
-            f"{config}: [provider] sets {keys}: a repository's corral.toml cannot "
-            f"configure the provider's host-side settings; {trust}"
+            f"{config}: [provider] sets {', '.join(host_side)}: a repository's corral.toml "
+            f"cannot configure the provider's host-side settings; {trust}"
         )
+    if "limits" in sandbox.provider_config:
+        raised = _raised_limits(sandbox)
+        if raised:
+            raise ConfigError(
+                f"{config}: [provider] limits raises {', '.join(raised)} above the default: a "
+                f"repository's corral.toml may only lower limits; {trust}"
+            )
     if not provider_chosen and not sandbox.get_provider().capabilities.isolated:
         raise ConfigError(
             f"{config}: provider {sandbox.provider_name!r} does not isolate (its setup "
@@ -52,3 +62,18 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
                 f"{config}: secrets.{name} reads {raw}, outside {home}: a repository's "
                 f"corral.toml cannot read host files into the sandbox; {trust}"
             )
+
+
+def _raised_limits(sandbox: Sandbox) -> list[str]:
+    """The limits ``[provider] limits`` sets above the provider's defaults (all of them when
+    the provider has no limits to compare with)."""
+    asked = getattr(sandbox.get_provider(), "default_limits", None)
+    base = getattr(get_provider(sandbox.provider_name), "default_limits", None)
+    if not isinstance(asked, ResourceLimits) or not isinstance(base, ResourceLimits):
+        return ["limits"]
+    raised = []
+    for field in ("memory_bytes", "pids", "cpus", "disk_bytes"):
+        mine, default = getattr(asked, field), getattr(base, field)
+        if default is not None and (mine is None or mine > default):
+            raised.append(field.removesuffix("_bytes"))
+    return raised
