@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +14,7 @@ from corral.cli.reap_cmd import parse_duration
 from corral.errors import ConfigError
 from corral.runs.layout import JournalPaths, read_status
 from corral.runs.supervisor import supervisor_alive
+from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 
 
@@ -58,50 +57,16 @@ def test_any_text_parses_or_is_a_config_error(text: str) -> None:
 # ------------------------------------------------------------------ end to end
 
 
-class Cli:
-    def __init__(self, cmd: list[str], env: dict[str, str], home: Path) -> None:
-        self.cmd = cmd
-        self.env = env
-        self.home = home
-        self.db = home / "corral.db"
-
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.cmd, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*self.cmd, *args], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
+class Cli(CliHome):
     def start(self, run_id: str, script: str) -> JournalPaths:
         out = self.run("run", "--detach", "--run-id", run_id, "--", "sh", "-c", script)
         assert out.returncode == 0, out.stderr
         return JournalPaths.for_run(self.home / "journals", run_id)
 
-    def raw(self, run_id: str) -> dict[str, Any]:
-        with sqlite3.connect(self.db) as conn:
-            (doc,) = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        data: dict[str, Any] = json.loads(doc)
-        return data
-
-    def log(self, run_id: str) -> list[dict[str, Any]]:
-        with sqlite3.connect(self.db) as conn:
-            rows = conn.execute("SELECT offset, event FROM events WHERE run_id = ? ORDER BY offset",
-                                (run_id,)).fetchall()
-        assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
-        return [json.loads(r[1]) for r in rows]
-
-    def closed(self, run_id: str) -> bool:
-        with sqlite3.connect(self.db) as conn:
-            (closed,) = conn.execute("SELECT log_closed FROM runs WHERE run_id = ?",
-                                     (run_id,)).fetchone()
-        return bool(closed)
-
-    def text(self, run_id: str) -> str:
-        return "".join(e["delta"] for e in self.log(run_id) if e["type"] == "TEXT_MESSAGE_CONTENT")
-
     def sandbox_exists(self, run_id: str) -> bool:
-        ref = self.raw(run_id)["sandbox_ref"]
+        record = self.raw(run_id)
+        assert record is not None
+        ref = record["sandbox_ref"]
         return (self.home / "sandboxes" / ref["provider"] / ref["id"]).exists()
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 
 from corral.runs.layout import JournalPaths, read_status
 from corral.runs.supervisor import process_alive
+from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
@@ -26,21 +25,7 @@ pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 TICKER = ["sh", "-c", "i=0; while [ $i -lt 40 ]; do echo tick $i; i=$((i+1)); sleep 0.025; done"]
 
 
-class Cli:
-    def __init__(self, cmd: list[str], env: dict[str, str], home: Path) -> None:
-        self.cmd = cmd
-        self.env = env
-        self.home = home
-        self.db = home / "corral.db"
-
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.cmd, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*self.cmd, *args], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-
+class Cli(CliHome):
     def record(self, run_id: str) -> dict[str, Any]:
         out = self.run("show", run_id, "--json")
         assert out.returncode == 0, out.stderr
@@ -48,25 +33,9 @@ class Cli:
         return data
 
     def raw_record(self, run_id: str) -> dict[str, Any]:
-        with sqlite3.connect(self.db) as conn:
-            (doc,) = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        data: dict[str, Any] = json.loads(doc)
-        return data
-
-    def log(self, run_id: str) -> list[dict[str, Any]]:
-        with sqlite3.connect(self.db) as conn:
-            rows = conn.execute(
-                "SELECT offset, event FROM events WHERE run_id = ? ORDER BY offset", (run_id,)
-            ).fetchall()
-        offsets = [r[0] for r in rows]
-        assert offsets == list(range(1, len(rows) + 1)), "log offsets must be gap-free"
-        return [json.loads(r[1]) for r in rows]
-
-    def log_closed(self, run_id: str) -> bool:
-        with sqlite3.connect(self.db) as conn:
-            row = conn.execute("SELECT log_closed FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return bool(row and row[0])
-
+        record = self.raw(run_id)
+        assert record is not None, f"no run {run_id}"
+        return record
 
 @pytest.fixture
 def cli(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path) -> Cli:
@@ -230,7 +199,7 @@ def test_cancel_from_another_process(cli: Cli) -> None:
     rec = cli.record("can")
     assert rec["status"] == "aborted" and rec["cancel_requested"] is True
     log = cli.log("can")
-    assert log[-1]["type"] == "RUN_ERROR" and cli.log_closed("can")
+    assert log[-1]["type"] == "RUN_ERROR" and cli.closed("can")
     assert "never" not in stdout_text(log)
     # the foreground viewer printed the end of the log too
     assert ndjson(rest)[-1]["event"]["type"] == "RUN_ERROR"
@@ -248,7 +217,7 @@ def test_cancel_of_a_detached_run(cli: Cli) -> None:
     wait_until(lambda: not process_alive(pid), 2, "the agent to stop")
     rec = cli.record("dcan")
     assert rec["status"] == "aborted"
-    assert cli.log("dcan")[-1]["type"] == "RUN_ERROR" and cli.log_closed("dcan")
+    assert cli.log("dcan")[-1]["type"] == "RUN_ERROR" and cli.closed("dcan")
 
 
 def test_sigint_detaches_and_a_second_one_cancels(cli: Cli) -> None:

@@ -32,49 +32,14 @@ from corral.runs.reap import ReapOutcome
 from corral.runs.store import Store
 from corral.stores.sqlite import SQLiteStore
 from corral.testkit.reaper import DirSandboxes, ReaperWorld, entry
+from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 
 # ------------------------------------------------------------------ 6: the real CLI
 
 
-class Cli:
-    """``python -m corral`` against one CORRAL_HOME, and raw reads of its SQLite store."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], home: Path) -> None:
-        self.cmd = cmd
-        self.env = env
-        self.home = home
-        self.db = home / "corral.db"
-
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.cmd, *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False, cwd=self.home)
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([*self.cmd, *args], env=self.env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, text=True, cwd=self.home)
-
-    def _one(self, sql: str, *args: object) -> Any:
-        if not self.db.exists():
-            return None
-        with sqlite3.connect(self.db) as conn:
-            try:
-                return conn.execute(sql, args).fetchone()
-            except sqlite3.OperationalError:
-                return None  # the schema is not there yet
-
-    def raw(self, run_id: str) -> dict[str, Any] | None:
-        row = self._one("SELECT doc FROM runs WHERE run_id = ?", run_id)
-        return None if row is None else dict(json.loads(row[0]))
-
-    def closed(self, run_id: str) -> bool:
-        return bool(self._one("SELECT log_closed FROM runs WHERE run_id = ?", run_id)[0])
-
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        with sqlite3.connect(self.db) as conn:
-            rows = conn.execute("SELECT event FROM events WHERE run_id = ? ORDER BY offset",
-                                (run_id,)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+class Cli(CliHome):
+    """Adds the instance store and the sandboxes' host directories."""
 
     def instance(self, key: str) -> dict[str, Any] | None:
         row = self._one("SELECT doc FROM instances WHERE key = ?", key)
@@ -97,8 +62,6 @@ class Cli:
         files = state.get("files_dir") or str(self.sandbox_dir(sandbox_id))
         return Path(files) / "root" / "workspace"
 
-    def journal(self, run_id: str) -> JournalPaths:
-        return JournalPaths.for_run(self.home / "journals", run_id)
 
 
 @pytest.fixture
@@ -139,7 +102,7 @@ def _killed_during_the_copy(cli: Cli, tmp_path: Path, run_id: str) -> dict[str, 
     return the instance record of the sandbox being filled."""
     workspace = _big_workspace(tmp_path / "ws")
     proc = cli.popen("run", "--run-id", run_id, "--workspace", str(workspace), "--",
-                     "sh", "-c", "echo agent-ran")
+                     "sh", "-c", "echo agent-ran", quiet=True)
     copying: dict[str, Any] = {}
 
     def caught_copying() -> bool:
@@ -183,7 +146,7 @@ def test_starter_killed_during_the_workspace_copy_is_failed_and_reclaimed(
     assert record is not None and record["status"] == "failed"
     assert "died before the agent started" in record["error"]["message"]
     assert cli.closed(run_id)
-    assert cli.events(run_id)[-1]["type"] == "RUN_ERROR"
+    assert cli.log(run_id)[-1]["type"] == "RUN_ERROR"
     assert not cli.sandbox_dir(sandbox_id).exists()  # reclaimed
     assert cli.instance(copying["key"]) is None
     assert out.returncode == 0, out.stderr
@@ -212,11 +175,12 @@ def test_driver_killed_after_the_agent_started_is_finalized_from_the_journal(
 ) -> None:
     run_id = "killed-while-driving"
     proc = cli.popen("run", "--run-id", run_id, "--", "sh", "-c",
-                     "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo last")
+                     "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo last",
+                     quiet=True)
     paths = cli.journal(run_id)
     wait_until(lambda: paths.journal.exists() and b"first" in paths.journal.read_bytes(), 60,
                "the agent's first line")
-    wait_until(lambda: any(e.get("delta") == "first" for e in cli.events(run_id)), 30,
+    wait_until(lambda: any(e.get("delta") == "first" for e in cli.log(run_id)), 30,
                "the driver to log the first line")
     _sigkill(proc)  # no detach: the driver just dies
     record = cli.raw(run_id)
@@ -237,7 +201,7 @@ def test_driver_killed_after_the_agent_started_is_finalized_from_the_journal(
     record = cli.raw(run_id)
     assert record is not None and record["status"] == "completed"
     assert record["exit_code"] == 0
-    text = "".join(e.get("delta", "") for e in cli.events(run_id)
+    text = "".join(e.get("delta", "") for e in cli.log(run_id)
                    if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert text == "first\nlast\n"
     assert cli.closed(run_id)
