@@ -8,7 +8,8 @@ nearest subreaper and is not a session leader), and exits. The grandchild, the s
 1. marks itself non-dumpable (``PR_SET_DUMPABLE=0``: other non-root processes of the same uid
    cannot read its ``/proc/<pid>/{mem,environ,fd}``); its argv holds only fd numbers and its
    environment only ``PATH``/``PYTHONPATH``/locale, so the nonce lives in its memory alone;
-2. opens the journal and the stderr sidecar (``O_APPEND``, never truncating) and starts the
+2. opens the journal and the stderr sidecar (never truncating; it is their only writer)
+   and starts the
    agent in its own session and process group, its stdout/stderr *piped* to this process,
    which appends them to those files (redacting the run's secrets): the agent never holds a
    descriptor of the journal, so it cannot clear ``O_APPEND``, seek or truncate it. (Piping
@@ -395,9 +396,11 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     normalize_nonce(nonce)
     status_path = Path(job["status"])
     me, my_start = os.getpid(), process_start_time(os.getpid()) or 0
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    out = _Sink(os.open(job["journal"], flags, 0o600))
-    err = _Sink(os.open(job["stderr"], flags, 0o600))
+    # No O_APPEND: this process is the files' only writer (the agent's output comes through
+    # it), and the kernel cannot splice into an O_APPEND file. Each starts at its end.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    out = _Sink(_open_at_end(job["journal"], flags))
+    err = _Sink(_open_at_end(job["stderr"], flags))
     stdin_data = base64.b64decode(job["stdin"]) if job.get("stdin") is not None else None
     prefix = base64.b64decode(job.get("stdin_prefix") or "")
     timeout: float | None = job.get("timeout")
@@ -522,9 +525,19 @@ class _Sink:
             if not self._sealed:
                 _write_all(self._fd, data)
 
+    def splice_from(self, src: int) -> int:
+        """Move what the pipe ``src`` holds (up to 1 MiB) to the file in the kernel, without
+        copying it through this process; the byte count, 0 at EOF. Raises
+        :class:`BlockingIOError` when the pipe is empty, :class:`OSError` where the file
+        system cannot splice."""
+        with self._lock:
+            if self._sealed:
+                return len(os.read(src, 1 << 20))  # drained and dropped
+            return os.splice(src, self._fd, 1 << 20)
+
     def seal(self, last: bytes = b"") -> int:
-        """Write ``last`` (in one write: atomic under ``O_APPEND``), close the file, and
-        return the offset ``last`` starts at."""
+        """Write ``last`` (in one write), close the file, and return the offset ``last``
+        starts at."""
         with self._lock:
             start = os.fstat(self._fd).st_size
             if last:
@@ -532,6 +545,12 @@ class _Sink:
             self._sealed = True
             os.close(self._fd)
             return start
+
+
+def _open_at_end(path: str, flags: int) -> int:
+    fd = os.open(path, flags, 0o600)
+    os.lseek(fd, 0, os.SEEK_END)
+    return fd
 
 
 def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
@@ -544,6 +563,7 @@ def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
     with contextlib.suppress(OSError):  # fewer, larger reads (the default pipe holds 64 KiB)
         fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
     draining = eof = False
+    splice = True
     try:
         while not eof:
             ready, _, _ = select.select([fd] if draining else [fd, wake], [], [],
@@ -555,6 +575,16 @@ def _pump(pipe: Any, sink: _Sink, table: dict[str, str], wake: int) -> None:
                 continue
             while True:  # all that is there now, then wait again
                 try:
+                    if redactor is None and splice:
+                        try:
+                            if sink.splice_from(fd) == 0:
+                                eof = True
+                                break
+                            continue
+                        except BlockingIOError:
+                            break
+                        except OSError:
+                            splice = False  # this file system cannot: copy instead
                     chunk = os.read(fd, 1 << 20)
                 except BlockingIOError:
                     break
