@@ -9,9 +9,9 @@ nearest subreaper and is not a session leader), and exits. The grandchild, the s
    cannot read its ``/proc/<pid>/{mem,environ,fd}``); its argv holds only fd numbers and its
    environment only ``PATH``/``PYTHONPATH``/locale, so the nonce lives in its memory alone;
 2. opens the journal and the stderr sidecar (never truncating; it is their only writer)
-   and starts the
-   agent in its own session and process group, its stdout/stderr *piped* to this process,
-   which appends them to those files (redacting the run's secrets): the agent never holds a
+   and starts the agent in its own session and process group, its stdout/stderr *piped* to
+   this process, which appends them to those files (redacting the run's secrets; spliced in
+   the kernel when there are none): the agent never holds a
    descriptor of the journal, so it cannot clear ``O_APPEND``, seek or truncate it. (Piping
    loses nothing when the driver dies: this process outlives it.) stdin is ``/dev/null`` or
    a pipe that gets the given bytes (after ``stdin_prefix``); no other fds;
