@@ -10,6 +10,7 @@ stdout, seeks and truncates it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -94,6 +95,47 @@ def test_exec_env_reaches_the_sandbox_only(
     assert not marker.exists(), f"--env LD_PRELOAD ran code on the host: {marker.read_text()}"
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().strip() == f"yes {so}"
+
+
+def _host_processes_holding(marker: bytes) -> list[str]:
+    """Processes of the host's pid namespace (not the sandbox's) whose argv or
+    environment holds ``marker``."""
+    mine = os.readlink("/proc/self/ns/pid")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/pid") != mine or int(pid) == os.getpid():
+                continue
+            for what in ("cmdline", "environ"):
+                if marker in Path(f"/proc/{pid}/{what}").read_bytes():
+                    found.append(f"{pid} {what}: {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
+        except OSError:
+            continue
+    return found
+
+
+def test_nothing_given_for_the_command_is_in_a_host_process(
+    corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    # argv, environment and working directory of the command: all user-controlled, all
+    # delivered inside the sandbox only (the launchers' argv and env are corral's own).
+    marker = "m" + os.urandom(8).hex()
+    proc = subprocess.Popen(
+        [*corral_cmd, "exec", "--env", f"MARK={marker}-env", "--", "sh", "-c",
+         f"mkdir -p /tmp/{marker}-cwd; echo ready; read x; : {marker}-argv"],
+        env=cli_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        # the corral CLI itself was given these (it is the user's own process): skip it
+        leaks = [x for x in _host_processes_holding(marker.encode())
+                 if not x.startswith(f"{proc.pid} ")]
+        assert leaks == [], leaks
+    finally:
+        proc.stdin.write(b"x\n")
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
 
 
 @pytest.mark.parametrize("bad", ["1ABC", "A-B", "A B", "", "Ä"])

@@ -139,13 +139,14 @@ BASE_ENV = {
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
 # pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
-# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER COMMAND... It first makes itself
+# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER (nothing else). It first makes itself
 # non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
 # or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
 # inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
-# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads the command's environment from the head of stdin
-# ("<length>\n" + NUL-separated NAME=VALUE: never in a host process's environment or
-# argv), runs the command, reaps every orphan, and when the command ends writes its raw
+# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads
+# what to run from the head of stdin (``launch_prefix``: the cwd, the environment and the
+# argv, none of which is ever in a host process's environment or argv), runs the command
+# there, reaps every orphan, and when the command ends writes its raw
 # wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
 # namespace, whatever state it is in.
 _INIT = r"""
@@ -165,15 +166,22 @@ while (length($blob) < $len) {
   my $r = sysread(STDIN, $blob, $len - length($blob), length($blob));
   defined($r) && $r > 0 or exit 125;
 }
+my @f = split(/\0/, $blob, -1);
+pop @f;
+my ($cwd, $n) = splice(@f, 0, 2);
+my @env = splice(@f, 0, $n);
+my @argv = @f;
+@argv or exit 125;
 my $pid = fork;
-if (!defined $pid) { print STDERR "corral: cannot start $ARGV[0]: fork: $!\n"; exit 126 }
+if (!defined $pid) { print STDERR "corral: cannot start $argv[0]: fork: $!\n"; exit 126 }
 if ($pid == 0) {
   close $st if $st;
-  %ENV = map { split(/=/, $_, 2) } grep { length } split(/\0/, $blob);
-  exec { $ARGV[0] } @ARGV;
-  my $n = $! + 0;
-  print STDERR "corral: $ARGV[0]: $!\n";
-  exit($n == 2 ? 127 : 126);
+  chdir($cwd) or do { print STDERR "corral: cannot enter $cwd: $!\n"; exit 126 };
+  %ENV = map { split(/=/, $_, 2) } @env;
+  exec { $argv[0] } @argv;
+  my $e = $! + 0;
+  print STDERR "corral: $argv[0]: $!\n";
+  exit($e == 2 ? 127 : 126);
 }
 my $s = 255 << 8;
 while ((my $w = waitpid(-1, 0)) > 0) { if ($w == $pid) { $s = $?; last } }
@@ -185,9 +193,15 @@ exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
 _PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
 
 
-def env_prefix(env: Mapping[str, str]) -> bytes:
-    """The head of a sandboxed command's stdin that carries its environment to the init."""
-    blob = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+def launch_prefix(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+    """The head of a sandboxed command's stdin, read by the init: what to run, where and
+    with which environment (``<length>\n`` + NUL-terminated fields: cwd, the number of
+    variables, ``NAME=VALUE`` each, then argv). None of it is in a host process's argv or
+    environment."""
+    if any("\0" in a for a in argv):
+        raise ConfigError("a command argument contains a NUL byte, which no program can receive")
+    fields = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
+    blob = b"".join(f.encode() + b"\0" for f in fields)
     return str(len(blob)).encode() + b"\n" + blob
 
 
@@ -418,7 +432,7 @@ class BubblewrapHandle(HostDirHandle):
             bwrap += ["--ro-bind", host, inside]
         # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
         # init starts with no environment at all (the command's comes over stdin).
-        bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1"]
+        bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
         # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
         # rlimits, drop to the sandbox's host uid, then bwrap.
@@ -468,7 +482,7 @@ class BubblewrapHandle(HostDirHandle):
         self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
-        prefix = env_prefix(self._env_for(env))
+        prefix = launch_prefix(chdir, self._env_for(env), argv)
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # bwrap keeps a read end of its own status pipe open: when the process that
@@ -479,13 +493,10 @@ class BubblewrapHandle(HostDirHandle):
         full = [
             *self._launcher,
             *self._bwrap,
-            "--chdir",
-            chdir,
             "--json-status-fd",
             str(status_w),
             "--",
             *self._init(report_w, keeper),
-            *argv,
         ]
         run = _Run(self, status_r, report_r)
         try:
@@ -523,16 +534,13 @@ class BubblewrapHandle(HostDirHandle):
         self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
-        full = [
-            *self._launcher, *self._bwrap, "--die-with-parent", "--chdir", chdir, "--",
-            *self._init(-1, -1), *argv,
-        ]
+        full = [*self._launcher, *self._bwrap, "--die-with-parent", "--", *self._init(-1, -1)]
         return HostCommand(
             argv=tuple(full),
             env=dict(self._host_env),
             cwd=None,
             cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
-            stdin_prefix=env_prefix(self._env_for(env)),
+            stdin_prefix=launch_prefix(chdir, self._env_for(env), argv),
         )
 
 
