@@ -107,3 +107,45 @@ def test_found_config_may_lower_limits_but_not_raise_them(
                                       'limits = { memory = "256M", pids = 64 }\n')
     ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
     assert ok.returncode == 0, ok.stderr  # lowering is a request any repository may make
+
+
+def test_found_config_cannot_take_the_workspace_from_elsewhere(
+    repo: Path, tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    private = tmp_path / "host-private"
+    private.mkdir(mode=0o700)
+    (private / "id_rsa").write_text("HOST-ONLY")
+    subprocess.run(["git", "init", "-q", str(tmp_path / "other-repo")], check=True)
+    for source in (f'path = "{private}"', f'url = "{tmp_path / "other-repo"}"'):
+        (repo / "corral.toml").write_text(f"[workspace.source]\n{source}\n")
+        r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "cat",
+                 "/workspace/id_rsa"], cli_env, repo)
+        one_line_refusal(r, "workspace.source", "--config")
+        assert "HOST-ONLY" not in r.stdout
+    (repo / "sub").mkdir()
+    (repo / "sub" / "f").write_text("inside")
+    (repo / "corral.toml").write_text(f'[workspace.source]\npath = "{repo / "sub"}"\n')
+    ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "cat", "/workspace/f"],
+             cli_env, repo)
+    assert ok.returncode == 0 and "inside" in ok.stdout, ok.stderr
+
+
+def test_found_config_cannot_put_the_sandbox_on_the_host_network(
+    repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    import socket
+
+    host_only = socket.socket()
+    host_only.bind(("127.0.0.1", 0))
+    host_only.listen()
+    port = host_only.getsockname()[1]
+    probe = (f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); "
+             "print('reached the host')")
+    try:
+        (repo / "corral.toml").write_text('[policy]\nnetwork = "allow"\n')
+        r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "python3", "-c", probe],
+                cli_env, repo)
+        one_line_refusal(r, "network", "allow_hosts")
+        assert "reached the host" not in r.stdout
+    finally:
+        host_only.close()

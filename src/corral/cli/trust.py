@@ -10,7 +10,12 @@ the user's own and is trusted. A found file may not
 - configure a provider's host-side settings (``[provider]`` keys beyond ``name``: paths of
   host programs, the host uid, directories), or raise its resource limits (``limits`` may
   only lower them);
-- read a secret from a host file outside the directory that holds it.
+- read a secret from a host file outside the directory that holds it;
+- take the workspace from anywhere but its own directory (a ``local`` source outside it,
+  or a ``git`` source, which the host clones with the user's credentials);
+- give the sandbox the host's network (``network = "allow"`` without ``allow_hosts``
+  shares the host's network namespace, its loopback services included); an allowlist,
+  which goes through corral's egress proxy, is a request it may make.
 
 Each refusal is one line naming the key and the two ways forward.
 """
@@ -23,6 +28,7 @@ from corral.errors import ConfigError
 from corral.providers import get_provider
 from corral.sandbox.contracts import ResourceLimits
 from corral.sandbox.definition import Sandbox
+from corral.sandbox.sources import GitSource, LocalDir
 
 __all__ = ["check_found_config"]
 
@@ -52,12 +58,30 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
             f"choose it; pass --provider {sandbox.provider_name} or {trust}"
         )
     home = config.resolve().parent
+    source = sandbox.workspace.source
+    if isinstance(source, GitSource):
+        raise ConfigError(
+            f"{config}: workspace.source is a git repository, which corral would clone on "
+            f"this host with your credentials: a repository's corral.toml cannot ask for "
+            f"that; {trust}"
+        )
+    if isinstance(source, LocalDir) and not _inside(Path(source.path), home):
+        raise ConfigError(
+            f"{config}: workspace.source.path {source.path} is outside {home}: "
+            f"a repository's corral.toml cannot copy host directories into the sandbox; "
+            f"{trust}"
+        )
+    if sandbox.policy.direct_network:
+        raise ConfigError(
+            f"{config}: policy.network = \"allow\" without allow_hosts would put the sandbox "
+            "on this host's network (its loopback services included): a repository's "
+            f"corral.toml cannot ask for that; list the hosts in allow_hosts, or {trust}"
+        )
     for name, origin in sandbox.secrets.origins().items():
         raw = origin.get("file")
         if raw is None:
             continue
-        path = Path(raw).expanduser().resolve()
-        if not path.is_relative_to(home):
+        if not _inside(Path(raw).expanduser(), home):
             raise ConfigError(
                 f"{config}: secrets.{name} reads {raw}, outside {home}: a repository's "
                 f"corral.toml cannot read host files into the sandbox; {trust}"
@@ -77,3 +101,7 @@ def _raised_limits(sandbox: Sandbox) -> list[str]:
         if default is not None and (mine is None or mine > default):
             raised.append(field.removesuffix("_bytes"))
     return raised
+
+
+def _inside(path: Path, home: Path) -> bool:
+    return path.resolve().is_relative_to(home)
