@@ -328,3 +328,29 @@ def test_proc_inside_shows_nothing_of_the_host_environment(
     assert r.returncode == 0, r.stderr
     assert b"host-working-dir-marker" not in r.stdout
     assert b"CORRAL_HOME" not in r.stdout and str(tmp_path).encode() not in r.stdout
+
+
+# ----------------------------------------------------------------- 9. output outside quotas
+
+
+def test_agent_output_is_bounded_on_the_host(
+    corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path
+) -> None:
+    # The journal lives on the host, outside the sandbox's disk quota: an agent printing
+    # without end must be stopped at the run's output limit, and say so.
+    r = run([*corral_cmd, "run", "--max-output", "8M", "--", "sh", "-c",
+             "yes aaaaaaaaaaaaaaaaaaaaaaaa & yes bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb >&2; wait"],
+            cli_env, timeout=300)
+    assert r.returncode != 0
+    record = last_run(corral_cmd, cli_env)
+    assert record["status"] == "failed"
+    assert "output limit" in str(record["error"]), record["error"]
+    written = sum(p.stat().st_size for p in (corral_home / "journals").iterdir()
+                  if p.suffix in (".journal", ".err"))
+    assert written < (8 << 20) + (2 << 20), written  # the limit, plus the trailer and notes
+
+
+def test_bad_max_output_is_one_line(corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    r = run([*corral_cmd, "run", "--max-output", "lots", "--", "true"], cli_env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "Traceback" not in err and "--max-output" in err, err

@@ -23,7 +23,7 @@ from corral.cli.trust import check_found_config
 from corral.sandbox.definition import Sandbox
 from corral.sandbox.transfer import report_copy_progress
 from corral.runs.records import RunRecord, RunStatus
-from corral.runs.runner import DriveResult, Runner, RunRequest
+from corral.runs.runner import DEFAULT_MAX_OUTPUT, DriveResult, Runner, RunRequest
 from corral.runs.store import LoggedEvent, Store, UnknownRun
 from corral.stores import open_store
 
@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--file-events", nargs="?", const="on", choices=["on", "diff"],
                      help="log the agent's workspace changes as sandbox.file events "
                           "(--file-events diff: with patches)")
+    run.add_argument("--max-output", metavar="SIZE",
+                     help="stop the agent once its output passes this size (default 1GiB; "
+                          "the journal lives on the host, outside the sandbox's disk quota)")
     run.add_argument("--token-budget", type=_positive(int), metavar="N",
                      help="agent harnesses: model tokens the run may use; model calls past "
                           "it are refused")
@@ -212,6 +215,8 @@ def _run(args: argparse.Namespace) -> int:
         sandbox=sandbox,
         timeout=args.timeout,
         token_budget=args.token_budget,
+        max_output=(validate.size(args.max_output, "--max-output")
+                    if args.max_output is not None else DEFAULT_MAX_OUTPUT),
     )
     if args.file_events:
         file_events: bool | Literal["diff"] = "diff" if args.file_events == "diff" else True

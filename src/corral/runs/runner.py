@@ -92,6 +92,8 @@ if TYPE_CHECKING:  # the MCP SDK loads only when a run has host tools
 log = logging.getLogger("corral.runs.runner")
 
 DEFAULT_LEASE_TTL = 10.0
+DEFAULT_MAX_OUTPUT = 1 << 30
+"""A run's default output limit (``RunRequest.max_output``): 1 GiB of journal and stderr."""
 _POLL = 0.2
 """How often a waiting driver re-reads the record (takeover of a dead local driver and
 noticing a cancel both happen within about this)."""
@@ -151,12 +153,19 @@ class RunRequest:
     token_budget: int | None = None
     """Model tokens (input + output + cache) an agent CLI run may use; the host model proxy
     refuses further model calls once the total reaches it. ``None``: no limit."""
+    max_output: int = DEFAULT_MAX_OUTPUT
+    """Bytes the agent may write to stdout and stderr together: its journal lives on the
+    host, outside the sandbox's disk quota. Past it the supervisor stops the agent and the
+    run fails saying so."""
 
     def __post_init__(self) -> None:
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
                               or not 0 < t < float("inf")):
             raise ConfigError(f"timeout must be a positive number of seconds, not {t!r}")
+        m = self.max_output
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"max_output must be a positive number of bytes, not {m!r}")
         b = self.token_budget
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"token_budget must be a positive integer, not {b!r}")
@@ -419,6 +428,7 @@ class Runner:
                         harness, ensured, agent_request, run_id, thread_id, paths, nonce,
                         sandbox, spec, host_tools=run_id in self._run_tools,
                         token_budget=request.token_budget, timeout=request.timeout,
+                        max_output=request.max_output,
                     )
                 else:
                     # Secrets reach the agent only here: through the supervisor's pipe into
@@ -435,6 +445,7 @@ class Runner:
                             redact=ensured.redactor.table(),
                             stdin_prefix=host.stdin_prefix,
                             timeout=request.timeout,
+                            max_output=request.max_output,
                         ),
                         paths,
                         nonce,
@@ -472,6 +483,7 @@ class Runner:
         host_tools: bool = False,
         token_budget: int | None = None,
         timeout: float | None = None,
+        max_output: int | None = None,
     ) -> Any:
         """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
         (so the run keeps its model when no process drives it), launch it supervised, and
@@ -507,7 +519,8 @@ class Runner:
         pending = await prepared.start_services(paths)
         try:
             launched = await launch_supervised_async(
-                replace(prepared.agent_spec(), redact=ensured.redactor.table()), paths, nonce
+                replace(prepared.agent_spec(), redact=ensured.redactor.table(),
+                        max_output=max_output), paths, nonce
             )
         except BaseException:
             with anyio.CancelScope(shield=True):

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,10 @@ class AgentSpec:
     timeout: float | None = None
     """Seconds the agent may run; then the supervisor (out of the agent's reach) stops it
     and records exit code 124 (:data:`~corral.sandbox.contracts.TIMEOUT_EXIT_CODE`)."""
+    max_output: int | None = None
+    """Bytes the agent may write to stdout and stderr together (the journal and sidecar
+    live on the host, outside any sandbox quota); past it the supervisor stops the agent
+    (SIGKILL) and says why on the sidecar. ``None``: no limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,7 @@ def launch_supervised(
             "stdin": base64.b64encode(spec.stdin).decode() if spec.stdin is not None else None,
             "stdin_prefix": base64.b64encode(spec.stdin_prefix).decode(),
             "timeout": spec.timeout,
+            "max_output": spec.max_output,
             "redact": dict(spec.redact),
             "journal": str(paths.journal),
             "stderr": str(paths.stderr),
@@ -399,8 +404,9 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     # No O_APPEND: this process is the files' only writer (the agent's output comes through
     # it), and the kernel cannot splice into an O_APPEND file. Each starts at its end.
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    out = _Sink(_open_at_end(job["journal"], flags))
-    err = _Sink(_open_at_end(job["stderr"], flags))
+    budget = _OutputBudget(job.get("max_output"))
+    out = _Sink(_open_at_end(job["journal"], flags), budget)
+    err = _Sink(_open_at_end(job["stderr"], flags), budget)
     stdin_data = base64.b64decode(job["stdin"]) if job.get("stdin") is not None else None
     prefix = base64.b64decode(job.get("stdin_prefix") or "")
     timeout: float | None = job.get("timeout")
@@ -439,7 +445,7 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
         what = f"{exc.strerror}: {exc.filename!r}" if exc.filename else str(exc.strerror or exc)
         spawn_error = f"cannot start agent {job['argv'][0]!r}: {what}"
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        err.write(f"corral supervisor: {spawn_error}\n".encode())
+        err.write(f"corral supervisor: {spawn_error}\n".encode(), charge=False)
         write_status(
             status_path,
             SupervisorStatus("running", me, my_start, None, None, spawn_error=spawn_error),
@@ -449,6 +455,7 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
                        spawn_error, kill_stragglers=False)
 
     agent_start = process_start_time(agent.pid)
+    budget.on_exceeded = lambda: _kill_group(agent.pid)
     write_status(status_path, SupervisorStatus("running", me, my_start, agent.pid, agent_start))
     report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
     for signum in pending:
@@ -463,6 +470,9 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
         pump.start()
         pumps.append(pump)
     rc = _wait(agent, timeout, err)
+    if budget.exceeded:
+        err.write(f"\ncorral: stopped: the agent wrote more than {budget.limit} bytes of "
+                  "output (the run's output limit)\n".encode(), charge=False)
     code, sig = (128 - rc, -rc) if rc < 0 else (rc, None)
     if rc == _TIMED_OUT:
         code, sig = TIMEOUT_EXIT_CODE, None
@@ -489,7 +499,8 @@ def _wait(agent: subprocess.Popen[bytes], timeout: float | None, err: _Sink) -> 
         return agent.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
-    err.write(f"\ncorral: stopped after the run's timeout of {timeout:g}s\n".encode())
+    err.write(f"\ncorral: stopped after the run's timeout of {timeout:g}s\n".encode(),
+              charge=False)
     for sig, grace in ((signal.SIGTERM, _TIMEOUT_GRACE), (signal.SIGKILL, None)):
         try:
             os.killpg(agent.pid, sig)
@@ -510,30 +521,85 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+class _OutputBudget:
+    """The bytes of output the agent may still put into the journal and the sidecar
+    together (``None``: no limit). The journal lives on the host, outside the sandbox's
+    disk quota: past the limit, output is dropped and ``on_exceeded`` (stop the agent)
+    runs once."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._left = limit
+        self._lock = threading.Lock()
+        self.exceeded = False
+        self.on_exceeded: Callable[[], None] = lambda: None
+
+    def reserve(self, n: int, *, exact: bool = True) -> int:
+        """Take up to ``n`` bytes; fewer (0 included) near the limit. ``exact``: ``n``
+        bytes are really waiting to be written, so getting fewer means the limit is passed
+        (a splice asks for room without knowing how much is there)."""
+        with self._lock:
+            if self._left is None:
+                return n
+            granted = min(n, self._left)
+            self._left -= granted
+        if exact and granted < n:
+            self.overflow()
+        return granted
+
+    def overflow(self) -> None:
+        with self._lock:
+            first = not self.exceeded
+            self.exceeded = True
+        if first:
+            self.on_exceeded()
+
+    def refund(self, n: int) -> None:
+        with self._lock:
+            if self._left is not None:
+                self._left += n
+
+
 class _Sink:
     """An output file (journal or sidecar) the pumps and the supervisor write to. Once
     sealed, writes are dropped: a straggler's pump that outlives the trailer can neither
     write after it nor into whatever file later reuses the descriptor's number."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, budget: _OutputBudget) -> None:
         self._fd = fd
+        self._budget = budget
         self._lock = threading.Lock()
         self._sealed = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, *, charge: bool = True) -> None:
+        """Append ``data`` (the agent's output is ``charge``d to the output budget; the
+        supervisor's own notes are not)."""
+        if charge:
+            data = data[: self._budget.reserve(len(data))]
         with self._lock:
-            if not self._sealed:
+            if not self._sealed and data:
                 _write_all(self._fd, data)
 
     def splice_from(self, src: int) -> int:
         """Move what the pipe ``src`` holds (up to 1 MiB) to the file in the kernel, without
         copying it through this process; the byte count, 0 at EOF. Raises
         :class:`BlockingIOError` when the pipe is empty, :class:`OSError` where the file
-        system cannot splice."""
+        system cannot splice. Past the output budget, what is read is dropped."""
+        granted = self._budget.reserve(1 << 20, exact=False)
         with self._lock:
-            if self._sealed:
-                return len(os.read(src, 1 << 20))  # drained and dropped
-            return os.splice(src, self._fd, 1 << 20)
+            if self._sealed or granted == 0:
+                self._budget.refund(granted)
+                dropped = os.read(src, 1 << 20)
+                if dropped and not self._sealed:
+                    self._budget.overflow()
+                return len(dropped)
+            try:
+                moved = os.splice(src, self._fd, granted)
+            except BaseException:
+                self._budget.refund(granted)
+                raise
+        self._budget.refund(granted - moved)
+        return moved
 
     def seal(self, last: bytes = b"") -> int:
         """Write ``last`` (in one write), close the file, and return the offset ``last``
