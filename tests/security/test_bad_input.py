@@ -151,8 +151,8 @@ def test_one_id_rule_for_the_cli_and_the_server(corral: Run, corral_home: Path,
     for bad in BAD_IDS:
         assert not valid_id(bad)
         for flag in ("--run-id", "--thread"):
-            out = corral("run", "--provider", "local", flag, bad, "--", "true")
-            one_error_line(out, flag.removeprefix("--").replace("-", " "))
+            out = corral("run", "--provider", "local", f"{flag}={bad}", "--", "true")
+            one_error_line(out, flag, "not allowed")
     db = corral_home / "corral.db"
     assert not db.exists() or runs_in(db) == []
     for good in GOOD_IDS:

@@ -16,6 +16,7 @@ from typing import Any, Literal, TextIO
 import anyio
 
 from corral.errors import ConfigError
+from corral.ids import check_id
 from corral.sandbox.config_file import find_config, load_config
 from corral.sandbox.definition import Sandbox
 from corral.runs.records import RunRecord, RunStatus
@@ -190,6 +191,11 @@ def _run(args: argparse.Namespace) -> int:
             if args.harness == "command"
             else "give the prompt, e.g. corral run --harness claude-code \"fix the test\""
         )
+    # The server's rule (corral.ids): ids become file names, URLs and log fields.
+    if args.run_id is not None:
+        check_id(args.run_id, "--run-id")
+    if args.thread is not None:
+        check_id(args.thread, "--thread")
     sandbox, config_dir = _definition(args)
     workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
     options = {"model": args.model} if args.model else {}
