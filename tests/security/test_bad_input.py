@@ -101,15 +101,16 @@ def test_a_50_mb_corral_toml_is_refused_before_anything_is_stored(
 
 def test_the_stored_definition_is_limited_too(corral: Run, tmp_path: Path,
                                               corral_home: Path) -> None:
-    """A file under the size limit whose definition grows when expanded (every setup step
-    becomes a table) is refused before a record is written."""
+    """A file under the size limit whose definition grows when stored (non-ASCII text is
+    six bytes of JSON per character) is refused before a record is written."""
     from corral.runs.store import MAX_SPEC_BYTES
     from corral.sandbox.config_file import MAX_CONFIG_BYTES
 
     ws = tmp_path / "ws"
     ws.mkdir()
-    steps = ",".join(['"a"'] * ((MAX_CONFIG_BYTES - 100) // 4))
-    (ws / "corral.toml").write_text(f'id = "wide"\n[workspace]\nsetup = [{steps}]\n')
+    text = "\u00e9" * ((MAX_CONFIG_BYTES - 100) // 2)
+    (ws / "corral.toml").write_text(f'id = "wide"\n[workspace]\ninstructions = "{text}"\n',
+                                    encoding="utf-8")
     assert (ws / "corral.toml").stat().st_size <= MAX_CONFIG_BYTES
     out = corral("run", "--provider", "local", "--run-id", "wide", "--workspace", str(ws),
                  "--", "true")
