@@ -20,13 +20,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from corral.harness.agent import finish_agent_run
+from corral.harness.claude_code import ClaudeCodeHarness
+from corral.harness.sessions import load_session, redact_line, save_session
+from corral.providers.local import LocalProvider
+from corral.sandbox.redact import Redactor
 from corral.testkit.leaks import assert_nothing_written_holds, find_secrets
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from tests.agents.conftest import CLIS, REAL_KEY, agent_cache
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
+pytestmark = pytest.mark.timeout(300)
 
 NAME = "STAGING_PASSWORD"  # Codex hides *KEY*/*SECRET*/*TOKEN* variables from its shell
 COMMAND = f'echo "pw=${NAME}"; printf %s "${NAME}" | base64'
@@ -58,6 +64,7 @@ def log_of(home: Path, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(r[0]) for r in rows]
 
 
+@pytest.mark.usefixtures("bwrap")
 @pytest.mark.parametrize("cli", CLIS)
 def test_saved_sessions_hold_no_secret_and_still_resume(
         cli: str, corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
@@ -121,3 +128,71 @@ def test_saved_sessions_hold_no_secret_and_still_resume(
     # the scan does see a copy where corral writes
     (corral_home / "sessions" / "planted").write_text(value)
     assert find_secrets([corral_home], {NAME: value})
+
+
+# ----------------------------------------------------------------------------- the copy
+
+
+def test_the_redacting_copy(corral_home: Path) -> None:
+    """Through the local provider's real file API: JSON lines stay valid JSON, a line split
+    across read chunks, a last line without a newline, raw text and a multi-line value."""
+    value = "s3cr3t-" + secrets.token_hex(8)
+    pem = "-----BEGIN KEY-----\n" + secrets.token_hex(20) + "\n-----END KEY-----"
+    red = Redactor({"PW": value, "PEM": pem})
+    lines = [
+        json.dumps({"type": "tool_result", "content": f"pw={value}\n", "n": 1.5}),
+        json.dumps({"nested": {"args": json.dumps({"cmd": f"echo {value}"})}}),
+        json.dumps({"pad": "x" * ((1 << 20) - 10), "value": value}),  # crosses a chunk
+        json.dumps({"untouched": "é ünïcode", "list": [1, None, True]}, ensure_ascii=False),
+    ]
+    transcript = "\n".join(lines).encode() + b"\n" + json.dumps({"last": value}).encode()
+    raw = f"plain {value}\n{pem}\nend".encode()
+
+    async def go() -> tuple[bytes, bytes, Any]:
+        local = LocalProvider()
+        box = await local.create()
+        try:
+            await box.fs.write("/home/agent/.claude/projects/-workspace/s.jsonl", transcript)
+            await box.fs.write("/home/agent/.claude/projects/notes.txt", raw)
+            saved = await save_session(box, "claude-code", (".claude/projects",), "T", "sid",
+                                       redactor=red)
+        finally:
+            await local.destroy(box.ref)
+        files = corral_home / "sessions" / "T" / "claude-code" / "files" / ".claude/projects"
+        return ((files / "-workspace" / "s.jsonl").read_bytes(),
+                (files / "notes.txt").read_bytes(), saved)
+
+    got, notes, saved = anyio.run(go)
+    assert find_secrets([corral_home], {"PW": value, "PEM": pem}) == []
+    out = got.split(b"\n")
+    assert len(out) == 5 and out[3] == lines[3].encode()  # untouched lines stay byte-exact
+    docs = [json.loads(line) for line in out]  # every line is still JSON
+    assert docs[0] == {"type": "tool_result", "content": "pw=[REDACTED:PW]\n", "n": 1.5}
+    assert json.loads(docs[1]["nested"]["args"]) == {"cmd": "echo [REDACTED:PW]"}
+    assert docs[2]["value"] == "[REDACTED:PW]" and docs[4] == {"last": "[REDACTED:PW]"}
+    assert notes == b"plain [REDACTED:PW]\n[REDACTED:PEM]\nend"
+    assert saved.bytes == len(got) + len(notes)
+    assert redact_line(b"no secret here\n", red) == b"no secret here\n"
+
+
+def test_a_host_without_the_secret_saves_no_session(corral_home: Path) -> None:
+    """A host that finishes a run without knowing all its secrets cannot redact the
+    transcript, so it keeps none (the thread resumes from its last safe session)."""
+    value = "pw-" + secrets.token_hex(8)
+
+    async def go() -> Any:
+        local = LocalProvider()
+        box = await local.create()
+        try:
+            await box.fs.write("/home/agent/.claude/projects/-workspace/s.jsonl",
+                               json.dumps({"content": value}).encode() + b"\n")
+            return await finish_agent_run(
+                ClaudeCodeHarness(), box, "T2", None, None, resumed_session="sid",
+                redactor=Redactor({"OTHER": "other-value"}), secret_names=["PW", "OTHER"])
+        finally:
+            await local.destroy(box.ref)
+
+    report = anyio.run(go)
+    assert report.saved is None and load_session("T2", "claude-code") is None
+    assert any("PW" in e and "not saved" in e for e in report.errors), report.errors
+    assert find_secrets([corral_home], {"PW": value}) == []
