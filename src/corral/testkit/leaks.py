@@ -4,7 +4,7 @@
 (``$CORRAL_HOME``: store, journals, sessions, sandbox state, approvals; the shared
 directory, default ``/var/lib/corral``: socket directories and, as root, bubblewrap
 sandboxes; ``$CORRAL_BWRAP_FILES``), and :func:`assert_nothing_written_holds` scans every
-file under them.
+file under them (agent installs and loop-device images excepted, see below).
 """
 
 from __future__ import annotations
@@ -52,18 +52,35 @@ def _shared(env: Mapping[str, str]) -> Path:
 
 def written_roots(env: Mapping[str, str] | None = None) -> list[Path]:
     """Every directory corral (run with ``env``, default this process's environment) writes
-    to: ``$CORRAL_HOME``, the shared directory (``$CORRAL_SHARED_DIR``, default
-    ``/var/lib/corral``) and ``$CORRAL_BWRAP_FILES`` when set elsewhere. Only those that
-    exist."""
+    to, those that exist: ``$CORRAL_HOME``, the bubblewrap files root
+    (``$CORRAL_BWRAP_FILES``, default ``<shared>/bubblewrap``) and the rest of the shared
+    directory (``$CORRAL_SHARED_DIR``, default ``/var/lib/corral``: socket directories,
+    agent installs) except another environment's default bubblewrap files root."""
     e = _env(env)
-    roots = [_home(e), _shared(e)]
-    if e.get("CORRAL_BWRAP_FILES"):
-        roots.append(Path(e["CORRAL_BWRAP_FILES"]))
+    shared = _shared(e)
+    files = Path(e["CORRAL_BWRAP_FILES"]) if e.get("CORRAL_BWRAP_FILES") else shared / "bubblewrap"
+    roots = [_home(e), files]
+    try:
+        roots += sorted(p for p in shared.iterdir() if p.name != "bubblewrap")
+    except OSError:
+        pass
     out: list[Path] = []
     for root in roots:
         if root.exists() and not any(root == o or root.is_relative_to(o) for o in out):
             out.append(root)
     return out
+
+
+def _loop_images() -> set[str]:
+    """Files backing a loop device (a file system image such as a disk-quota volume): what
+    they hold is scanned through the mounted file system, not as raw blocks."""
+    images: set[str] = set()
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            images.add(os.path.realpath(backing.read_text().strip()))
+        except OSError:
+            continue
+    return images
 
 
 def install_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
@@ -80,13 +97,15 @@ def install_dirs(env: Mapping[str, str] | None = None) -> list[Path]:
 
 def _files(roots: Iterable[Path], skip: Iterable[Path]) -> list[str]:
     skipped = {os.path.realpath(s) for s in skip}
+    images = _loop_images()
     files: list[str] = []
     for root in roots:
         for dirpath, dirnames, names in os.walk(root):
             # prune skipped trees (and never descend through symlinks: os.walk does not)
             dirnames[:] = [d for d in dirnames
                            if os.path.realpath(os.path.join(dirpath, d)) not in skipped]
-            files.extend(os.path.join(dirpath, n) for n in names)
+            files.extend(f for f in (os.path.join(dirpath, n) for n in names)
+                         if os.path.realpath(f) not in images)
     return files
 
 
