@@ -1,9 +1,25 @@
-"""Where corral keeps its state on the host."""
+"""Where corral keeps its state on the host, and what to say when it cannot be written."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+__all__ = [
+    "SHARED_ROOT",
+    "corral_home",
+    "describe_os_error",
+    "home_path",
+    "net_root",
+    "storage_problem",
+]
+
+
+def home_path() -> Path:
+    """``$CORRAL_HOME``, default ``~/.corral``, without creating it."""
+    raw = os.environ.get("CORRAL_HOME")
+    return Path(raw).expanduser() if raw else Path.home() / ".corral"
 
 
 HOME_MARKER = ".corral-home"
@@ -15,9 +31,8 @@ _marked: set[Path] = set()
 
 def corral_home(*, create: bool = True) -> Path:
     """``$CORRAL_HOME``, default ``~/.corral``. Created on first use (mode 0700) and marked
-    with :data:`HOME_MARKER`; ``create=False`` only names it."""
-    raw = os.environ.get("CORRAL_HOME")
-    home = Path(raw).expanduser() if raw else Path.home() / ".corral"
+    with :data:`HOME_MARKER`; ``create=False`` only names it (as :func:`home_path`)."""
+    home = home_path()
     if create:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
         _mark(home)
@@ -57,3 +72,57 @@ def net_root(*, create: bool = True) -> Path:
     if create:
         base.mkdir(mode=0o700, exist_ok=True)
     return base
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_problem(path: str | os.PathLike[str]) -> str | None:
+    """``"read-only"`` or ``"full"`` when the file system holding ``path`` (or its nearest
+    existing parent) cannot take writes for that reason, else ``None``."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return "read-only"
+    if st.f_bavail == 0 or st.f_favail == 0:
+        return "full"
+    return None
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for a failed host file operation: the path, what is wrong and the fix.
+
+    A write that fails for lack of space carries no file name, so then corral's own state
+    directories (``$CORRAL_HOME``, :data:`SHARED_ROOT`) are checked for a full or read-only
+    file system, and the one that is gets named."""
+    where = os.fsdecode(exc.filename) if exc.filename is not None else None
+    problem = storage_problem(where) if where else None
+    if where is None:
+        for candidate in (home_path(), SHARED_ROOT):
+            problem = storage_problem(candidate)
+            if problem is not None:
+                where = str(candidate)
+                break
+    if exc.errno == errno.EROFS:
+        problem = "read-only"
+    elif exc.errno in _FULL:
+        problem = "full"
+    label = where or "a file corral needed"
+    home = str(home_path())
+    var = ("CORRAL_HOME" if where is not None and (where == home or where.startswith(home + "/"))
+           else "CORRAL_SHARED_DIR" if where is not None and where.startswith(str(SHARED_ROOT))
+           else None)
+    elsewhere = f", or set {var} to another directory" if var else ""
+    if problem == "read-only":
+        return f"cannot write {label}: the file system is read-only; make it writable{elsewhere}"
+    if problem == "full":
+        return f"cannot write {label}: the file system is full; free some space{elsewhere}"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{label}: permission denied; fix its owner or mode{elsewhere}"
+    reason = exc.strerror or type(exc).__name__
+    return f"{label}: {reason}" + (f" (check {var})" if var else "")

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from corral.errors import CorralError
+from corral.paths import describe_os_error
 
 # Each module defines ``register(subparsers)`` and sets ``func`` on its parsers; ``func``
 # takes the parsed namespace and returns the process exit code.
@@ -59,11 +60,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return func(args)
-    except CorralError as exc:
-        print(f"corral: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
+    except (CorralError, OSError, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        code = _one_line(exc)
+        if code is None:
+            raise
+        return code
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _one_line(exc: BaseException) -> int | None:
+    """Print the one error line for ``exc`` and return the exit code; ``None`` for an error
+    that is a bug (its traceback is shown). A task group's ``ExceptionGroup`` counts as its
+    first user-facing error (the others are usually its consequences)."""
+    leaves = _leaves(exc)
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return 130
+    for leaf in leaves:
+        if isinstance(leaf, CorralError):
+            print(f"corral: error: {leaf}", file=sys.stderr)
+            return 2
+    for leaf in leaves:
+        # the host's file system failed corral (read-only, full, permissions): the path
+        # and the fix, not a traceback
+        if isinstance(leaf, OSError) and not isinstance(leaf, ConnectionError):
+            print(f"corral: error: {describe_os_error(leaf)}", file=sys.stderr)
+            return 1
+    return None
 
 
 if __name__ == "__main__":

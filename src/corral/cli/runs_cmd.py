@@ -17,6 +17,7 @@ import anyio
 
 from corral.cli.progress import CopyProgressLine
 from corral.errors import ConfigError
+from corral.ids import check_id
 from corral.sandbox import validate
 from corral.sandbox.config_file import find_config, load_config
 from corral.cli.trust import check_found_config
@@ -200,6 +201,11 @@ def _run(args: argparse.Namespace) -> int:
             if args.harness == "command"
             else "give the prompt, e.g. corral run --harness claude-code \"fix the test\""
         )
+    # The server's rule (corral.ids): ids become file names, URLs and log fields.
+    if args.run_id is not None:
+        check_id(args.run_id, "--run-id")
+    if args.thread is not None:
+        check_id(args.thread, "--thread")
     sandbox, config_dir = _definition(args)
     workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
     options = {"model": args.model} if args.model else {}

@@ -63,6 +63,7 @@ from corral.runs.journal import Line, read_journal
 from corral.runs.layout import JournalPaths
 from corral.runs.supervisor import AgentSpec
 from corral.sandbox.contracts import Handle, HostCommand, SandboxSpec
+from corral.sandbox.redact import Redactor
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
     from corral.tools.projection import HostToolsProjection
@@ -149,6 +150,8 @@ class PreparedAgent:
     """Where the run's host-tool server must listen (and with which token), when the agent
     was given host tools: serve a :class:`corral.tools.mcp_server.HostToolServer` on
     ``host_tools.socket`` with ``token=host_tools.token`` while the agent runs."""
+    redactor: Redactor | None = None
+    """The run's secrets: the saved CLI session goes through it (see :meth:`finish`)."""
 
     def host_command(self) -> HostCommand:
         """How a host process (the supervisor) runs the agent in the sandbox."""
@@ -213,9 +216,11 @@ class PreparedAgent:
     async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
                      ) -> FinishReport:
         """After the agent exited: find the CLI's session id in the journal and save the
-        session files for the thread. Never raises; problems are listed in the report."""
+        session files for the thread (redacted by :attr:`redactor`). Never raises; problems
+        are listed in the report."""
         report = await finish_agent_run(
             self.harness, self.handle, self.thread_id, paths, nonce,
+            redactor=self.redactor,
             resumed_session=self.resumed.session_id if self.resumed is not None else None,
             sockets=[s for s in (self.model_socket, self.egress_socket,
                                  self.host_tools.socket if self.host_tools else None)
@@ -233,6 +238,8 @@ async def finish_agent_run(
     paths: JournalPaths | None,
     nonce: str | None,
     *,
+    redactor: Redactor | None = None,
+    secret_names: Sequence[str] = (),
     resumed_session: str | None = None,
     sockets: Sequence[Path] = (),
     own_net_dir: Path | None = None,
@@ -241,7 +248,11 @@ async def finish_agent_run(
     the journal (else ``resumed_session``) and its files saved for ``thread_id`` (when the
     sandbox ``handle`` is still there), the usage written by a detached services daemon,
     and the run's sockets (and own socket directory) removed. Never raises; problems are
-    listed in the report. Saving twice is harmless (the later copy wins)."""
+    listed in the report. Saving twice is harmless (the later copy wins).
+
+    The session files go through ``redactor`` (the run's secrets). ``secret_names``: the
+    run's secrets by name; when ``redactor`` does not know one of them (a host without
+    that secret finishes the run) the session is not saved, since it could hold it."""
     report = FinishReport()
     if paths is not None:
         detached = Usage.load(paths.usage)
@@ -253,10 +264,17 @@ async def finish_agent_run(
             report.errors.append(f"cannot read the journal: {exc}")
     if report.session_id is None:
         report.session_id = resumed_session
-    if report.session_id is not None and handle is not None:
+    known = {name for name, _value in redactor.items()} if redactor is not None else set()
+    unknown = sorted(set(secret_names) - known)
+    if unknown and report.session_id is not None and handle is not None:
+        report.errors.append(
+            f"the {harness.name} session is not saved: secrets {', '.join(unknown)} are not "
+            "known on this host, so it cannot be redacted")
+    elif report.session_id is not None and handle is not None:
         try:
             report.saved = await save_session(
-                handle, harness.name, harness.session_dirs, thread_id, report.session_id)
+                handle, harness.name, harness.session_dirs, thread_id, report.session_id,
+                redactor=redactor)
         except (OSError, CorralError) as exc:
             report.errors.append(f"cannot save the {harness.name} session: {exc}")
     for sock in sockets:
@@ -332,6 +350,7 @@ async def prepare_agent(
     resume: bool = True,
     agents: Path | None = None,
     host_tools: bool = False,
+    redactor: Redactor | None = None,
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
 
@@ -344,7 +363,8 @@ async def prepare_agent(
     give the CLI the MCP server ``corral`` (the run's host tools): a forwarder to the
     socket in :attr:`PreparedAgent.host_tools`, the server in the CLI's MCP config, and its
     bearer token in the CLI's environment only (see :mod:`corral.tools.projection`); the
-    caller serves the tools there.
+    caller serves the tools there. ``redactor``: the run's secrets, redacted from the CLI
+    session saved by :meth:`PreparedAgent.finish`.
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
     :class:`ConfigError` (sandbox created without :func:`with_agent_binds`, bad options).
@@ -436,4 +456,4 @@ async def prepare_agent(
                          run_id=run_id, install=install, model_proxy=proxy,
                          model_socket=model_socket, egress_proxy=egress_proxy,
                          egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
-                         host_tools=projection)
+                         host_tools=projection, redactor=redactor)

@@ -10,6 +10,13 @@ harness resumes the saved session id.
 Sandbox contents are hostile: only regular files are copied (symlinks are skipped), paths
 are checked, and a copy larger than ``max_bytes`` or ``max_files`` is refused with
 :class:`SessionSaveError` rather than truncated.
+
+A transcript holds whatever the agent saw, so a command that printed a secret leaves its
+value there. Saved files go through the run's redactor (``redactor=``), line by line: a
+line that is JSON (the CLIs' transcripts are JSON lines) is decoded, its strings redacted
+to ``[REDACTED:NAME]`` and encoded again, so every line stays valid JSON and the CLI still
+resumes it; any other line is redacted as bytes. The restored session then carries the
+redacted text back into the next sandbox, never the value.
 """
 
 from __future__ import annotations
@@ -28,12 +35,14 @@ from pathlib import Path
 from corral.errors import CorralError
 from corral.paths import corral_home
 from corral.sandbox.contracts import Handle
+from corral.sandbox.redact import Redactor
 
 __all__ = [
     "SANDBOX_HOME",
     "SavedSession",
     "SessionSaveError",
     "load_session",
+    "redact_line",
     "restore_session",
     "save_session",
     "thread_dir",
@@ -85,6 +94,70 @@ def load_session(thread_id: str, harness: str, *, root: Path | None = None
         return None
 
 
+def redact_line(line: bytes, redactor: Redactor) -> bytes:
+    """``line`` (with its newline, if any) with every secret of ``redactor`` replaced.
+
+    A JSON line is redacted inside its decoded strings and re-encoded (a byte-level
+    replacement could cut a JSON escape in half and make the line unreadable to the CLI);
+    other lines, and what re-encoding shows, are redacted as bytes."""
+    redacted = redactor.redact_bytes(line)
+    if redacted == line:
+        return line  # the common case: untouched, byte for byte
+    body, newline = (line[:-1], b"\n") if line.endswith(b"\n") else (line, b"")
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return redacted
+    text = json.dumps(redactor.redact_obj(obj), ensure_ascii=False, separators=(",", ":"))
+    return redactor.redact_bytes(text.encode("utf-8")) + newline
+
+
+class _Writer:
+    """Writes a file's chunks to ``fd``, through ``redactor`` a whole line at a time."""
+
+    def __init__(self, fd: int, redactor: Redactor | None) -> None:
+        self.fd = fd
+        self.redactor = redactor if redactor else None  # an empty redactor: plain copy
+        # A value with a newline in it (a PEM key) can span lines of a raw file: then the
+        # whole file is held and redacted once more as a whole (bounded by max_bytes).
+        self.whole = self.redactor is not None and any(
+            "\n" in value for _name, value in self.redactor.items())
+        self.pending = bytearray()
+        self.written = 0
+
+    def _out(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        self.written += len(data)
+
+    def _redacted(self, data: bytes) -> bytes:
+        assert self.redactor is not None
+        lines = data.split(b"\n")
+        done = [redact_line(line + b"\n", self.redactor) for line in lines[:-1]]
+        if lines[-1]:
+            done.append(redact_line(lines[-1], self.redactor))
+        return b"".join(done)
+
+    def write(self, chunk: bytes) -> None:
+        if self.redactor is None:
+            self._out(chunk)
+            return
+        self.pending += chunk
+        if self.whole:
+            return
+        cut = self.pending.rfind(b"\n") + 1  # a partial line waits for the rest of it
+        if cut:
+            self._out(self._redacted(bytes(self.pending[:cut])))
+            del self.pending[:cut]
+
+    def close(self) -> None:
+        if self.redactor is not None and self.pending:
+            data = self._redacted(bytes(self.pending))
+            self._out(self.redactor.redact_bytes(data) if self.whole else data)
+        self.pending.clear()
+
+
 async def _walk(handle: Handle, top: str, out: list[tuple[str, int]], limit: int) -> None:
     for info in await handle.fs.list(top):
         if len(out) > limit:
@@ -105,8 +178,10 @@ async def save_session(
     root: Path | None = None,
     max_bytes: int = MAX_BYTES,
     max_files: int = MAX_FILES,
+    redactor: Redactor | None = None,
 ) -> SavedSession:
-    """Copy ``dirs`` (relative to the sandbox home) out of the sandbox for ``thread_id``."""
+    """Copy ``dirs`` (relative to the sandbox home) out of the sandbox for ``thread_id``,
+    every file through ``redactor`` (the run's secrets; see the module docstring)."""
     files: list[tuple[str, int]] = []
     for d in dirs:
         top = posixpath.join(SANDBOX_HOME, d)
@@ -123,6 +198,7 @@ async def save_session(
     tmp = base / f".files-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir(mode=0o700)
     copied = 0
+    written = 0
     try:
         for path, _size in files:
             rel = posixpath.relpath(path, SANDBOX_HOME)
@@ -131,6 +207,7 @@ async def save_session(
             dest = tmp / rel
             dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            out = _Writer(fd, redactor)
             try:
                 async for chunk in handle.fs.read_stream(path):
                     copied += len(chunk)
@@ -139,11 +216,11 @@ async def save_session(
                             f"the {harness} session of thread {thread_id!r} grew past "
                             f"{max_bytes} bytes while being saved"
                         )
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    out.write(chunk)
+                out.close()
             finally:
                 os.close(fd)
+            written += out.written
         old = base / "files"
         trash = base / f".old-{os.getpid()}-{time.monotonic_ns()}"
         if old.exists():
@@ -153,7 +230,7 @@ async def save_session(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    saved = SavedSession(harness, session_id, time.time(), len(files), copied)
+    saved = SavedSession(harness, session_id, time.time(), len(files), written)
     meta = base / "session.json"
     meta_tmp = base / "session.json.tmp"
     meta_tmp.write_text(json.dumps(asdict(saved)))

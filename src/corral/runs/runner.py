@@ -563,8 +563,12 @@ class Runner:
                 log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
         resumed = info.get("resumed_session")
         own = info.get("own_net_dir")
+        names = (record.spec or {}).get("secret_names") or []
         report = await finish_agent_run(
             harness, handle, record.thread_id, paths, self._nonce(record),
+            # the saved CLI session can hold whatever the agent printed
+            redactor=self.redactor_for(record),
+            secret_names=[n for n in names if isinstance(n, str)],
             resumed_session=resumed if isinstance(resumed, str) else None,
             sockets=[Path(p) for p in info.get("sockets") or [] if isinstance(p, str)],
             own_net_dir=Path(own) if isinstance(own, str) else None,

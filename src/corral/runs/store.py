@@ -12,6 +12,7 @@ transaction as the write, so a superseded driver can never land anything.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -21,12 +22,21 @@ from corral.runs.records import RunPatch, RunRecord, RunStatus
 
 JsonObject: TypeAlias = dict[str, Any]
 
+MAX_SPEC_BYTES = 2 << 20
+"""Largest ``spec`` a new run may store (2 MiB of JSON, as stored): the sandbox definition,
+argv and options. A ``corral.toml`` is at most 1 MiB; this leaves room for JSON escaping,
+and refuses a definition that grows past it rather than storing it in every record."""
+
 
 # --------------------------------------------------------------------------- errors
 
 
 class StoreError(CorralError):
     """A store could not do what was asked (the message says why and what to do)."""
+
+
+class SpecTooLarge(StoreError, ValueError):
+    """A new run's ``spec`` is larger than :data:`MAX_SPEC_BYTES`; nothing was stored."""
 
 
 class UnknownRun(StoreError, LookupError):
@@ -146,6 +156,17 @@ class NewRun:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise StoreError(f"{name} must be a non-empty string, got {value!r}")
+        if self.spec is not None:
+            try:  # measured as the stores write it (ASCII JSON, compact)
+                size = len(json.dumps(self.spec, separators=(",", ":")))
+            except (TypeError, ValueError):
+                return  # not JSON: the store refuses it, naming the field
+            if size > MAX_SPEC_BYTES:
+                raise SpecTooLarge(
+                    f"run {self.run_id}: its definition (sandbox, argv, options) is "
+                    f"{size / (1 << 20):.1f} MiB as stored, over the limit of "
+                    f"{MAX_SPEC_BYTES >> 20} MiB; keep data in the workspace, not the definition"
+                )
 
     def record(self, now: float) -> RunRecord:
         started = self.started_at if self.started_at is not None else now

@@ -34,7 +34,9 @@ Shape (every table optional)::
     keep_alive = "2h"
 
 Unknown keys and bad values are :class:`~corral.errors.ConfigError` naming the key and
-its line in the file.
+its line in the file. The file may be at most :data:`MAX_CONFIG_BYTES` (1 MiB) and nest
+arrays and tables at most as deep as Python's TOML parser can go; beyond either it is
+refused with one error line (:func:`read_toml`, also used for ``corral serve --config``).
 """
 
 from __future__ import annotations
@@ -48,9 +50,50 @@ from typing import Any
 from corral.errors import ConfigError
 from corral.sandbox.definition import Sandbox
 
-__all__ = ["CONFIG_NAME", "dump_config", "find_config", "load_config", "locate_key"]
+__all__ = [
+    "CONFIG_NAME",
+    "MAX_CONFIG_BYTES",
+    "dump_config",
+    "find_config",
+    "load_config",
+    "locate_key",
+    "read_toml",
+]
 
 CONFIG_NAME = "corral.toml"
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest configuration file corral reads (1 MiB): a definition is a page of settings, and
+what it holds ends up in every run record."""
+
+
+def read_toml(file: Path, what: str = "") -> tuple[str, dict[str, Any]]:
+    """The text and parsed data of the TOML ``file``; every problem is one
+    :class:`ConfigError` line naming the file (and ``what`` it is, when given) and the fix:
+    missing, unreadable, larger than :data:`MAX_CONFIG_BYTES`, not UTF-8, invalid or
+    nested too deeply."""
+    name = f"{what} {file}" if what else str(file)
+    try:
+        with file.open("rb") as f:
+            # read one byte past the limit instead of trusting stat (a FIFO, /dev/zero)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: no such file; create it or pass --config PATH") from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name}: larger than the limit of {MAX_CONFIG_BYTES >> 20} MiB; "
+                          "a definition is settings, keep data in the workspace")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{name}: invalid TOML: {exc}") from None
+    except RecursionError:
+        # tomllib recurses once per nested array or inline table
+        raise ConfigError(f"{name}: invalid TOML: arrays or tables nested too deeply") from None
 
 _HEADER_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY_RE = re.compile(
@@ -116,16 +159,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     read from the host environment (or files) named in the file.
     """
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: no such file; create it or pass --config PATH") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read: {exc}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: invalid TOML: {exc}") from None
+    text, data = read_toml(file)
     source = (
         data.get("workspace", {}).get("source") if isinstance(data.get("workspace"), dict) else None
     )

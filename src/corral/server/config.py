@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from corral.errors import ConfigError
+from corral.sandbox.config_file import read_toml
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
 DEFAULT_PROVIDER: Final = "bubblewrap"
@@ -120,14 +120,7 @@ def token_from_env() -> str | None:
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the TOML configuration file into :class:`ServerConfig` keyword arguments."""
     p = Path(path)
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    _text, raw = read_toml(p, "config file")
     known = {"sandboxes", "default_sandbox", "allowed_providers", "workspace_roots"}
     unknown = set(raw) - known
     if unknown:

@@ -4,7 +4,8 @@
 - ``sqlite:///abs/path.db`` (or ``sqlite://relative.db``) — the embedded default
   (:class:`~corral.stores.sqlite.SQLiteStore`); query option ``?synchronous=full``.
 
-The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``.
+The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
+SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
 """
 
 from __future__ import annotations
@@ -63,7 +64,15 @@ async def open_store(url: str | None = None) -> Store:
             raise ConfigError(
                 f"store URL {url!r}: synchronous must be off, normal, full or extra"
             )
-        return SQLiteStore(Path(rest).expanduser(), synchronous=synchronous)
+        path = Path(rest).expanduser()
+        # A typo in a URL must not grow a directory tree and an empty store somewhere:
+        # only the default store's directory (CORRAL_HOME) is created, by corral_home().
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"store URL {url!r}: directory {path.parent} does not exist; create it first "
+                "or fix the path"
+            )
+        return SQLiteStore(path, synchronous=synchronous)
     if scheme in {"postgres", "postgresql", "redis"}:
         raise ConfigError(f"store URL {url!r}: the {scheme} backend is not available yet")
     raise ConfigError(f"store URL {url!r}: unknown scheme {scheme!r}; use sqlite:// or memory://")

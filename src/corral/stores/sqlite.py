@@ -12,6 +12,7 @@ transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any, Final, Self, TypeVar
 import anyio
 import anyio.to_thread
 
+from corral.paths import storage_problem
 from corral.runs.records import RunPatch, RunRecord, RunStatus
 from corral.runs.store import (
     Claim,
@@ -87,10 +89,25 @@ _FALLBACK_POLL: Final = 1.0
 """Seconds a tailer waits for a poke before re-checking the store anyway."""
 
 
+def store_error(path: Path, exc: sqlite3.Error, doing: str = "cannot use") -> StoreError:
+    """One line for a SQLite failure: the file, SQLite's reason and, when the file system
+    is read-only or full (SQLite's own words are vague: "disk I/O error", "unable to open
+    database file"), that and the fix."""
+    problem = storage_problem(path)
+    if problem is None:
+        return StoreError(f"{doing} SQLite store {path}: {exc}")
+    return StoreError(
+        f"{doing} SQLite store {path}: the file system is {problem} ({exc}); "
+        + ("make it writable" if problem == "read-only" else "free some space")
+        + " or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
+    )
+
+
 class _Conn:
     """One sqlite3 connection, used by one thread at a time."""
 
     def __init__(self, path: Path, synchronous: str) -> None:
+        self.path = path
         self.conn = sqlite3.connect(
             path, isolation_level=None, check_same_thread=False, timeout=30.0
         )
@@ -100,13 +117,22 @@ class _Conn:
 
     def transact(self, fn: Callable[[sqlite3.Connection], _T], begin: str) -> _T:
         with self.lock:
-            self.conn.execute(begin)
             try:
-                result = fn(self.conn)
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
+                self.conn.execute(begin)
+                try:
+                    result = fn(self.conn)
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    # also after a failed COMMIT (disk full): SQLite may have kept the
+                    # transaction open, and the next BEGIN would fail on it
+                    if self.conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self.conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                # nothing was written (the transaction rolled back); callers and the CLI
+                # get one StoreError line instead of a sqlite3 traceback
+                raise store_error(self.path, exc) from None
             return result
 
     def close(self) -> None:
@@ -190,13 +216,16 @@ class SQLiteStore:
         self.path = Path(path)
         self.url = f"sqlite://{self.path}"
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._writer = _Conn(self.path, synchronous)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from None
+            raise store_error(self.path, exc, "cannot open") from None
         self._init_schema()
-        self._reader = _Conn(self.path, synchronous)
+        try:
+            self._reader = _Conn(self.path, synchronous)
+        except sqlite3.Error as exc:
+            self._writer.close()
+            raise store_error(self.path, exc, "cannot open") from None
         self._signal = NotifySignal(Path(str(self.path) + ".notify"))
 
     def _init_schema(self) -> None:
@@ -222,6 +251,8 @@ class SQLiteStore:
             self._writer.close()
             if isinstance(exc, StoreError):
                 raise
+            if storage_problem(self.path) is not None:
+                raise store_error(self.path, exc, "cannot open") from None
             raise StoreError(f"{self.path} is not a usable SQLite store: {exc}") from None
 
     def _now(self, now: float | None) -> float:
