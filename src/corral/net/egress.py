@@ -9,15 +9,28 @@ refused and why, so the agent (and the model) sees a clear refusal.
 
 Allowlist entries: ``host`` (ports 80 and 443), ``host:port``, ``host:*`` (any port), and
 ``*.domain`` for subdomains (not the domain itself). Hosts are matched case-insensitively
-as names or IP literals (``[::1]:8080`` for IPv6); the proxy connects to exactly the
-host asked for, and names are resolved on the host.
+as names, or as IP addresses and networks: ``10.0.0.5:8080``, ``10.0.0.0/8:5432``,
+``[::1]:8080`` and ``[fd00::/8]:443`` for IPv6.
+
+The proxy runs on the host, so an allowed *name* must not become a way to the host's own
+services or its network's: names are resolved on the host, and every address a name
+resolves to must be a public one. Loopback, link-local (cloud metadata at
+169.254.169.254), unspecified, multicast, private, ULA, shared (100.64.0.0/10) and other
+non-global addresses are refused with a 403 saying so, unless an allowlist entry names
+that address or a network holding it as an IP literal (the operator's explicit choice):
+``localhost:8080`` reaches nothing; ``localhost:8080`` with ``127.0.0.1:8080``, or
+``127.0.0.1:8080`` alone, reaches the host's port 8080. The proxy then connects to the
+address it checked, never to the name again, so a DNS answer that changes between the
+check and the connection (a rebind) cannot slip through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
+import socket
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -32,8 +45,47 @@ from corral.net.model_proxy import HOP_BY_HOP, shared_ssl_context
 
 __all__ = ["AllowRule", "EgressProxy", "parse_allowlist"]
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
 _HOST_RE = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
-_IPV4_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_IPV4_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}(/\d{1,2})?$")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def _ip(host: str) -> IPAddress | None:
+    """``host`` as an IP address (IPv4-mapped IPv6 as its IPv4), or ``None`` for a name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def non_public(ip: IPAddress) -> str | None:
+    """Why ``ip`` is no public destination (``"a loopback address"``, ...), or ``None``.
+
+    IPv6 forms that carry an IPv4 address (mapped, 6to4, NAT64) are judged by it."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            return non_public(embedded)
+        if ip in _IPV4_COMPATIBLE and not ip.is_unspecified and not ip.is_loopback:
+            return "a reserved address"
+    for test, what in ((ip.is_unspecified, "an unspecified address"),
+                       (ip.is_loopback, "a loopback address"),
+                       (ip.is_link_local, "a link-local address"),
+                       (ip.is_multicast, "a multicast address"),
+                       (ip.is_private, "a private address"),
+                       (not ip.is_global, "no public address")):
+        if test:
+            return what
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +97,25 @@ class AllowRule:
     ports: frozenset[int] | None
     """``None`` = any port."""
     source: str
+    network: IPNetwork | None = None
+    """The addresses an IP-literal entry names (one address, or a network)."""
 
     def matches(self, host: str, port: int) -> bool:
-        host = host.lower().rstrip(".")
+        """The entry allows asking for ``host:port`` (a name, or an IP literal)."""
         if self.ports is not None and port not in self.ports:
             return False
+        if self.network is not None:
+            ip = _ip(host)
+            return ip is not None and ip in self.network
+        host = host.lower().rstrip(".")
         if self.host.startswith("*."):
             return host.endswith(self.host[1:]) and len(host) > len(self.host) - 1
         return host == self.host
+
+    def names_address(self, ip: IPAddress, port: int) -> bool:
+        """The entry names ``ip`` itself (as an IP literal or network) for ``port``."""
+        return (self.network is not None and ip in self.network
+                and (self.ports is None or port in self.ports))
 
 
 def _split_host_port(entry: str) -> tuple[str, str | None]:
@@ -85,11 +148,21 @@ def parse_allowlist(entries: Iterable[str]) -> tuple[AllowRule, ...]:
             host, port_s = _split_host_port(raw)
         except ValueError as exc:
             raise ConfigError(f"egress allowlist entry {entry!r}: {exc}") from None
-        is_ip6 = raw.startswith("[")
-        if not (is_ip6 or _IPV4_RE.match(host) or _HOST_RE.match(host)):
+        network: IPNetwork | None = None
+        if raw.startswith("[") or _IPV4_RE.match(host):
+            try:
+                network = ipaddress.ip_network(host)
+            except ValueError as exc:
+                raise ConfigError(f"egress allowlist entry {entry!r}: {exc}") from None
+            if isinstance(network, ipaddress.IPv6Network) and network.prefixlen == 128:
+                mapped = network.network_address.ipv4_mapped
+                if mapped is not None:  # judged as the IPv4 address it is
+                    network = ipaddress.IPv4Network(mapped)
+            host = str(network.network_address if network.num_addresses == 1 else network)
+        elif not _HOST_RE.match(host):
             raise ConfigError(
-                f"egress allowlist entry {entry!r}: {host!r} is not a host name, '*.domain' "
-                "or IP address"
+                f"egress allowlist entry {entry!r}: {host!r} is not a host name, '*.domain', "
+                "IP address or network"
             )
         ports: frozenset[int] | None
         if port_s is None:
@@ -100,7 +173,7 @@ def parse_allowlist(entries: Iterable[str]) -> tuple[AllowRule, ...]:
             ports = frozenset({int(port_s)})
         else:
             raise ConfigError(f"egress allowlist entry {entry!r}: bad port {port_s!r}")
-        rules.append(AllowRule(host, ports, entry))
+        rules.append(AllowRule(host, ports, entry, network))
     return tuple(rules)
 
 
@@ -121,6 +194,7 @@ class EgressProxy:
         self._client: httpx.AsyncClient | None = None
 
     def allows(self, host: str, port: int) -> bool:
+        """The allowlist lets the agent ask for ``host:port`` (before any resolution)."""
         return any(r.matches(host, port) for r in self.rules)
 
     def _refuse(self, host: str, port: int) -> Response:
@@ -131,6 +205,46 @@ class EgressProxy:
             f"corral egress proxy: connections to {host}:{port} are not allowed by this "
             f"sandbox's network policy (allowed: {allowed})\n",
         )
+
+    def _refuse_address(self, host: str, port: int, ip: IPAddress, why: str) -> Response:
+        self.refused.append(f"{host}:{port}")
+        resolved = "is" if _ip(host) is not None else f"resolves to {ip},"
+        return text_response(
+            403,
+            f"corral egress proxy: connections to {host}:{port} are not allowed: {host} "
+            f"{resolved} {why}, which this sandbox's network policy does not name (only an "
+            f"entry with the address itself, such as {_literal(ip)}:{port}, allows it)\n",
+        )
+
+    async def _destination(self, host: str, port: int) -> list[IPAddress] | Response:
+        """The addresses to connect to for an allowed ``host:port``, each checked; or the
+        response refusing it (a non-public address the allowlist does not name, or a
+        name that does not resolve)."""
+        literal = _ip(host)
+        if literal is not None:
+            found = [literal]
+        else:
+            try:
+                with anyio.fail_after(self.connect_timeout):
+                    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except (OSError, TimeoutError) as exc:
+                return text_response(502, f"corral egress proxy: cannot resolve {host}: "
+                                          f"{exc}\n")
+            found = []
+            for _family, _type, _proto, _name, sockaddr in infos:
+                ip = _ip(str(sockaddr[0]).split("%")[0])
+                if ip is not None and ip not in found:
+                    found.append(ip)
+            if not found:
+                return text_response(502, f"corral egress proxy: cannot resolve {host}\n")
+        # Every address is checked, not only the first: which one a client would end up
+        # on is not ours to guess, and a name that points at both the internet and the
+        # host is refused outright.
+        for ip in found:
+            why = non_public(ip)
+            if why is not None and not any(r.names_address(ip, port) for r in self.rules):
+                return self._refuse_address(host, port, ip, why)
+        return found
 
     async def serve(self, socket_path: str | os.PathLike[str], *,
                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -160,8 +274,26 @@ class EgressProxy:
         host = parts.hostname
         if not self.allows(host, port):
             return self._refuse(host, port)
+        addresses = await self._destination(host, port)
+        if isinstance(addresses, Response):
+            return addresses
         self.allowed.append(f"{host}:{port}")
-        return await self._forward_http(request)
+        # To the checked address, not the name (httpx would resolve it again); the
+        # request keeps its Host header, so the server sees the name asked for.
+        return await self._forward_http(request, addresses[0])
+
+    async def _connect_checked(self, addresses: Sequence[IPAddress], port: int
+                               ) -> anyio.abc.SocketStream:
+        """A TCP connection to the first of ``addresses`` that answers, within the
+        connect timeout (the addresses, not a name: nothing is resolved again)."""
+        error: Exception = OSError("no address")
+        with anyio.fail_after(self.connect_timeout):
+            for ip in addresses:
+                try:
+                    return await anyio.connect_tcp(str(ip), port)
+                except OSError as exc:
+                    error = exc
+        raise error
 
     async def _connect(self, request: Request) -> Response:
         try:
@@ -174,9 +306,11 @@ class EgressProxy:
                                       f"{request.target!r}; use host:port\n")
         if not self.allows(host, port):
             return self._refuse(host, port)
+        addresses = await self._destination(host, port)
+        if isinstance(addresses, Response):
+            return addresses
         try:
-            with anyio.fail_after(self.connect_timeout):
-                remote = await anyio.connect_tcp(host, port)
+            remote = await self._connect_checked(addresses, port)
         except (OSError, TimeoutError) as exc:
             return text_response(502, f"corral egress proxy: cannot connect to "
                                       f"{host}:{port}: {exc}\n")
@@ -192,15 +326,19 @@ class EgressProxy:
 
         return Response(200, [], b"", tunnel=tunnel)
 
-    async def _forward_http(self, request: Request) -> Response:
+    async def _forward_http(self, request: Request, ip: IPAddress) -> Response:
+        """Forward a plain-HTTP request to ``ip`` (checked), streaming the answer back."""
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(300.0, connect=self.connect_timeout),
                 follow_redirects=False, trust_env=False, verify=shared_ssl_context(),
             )
         headers = [(k, v) for k, v in request.headers if k not in HOP_BY_HOP]
-        req = self._client.build_request(request.method, request.target, headers=headers,
-                                         content=request.body)
+        url = httpx.URL(request.target)
+        if not any(k.lower() == "host" for k, _ in headers):
+            headers.append(("host", url.netloc.decode("ascii")))
+        req = self._client.build_request(request.method, url.copy_with(host=str(ip)),
+                                         headers=headers, content=request.body)
         try:
             resp = await self._client.send(req, stream=True)
         except httpx.HTTPError as exc:
@@ -219,6 +357,11 @@ class EgressProxy:
                     await resp.aclose()
 
         return Response(resp.status_code, out, body())
+
+
+def _literal(ip: IPAddress) -> str:
+    """``ip`` as an allowlist entry writes it (IPv6 in brackets)."""
+    return f"[{ip}]" if isinstance(ip, ipaddress.IPv6Address) else str(ip)
 
 
 async def _pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:

@@ -17,6 +17,12 @@ its journal on the host) plus the file events already logged say what the log be
 a walk of the workspace says what is; the difference is logged as events first. Several
 changes to one file while nobody watched become one event. Before the run's terminal
 event the driver drains every pending change, so the log is complete when it closes.
+
+The watch is bounded (:data:`~corral.sandbox.watch.DEFAULT_MAX_WATCHES` directories: each
+costs the host user one of its inotify watches). When the agent makes more directories
+than that, or the kernel's event queue overflows, the watch misses changes; the driver
+then walks the workspace once more before the terminal event, so those changes are
+logged late (as catch-up events), never lost.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from corral.sandbox.contracts import Handle
 from corral.sandbox.redact import Redactor, get_logger
 from corral.sandbox.watch import (
     DEFAULT_IGNORE,
+    DEFAULT_MAX_WATCHES,
     GitBaseline,
     WatchKind,
     WorkspaceWatcher,
@@ -164,6 +171,7 @@ def catch_up(baseline: Manifest, logged: Mapping[str, Logged], now: Manifest
 
 
 Emit = Callable[[Sequence[dict[str, Any]]], Awaitable[None]]
+LoggedNow = Callable[[], Awaitable[Iterable[Mapping[str, Any]]]]
 
 
 def _text(s: str) -> str:
@@ -234,15 +242,21 @@ class FileFeed:
     """The file events of one run while this process drives it (see the module doc).
 
     ``emit`` appends events to the run's log (the driver's epoch); ``redactor`` masks
-    secrets in paths and diffs; ``diff`` adds ``sandbox.file.diff`` events."""
+    secrets in paths and diffs; ``diff`` adds ``sandbox.file.diff`` events.
+    ``max_watches`` bounds the directories watched; ``logged`` gives the run's log as it
+    is now, for the walk :meth:`flush` makes when the watch missed changes (without it,
+    the next driver's catch-up logs them)."""
 
     def __init__(self, handle: Handle, root: str, *, emit: Emit, diff: bool,
                  baseline: str | None, manifest: Manifest | None,
-                 redactor: Redactor | None = None, tree: tuple[str, str] | None = None
+                 redactor: Redactor | None = None, tree: tuple[str, str] | None = None,
+                 max_watches: int = DEFAULT_MAX_WATCHES, logged: LoggedNow | None = None
                  ) -> None:
         self._handle = handle
         self._root = root
         self._emit = emit
+        self._max_watches = max_watches
+        self._logged = logged
         self._diff: GitBaseline | None = None
         if diff:
             self._diff = (HostTreeBaseline(handle, tree[0], root, tree[1]) if tree is not None
@@ -258,7 +272,8 @@ class FileFeed:
         """Watch, then log what happened while nobody watched (watch first, so nothing
         falls between the walk and the watch; a change made just then may be logged by
         both: :meth:`_fresh` drops the watch's copy)."""
-        self._watcher = WorkspaceWatcher(self._root, fresh_writes=self._diff is not None)
+        self._watcher = WorkspaceWatcher(self._root, fresh_writes=self._diff is not None,
+                                         max_watches=self._max_watches)
         await self.catch_up(logged)
 
     async def catch_up(self, logged: Iterable[Mapping[str, Any]]) -> None:
@@ -271,8 +286,9 @@ class FileFeed:
         walked_at = time.time_ns()  # every file the walk saw is older than this
         missed = catch_up(self._manifest, logged_file_state(logged), now)
         if missed:
-            # The watch may have queued some of these too (made between watch and walk).
-            self._caught = {path: (kind != "delete", walked_at) for kind, path in missed}
+            # The watch may have queued some of these too (made between watch and walk);
+            # kept from an earlier walk too, for the events queued since then.
+            self._caught.update({path: (kind != "delete", walked_at) for kind, path in missed})
             try:
                 async with self._lock:
                     await self._log(missed)
@@ -294,11 +310,14 @@ class FileFeed:
 
     async def flush(self) -> None:
         """Log every change already made (the agent has exited): called before the run's
-        terminal event."""
+        terminal event. When the watch missed changes (directories past its cap, a queue
+        overflow), a walk against the log finds them."""
         if self._watcher is None:
             return
         try:
             await self._drain()
+            if self._watcher is not None and self._watcher.missed and self._logged is not None:
+                await self.catch_up(await self._logged())
         except Exception as exc:  # noqa: BLE001 - the run's end matters more
             log.warning("file events: the last changes could not be logged: %s", exc)
 

@@ -84,6 +84,7 @@ from corral.sandbox.policy import Policy
 from corral.sandbox.redact import Redactor
 from corral.sandbox.secrets import Secrets
 from corral.sandbox.sources import LocalDir
+from corral.sandbox.watch import DEFAULT_MAX_WATCHES, check_max_watches
 
 if TYPE_CHECKING:  # the MCP SDK loads only when a run has host tools
     from corral.runs.file_feed import FileFeed
@@ -249,11 +250,15 @@ class Runner:
         provider_config: Mapping[str, Mapping[str, Any]] | None = None,
         tools: Toolset | None = None,
         approval_timeout: float = 300.0,
+        max_file_watches: int = DEFAULT_MAX_WATCHES,
     ) -> None:
         """``tools``: host tools for the agent-CLI runs this runner starts and drives (a
         :class:`RunRequest` or :meth:`drive` may give its own). ``approval_timeout``: how long
-        a call of an ``approval=True`` tool waits for ``corral approve``."""
+        a call of an ``approval=True`` tool waits for ``corral approve``.
+        ``max_file_watches``: directories a run's file events watch at most (changes in
+        others are logged by a workspace walk before the run's end)."""
         self.store = store
+        self.max_file_watches = check_max_watches(max_file_watches)
         self.tools = tools
         self.approval_timeout = approval_timeout
         self._run_tools: dict[str, Toolset] = {}
@@ -901,7 +906,11 @@ class Runner:
 
         baseline = files.get("baseline")
         tree = files.get("tree")
+        async def logged() -> list[Mapping[str, Any]]:
+            return [e.event for e in await self.store.snapshot(run_id)]
+
         return FileFeed(handle, host_path(handle.workdir), emit=emit or append,
+                        max_watches=self.max_file_watches, logged=logged,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
                         manifest=load_manifest(paths.files),

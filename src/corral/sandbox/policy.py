@@ -116,9 +116,11 @@ class Policy:
 
     * ``network = "deny"`` (the default): no network at all;
     * ``network = "allow"`` with ``allow_hosts`` (``host``, ``host:port``, ``host:*``,
-      ``*.domain``; see :mod:`corral.net.egress`): the sandbox still has no network of its
-      own; agent runs reach exactly those hosts through the host-side egress proxy, which
-      answers any other destination with a refusal the agent sees;
+      ``*.domain``, IP addresses and networks; see :mod:`corral.net.egress`): the sandbox
+      still has no network of its own; agent runs reach exactly those hosts through the
+      host-side egress proxy, which answers any other destination with a refusal the agent
+      sees, and refuses a name that resolves to a loopback, link-local, private or other
+      non-public address unless an entry names that address itself;
     * ``network = "allow"`` without ``allow_hosts``: direct, unrestricted network (the
       escape hatch; prefer an allowlist).
     """
@@ -304,8 +306,8 @@ def _check_hosts(hosts: tuple[str, ...]) -> None:
             parse_allowlist([entry])
         except ConfigError as exc:
             raise ConfigError(
-                f"policy.allow_hosts[{i}]: {exc}; write 'host', 'host:port', 'host:*' or "
-                "'*.domain'"
+                f"policy.allow_hosts[{i}]: {exc}; write 'host', 'host:port', 'host:*', "
+                "'*.domain' or an IP address or network ('10.0.0.0/8:5432')"
             ) from None
 
 

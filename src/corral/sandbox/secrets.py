@@ -10,6 +10,7 @@ every live ``Secrets`` object is known to :func:`corral.sandbox.redact.live_reda
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,10 @@ from corral.errors import ConfigError
 from corral.sandbox.contracts import check_env_name
 from corral.sandbox.redact import Redactor, register_live
 
-__all__ = ["SecretRef", "Secrets"]
+__all__ = ["MAX_SECRET_FILE", "SecretRef", "Secrets"]
 
+MAX_SECRET_FILE = 64 * 1024
+"""Bytes a secret file may hold (a token or a key, not a data file)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +94,18 @@ class Secrets(Mapping[str, SecretRef]):
                     f'secrets.{name}: write {{ env = "VAR" }} or {{ file = "PATH" }}; '
                     "secret values never go in the definition itself"
                 )
-            if "env" in spec:
-                var = spec["env"]
-                if not env.get(var):
+            check_env_name(name, "secret")  # before any file is read for it
+            (kind, where), = spec.items()
+            if not isinstance(where, str) or not where:
+                raise ConfigError(f"secrets.{name}: {kind} must be a non-empty string")
+            if kind == "env":
+                if not env.get(where):
                     raise ConfigError(
-                        f"secrets.{name}: environment variable {var} is not set on the host"
+                        f"secrets.{name}: environment variable {where} is not set on the host"
                     )
-                values[name] = env[var]
+                values[name] = env[where]
             else:
-                path = Path(spec["file"]).expanduser()
-                try:
-                    values[name] = path.read_text().strip("\n")
-                except OSError as exc:
-                    raise ConfigError(
-                        f"secrets.{name}: cannot read {path}: {exc.strerror}"
-                    ) from None
+                values[name] = _read_secret_file(name, Path(where).expanduser())
         out = cls(values)
         out.__origins = {name: dict(spec) for name, spec in sources.items()}
         return out
@@ -185,3 +185,49 @@ class Secrets(Mapping[str, SecretRef]):
 
     def __hash__(self) -> int:
         return id(self)
+
+
+def _read_secret_file(name: str, path: Path) -> str:
+    """The text of a secret file, without its trailing newlines.
+
+    The path comes from a definition, maybe a repository's own corral.toml: ``/dev/zero``
+    would grow this (root) process until memory ran out, a FIFO or ``/dev/stdin`` would hang
+    it. Only a regular file of at most :data:`MAX_SECRET_FILE` bytes is read. Symlinks are
+    followed: a user's own secret is often a link (into a secrets mount, a dotfile repo),
+    and where a repository's file may read from is checked by the caller on the resolved
+    path."""
+    where = f"secrets.{name}: {path}"
+    try:
+        # stat first: a device is never opened (opening one can act: a tape rewinds)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ConfigError(f"{where} is not a regular file")
+        # O_NONBLOCK: a FIFO swapped in after the stat must not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+            raise ConfigError(f"{where} is not a regular file")
+        too_big = ConfigError(f"{where} holds more than {MAX_SECRET_FILE} bytes, the most a "
+                              "secret file may hold")
+        if st.st_size > MAX_SECRET_FILE:
+            raise too_big
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_SECRET_FILE:  # it may grow while read: the cap holds regardless
+            chunk = os.read(fd, MAX_SECRET_FILE + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_SECRET_FILE:
+            raise too_big
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read it: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8").strip("\n")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text") from None

@@ -6,6 +6,14 @@ follower uses) sees every change at once, with no polling and no tree walks. Ign
 directories (``.git``, ``node_modules``, ``.corral`` by default) are pruned: never watched,
 never walked.
 
+Each watch is charged to the host user running corral (root, usually) against the host's
+``fs.inotify.max_user_watches``, shared with every other process of that user. A watcher
+therefore takes at most ``max_watches`` (default :data:`DEFAULT_MAX_WATCHES`), and all the
+watchers of this process together at most 1/:data:`HOST_SHARE` of the host's limit: an
+agent that makes 200,000 directories must not leave the host's root without watches.
+Directories past the cap go unwatched and :attr:`WorkspaceWatcher.missed` becomes true;
+their changes are found by a walk of the workspace (the file feed's catch-up), later.
+
 :func:`watch_workspace` runs the watcher for the duration of a ``async with`` block and
 hands each event to the definition's hooks. :class:`GitBaseline` gives each event a
 ``diff()`` against the workspace state when watching began (``git stash create``, else
@@ -19,6 +27,7 @@ import ctypes
 import ctypes.util
 import os
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -27,12 +36,13 @@ from typing import Literal
 
 import anyio
 
+from corral.errors import ConfigError
 from corral.sandbox.contracts import Handle, UnsupportedCapability
 from corral.sandbox.hooks import FileEvent, FileEventKind, Hooks
 from corral.sandbox.redact import get_logger
 
-__all__ = ["DEFAULT_IGNORE", "GitBaseline", "WatchKind", "WorkspaceWatcher", "resolves_inside",
-           "watch_workspace"]
+__all__ = ["DEFAULT_IGNORE", "DEFAULT_MAX_WATCHES", "HOST_SHARE", "GitBaseline", "WatchKind",
+           "WorkspaceWatcher", "check_max_watches", "host_watch_limit", "resolves_inside", "watch_workspace"]
 
 log = get_logger("corral.sandbox.watch")
 
@@ -54,6 +64,50 @@ IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _MASK = IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
 _HEADER = struct.Struct("iIII")
+_ENOSPC = 28
+
+DEFAULT_MAX_WATCHES = 8192
+"""Directories one watcher watches at most (one inotify watch each)."""
+HOST_SHARE = 8
+"""The watchers of one process together take at most 1/HOST_SHARE of the host's
+``fs.inotify.max_user_watches``: the rest stays for every other process of the same user."""
+_MAX_USER_WATCHES = Path("/proc/sys/fs/inotify/max_user_watches")
+
+
+def check_max_watches(value: object) -> int:
+    """``value`` as a watch cap: a positive integer, else :class:`ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"max_watches must be a positive integer, not {value!r}")
+    return value
+
+
+def host_watch_limit() -> int | None:
+    """The host's ``fs.inotify.max_user_watches`` (``None`` if it cannot be read)."""
+    try:
+        return int(_MAX_USER_WATCHES.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class _ProcessWatches:
+    """The inotify watches every watcher of this process holds, against one budget (a
+    ``corral serve`` drives many runs: per-watcher caps alone would add up)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # watchers may live on several threads' event loops
+        self.held = 0
+        self._budget: int | None = None
+        self._read = False
+
+    def budget(self) -> int | None:
+        if not self._read:
+            limit = host_watch_limit()
+            self._budget = max(1, limit // HOST_SHARE) if limit is not None else None
+            self._read = True
+        return self._budget
+
+
+_PROCESS = _ProcessWatches()
 
 
 WatchKind = Literal["create", "change", "delete", "written"]
@@ -62,12 +116,21 @@ with ``fresh_writes=True``; its ``create`` came before its content)."""
 
 
 class WorkspaceWatcher:
-    """A recursive inotify watch on a host directory, yielding ``(kind, relpath)``."""
+    """A recursive inotify watch on a host directory, yielding ``(kind, relpath)``.
+
+    At most ``max_watches`` directories are watched (and never more than this process's
+    share of the host's limit, see the module docstring); past that, :attr:`missed` says
+    that changes went unseen and a walk must catch them up.
+    """
 
     def __init__(self, root: str | Path, ignore: Iterable[str] = DEFAULT_IGNORE, *,
-                 fresh_writes: bool = False) -> None:
+                 fresh_writes: bool = False, max_watches: int = DEFAULT_MAX_WATCHES) -> None:
+        self.max_watches = check_max_watches(max_watches)
         self.root = Path(root)
         self.fresh_writes = fresh_writes
+        self.missed = False
+        """Some change may have gone unseen: a directory past the watch cap, or the
+        kernel's event queue overflowed. A walk of the workspace finds what it was."""
         self.ignore = frozenset(ignore)
         libc_name = ctypes.util.find_library("c")
         self._libc = ctypes.CDLL(libc_name or None, use_errno=True)
@@ -86,9 +149,55 @@ class WorkspaceWatcher:
         self._add_tree("", initial=True)
 
     def close(self) -> None:
+        """Stop watching (closing the descriptor drops every watch at once)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            with _PROCESS.lock:
+                _PROCESS.held -= len(self._dirs)
+            self._dirs.clear()
+
+    @property
+    def watch_count(self) -> int:
+        """Directories watched now (inotify watches held)."""
+        return len(self._dirs)
+
+    def _full(self) -> bool:
+        """No watch may be added: this watcher's cap, or this process's share of the
+        host's limit, is reached."""
+        budget = _PROCESS.budget()
+        return len(self._dirs) >= self.max_watches or (
+            budget is not None and _PROCESS.held >= budget)
+
+    def _unwatched(self) -> None:
+        """A directory goes unwatched: what happens in it is found by the catch-up walk
+        instead. One warning per watcher (an agent can make directories by the
+        hundred thousand)."""
+        if not self.missed:
+            log.warning(
+                "file events: %d directories watched, the most allowed (max_watches=%d, "
+                "this process's share of fs.inotify.max_user_watches: %s); changes in "
+                "further directories are reported when the workspace is next scanned",
+                len(self._dirs), self.max_watches, _PROCESS.budget() or "unknown")
+        self.missed = True
+
+    def _watch(self, dirpath: Path) -> int | None:
+        """Add a watch on ``dirpath``; its descriptor, or ``None`` when it cannot (gone,
+        or over a cap)."""
+        with _PROCESS.lock:
+            if not self._full():
+                wd = int(self._libc.inotify_add_watch(
+                    self._fd, os.fsencode(dirpath), _MASK | IN_ONLYDIR | IN_DONT_FOLLOW
+                ))
+                if wd >= 0:
+                    if wd not in self._dirs:  # a moved directory keeps its watch
+                        _PROCESS.held += 1
+                    return wd
+                if ctypes.get_errno() != _ENOSPC:
+                    return None  # gone meanwhile, or not a directory any more
+                # ENOSPC: the host's own limit, with other processes holding the rest
+        self._unwatched()
+        return None
 
     def _add_tree(self, rel_dir: str, *, initial: bool) -> list[str]:
         """Watch ``rel_dir`` and everything under it; return files found (for creates).
@@ -101,16 +210,20 @@ class WorkspaceWatcher:
         stack = [rel_dir]
         while stack:
             rel = stack.pop()
+            if self._full():
+                # cheap refusal before any system call: past the cap, an agent's
+                # directories cost a set lookup each, not a walk
+                self._watched.discard(rel)
+                self._unwatched()
+                continue
             dirpath = self.root / rel if rel else self.root
             if rel and not resolves_inside(self._real_root, dirpath):
+                self._watched.discard(rel)
                 continue  # swapped for a symlink out of the workspace meanwhile
-            wd = self._libc.inotify_add_watch(
-                self._fd, os.fsencode(dirpath), _MASK | IN_ONLYDIR | IN_DONT_FOLLOW
-            )
-            if wd < 0:
-                err = ctypes.get_errno()
-                if err == 28:  # ENOSPC: the watch limit
-                    log.warning("inotify watch limit reached at %s; raise fs.inotify.max_user_watches", dirpath)
+            wd = self._watch(dirpath)
+            if wd is None:
+                # not watched: forget it, so that memory stays bounded by the cap too
+                self._watched.discard(rel)
                 continue
             self._dirs[wd] = rel
             try:
@@ -167,10 +280,15 @@ class WorkspaceWatcher:
             i += _HEADER.size + length
             name = raw.rstrip(b"\0").decode("utf-8", "surrogateescape")
             if mask & IN_Q_OVERFLOW:
-                log.warning("inotify queue overflowed; some file events were lost")
+                if not self.missed:
+                    log.warning("inotify queue overflowed; the lost file events are "
+                                "reported when the workspace is next scanned")
+                self.missed = True
                 continue
             if mask & IN_IGNORED:
-                self._dirs.pop(wd, None)
+                if self._dirs.pop(wd, None) is not None:
+                    with _PROCESS.lock:
+                        _PROCESS.held -= 1
                 continue
             base = self._dirs.get(wd)
             if base is None or not name:
@@ -187,6 +305,8 @@ class WorkspaceWatcher:
                     for f in self._add_tree(path, initial=False):
                         out.append(("create", f))
                 elif mask & (IN_DELETE | IN_MOVED_FROM):
+                    if path not in self._watched:
+                        continue  # never watched (past the cap): nothing known below it
                     prefix = path + "/"
                     self._watched = {w for w in self._watched if w != path and not w.startswith(prefix)}
                     self._listed = {k for k in self._listed if not k.startswith(prefix)}
