@@ -149,3 +149,14 @@ def test_found_config_cannot_put_the_sandbox_on_the_host_network(
         assert "reached the host" not in r.stdout
     finally:
         host_only.close()
+
+
+@pytest.mark.parametrize("entry", ["127.0.0.1:*", "10.0.0.0/8:443", "169.254.169.254:80",
+                                   "[::1]:8080", "0.0.0.0/0:*"])
+def test_found_config_cannot_open_the_egress_proxy_to_host_addresses(
+    entry: str, repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    (repo / "corral.toml").write_text(
+        f'[policy]\nnetwork = "allow"\nallow_hosts = ["example.org:443", "{entry}"]\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, "allow_hosts", "not a public address")

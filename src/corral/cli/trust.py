@@ -14,8 +14,10 @@ the user's own and is trusted. A found file may not
 - take the workspace from anywhere but its own directory (a ``local`` source outside it,
   or a ``git`` source, which the host clones with the user's credentials);
 - give the sandbox the host's network (``network = "allow"`` without ``allow_hosts``
-  shares the host's network namespace, its loopback services included); an allowlist,
-  which goes through corral's egress proxy, is a request it may make.
+  shares the host's network namespace, its loopback services included), or name
+  non-public addresses in ``allow_hosts`` (an IP literal there lets the egress proxy reach
+  that address, e.g. ``127.0.0.1:*``); an allowlist of public hosts, which goes through
+  corral's egress proxy, is a request it may make.
 
 Each refusal is one line naming the key and the two ways forward.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.errors import ConfigError
+from corral.net.egress import non_public, parse_allowlist
 from corral.providers import get_provider
 from corral.sandbox.contracts import ResourceLimits
 from corral.sandbox.definition import Sandbox
@@ -77,6 +80,13 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
             "on this host's network (its loopback services included): a repository's "
             f"corral.toml cannot ask for that; list the hosts in allow_hosts, or {trust}"
         )
+    for rule in parse_allowlist(sandbox.policy.allow_hosts):
+        net = rule.network
+        if net is not None and (non_public(net[0]) or non_public(net[-1])):
+            raise ConfigError(
+                f"{config}: policy.allow_hosts names {rule.source}, not a public address: a "
+                f"repository's corral.toml cannot open the egress proxy to it; {trust}"
+            )
     for name, origin in sandbox.secrets.origins().items():
         raw = origin.get("file")
         if raw is None:
