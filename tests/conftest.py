@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -38,6 +40,20 @@ def corral_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     home.mkdir()
     monkeypatch.setenv("CORRAL_HOME", str(home))
     yield home
+
+
+@pytest.fixture
+def bwfiles() -> Iterator[Path]:
+    """A private bubblewrap files root (``CORRAL_BWRAP_FILES``) the sandbox uid can traverse
+    (tmp_path cannot be: pytest makes it 0700), so a leak scan covers exactly this test's
+    sandboxes. Its disk-quota pool, if one was made there, is unmounted at the end."""
+    from corral.providers import diskquota
+
+    root = Path(tempfile.mkdtemp(prefix="corral-bw-", dir="/var/tmp"))
+    root.chmod(0o755)
+    yield root
+    diskquota.release(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,11 +6,8 @@ Real bubblewrap sandboxes, real SQLite, the CLI in subprocesses.
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +18,6 @@ from corral.testkit.leaks import assert_no_secrets, find_secrets
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 
 SECRET = "tok-9f2c41d0e7b64aa3-SECRET"
-
-
-@pytest.fixture
-def bwfiles() -> Iterator[Path]:
-    """A private bubblewrap files root the sandbox uid can traverse (tmp_path cannot be:
-    pytest makes it 0700), so the leak scan covers exactly this test's sandboxes."""
-    root = Path(tempfile.mkdtemp(prefix="corral-bw-", dir="/var/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import sqlite3
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +43,6 @@ def script(req: ModelRequest) -> Reply:
     if req.tool_results:
         return Text("The command printed: " + "\n".join(req.tool_results).strip())
     return ToolCall(COMMAND, text="I'll run the command.")
-
-
-@pytest.fixture
-def bwfiles() -> Iterator[Path]:
-    """A private bubblewrap files root (the sandboxes of this test, scanned too)."""
-    root = Path(tempfile.mkdtemp(prefix="corral-bw-", dir="/var/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def log_of(home: Path, run_id: str) -> list[dict[str, Any]]:

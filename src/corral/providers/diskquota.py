@@ -47,6 +47,7 @@ __all__ = [
     "make_subvolume",
     "pool",
     "reached",
+    "release",
     "remove_files",
     "slack",
     "unenforceable",
@@ -235,6 +236,18 @@ def pool(files_root: Path, *, create: bool = True) -> Pool:
         raise PoolUnavailable(_failed[files_root]) from exc
     _pools[files_root] = found
     return found
+
+
+def release(files_root: Path) -> None:
+    """Unmount the pool under ``files_root``, if mounted (its loop device goes with it):
+    for a files root that is going away, such as a private one a test made. Lazy, so a
+    process still inside it does not keep the rest of the machine waiting."""
+    _pools.pop(files_root, None)
+    _failed.pop(files_root, None)
+    mnt = files_root / POOL_DIR
+    if _mounted_fstype(mnt) == "btrfs":
+        umount = shutil.which("umount") or "/bin/umount"
+        subprocess.run([umount, "-l", str(mnt)], check=False, capture_output=True, timeout=60)
 
 
 def warn_unenforced(reason: str) -> None:

@@ -25,8 +25,12 @@ __all__ = [
 
 
 def find_secrets(paths: Iterable[str | Path], secrets: Mapping[str, str]) -> list[Finding]:
-    """Every file under ``paths`` holding a secret value or a common encoding of one."""
-    return scan_paths([p for p in paths if Path(p).exists()], secrets)
+    """Every file under ``paths`` holding a secret value or a common encoding of one
+    (loop-device images excepted: their contents are scanned through their mounts)."""
+    existing = [Path(p) for p in paths if Path(p).exists()]
+    files = [str(p) for p in existing if p.is_file()]
+    files += _files([p for p in existing if p.is_dir()], ())
+    return scan_paths(files, secrets)
 
 
 def assert_no_secrets(paths: Iterable[str | Path], secrets: Mapping[str, str]) -> None:
