@@ -1,7 +1,7 @@
 """The journal's exit sentinel: how the supervisor marks "the agent exited with code N".
 
-Framing. After the agent exits, the supervisor appends, in one ``write`` (``O_APPEND``),
-the *trailer*::
+Framing. After the agent exits, the supervisor (the journal's only writer) appends, in one
+``write``, the *trailer*::
 
     b"\\n" + SENTINEL + b"\\n"
 
