@@ -80,6 +80,22 @@ def make_harness(name: str, **kw: Any) -> CliHarness:
     return ClaudeCodeHarness(**kw) if name == "claude-code" else CodexHarness(**kw)
 
 
+def agent_cli_env(cli_env: dict[str, str], bwfiles: Path, srv: ModelServer) -> dict[str, str]:
+    """The environment of a ``corral`` CLI that runs real agent CLIs against ``srv`` (the
+    real key on the host side only), with sandboxes under ``bwfiles``."""
+    env = dict(cli_env)
+    env.update({
+        "CORRAL_AGENTS_DIR": str(agent_cache()),
+        "CORRAL_BWRAP_FILES": str(bwfiles),
+        "CORRAL_LEASE_TTL": "3",
+        "ANTHROPIC_BASE_URL": srv.url,
+        "ANTHROPIC_API_KEY": REAL_KEY,
+        "OPENAI_BASE_URL": srv.openai_url,
+        "OPENAI_API_KEY": REAL_KEY,
+    })
+    return env
+
+
 def upstream_for(harness: CliHarness, srv: ModelServer, key: str = REAL_KEY) -> Upstream:
     url = srv.url if harness.model_api == "anthropic" else srv.openai_url
     return Upstream(harness.model_api, url, key)

@@ -37,7 +37,7 @@ from corral.testkit.model_server import (
     shell_then_text,
 )
 
-from .conftest import CLIS, REAL_KEY, agent_cache
+from .conftest import CLIS, REAL_KEY, agent_cli_env
 from tests.helpers import wait_until
 from corral.runs.supervisor import process_alive
 
@@ -86,16 +86,7 @@ class Corral:
 @pytest.fixture
 def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
            model_server: ModelServer, bwfiles: Path) -> Iterator[Corral]:
-    env = dict(cli_env)
-    env.update({
-        "CORRAL_AGENTS_DIR": str(agent_cache()),
-        "CORRAL_BWRAP_FILES": str(bwfiles),
-        "CORRAL_LEASE_TTL": "3",
-        "ANTHROPIC_BASE_URL": model_server.url,
-        "ANTHROPIC_API_KEY": REAL_KEY,
-        "OPENAI_BASE_URL": model_server.openai_url,
-        "OPENAI_API_KEY": REAL_KEY,
-    })
+    env = agent_cli_env(cli_env, bwfiles, model_server)
     c = Corral(corral_cmd, env, corral_home, model_server)
     yield c
     listed = c.run("sandboxes", "ls", "--json", timeout=60)

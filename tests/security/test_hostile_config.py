@@ -15,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import one_line_refusal
+
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120,
                           check=False, cwd=cwd)
-
-
-def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode != 0, r.stdout
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    for needle in needles:
-        assert needle in r.stderr, r.stderr
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import one_line_refusal
+
 from corral.errors import ConfigError
 from corral.sandbox.secrets import Secrets
 
@@ -47,13 +49,6 @@ def corral_run(corral_cmd: list[str], cli_env: dict[str, str], config: Path | No
             proc.communicate()
             raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert r.returncode != 0, r.stdout
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    for needle in needles:
-        assert needle in r.stderr, r.stderr
 
 
 @pytest.fixture

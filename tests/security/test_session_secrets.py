@@ -27,7 +27,7 @@ from corral.providers.local import LocalProvider
 from corral.sandbox.redact import Redactor
 from corral.testkit.leaks import assert_nothing_written_holds, find_secrets
 from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
-from tests.agents.conftest import CLIS, REAL_KEY, agent_cache
+from tests.agents.conftest import CLIS, agent_cli_env
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,17 +58,8 @@ def test_saved_sessions_hold_no_secret_and_still_resume(
         cli: str, corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
         model_server: ModelServer, bwfiles: Path, tmp_path: Path) -> None:
     value = f"pw-{secrets.token_hex(16)}"
-    env = dict(cli_env)
-    env.update({
-        "CORRAL_AGENTS_DIR": str(agent_cache()),
-        "CORRAL_BWRAP_FILES": str(bwfiles),
-        "CORRAL_LEASE_TTL": "3",
-        "ANTHROPIC_BASE_URL": model_server.url,
-        "ANTHROPIC_API_KEY": REAL_KEY,
-        "OPENAI_BASE_URL": model_server.openai_url,
-        "OPENAI_API_KEY": REAL_KEY,
-        "CORRAL_TEST_SECRET": value,
-    })
+    env = agent_cli_env(cli_env, bwfiles, model_server)
+    env["CORRAL_TEST_SECRET"] = value
     env.pop("CORRAL_STORE", None)
     model_server.script = script
     ws = tmp_path / "ws"
