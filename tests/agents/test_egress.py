@@ -8,12 +8,14 @@ import json
 import os
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+
+from tests.helpers import HelloServer
 from ag_ui.core import EventType
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,22 +31,9 @@ from .conftest import make_harness, run_agent
 pytestmark = pytest.mark.timeout(180)
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = f"hello from {self.server.server_address[1]}\n".encode()  # type: ignore[index]
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
-def serve(host: str) -> tuple[ThreadingHTTPServer, int]:
-    srv = ThreadingHTTPServer((host, 0), _Hello)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, srv.server_address[1]
+def serve(host: str) -> tuple[HelloServer, int]:
+    srv = HelloServer(host)
+    return srv, srv.port
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import sqlite3
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from corral.testkit.model_server import (
 )
 
 from .conftest import CLIS, REAL_KEY, agent_cli_env
-from tests.helpers import wait_until
+from tests.helpers import HelloServer, wait_until
 from corral.runs.supervisor import process_alive
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
@@ -381,40 +381,19 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         gate.open.set()
 
 
-class _Counted(BaseHTTPRequestHandler):
-    """Answers ``hello from <port>`` and counts the requests its server saw."""
-
-    def do_GET(self) -> None:
-        self.server.hits += 1  # type: ignore[attr-defined]
-        body = f"hello from {self.server.server_address[1]}\n".encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def two_hosts() -> Iterator[tuple[str, ThreadingHTTPServer, ThreadingHTTPServer]]:
+def two_hosts() -> Iterator[tuple[str, HelloServer, HelloServer]]:
     # 127.0.0.2: host loopback, but not the 127.0.0.1 the harness exempts from proxying
     # (inside the sandbox that is its own loopback, where the model endpoint listens).
-    servers = []
-    for _ in range(2):
-        srv = ThreadingHTTPServer(("127.0.0.2", 0), _Counted)
-        srv.hits = 0  # type: ignore[attr-defined]
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
+    servers = [HelloServer("127.0.0.2") for _ in range(2)]
     yield "127.0.0.2", servers[0], servers[1]
     for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+        srv.stop()
 
 
 def test_policy_allow_hosts_is_the_runs_only_way_out(
         corral: Corral, tmp_path: Path,
-        two_hosts: tuple[str, ThreadingHTTPServer, ThreadingHTTPServer]) -> None:
+        two_hosts: tuple[str, HelloServer, HelloServer]) -> None:
     host, a, b = two_hosts
     pa, pb = a.server_address[1], b.server_address[1]
     ws = tmp_path / "ws"

@@ -18,14 +18,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+
+from tests.helpers import HelloServer
 
 from corral.errors import ConfigError
 from corral.net.egress import EgressProxy, parse_allowlist
@@ -33,28 +33,12 @@ from corral.net.egress import EgressProxy, parse_allowlist
 pytestmark = pytest.mark.timeout(60)
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.hits += 1  # type: ignore[attr-defined]
-        body = b"host-only service\n"
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def host_service() -> Iterator[ThreadingHTTPServer]:
+def host_service() -> Iterator[HelloServer]:
     """A service listening on the host's loopback only."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    srv.hits = 0  # type: ignore[attr-defined]
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = HelloServer("127.0.0.1")
     yield srv
-    srv.shutdown()
-    srv.server_close()
+    srv.stop()
 
 
 def ask(allow: list[str], *requests: str) -> tuple[list[bytes], EgressProxy]:
@@ -97,7 +81,7 @@ def get(authority: str) -> str:
 @pytest.mark.parametrize("rule", ["localhost:{port}", "localhost:*", "127.1:{port}",
                                   "2130706433:{port}"])
 def test_an_allowed_name_that_resolves_to_loopback_is_refused(
-        rule: str, host_service: ThreadingHTTPServer) -> None:
+        rule: str, host_service: HelloServer) -> None:
     """``localhost``, and numeric names the resolver turns into 127.0.0.1."""
     port = host_service.server_address[1]
     name = rule.split(":")[0]
@@ -114,19 +98,19 @@ def test_an_allowed_name_that_resolves_to_loopback_is_refused(
 @pytest.mark.parametrize("rule", ["127.0.0.1:{port}", "127.0.0.0/8:{port}", "127.0.0.1:*",
                                   "[::ffff:127.0.0.1]:{port}"])
 def test_an_address_named_literally_is_reached(rule: str,
-                                               host_service: ThreadingHTTPServer) -> None:
+                                               host_service: HelloServer) -> None:
     """The operator's explicit choice: the address (or its network) itself."""
     port = host_service.server_address[1]
     responses, proxy = ask([rule.format(port=port)], connect(f"127.0.0.1:{port}"),
                            get(f"127.0.0.1:{port}"), connect(f"[::ffff:127.0.0.1]:{port}"))
     for resp in responses:
-        assert resp.startswith(b"HTTP/1.1 200") and b"host-only service" in resp, resp
+        assert resp.startswith(b"HTTP/1.1 200") and b"hello from" in resp, resp
     assert host_service.hits == 3  # type: ignore[attr-defined]
     assert proxy.refused == []
 
 
 def test_a_name_is_allowed_to_the_addresses_named_beside_it(
-        host_service: ThreadingHTTPServer) -> None:
+        host_service: HelloServer) -> None:
     """``localhost:PORT`` with every address it resolves to named: reached, over the
     address checked (plain HTTP keeps the name in its Host header)."""
     import socket
@@ -138,7 +122,7 @@ def test_a_name_is_allowed_to_the_addresses_named_beside_it(
     responses, _ = ask([f"localhost:{port}", *named], connect(f"localhost:{port}"),
                        get(f"localhost:{port}"))
     for resp in responses:
-        assert resp.startswith(b"HTTP/1.1 200") and b"host-only service" in resp, resp
+        assert resp.startswith(b"HTTP/1.1 200") and b"hello from" in resp, resp
 
 
 @pytest.mark.parametrize("address, why", [
