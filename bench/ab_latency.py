@@ -23,7 +23,7 @@ from pathlib import Path
 
 WORKER = r"""
 import json, sys, time, anyio
-from corral.providers.bubblewrap import BubblewrapProvider
+from corral.providers._bubblewrap import BubblewrapProvider
 
 async def main():
     p = BubblewrapProvider()

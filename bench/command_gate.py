@@ -28,13 +28,13 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from corral.harness.cli_base import CliOptions, bash_gate_command
-from corral.sandbox.policy import Policy
-from corral.testkit.loopback import tcp_to_unix
-from corral.tools.core import Toolset, tool
-from corral.tools.mcp_server import HostToolServer
-from corral.tools.permission import PermissionPromptTool
-from corral.tools.projection import TOKEN_ENV
+from corral.harness._cli_base import CliOptions, bash_gate_command
+from corral.sandbox._policy import Policy
+from corral.testing._loopback import tcp_to_unix
+from corral.tools._core import Toolset, tool
+from corral.tools._mcp_server import HostToolServer
+from corral.tools._permission import PermissionPromptTool
+from corral.tools._projection import TOKEN_ENV
 
 TOKEN = "bench-token-" + "x" * 20
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import anyio
 
-from corral.providers.local import LocalProvider
-from corral.runs.file_feed import FileFeed, catch_up, logged_file_state, scan_manifest
-from corral.sandbox.contracts import SandboxSpec
-from corral.sandbox.watch import WorkspaceWatcher
+from corral.providers._local import LocalProvider
+from corral.runs._file_feed import FileFeed, catch_up, logged_file_state, scan_manifest
+from corral.sandbox._contracts import SandboxSpec
+from corral.sandbox._watch import WorkspaceWatcher
 
 
 def ms(seconds: float) -> str:

@@ -29,19 +29,19 @@ import time
 
 import anyio
 
-from corral.harness.agent import prepare_agent, with_agent_binds
-from corral.harness.base import AgentRequest, RunContext, translate_run
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.cli_base import CliHarness
-from corral.harness.codex import CodexHarness
-from corral.harness.installs import find_installed, install_agent
-from corral.net.model_proxy import Upstream
-from corral.providers.bubblewrap import BubblewrapProvider
-from corral.runs.layout import JournalPaths
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import launch_supervised_async
-from corral.sandbox.contracts import SandboxSpec
-from corral.testkit.model_server import ModelServer, shell_then_text
+from corral.agents._prepare import prepare_agent, with_agent_binds
+from corral.harness._base import AgentRequest, RunContext, translate_run
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.harness._cli_base import CliHarness
+from corral.harness._codex import CodexHarness
+from corral.agents._installs import find_installed, install_agent
+from corral.net._model_proxy import Upstream
+from corral.providers._bubblewrap import BubblewrapProvider
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import launch_supervised_async
+from corral.sandbox._contracts import SandboxSpec
+from corral.testing._model_server import ModelServer, shell_then_text
 
 PROMPT = "run the command"
 

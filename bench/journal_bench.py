@@ -15,12 +15,12 @@ from pathlib import Path
 
 import anyio
 
-from corral.harness.base import RunContext, translate_run
-from corral.harness.command import CommandHarness
-from corral.runs.journal import Exit, read_journal
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.sentinel import format_trailer, new_nonce
-from corral.runs.supervisor import AgentSpec, kill_supervised, launch_supervised
+from corral.harness._base import RunContext, translate_run
+from corral.harness._command import CommandHarness
+from corral.journal._reader import Exit, read_journal
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._sentinel import format_trailer, new_nonce
+from corral.journal._supervisor import AgentSpec, kill_supervised, launch_supervised
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 

@@ -26,13 +26,13 @@ import anyio
 SRC = Path(__file__).resolve().parent.parent / "src"
 sys.path.insert(0, str(SRC))
 
-from corral.runs.layout import JournalPaths
-from corral.runs.probe import probe_run_exit
-from corral.runs.reap import ReapOutcome, reap_detached_runs
-from corral.runs.reaping import journal_drive
-from corral.runs.records import RunPatch
-from corral.runs.sentinel import format_trailer, new_nonce
-from corral.runs.store import NewRun
+from corral.journal._layout import JournalPaths
+from corral.runs._probe import probe_run_exit
+from corral.runs._reap import ReapOutcome, reap_detached_runs
+from corral.runs._reaping import journal_drive
+from corral.stores._records import RunPatch
+from corral.journal._sentinel import format_trailer, new_nonce
+from corral.stores._protocols import NewRun
 from corral.stores import open_store
 
 FINISHED_AT = (0, 5, 10, 15, 20)  # positions among the oldest runs whose agent exited

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import anyio
 
-from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
-from corral.providers.local import LocalProvider
-from corral.sandbox.contracts import Provider
+from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.providers._local import LocalProvider
+from corral.sandbox._contracts import Provider
 
 
 def pct(samples: list[float], p: float) -> float:

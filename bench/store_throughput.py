@@ -24,7 +24,7 @@ from anyio.streams.text import TextReceiveStream
 SRC = Path(__file__).resolve().parent.parent / "src"
 sys.path.insert(0, str(SRC))
 
-from corral.runs.store import NewRun
+from corral.stores._protocols import NewRun
 from corral.stores import open_store
 
 TAILER = """

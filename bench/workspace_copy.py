@@ -39,7 +39,7 @@ def make_big_file(root: Path, mib: int) -> int:
 
 async def _ensure_once(ws: str) -> float:
     from corral import Lifecycle, RunContext, Sandbox, Workspace
-    from corral.sandbox.sources import LocalDir
+    from corral.sandbox._sources import LocalDir
     from corral.stores import open_store
 
     store = await open_store("memory://")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.runs.store import Store
+from corral.stores._protocols import Store
 from corral.stores import open_store
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -47,7 +47,7 @@ def bwfiles() -> Iterator[Path]:
     """A private bubblewrap files root (``CORRAL_BWRAP_FILES``) the sandbox uid can traverse
     (tmp_path cannot be: pytest makes it 0700), so a leak scan covers exactly this test's
     sandboxes. Its disk-quota pool, if one was made there, is unmounted at the end."""
-    from corral.providers import diskquota
+    from corral.providers import _diskquota as diskquota
 
     root = Path(tempfile.mkdtemp(prefix="corral-bw-", dir="/var/tmp"))
     root.chmod(0o755)
@@ -87,7 +87,7 @@ def bwrap_works() -> bool:
 
 @pytest.fixture
 def need_bwrap_runs(request: pytest.FixtureRequest) -> None:
-    from corral.testkit.plugin import require
+    from corral.testing._plugin import require
 
     require(request.config, bwrap_works(), "bubblewrap with user namespaces",
             "apt-get install bubblewrap (and allow unprivileged user namespaces)")

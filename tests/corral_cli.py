@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from corral.runs.layout import JournalPaths
+from corral.journal._layout import JournalPaths
 
 
 class CliHome:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from corral.errors import ConfigError, CorralError, PrerequisiteMissing
-    from corral.sandbox.config_file import dump_config, load_config
-    from corral.sandbox.contracts import (
+    from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+    from corral.sandbox._config_file import dump_config, load_config
+    from corral.sandbox._contracts import (
         Capabilities,
         ExecResult,
         Handle,
@@ -20,50 +20,50 @@ if TYPE_CHECKING:
         SandboxSpec,
         UnsupportedCapability,
     )
-    from corral.sandbox.definition import Sandbox
-    from corral.sandbox.hooks import FileEvent, Hooks
-    from corral.sandbox.key import RunContext
-    from corral.sandbox.lifecycle import Lifecycle
-    from corral.sandbox.policy import Decision, Policy
-    from corral.sandbox.redact import Redactor
-    from corral.sandbox.secrets import SecretRef, Secrets
-    from corral.sandbox.sources import Files, GitSource, LocalDir, NoSource
-    from corral.sandbox.workspace import Parallel, Step, Workspace, parallel
+    from corral.sandbox._definition import Sandbox
+    from corral.sandbox._hooks import FileEvent, Hooks
+    from corral.sandbox._key import RunContext
+    from corral.sandbox._lifecycle import Lifecycle
+    from corral.sandbox._policy import Decision, Policy
+    from corral.sandbox._redact import Redactor
+    from corral.sandbox._secrets import SecretRef, Secrets
+    from corral.sandbox._sources import Files, GitSource, LocalDir, NoSource
+    from corral.sandbox._workspace import Parallel, Step, Workspace, parallel
 
 # Names resolve on first use (corral._lazy).
 _EXPORTS: dict[str, str] = {
-    "ConfigError": "corral.errors",
-    "CorralError": "corral.errors",
-    "PrerequisiteMissing": "corral.errors",
-    "dump_config": "corral.sandbox.config_file",
-    "load_config": "corral.sandbox.config_file",
-    "Capabilities": "corral.sandbox.contracts",
-    "ExecResult": "corral.sandbox.contracts",
-    "Handle": "corral.sandbox.contracts",
-    "Process": "corral.sandbox.contracts",
-    "Provider": "corral.sandbox.contracts",
-    "ResourceLimits": "corral.sandbox.contracts",
-    "SandboxRef": "corral.sandbox.contracts",
-    "SandboxSpec": "corral.sandbox.contracts",
-    "UnsupportedCapability": "corral.sandbox.contracts",
-    "Sandbox": "corral.sandbox.definition",
-    "FileEvent": "corral.sandbox.hooks",
-    "Hooks": "corral.sandbox.hooks",
-    "RunContext": "corral.sandbox.key",
-    "Lifecycle": "corral.sandbox.lifecycle",
-    "Decision": "corral.sandbox.policy",
-    "Policy": "corral.sandbox.policy",
-    "Redactor": "corral.sandbox.redact",
-    "SecretRef": "corral.sandbox.secrets",
-    "Secrets": "corral.sandbox.secrets",
-    "Files": "corral.sandbox.sources",
-    "GitSource": "corral.sandbox.sources",
-    "LocalDir": "corral.sandbox.sources",
-    "NoSource": "corral.sandbox.sources",
-    "Parallel": "corral.sandbox.workspace",
-    "Step": "corral.sandbox.workspace",
-    "Workspace": "corral.sandbox.workspace",
-    "parallel": "corral.sandbox.workspace",
+    "ConfigError": "corral._errors",
+    "CorralError": "corral._errors",
+    "PrerequisiteMissing": "corral._errors",
+    "dump_config": "corral.sandbox._config_file",
+    "load_config": "corral.sandbox._config_file",
+    "Capabilities": "corral.sandbox._contracts",
+    "ExecResult": "corral.sandbox._contracts",
+    "Handle": "corral.sandbox._contracts",
+    "Process": "corral.sandbox._contracts",
+    "Provider": "corral.sandbox._contracts",
+    "ResourceLimits": "corral.sandbox._contracts",
+    "SandboxRef": "corral.sandbox._contracts",
+    "SandboxSpec": "corral.sandbox._contracts",
+    "UnsupportedCapability": "corral.sandbox._contracts",
+    "Sandbox": "corral.sandbox._definition",
+    "FileEvent": "corral.sandbox._hooks",
+    "Hooks": "corral.sandbox._hooks",
+    "RunContext": "corral.sandbox._key",
+    "Lifecycle": "corral.sandbox._lifecycle",
+    "Decision": "corral.sandbox._policy",
+    "Policy": "corral.sandbox._policy",
+    "Redactor": "corral.sandbox._redact",
+    "SecretRef": "corral.sandbox._secrets",
+    "Secrets": "corral.sandbox._secrets",
+    "Files": "corral.sandbox._sources",
+    "GitSource": "corral.sandbox._sources",
+    "LocalDir": "corral.sandbox._sources",
+    "NoSource": "corral.sandbox._sources",
+    "Parallel": "corral.sandbox._workspace",
+    "Step": "corral.sandbox._workspace",
+    "Workspace": "corral.sandbox._workspace",
+    "parallel": "corral.sandbox._workspace",
 }
 
 

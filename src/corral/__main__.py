@@ -1,3 +1,3 @@
-from corral.cli.main import main
+from corral.cli._main import main
 
 raise SystemExit(main())

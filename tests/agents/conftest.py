@@ -16,20 +16,20 @@ import anyio
 import pytest
 from ag_ui.core import BaseEvent, EventType
 
-from corral.harness.agent import FinishReport, PreparedAgent, prepare_agent, with_agent_binds
-from corral.harness.base import AgentRequest, Batch, RunContext, translate_run
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.cli_base import CliHarness
-from corral.harness.codex import CodexHarness
-from corral.harness.installs import InstalledAgent, install_agent
-from corral.net.model_proxy import Upstream
-from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
-from corral.runs.layout import JournalPaths
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import kill_supervised, launch_supervised_async
-from corral.sandbox.contracts import SandboxSpec
-from corral.testkit.model_server import ModelServer
-from corral.testkit.plugin import require
+from corral.agents._prepare import FinishReport, PreparedAgent, prepare_agent, with_agent_binds
+from corral.harness._base import AgentRequest, Batch, RunContext, translate_run
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.harness._cli_base import CliHarness
+from corral.harness._codex import CodexHarness
+from corral.agents._installs import InstalledAgent, install_agent
+from corral.net._model_proxy import Upstream
+from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import kill_supervised, launch_supervised_async
+from corral.sandbox._contracts import SandboxSpec
+from corral.testing._model_server import ModelServer
+from corral.testing._plugin import require
 from tests.conftest import bwrap_works
 
 REAL_KEY = "sk-corral-REAL-7f3a9c2e-never-in-sandbox"

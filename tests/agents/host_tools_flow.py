@@ -8,12 +8,12 @@ from typing import Any
 
 import anyio
 
-from corral.runs.runner import Runner, RunRequest
-from corral.runs.store import Store
+from corral.runs._runner import Runner, RunRequest
+from corral.stores._protocols import Store
 from corral.stores import open_store
-from corral.testkit.model_server import ModelServer
+from corral.testing._model_server import ModelServer
 from corral.tools import Toolset
-from corral.tools.approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
 DEADLINE = 150.0
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from corral.errors import ConfigError
-from corral.harness.base import AgentRequest
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.codex import CodexHarness
-from corral.net.model_proxy import PLACEHOLDER_KEY
+from corral._errors import ConfigError
+from corral.harness._base import AgentRequest
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.harness._codex import CodexHarness
+from corral.net._model_proxy import PLACEHOLDER_KEY
 
 MCP = {"tools": {"command": "/usr/bin/tool-server", "args": ["--stdio"], "env": {"A": "1"}},
        "remote": {"url": "http://127.0.0.1:9/mcp"}}

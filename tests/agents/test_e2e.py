@@ -16,13 +16,13 @@ import anyio
 import pytest
 from ag_ui.core import EventType
 
-from corral.harness.agent import prepare_agent
-from corral.harness.base import AgentRequest, RunContext, translate_run
-from corral.net.model_proxy import PLACEHOLDER_KEY
-from corral.runs.layout import JournalPaths
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import kill_supervised_async, launch_supervised_async
-from corral.testkit.model_server import (
+from corral.agents._prepare import prepare_agent
+from corral.harness._base import AgentRequest, RunContext, translate_run
+from corral.net._model_proxy import PLACEHOLDER_KEY
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import kill_supervised_async, launch_supervised_async
+from corral.testing._model_server import (
     Fail,
     Hang,
     ModelRequest,
@@ -308,7 +308,7 @@ def test_instructions_reach_the_model_through_the_clis_own_config(
 
 def test_local_provider_runs_the_cli_from_its_host_path(agents_env: Path,
                                                         model_server: ModelServer) -> None:
-    from corral.providers.local import LocalProvider
+    from corral.providers._local import LocalProvider
 
     model_server.script = shell_then_text("echo local > made-here.txt && pwd", "did: {output}")
     harness = make_harness("claude-code")

@@ -20,11 +20,11 @@ from ag_ui.core import EventType
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.errors import ConfigError
-from corral.harness.agent import NET_MOUNT
-from corral.harness.cli_base import entry_argv
-from corral.net.egress import EgressProxy, parse_allowlist
-from corral.testkit.model_server import ModelServer, shell_then_text
+from corral._errors import ConfigError
+from corral.agents._prepare import NET_MOUNT
+from corral.harness._cli_base import entry_argv
+from corral.net._egress import EgressProxy, parse_allowlist
+from corral.testing._model_server import ModelServer, shell_then_text
 
 from .conftest import make_harness, run_agent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.harness.cli_base import entry_argv
+from corral.harness._cli_base import entry_argv
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 

@@ -17,15 +17,15 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.runs.runner import Runner, RunRequest
-from corral.runs.store import Store
-from corral.sandbox.definition import Sandbox
-from corral.sandbox.lifecycle import Lifecycle
-from corral.sandbox.policy import Policy
+from corral.runs._runner import Runner, RunRequest
+from corral.stores._protocols import Store
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._policy import Policy
 from corral.stores import open_store
-from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools.projection import TOKEN_ENV, run_tools_token
+from corral.tools._projection import TOKEN_ENV, run_tools_token
 
 from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .conftest import REAL_KEY
@@ -140,8 +140,8 @@ def test_approval_tool_waits_for_corral_approve(
 
 def test_prepare_agent_merges_the_host_tools_projection(
         sandbox_factory: Any, model_server: ModelServer) -> None:
-    from corral.harness.agent import prepare_agent
-    from corral.harness.base import AgentRequest
+    from corral.agents._prepare import prepare_agent
+    from corral.harness._base import AgentRequest
 
     from .conftest import files_containing, make_harness, upstream_for
 

@@ -17,12 +17,12 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.harness.codex import mcp_server_config
-from corral.runs.runner import Runner, RunRequest
+from corral.harness._codex import mcp_server_config
+from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
-from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools.projection import TOKEN_ENV, run_tools_token
+from corral.tools._projection import TOKEN_ENV, run_tools_token
 
 from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
@@ -136,8 +136,8 @@ def test_codex_approval_tool_waits_for_corral_approve(
 
 def test_prepare_agent_projects_host_tools_into_codex_config(
         sandbox_factory: Any, model_server: ModelServer) -> None:
-    from corral.harness.agent import prepare_agent
-    from corral.harness.base import AgentRequest
+    from corral.agents._prepare import prepare_agent
+    from corral.harness._base import AgentRequest
 
     async def main() -> None:
         handle = await sandbox_factory()
@@ -167,7 +167,7 @@ def test_prepare_agent_projects_host_tools_into_codex_config(
 
 
 def test_mcp_server_config_keeps_secrets_in_the_environment() -> None:
-    from corral.errors import ConfigError
+    from corral._errors import ConfigError
 
     cfg = mcp_server_config("s", {"url": "http://h/mcp", "headers": {
         "Authorization": "Bearer ${TOK}", "X-Key": "${KEY}", "X-Plain": "v"}})
@@ -188,9 +188,9 @@ def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
     """After a whole Codex run that used the host tool, no file in the sandbox (workspace,
     ``~/.codex`` with its sessions and logs) nor in the socket directory holds the token;
     a wrong token is refused by the server (the CLI really authenticated)."""
-    from corral.harness.agent import NET_MOUNT
-    from corral.tools.mcp_server import HostToolServer
-    from corral.tools.projection import host_tools_projection
+    from corral.agents._prepare import NET_MOUNT
+    from corral.tools._mcp_server import HostToolServer
+    from corral.tools._projection import host_tools_projection
 
     from .conftest import run_agent
 

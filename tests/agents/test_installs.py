@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli import agents_cmd
-from corral.errors import ConfigError, CorralError
-from corral.harness.installs import (
+from corral.cli import _agents_cmd as agents_cmd
+from corral._errors import ConfigError, CorralError
+from corral.agents._installs import (
     KNOWN_AGENTS,
     SHARED_ROOT,
     InstalledAgent,

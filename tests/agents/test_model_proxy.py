@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.errors import ConfigError, PrerequisiteMissing
-from corral.net.model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, UsageMeter
-from corral.testkit.model_server import Fail, Hang, ModelServer, Text, ToolCall
+from corral._errors import ConfigError, PrerequisiteMissing
+from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, UsageMeter
+from corral.testing._model_server import Fail, Hang, ModelServer, Text, ToolCall
 
 KEY = "sk-host-only-123"
 ANTHROPIC_BODY = {"model": "claude-x", "stream": True, "max_tokens": 10,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import anyio
 
-from corral.harness.agent import NET_MOUNT, with_agent_binds
-from corral.harness.installs import AGENTS_MOUNT
-from corral.paths import net_root
-from corral.providers.bubblewrap import BubblewrapProvider
-from corral.sandbox.contracts import SandboxSpec
+from corral.agents._prepare import NET_MOUNT, with_agent_binds
+from corral.agents._installs import AGENTS_MOUNT
+from corral._paths import net_root
+from corral.providers._bubblewrap import BubblewrapProvider
+from corral.sandbox._contracts import SandboxSpec
 
 
 

@@ -16,14 +16,14 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.runs.runner import Runner, RunRequest
-from corral.sandbox.definition import Sandbox
-from corral.sandbox.lifecycle import Lifecycle
-from corral.sandbox.policy import Policy
-from corral.sandbox.sources import LocalDir
-from corral.sandbox.workspace import Workspace
-from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
-from corral.tools.approvals import APPROVAL_RESOLVED_EVENT
+from corral.runs._runner import Runner, RunRequest
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._policy import Policy
+from corral.sandbox._sources import LocalDir
+from corral.sandbox._workspace import Workspace
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.tools._approvals import APPROVAL_RESOLVED_EVENT
 
 from .host_tools_flow import approval_request, logged
 from .conftest import REAL_KEY
@@ -87,7 +87,7 @@ def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Pa
 def test_policy_decides_claude_code_commands_live(
         host_env: ModelServer, corral_home: Path, corral_cmd: list[str],  # noqa: F811
         cli_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="corral.tools.permission")
+    caplog.set_level(logging.DEBUG, logger="corral.tools._permission")
     host_env.script = bash_steps
     events, status, approval, approve = run_with_one_approval(
         "claude-code", {}, corral_home, corral_cmd, cli_env)

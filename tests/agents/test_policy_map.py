@@ -10,13 +10,13 @@ import anyio
 import pytest
 from ag_ui.core import EventType
 
-from corral.errors import ConfigError
-from corral.harness.base import AgentRequest
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.cli_base import PolicyLike
-from corral.harness.codex import CodexHarness
-from corral.sandbox.policy import Policy
-from corral.testkit.model_server import ModelServer, shell_then_text
+from corral._errors import ConfigError
+from corral.harness._base import AgentRequest
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.harness._cli_base import PolicyLike
+from corral.harness._codex import CodexHarness
+from corral.sandbox._policy import Policy
+from corral.testing._model_server import ModelServer, shell_then_text
 
 from .conftest import run_agent, upstream_for
 
@@ -170,7 +170,7 @@ def test_claude_allowed_command_runs_under_a_deny_policy(sandbox_factory: Any,
 
 
 def test_harnesses_from_a_run_spec_with_the_real_policy() -> None:
-    from corral.sandbox.policy import Policy
+    from corral.sandbox._policy import Policy
 
     policy = Policy(allow=("pytest *",), deny=("rm -rf *",), default="deny",
                     file_write="deny")
@@ -193,8 +193,8 @@ def test_codex_config_planted_in_the_home_is_removed_before_a_gated_run(
     """The gate runs Codex with --dangerously-bypass-hook-trust, which would run user-level
     hooks unreviewed: whatever sits at ~/.codex/hooks.json or ~/.codex/config.toml (say,
     planted by the thread's previous run) is gone before the CLI starts."""
-    from corral.harness.agent import prepare_agent
-    from corral.harness.sessions import SANDBOX_HOME
+    from corral.agents._prepare import prepare_agent
+    from corral.agents._sessions import SANDBOX_HOME
 
     harness = CodexHarness(policy=P(deny=("rm *",)), permission_prompt=True)
 

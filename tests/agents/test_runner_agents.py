@@ -23,12 +23,12 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.harness.base import RunContext, translate_run
-from corral.harness.events import event_to_dict
-from corral.harness.registry import build_harness
-from corral.runs.layout import JournalPaths, read_status
-from corral.testkit.leaks import assert_no_secrets, find_secrets
-from corral.testkit.model_server import (
+from corral.harness._base import RunContext, translate_run
+from corral.harness._events import event_to_dict
+from corral.harness._registry import build_harness
+from corral.journal._layout import JournalPaths, read_status
+from corral.testing._leaks import assert_no_secrets, find_secrets
+from corral.testing._model_server import (
     ModelRequest,
     ModelServer,
     Reply,
@@ -39,7 +39,7 @@ from corral.testkit.model_server import (
 
 from .conftest import CLIS, REAL_KEY, agent_cli_env
 from tests.helpers import HelloServer, wait_until
-from corral.runs.supervisor import process_alive
+from corral.journal._supervisor import process_alive
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
 

@@ -9,14 +9,14 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.harness.sessions import (
+from corral.agents._sessions import (
     SessionSaveError,
     load_session,
     restore_session,
     save_session,
     thread_dir,
 )
-from corral.providers.local import LocalProvider
+from corral.providers._local import LocalProvider
 
 
 @pytest.fixture

@@ -15,14 +15,14 @@ from ag_ui.core import BaseEvent, EventType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.errors import ConfigError
-from corral.harness.base import Batch, RunContext, translate_run
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.cli_base import NO_RESULT, SESSION_EVENT, CliHarness
-from corral.harness.codex import CodexHarness
-from corral.harness.events import event_to_dict
-from corral.runs.journal import Exit, Line
-from corral.runs.sentinel import format_trailer, new_nonce
+from corral._errors import ConfigError
+from corral.harness._base import Batch, RunContext, translate_run
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.harness._cli_base import NO_RESULT, SESSION_EVENT, CliHarness
+from corral.harness._codex import CodexHarness
+from corral.harness._events import event_to_dict
+from corral.journal._reader import Exit, Line
+from corral.journal._sentinel import format_trailer, new_nonce
 
 CTX = RunContext("run-7", "thread-7")
 NONCE = new_nonce()
@@ -432,7 +432,7 @@ def test_claude_host_tools_keep_their_own_names() -> None:
 
 @given(st.text(min_size=1, max_size=30))
 def test_claude_only_the_corral_prefix_is_removed(name: str) -> None:
-    from corral.harness.claude_code import host_tool_name
+    from corral.harness._claude_code import host_tool_name
 
     assert host_tool_name(f"mcp__corral__{name}") == name
     other = f"mcp__other__{name}"

@@ -15,14 +15,14 @@ from ag_ui.core import EventType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.errors import ConfigError
-from corral.harness.base import AgentRequest, Batch, Harness, RunContext, translate_run
-from corral.harness.command import RAW_BYTES_EVENT, CommandHarness
-from corral.harness.events import BaseEvent, event_to_dict
-from corral.runs.journal import Line
-from corral.runs.layout import JournalPaths
-from corral.runs.sentinel import format_trailer, new_nonce
-from corral.runs.supervisor import AgentSpec, kill_supervised, launch_supervised
+from corral._errors import ConfigError
+from corral.harness._base import AgentRequest, Batch, Harness, RunContext, translate_run
+from corral.harness._command import RAW_BYTES_EVENT, CommandHarness
+from corral.harness._events import BaseEvent, event_to_dict
+from corral.journal._reader import Line
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import format_trailer, new_nonce
+from corral.journal._supervisor import AgentSpec, kill_supervised, launch_supervised
 
 CTX = RunContext(run_id="run-1", thread_id="thread-1")
 NONCE = "c" * 32
@@ -135,7 +135,7 @@ def test_each_line_is_delivered_while_the_program_still_runs(run_command) -> Non
                 seen.append(deltas(b.events))
                 if deltas(b.events) == "first line":
                     # The program is blocked until we signal it: this delta came from a live run.
-                    from corral.runs.layout import read_status
+                    from corral.journal._layout import read_status
 
                     st = read_status(paths.status)
                     assert st is not None and st.state == "running" and st.agent_pid
@@ -157,7 +157,7 @@ def test_bad_argv_is_a_config_error() -> None:
 def test_translator_is_finished_after_exit() -> None:
     t = CommandHarness().translator(CTX)
     t.start()
-    from corral.runs.journal import Exit
+    from corral.journal._reader import Exit
 
     assert t.feed(Exit(0, None, 10)) and t.feed(Line(b"x", 12)) == []
 

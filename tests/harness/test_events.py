@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from ag_ui.core import EventType
 
-from corral.harness import events as ev
-from corral.harness.events import (
+from corral.harness import _events as ev
+from corral.harness._events import (
     EventParseError,
     event_from_dict,
     event_from_json,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import AgentSpec, SupervisedRun, kill_supervised, launch_supervised
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import AgentSpec, SupervisedRun, kill_supervised, launch_supervised
 
 PY = sys.executable
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}

@@ -12,10 +12,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.runs.journal import Exit, Line, probe_journal_tail, read_journal
-from corral.runs.sentinel import format_trailer
-from corral.runs.supervisor import process_start_time
-from corral.testkit.plugin import require
+from corral.journal._reader import Exit, Line, probe_journal_tail, read_journal
+from corral.journal._sentinel import format_trailer
+from corral.journal._supervisor import process_start_time
+from corral.testing._plugin import require
 
 from .conftest import BASE_ENV, PY, Launched, wait_exited, wait_for
 

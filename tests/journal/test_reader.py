@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.runs.journal import (
+from corral.journal._reader import (
     Exit,
     JournalAbandonedError,
     JournalError,
@@ -24,8 +24,8 @@ from corral.runs.journal import (
     probe_journal_tail,
     read_journal,
 )
-from corral.runs.layout import JournalPaths, SupervisorStatus, encode_run_id, write_status
-from corral.runs.sentinel import format_sentinel, format_trailer, parse_sentinel
+from corral.journal._layout import JournalPaths, SupervisorStatus, encode_run_id, write_status
+from corral.journal._sentinel import format_sentinel, format_trailer, parse_sentinel
 
 NONCE = "a" * 32
 OTHER = "b" * 32
@@ -310,7 +310,7 @@ def test_probe_states(tmp_path: Path) -> None:
     assert stale.state == "unknown" and "no exit sentinel" in stale.reason
     # A live supervisor makes a stale journal "producing".
     me = json.loads(json.dumps({"pid": os.getpid()}))["pid"]
-    from corral.runs.supervisor import process_start_time
+    from corral.journal._supervisor import process_start_time
 
     write_status(paths.status, SupervisorStatus("running", me, process_start_time(me) or 0,
                                                 None, None))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.runs.supervisor import StreamRedactor
-from corral.sandbox.redact import Redactor
+from corral.journal._supervisor import StreamRedactor
+from corral.sandbox._redact import Redactor
 
 SECRETS = {"TOKEN": "s3cr3t-T0KEN-value", "KEY": "line1\nline2-key"}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.errors import ConfigError
-from corral.runs.journal import Exit, Line, probe_journal_tail, read_journal
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import (
+from corral._errors import ConfigError
+from corral.journal._reader import Exit, Line, probe_journal_tail, read_journal
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import (
     AgentSpec,
     kill_supervised,
     launch_supervised,
@@ -134,8 +134,8 @@ def test_bad_launch_arguments_raise_config_errors(jdir: Path) -> None:
 
 LAUNCHER = r"""
 import json, sys, time
-from corral.runs.layout import JournalPaths
-from corral.runs.supervisor import AgentSpec, launch_supervised
+from corral.journal._layout import JournalPaths
+from corral.journal._supervisor import AgentSpec, launch_supervised
 cfg = json.loads(sys.stdin.read())
 run = launch_supervised(AgentSpec(cfg["argv"], cfg["env"]), JournalPaths.for_run(cfg["dir"], "survivor"), cfg["nonce"])
 print(json.dumps({"supervisor_pid": run.supervisor_pid, "agent_pid": run.agent_pid}), flush=True)

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from corral.testkit.plugin import require
+from corral.testing._plugin import require
 
 
 def bwrap_works() -> bool:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.providers.bubblewrap import BubblewrapProvider
-from corral.testkit.providers import ProviderConformance
+from corral.providers._bubblewrap import BubblewrapProvider
+from corral.testing._providers import ProviderConformance
 
 
 class TestBubblewrapProvider(ProviderConformance):

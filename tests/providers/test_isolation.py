@@ -15,11 +15,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.testkit.plugin import require
-from corral.providers import cgroups
-from corral.providers.bubblewrap import BubblewrapHandle, BubblewrapProvider
-from corral.sandbox.contracts import HostCommand, ResourceLimits, SandboxSpec
-from corral.testkit.providers import start_host_command
+from corral.testing._plugin import require
+from corral.providers import _cgroups as cgroups
+from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
+from corral.testing._providers import start_host_command
 
 pytestmark = pytest.mark.anyio
 
@@ -220,7 +220,7 @@ def _launcher_group_kill(hc: HostCommand) -> Iterator[subprocess.Popen[bytes]]:
 async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
     sandbox: BubblewrapHandle,
 ) -> None:
-    from corral.testkit.providers import assert_beating, assert_stopped, heartbeat_cmd
+    from corral.testing._providers import assert_beating, assert_stopped, heartbeat_cmd
 
     hc = sandbox.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
     gen = _launcher_group_kill(hc)

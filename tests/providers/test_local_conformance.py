@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.providers.local import LocalProvider
-from corral.testkit.providers import ProviderConformance
+from corral.providers._local import LocalProvider
+from corral.testing._providers import ProviderConformance
 
 
 class TestLocalProvider(ProviderConformance):

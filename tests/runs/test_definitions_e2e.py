@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from corral.testkit.leaks import assert_no_secrets, find_secrets
+from corral.testing._leaks import assert_no_secrets, find_secrets
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 

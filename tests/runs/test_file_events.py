@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.runs.file_feed import FILE_DIFF_EVENT, FILE_EVENT, Logged, catch_up
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.runner import Runner, RunRequest
-from corral.runs.store import Store
-from corral.sandbox.definition import Sandbox
-from corral.sandbox.lifecycle import Lifecycle
-from corral.sandbox.secrets import Secrets
-from corral.sandbox.sources import LocalDir
-from corral.sandbox.workspace import Workspace
+from corral.runs._file_feed import FILE_DIFF_EVENT, FILE_EVENT, Logged, catch_up
+from corral.journal._layout import JournalPaths, read_status
+from corral.runs._runner import Runner, RunRequest
+from corral.stores._protocols import Store
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._secrets import Secrets
+from corral.sandbox._sources import LocalDir
+from corral.sandbox._workspace import Workspace
 
 pytestmark = pytest.mark.anyio
 
@@ -140,7 +140,7 @@ async def test_no_secret_in_file_events(store: Store, tmp_path: Path) -> None:
 
 
 def test_file_events_is_validated() -> None:
-    from corral.errors import ConfigError
+    from corral._errors import ConfigError
 
     with pytest.raises(ConfigError, match="file_events"):
         Sandbox(provider="local", file_events="yes")  # type: ignore[arg-type]
@@ -209,7 +209,7 @@ async def test_a_watch_that_cannot_start_does_not_stop_the_run(
         store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Out of inotify instances (128 per user by default): the run goes on without file
     events from this driver."""
-    import corral.runs.file_feed as ff
+    import corral.runs._file_feed as ff
 
     def no_watch(*a: Any, **kw: Any) -> Any:
         raise OSError(24, "inotify_init1 failed")
@@ -262,7 +262,7 @@ async def test_hostile_file_names(store: Store, tmp_path: Path, drive_late: bool
 def test_watch_events_the_catch_up_already_logged_are_dropped(tmp_path: Path) -> None:
     """Between the watch starting and the catch-up walk ending, a change can be both queued
     by the watch and found by the walk: logged once."""
-    from corral.runs.file_feed import FileFeed
+    from corral.runs._file_feed import FileFeed
 
     async def noop(events: Any) -> None:
         pass
@@ -303,7 +303,7 @@ async def test_patches_are_bounded(store: Store, tmp_path: Path) -> None:
     """A huge file gets no patch, and a burst of files (an install) gets patches for the
     first MAX_PATCHES only: the events still name every file, and the run's end is not held
     up computing thousands of diffs."""
-    from corral.runs.file_feed import MAX_PATCHES
+    from corral.runs._file_feed import MAX_PATCHES
 
     n = MAX_PATCHES + 50
     agent = (f"head -c 3000000 /dev/zero | tr '\\0' a > big.txt; mkdir many; "

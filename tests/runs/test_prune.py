@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.runs.layout import JournalPaths, encode_run_id
-from corral.runs.prune import decode_run_id, prune_journals
-from corral.runs.records import RunPatch, RunStatus
-from corral.runs.sentinel import new_nonce
-from corral.runs.store import NewRun, Store
-from corral.runs.supervisor import (
+from corral.journal._layout import JournalPaths, encode_run_id
+from corral.runs._prune import decode_run_id, prune_journals
+from corral.stores._records import RunPatch, RunStatus
+from corral.journal._sentinel import new_nonce
+from corral.stores._protocols import NewRun, Store
+from corral.journal._supervisor import (
     AgentSpec,
     kill_supervised,
     launch_supervised,

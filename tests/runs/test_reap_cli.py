@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.cli.reap_cmd import parse_duration
-from corral.errors import ConfigError
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.supervisor import supervisor_alive
+from corral.cli._reap_cmd import parse_duration
+from corral._errors import ConfigError
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._supervisor import supervisor_alive
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 
@@ -166,7 +166,7 @@ def test_two_reapers_at_once_drive_each_run_at_most_once(cli: Cli) -> None:
 def test_destroy_failing_in_the_provider_is_reclaim_failed(
     cli: Cli, request: pytest.FixtureRequest
 ) -> None:
-    from corral.testkit.plugin import require
+    from corral.testing._plugin import require
 
     done = cli.start("stuck", "echo transcript")
     wait_until(lambda: exited(done), 30, "the agent to exit")

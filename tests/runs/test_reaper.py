@@ -1,6 +1,6 @@
 """The shipped reaper conformance suite, run against the memory and SQLite backends."""
 
-from corral.testkit.reaper import (  # noqa: F401
+from corral.testing._reaper import (  # noqa: F401
     TestReapOutcomes,
     TestReapSweep,
     TestReclaim,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.runs.records import (
+from corral.stores._records import (
     UNSET,
     CorruptRecord,
     RunError,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.supervisor import process_alive
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._supervisor import process_alive
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 

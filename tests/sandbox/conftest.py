@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from corral.runs.store import Store
+from corral.stores._protocols import Store
 from corral.stores import open_store
-from corral.testkit.plugin import require
+from corral.testing._plugin import require
 
 
 @dataclass

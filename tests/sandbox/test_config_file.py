@@ -20,7 +20,7 @@ from corral import (
     load_config,
     parallel,
 )
-from corral.sandbox.config_file import find_config, locate_key
+from corral.sandbox._config_file import find_config, locate_key
 
 FULL = """\
 id = "triage-bot"

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from corral import GitSource, Lifecycle, Policy, RunContext, Sandbox, Workspace, parallel
-from corral.providers.bubblewrap import BubblewrapProvider
-from corral.providers.local import LocalProvider
-from corral.runs.store import Store
-from corral.sandbox.contracts import ResourceLimits
-from corral.sandbox.gitsrc import GitError
-from corral.sandbox.setup_shell import SetupError
+from corral.providers._bubblewrap import BubblewrapProvider
+from corral.providers._local import LocalProvider
+from corral.stores._protocols import Store
+from corral.sandbox._contracts import ResourceLimits
+from corral.sandbox._gitsrc import GitError
+from corral.sandbox._setup_shell import SetupError
 
 from .conftest import Repo
 
@@ -233,7 +233,7 @@ async def test_missing_marker_is_bootstrapped_again(store: Store) -> None:
 
 
 async def test_gc_destroys_idle_sandboxes(store: Store) -> None:
-    from corral.sandbox.gc import collect_idle
+    from corral.sandbox._gc import collect_idle
 
     sb = Sandbox(provider="local", lifecycle=Lifecycle(keep_alive="10m"))
     ensured = await sb.ensure(ctx(), store=store)
@@ -318,7 +318,7 @@ async def test_spec_hook_shapes_a_new_sandbox_and_not_a_resumed_one(store: Store
     import tempfile
     from dataclasses import replace as dc_replace
 
-    from corral.sandbox.contracts import SandboxSpec
+    from corral.sandbox._contracts import SandboxSpec
 
     # Not under tmp_path: pytest makes it 0700, out of reach of the sandbox's uid.
     shared = Path(tempfile.mkdtemp(prefix="corral-hook-", dir="/var/tmp"))

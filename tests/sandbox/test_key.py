@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral import GitSource, RunContext, Secrets, Workspace
-from corral.sandbox.key import KeyInput, instance_key
+from corral.sandbox._key import KeyInput, instance_key
 
 names = st.text(min_size=1, max_size=12)
 

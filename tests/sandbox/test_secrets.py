@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral import ConfigError, Redactor, SecretRef, Secrets
-from corral.sandbox.redact import get_logger, live_redactor
+from corral.sandbox._redact import get_logger, live_redactor
 
 VALUE = "s3cr3t-V4lue/with+chars=="
 

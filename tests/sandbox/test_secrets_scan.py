@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from corral import Lifecycle, RunContext, Sandbox, Secrets, Workspace
-from corral.providers.snapshots import SecretInSnapshotError
-from corral.runs.store import Store
-from corral.sandbox.setup_shell import SetupError
-from corral.testkit.leaks import assert_no_secrets, find_secrets
+from corral.providers._snapshots import SecretInSnapshotError
+from corral.stores._protocols import Store
+from corral.sandbox._setup_shell import SetupError
+from corral.testing._leaks import assert_no_secrets, find_secrets
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("bwrap_ok")]
 

@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from corral import FileEvent, GitSource, Hooks, RunContext, Sandbox, Workspace
-from corral.runs.store import Store
-from corral.sandbox.watch import WorkspaceWatcher, watch_workspace
+from corral.stores._protocols import Store
+from corral.sandbox._watch import WorkspaceWatcher, watch_workspace
 
 from .conftest import Repo
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.testkit.plugin import require
+from corral.testing._plugin import require
 from tests.server.conftest import Home
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,8 +73,8 @@ def test_deeply_nested_toml_is_one_line(corral: Run, tmp_path: Path) -> None:
 
 
 def test_deeply_nested_server_config_is_one_line(tmp_path: Path) -> None:
-    from corral.errors import ConfigError
-    from corral.server.config import load_config_file
+    from corral._errors import ConfigError
+    from corral.server._config import load_config_file
 
     conf = tmp_path / "serve.toml"
     conf.write_text("x = " + "{ a = " * 50_000)
@@ -103,8 +103,8 @@ def test_the_stored_definition_is_limited_too(corral: Run, tmp_path: Path,
                                               corral_home: Path) -> None:
     """A file under the size limit whose definition grows when stored (non-ASCII text is
     six bytes of JSON per character) is refused before a record is written."""
-    from corral.runs.store import MAX_SPEC_BYTES
-    from corral.sandbox.config_file import MAX_CONFIG_BYTES
+    from corral.stores._protocols import MAX_SPEC_BYTES
+    from corral.sandbox._config_file import MAX_CONFIG_BYTES
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -144,7 +144,7 @@ GOOD_IDS = ["r-1", "run.2:x@host", "Z" * 128]
 
 def test_one_id_rule_for_the_cli_and_the_server(corral: Run, corral_home: Path,
                                                 tmp_path: Path) -> None:
-    from corral.ids import ID_PATTERN, valid_id
+    from corral._ids import ID_PATTERN, valid_id
 
     for bad in BAD_IDS:
         assert not valid_id(bad)
@@ -169,7 +169,7 @@ def test_one_id_rule_for_the_cli_and_the_server(corral: Run, corral_home: Path,
                 body = {"thread_id": "t", "command": ["true"], field: bad}
                 r = c.post("/v1/runs", json=body)
                 assert r.status_code == 422, (field, bad[:20], r.text[:300])
-        # one rule, in one place: the server's schema pattern is corral.ids'
+        # one rule, in one place: the server's schema pattern is corral._ids'
         props = c.get("/openapi.json").json()["components"]["schemas"]["StartRun"]["properties"]
         for field in ("run_id", "thread_id"):
             assert ID_PATTERN in json.dumps(props[field]), props[field]

@@ -23,11 +23,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.errors import ConfigError
-from corral.providers import diskquota
-from corral.providers.bubblewrap import FILES_ROOT, BubblewrapProvider
-from corral.sandbox.contracts import ResourceLimits, SandboxSpec
-from corral.testkit.plugin import require
+from corral._errors import ConfigError
+from corral.providers import _diskquota as diskquota
+from corral.providers._bubblewrap import FILES_ROOT, BubblewrapProvider
+from corral.sandbox._contracts import ResourceLimits, SandboxSpec
+from corral.testing._plugin import require
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 
@@ -171,7 +171,7 @@ def test_cli_bad_disk_size_is_one_line(
 
 
 def test_corral_toml_sets_the_disk_limit() -> None:
-    from corral.sandbox.definition import Sandbox
+    from corral.sandbox._definition import Sandbox
 
     sb = Sandbox.from_dict({"provider": {"name": "bubblewrap", "limits": {"disk": "64M"}}})
     provider = sb.get_provider()
@@ -230,9 +230,9 @@ def test_without_mkfs_btrfs_a_disk_limit_is_refused(
     files = shared_home / "files"  # the sandbox's host uid must be able to reach it
     script = textwrap.dedent("""
         import anyio
-        from corral.errors import ConfigError
-        from corral.providers.bubblewrap import BubblewrapProvider
-        from corral.sandbox.contracts import ResourceLimits, SandboxSpec
+        from corral._errors import ConfigError
+        from corral.providers._bubblewrap import BubblewrapProvider
+        from corral.sandbox._contracts import ResourceLimits, SandboxSpec
 
         async def main():
             try:

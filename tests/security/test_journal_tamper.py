@@ -15,10 +15,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.runs.journal import JournalTamperedError, Line, read_journal
-from corral.runs.layout import JournalPaths
-from corral.runs.sentinel import new_nonce
-from corral.runs.supervisor import AgentSpec, kill_supervised, launch_supervised
+from corral.journal._reader import JournalTamperedError, Line, read_journal
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import new_nonce
+from corral.journal._supervisor import AgentSpec, kill_supervised, launch_supervised
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 # Two lines, then silence until killed: the journal only changes when the test changes it.

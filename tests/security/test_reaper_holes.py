@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from corral.harness.base import RunContext, translate_run
-from corral.harness.command import CommandHarness
-from corral.harness.events import event_to_dict
-from corral.runs.layout import JournalPaths, read_status
-from corral.runs.records import RunPatch, RunStatus
-from corral.runs.reap import ReapOutcome
-from corral.runs.store import Store
-from corral.stores.sqlite import SQLiteStore
-from corral.testkit.reaper import DirSandboxes, ReaperWorld, entry
+from corral.harness._base import RunContext, translate_run
+from corral.harness._command import CommandHarness
+from corral.harness._events import event_to_dict
+from corral.journal._layout import JournalPaths, read_status
+from corral.stores._records import RunPatch, RunStatus
+from corral.runs._reap import ReapOutcome
+from corral.stores._protocols import Store
+from corral.stores._sqlite import SQLiteStore
+from corral.testing._reaper import DirSandboxes, ReaperWorld, entry
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.testkit.plugin import require
+from corral.testing._plugin import require
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 

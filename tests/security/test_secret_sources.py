@@ -22,8 +22,8 @@ import pytest
 
 from tests.helpers import one_line_refusal
 
-from corral.errors import ConfigError
-from corral.sandbox.secrets import Secrets
+from corral._errors import ConfigError
+from corral.sandbox._secrets import Secrets
 
 MEMORY = 1 << 30
 MAX_SECRET_FILE = 64 * 1024  # the promise, written out

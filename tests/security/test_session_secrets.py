@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.harness.agent import finish_agent_run
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.harness.sessions import load_session, redact_line, save_session
-from corral.providers.local import LocalProvider
-from corral.sandbox.redact import Redactor
-from corral.testkit.leaks import assert_nothing_written_holds, find_secrets
-from corral.testkit.model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.agents._prepare import finish_agent_run
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.agents._sessions import load_session, redact_line, save_session
+from corral.providers._local import LocalProvider
+from corral.sandbox._redact import Redactor
+from corral.testing._leaks import assert_nothing_written_holds, find_secrets
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from tests.agents.conftest import CLIS, agent_cli_env
 
 pytestmark = pytest.mark.timeout(300)

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from corral.providers.bubblewrap import BubblewrapProvider
-from corral.runs.file_feed import FILE_EVENT, FileFeed, scan_manifest
-from corral.runs.runner import Runner, RunRequest
-from corral.runs.store import Store
-from corral.sandbox.definition import Sandbox
-from corral.sandbox.lifecycle import Lifecycle
-from corral.sandbox.sources import LocalDir
-from corral.sandbox.workspace import Workspace
+from corral.providers._bubblewrap import BubblewrapProvider
+from corral.runs._file_feed import FILE_EVENT, FileFeed, scan_manifest
+from corral.runs._runner import Runner, RunRequest
+from corral.stores._protocols import Store
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._sources import LocalDir
+from corral.sandbox._workspace import Workspace
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_bwrap_runs")]
 
@@ -60,7 +60,7 @@ def created(events: Sequence[dict[str, Any]]) -> list[str]:
 
 def watch_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "corral.sandbox.watch" and r.levelno >= logging.WARNING]
+            if r.name == "corral.sandbox._watch" and r.levelno >= logging.WARNING]
 
 
 async def test_directories_past_the_cap_take_no_watch_and_lose_no_change(
@@ -80,7 +80,7 @@ async def test_directories_past_the_cap_take_no_watch_and_lose_no_change(
     feed = FileFeed(handle, root, emit=emit, diff=False, baseline=None,
                     manifest=scan_manifest(root), max_watches=CAP, logged=log_now)
     try:
-        with caplog.at_level(logging.WARNING, logger="corral.sandbox.watch"):
+        with caplog.at_level(logging.WARNING, logger="corral.sandbox._watch"):
             await feed.start([])
             made = await handle.process.exec(["sh", "-c", MAKE_TREES], cwd=handle.workdir)
             assert made.ok, made.stderr
@@ -102,7 +102,7 @@ async def test_a_run_whose_agent_makes_many_directories_logs_every_file_before_i
     runner = Runner(store, journals_dir=tmp_path / "journals", max_file_watches=CAP)
     sandbox = Sandbox(provider="bubblewrap", lifecycle=Lifecycle(reuse="none"),
                       workspace=Workspace(source=LocalDir(str(ws))), file_events=True)
-    with caplog.at_level(logging.WARNING, logger="corral.sandbox.watch"):
+    with caplog.at_level(logging.WARNING, logger="corral.sandbox._watch"):
         rec = await runner.start(RunRequest(command=["sh", "-c", MAKE_TREES], sandbox=sandbox))
         result = await runner.drive(rec.run_id)
     assert result.record.status.value == "completed"
@@ -113,8 +113,8 @@ async def test_a_run_whose_agent_makes_many_directories_logs_every_file_before_i
 
 
 def test_the_cap_is_checked(corral_home: Path, tmp_path: Path) -> None:
-    from corral.errors import ConfigError
-    from corral.sandbox.watch import WorkspaceWatcher
+    from corral._errors import ConfigError
+    from corral.sandbox._watch import WorkspaceWatcher
 
     for bad in (0, -1, True, "8"):
         with pytest.raises(ConfigError, match="max_watches must be a positive integer"):
@@ -126,7 +126,7 @@ async def test_the_default_cap_holds_against_an_agent(
     """Without any setting: the agent makes more directories than the default cap in one
     go; the watcher holds the cap (or this process's share of the host's limit, if that
     is smaller) and warns once."""
-    from corral.sandbox.watch import WorkspaceWatcher
+    from corral.sandbox._watch import WorkspaceWatcher
 
     # the promise, written out: 8192 directories, never more than an eighth of the host's
     limit = int(Path("/proc/sys/fs/inotify/max_user_watches").read_text())
@@ -136,7 +136,7 @@ async def test_the_default_cap_holds_against_an_agent(
     before = inotify_watches()
     watcher = WorkspaceWatcher(handle.host_path(handle.workdir))
     try:
-        with caplog.at_level(logging.WARNING, logger="corral.sandbox.watch"):
+        with caplog.at_level(logging.WARNING, logger="corral.sandbox._watch"):
             made = await handle.process.exec(
                 ["sh", "-c", f"seq -f 'd%.0f' 1 {cap + 500} | xargs mkdir"], cwd=handle.workdir)
             assert made.ok, made.stderr

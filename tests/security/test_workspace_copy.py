@@ -26,8 +26,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral.errors import ConfigError
-from corral.sandbox.sources import LocalDir
+from corral._errors import ConfigError
+from corral.sandbox._sources import LocalDir
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
 
@@ -274,7 +274,7 @@ def test_copy_reports_progress_to_a_callback(
     tmp_path: Path, corral_home: Path
 ) -> None:
     from corral.providers import get_provider
-    from corral.sandbox.transfer import CopyProgress, copy_dir_into
+    from corral.sandbox._transfer import CopyProgress, copy_dir_into
 
     ws = tmp_path / "ws"
     (ws / "d").mkdir(parents=True)

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.tools.approvals import Approvals
+from corral.tools._approvals import Approvals
 
 from tests.helpers import wait_until
 

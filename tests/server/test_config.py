@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import ConfigError
-from corral.server.config import ServerConfig, is_loopback, load_config_file
+from corral._errors import ConfigError
+from corral.server._config import ServerConfig, is_loopback, load_config_file
 from tests.server.conftest import Home, read_stream
 
 
@@ -68,7 +68,7 @@ def test_loopback_names() -> None:
 def test_serve_registers_as_a_corral_command() -> None:
     import argparse
 
-    from corral.cli import serve_cmd
+    from corral.cli import _serve_cmd as serve_cmd
 
     parser = argparse.ArgumentParser(prog="corral")
     serve_cmd.register(parser.add_subparsers())

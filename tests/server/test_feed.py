@@ -10,9 +10,9 @@ import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.runs.store import LoggedEvent, NewRun, Store
-from corral.server.feed import FeedHub
-from corral.server.sse import encode_event
+from corral.stores._protocols import LoggedEvent, NewRun, Store
+from corral.server._feed import FeedHub
+from corral.server._sse import encode_event
 from corral.stores import open_store
 
 Plan = list[tuple[str, int]]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.testkit.plugin import require
+from corral.testing._plugin import require
 from tests.server.conftest import TOKEN, Home, ticker_text
 
 E2E = Path(__file__).resolve().parent / "e2e"

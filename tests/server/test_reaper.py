@@ -10,12 +10,12 @@ import anyio
 import httpx
 import pytest
 
-from corral.runs.reap import ReapOutcome
-from corral.runs.runner import RunRequest
-from corral.server.config import ServerConfig
-from corral.server.reaper import LOCK_NAME, sweep_once
-from corral.server.service import RunService
-from corral.server.sse import encode_event
+from corral.runs._reap import ReapOutcome
+from corral.runs._runner import RunRequest
+from corral.server._config import ServerConfig
+from corral.server._reaper import LOCK_NAME, sweep_once
+from corral.server._service import RunService
+from corral.server._sse import encode_event
 from corral.stores import open_store
 from tests.helpers import wait_until
 from tests.server.conftest import Home, read_stream, sse_events, ticker
@@ -79,7 +79,7 @@ async def test_one_sweep_at_a_time(tmp_path: Path, need_bwrap_runs: None,
             await runner.detach(record.run_id)  # like `corral run --detach`: nobody drives
 
             async def exited() -> bool:
-                from corral.runs.probe import probe_run_exit
+                from corral.runs._probe import probe_run_exit
 
                 current = await store.get(record.run_id)
                 assert current is not None

@@ -27,7 +27,7 @@ EXAMPLES = 25
 @pytest.fixture(scope="module")
 def api_server(request: pytest.FixtureRequest,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    from corral.testkit.plugin import require
+    from corral.testing._plugin import require
     from tests.conftest import bwrap_works
 
     require(request.config, bwrap_works(), "bubblewrap with user namespaces (runs start)",

@@ -1,6 +1,6 @@
 """The shipped conformance suite, run against the memory and SQLite backends."""
 
-from corral.testkit.stores import (  # noqa: F401
+from corral.testing._stores import (  # noqa: F401
     TestClaims,
     TestEventLog,
     TestInstanceStore,

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from corral.runs.store import Claim, ClaimLost, ClaimRefused, NewRun, RefusalReason, Store
+from corral.stores._protocols import Claim, ClaimLost, ClaimRefused, NewRun, RefusalReason, Store
 from corral.stores import open_store
 
 T0 = 1_700_000_000.0

@@ -15,12 +15,12 @@ import anyio
 import pytest
 from anyio.streams.text import TextReceiveStream
 
-from corral.errors import ConfigError
-from corral.runs.records import CorruptRecord, RunStatus
-from corral.runs.store import ClaimLost, NewRun, StoreError
+from corral._errors import ConfigError
+from corral.stores._records import CorruptRecord, RunStatus
+from corral.stores._protocols import ClaimLost, NewRun, StoreError
 from corral.stores import default_store_url, open_store
-from corral.stores.memory import MemoryStore
-from corral.stores.sqlite import SQLiteStore
+from corral.stores._memory import MemoryStore
+from corral.stores._sqlite import SQLiteStore
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.anyio

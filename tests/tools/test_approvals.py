@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.tools import Toolset, tool
-from corral.tools.approvals import (
+from corral.tools._approvals import (
     APPROVAL_REQUEST_EVENT,
     APPROVAL_RESOLVED_EVENT,
     ApprovalError,
@@ -23,7 +23,7 @@ from corral.tools.approvals import (
     answer_approval,
     list_pending,
 )
-from corral.tools.mcp_server import HostToolServer
+from corral.tools._mcp_server import HostToolServer
 
 from .mcp_client import mcp_client
 

@@ -1,4 +1,4 @@
-"""The command gate hook (``corral.harness.command_gate``) against a real run MCP
+"""The command gate hook (``corral._insandbox.command_gate``) against a real run MCP
 server: the exact hook command corral puts in ``--settings`` is run by ``sh -c`` with a
 hook input on stdin, as Claude Code runs it, and must allow, deny naming the rule, and
 fail closed."""
@@ -19,18 +19,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.harness.claude_code import bash_gate_settings
-from corral.harness.cli_base import bash_gate_command
-from corral.harness.codex import CodexHarness
-from corral.harness.command_gate import parse_response
-from corral.harness.cli_base import CliOptions
-from corral.sandbox.policy import Policy
-from corral.testkit.loopback import tcp_to_unix
-from corral.tools.approvals import Approvals, answer_approval, list_pending
-from corral.tools.core import Toolset
-from corral.tools.mcp_server import HostToolServer
-from corral.tools.permission import PermissionPromptTool
-from corral.tools.projection import TOKEN_ENV
+from corral.harness._claude_code import bash_gate_settings
+from corral.harness._cli_base import bash_gate_command
+from corral.harness._codex import CodexHarness
+from corral._insandbox.command_gate import parse_response
+from corral.harness._cli_base import CliOptions
+from corral.sandbox._policy import Policy
+from corral.testing._loopback import tcp_to_unix
+from corral.tools._approvals import Approvals, answer_approval, list_pending
+from corral.tools._core import Toolset
+from corral.tools._mcp_server import HostToolServer
+from corral.tools._permission import PermissionPromptTool
+from corral.tools._projection import TOKEN_ENV
 
 pytestmark = pytest.mark.anyio
 

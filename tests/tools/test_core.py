@@ -9,7 +9,7 @@ import anyio
 import pytest
 from pydantic import BaseModel, Field
 
-from corral.errors import ConfigError, CorralError
+from corral._errors import ConfigError, CorralError
 from corral.tools import (
     HostTool,
     ToolArgumentsError,

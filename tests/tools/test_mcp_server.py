@@ -11,7 +11,7 @@ import pytest
 from mcp import MCPError
 
 from corral.tools import ToolContext, Toolset, tool
-from corral.tools.mcp_server import HostToolServer
+from corral.tools._mcp_server import HostToolServer
 
 from .mcp_client import mcp_client
 

@@ -10,14 +10,14 @@ from typing import Any
 import anyio
 import pytest
 
-from corral.errors import ConfigError
-from corral.harness.base import AgentRequest
-from corral.harness.claude_code import PROMPT_TOOL, ClaudeCodeHarness
-from corral.sandbox.policy import Policy
-from corral.tools.approvals import Approvals, answer_approval, list_pending
-from corral.tools.core import Toolset, result_text
-from corral.tools.permission import PERMISSION_TOOL, PermissionPromptTool
-from corral.tools.remote import execute_host_tool
+from corral._errors import ConfigError
+from corral.harness._base import AgentRequest
+from corral.harness._claude_code import PROMPT_TOOL, ClaudeCodeHarness
+from corral.sandbox._policy import Policy
+from corral.tools._approvals import Approvals, answer_approval, list_pending
+from corral.tools._core import Toolset, result_text
+from corral.tools._permission import PERMISSION_TOOL, PermissionPromptTool
+from corral.tools._remote import execute_host_tool
 
 POLICY = Policy(allow=("echo *",), deny=("rm *",), ask=("touch *",), default="deny",
                 file_write="ask", network="deny")

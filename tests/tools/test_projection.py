@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from corral.harness.base import AgentRequest
-from corral.harness.claude_code import ClaudeCodeHarness
-from corral.tools.projection import TOKEN_ENV, host_tools_projection
+from corral.harness._base import AgentRequest
+from corral.harness._claude_code import ClaudeCodeHarness
+from corral.tools._projection import TOKEN_ENV, host_tools_projection
 
 
 def test_projection_into_claude_code_command(tmp_path: Path) -> None:

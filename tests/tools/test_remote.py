@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.tools import Toolset, UnknownToolError, tool
-from corral.tools.asgi import serve_unix
-from corral.tools.exec_app import tool_exec_app
-from corral.tools.remote import (
+from corral.tools._asgi import serve_unix
+from corral.tools._exec_app import tool_exec_app
+from corral.tools._remote import (
     HttpToolExecutor,
     RemoteTool,
     RemoteToolBadResponse,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.errors import ConfigError
-from corral.sandbox.contracts import Provider
+from corral._errors import ConfigError
+from corral.sandbox._contracts import Provider
 
 PROVIDER_NAMES = ("local", "bubblewrap")
 
@@ -13,11 +13,11 @@ PROVIDER_NAMES = ("local", "bubblewrap")
 def get_provider(name: str, **config: Any) -> Provider:
     """Build a provider by name (``local`` or ``bubblewrap``) with its configuration."""
     if name == "local":
-        from corral.providers.local import LocalProvider
+        from corral.providers._local import LocalProvider
 
         return LocalProvider(**config)
     if name == "bubblewrap":
-        from corral.providers.bubblewrap import BubblewrapProvider
+        from corral.providers._bubblewrap import BubblewrapProvider
 
         return BubblewrapProvider(**config)
     raise ConfigError(

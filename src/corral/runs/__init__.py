@@ -7,27 +7,27 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from corral.runs.claims import HeldClaim, hold_claim
-    from corral.runs.file_feed import FILE_DIFF_EVENT, FILE_EVENT
-    from corral.runs.pipe import PipeResult, ProducerExit, pipe_to_run_log
-    from corral.runs.probe import JournalLocationError, journal_location, probe_run_exit
-    from corral.runs.prune import PruneResult, prune_journals
-    from corral.runs.quiesce import LogNeverQuiet, await_log_quiet
-    from corral.runs.reap import (
+    from corral.runs._claims import HeldClaim, hold_claim
+    from corral.runs._file_feed import FILE_DIFF_EVENT, FILE_EVENT
+    from corral.runs._pipe import PipeResult, ProducerExit, pipe_to_run_log
+    from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
+    from corral.runs._prune import PruneResult, prune_journals
+    from corral.runs._quiesce import LogNeverQuiet, await_log_quiet
+    from corral.runs._reap import (
         ProbeResult,
         ReapEntry,
         ReapOutcome,
         ReapResult,
         reap_detached_runs,
     )
-    from corral.runs.reclaim import (
+    from corral.runs._reclaim import (
         ReclaimOutcome,
         SandboxReclaimFailedError,
         reclaim_sandbox,
         sandbox_reclaimer,
     )
-    from corral.runs.records import UNSET, RunError, RunPatch, RunRecord, RunStatus
-    from corral.runs.store import (
+    from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
+    from corral.stores._protocols import (
         Claim,
         ClaimLost,
         ClaimRefused,
@@ -51,53 +51,53 @@ if TYPE_CHECKING:
 
 # Names resolve on first use (corral._lazy).
 _EXPORTS: dict[str, str] = {
-    "HeldClaim": "corral.runs.claims",
-    "hold_claim": "corral.runs.claims",
-    "FILE_DIFF_EVENT": "corral.runs.file_feed",
-    "FILE_EVENT": "corral.runs.file_feed",
-    "PipeResult": "corral.runs.pipe",
-    "ProducerExit": "corral.runs.pipe",
-    "pipe_to_run_log": "corral.runs.pipe",
-    "JournalLocationError": "corral.runs.probe",
-    "journal_location": "corral.runs.probe",
-    "probe_run_exit": "corral.runs.probe",
-    "PruneResult": "corral.runs.prune",
-    "prune_journals": "corral.runs.prune",
-    "LogNeverQuiet": "corral.runs.quiesce",
-    "await_log_quiet": "corral.runs.quiesce",
-    "ProbeResult": "corral.runs.reap",
-    "ReapEntry": "corral.runs.reap",
-    "ReapOutcome": "corral.runs.reap",
-    "ReapResult": "corral.runs.reap",
-    "reap_detached_runs": "corral.runs.reap",
-    "ReclaimOutcome": "corral.runs.reclaim",
-    "SandboxReclaimFailedError": "corral.runs.reclaim",
-    "reclaim_sandbox": "corral.runs.reclaim",
-    "sandbox_reclaimer": "corral.runs.reclaim",
-    "UNSET": "corral.runs.records",
-    "RunError": "corral.runs.records",
-    "RunPatch": "corral.runs.records",
-    "RunRecord": "corral.runs.records",
-    "RunStatus": "corral.runs.records",
-    "Claim": "corral.runs.store",
-    "ClaimLost": "corral.runs.store",
-    "ClaimRefused": "corral.runs.store",
-    "ClaimStore": "corral.runs.store",
-    "EventLog": "corral.runs.store",
-    "InstanceRecord": "corral.runs.store",
-    "InstanceStore": "corral.runs.store",
-    "InvalidEvent": "corral.runs.store",
-    "LockStore": "corral.runs.store",
-    "LogClosed": "corral.runs.store",
-    "LoggedEvent": "corral.runs.store",
-    "LogTail": "corral.runs.store",
-    "NewRun": "corral.runs.store",
-    "RefusalReason": "corral.runs.store",
-    "RunExists": "corral.runs.store",
-    "RunStore": "corral.runs.store",
-    "Store": "corral.runs.store",
-    "StoreError": "corral.runs.store",
-    "UnknownRun": "corral.runs.store",
+    "HeldClaim": "corral.runs._claims",
+    "hold_claim": "corral.runs._claims",
+    "FILE_DIFF_EVENT": "corral.runs._file_feed",
+    "FILE_EVENT": "corral.runs._file_feed",
+    "PipeResult": "corral.runs._pipe",
+    "ProducerExit": "corral.runs._pipe",
+    "pipe_to_run_log": "corral.runs._pipe",
+    "JournalLocationError": "corral.runs._probe",
+    "journal_location": "corral.runs._probe",
+    "probe_run_exit": "corral.runs._probe",
+    "PruneResult": "corral.runs._prune",
+    "prune_journals": "corral.runs._prune",
+    "LogNeverQuiet": "corral.runs._quiesce",
+    "await_log_quiet": "corral.runs._quiesce",
+    "ProbeResult": "corral.runs._reap",
+    "ReapEntry": "corral.runs._reap",
+    "ReapOutcome": "corral.runs._reap",
+    "ReapResult": "corral.runs._reap",
+    "reap_detached_runs": "corral.runs._reap",
+    "ReclaimOutcome": "corral.runs._reclaim",
+    "SandboxReclaimFailedError": "corral.runs._reclaim",
+    "reclaim_sandbox": "corral.runs._reclaim",
+    "sandbox_reclaimer": "corral.runs._reclaim",
+    "UNSET": "corral.stores._records",
+    "RunError": "corral.stores._records",
+    "RunPatch": "corral.stores._records",
+    "RunRecord": "corral.stores._records",
+    "RunStatus": "corral.stores._records",
+    "Claim": "corral.stores._protocols",
+    "ClaimLost": "corral.stores._protocols",
+    "ClaimRefused": "corral.stores._protocols",
+    "ClaimStore": "corral.stores._protocols",
+    "EventLog": "corral.stores._protocols",
+    "InstanceRecord": "corral.stores._protocols",
+    "InstanceStore": "corral.stores._protocols",
+    "InvalidEvent": "corral.stores._protocols",
+    "LockStore": "corral.stores._protocols",
+    "LogClosed": "corral.stores._protocols",
+    "LoggedEvent": "corral.stores._protocols",
+    "LogTail": "corral.stores._protocols",
+    "NewRun": "corral.stores._protocols",
+    "RefusalReason": "corral.stores._protocols",
+    "RunExists": "corral.stores._protocols",
+    "RunStore": "corral.stores._protocols",
+    "Store": "corral.stores._protocols",
+    "StoreError": "corral.stores._protocols",
+    "UnknownRun": "corral.stores._protocols",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from corral.cli.main import main as cli_main
+from corral.cli._main import main as cli_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Store backends, opened by URL.
 
-- ``memory://`` — one process (:class:`~corral.stores.memory.MemoryStore`).
+- ``memory://`` — one process (:class:`~corral.stores._memory.MemoryStore`).
 - ``sqlite:///abs/path.db`` (or ``sqlite://relative.db``) — the embedded default
-  (:class:`~corral.stores.sqlite.SQLiteStore`); query option ``?synchronous=full``.
+  (:class:`~corral.stores._sqlite.SQLiteStore`); query option ``?synchronous=full``.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
 SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from corral.errors import ConfigError
-from corral.paths import corral_home
-from corral.runs.store import Store
+from corral._errors import ConfigError
+from corral._paths import corral_home
+from corral.stores._protocols import Store
 
 __all__ = ["default_store_url", "open_store"]
 
@@ -32,7 +32,7 @@ def default_store_url() -> str:
 async def open_store(url: str | None = None) -> Store:
     """Open the store at ``url`` (default: :func:`default_store_url`).
 
-    Raises :class:`~corral.errors.ConfigError` for a URL corral cannot use, naming the forms
+    Raises :class:`~corral._errors.ConfigError` for a URL corral cannot use, naming the forms
     it accepts.
     """
     url = url or default_store_url()
@@ -44,7 +44,7 @@ async def open_store(url: str | None = None) -> Store:
     if scheme == "memory":
         if rest or options:
             raise ConfigError(f"store URL {url!r}: memory:// takes no path or options")
-        from corral.stores.memory import MemoryStore
+        from corral.stores._memory import MemoryStore
 
         return MemoryStore()
     if scheme == "sqlite":
@@ -57,7 +57,7 @@ async def open_store(url: str | None = None) -> Store:
             raise ConfigError(
                 f"store URL {url!r}: unknown option(s) {sorted(unknown)}; sqlite accepts synchronous"
             )
-        from corral.stores.sqlite import SQLiteStore
+        from corral.stores._sqlite import SQLiteStore
 
         synchronous = options.get("synchronous", "normal")
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from corral.runs.records import RunPatch, RunRecord, RunStatus
-from corral.runs.store import (
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._protocols import (
     Claim,
     ClaimLost,
     ClaimRefused,
@@ -218,7 +218,7 @@ def record_to_json(record: RunRecord) -> str:
 
 def record_from_json(text: str) -> RunRecord:
     """Parse and validate a stored run record (raises ``CorruptRecord``)."""
-    from corral.runs.records import CorruptRecord
+    from corral.stores._records import CorruptRecord
 
     try:
         data = json.loads(text)

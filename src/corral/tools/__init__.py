@@ -1,8 +1,8 @@
-"""Host tools for the agent: typed Python callables (:mod:`corral.tools.core`), remote-tool
-helpers (:mod:`corral.tools.remote`), the per-run MCP server (:mod:`corral.tools.mcp_server`)
-and approvals (:mod:`corral.tools.approvals`)."""
+"""Host tools for the agent: typed Python callables (:mod:`corral.tools._core`), remote-tool
+helpers (:mod:`corral.tools._remote`), the per-run MCP server (:mod:`corral.tools._mcp_server`)
+and approvals (:mod:`corral.tools._approvals`)."""
 
-from corral.tools.core import (
+from corral.tools._core import (
     HostTool,
     ToolArgumentsError,
     ToolContext,

@@ -1,0 +1,1 @@
+"""Stdlib-only scripts that run inside sandboxes. They never import corral."""

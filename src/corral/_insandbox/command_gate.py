@@ -1,0 +1,130 @@
+"""The command gate: a PreToolUse hook that puts every Bash command through corral's policy.
+
+Claude Code and Codex both run PreToolUse hooks (same input: ``tool_name``, ``tool_input``
+with ``command``, ``tool_use_id``; same answers: ``hookSpecificOutput.permissionDecision``
+or exit status 2 with the reason on stderr). Claude Code runs commands it judges read-only
+(``echo``, ``cat``, ``ls`` ...) without asking its permission prompt tool, and ``codex
+exec`` has no per-command rules at all; this hook closes both gaps. The CLI runs it before
+*every* Bash call. It sends the call to the run's ``corral`` MCP server (``tools/call
+permission_prompt``: :meth:`corral.sandbox._policy.Policy.evaluate`, then a corral approval
+for ``ask``) and answers:
+
+* allowed: ``permissionDecision: "allow"`` (Claude Code then does not ask its prompt tool
+  a second time);
+* denied, or anything going wrong (server unreachable, bad answer, no token): exit status
+  2 with the reason on stderr, which the CLI treats as a block and shows the model. The
+  gate fails closed.
+
+It runs inside the sandbox as ``python3 -I -S -c <this file's source> URL`` (stdlib only:
+the sandbox has the system Python, not corral), with the token from the CLI's environment
+(``CORRAL_TOOLS_TOKEN``). The command line lives in the CLI's argv (Claude Code
+``--settings``, Codex ``-c hooks.PreToolUse``), so nothing the agent can write changes it.
+:func:`corral.harness._cli_base.bash_gate_command` builds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
+TOOL = "permission_prompt"
+
+
+def _post(url: str, body: bytes, token: str) -> bytes:
+    """POST ``body`` to ``http://host:port/path`` and return the response body (HTTP/1.1 by
+    hand: ``urllib`` would cost ~50 ms of imports on every command)."""
+    if not url.startswith("http://"):
+        raise RuntimeError(f"unsupported URL {url!r}")
+    hostport, _, path = url[len("http://"):].partition("/")
+    host, _, port = hostport.rpartition(":")
+    head = (f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\n"
+            "Content-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as conn:
+        conn.sendall(head + body)
+        chunks = []
+        while data := conn.recv(65536):
+            chunks.append(data)
+    return parse_response(b"".join(chunks))
+
+
+def parse_response(raw: bytes) -> bytes:
+    """The body of a complete HTTP/1.1 response (``Content-Length``, chunked, or up to
+    the end); anything but a 200 raises."""
+    header, sep, payload = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise RuntimeError("truncated answer")
+    lines = header.decode("latin-1").split("\r\n")
+    status = lines[0].split(" ", 2)
+    if len(status) < 2 or status[1] != "200":
+        raise RuntimeError(f"the run's MCP server answered {lines[0]!r}")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        out = b""
+        while True:
+            size_line, sep, payload = payload.partition(b"\r\n")
+            if not sep:
+                raise RuntimeError("truncated chunked answer")
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                return out
+            if len(payload) < size + 2:
+                raise RuntimeError("truncated chunked answer")
+            out += payload[:size]
+            payload = payload[size + 2:]
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        if len(payload) < length:
+            raise RuntimeError("truncated answer")
+        return payload[:length]
+    return payload
+
+
+def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise RuntimeError(f"{TOKEN_ENV} is not set")
+    body = json.dumps({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": TOOL, "arguments": {
+            "tool_name": hook.get("tool_name"), "input": hook.get("tool_input"),
+            "tool_use_id": hook.get("tool_use_id")}},
+    }).encode()
+    answer = json.loads(_post(url, body, token))
+    result = answer["result"]
+    text = "".join(c.get("text", "") for c in result.get("content", []))
+    if result.get("isError"):
+        raise RuntimeError(text or "the permission check failed")
+    verdict = json.loads(text)
+    if not isinstance(verdict, dict):
+        raise RuntimeError("malformed answer")
+    return verdict
+
+
+def main(argv: list[str]) -> int:
+    try:
+        hook = json.loads(sys.stdin.read())
+        if hook.get("tool_name") != "Bash":
+            return 0  # only Bash is routed here; anything else takes Claude Code's own path
+        verdict = _ask(argv[1], hook)
+    except Exception as exc:  # noqa: BLE001 - any failure blocks the command
+        sys.stderr.write(f"corral could not check this command against the sandbox policy "
+                         f"({exc.__class__.__name__}: {exc}); it was not run\n")
+        return 2
+    if verdict.get("behavior") == "allow":
+        sys.stdout.write(json.dumps({"hookSpecificOutput": {
+            "hookEventName": "PreToolUse", "permissionDecision": "allow",
+            "permissionDecisionReason": "allowed by corral policy"}}))
+        return 0
+    sys.stderr.write(str(verdict.get("message") or "denied by corral policy") + "\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""The agent runtime: preparing and finishing agent CLIs in sandboxes, installs, sessions, host services."""

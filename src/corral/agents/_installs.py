@@ -1,0 +1,380 @@
+"""Installed agent CLIs: ``corral agents install`` puts pinned npm packages here.
+
+Layout: ``<root>/<name>/<version>/`` is an npm prefix (``node_modules/.bin/<bin>``) plus
+``corral-install.json`` (written last: an install without it is incomplete and ignored).
+``<root>`` is ``$CORRAL_AGENTS_DIR`` or ``$CORRAL_HOME/agents``. Sandboxes get ``<root>``
+read-only at :data:`AGENTS_MOUNT`.
+
+Installs are atomic: npm runs in a temporary directory next to the target, the CLI's
+``--version`` is checked, and only then is the directory renamed into place.
+
+Running as root, isolated sandboxes run as an unprivileged host uid, which must be able to
+reach the install (bubblewrap resolves bind sources with the sandbox's rights). When the
+root directory is not reachable by other users (``~/.corral`` under a mode-0700 home), the
+files go to ``/var/lib/corral/agents/<digest of root>/<name>/<version>`` and the entry in
+``<root>`` is a symlink to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._paths import SHARED_ROOT, corral_home
+
+__all__ = [
+    "AGENTS_MOUNT",
+    "KNOWN_AGENTS",
+    "AgentPackage",
+    "AgentStatus",
+    "InstallError",
+    "InstalledAgent",
+    "agents_report",
+    "agents_root",
+    "check_version",
+    "find_installed",
+    "install_agent",
+    "list_installed",
+    "mount_source",
+    "package_for",
+]
+
+AGENTS_MOUNT = "/opt/corral/agents"
+"""Where the agents root appears inside isolated sandboxes (read-only)."""
+MARKER = "corral-install.json"
+_VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.-]+)?$")
+
+
+class InstallError(CorralError):
+    """npm failed, or the installed CLI does not run (the message carries npm's output)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPackage:
+    """An agent CLI corral knows how to install."""
+
+    name: str
+    package: str
+    """The npm package."""
+    version: str
+    """The pinned, tested version (installed unless another is asked for)."""
+    bin: str
+    """The executable under ``node_modules/.bin``."""
+    supported: bool = True
+    """Whether corral has a harness for it yet."""
+
+
+KNOWN_AGENTS: dict[str, AgentPackage] = {
+    p.name: p
+    for p in (
+        AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
+        AgentPackage("codex", "@openai/codex", "0.171.0", "codex"),
+        AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode", supported=False),
+        AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini", supported=False),
+    )
+}
+
+
+def package_for(name: str, *, require_supported: bool = True) -> AgentPackage:
+    """The package for an agent name; raises :class:`ConfigError` for unknown or not yet
+    supported names."""
+    pkg = KNOWN_AGENTS.get(name)
+    if pkg is None:
+        raise ConfigError(
+            f"unknown agent {name!r}: choose one of {', '.join(sorted(KNOWN_AGENTS))}"
+        )
+    if require_supported and not pkg.supported:
+        raise ConfigError(
+            f"agent {name!r} is not yet supported by corral (its harness is not built); "
+            "supported now: " + ", ".join(n for n, p in KNOWN_AGENTS.items() if p.supported)
+        )
+    return pkg
+
+
+@dataclass(frozen=True, slots=True)
+class InstalledAgent:
+    """One complete install."""
+
+    name: str
+    version: str
+    package: str
+    path: Path
+    """The real (symlink-resolved) npm prefix directory."""
+    root: Path
+    """The agents root it was found under."""
+    installed_at: float
+
+    @property
+    def bin_path(self) -> Path:
+        """The CLI's host path."""
+        return self.path / "node_modules" / ".bin" / KNOWN_AGENTS[self.name].bin
+
+    @property
+    def rel_bin(self) -> str:
+        """The CLI's path relative to the agents root (for :data:`AGENTS_MOUNT`)."""
+        return f"{self.name}/{self.version}/node_modules/.bin/{KNOWN_AGENTS[self.name].bin}"
+
+
+def agents_root() -> Path:
+    """``$CORRAL_AGENTS_DIR`` or ``$CORRAL_HOME/agents`` (created on demand)."""
+    raw = os.environ.get("CORRAL_AGENTS_DIR")
+    root = Path(raw).expanduser() if raw else corral_home() / "agents"
+    root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    return root
+
+
+def check_version(version: str) -> str:
+    """Return ``version`` if it is an exact npm version, else raise :class:`ConfigError`."""
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        raise ConfigError(f"invalid version {version!r}: give an exact npm version like 1.2.3")
+    return version
+
+
+def others_can_reach(path: Path) -> bool:
+    """Whether a user other than the owner can traverse every directory up to ``path``."""
+    p = path.resolve()
+    for d in [p, *p.parents]:
+        try:
+            st = d.stat()
+        except OSError:
+            return False
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+def mount_source(root: Path) -> Path:
+    """The host directory to bind at :data:`AGENTS_MOUNT` for agents root ``root``: the
+    root itself, or its shared storage when the root is not reachable by the sandboxes'
+    uid (see the module docstring)."""
+    if os.geteuid() != 0 or others_can_reach(root):
+        return root.resolve()
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return SHARED_ROOT / "agents" / digest
+
+
+def ensure_mount_source(root: Path) -> Path:
+    """:func:`mount_source` for ``root``, created if missing (a sandbox may be made before
+    any agent is installed, and bubblewrap cannot bind a path that does not exist)."""
+    base = mount_source(root)
+    if base != root.resolve():
+        for d in (SHARED_ROOT, SHARED_ROOT / "agents", base):
+            d.mkdir(mode=0o755, exist_ok=True)
+            os.chmod(d, 0o755)
+    return base
+
+
+def _storage_dir(root: Path, name: str, version: str) -> Path:
+    """Where the files of ``name@version`` really go (see the module docstring)."""
+    base = mount_source(root)
+    if base == root.resolve():
+        return root / name / version
+    for d in (SHARED_ROOT, SHARED_ROOT / "agents", base, base / name):
+        d.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(d, 0o755)
+    return base / name / version
+
+
+def _read_marker(entry: Path, root: Path) -> InstalledAgent | None:
+    try:
+        data = json.loads((entry / MARKER).read_text())
+        agent = InstalledAgent(
+            name=str(data["name"]),
+            version=str(data["version"]),
+            package=str(data["package"]),
+            path=entry.resolve(),
+            root=root,
+            installed_at=float(data.get("installed_at", 0.0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if agent.name not in KNOWN_AGENTS or not agent.bin_path.exists():
+        return None
+    return agent
+
+
+def list_installed(root: Path | None = None) -> list[InstalledAgent]:
+    """Every complete install under the agents root, sorted by name then version."""
+    root = root or agents_root()
+    found: list[InstalledAgent] = []
+    for name in sorted(KNOWN_AGENTS):
+        d = root / name
+        if not d.is_dir():
+            continue
+        for entry in sorted(d.iterdir()):
+            if entry.name.startswith("."):
+                continue
+            agent = _read_marker(entry, root)
+            if agent is not None and agent.name == name and agent.version == entry.name:
+                found.append(agent)
+    return found
+
+
+def find_installed(
+    name: str, version: str | None = None, *, root: Path | None = None
+) -> InstalledAgent | None:
+    """The install to use: ``version`` if given, else the pinned version if installed,
+    else the most recently installed version."""
+    pkg = package_for(name, require_supported=False)
+    mine = [a for a in list_installed(root) if a.name == name]
+    want = version or pkg.version
+    for a in mine:
+        if a.version == want:
+            return a
+    if version is None and mine:
+        return max(mine, key=lambda a: a.installed_at)
+    return None
+
+
+def _npm() -> str:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PrerequisiteMissing(
+            "npm is not installed: install Node.js and npm (e.g. `apt-get install nodejs npm`)"
+        )
+    return npm
+
+
+def _chmod_tree(path: Path) -> None:
+    """Readable (and traversable) by everyone: sandboxes run as another uid."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for d in dirnames:
+            p = os.path.join(dirpath, d)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | 0o555)
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if not os.path.islink(p):
+                mode = os.stat(p).st_mode
+                os.chmod(p, mode | 0o444 | (0o111 if mode & 0o100 else 0))
+    os.chmod(path, os.stat(path).st_mode | 0o555)
+
+
+def install_agent(
+    name: str,
+    version: str | None = None,
+    *,
+    root: Path | None = None,
+    force: bool = False,
+    timeout: float = 600.0,
+) -> InstalledAgent:
+    """Install ``name`` (at ``version``, default the pinned one) with npm, atomically.
+
+    Returns the existing install when it is already complete (unless ``force``). Raises
+    :class:`ConfigError` for unknown/unsupported names or bad versions,
+    :class:`PrerequisiteMissing` without npm and :class:`InstallError` when npm fails or
+    the CLI does not run.
+    """
+    pkg = package_for(name)
+    version = check_version(version or pkg.version)
+    root = root or agents_root()
+    root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    existing = find_installed(name, version, root=root)
+    if existing is not None and not force:
+        return existing
+    npm = _npm()
+    entry = root / name / version
+    real = _storage_dir(root, name, version)
+    real.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    (root / name).mkdir(parents=True, exist_ok=True, mode=0o755)
+    tmp = real.parent / f".tmp-{version}-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir(mode=0o755)
+    try:
+        env = dict(os.environ)
+        env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false",
+                    "npm_config_audit": "false"})
+        proc = subprocess.run(
+            [npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--save-exact",
+             "--loglevel=error", f"{pkg.package}@{version}"],
+            cwd=str(tmp), env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=timeout, check=False,
+        )
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
+            raise InstallError(
+                f"npm install {pkg.package}@{version} failed (exit {proc.returncode}): {tail}"
+            )
+        binary = tmp / "node_modules" / ".bin" / pkg.bin
+        check = subprocess.run([str(binary), "--version"], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60, env=env, check=False)
+        out = check.stdout.decode("utf-8", "replace")
+        if check.returncode != 0 or version not in out:
+            err = check.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise InstallError(
+                f"{pkg.package}@{version} installed but `{pkg.bin} --version` printed "
+                f"{out.strip()!r} (exit {check.returncode}) {err}".strip()
+            )
+        installed_at = time.time()
+        (tmp / MARKER).write_text(json.dumps({
+            "name": name, "package": pkg.package, "version": version,
+            "installed_at": installed_at,
+        }))
+        _chmod_tree(tmp)
+        if real.exists() or real.is_symlink():
+            shutil.rmtree(real) if real.is_dir() and not real.is_symlink() else real.unlink()
+        os.rename(tmp, real)
+    except subprocess.TimeoutExpired as exc:
+        raise InstallError(f"npm install {pkg.package}@{version} timed out after {timeout}s") \
+            from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if real != entry:
+        if entry.is_symlink() or entry.is_file():
+            entry.unlink()
+        elif entry.is_dir():
+            shutil.rmtree(entry)
+        entry.symlink_to(real)
+    agent = _read_marker(entry, root)
+    if agent is None:  # pragma: no cover - we just wrote it
+        raise InstallError(f"install of {name} {version} at {entry} is incomplete")
+    return agent
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    """One agent's line in ``corral doctor``."""
+
+    name: str
+    supported: bool
+    pinned: str
+    installed: tuple[str, ...]
+    ok: bool
+    message: str
+
+
+def agents_report(root: Path | None = None) -> list[AgentStatus]:
+    """What ``corral doctor`` shows about agent CLIs (never raises)."""
+    try:
+        root = root or agents_root()
+        installed = list_installed(root)
+    except (OSError, CorralError) as exc:
+        return [AgentStatus("agents", False, "", (), False, f"cannot read agents dir: {exc}")]
+    npm = shutil.which("npm")
+    out: list[AgentStatus] = []
+    for name, pkg in KNOWN_AGENTS.items():
+        versions = tuple(a.version for a in installed if a.name == name)
+        if not pkg.supported:
+            out.append(AgentStatus(name, False, pkg.version, versions, True,
+                                   "not yet supported by corral"))
+            continue
+        if versions:
+            msg = f"installed {', '.join(versions)} under {root}"
+            if pkg.version not in versions:
+                msg += f" (tested version is {pkg.version})"
+            out.append(AgentStatus(name, True, pkg.version, versions, True, msg))
+        else:
+            fix = f"`corral agents install {name}`" if npm else "install Node.js/npm, then " \
+                  f"`corral agents install {name}`"
+            out.append(AgentStatus(name, True, pkg.version, versions, False,
+                                   f"not installed: {fix}"))
+    return out

@@ -1,0 +1,459 @@
+"""Running an agent CLI in a sandbox: binds at creation, then :func:`prepare_agent` per run.
+
+The Runner's sequence::
+
+    spec = with_agent_binds(SandboxSpec(...))          # once, when creating the sandbox
+    handle = await provider.create(spec)
+    prepared = await prepare_agent(harness, handle, AgentRequest(prompt=...),
+                                   thread_id=t, run_id=r)
+    async with prepared.services():                   # host-side model (+ egress) proxy
+        await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+        async for batch in translate_run(harness, RunContext(r, t), paths, nonce=nonce):
+            ...                                        # append batch.events atomically
+    report = await prepared.finish(paths, nonce)       # save the CLI session for resume
+
+The services must run as long as the agent does (they hold the only route to the model);
+they are restartable: a successor host that takes a run over builds a fresh
+:class:`PreparedAgent` with the same ``run_id`` and enters its ``services()``: the socket
+paths derive from the run id, so the agent's forwarder reaches the new proxy (token counts
+start again from zero on that host).
+
+Isolated sandboxes (bubblewrap) see two read-only binds made at creation: the agents root
+at ``/opt/corral/agents`` and a per-sandbox socket directory at ``/run/corral``. Without
+isolation (local) the CLI runs from its host path and the sockets live in a host directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._insandbox import command_gate as command_gate
+from corral.harness._base import AgentCommand, AgentRequest
+from corral.harness._cli_base import CliHarness
+from corral.agents._installs import (
+    AGENTS_MOUNT,
+    InstalledAgent,
+    agents_root,
+    ensure_mount_source,
+    find_installed,
+)
+from corral.agents._sessions import (
+    SANDBOX_HOME,
+    SavedSession,
+    restore_session,
+    save_session,
+)
+from corral.agents._services import PendingServices, start_services
+from corral.net._egress import EgressProxy
+from corral.net._model_proxy import ModelProxy, Upstream, Usage
+from corral._paths import net_root
+from corral.journal._reader import Line, read_journal
+from corral.journal._layout import JournalPaths
+from corral.journal._supervisor import AgentSpec
+from corral.sandbox._contracts import Handle, HostCommand, SandboxSpec
+from corral.sandbox._redact import Redactor
+
+if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
+    from corral.tools._projection import HostToolsProjection
+
+__all__ = [
+    "NET_MOUNT",
+    "FinishReport",
+    "PreparedAgent",
+    "agent_binds",
+    "agent_prerequisites",
+    "finish_agent_run",
+    "new_net_dir",
+    "prepare_agent",
+    "with_agent_binds",
+]
+
+GATE_SCRIPT = "command_gate.py"
+"""The command gate's script in a run's socket directory (:mod:`corral._insandbox.command_gate`)."""
+
+NET_MOUNT = "/run/corral"
+"""Where a sandbox's socket directory appears inside it (read-only bind)."""
+MAX_SOCKET_PATH = 100
+
+
+def new_net_dir() -> Path:
+    """A fresh socket directory for one sandbox (unguessable name, not listable)."""
+    d = net_root() / secrets.token_hex(12)
+    d.mkdir(mode=0o711)
+    os.chmod(d, 0o711)
+    return d
+
+
+def agent_binds(net_dir: Path | None = None, *, root: Path | None = None
+                ) -> list[tuple[str, str]]:
+    """The read-only binds an isolated sandbox needs to run agent CLIs."""
+    net = net_dir if net_dir is not None else new_net_dir()
+    return [(str(ensure_mount_source(root or agents_root())), AGENTS_MOUNT),
+            (str(net), NET_MOUNT)]
+
+
+def with_agent_binds(spec: SandboxSpec, *, root: Path | None = None) -> SandboxSpec:
+    """``spec`` plus :func:`agent_binds` (a new socket directory)."""
+    return dataclasses.replace(spec, binds=[*spec.binds, *agent_binds(root=root)])
+
+
+def _handle_binds(handle: Handle) -> list[tuple[str, str]] | None:
+    state = getattr(handle, "state", None)
+    binds = getattr(state, "binds", None)
+    if binds is None:
+        return None
+    return [(str(h), str(i)) for h, i in binds]
+
+
+@dataclass
+class FinishReport:
+    """What :meth:`PreparedAgent.finish` did."""
+
+    session_id: str | None = None
+    saved: SavedSession | None = None
+    usage: Usage = field(default_factory=Usage)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PreparedAgent:
+    """Everything one run of an agent CLI needs (see the module docstring)."""
+
+    harness: CliHarness
+    handle: Handle
+    command: AgentCommand
+    """The in-sandbox command (argv/env/cwd/stdin) for ``handle.host_command``."""
+    thread_id: str
+    run_id: str
+    install: InstalledAgent
+    model_proxy: ModelProxy
+    model_socket: Path
+    egress_proxy: EgressProxy | None = None
+    egress_socket: Path | None = None
+    resumed: SavedSession | None = None
+    """The saved CLI session this run continues, if any."""
+    own_net_dir: Path | None = None
+    """A socket directory created for this run only (non-isolated sandboxes)."""
+    host_tools: HostToolsProjection | None = None
+    """Where the run's host-tool server must listen (and with which token), when the agent
+    was given host tools: serve a :class:`corral.tools._mcp_server.HostToolServer` on
+    ``host_tools.socket`` with ``token=host_tools.token`` while the agent runs."""
+    redactor: Redactor | None = None
+    """The run's secrets: the saved CLI session goes through it (see :meth:`finish`)."""
+
+    def host_command(self) -> HostCommand:
+        """How a host process (the supervisor) runs the agent in the sandbox."""
+        # (bubblewrap's host command carries --die-with-parent: stopping the host-side
+        # bwrap stops every process of the sandbox)
+        return self.handle.host_command(self.command.argv, cwd=self.command.cwd,
+                                        env=self.command.env)
+
+    def agent_spec(self) -> AgentSpec:
+        """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
+        hc = self.host_command()
+        return AgentSpec(argv=hc.argv, env=hc.env, cwd=hc.cwd, stdin=self.command.stdin,
+                         stdin_prefix=hc.stdin_prefix, timeout=self.command.timeout)
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens metered by the model proxy for this run so far."""
+        return self.model_proxy.usage
+
+    @contextlib.asynccontextmanager
+    async def services(self) -> AsyncIterator[PreparedAgent]:
+        """Serve the model proxy (and the egress proxy) in this process while the block
+        runs. The sockets are bound before the block starts. See also
+        :meth:`start_services` (a detached daemon)."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.model_proxy.serve, self.model_socket)
+            if self.egress_proxy is not None and self.egress_socket is not None:
+                await tg.start(self.egress_proxy.serve, self.egress_socket)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    def services_job(self, paths: JournalPaths) -> dict[str, Any]:
+        """The services daemon's job, *without* the upstream key (safe to record: a
+        driver restarting a dead daemon adds the key from its own environment)."""
+        up = self.model_proxy.upstream
+        return {
+            "upstream": {"api": up.api, "base_url": up.base_url,
+                         "allowed_paths": list(up.allowed_paths)
+                         if up.allowed_paths is not None else None},
+            "budget": self.model_proxy.budget,
+            "idle_timeout": self.model_proxy.idle_timeout,
+            "model_socket": str(self.model_socket),
+            "egress": [r.source for r in self.egress_proxy.rules]
+            if self.egress_proxy is not None else None,
+            "egress_socket": str(self.egress_socket) if self.egress_socket else None,
+            "status": str(paths.status),
+        }
+
+    async def start_services(self, paths: JournalPaths) -> PendingServices:
+        """Start the services as a detached daemon instead of :meth:`services` (they
+        outlive this process and stop when the run's supervisor records the agent's exit).
+        Launch the agent, then call ``ready()`` on the result (the daemon's ~0.2 s
+        start-up overlaps the CLI's). ``paths`` are the run's journal paths."""
+        job = self.services_job(paths)
+        job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
+        paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return await anyio.to_thread.run_sync(
+            lambda: start_services(job, paths.directory, paths.token))
+
+    async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
+                     ) -> FinishReport:
+        """After the agent exited: find the CLI's session id in the journal and save the
+        session files for the thread (redacted by :attr:`redactor`). Never raises; problems
+        are listed in the report."""
+        report = await finish_agent_run(
+            self.harness, self.handle, self.thread_id, paths, nonce,
+            redactor=self.redactor,
+            resumed_session=self.resumed.session_id if self.resumed is not None else None,
+            sockets=[s for s in (self.model_socket, self.egress_socket,
+                                 self.host_tools.socket if self.host_tools else None)
+                     if s is not None],
+            own_net_dir=self.own_net_dir)
+        if paths is None or Usage.load(paths.usage) is None:
+            report.usage = self.model_proxy.usage  # the services ran in this process
+        return report
+
+
+async def finish_agent_run(
+    harness: CliHarness,
+    handle: Handle | None,
+    thread_id: str,
+    paths: JournalPaths | None,
+    nonce: str | None,
+    *,
+    redactor: Redactor | None = None,
+    secret_names: Sequence[str] = (),
+    resumed_session: str | None = None,
+    sockets: Sequence[Path] = (),
+    own_net_dir: Path | None = None,
+) -> FinishReport:
+    """The end of a run of an agent CLI, from what any host can know: the session id from
+    the journal (else ``resumed_session``) and its files saved for ``thread_id`` (when the
+    sandbox ``handle`` is still there), the usage written by a detached services daemon,
+    and the run's sockets (and own socket directory) removed. Never raises; problems are
+    listed in the report. Saving twice is harmless (the later copy wins).
+
+    The session files go through ``redactor`` (the run's secrets). ``secret_names``: the
+    run's secrets by name; when ``redactor`` does not know one of them (a host without
+    that secret finishes the run) the session is not saved, since it could hold it."""
+    report = FinishReport()
+    if paths is not None:
+        detached = Usage.load(paths.usage)
+        if detached is not None:  # the services ran as a daemon (start_services)
+            report.usage = detached
+        try:
+            report.session_id = await _session_from_journal(harness, paths, nonce)
+        except (OSError, CorralError) as exc:
+            report.errors.append(f"cannot read the journal: {exc}")
+    if report.session_id is None:
+        report.session_id = resumed_session
+    known = {name for name, _value in redactor.items()} if redactor is not None else set()
+    unknown = sorted(set(secret_names) - known)
+    if unknown and report.session_id is not None and handle is not None:
+        report.errors.append(
+            f"the {harness.name} session is not saved: secrets {', '.join(unknown)} are not "
+            "known on this host, so it cannot be redacted")
+    elif report.session_id is not None and handle is not None:
+        try:
+            report.saved = await save_session(
+                handle, harness.name, harness.session_dirs, thread_id, report.session_id,
+                redactor=redactor)
+        except (OSError, CorralError) as exc:
+            report.errors.append(f"cannot save the {harness.name} session: {exc}")
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(sock).st_mode):
+                os.unlink(sock)
+    if own_net_dir is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(own_net_dir)
+    return report
+
+
+def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
+                        upstream: Upstream | None = None) -> tuple[InstalledAgent, Upstream]:
+    """The installed CLI and the model upstream for ``harness`` (default: from the host's
+    ``ANTHROPIC_*`` / ``OPENAI_*`` variables). Raises :class:`PrerequisiteMissing` naming
+    the fix (``corral agents install NAME``, the variable to set)."""
+    install = find_installed(harness.name, harness.version, root=agents)
+    if install is None:
+        raise PrerequisiteMissing(
+            f"{harness.name} {harness.version} is not installed: run `corral agents install "
+            f"{harness.name}" + (f" --version {harness.version}`"
+                                 if harness.version != harness.package.version else "`")
+        )
+    upstream = upstream or Upstream.from_env(harness.model_api)
+    if upstream.api != harness.model_api:
+        raise ConfigError(f"{harness.name} speaks the {harness.model_api} API; the upstream "
+                          f"given is {upstream.api}")
+    return install, upstream
+
+
+async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce: str | None
+                                ) -> str | None:
+    import json
+
+    found: str | None = None
+    reader = read_journal(paths, nonce=nonce, follow=False)
+    try:
+        async for item in reader:
+            if not isinstance(item, Line) or b"session_id" not in item.data \
+                    and b"thread_id" not in item.data:
+                continue
+            try:
+                obj = json.loads(item.data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                sid = harness.session_id(obj)
+                if sid:
+                    found = sid
+    finally:
+        await reader.aclose()
+    return found
+
+
+def _run_token(run_id: str) -> str:
+    return hashlib.sha256(run_id.encode()).hexdigest()[:12]
+
+
+async def prepare_agent(
+    harness: CliHarness,
+    handle: Handle,
+    request: AgentRequest,
+    *,
+    thread_id: str,
+    run_id: str,
+    upstream: Upstream | None = None,
+    budget: int | None = None,
+    egress: Sequence[str] | None = None,
+    timeout: float | None = None,
+    model_idle_timeout: float = 300.0,
+    instructions: str | None = None,
+    resume: bool = True,
+    agents: Path | None = None,
+    host_tools: bool = False,
+    redactor: Redactor | None = None,
+) -> PreparedAgent:
+    """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
+
+    ``upstream``: where model calls go and with which key (default: from the host's
+    ``ANTHROPIC_*`` / ``OPENAI_*`` variables). ``budget``: token budget of the run.
+    ``egress``: allowlist (``host[:port]``) of an egress proxy; ``None`` = no egress at all.
+    ``timeout``: the agent is stopped after that many seconds. ``instructions``: written
+    to the CLI's global instructions file in the sandbox home. ``resume``: continue the
+    thread's saved CLI session (restoring its files into a fresh sandbox). ``host_tools``:
+    give the CLI the MCP server ``corral`` (the run's host tools): a forwarder to the
+    socket in :attr:`PreparedAgent.host_tools`, the server in the CLI's MCP config, and its
+    bearer token in the CLI's environment only (see :mod:`corral.tools._projection`); the
+    caller serves the tools there. ``redactor``: the run's secrets, redacted from the CLI
+    session saved by :meth:`PreparedAgent.finish`.
+
+    Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
+    :class:`ConfigError` (sandbox created without :func:`with_agent_binds`, bad options).
+    """
+    if not isinstance(harness, CliHarness):
+        raise ConfigError(f"prepare_agent needs an agent-CLI harness, got {harness!r}")
+    install, upstream = agent_prerequisites(harness, agents=agents, upstream=upstream)
+    token = _run_token(run_id)
+    own_net: Path | None = None
+    options: dict[str, Any] = dict(request.options)
+    if handle.capabilities.isolated:
+        binds = _handle_binds(handle)
+        net_host = next((Path(h) for h, i in binds or [] if i == NET_MOUNT), None)
+        agents_bound = any(i == AGENTS_MOUNT for _h, i in binds or [])
+        if net_host is None or not agents_bound:
+            raise ConfigError(
+                "this sandbox was created without the agent binds: create it with "
+                "corral.agents._prepare.with_agent_binds(spec) (it binds the agent CLIs and a "
+                "socket directory for the model proxy)"
+            )
+        sock_dir_inside = NET_MOUNT
+        options.setdefault("bin", harness.default_bin)
+    else:
+        net_host = own_net = new_net_dir()
+        sock_dir_inside = str(net_host)
+        options.setdefault("bin", str(install.bin_path))
+    model_socket = net_host / f"model-{token}.sock"
+    if len(str(model_socket)) > MAX_SOCKET_PATH:
+        raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "
+                          "CORRAL_SHARED_DIR or CORRAL_HOME to a shorter directory")
+    forward: list[dict[str, Any]] = [
+        {"name": "model", "port": 0, "unix": f"{sock_dir_inside}/model-{token}.sock"}]
+    egress_proxy: EgressProxy | None = None
+    egress_socket: Path | None = None
+    if egress is not None:
+        egress_proxy = EgressProxy(list(egress))
+        egress_socket = net_host / f"egress-{token}.sock"
+        forward.append({"name": "egress", "port": 0,
+                        "unix": f"{sock_dir_inside}/egress-{token}.sock"})
+        options["egress"] = True
+    projection: HostToolsProjection | None = None
+    if host_tools:
+        from corral.tools._projection import host_tools_projection, run_tools_token
+
+        projection = host_tools_projection(net_host, sock_dir_inside, run_id,
+                                           token=run_tools_token(run_id))
+        if len(str(projection.socket)) > MAX_SOCKET_PATH:
+            raise ConfigError(f"socket path {projection.socket} is too long for a unix "
+                              "socket; set CORRAL_SHARED_DIR or CORRAL_HOME to a shorter "
+                              "directory")
+        forward.append(projection.forward)
+        servers = options.get("mcp_servers") or {}
+        if not isinstance(servers, dict):
+            raise ConfigError("agent option 'mcp_servers' must map names to server configs")
+        options["mcp_servers"] = {**servers, **projection.mcp_servers}
+        request = dataclasses.replace(request, env={**request.env, **projection.env})
+        # The command gate's script, where the sandbox sees it read-only (the CLI's hook
+        # command then names a file instead of carrying the whole script).
+        gate = net_host / GATE_SCRIPT
+        gate.write_bytes(Path(command_gate.__file__).read_bytes())
+        gate.chmod(0o644)
+        options["gate_script"] = f"{sock_dir_inside}/{GATE_SCRIPT}"
+    # Forwarders the caller gave keep their place unless they reuse one of our names.
+    ours = {f["name"] for f in forward}
+    given = options.get("forward") or []
+    if not isinstance(given, (list, tuple)):
+        raise ConfigError("agent option 'forward' must be a list of forwarder entries")
+    options["forward"] = [*(f for f in given if not (isinstance(f, dict)
+                                                     and f.get("name") in ours)), *forward]
+    if timeout is not None:
+        options["timeout"] = timeout
+    resumed: SavedSession | None = None
+    if resume and "resume" not in options:
+        resumed = await restore_session(handle, thread_id, harness.name)
+        if resumed is not None:
+            options["resume"] = resumed.session_id
+    if harness.policy_mapping.permission_prompt:
+        for rel in harness.gated_home_files:
+            try:
+                await handle.fs.remove(f"{SANDBOX_HOME}/{rel}", recursive=True)
+            except FileNotFoundError:
+                pass
+    if instructions is not None and harness.instructions_file:
+        await handle.fs.write(f"{SANDBOX_HOME}/{harness.instructions_file}",
+                              instructions.encode("utf-8"))
+    command = harness.build_command(dataclasses.replace(request, options=options))
+    proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout)
+    return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
+                         run_id=run_id, install=install, model_proxy=proxy,
+                         model_socket=model_socket, egress_proxy=egress_proxy,
+                         egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
+                         host_tools=projection, redactor=redactor)

@@ -1,0 +1,105 @@
+"""``corral sandboxes ls|rm``: list and remove sandboxes of every host-directory provider."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import anyio
+
+from corral._errors import ConfigError, CorralError
+from corral.providers import PROVIDER_NAMES, get_provider
+from corral.providers._state import SandboxState, validate_id
+from corral.sandbox._contracts import Provider
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sandboxes", help="list or remove sandboxes")
+    cmds = p.add_subparsers(dest="sandboxes_command", metavar="ACTION", required=True)
+    ls = cmds.add_parser("ls", help="list sandboxes")
+    ls.add_argument("--provider", choices=PROVIDER_NAMES, help="only this provider")
+    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.set_defaults(func=run_ls)
+    rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their files)")
+    rm.add_argument("ids", nargs="+", metavar="ID")
+    rm.add_argument("--provider", choices=PROVIDER_NAMES, help="only look in this provider")
+    rm.set_defaults(func=run_rm)
+    prune = cmds.add_parser(
+        "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
+    )
+    prune.set_defaults(func=run_prune)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from corral.providers._bubblewrap import BubblewrapProvider
+
+    async def main() -> int:
+        for path in await BubblewrapProvider().prune_orphans():
+            print(f"pruned {path}")
+        return 0
+
+    return anyio.run(main)
+
+
+def _providers(only: str | None) -> list[Provider]:
+    out: list[Provider] = []
+    for name in [only] if only else list(PROVIDER_NAMES):
+        try:
+            out.append(get_provider(name))
+        except CorralError:
+            if only:
+                raise
+    return out
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        rows = []
+        for provider in _providers(args.provider):
+            for ref in await provider.list():
+                handle = await provider.resume(ref)
+                state: SandboxState | None = getattr(handle, "state", None)
+                rows.append({
+                    "id": ref.id,
+                    "provider": ref.provider,
+                    "created_at": state.created_at if state else None,
+                    "labels": state.labels if state else {},
+                })
+        if args.json:
+            for row in rows:
+                print(json.dumps(row, sort_keys=True))
+        elif rows:
+            print(f"{'ID':<28} {'PROVIDER':<11} CREATED")
+            for row in rows:
+                ts = row["created_at"]
+                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, float) else "?"
+                print(f"{row['id']:<28} {row['provider']:<11} {created}")
+        return 0
+
+    return anyio.run(main)
+
+
+def run_rm(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        providers = _providers(args.provider)
+        missing = []
+        for sandbox_id in args.ids:
+            validate_id(sandbox_id)
+            found = False
+            for provider in providers:
+                if await provider.resume(sandbox_id) is not None or (
+                    provider.base_dir / sandbox_id  # type: ignore[attr-defined]
+                ).exists():
+                    await provider.destroy(sandbox_id)
+                    print(f"removed {provider.name} sandbox {sandbox_id}")
+                    found = True
+            if not found:
+                missing.append(sandbox_id)
+        if missing:
+            raise ConfigError(
+                f"no sandbox named {', '.join(missing)}: list them with `corral sandboxes ls`"
+            )
+        return 0
+
+    return anyio.run(main)

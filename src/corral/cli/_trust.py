@@ -1,0 +1,117 @@
+"""What a repository's own ``corral.toml`` may ask for.
+
+A ``corral.toml`` that corral *finds* in the workspace belongs to the repository, and a
+repository can be hostile: it is read as a request about the sandbox, never as the host's
+configuration. A file the user names (``--config PATH``) or a definition built in Python is
+the user's own and is trusted. A found file may not
+
+- choose a provider that does not isolate (``local``: its setup and commands would run on
+  this host) unless the user chose that provider on the command line;
+- configure a provider's host-side settings (``[provider]`` keys beyond ``name``: paths of
+  host programs, the host uid, directories), or raise its resource limits (``limits`` may
+  only lower them);
+- read a secret from a host file outside the directory that holds it;
+- take the workspace from anywhere but its own directory (a ``local`` source outside it,
+  or a ``git`` source, which the host clones with the user's credentials);
+- give the sandbox the host's network (``network = "allow"`` without ``allow_hosts``
+  shares the host's network namespace, its loopback services included), or name
+  non-public addresses in ``allow_hosts`` (an IP literal there lets the egress proxy reach
+  that address, e.g. ``127.0.0.1:*``); an allowlist of public hosts, which goes through
+  corral's egress proxy, is a request it may make.
+
+Each refusal is one line naming the key and the two ways forward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corral._errors import ConfigError
+from corral.net._egress import non_public, parse_allowlist
+from corral.providers import get_provider
+from corral.sandbox._contracts import ResourceLimits
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._sources import GitSource, LocalDir
+
+__all__ = ["check_found_config"]
+
+
+def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool) -> None:
+    """Raise :class:`ConfigError` if ``sandbox``, loaded from the repository's own
+    ``config`` file, asks for something only the user may decide (see the module
+    docstring). ``provider_chosen``: the user named the provider on the command line."""
+    trust = f"pass --config {config} if you trust this file"
+    host_side = sorted(set(sandbox.provider_config) - {"limits"})
+    if host_side:
+        raise ConfigError(
+            f"{config}: [provider] sets {', '.join(host_side)}: a repository's corral.toml "
+            f"cannot configure the provider's host-side settings; {trust}"
+        )
+    if "limits" in sandbox.provider_config:
+        raised = _raised_limits(sandbox)
+        if raised:
+            raise ConfigError(
+                f"{config}: [provider] limits raises {', '.join(raised)} above the default: a "
+                f"repository's corral.toml may only lower limits; {trust}"
+            )
+    if not provider_chosen and not sandbox.get_provider().capabilities.isolated:
+        raise ConfigError(
+            f"{config}: provider {sandbox.provider_name!r} does not isolate (its setup "
+            "and commands would run on this host): a repository's corral.toml cannot "
+            f"choose it; pass --provider {sandbox.provider_name} or {trust}"
+        )
+    home = config.resolve().parent
+    source = sandbox.workspace.source
+    if isinstance(source, GitSource):
+        raise ConfigError(
+            f"{config}: workspace.source is a git repository, which corral would clone on "
+            f"this host with your credentials: a repository's corral.toml cannot ask for "
+            f"that; {trust}"
+        )
+    if isinstance(source, LocalDir) and not _inside(Path(source.path), home):
+        raise ConfigError(
+            f"{config}: workspace.source.path {source.path} is outside {home}: "
+            f"a repository's corral.toml cannot copy host directories into the sandbox; "
+            f"{trust}"
+        )
+    if sandbox.policy.direct_network:
+        raise ConfigError(
+            f"{config}: policy.network = \"allow\" without allow_hosts would put the sandbox "
+            "on this host's network (its loopback services included): a repository's "
+            f"corral.toml cannot ask for that; list the hosts in allow_hosts, or {trust}"
+        )
+    for rule in parse_allowlist(sandbox.policy.allow_hosts):
+        net = rule.network
+        if net is not None and (non_public(net[0]) or non_public(net[-1])):
+            raise ConfigError(
+                f"{config}: policy.allow_hosts names {rule.source}, not a public address: a "
+                f"repository's corral.toml cannot open the egress proxy to it; {trust}"
+            )
+    for name, origin in sandbox.secrets.origins().items():
+        raw = origin.get("file")
+        if raw is None:
+            continue
+        if not _inside(Path(raw).expanduser(), home):
+            raise ConfigError(
+                f"{config}: secrets.{name} reads {raw}, outside {home}: a repository's "
+                f"corral.toml cannot read host files into the sandbox; {trust}"
+            )
+
+
+def _raised_limits(sandbox: Sandbox) -> list[str]:
+    """The limits ``[provider] limits`` sets above the provider's defaults (all of them when
+    the provider has no limits to compare with)."""
+    asked = getattr(sandbox.get_provider(), "default_limits", None)
+    base = getattr(get_provider(sandbox.provider_name), "default_limits", None)
+    if not isinstance(asked, ResourceLimits) or not isinstance(base, ResourceLimits):
+        return ["limits"]
+    raised = []
+    for field in ("memory_bytes", "pids", "cpus", "disk_bytes"):
+        mine, default = getattr(asked, field), getattr(base, field)
+        if default is not None and (mine is None or mine > default):
+            raised.append(field.removesuffix("_bytes"))
+    return raised
+
+
+def _inside(path: Path, home: Path) -> bool:
+    return path.resolve().is_relative_to(home)

@@ -1,0 +1,581 @@
+"""What every agent-CLI adapter shares: options, argv/env building, prompt delivery,
+policy mapping results, session bookkeeping, and the JSON-lines translator skeleton.
+
+An adapter (:mod:`corral.harness._claude_code`, :mod:`corral.harness._codex`) subclasses
+:class:`CliHarness` and :class:`JsonlTranslator`. The harness builds the *inner* CLI
+command; :func:`corral.agents._prepare.prepare_agent` wraps it with the in-sandbox entry
+(:mod:`corral._insandbox.entry`) and starts the host-side proxies.
+
+``AgentRequest.options`` understood by every CLI harness (all optional):
+
+``model`` (str), ``resume`` (the CLI's session id to continue), ``base_url`` (the model
+endpoint as the CLI sees it; default ``http://127.0.0.1:{corral.port.model}``, filled in
+by the entry), ``api_key`` (default: a placeholder; the host proxy adds the real key),
+``bin`` (the CLI's path; default: the pinned install under ``/opt/corral/agents``),
+``forward`` (forwarders for the entry: a list of ``{"name","port","unix"}``; when set the
+command is wrapped with the entry), ``timeout`` (seconds; the entry stops the CLI after
+it), ``egress`` (bool: set ``HTTP(S)_PROXY`` to the ``egress`` forwarder), ``python``
+(the sandbox's Python for the entry, default ``/usr/bin/python3``), ``max_retries``
+(the CLI's own model retries, default 2), ``mcp_servers`` (``{name: {"command": str,
+"args": [...], "env": {...}}}`` or ``{name: {"url": str, "headers": {...}}}``; header
+values may name variables as ``${VAR}``), ``extra_args`` (list of str), ``env`` (extra
+environment).
+
+Translation (see :mod:`corral.harness._base`): state is rebuilt by replay
+(``resume = "replay"``); ids come from the run id, journal offsets and the CLI's own ids;
+lines that are not JSON objects become ``RAW`` events and unknown JSON event types become
+``CUSTOM`` events named ``<harness>.<type>`` — nothing is dropped and no input makes the
+translator raise.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from ag_ui.core import (
+    BaseEvent,
+    ReasoningEndEvent,
+    ReasoningMessageContentEvent,
+    ReasoningMessageEndEvent,
+    ReasoningMessageStartEvent,
+    ReasoningStartEvent,
+    RunErrorEvent,
+    RunFinishedEvent,
+)
+from ag_ui.core import TokenUsage as AguiTokenUsage
+
+from corral._errors import ConfigError
+from corral.harness import _events as ev
+from corral.harness._base import AgentCommand, AgentRequest, RunContext
+from corral.agents._installs import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
+from corral._insandbox import command_gate as command_gate
+from corral._insandbox import entry as sandbox_entry
+from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi
+from corral.journal._reader import Exit, JournalItem, Line
+from corral.sandbox._contracts import signal_name
+
+__all__ = [
+    "SESSION_EVENT",
+    "CliHarness",
+    "CliOptions",
+    "JsonlTranslator",
+    "PolicyLike",
+    "PolicyMapping",
+    "entry_argv",
+]
+
+SESSION_EVENT = "corral.session"
+"""CUSTOM event carrying the CLI's session id: ``{"harness", "sessionId", ...}``."""
+STDERR_CHARS = 1000
+NO_RESULT = "(no result: the agent stopped before the tool call finished)"
+
+
+# ---------------------------------------------------------------- policy
+
+
+@runtime_checkable
+class PolicyLike(Protocol):
+    """The parts of :class:`corral.sandbox._policy.Policy` a harness maps (structural)."""
+
+    @property
+    def allow(self) -> tuple[str, ...]: ...
+
+    @property
+    def ask(self) -> tuple[str, ...]: ...
+
+    @property
+    def deny(self) -> tuple[str, ...]: ...
+
+    @property
+    def default(self) -> str: ...
+
+    @property
+    def file_write(self) -> str: ...
+
+    @property
+    def network(self) -> str: ...
+
+
+def allow_hosts(policy: PolicyLike | None) -> tuple[str, ...]:
+    """The policy's egress allowlist (``()`` for policies without one: direct network when
+    ``network`` is ``allow``). Read leniently so other :class:`PolicyLike` shapes work."""
+    hosts = getattr(policy, "allow_hosts", None) or ()
+    return tuple(str(h) for h in hosts)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMapping:
+    """How a harness enforces a policy: CLI flags and config, and a report per rule."""
+
+    harness: str
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    enforced: tuple[str, ...] = ()
+    """One line per rule: ``"<rule> -> <how>"``."""
+    bypass: bool = False
+    """Whether the CLI runs with its own permission checks off (the sandbox is the
+    boundary; no command rules apply)."""
+    permission_prompt: bool = False
+    """Whether the CLI asks corral's permission prompt tool (served by the run's MCP server
+    ``corral``, :mod:`corral.tools._permission`), which decides with the policy live."""
+
+    def report(self) -> str:
+        """A human-readable report of what is enforced and how."""
+        return "\n".join([f"{self.harness} enforces:", *(f"  {e}" for e in self.enforced)])
+
+
+def policy_words(pattern: str) -> list[str] | None:
+    """A policy pattern's words when it is a plain prefix pattern (``git status``,
+    ``pytest *``): literal words, optionally ending with a bare ``*``. ``None`` otherwise
+    (globs inside words, quotes, operators)."""
+    words = pattern.split()
+    if not words:
+        return None
+    body = words[:-1] if words[-1] == "*" and len(words) > 1 else words
+    for w in body:
+        if any(c in w for c in "*?[]{}'\"\\$`|&;<>()"):
+            return None
+    return words
+
+
+# ---------------------------------------------------------------- options
+
+
+_OPTION_KEYS = frozenset({
+    "model", "resume", "base_url", "api_key", "bin", "forward", "timeout", "egress", "python",
+    "max_retries", "mcp_servers", "extra_args", "env", "argv", "gate_script",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class CliOptions:
+    """Typed form of ``AgentRequest.options`` for CLI harnesses (see module docstring)."""
+
+    model: str | None = None
+    resume: str | None = None
+    base_url: str | None = None
+    api_key: str = PLACEHOLDER_KEY
+    bin: str | None = None
+    forward: tuple[Mapping[str, Any], ...] | None = None
+    timeout: float | None = None
+    egress: bool = False
+    python: str = "/usr/bin/python3"
+    max_retries: int = 2
+    mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    gate_script: str | None = None
+    """The command gate's script as the sandbox sees it (read-only); ``None``: inlined."""
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> CliOptions:
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise ConfigError(
+                f"unknown agent option(s) {sorted(unknown)}; known: {sorted(_OPTION_KEYS)}"
+            )
+
+        def opt_str(key: str) -> str | None:
+            v = options.get(key)
+            if v is None:
+                return None
+            if not isinstance(v, str) or not v or "\0" in v:
+                raise ConfigError(f"agent option {key!r} must be a non-empty string")
+            return v
+
+        timeout = options.get("timeout")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ConfigError("agent option 'timeout' must be a positive number of seconds")
+        retries = options.get("max_retries", 2)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+            raise ConfigError("agent option 'max_retries' must be an integer from 0 to 20")
+        forward = options.get("forward")
+        if forward is not None:
+            if not isinstance(forward, (list, tuple)) or not all(
+                isinstance(f, Mapping) and isinstance(f.get("name"), str)
+                and isinstance(f.get("unix"), str) and isinstance(f.get("port", 0), int)
+                for f in forward
+            ):
+                raise ConfigError("agent option 'forward' must be a list of "
+                                  "{'name': str, 'port': int, 'unix': str}")
+            forward = tuple(forward)
+        mcp = options.get("mcp_servers") or {}
+        if not isinstance(mcp, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, Mapping) for k, v in mcp.items()
+        ):
+            raise ConfigError("agent option 'mcp_servers' must map names to server configs")
+        for name, server in mcp.items():
+            if not isinstance(server.get("command"), str) and not isinstance(server.get("url"), str):
+                raise ConfigError(f"MCP server {name!r} needs a 'command' (str) or a 'url'")
+        extra = options.get("extra_args") or ()
+        if not isinstance(extra, (list, tuple)) or not all(isinstance(a, str) for a in extra):
+            raise ConfigError("agent option 'extra_args' must be a list of strings")
+        env = options.get("env") or {}
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ConfigError("agent option 'env' must map strings to strings")
+        return cls(
+            model=opt_str("model"),
+            resume=opt_str("resume"),
+            base_url=opt_str("base_url"),
+            api_key=opt_str("api_key") or PLACEHOLDER_KEY,
+            bin=opt_str("bin"),
+            forward=forward,
+            timeout=float(timeout) if timeout is not None else None,
+            egress=bool(options.get("egress", False)),
+            python=opt_str("python") or "/usr/bin/python3",
+            max_retries=retries,
+            mcp_servers=dict(mcp),
+            gate_script=opt_str("gate_script"),
+            extra_args=tuple(extra),
+            env=dict(env),
+        )
+
+
+GATE_TIMEOUT = 86400
+"""Seconds a CLI lets the command gate run: longer than any approval wait, because a hook
+that times out counts as a non-blocking error and the command would run unchecked."""
+
+
+def bash_gate_command(opts: CliOptions) -> str:
+    """The shell command of the command gate hook (:mod:`corral._insandbox.command_gate`) for
+    a run whose corral MCP server is ``opts.mcp_servers["corral"]``: the sandbox's Python
+    runs the gate from ``opts.gate_script`` (a read-only file, see
+    :func:`corral.agents._prepare.prepare_agent`), else from its source inlined (base64);
+    either way nothing the agent can write is involved."""
+    url = opts.mcp_servers["corral"]["url"]
+    if opts.gate_script:
+        # A file in the sandbox's read-only socket directory: a short command (the CLI
+        # quotes it back to the model in every refusal).
+        return f"{shlex.quote(opts.python)} -I -S {shlex.quote(opts.gate_script)} {shlex.quote(url)}"
+    source = base64.b64encode(Path(command_gate.__file__).read_bytes()).decode()
+    return (f"{shlex.quote(opts.python)} -I -S -c "
+            f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
+
+
+def entry_argv(python: str, command: Sequence[str], *,
+               forward: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Wrap ``command`` with the in-sandbox entry (the model/egress forwarders)."""
+    source = Path(sandbox_entry.__file__).read_text()
+    config = {"forward": [dict(f) for f in forward]}
+    return [python, "-I", "-S", "-c", source, json.dumps(config, separators=(",", ":")), "--",
+            *command]
+
+
+# ---------------------------------------------------------------- harness base
+
+
+class CliHarness:
+    """Base of agent-CLI harnesses. Subclasses set the class attributes and implement
+    :meth:`cli_argv`, :meth:`cli_env`, :meth:`map_policy` and :meth:`translator`."""
+
+    name: ClassVar[str] = ""
+    model_api: ClassVar[ModelApi] = "anthropic"
+    session_dirs: ClassVar[tuple[str, ...]] = ()
+    """Home-relative directories holding the CLI's sessions (saved for resume)."""
+    instructions_file: ClassVar[str] = ""
+    """Home-relative file the CLI reads global instructions from."""
+    gated_home_files: ClassVar[tuple[str, ...]] = ()
+    """Home-relative files removed before a run under corral's command gate: CLI
+    configuration (hooks above all) something in the sandbox may have planted for it."""
+    resume: Literal["offset", "replay"] = "replay"
+
+    def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
+                 permission_prompt: bool = False) -> None:
+        """``permission_prompt``: the run serves corral's permission prompt tool (a Runner
+        run with host tools), so a harness that can ask it enforces the policy live."""
+        self.package: AgentPackage = package_for(self.name)
+        self.version = version or self.package.version
+        self.policy = policy
+        self.permission_prompt = permission_prompt
+        # Definition time: an unenforceable rule raises here, not when the agent runs.
+        self.policy_mapping = self.map_policy(policy)
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> CliHarness:
+        """Build from a run's JSON spec (for ``corral.harness._registry``): optional
+        ``version`` (str) and ``policy`` (a :class:`corral.sandbox._policy.Policy` or its
+        ``to_dict()`` form)."""
+        version = spec.get("version")
+        if version is not None and not isinstance(version, str):
+            raise ConfigError(f"{cls.name}: 'version' must be a string")
+        policy = spec.get("policy")
+        if isinstance(policy, Mapping):
+            from corral.sandbox._policy import Policy
+
+            try:
+                policy = Policy(**dict(policy))
+            except TypeError as exc:
+                raise ConfigError(f"{cls.name}: bad policy in the run spec: {exc}") from None
+        if policy is not None and not isinstance(policy, PolicyLike):
+            raise ConfigError(f"{cls.name}: 'policy' must be a Policy or a mapping")
+        return cls(version=version, policy=policy,
+                   permission_prompt=spec.get("permission_prompt") is True)
+
+    # -- for subclasses
+    def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:
+        """Map a policy onto the CLI's permission system; raise :class:`ConfigError`
+        listing every rule the CLI cannot enforce."""
+        raise NotImplementedError
+
+    def cli_argv(self, opts: CliOptions) -> list[str]:
+        """The CLI's arguments (after the executable)."""
+        raise NotImplementedError
+
+    def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
+        """The CLI's environment (model endpoint, placeholder key, no telemetry)."""
+        raise NotImplementedError
+
+    def session_id(self, obj: Mapping[str, Any]) -> str | None:
+        """The CLI's session id if this output event carries it."""
+        raise NotImplementedError
+
+    def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> JsonlTranslator:
+        raise NotImplementedError
+
+    # -- shared
+    @property
+    def default_bin(self) -> str:
+        return f"{AGENTS_MOUNT}/{self.name}/{self.version}/node_modules/.bin/" \
+               f"{KNOWN_AGENTS[self.name].bin}"
+
+    def default_base_url(self) -> str:
+        return "http://127.0.0.1:{corral.port.model}"
+
+    def build_command(self, request: AgentRequest) -> AgentCommand:
+        """The agent command: the CLI (wrapped with the in-sandbox entry when
+        ``options["forward"]`` is set), the prompt on stdin."""
+        opts = CliOptions.parse(request.options)
+        if request.prompt is None or not request.prompt.strip():
+            raise ConfigError(f"the {self.name} harness needs a non-empty prompt")
+        argv = [opts.bin or self.default_bin, *self.cli_argv(opts)]
+        base_url = opts.base_url or self.default_base_url()
+        env = {"TERM": "dumb", "NO_COLOR": "1"}
+        env.update(self.cli_env(opts, base_url))
+        env.update(self.policy_mapping.env)
+        if opts.egress:
+            proxy = "http://127.0.0.1:{corral.port.egress}"
+            env.update({"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
+                        "https_proxy": proxy, "ALL_PROXY": proxy,
+                        # the sandbox's own loopback: the model endpoint, never the host's
+                        "NO_PROXY": "127.0.0.1,localhost,::1",
+                        "no_proxy": "127.0.0.1,localhost,::1"})
+        env.update(request.env)
+        env.update(opts.env)
+        if opts.forward is not None:
+            argv = entry_argv(opts.python, argv, forward=opts.forward)
+        elif "{corral.port." in base_url:
+            raise ConfigError(
+                f"the {self.name} harness needs a model endpoint: run it through "
+                "corral.agents._prepare.prepare_agent, or pass options base_url=..."
+            )
+        return AgentCommand(argv=argv, env=env, cwd=request.workdir,
+                            stdin=request.prompt.encode("utf-8"), timeout=opts.timeout)
+
+
+# ---------------------------------------------------------------- translator base
+
+
+def token_usage(model: str | None = None, *, input_tokens: int | None = None,
+                output_tokens: int | None = None, cached: int | None = None,
+                cache_write: int | None = None, reasoning: int | None = None,
+                provider: str | None = None) -> AguiTokenUsage:
+    total = None
+    if input_tokens is not None or output_tokens is not None:
+        total = (input_tokens or 0) + (output_tokens or 0) + (cached or 0) + (cache_write or 0)
+    return AguiTokenUsage(provider=provider, model=model, input_tokens=input_tokens,
+                          output_tokens=output_tokens, total_tokens=total,
+                          reasoning_tokens=reasoning, cached_input_tokens=cached,
+                          cache_write_input_tokens=cache_write)
+
+
+def as_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def as_str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def flatten_text(content: Any) -> str:
+    """Text of a tool result / message content (string or list of blocks)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif isinstance(block, dict):
+                parts.append(json.dumps(block, sort_keys=True))
+        return "\n".join(parts)
+    return json.dumps(content, sort_keys=True, default=str)
+
+
+class JsonlTranslator:
+    """Skeleton of a translator for a CLI that prints one JSON object per line.
+
+    Subclasses implement :meth:`on_event` and may override :meth:`terminal`. Helpers keep
+    track of open tool calls so that every ``TOOL_CALL_START`` gets an end and a result,
+    at the latest when the run ends.
+    """
+
+    harness: ClassVar[str] = ""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.finished = False
+        self.session: str | None = None
+        self.open_tools: dict[str, str] = {}
+        """tool_call_id -> name, started but without a result yet."""
+        self.done_tools: set[str] = set()
+        self.error_message: str | None = None
+        self.error_code: str | None = None
+        self.succeeded = False
+        self.result: Any = None
+        self.usage: list[AguiTokenUsage] | None = None
+        self._offset = 0
+
+    # -- protocol
+    def start(self) -> list[BaseEvent]:
+        return [ev.run_started(self.ctx.thread_id, self.ctx.run_id)]
+
+    def feed(self, item: JournalItem) -> list[BaseEvent]:
+        if self.finished:
+            return []
+        if isinstance(item, Exit):
+            self.finished = True
+            out = self.close_tools()
+            out.append(self.terminal(item))
+            return out
+        return self._line(item)
+
+    def _line(self, line: Line) -> list[BaseEvent]:
+        self._offset = line.start_offset
+        text = line.data.decode("utf-8", "replace")
+        if not text.strip():
+            return []
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            return [ev.raw({"line": text, "offset": line.start_offset}, self.harness)]
+        try:
+            return self.on_event(obj)
+        except Exception as exc:  # noqa: BLE001 - hostile output must never stop a run
+            return [ev.raw({"line": text, "offset": line.start_offset,
+                            "translatorError": f"{exc.__class__.__name__}: {exc}"},
+                           self.harness)]
+
+    # -- for subclasses
+    def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
+        raise NotImplementedError
+
+    def id(self, kind: str, index: int = 0) -> str:
+        """A deterministic id for something that starts on the current line."""
+        suffix = f"-{index}" if index else ""
+        return f"{self.ctx.run_id}-{kind}{self._offset}{suffix}"
+
+    def custom(self, name: str, value: Any) -> BaseEvent:
+        return ev.custom(f"{self.harness}.{name}", value)
+
+    def session_event(self, session_id: str, **extra: Any) -> list[BaseEvent]:
+        if session_id == self.session:
+            return []
+        self.session = session_id
+        value = {"harness": self.harness, "sessionId": session_id}
+        value.update({k: v for k, v in extra.items() if v is not None})
+        return [ev.custom(SESSION_EVENT, value)]
+
+    def text(self, message_id: str, text: str) -> list[BaseEvent]:
+        out: list[BaseEvent] = [ev.text_start(message_id)]
+        if text:
+            out.append(ev.text_content(message_id, text))
+        out.append(ev.text_end(message_id))
+        return out
+
+    def reasoning(self, message_id: str, text: str) -> list[BaseEvent]:
+        out: list[BaseEvent] = [ReasoningStartEvent(message_id=message_id),
+                                ReasoningMessageStartEvent(message_id=message_id,
+                                                           role="reasoning")]
+        if text:
+            out.append(ReasoningMessageContentEvent(message_id=message_id, delta=text))
+        out += [ReasoningMessageEndEvent(message_id=message_id),
+                ReasoningEndEvent(message_id=message_id)]
+        return out
+
+    def tool_start(self, tool_id: str, name: str, args: Any = None, *,
+                   parent: str | None = None) -> list[BaseEvent]:
+        """START (+ ARGS) + END for a new tool call; nothing if it was seen already."""
+        if tool_id in self.open_tools or tool_id in self.done_tools:
+            return []
+        self.open_tools[tool_id] = name
+        out: list[BaseEvent] = [ev.tool_call_start(tool_id, name or "tool", parent)]
+        if args is not None:
+            delta = args if isinstance(args, str) else json.dumps(args, sort_keys=True)
+            if delta:
+                out.append(ev.tool_call_args(tool_id, delta))
+        out.append(ev.tool_call_end(tool_id))
+        return out
+
+    def tool_result(self, tool_id: str, content: str, *, name: str = "tool",
+                    args: Any = None) -> list[BaseEvent]:
+        """The result of a tool call (started here first if it never was)."""
+        if tool_id in self.done_tools:
+            return []
+        out = self.tool_start(tool_id, name, args) if tool_id not in self.open_tools else []
+        out.append(ev.tool_call_result(f"{tool_id}-result", tool_id, content))
+        self.open_tools.pop(tool_id, None)
+        self.done_tools.add(tool_id)
+        return out
+
+    def close_tools(self) -> list[BaseEvent]:
+        out: list[BaseEvent] = []
+        for tool_id in list(self.open_tools):
+            out += self.tool_result(tool_id, NO_RESULT)
+        return out
+
+    def terminal(self, exit: Exit) -> BaseEvent:
+        """RUN_FINISHED when the CLI reported success and exited 0, else RUN_ERROR with the
+        CLI's own message (or the exit status and the tail of stderr)."""
+        ok_exit = exit.code == 0 and exit.signal is None
+        if self.succeeded and ok_exit and self.error_message is None:
+            return RunFinishedEvent(thread_id=self.ctx.thread_id, run_id=self.ctx.run_id,
+                                    result=self.result, usage=self.usage)
+        meta: dict[str, Any] = {"exitCode": exit.code,
+                                "signal": signal_name(exit.signal) if exit.signal else None}
+        stderr = exit.stderr_tail.decode("utf-8", "replace").strip()[-STDERR_CHARS:]
+        if self.error_message:
+            message = self.error_message
+            code = self.error_code or f"{self.harness}:error"
+        elif exit.signal is not None:
+            message = f"{self.harness} was killed by {signal_name(exit.signal)}"
+            code = f"signal:{signal_name(exit.signal)}"
+        elif exit.code == 124 and "timeout" in stderr:
+            message = f"{self.harness} ran longer than its timeout and was stopped"
+            code = "timeout"
+        elif ok_exit:
+            message = f"{self.harness} exited without reporting a result"
+            code = f"{self.harness}:no-result"
+        else:
+            message = f"{self.harness} exited with code {exit.code}"
+            code = f"exit:{exit.code}"
+        if stderr and not self.error_message:
+            message += ": " + stderr
+        elif stderr:
+            meta["stderr"] = stderr
+        return RunErrorEvent(message=message, code=code, metadata=meta, usage=self.usage)

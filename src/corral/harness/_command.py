@@ -1,0 +1,145 @@
+"""The ``command`` harness: any program; its stdout becomes one assistant text message.
+
+Events of a run: ``RUN_STARTED``, ``TEXT_MESSAGE_START`` (id ``<run_id>-m0``: the message
+starts at journal offset 0), one or more ``TEXT_MESSAGE_CONTENT`` per stdout line, then
+``TEXT_MESSAGE_END`` and ``RUN_FINISHED`` (exit 0) or ``RUN_ERROR`` (non-zero exit or signal;
+the message names the exit code or signal and ends with the tail of stderr; ``code`` is
+``"exit:<N>"`` or ``"signal:<NAME>"``; ``metadata`` holds ``exitCode`` and ``signal``).
+
+Text rule: the journal line starting at offset ``s`` contributes ``"\\n" + text`` when
+``s > 0`` and ``text`` when ``s == 0`` (see :mod:`corral.journal._reader`), split into deltas of
+at most ``max_delta_chars`` characters, and empty contributions are skipped. So the deltas of
+a run, concatenated, are exactly the program's stdout whenever it is valid UTF-8, and each
+line's visible text is delivered as soon as the line is complete.
+
+Invalid UTF-8: such a line's delta uses U+FFFD for the bad bytes, and, just before it, a
+``CUSTOM`` event named ``corral.stdout.bytes`` carries ``{"offset": s, "chars": n, "base64":
+<the line's raw bytes>}``, ``n`` being the number of delta characters that follow and stand
+for that line (its ``\\n`` prefix included). Rebuilding stdout byte for byte: for such an
+event, emit ``\\n`` (if ``s > 0``) plus the raw bytes and skip the next ``n`` delta
+characters; encode every other delta as UTF-8. Translation never fails on agent output.
+
+The translator's state is a function of the journal offset alone (``resume = "offset"``).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Literal
+
+from ag_ui.core import BaseEvent
+
+from corral._errors import ConfigError
+from corral.harness import _events as ev
+from corral.harness._base import AgentCommand, AgentRequest, RunContext
+from corral.journal._reader import Exit, JournalItem, Line
+from corral.sandbox._contracts import signal_name
+
+__all__ = ["RAW_BYTES_EVENT", "CommandHarness", "CommandTranslator"]
+
+RAW_BYTES_EVENT = "corral.stdout.bytes"
+STDERR_MESSAGE_CHARS = 1000
+
+
+class CommandTranslator:
+    """Stdout lines → one text message; exit → ``RUN_FINISHED`` / ``RUN_ERROR``."""
+
+    def __init__(self, ctx: RunContext, *, max_delta_chars: int = 1 << 20) -> None:
+        if max_delta_chars < 1:
+            raise ConfigError("max_delta_chars must be at least 1")
+        self.ctx = ctx
+        self.message_id = f"{ctx.run_id}-m0"
+        self.max_delta_chars = max_delta_chars
+        self.finished = False
+
+    def start(self) -> list[BaseEvent]:
+        return [ev.run_started(self.ctx.thread_id, self.ctx.run_id), ev.text_start(self.message_id)]
+
+    def feed(self, item: JournalItem) -> list[BaseEvent]:
+        if self.finished:
+            return []
+        if isinstance(item, Line):
+            return self._line(item)
+        self.finished = True
+        return [ev.text_end(self.message_id), self._terminal(item)]
+
+    def _line(self, line: Line) -> list[BaseEvent]:
+        out: list[BaseEvent] = []
+        raw: bytes | None = None
+        try:
+            text = line.data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = line.data.decode("utf-8", "replace")
+            raw = line.data
+        if line.start_offset > 0:
+            text = "\n" + text
+        if raw is not None:
+            payload = {
+                "offset": line.start_offset,
+                "chars": len(text),
+                "base64": base64.b64encode(raw).decode(),
+            }
+            out.append(ev.custom(RAW_BYTES_EVENT, payload))
+        step = self.max_delta_chars
+        out.extend(ev.text_content(self.message_id, text[i : i + step])
+                   for i in range(0, len(text), step))
+        return out
+
+    def _terminal(self, exit: Exit) -> BaseEvent:
+        if exit.code == 0 and exit.signal is None:
+            return ev.run_finished(self.ctx.thread_id, self.ctx.run_id)
+        signum = exit.signal
+        if signum is None and 128 < exit.code < 128 + 65:
+            # Sandboxes whose init reports a child's signal death as 128+N (bubblewrap,
+            # containers) cannot tell it from `exit 128+N`; shells use the same convention,
+            # so name the signal rather than hide it.
+            signum = exit.code - 128
+        if signum is not None:
+            name = signal_name(signum)
+            message = f"command killed by {name} (exit code {exit.code})"
+            code = f"signal:{name}"
+        else:
+            message = f"command exited with code {exit.code}"
+            code = f"exit:{exit.code}"
+        tail = exit.stderr_tail.decode("utf-8", "replace").strip()
+        if tail:
+            message += ": " + tail[-STDERR_MESSAGE_CHARS:]
+        meta = {"exitCode": exit.code, "signal": signal_name(signum) if signum else None}
+        return ev.run_error(message, code, meta)
+
+
+class CommandHarness:
+    """Runs a fixed argv (or ``request.options["argv"]``); the prompt, if any, is its stdin."""
+
+    name = "command"
+    resume: Literal["offset", "replay"] = "offset"
+
+    def __init__(self, argv: Sequence[str] | None = None, *, max_delta_chars: int = 1 << 20):
+        if isinstance(argv, str):
+            raise ConfigError(
+                "the command harness takes argv as a list of strings, not one string; "
+                "use ['sh', '-c', '...'] to run a shell command line"
+            )
+        self.argv = list(argv) if argv is not None else None
+        self.max_delta_chars = max_delta_chars
+
+    def build_command(self, request: AgentRequest) -> AgentCommand:
+        argv = request.options.get("argv", self.argv)
+        if (
+            not isinstance(argv, (list, tuple))
+            or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)
+            or not argv[0]
+        ):
+            raise ConfigError(
+                "the command harness needs argv: a non-empty list of strings without NUL "
+                "bytes (CommandHarness(argv=[...]) or options={'argv': [...]})"
+            )
+        stdin = request.prompt.encode("utf-8") if request.prompt is not None else None
+        return AgentCommand(argv=list(argv), env=dict(request.env), cwd=request.workdir,
+                            stdin=stdin)
+
+    def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CommandTranslator:
+        # State depends on nothing but the offset: a line's first-ness is in the line itself.
+        return CommandTranslator(ctx, max_delta_chars=self.max_delta_chars)

@@ -1,0 +1,444 @@
+"""The host model proxy: the only place a model API key lives.
+
+The agent CLI in the sandbox talks plain HTTP to ``127.0.0.1:<port>`` inside the sandbox;
+the in-sandbox forwarder (:mod:`corral._insandbox.entry`) pipes that to a unix socket
+bound in from the host, where a :class:`ModelProxy` serves. The proxy drops whatever
+credential the CLI sent (the sandbox only has a placeholder), adds the real one, forwards
+to the upstream and streams the answer back chunk by chunk (SSE passes through unbuffered).
+
+It also meters tokens per run (from the streamed ``usage`` of Anthropic Messages and
+OpenAI Responses events, or a JSON body's ``usage``) and can enforce a budget: once a
+run's total reaches ``budget`` tokens, further requests are refused with a 403 whose
+message says so (the request that crosses the budget completes). An upstream that does
+not answer within ``idle_timeout`` seconds (before the headers, or between two chunks)
+gets the CLI a clear error instead of a hang: a 504 before the headers, an error event
+mid-stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+import certifi
+import httpx
+
+from corral._errors import ConfigError, PrerequisiteMissing
+from corral.net._http11 import Request, Response, serve_unix
+
+__all__ = [
+    "PLACEHOLDER_KEY",
+    "DEFAULT_PATHS",
+    "ModelApi",
+    "ModelProxy",
+    "Upstream",
+    "Usage",
+    "UsageMeter",
+    "shared_ssl_context",
+]
+
+ModelApi = Literal["anthropic", "openai"]
+PLACEHOLDER_KEY = "corral-placeholder-no-real-key-in-sandbox"
+"""The credential agent CLIs get inside the sandbox (the proxy replaces it)."""
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "proxy-connection",
+})  # fmt: skip
+CREDENTIAL_HEADERS = frozenset({"x-api-key", "authorization", "api-key", "x-goog-api-key",
+                                "cookie"})
+DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
+    # What the CLIs call; anything else (files, batches, admin, fine-tuning) is refused so
+    # that an agent cannot spend or read through the key beyond model calls.
+    "anthropic": ("/v1/messages", "/v1/models"),
+    "openai": ("/v1/responses", "/v1/chat/completions", "/v1/models"),
+}
+_DEFAULTS: dict[str, tuple[str, str, str]] = {
+    # api: (base URL variable, default base URL, key variable)
+    "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
+    "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+}
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where model requests go, and the credential the proxy adds.
+
+    ``base_url`` is the API's base as its SDKs take it: ``https://api.anthropic.com`` for
+    Anthropic (requests keep their ``/v1/...`` path), ``https://api.openai.com/v1`` for
+    OpenAI (a request for ``/v1/responses`` goes to ``<base_url>/responses``).
+    """
+
+    api: ModelApi
+    base_url: str
+    api_key: str = field(repr=False)
+    allowed_paths: tuple[str, ...] | None = None
+    """Request path prefixes the proxy forwards (``None``: :data:`DEFAULT_PATHS` of the
+    API). A prefix matches the path itself and anything below it (``/v1/messages`` allows
+    ``/v1/messages/count_tokens``)."""
+
+    def __post_init__(self) -> None:
+        if self.api not in _DEFAULTS:
+            raise ConfigError(f"unknown model API {self.api!r}: use 'anthropic' or 'openai'")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(
+                f"model upstream base URL {self.base_url!r} must be an http(s) URL"
+            )
+        if not self.api_key or any(c in self.api_key for c in "\r\n\0"):
+            raise ConfigError(f"the {self.api} API key is empty or contains control characters")
+
+    @classmethod
+    def from_env(cls, api: ModelApi, env: Mapping[str, str] | None = None) -> Upstream:
+        """From the host's standard variables (``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``,
+        ``OPENAI_BASE_URL``/``OPENAI_API_KEY``)."""
+        if api not in _DEFAULTS:
+            raise ConfigError(f"unknown model API {api!r}: use 'anthropic' or 'openai'")
+        env = os.environ if env is None else env
+        url_var, default_url, key_var = _DEFAULTS[api]
+        key = env.get(key_var, "")
+        if not key:
+            raise PrerequisiteMissing(
+                f"{key_var} is not set on the host: the model proxy needs it to call the "
+                f"{api} API (the key stays on the host; the sandbox never sees it)"
+            )
+        return cls(api, env.get(url_var) or default_url, key)
+
+    def allows(self, target: str) -> bool:
+        """Whether a request target's path is one the proxy forwards."""
+        path = target.split("?", 1)[0]
+        if "/../" in path + "/" or "/./" in path + "/" or "//" in path:
+            return False
+        prefixes = self.allowed_paths if self.allowed_paths is not None else DEFAULT_PATHS[
+            self.api]
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
+
+    def url_for(self, target: str) -> str:
+        """The upstream URL for a request target (``/v1/messages?beta=true``)."""
+        if not target.startswith("/"):
+            raise ConfigError(f"the model proxy only accepts origin-form targets, got {target!r}")
+        base = self.base_url.rstrip("/")
+        if self.api == "openai" and base.endswith("/v1") and (
+            target == "/v1" or target.startswith(("/v1/", "/v1?"))
+        ):
+            target = target[3:] or "/"
+        return base + target
+
+    def auth_headers(self) -> list[tuple[str, str]]:
+        if self.api == "anthropic":
+            return [("x-api-key", self.api_key)]
+        return [("authorization", f"Bearer {self.api_key}")]
+
+
+@dataclass
+class Usage:
+    """Tokens one run used, as reported by the upstream."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    requests: int = 0
+    refused: int = 0
+
+    @property
+    def total(self) -> int:
+        return (self.input_tokens + self.output_tokens + self.cache_read_tokens
+                + self.cache_write_tokens)
+
+    def add(self, other: Usage) -> None:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cache_read_tokens += other.cache_read_tokens
+        self.cache_write_tokens += other.cache_write_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        out = asdict(self)
+        out["total"] = self.total
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Usage | None:
+        """The usage a proxy wrote to ``path`` (``usage_path``); ``None`` if there is none."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return None
+        return cls.from_dict(data) if isinstance(data, dict) else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        """The inverse of :meth:`to_dict` (unknown keys and bad values ignored)."""
+        return cls(**{k: _int(data.get(k)) for k in (
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+            "requests", "refused")})
+
+
+@functools.cache
+def shared_ssl_context() -> ssl.SSLContext:
+    """One verifying TLS context per process (building one costs tens of milliseconds)."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
+class UsageMeter:
+    """Reads ``usage`` out of one response's bytes as they stream by (never raises)."""
+
+    def __init__(self, api: ModelApi, *, sse: bool) -> None:
+        self.api = api
+        self.sse = sse
+        self.usage = Usage()
+        self._buf = b""
+        self._json = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.sse:
+            if len(self._json) < (8 << 20):
+                self._json += chunk
+            return
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        if len(self._buf) > (8 << 20):
+            self._buf = b""  # a runaway line: give up on it rather than grow
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+
+    def finish(self) -> Usage:
+        if not self.sse and self._json:
+            with contextlib.suppress(ValueError):
+                data = json.loads(bytes(self._json))
+                if isinstance(data, dict):
+                    self._usage(data.get("usage"), replace_output=True)
+        elif self._buf.startswith(b"data:"):
+            self._event(self._buf[5:].strip())
+        self._buf = b""
+        return self.usage
+
+    def _event(self, raw: bytes) -> None:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        kind = data.get("type")
+        if kind == "message_start":  # anthropic
+            message = data.get("message")
+            if isinstance(message, dict):
+                self._usage(message.get("usage"), replace_output=True)
+        elif kind == "message_delta":
+            self._usage(data.get("usage"), replace_output=True, only_output=True)
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = data.get("response")
+            if isinstance(response, dict):
+                self._usage(response.get("usage"), replace_output=True)
+
+    def _usage(self, usage: Any, *, replace_output: bool, only_output: bool = False) -> None:
+        if not isinstance(usage, dict):
+            return
+        u = self.usage
+        if "output_tokens" in usage:
+            u.output_tokens = _int(usage.get("output_tokens"))  # cumulative in both APIs
+        if only_output:
+            return
+        if self.api == "anthropic":
+            u.input_tokens = _int(usage.get("input_tokens"))
+            u.cache_read_tokens = _int(usage.get("cache_read_input_tokens"))
+            u.cache_write_tokens = _int(usage.get("cache_creation_input_tokens"))
+        else:
+            details = usage.get("input_tokens_details")
+            cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+            u.input_tokens = max(_int(usage.get("input_tokens")) - cached, 0)
+            u.cache_read_tokens = cached
+
+
+def _error_body(api: ModelApi, kind: str, message: str) -> bytes:
+    if api == "anthropic":
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
+    return json.dumps(body).encode()
+
+
+def _error(api: ModelApi, status: int, kind: str, message: str) -> Response:
+    data = _error_body(api, kind, message)
+    return Response(status, [("content-type", "application/json"),
+                             ("content-length", str(len(data)))], data)
+
+
+def _stream_error_frame(api: ModelApi, message: str) -> bytes:
+    if api == "anthropic":
+        data = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
+    failed = {"type": "response.failed", "response": {
+        "id": "resp_corral_proxy", "object": "response", "status": "failed",
+        "error": {"code": "server_error", "message": message}, "output": []}}
+    return b"event: response.failed\ndata: " + json.dumps(failed).encode() + b"\n\n"
+
+
+class ModelProxy:
+    """Forwards a sandbox's model requests to ``upstream`` with the real credential.
+
+    ``budget``: total tokens (input + output + cache) the run may use; ``None`` = no limit.
+    ``usage_path``: a JSON file rewritten (atomically) after every request with the usage
+    so far, for other processes to read.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        budget: int | None = None,
+        idle_timeout: float = 300.0,
+        connect_timeout: float = 10.0,
+        usage_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if budget is not None and (not isinstance(budget, int) or budget < 1):
+            raise ConfigError("a token budget must be a positive integer (or None)")
+        if idle_timeout <= 0 or connect_timeout <= 0:
+            raise ConfigError("model proxy timeouts must be positive")
+        self.upstream = upstream
+        self.budget = budget
+        self.idle_timeout = idle_timeout
+        self.connect_timeout = connect_timeout
+        self.usage = Usage()
+        self.usage_path = Path(usage_path) if usage_path is not None else None
+        self._client: httpx.AsyncClient | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.idle_timeout, connect=self.connect_timeout),
+                follow_redirects=False,
+                trust_env=False,
+                verify=shared_ssl_context(),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def serve(self, socket_path: str | os.PathLike[str], *,
+                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Serve on a unix socket until cancelled (``task_status.started()`` once bound)."""
+        self._http()  # now, not on the agent's first request
+        try:
+            await serve_unix(socket_path, self.handle, task_status=task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+
+    # ---------------------------------------------------------------- requests
+
+    def _save_usage(self) -> None:
+        if self.usage_path is None:
+            return
+        tmp = self.usage_path.with_name(self.usage_path.name + ".tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(self.usage.to_dict()))
+            os.replace(tmp, self.usage_path)
+
+    def _scrub(self, data: bytes) -> bytes:
+        return data.replace(self.upstream.api_key.encode(), b"[redacted]")
+
+    async def handle(self, request: Request) -> Response:
+        """Forward one request (see the module docstring)."""
+        api = self.upstream.api
+        if self.budget is not None and self.usage.total >= self.budget:
+            self.usage.refused += 1
+            self._save_usage()
+            return _error(api, 403, "permission_error",
+                          f"corral model proxy: this run's token budget of {self.budget} tokens "
+                          f"is used up ({self.usage.total} used); no further model requests "
+                          "are allowed")
+        try:
+            url = self.upstream.url_for(request.target)
+        except ConfigError as exc:
+            return _error(api, 400, "invalid_request_error", f"corral model proxy: {exc}")
+        if not self.upstream.allows(request.target):
+            self.usage.refused += 1
+            return _error(api, 403, "permission_error",
+                          f"corral model proxy: {request.target.split('?', 1)[0]!r} is not a "
+                          "model API path this sandbox may call")
+        headers = [(k, v) for k, v in request.headers
+                   if k not in HOP_BY_HOP and k not in CREDENTIAL_HEADERS
+                   and k != "accept-encoding"]
+        headers += self.upstream.auth_headers()
+        headers.append(("accept-encoding", "identity"))
+        client = self._http()
+        upstream_req = client.build_request(request.method, url, headers=headers,
+                                            content=request.body)
+        self.usage.requests += 1
+        try:
+            resp = await client.send(upstream_req, stream=True)
+        except httpx.TimeoutException:
+            self._save_usage()
+            return _error(api, 504, "api_error",
+                          f"corral model proxy: the model API at {self.upstream.base_url} did "
+                          f"not answer within {self.idle_timeout:g}s")
+        except httpx.HTTPError as exc:
+            self._save_usage()
+            return _error(api, 502, "api_error",
+                          f"corral model proxy: cannot reach the model API at "
+                          f"{self.upstream.base_url}: {exc.__class__.__name__}: {exc}")
+        out_headers = [(k, v) for k, v in resp.headers.multi_items()
+                       if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"]
+        ctype = resp.headers.get("content-type", "")
+        if resp.status_code >= 400:
+            try:
+                data = self._scrub(await resp.aread())
+            except httpx.HTTPError:
+                data = _error_body(api, "api_error", "corral model proxy: upstream error body "
+                                   "could not be read")
+            finally:
+                await resp.aclose()
+            self._save_usage()
+            out_headers.append(("content-length", str(len(data))))
+            return Response(resp.status_code, out_headers, data)
+        meter = UsageMeter(api, sse="text/event-stream" in ctype)
+        return Response(resp.status_code, out_headers, self._stream(resp, meter))
+
+    async def _stream(self, resp: httpx.Response, meter: UsageMeter) -> AsyncIterator[bytes]:
+        try:
+            try:
+                async for chunk in resp.aiter_bytes():
+                    meter.feed(chunk)
+                    yield chunk
+            except httpx.TimeoutException:
+                if meter.sse:
+                    yield _stream_error_frame(
+                        self.upstream.api,
+                        f"corral model proxy: the model API stalled for "
+                        f"{self.idle_timeout:g}s mid-response",
+                    )
+            except httpx.HTTPError as exc:
+                if meter.sse:
+                    yield _stream_error_frame(
+                        self.upstream.api,
+                        f"corral model proxy: the model API connection failed mid-response: "
+                        f"{exc.__class__.__name__}",
+                    )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+            self.usage.add(meter.finish())
+            self._save_usage()

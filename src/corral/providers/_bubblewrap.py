@@ -1,0 +1,897 @@
+"""The bubblewrap provider: the default isolated provider on Linux.
+
+A sandbox is a host state directory (``$CORRAL_HOME/sandboxes/bubblewrap/<id>``) plus,
+where the machine has them, cgroups that hold its limits. Nothing runs between commands:
+every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, with
+
+* new user, pid, ipc, uts, net and cgroup namespaces (``--unshare-all``), no further user
+  namespaces inside (``--disable-userns``), a new session;
+* the system (``/usr``, ``/etc`` and the merged-usr links) bound read-only, a fresh
+  ``/proc`` and a minimal ``/dev``; nothing else of the host (no ``/home``, ``/root``,
+  ``/run``, ``/sys``, no project checkout);
+* private writable ``/workspace``, ``/tmp`` and ``/home/agent`` (``HOME``) bound from the
+  state directory's ``root/``; ``private/`` is never mounted (journals live there);
+* the command running as uid/gid 1000 (``agent``) inside, which is an unprivileged host
+  uid outside when corral runs as root (``host_uid``, default 1000000000), so the
+  read-only system's root-only files (``/etc/shadow``) stay unreadable;
+* no network at all unless the spec asks for it (``--share-net``);
+* memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
+  the sandbox joins before it enters the namespaces (the launcher writes its own pid to
+  ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
+  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force);
+* a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
+  subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
+
+What host processes see: the launcher chain (``sh`` joining the cgroups, ``setpriv``,
+``bwrap``) runs with a fixed environment (``PATH`` and corral's own tag), never a variable a
+user, a secret or a repository's corral.toml names: those reach the command inside the
+sandbox only, over the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the
+sandbox's pid 1 with no environment at all.
+
+Each command runs under corral's own init as pid 1 of a fresh pid namespace
+(``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
+itself non-dumpable before the command starts, so the command (same uid) cannot ptrace it,
+read its ``/proc`` entries or take its descriptors; as a namespace's init it cannot be
+signalled from inside. It alone reports the command's raw wait status, on a pipe whose
+other end only the host holds: nothing the agent can reach decides the status corral
+reports. When the command ends the init exits and the kernel kills everything left in the
+namespace, stopped or traced processes included.
+
+Consequences worth knowing: each command gets its own pid namespace, so a command sees
+only its own processes, and whatever an ``exec``/``spawn`` leaves running in the
+background (``cmd &``, ``setsid``, daemons) is killed when its main process ends. Use
+``spawn`` for long-lived processes: they survive the Python process that started them.
+Killing a process tree kills the namespace's init, which takes everything in it; a timeout
+does the same and reports exit status 124. ``destroy`` freezes and kills the whole cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from corral._errors import ConfigError, PrerequisiteMissing
+from corral._paths import SHARED_ROOT, corral_home, net_root
+from corral.providers import _btrfs as btrfs
+from corral.providers import _cgroups as cgroups
+from corral.providers import _diskquota as diskquota
+from corral.providers import _procscan as procscan
+from corral.providers._base import HostDirHandle
+from corral.providers._process import (
+    Outcome,
+    SandboxProcess,
+    collect,
+    merge_env,
+    popen,
+    to_argv,
+)
+from corral.providers._state import (
+    SandboxState,
+    check_env,
+    make_files_dir,
+    make_sandbox_dir,
+    new_id,
+    provider_root,
+    remove_tree,
+    validate_id,
+)
+from corral.sandbox import _validate as validate
+from corral.sandbox._contracts import (
+    Capabilities,
+    Command,
+    ExecResult,
+    HostCommand,
+    HostRoute,
+    ProcessApi,
+    ResourceLimits,
+    SandboxRef,
+    SandboxSpec,
+    SnapshotRef,
+    UnsupportedCapability,
+)
+
+__all__ = [
+    "BWRAP_CAPABILITIES",
+    "DEFAULT_HOST_UID",
+    "DEFAULT_LIMITS",
+    "BubblewrapHandle",
+    "BubblewrapProvider",
+]
+
+BWRAP_CAPABILITIES = Capabilities(
+    background_processes=True,
+    killable_processes=True,
+    writable_stdin=True,
+    snapshots=False,
+    network_policy=True,
+    durable_filesystem=True,
+    ports=False,
+    isolated=True,
+    host_processes=True,
+)
+
+DEFAULT_HOST_UID = 1_000_000_000
+FILES_ROOT = Path(os.environ.get("CORRAL_BWRAP_FILES", SHARED_ROOT / "bubblewrap"))
+SANDBOX_UID = 1000
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None, disk_bytes=10 << 30)
+MIN_DISK_BYTES = 8 << 20
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/home/agent",
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "SHELL": "/bin/sh",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+
+# Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
+_JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
+
+# pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
+# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER (nothing else). It first makes itself
+# non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
+# or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
+# inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
+# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads
+# what to run from the head of stdin (``launch_prefix``: the cwd, the environment and the
+# argv, none of which is ever in a host process's environment or argv), runs the command
+# there, reaps every orphan, and when the command ends writes its raw
+# wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
+# namespace, whatever state it is in.
+_INIT = r"""
+my ($fd, $keeper, $nr, $filter) = splice(@ARGV, 0, 4);
+syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
+if ($filter ne "-") {
+  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog); bwrap set no_new_privs
+  my $prog = pack("H*", $filter);
+  syscall($nr, 22, 2, pack("S x![P] P", length($prog) / 8, $prog), 0, 0) == 0 or exit 125;
+}
+if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
+my $st;
+if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
+my ($len, $c, $blob) = ("", "", "");
+while (1) { sysread(STDIN, $c, 1) == 1 or exit 125; last if $c eq "\n"; $len .= $c }
+while (length($blob) < $len) {
+  my $r = sysread(STDIN, $blob, $len - length($blob), length($blob));
+  defined($r) && $r > 0 or exit 125;
+}
+my @f = split(/\0/, $blob, -1);
+pop @f;
+my ($cwd, $n) = splice(@f, 0, 2);
+my @env = splice(@f, 0, $n);
+my @argv = @f;
+@argv or exit 125;
+my $pid = fork;
+if (!defined $pid) { print STDERR "corral: cannot start $argv[0]: fork: $!\n"; exit 126 }
+if ($pid == 0) {
+  close $st if $st;
+  chdir($cwd) or do { print STDERR "corral: cannot enter $cwd: $!\n"; exit 126 };
+  %ENV = map { split(/=/, $_, 2) } @env;
+  exec { $argv[0] } @argv;
+  my $e = $! + 0;
+  print STDERR "corral: $argv[0]: $!\n";
+  exit($e == 2 ? 127 : 126);
+}
+my $s = 255 << 8;
+while ((my $w = waitpid(-1, 0)) > 0) { if ($w == $pid) { $s = $?; last } }
+syswrite $st, "$s\n" if $st;
+exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
+"""
+
+# prctl(2)'s number per machine (perl's syscall() takes the raw number).
+_PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
+
+
+def launch_prefix(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+    """The head of a sandboxed command's stdin, read by the init: what to run, where and
+    with which environment (``<length>\n`` + NUL-terminated fields: cwd, the number of
+    variables, ``NAME=VALUE`` each, then argv). None of it is in a host process's argv or
+    environment."""
+    if any("\0" in a for a in argv):
+        raise ConfigError("a command argument contains a NUL byte, which no program can receive")
+    fields = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
+    blob = b"".join(f.encode() + b"\0" for f in fields)
+    return str(len(blob)).encode() + b"\n" + blob
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _passwd_files(etc: Path) -> None:
+    """Write passwd/group for the sandbox: the host's entries plus ``agent`` (uid 1000)."""
+    etc.mkdir(exist_ok=True)
+
+    def rewrite(src: str, line: str) -> str:
+        keep = []
+        with contextlib.suppress(OSError), open(src) as fh:
+            for raw in fh:
+                parts = raw.split(":")
+                if len(parts) > 2 and (parts[0] == "agent" or parts[2] == str(SANDBOX_UID)):
+                    continue
+                keep.append(raw if raw.endswith("\n") else raw + "\n")
+        return "".join(keep) + line
+
+    (etc / "passwd").write_text(
+        rewrite("/etc/passwd", f"agent:x:{SANDBOX_UID}:{SANDBOX_UID}:corral agent:/home/agent:/bin/sh\n")
+    )
+    (etc / "group").write_text(rewrite("/etc/group", f"agent:x:{SANDBOX_UID}:\n"))
+
+
+class _BwrapProcessApi:
+    def __init__(self, handle: BubblewrapHandle) -> None:
+        self._h = handle
+
+    async def spawn(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SandboxProcess:
+        """Start ``command`` in the sandbox and return at once (stream its output)."""
+        return await self._h._start(command, cwd, env)
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run to completion; a timeout kills everything the command started."""
+        proc = await self._h._start(command, cwd, env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+
+class _Run:
+    """Bookkeeping of one bwrap invocation: status pipes and limit counters."""
+
+    def __init__(self, handle: BubblewrapHandle, status_r: int, report_r: int | None) -> None:
+        self.h = handle
+        self.status_r = status_r
+        self.report_r = report_r
+        self.init_pid: int | None = None
+        self.before = cgroups.limit_counters(handle.state.cgroups) if handle.state.cgroups else None
+        self._status_buf = b""
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _read_status(self) -> None:
+        while b"\n" not in self._status_buf:
+            try:
+                chunk = os.read(self.status_r, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._status_buf += chunk
+        line = self._status_buf.split(b"\n", 1)[0]
+        with contextlib.suppress(ValueError):
+            info: dict[str, Any] = json.loads(line)
+            if "child-pid" in info:
+                self.init_pid = int(info["child-pid"])
+
+    async def find_init(self) -> int | None:
+        """The host pid of the sandbox's pid-namespace init for this run (bwrap's child)."""
+        assert self.proc is not None
+        with anyio.move_on_after(5):
+            while self.init_pid is None and self.proc.poll() is None:
+                self._read_status()
+                if self.init_pid is None:
+                    await anyio.sleep(0.001)
+        return self.init_pid
+
+    async def kill(self, sig: int) -> None:
+        assert self.proc is not None
+        init = await self.find_init()
+        if init is None:
+            # bwrap never got to start the sandbox (or is gone): kill it directly.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+            return
+        if sig == signal.SIGKILL:
+            # The death of a pid namespace's init kills every process in that namespace.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+            return
+        await anyio.to_thread.run_sync(self._signal_namespace, init, sig)
+
+    def _signal_namespace(self, init: int, sig: int) -> None:
+        try:
+            ns = os.readlink(f"/proc/{init}/ns/pid")
+        except OSError:
+            return
+        if self.h.state.cgroups:
+            candidates: Sequence[int] = sorted(cgroups.members(self.h.state.cgroups))
+        else:
+            candidates = procscan.descendants(init)
+        for pid in candidates:
+            if pid == init:
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                    os.kill(pid, sig)
+
+    def finish(self, rc: int) -> Outcome:
+        status: int | None = None
+        if self.report_r is not None:
+            with contextlib.suppress(OSError, ValueError):
+                raw = os.read(self.report_r, 64)
+                if raw.strip():
+                    status = int(raw.split()[0])
+        self.close()
+        sig: int | None = None
+        if status is not None:
+            if status & 0x7F:
+                sig = status & 0x7F
+                code = 128 + sig
+            else:
+                code = (status >> 8) & 0xFF
+        elif rc < 0:
+            sig, code = -rc, 128 - rc
+        elif 128 < rc <= 128 + 64:
+            sig, code = rc - 128, rc  # no reporter: read bwrap's 128+N as a signal
+        else:
+            code = rc
+        limit: str | None = None
+        if self.before is not None:
+            oom, refused = cgroups.limit_counters(self.h.state.cgroups)
+            if oom > self.before[0]:
+                limit = "memory"
+            elif refused > self.before[1]:
+                limit = "pids"
+        st = self.h.state
+        if limit is None and (code != 0 or sig is not None) and st.disk_fsid and st.disk_bytes:
+            # The quota fails writes (EDQUOT) rather than killing anything: a failed command
+            # in a sandbox that is now full is taken to have failed for that reason.
+            if diskquota.reached(st.disk_fsid, st.disk_subvol, st.disk_bytes):
+                limit = "disk"
+        if limit is None and sig == signal.SIGXCPU:
+            limit = "cpu"
+        return Outcome(exit_code=code, signal=sig, limit_hit=limit)
+
+    def close(self) -> None:
+        for fd in (self.status_r, self.report_r):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.report_r = None
+        self.status_r = -1
+
+
+class BubblewrapHandle(HostDirHandle):
+    """A bubblewrap sandbox. Cheap to build: all argv work is done here, once."""
+
+    provider_name = "bubblewrap"
+
+    def __init__(self, sandbox_dir: Path, state: SandboxState, provider: BubblewrapProvider) -> None:
+        uid = state.host_uid
+        super().__init__(
+            sandbox_dir,
+            state,
+            BWRAP_CAPABILITIES,
+            owner=(uid, uid) if uid is not None else None,
+        )
+        self._provider = provider
+        self._process = _BwrapProcessApi(self)
+        root = self._files / "root"
+        bwrap = [
+            provider.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            *(["--share-net"] if state.network else []),
+            "--disable-userns",
+            "--new-session",
+            "--hostname",
+            "corral",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            *provider.system_binds,
+            "--ro-bind",
+            str(self._files / "etc" / "passwd"),
+            "/etc/passwd",
+            "--ro-bind",
+            str(self._files / "etc" / "group"),
+            "/etc/group",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--bind",
+            str(root / "workspace"),
+            "/workspace",
+            "--bind",
+            str(root / "tmp"),
+            "/tmp",
+            "--bind",
+            str(root / "home" / "agent"),
+            "/home/agent",
+        ]
+        for host, inside in state.binds:
+            bwrap += ["--ro-bind", host, inside]
+        # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
+        # init starts with no environment at all (the command's comes over stdin).
+        bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
+        self._bwrap = bwrap
+        # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
+        # rlimits, drop to the sandbox's host uid, then bwrap.
+        launcher: list[str] = []
+        if state.limit_mode == "cgroup":
+            launcher = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
+        elif state.limit_mode == "rlimit":
+            launcher = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
+        if uid is not None:
+            launcher += [
+                provider.setpriv,
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--no-new-privs",
+                "--",
+            ]
+        self._launcher = launcher
+        # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
+        # repository controls (a name like LD_PRELOAD would run code on the host as root).
+        self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
+        # What the sandboxed command gets, delivered inside the sandbox only.
+        self._env = merge_env(BASE_ENV, state.env)
+        self._env["CORRAL_SANDBOX_ID"] = state.id
+        self._init_nr = str(provider.prctl_nr)
+        self._filter = provider.seccomp.hex() if provider.seccomp else "-"
+
+    @property
+    def process(self) -> ProcessApi:
+        return self._process
+
+    def _env_for(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        if not env:
+            return self._env
+        check_env(dict(env))
+        merged = dict(self._env)
+        merged.update(env)
+        return merged
+
+    def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
+        return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
+                self._init_nr, self._filter]
+
+    async def _start(
+        self, command: Command, cwd: str | None, env: Mapping[str, str] | None
+    ) -> SandboxProcess:
+        self._check_alive()
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        prefix = launch_prefix(chdir, self._env_for(env), argv)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # bwrap keeps a read end of its own status pipe open: when the process that
+        # spawned it exits early (a background process outliving its creator), bwrap's
+        # status writes must not fail (it would die of EPIPE and take the tree with it).
+        keeper = os.dup(status_r)
+        fds = [status_w, report_w, keeper]
+        full = [
+            *self._launcher,
+            *self._bwrap,
+            "--json-status-fd",
+            str(status_w),
+            "--",
+            *self._init(report_w, keeper),
+        ]
+        run = _Run(self, status_r, report_r)
+        try:
+            proc = popen(full, env=self._host_env, pass_fds=fds)
+        except BaseException:
+            run.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        run.proc = proc
+        sandboxed = SandboxProcess(proc, killer=run.kill, finisher=run.finish)
+        try:
+            await sandboxed.write_stdin(prefix)
+        except BrokenPipeError:
+            pass  # bwrap failed before the init ran; its exit status says why
+        return sandboxed
+
+    def host_command(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> HostCommand:
+        """A self-contained host argv that joins the cgroups, drops to the sandbox's host
+        uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
+
+        Its exit status is the command's (``128 + N`` for a death by signal ``N``). The
+        launcher's pid stays the same through the chain (every step execs), and the
+        sandboxed tree dies with it: signalling the launcher (or its process group), or
+        the death of the launcher's parent, kills everything the command started
+        (``bwrap --die-with-parent``). There is no graceful SIGTERM through it.
+        """
+        self._check_alive()
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        full = [*self._launcher, *self._bwrap, "--die-with-parent", "--", *self._init(-1, -1)]
+        return HostCommand(
+            argv=tuple(full),
+            env=dict(self._host_env),
+            cwd=None,
+            cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
+            stdin_prefix=launch_prefix(chdir, self._env_for(env), argv),
+        )
+
+
+def _rlimit_args(limits: ResourceLimits) -> list[str]:
+    args = []
+    if limits.memory_bytes is not None:
+        args.append(f"--as={limits.memory_bytes}")
+    if limits.pids is not None:
+        args.append(f"--nproc={limits.pids}")
+    return args
+
+
+def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> tuple[ResourceLimits, bool]:
+    """The provider's default limits, and whether they ask for a disk limit explicitly.
+
+    A mapping is ``[provider] limits = { memory = "4G", pids = 2048, cpus = 2,
+    disk = "10G" }`` from corral.toml: keys left out keep :data:`DEFAULT_LIMITS`' values.
+    """
+    if isinstance(value, ResourceLimits):
+        return value, value is not DEFAULT_LIMITS and value.disk_bytes is not None
+    if not isinstance(value, Mapping):
+        raise ConfigError("provider.limits: expected a table such as { disk = \"10G\" }")
+    validate.no_unknown(value, ("memory", "pids", "cpus", "disk"), "provider.limits")
+    d = DEFAULT_LIMITS
+    cpus = value.get("cpus", d.cpus)
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise ConfigError(f"provider.limits.cpus: expected a number, got {cpus!r}")
+    lim = ResourceLimits(
+        memory_bytes=(validate.size(value["memory"], "provider.limits.memory")
+                      if "memory" in value else d.memory_bytes),
+        pids=validate.positive_int(value["pids"], "provider.limits.pids") if "pids" in value else d.pids,
+        cpus=float(cpus) if cpus is not None else None,
+        disk_bytes=(validate.size(value["disk"], "provider.limits.disk")
+                    if "disk" in value else d.disk_bytes),
+    )
+    return lim, "disk" in value
+
+
+class BubblewrapProvider:
+    """Isolated sandboxes with bubblewrap (see the module docstring for what that means).
+
+    ``limits`` are the defaults for fields a spec leaves ``None`` (a mapping, as in
+    corral.toml, overrides :data:`DEFAULT_LIMITS` key by key); ``host_uid`` is the
+    unprivileged host uid sandboxes run as when corral runs as root.
+
+    The default disk limit is enforced where the machine can (see
+    :mod:`corral.providers._diskquota`) and otherwise only logged once; a disk limit asked
+    for explicitly (here or in a spec) that cannot be enforced is a ConfigError at create.
+    """
+
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        *,
+        limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
+        host_uid: int = DEFAULT_HOST_UID,
+        bwrap: str | None = None,
+    ) -> None:
+        found = bwrap or shutil.which("bwrap")
+        if not found:
+            raise PrerequisiteMissing(
+                "bubblewrap is not installed: `apt-get install bubblewrap` (or use --provider local "
+                "for an unisolated sandbox)"
+            )
+        self.bwrap = found
+        self._home = Path(home) if home is not None else None
+        self._limits, self._disk_asked = _limits_from(limits)
+        self._host_uid = host_uid if os.geteuid() == 0 else None
+        if not os.path.exists("/usr/bin/perl"):
+            raise PrerequisiteMissing(
+                "perl is needed for the sandboxes' init process (it decides the exit status "
+                "out of the command's reach): `apt-get install perl-base`"
+            )
+        nr = _PRCTL_NR.get(platform.machine())
+        if nr is None:
+            raise PrerequisiteMissing(
+                f"the bubblewrap provider does not know prctl's syscall number on "
+                f"{platform.machine()!r}; use --provider local or docker"
+            )
+        self.prctl_nr = nr
+        self.seccomp = btrfs.no_subvolumes_filter()
+        self.prlimit = shutil.which("prlimit")
+        self.setpriv = shutil.which("setpriv") or "setpriv"
+        if self._host_uid is not None and not shutil.which("setpriv"):
+            raise PrerequisiteMissing(
+                "setpriv is needed to run sandboxes as an unprivileged uid: install util-linux"
+            )
+        self.system_binds = _system_binds()
+
+    @property
+    def name(self) -> str:
+        return "bubblewrap"
+
+    @property
+    def default_limits(self) -> ResourceLimits:
+        """The limits of sandboxes whose spec leaves a field ``None``."""
+        return self._limits
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return BWRAP_CAPABILITIES
+
+    @property
+    def host_route(self) -> HostRoute:
+        return "unix-socket"
+
+    @property
+    def base_dir(self) -> Path:
+        return provider_root("bubblewrap", self._home or corral_home())
+
+    def _files_dir(
+        self, sandbox_id: str, sandbox_dir: Path, pool: diskquota.Pool | None
+    ) -> Path:
+        """Where the writable areas live. Running as root, the sandbox's host uid must be
+        able to reach them (bwrap resolves bind sources by path with its own rights), and
+        $CORRAL_HOME is usually under a private home; so they go under FILES_ROOT (in the
+        btrfs pool when there is one), in a directory per $CORRAL_HOME, and only
+        ``state.json``/``private/`` stay in it."""
+        if self._host_uid is None:
+            return sandbox_dir
+        home = str((self._home or corral_home()).resolve())
+        key = hashlib.sha256(home.encode()).hexdigest()[:16]
+        if pool is not None:
+            return pool.root / key / sandbox_id  # the subvolume; its parent made with it
+        base = FILES_ROOT / key
+        base.mkdir(mode=0o711, exist_ok=True)
+        return base / sandbox_id
+
+    def _disk_pool(self, spec: SandboxSpec, lim: ResourceLimits) -> diskquota.Pool | None:
+        """The btrfs pool for the new sandbox's files, or None (then no disk quota)."""
+        if self._host_uid is None:
+            reason = "corral is not running as root"
+        else:
+            for d in (FILES_ROOT.parent, FILES_ROOT):
+                d.mkdir(mode=0o711, exist_ok=True)
+            try:
+                return diskquota.pool(FILES_ROOT)
+            except diskquota.PoolUnavailable as exc:
+                reason = str(exc)
+        if lim.disk_bytes is not None:
+            if spec.limits.disk_bytes is not None or self._disk_asked:
+                raise diskquota.unenforceable(lim.disk_bytes, reason)
+            diskquota.warn_unenforced(reason)
+        return None
+
+    def fingerprint(self) -> str:
+        raw = json.dumps(
+            {
+                "v": 1,
+                "limits": [self._limits.memory_bytes, self._limits.pids, self._limits.cpus],
+                "binds": self.system_binds,
+                "uid": self._host_uid,
+                # Only when not the default: keys of existing sandboxes stay the same.
+                **({"disk": self._limits.disk_bytes}
+                   if self._limits.disk_bytes != DEFAULT_LIMITS.disk_bytes else {}),
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
+        d, s = self._limits, spec.limits
+        lim = ResourceLimits(
+            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
+            pids=s.pids if s.pids is not None else d.pids,
+            cpus=s.cpus if s.cpus is not None else d.cpus,
+            disk_bytes=s.disk_bytes if s.disk_bytes is not None else d.disk_bytes,
+        )
+        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
+            raise ConfigError("memory limit must be at least 8 MiB")
+        if lim.pids is not None and lim.pids < 8:
+            raise ConfigError("pids limit must be at least 8")
+        if lim.cpus is not None and lim.cpus <= 0:
+            raise ConfigError("cpus limit must be positive")
+        if lim.disk_bytes is not None and lim.disk_bytes < MIN_DISK_BYTES:
+            raise ConfigError(f"disk limit must be at least {diskquota.format_size(MIN_DISK_BYTES)}")
+        return lim
+
+    async def create(self, spec: SandboxSpec | None = None) -> BubblewrapHandle:
+        spec = spec or SandboxSpec()
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
+        state = SandboxState.from_spec(sandbox_id, "bubblewrap", spec)
+        lim = self._limits_for(spec)
+        state.memory_bytes, state.pids, state.cpus = lim.memory_bytes, lim.pids, lim.cpus
+        state.host_uid = self._host_uid
+        uid = self._host_uid
+        pool = self._disk_pool(spec, lim)
+        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
+        files = self._files_dir(sandbox_id, sandbox_dir, pool)
+        state.files_dir = str(files)
+        try:
+            if files != sandbox_dir and os.path.lexists(files):
+                diskquota.remove_files(files)  # left over by an earlier sandbox of that name
+            if pool is not None:
+                state.disk_subvol = diskquota.make_subvolume(pool, files, lim.disk_bytes)
+                state.disk_fsid, state.disk_bytes = pool.fsid, lim.disk_bytes
+            make_files_dir(files, (uid, uid) if uid is not None else None)
+            _passwd_files(files / "etc")
+            has_limits = any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus))
+            ok, _why = cgroups.available()
+            if ok:
+                state.cgroups = cgroups.create(
+                    f"{sandbox_id}.{state.token}",
+                    memory_bytes=lim.memory_bytes,
+                    pids=lim.pids,
+                    cpus=lim.cpus,
+                    owner_uid=uid,
+                )
+                state.limit_mode = "cgroup"
+            elif has_limits and self.prlimit:
+                state.limit_mode = "rlimit"
+            if files != sandbox_dir:
+                (files / "cgroups").write_text("\n".join(state.cgroups))
+            state.save(sandbox_dir)  # the sandbox exists once state.json does
+            if files != sandbox_dir:
+                # A back-pointer, so that prune_orphans can tell when $CORRAL_HOME is gone
+                # (written after state.json: a sandbox being created is never pruned).
+                (files / "owner").write_text(str(sandbox_dir.resolve()))
+        except BaseException:
+            cgroups.remove(state.cgroups)
+            diskquota.remove_files(files)
+            remove_tree(sandbox_dir)
+            raise
+        return BubblewrapHandle(sandbox_dir, state, self)
+
+    async def resume(self, ref: SandboxRef | str) -> BubblewrapHandle | None:
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is None or state.destroying:
+            return None
+        _mount_pool_of(state)
+        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
+            return None
+        return BubblewrapHandle(sandbox_dir, state, self)
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        """Kill every process of the sandbox, remove its cgroups and files. Idempotent."""
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is None:
+            await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+            return
+        # First make the sandbox unusable (no new launches), then stop what runs.
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+        await anyio.to_thread.run_sync(_kill_sandbox, state)
+        await anyio.to_thread.run_sync(_remove_socket_dirs, state)
+        if state.files_dir and Path(state.files_dir) != sandbox_dir:
+            _mount_pool_of(state)
+            await anyio.to_thread.run_sync(diskquota.remove_files, Path(state.files_dir))
+            with contextlib.suppress(OSError):
+                Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
+        await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+
+    async def prune_orphans(self) -> list[str]:
+        """Destroy sandboxes whose state directory vanished (e.g. a deleted $CORRAL_HOME):
+        kill their processes, remove their cgroups and files. Returns their files dirs.
+
+        Looks at every sandbox under FILES_ROOT, whatever $CORRAL_HOME created it.
+        """
+        return await anyio.to_thread.run_sync(_prune_orphans)
+
+    async def list(self) -> list[SandboxRef]:
+        return [
+            SandboxRef("bubblewrap", p.name)
+            for p in sorted(self.base_dir.iterdir())
+            if not p.name.startswith(".") and (p / "state.json").exists()
+        ]
+
+    async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
+        raise UnsupportedCapability("bubblewrap", "snapshots", "copy the workspace with handle.fs")
+
+    async def restore(
+        self, snapshot: SnapshotRef, spec: SandboxSpec | None = None
+    ) -> BubblewrapHandle:
+        raise UnsupportedCapability("bubblewrap", "snapshots", "copy the workspace with handle.fs")
+
+
+def _remove_socket_dirs(state: SandboxState) -> None:
+    """The sandbox's own socket directory (bound at /run/corral for agent runs) goes with
+    it. Only a direct child of corral's net root is removed, whatever the state says."""
+    root = net_root(create=False).resolve()
+    for host, _inside in state.binds:
+        path = Path(host)
+        if path.parent.resolve() == root and path.name and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _mount_pool_of(state: SandboxState) -> None:
+    """Make sure the pool holding the sandbox's files is mounted (after a reboot it is
+    not). Its files dir is ``<FILES_ROOT>/btrfs/<hash>/<id>``."""
+    if state.disk_fsid and state.files_dir:
+        with contextlib.suppress(diskquota.PoolUnavailable):
+            diskquota.pool(Path(state.files_dir).parents[2], create=False)
+
+
+def _kill_sandbox(state: SandboxState) -> None:
+    if state.cgroups:
+        if not cgroups.destroy(state.cgroups):
+            from corral._errors import CorralError
+
+            raise CorralError(
+                f"could not stop every process of sandbox {state.id!r}; run "
+                f"`corral sandboxes rm {state.id}` again"
+            )
+        return
+    # No cgroups: the launchers carry the sandbox's tag in their environment; killing
+    # each one's namespace init (its child) takes the namespace down with it.
+    for _ in range(50):
+        pids = procscan.tagged(state.token)
+        if not pids:
+            return
+        for pid in pids:
+            for p in [*procscan.descendants(pid), pid]:
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
+        import time
+
+        time.sleep(0.01)
+
+
+def _prune_orphans() -> list[str]:
+    pruned: list[str] = []
+    if not FILES_ROOT.is_dir():
+        return pruned
+    roots = [FILES_ROOT]
+    with contextlib.suppress(diskquota.PoolUnavailable):
+        roots.append(diskquota.pool(FILES_ROOT, create=False).root)
+    for home_dir in [d for root in roots for d in root.iterdir()]:
+        if not home_dir.is_dir() or home_dir == FILES_ROOT / diskquota.POOL_DIR:
+            continue
+        for files in home_dir.iterdir():
+            try:
+                owner = Path((files / "owner").read_text().strip())
+            except OSError:
+                continue  # being created, or not ours
+            if (owner / "state.json").exists() or (owner / "state.destroying.json").exists():
+                continue
+            if not owner.is_absolute():
+                continue
+            with contextlib.suppress(OSError):
+                dirs = [d for d in (files / "cgroups").read_text().split("\n") if d]
+                if dirs and all(d.startswith(str(cgroups.CGROUP_ROOT) + "/") for d in dirs):
+                    cgroups.destroy(dirs)
+            diskquota.remove_files(files)
+            pruned.append(str(files))
+        with contextlib.suppress(OSError):
+            home_dir.rmdir()
+    return pruned

@@ -1,0 +1,284 @@
+"""The local provider: a host directory per sandbox and NO ISOLATION.
+
+Commands run directly on the host, as the user running corral, with full access to
+everything that user can reach: files, network, other processes. Use it for development
+and for trusted commands only; ``corral doctor`` and the capabilities (``isolated=False``,
+``network_policy=False``) say so.
+
+Each sandbox is ``$CORRAL_HOME/sandboxes/local/<id>/``; its ``root/workspace``,
+``root/tmp`` and ``root/home/agent`` stand in for ``/workspace``, ``/tmp`` and
+``/home/agent``. The agent's view is mapped as well as it can be without isolation: the
+working directory (default ``/workspace``) is translated to the host directory, and
+``HOME``, ``TMPDIR``, ``PWD`` and ``CORRAL_WORKSPACE`` point at the host directories.
+Literal ``/workspace/...`` paths inside commands are NOT rewritten.
+
+Process trees are killed through their process group and a scan of descendants, which a
+double-forking daemon escapes, so ``killable_processes`` is False. ``destroy`` kills every
+process that still carries the sandbox's tag in its environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from corral._paths import corral_home
+from corral.providers import _procscan as procscan
+from corral.providers._base import HostDirHandle
+from corral.providers._process import (
+    Outcome,
+    SandboxProcess,
+    collect,
+    merge_env,
+    popen,
+    to_argv,
+)
+from corral.providers._state import (
+    SandboxState,
+    check_env,
+    make_files_dir,
+    make_sandbox_dir,
+    new_id,
+    provider_root,
+    remove_tree,
+    validate_id,
+)
+from corral.sandbox._contracts import (
+    Capabilities,
+    Command,
+    ExecResult,
+    HostCommand,
+    HostRoute,
+    ProcessApi,
+    SandboxRef,
+    SandboxSpec,
+    SnapshotRef,
+    UnsupportedCapability,
+)
+
+__all__ = ["LOCAL_CAPABILITIES", "LocalHandle", "LocalProvider"]
+
+LOCAL_CAPABILITIES = Capabilities(
+    background_processes=True,
+    killable_processes=False,
+    writable_stdin=True,
+    snapshots=False,
+    network_policy=False,
+    durable_filesystem=True,
+    ports=True,
+    isolated=False,
+    host_processes=True,
+)
+
+
+class _LocalProcessApi:
+    def __init__(self, handle: LocalHandle) -> None:
+        self._h = handle
+
+    async def spawn(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SandboxProcess:
+        """Start ``command`` on the host in its own session; stream its output."""
+        argv, host_env, host_cwd = self._h._launch(command, cwd, env)
+        try:
+            proc = popen(argv, env=host_env, cwd=host_cwd)
+        except (FileNotFoundError, PermissionError) as exc:
+            # Report like a shell would (127 not found, 126 not executable), as the
+            # isolated providers do, instead of raising for the command's own problem.
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            script = f'echo "corral: $0: {exc.strerror}" >&2; exit {code}'
+            proc = popen(["/bin/sh", "-c", script, argv[0]], env=host_env, cwd=host_cwd)
+        pid = proc.pid
+
+        async def killer(sig: int) -> None:
+            await anyio.to_thread.run_sync(_kill_tree, pid, sig)
+
+        return SandboxProcess(proc, killer=killer, finisher=_finish)
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run to completion. A background job that keeps stdout open delays the result."""
+        proc = await self.spawn(command, cwd=cwd, env=env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+
+def _finish(rc: int) -> Outcome:
+    if rc < 0:
+        sig = -rc
+        return Outcome(exit_code=128 + sig, signal=sig, limit_hit="cpu" if sig == signal.SIGXCPU else None)
+    return Outcome(exit_code=rc)
+
+
+def _kill_tree(pid: int, sig: int) -> None:
+    # Collect descendants first: once the parent dies they are re-parented and lost.
+    pids = procscan.descendants(pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    for p in [pid, *pids]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+
+
+class LocalHandle(HostDirHandle):
+    """A local sandbox: a host directory. No isolation at all."""
+
+    provider_name = "local"
+
+    def __init__(self, sandbox_dir: Path, state: SandboxState) -> None:
+        super().__init__(sandbox_dir, state, LOCAL_CAPABILITIES)
+        self._process = _LocalProcessApi(self)
+
+    @property
+    def process(self) -> ProcessApi:
+        return self._process
+
+    async def connect_port(self, port: int) -> str:
+        """The sandbox is the host: the port is on the host's loopback."""
+        return f"http://127.0.0.1:{int(port)}"
+
+    def _launch(
+        self, command: Command, cwd: str | None, env: Mapping[str, str] | None
+    ) -> tuple[list[str], dict[str, str], str]:
+        self._check_alive()
+        check_env(dict(env or {}))
+        argv = to_argv(command)
+        sandbox_cwd = self._check_cwd(cwd)
+        root = self._files / "root"
+        host_cwd = str(root / sandbox_cwd.lstrip("/"))
+        base = {
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "HOME": str(root / "home" / "agent"),
+            "TMPDIR": str(root / "tmp"),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "CORRAL_WORKSPACE": str(root / "workspace"),
+            "CORRAL_SANDBOX_ID": self.id,
+        }
+        host_env = merge_env(base, self._state.env, env)
+        host_env["PWD"] = host_cwd
+        host_env[procscan.TOKEN_ENV] = self._state.token
+        return argv, host_env, host_cwd
+
+    def host_command(
+        self,
+        command: Command,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> HostCommand:
+        """The command as a plain host process (no isolation, nothing to join)."""
+        argv, host_env, host_cwd = self._launch(command, cwd, env)
+        return HostCommand(argv=tuple(argv), env=host_env, cwd=host_cwd)
+
+
+class LocalProvider:
+    """Sandboxes that are plain host directories. Gives NO isolation; dev use only."""
+
+    def __init__(self, home: Path | str | None = None) -> None:
+        self._home = Path(home) if home is not None else None
+
+    @property
+    def name(self) -> str:
+        return "local"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
+    @property
+    def host_route(self) -> HostRoute:
+        return "loopback"
+
+    @property
+    def base_dir(self) -> Path:
+        return provider_root("local", self._home or corral_home())
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(b"local:v1").hexdigest()
+
+    async def create(self, spec: SandboxSpec | None = None) -> LocalHandle:
+        spec = spec or SandboxSpec()
+        lim = spec.limits
+        if any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus, lim.disk_bytes)):
+            raise UnsupportedCapability(
+                "local", "resource limits", "use the bubblewrap provider to enforce limits"
+            )
+        if spec.binds:
+            raise UnsupportedCapability(
+                "local", "binds", "the local provider sees the host as is; drop the binds"
+            )
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
+        state = SandboxState.from_spec(sandbox_id, "local", spec)
+        state.limit_mode = "none"
+        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
+        try:
+            make_files_dir(sandbox_dir, None)
+            state.save(sandbox_dir)
+        except BaseException:
+            remove_tree(sandbox_dir)
+            raise  # last: the sandbox exists once state.json does
+        return LocalHandle(sandbox_dir, state)
+
+    async def resume(self, ref: SandboxRef | str) -> LocalHandle | None:
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is None or state.destroying:
+            return None
+        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
+            return None
+        return LocalHandle(sandbox_dir, state)
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        """Kill the sandbox's tagged processes and delete its directory. Idempotent."""
+        sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
+        sandbox_dir = self.base_dir / sandbox_id
+        state = SandboxState.load(sandbox_dir)
+        if state is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+            await anyio.to_thread.run_sync(_kill_tagged, state.token)
+        await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+
+    async def list(self) -> list[SandboxRef]:
+        base = self.base_dir
+        return [
+            SandboxRef("local", p.name)
+            for p in sorted(base.iterdir())
+            if not p.name.startswith(".") and (p / "state.json").exists()
+        ]
+
+    async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
+        raise UnsupportedCapability("local", "snapshots", "copy the workspace with handle.fs")
+
+    async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> LocalHandle:
+        raise UnsupportedCapability("local", "snapshots", "copy the workspace with handle.fs")
+
+
+def _kill_tagged(token: str) -> None:
+    for _ in range(50):  # a process may fork while we kill; repeat until none is left
+        pids = procscan.tagged(token)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)

@@ -1,0 +1,193 @@
+"""On-disk state of host-directory sandboxes (local and bubblewrap).
+
+Layout of one sandbox, ``$CORRAL_HOME/sandboxes/<provider>/<id>/``::
+
+    state.json   what the sandbox was created with (written atomically, last)
+    root/        the sandbox's writable areas, mirroring its view:
+                 root/workspace, root/tmp, root/home/agent
+    private/     host-only files (journals, nonces); never mounted into the sandbox
+    etc/         generated passwd/group (bubblewrap)
+
+A sandbox exists when ``state.json`` exists; ``resume`` from any process reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral._errors import ConfigError
+from corral._paths import corral_home
+from corral.sandbox._contracts import ResourceLimits, SandboxSpec, check_env_name
+
+__all__ = ["AREAS_REL", "SandboxState", "new_id", "provider_root", "validate_id"]
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+AREAS_REL = ("workspace", "tmp", "home/agent")
+
+
+def validate_id(sandbox_id: str) -> str:
+    """Return ``sandbox_id`` if it is a valid sandbox id, else raise :class:`ConfigError`."""
+    if not isinstance(sandbox_id, str) or not _ID_RE.match(sandbox_id) or ".." in sandbox_id:
+        raise ConfigError(
+            f"invalid sandbox id {sandbox_id!r}: use 1-64 characters from A-Z a-z 0-9 _ . - "
+            "starting with a letter or digit"
+        )
+    return sandbox_id
+
+
+def new_id() -> str:
+    return "sb-" + secrets.token_hex(6)
+
+
+def provider_root(provider: str, home: Path | None = None) -> Path:
+    """``$CORRAL_HOME/sandboxes/<provider>``, created on demand."""
+    path = (home or corral_home()) / "sandboxes" / provider
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+@dataclass(slots=True)
+class SandboxState:
+    """What ``state.json`` holds."""
+
+    id: str
+    provider: str
+    token: str
+    """Random per-sandbox tag: names its cgroups and marks its processes."""
+    created_at: float = field(default_factory=time.time)
+    env: dict[str, str] = field(default_factory=dict)
+    memory_bytes: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    disk_bytes: int | None = None
+    """The disk limit in force (None: none is enforced)."""
+    disk_fsid: str = ""
+    """UUID of the btrfs pool holding the files dir as a quota-limited subvolume, if so."""
+    disk_subvol: int = 0
+    """That subvolume's id (its quota group is ``0/<id>``)."""
+    network: bool = False
+    binds: list[tuple[str, str]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    host_uid: int | None = None
+    cgroups: list[str] = field(default_factory=list)
+    """Cgroup directories (one per v1 controller) every process of the sandbox joins."""
+    limit_mode: str = "none"
+    """How limits are enforced: ``cgroup``, ``rlimit`` or ``none``."""
+    destroying: bool = False
+    """Read from a sandbox whose destroy began; it cannot be resumed, only destroyed."""
+    files_dir: str = ""
+    """Directory holding ``root/`` (the writable areas) and ``etc/``; the sandbox dir itself
+    unless the sandbox runs as another host uid, which must be able to traverse to it."""
+
+    @classmethod
+    def from_spec(cls, sandbox_id: str, provider: str, spec: SandboxSpec) -> SandboxState:
+        for key, value in spec.env.items():
+            _check_env(key, value)
+        for host, inside in spec.binds:
+            if not os.path.isabs(host) or not os.path.isabs(inside):
+                raise ConfigError(f"bind {host!r} -> {inside!r}: both paths must be absolute")
+            if not os.path.exists(host):
+                raise ConfigError(f"bind source {host!r} does not exist on the host")
+        lim = spec.limits
+        return cls(
+            id=sandbox_id,
+            provider=provider,
+            token=secrets.token_hex(8),
+            env=dict(spec.env),
+            memory_bytes=lim.memory_bytes,
+            pids=lim.pids,
+            cpus=lim.cpus,
+            network=spec.network,
+            binds=[(h, i) for h, i in spec.binds],
+            labels=dict(spec.labels),
+        )
+
+    @property
+    def limits(self) -> ResourceLimits:
+        return ResourceLimits(
+            memory_bytes=self.memory_bytes, pids=self.pids, cpus=self.cpus,
+            disk_bytes=self.disk_bytes,
+        )
+
+    def save(self, sandbox_dir: Path) -> None:
+        tmp = sandbox_dir / f".state.{secrets.token_hex(4)}.tmp"
+        data = asdict(self)
+        data.pop("destroying")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, sandbox_dir / "state.json")
+
+    @classmethod
+    def load(cls, sandbox_dir: Path) -> SandboxState | None:
+        try:
+            raw: dict[str, Any] = json.loads((sandbox_dir / "state.json").read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            try:  # a destroy that was interrupted: let it be finished
+                raw = json.loads((sandbox_dir / "state.destroying.json").read_text())
+                raw["destroying"] = True
+            except (OSError, ValueError):
+                return None
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"sandbox state {sandbox_dir / 'state.json'} is unreadable: {exc}") from exc
+        raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _check_env(key: str, value: str) -> None:
+    check_env_name(key)
+    if not isinstance(value, str) or "\x00" in value:
+        raise ConfigError(f"environment variable {key!r}: the value must be a string without NUL")
+
+
+def check_env(env: dict[str, str] | None) -> None:
+    """Raise :class:`ConfigError` for environment entries no process could receive."""
+    for key, value in (env or {}).items():
+        _check_env(key, value)
+
+
+def make_sandbox_dir(parent: Path, sandbox_id: str) -> Path:
+    """Create ``<parent>/<id>`` with its private dir; raise when the id is taken."""
+    path = parent / sandbox_id
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        raise ConfigError(
+            f"sandbox {sandbox_id!r} already exists: pick another name or remove it with "
+            f"`corral sandboxes rm {sandbox_id}`"
+        ) from None
+    (path / "private").mkdir(mode=0o700)
+    return path
+
+
+def make_files_dir(path: Path, owner: tuple[int, int] | None) -> None:
+    """Create ``path/root`` with the writable areas (owned by ``owner``)."""
+    path.mkdir(mode=0o711, exist_ok=True)
+    root = path / "root"
+    root.mkdir(mode=0o755)
+    (root / "home").mkdir(mode=0o755)
+    for area in AREAS_REL:
+        (root / area).mkdir(mode=0o1777 if area == "tmp" else 0o755)
+        if area == "tmp":
+            os.chmod(root / area, 0o1777)
+        if owner is not None:
+            os.chown(root / area, *owner)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox directory; first move it aside so it disappears atomically."""
+    if not path.exists():
+        return
+    grave = path.parent / f".{path.name}.deleting-{secrets.token_hex(4)}"
+    try:
+        os.rename(path, grave)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(grave, ignore_errors=True)

@@ -1,0 +1,319 @@
+"""The reaper's collaborators for runs started by :class:`corral.runs._runner.Runner`, and
+one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
+
+- ``probe``: :func:`probe_runner_run`, :func:`corral.runs._probe.probe_run_exit` (the
+  journal's tail) plus the case of a starter that provably died before launching the agent;
+- ``drive``: :func:`journal_drive` continues the harness translation after the journal
+  offset stored with the last logged event, one atomic batch per journal item (or records
+  the end an earlier driver already logged, :func:`logged_end`; or fails a run whose agent
+  was never launched);
+- ``stop``: :func:`journal_stop` stops an expired run's agent through its supervisor;
+- ``reclaim``: :func:`record_reclaimer` destroys the run's sandbox, found through its
+  instance record (``sandbox_key``) or the ``sandbox_ref`` the Runner stores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+
+from corral._errors import CorralError
+from corral.harness._base import RunContext, translate_run
+from corral.harness._events import event_to_dict
+from corral.harness._registry import harness_for_record
+from corral.runs._owner import owner_is_dead
+from corral.runs._pipe import (
+    RUN_ERROR,
+    RUN_FINISHED,
+    LogBatch,
+    Produced,
+    ProducerExit,
+    error_from_event,
+)
+from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
+from corral.runs._prune import PruneResult, prune_journals
+from corral.runs._quiesce import DEFAULT_QUIET
+from corral.runs._reap import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_RUNS,
+    Drive,
+    ProbeResult,
+    ReapResult,
+    ReapStore,
+    reap_detached_runs,
+)
+from corral.runs._reclaim import (
+    DEFAULT_DESTROY_TIMEOUT,
+    ReclaimOutcome,
+    ReclaimProvider,
+    SandboxReclaimFailedError,
+    sandbox_reclaimer,
+)
+from corral.stores._records import RunError, RunRecord
+from corral.stores._protocols import EventLog, InstanceStore, Store
+from corral.journal._supervisor import kill_supervised_async
+from corral.sandbox._contracts import SandboxRef
+from corral.sandbox._redact import Redactor
+
+__all__ = [
+    "NOT_STARTED",
+    "AgentNeverStarted",
+    "journal_drive",
+    "logged_end",
+    "probe_runner_run",
+    "journal_stop",
+    "reap_runner_runs",
+    "record_reclaimer",
+]
+
+log = logging.getLogger("corral.runs._reaping")
+
+STOP_GRACE: Final = 2.0
+"""Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
+
+NOT_STARTED: Final = "the process that started this run died before the agent started"
+
+
+class AgentNeverStarted(CorralError):
+    """A run's agent was never launched (no journal): its starter died first. Nothing will
+    ever write the journal, so the run can only end ``failed``."""
+
+    code = "not_started"
+
+
+async def probe_runner_run(record: RunRecord) -> ProbeResult:
+    """:func:`probe_run_exit`, except for a run whose starter provably died on this machine
+    (its lease's owner is a dead process here) without detaching and before launching the
+    agent (neither journal nor supervisor status exists): ``not-started``, so the sweep ends
+    it now instead of calling it ``producing`` until the TTL runs out.
+
+    Only a dead starter proves it: a live one (or one on another machine, whose journal is
+    not here to look at) may still launch the agent."""
+    if record.detached_since is None and owner_is_dead(record.claim_owner):
+        try:
+            paths, _ = journal_location(record)
+        except JournalLocationError:
+            pass
+        else:
+            def launched() -> bool:
+                return paths.journal.exists() or paths.status.exists()
+
+            if not await anyio.to_thread.run_sync(launched):
+                return ProbeResult.not_started(NOT_STARTED)
+    return await probe_run_exit(record)
+
+
+async def _last_event(store: EventLog, run_id: str, last_offset: int) -> dict[str, Any] | None:
+    if last_offset < 1:
+        return None
+    events = store.read(run_id, after=last_offset - 1)
+    try:
+        async for logged in events:
+            return logged.event
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return None
+
+
+async def logged_end(store: EventLog, record: RunRecord) -> ProducerExit | None:
+    """How to finish a ``running`` run whose log cannot (or need not) be continued, or
+    ``None`` to drive it normally.
+
+    - The log already ends with the run's end (``RUN_FINISHED``/``RUN_ERROR``): an earlier
+      driver logged the exit batch and died, or lost its terminal write, before storing
+      the status. The status is that end (exit code from the journal's sentinel); nothing
+      is appended. Resuming the journal after the exit would find no exit and fail the run.
+    - The log is closed without an end (nothing can be appended): the journal decides —
+      its exit code if the agent exited, else ``failed`` saying the log was closed.
+
+    The result carries ``logged=True``: the pipe records it without appending.
+    """
+    tail = await store.tail(record.run_id)
+    last = await _last_event(store, record.run_id, tail.last_offset)
+    kind = last.get("type") if last is not None else None
+    if kind not in (RUN_FINISHED, RUN_ERROR) and not tail.closed:
+        return None
+    probe = await probe_run_exit(record)
+    code = probe.exit_code if probe.state == "finished" else None
+    if kind == RUN_ERROR and last is not None:
+        return ProducerExit(exit_code=code, error=error_from_event(last), logged=True)
+    if kind == RUN_FINISHED or code is not None:
+        return ProducerExit(exit_code=code, logged=True)
+    return ProducerExit(
+        error=RunError("the run's event log was closed before the run's end was logged",
+                       "log_closed"),
+        logged=True,
+    )
+
+
+def journal_drive(
+    store: ReapStore,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+    files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
+) -> Drive:
+    """A ``drive`` that continues a run from where its log stopped.
+
+    First, a log that already holds the run's end (or is closed) is finished with that end
+    (:func:`logged_end`), appending nothing; a run with no journal (its agent was never
+    launched; we hold the claim, so its starter is fenced off) fails with
+    :class:`AgentNeverStarted`. Otherwise:
+    It reads the journal offset stored with the last logged event (``None``: nothing was
+    logged, start with the harness's start batch), resumes the translation there, and yields
+    one :class:`~corral.runs._pipe.LogBatch` per journal item; the exit's batch carries the
+    exit code. The harness is rebuilt from the record (``harness`` and ``spec``), as the
+    Runner does; ``redactor_for`` gives the redactor of the
+    run's secrets, applied to every event before it is logged. ``files_for`` gives the
+    run's file events nobody logged yet (:mod:`corral.runs._file_feed`); they go in just
+    before the exit's batch, at the journal offset already logged.
+    """
+
+    async def events(record: RunRecord) -> AsyncIterator[Produced]:
+        paths, nonce = journal_location(record)
+        end = await logged_end(store, record)
+        if end is not None:
+            yield end
+            return
+        if not await anyio.to_thread.run_sync(paths.journal.exists):
+            # We hold the claim, so whoever started the run is fenced off: with no
+            # journal, its agent was never launched and nothing will ever write one.
+            raise AgentNeverStarted(f"{NOT_STARTED} (no journal at {paths.journal})")
+        tail = await store.tail(record.run_id)
+        ctx = RunContext(record.run_id, record.thread_id)
+        batches = translate_run(harness_for_record(record), ctx, paths, nonce=nonce,
+                                after=tail.last_journal_offset)
+        redactor = redactor_for(record) if redactor_for is not None else None
+        logged_offset = tail.last_journal_offset or 0
+        try:
+            async for batch in batches:
+                exit = batch.exit
+                events = [event_to_dict(e) for e in batch.events]
+                if redactor is not None:
+                    events = [redactor.redact_obj(e) for e in events]
+                if exit is not None and files_for is not None:
+                    files = await files_for(record)
+                    if files:
+                        yield LogBatch(files, logged_offset)
+                yield LogBatch(
+                    events,
+                    batch.journal_offset,
+                    exit_code=exit.code if exit is not None else None,
+                )
+                logged_offset = batch.journal_offset
+                if exit is not None:
+                    return
+        finally:
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+        return events(record)
+
+    return drive
+
+
+async def journal_stop(record: RunRecord) -> None:
+    """Stop the run's agent (SIGTERM, then SIGKILL) and its supervisor."""
+    paths, _ = journal_location(record)
+    await kill_supervised_async(paths, grace=STOP_GRACE, include_supervisor=True)
+
+
+def record_reclaimer(
+    provider_for: Callable[[str], ReclaimProvider],
+    instances: InstanceStore,
+    *,
+    destroy_timeout: float = DEFAULT_DESTROY_TIMEOUT,
+    logger: logging.Logger | None = None,
+) -> Callable[[RunRecord], Awaitable[ReclaimOutcome]]:
+    """A ``reclaim`` callable for runs bound to a sandbox either way corral records it.
+
+    With ``sandbox_key``: the instance record names the provider; :func:`reclaim_sandbox`
+    does the rest (destroy, delete the record regardless). Otherwise with ``sandbox_ref``
+    (``{"provider", "id"}``, a sandbox owned by the run): that provider destroys it. No
+    reference at all → ``no-sandbox-key``. A failed destroy raises
+    :class:`SandboxReclaimFailedError` (the sweep reports ``reclaim-failed``).
+    """
+    logger = logger or log
+
+    async def reclaim(record: RunRecord) -> ReclaimOutcome:
+        if record.sandbox_key is not None:
+            instance = await instances.get_instance(record.sandbox_key)
+            if instance is None:
+                return ReclaimOutcome.NOT_FOUND
+            reclaimer = sandbox_reclaimer(
+                provider_for(instance.provider), instances,
+                destroy_timeout=destroy_timeout, logger=logger,
+            )
+            return await reclaimer(record)  # raises SandboxReclaimFailedError with the cause
+        ref: Any = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if not isinstance(name, str) or not isinstance(sandbox_id, str):
+            return ReclaimOutcome.NO_SANDBOX_KEY
+        try:
+            with anyio.fail_after(destroy_timeout):
+                await provider_for(name).destroy(SandboxRef(name, sandbox_id))
+        except TimeoutError:
+            cause = f"destroy did not finish within {destroy_timeout:g}s"
+        except Exception as exc:  # noqa: BLE001 - reported as reclaim-failed
+            cause = str(exc) or type(exc).__name__
+        else:
+            return ReclaimOutcome.DESTROYED
+        logger.error("reclaim: run %s: destroying %s sandbox %s failed: %s",
+                     record.run_id, name, sandbox_id, cause)
+        raise SandboxReclaimFailedError(record.run_id, None, f"{name} sandbox {sandbox_id}: {cause}")
+
+    return reclaim
+
+
+async def reap_runner_runs(
+    store: Store,
+    *,
+    provider_for: Callable[[str], ReclaimProvider],
+    ttl: float,
+    max_runs: int = DEFAULT_MAX_RUNS,
+    budget: float = DEFAULT_BUDGET,
+    quiet: float = DEFAULT_QUIET,
+    now: float | None = None,
+    owner: str | None = None,
+    journals_dir: str | None = None,
+    logger: logging.Logger | None = None,
+    redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
+    before_reclaim: Callable[[RunRecord], Awaitable[None]] | None = None,
+    files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
+) -> tuple[ReapResult, PruneResult | None]:
+    """One sweep over Runner-started runs with the collaborators above, then (when
+    ``journals_dir`` is given) one journal prune of that directory. ``before_reclaim`` runs
+    before a run's sandbox is reclaimed (e.g. to save an agent CLI's session from it); it
+    must not raise."""
+    reclaim = record_reclaimer(provider_for, store, logger=logger)
+    if before_reclaim is not None:
+        plain, first = reclaim, before_reclaim
+
+        async def reclaim(record: RunRecord) -> ReclaimOutcome:
+            await first(await store.get(record.run_id) or record)
+            return await plain(record)
+
+    result = await reap_detached_runs(
+        store,
+        probe=probe_runner_run,
+        drive=journal_drive(store, redactor_for=redactor_for, files_for=files_for),
+        reclaim=reclaim,
+        stop=journal_stop,
+        ttl=ttl,
+        now=now,
+        budget=budget,
+        max_runs=max_runs,
+        quiet=quiet,
+        owner=owner,
+        logger=logger,
+    )
+    pruned = None
+    if journals_dir is not None:
+        pruned = await prune_journals(store, journals_dir, now=now, logger=logger)
+    return result, pruned

@@ -1,0 +1,429 @@
+"""``ensure``: find or make the sandbox behind a definition, under a per-key lock.
+
+Order: resume the recorded sandbox (re-bootstrapping it when its bootstrap marker is
+missing) → restore the recorded snapshot → create + bootstrap (+ an ``after-setup``
+snapshot). A failed bootstrap destroys the new sandbox and leaves no instance record.
+
+The record is written as soon as a sandbox exists (marked ``bootstrapping``, with an
+expiry), so a process that dies mid-bootstrap leaves something ``corral gc`` can find,
+never an orphan. Secrets never go into the create spec (providers persist it); they are
+passed as environment on each exec: :meth:`Ensured.exec_env`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from corral._errors import CorralError
+from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore
+from corral.sandbox._bootstrap import bootstrap, read_marker
+from corral.sandbox._contracts import Handle, Provider, SandboxSpec, SnapshotRef, UnsupportedCapability
+from corral.sandbox._hooks import call_hook
+from corral.sandbox._key import RunContext
+from corral.sandbox._redact import Redactor, get_logger
+from corral.sandbox._secrets import Secrets
+
+if TYPE_CHECKING:
+    from corral.providers._snapshots import Snapshotter
+    from corral.sandbox._definition import Sandbox
+
+__all__ = [
+    "Ensured",
+    "InstanceStoreLike",
+    "Origin",
+    "SpecHook",
+    "destroy",
+    "ensure",
+    "key_lock",
+    "release",
+]
+
+log = get_logger("corral.sandbox._ensure")
+
+InstanceStoreLike = InstanceStore
+Origin = Literal["resumed", "rebootstrapped", "restored", "created"]
+SpecHook = Callable[[SandboxSpec], SandboxSpec]
+"""Adjusts the spec of a sandbox being created or restored (e.g. extra binds for agent
+CLIs). Not part of the instance key: a resumed sandbox keeps what it was created with."""
+
+LOCK_TTL = 30.0
+LOCK_WAIT = 3600.0
+DESTROY_TIMEOUT = 60.0
+BOOTSTRAP_GRACE = 3600.0
+"""Expiry of a record whose bootstrap has not finished (for gc of crashed bootstraps)."""
+
+
+@dataclass(frozen=True)
+class Ensured:
+    """A ready sandbox for one run.
+
+    ``exec_env(extra)`` is the environment to pass to **every** ``exec``/``spawn`` of
+    the run (the workspace secrets plus ``extra``); ``redactor`` hides the secret values
+    and must be applied to every event, log line and error the run produces.
+    """
+
+    handle: Handle
+    key: str
+    record: InstanceRecord
+    origin: Origin
+    secrets: Secrets = field(repr=False)
+
+    def exec_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(extra or {})
+        env.update(self.secrets.env())
+        return env
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.secrets.redactor()
+
+
+# ---------------------------------------------------------------------- locking
+_local_locks: dict[str, anyio.Lock] = {}
+
+
+@asynccontextmanager
+async def key_lock(store: object, key: str) -> AsyncIterator[None]:
+    """Hold the per-key lock: in this process, and across processes and hosts when the
+    store is a :class:`~corral.stores._protocols.LockStore` (a lease renewed while held)."""
+    lock = _local_locks.setdefault(key, anyio.Lock())
+    async with lock:
+        if not isinstance(store, LockStore):
+            yield
+            return
+        name = f"sandbox:{key}"
+        owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
+        delay = 0.02
+        with anyio.fail_after(LOCK_WAIT):
+            while not await store.try_lock(name, owner, LOCK_TTL):
+                await anyio.sleep(delay)  # another process is ensuring this key
+                delay = min(delay * 2, 0.5)
+
+        async def renew() -> None:
+            while True:
+                await anyio.sleep(LOCK_TTL / 3)
+                await store.try_lock(name, owner, LOCK_TTL)
+
+        # The body's exception is carried past the task group so that callers see it
+        # as raised, not wrapped in an ExceptionGroup.
+        failure: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(renew)
+                try:
+                    yield
+                except BaseException as exc:
+                    failure = exc
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.unlock(name, owner)
+        if failure is not None:
+            raise failure
+
+
+# ---------------------------------------------------------------------- helpers
+@asynccontextmanager
+async def _store_for(store: InstanceStore | None) -> AsyncIterator[InstanceStore]:
+    if store is not None:
+        yield store
+        return
+    from corral.stores import open_store
+
+    opened = await open_store()
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+def _snapshotter(sandbox: Sandbox, provider: Provider) -> Snapshotter | None:
+    from corral.providers._snapshots import snapshots_for
+
+    return snapshots_for(provider, redactor=sandbox.secrets.redactor())
+
+
+def _record(
+    sandbox: Sandbox,
+    ctx: RunContext,
+    key: str,
+    handle: Handle,
+    *,
+    snapshot: str | None,
+    state: str,
+    now: float,
+    extra: Mapping[str, Any] | None = None,
+) -> InstanceRecord:
+    keep = sandbox.lifecycle.keep_alive_seconds
+    if state == "bootstrapping":
+        expires: float | None = now + max(keep or 0.0, BOOTSTRAP_GRACE)
+    else:
+        expires = now + keep if keep is not None else None
+    meta: dict[str, Any] = {
+        "definition": sandbox.id,
+        "workspace_hash": sandbox.workspace.hash(),
+        "tenant": ctx.tenant,
+        "reuse": sandbox.lifecycle.reuse,
+        "state": state,
+        **(extra or {}),
+    }
+    return InstanceRecord(
+        key=key,
+        provider=handle.ref.provider,
+        provider_sandbox_id=handle.id,
+        thread_id=ctx.thread_id,
+        updated_at=now,
+        latest_snapshot_id=snapshot,
+        latest_run_id=ctx.run_id,
+        expires_at=expires,
+        meta=meta,
+    )
+
+
+async def _destroy_quietly(provider: Provider, handle_id: str) -> None:
+    """Destroy, shielded from cancellation and bounded in time (teardown must happen
+    even when the caller is being cancelled)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(DESTROY_TIMEOUT):
+        try:
+            await provider.destroy(handle_id)
+        except Exception as exc:  # noqa: BLE001 - reported, and the original error wins
+            log.error("destroying sandbox %s failed: %s", handle_id, exc)
+
+
+async def _bootstrap(sandbox: Sandbox, handle: Handle) -> dict[str, Any]:
+    red = sandbox.secrets.redactor()
+    result = await bootstrap(handle, sandbox.workspace, env=sandbox.secrets.env(), redactor=red)
+    return {"bootstrapped_at": result.bootstrapped_at, "commit": result.commit}
+
+
+async def _marker_ok(sandbox: Sandbox, handle: Handle) -> bool:
+    marker = await read_marker(handle)
+    return marker is not None and marker.get("workspace_hash") == sandbox.workspace.hash()
+
+
+# ---------------------------------------------------------------------- ensure
+async def ensure(
+    sandbox: Sandbox,
+    ctx: RunContext,
+    *,
+    store: InstanceStore | None = None,
+    spec_hook: SpecHook | None = None,
+) -> Ensured:
+    """Resume, restore or create + bootstrap the sandbox for ``ctx`` (see module doc).
+
+    ``spec_hook`` is applied to the spec of a sandbox that is created or restored here (a
+    resumed one keeps the spec it was created with)."""
+    provider = sandbox.get_provider()
+    key = sandbox.key(ctx)
+    snapshots = _snapshotter(sandbox, provider)
+    if sandbox.lifecycle.snapshot != "none" and snapshots is None:
+        raise UnsupportedCapability(
+            provider.name, "snapshots", "set lifecycle.snapshot = 'none' for this provider"
+        )
+    async with _store_for(store) as st, key_lock(st, key):
+        ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st, spec_hook)
+    await call_hook(sandbox.hooks.on_ready, "on_ready", ensured.handle)
+    return ensured
+
+
+async def _ensure_locked(
+    sandbox: Sandbox,
+    ctx: RunContext,
+    key: str,
+    provider: Provider,
+    snapshots: Snapshotter | None,
+    store: InstanceStore,
+    spec_hook: SpecHook | None = None,
+) -> Ensured:
+    def spec() -> SandboxSpec:
+        base = _spec(sandbox, key)
+        return spec_hook(base) if spec_hook is not None else base
+
+    existing = await store.get_instance(key)
+    if existing is not None and existing.provider != provider.name:
+        existing = None  # the key covers the provider; a mismatch is not ours to touch
+    stale_snapshot: str | None = None
+    if existing is not None:
+        handle = await provider.resume(existing.provider_sandbox_id)
+        origin: Origin = "resumed"
+        if handle is None and existing.latest_snapshot_id and snapshots is not None:
+            ref = SnapshotRef(provider.name, existing.latest_snapshot_id)
+            try:
+                if await snapshots.exists(ref):
+                    handle = await snapshots.restore(ref, spec())
+                    origin = "restored"
+            except CorralError as exc:
+                log.warning("restoring snapshot %s failed, creating anew: %s", ref.id, exc)
+                handle = None
+            if handle is None:
+                stale_snapshot = existing.latest_snapshot_id
+        if handle is not None:
+            extra: dict[str, Any] = {
+                k: existing.meta.get(k) for k in ("bootstrapped_at", "commit", "snapshot_taken_at")
+            }
+            if not await _marker_ok(sandbox, handle):
+                # wiped underneath or never finished: bootstrap again, in place
+                log.warning("sandbox %s has no bootstrap marker; bootstrapping again", handle.id)
+                try:
+                    extra.update(await _bootstrap(sandbox, handle))
+                except BaseException as exc:
+                    await _destroy_quietly(provider, handle.id)
+                    await _forget(store, key, snapshots, provider.name, existing.latest_snapshot_id)
+                    if isinstance(exc, Exception):
+                        await call_hook(sandbox.hooks.on_error, "on_error", exc)
+                    raise
+                origin = "rebootstrapped"
+            now = time.time()
+            record = _record(
+                sandbox, ctx, key, handle,
+                snapshot=existing.latest_snapshot_id if origin != "rebootstrapped" else None,
+                state="ready", now=now, extra=extra,
+            )  # fmt: skip
+            if origin == "rebootstrapped" and existing.latest_snapshot_id and snapshots:
+                await snapshots.delete(SnapshotRef(provider.name, existing.latest_snapshot_id))
+            await store.upsert_instance(record)
+            return Ensured(handle, key, record, origin, sandbox.secrets)
+
+    # create + bootstrap
+    handle = await provider.create(spec())
+    now = time.time()
+    try:
+        await store.upsert_instance(
+            _record(sandbox, ctx, key, handle, snapshot=None, state="bootstrapping", now=now)
+        )
+        extra = await _bootstrap(sandbox, handle)
+        snap_id: str | None = None
+        if sandbox.lifecycle.snapshot == "after-setup":
+            assert snapshots is not None
+            snap = await snapshots.snapshot(handle, "after-setup")
+            snap_id = snap.id
+            extra["snapshot_taken_at"] = time.time()
+    except BaseException as exc:
+        await _destroy_quietly(provider, handle.id)
+        await _forget(store, key, snapshots, provider.name, stale_snapshot)
+        if isinstance(exc, Exception):
+            await call_hook(sandbox.hooks.on_error, "on_error", exc)
+        raise
+    if stale_snapshot and snapshots:
+        await snapshots.delete(SnapshotRef(provider.name, stale_snapshot))
+    record = _record(
+        sandbox, ctx, key, handle, snapshot=snap_id, state="ready", now=time.time(), extra=extra
+    )
+    await store.upsert_instance(record)
+    return Ensured(handle, key, record, "created", sandbox.secrets)
+
+
+def _spec(sandbox: Sandbox, key: str) -> SandboxSpec:
+    # No secrets here: providers persist the spec (state files, image config).
+    return SandboxSpec(
+        network=sandbox.policy.direct_network,  # allow_hosts: the egress proxy, per run
+        labels={"corral.key": key, "corral.definition": sandbox.id},
+    )
+
+
+async def _forget(
+    store: InstanceStore,
+    key: str,
+    snapshots: Snapshotter | None,
+    provider: str,
+    snapshot_id: str | None,
+) -> None:
+    with anyio.CancelScope(shield=True):
+        await store.delete_instance(key)
+        if snapshot_id and snapshots is not None:
+            try:
+                await snapshots.delete(SnapshotRef(provider, snapshot_id))
+            except CorralError as exc:
+                log.warning("deleting snapshot %s failed: %s", snapshot_id, exc)
+
+
+# ---------------------------------------------------------------------- teardown
+async def destroy(
+    sandbox: Sandbox, ctx: RunContext, *, store: InstanceStore | None = None
+) -> bool:
+    """Destroy the sandbox for ``ctx`` and its snapshot, then forget it. True if there was
+    a record. The destroy is shielded and bounded, never skipped because of a cancel."""
+    provider = sandbox.get_provider()
+    key = sandbox.key(ctx)
+    async with _store_for(store) as st, key_lock(st, key):
+        record = await st.get_instance(key)
+        if record is None:
+            return False
+        await destroy_record(provider, record, st, snapshots=_snapshotter(sandbox, provider))
+    await call_hook(sandbox.hooks.on_destroy, "on_destroy", record)
+    return True
+
+
+async def destroy_record(
+    provider: Provider,
+    record: InstanceRecord,
+    store: InstanceStore,
+    *,
+    snapshots: Snapshotter | None,
+) -> None:
+    """Destroy a recorded sandbox (raising if that fails), then delete snapshot and record."""
+    with anyio.CancelScope(shield=True):
+        with anyio.fail_after(DESTROY_TIMEOUT):
+            await provider.destroy(record.provider_sandbox_id)
+        if record.latest_snapshot_id and snapshots is not None:
+            await snapshots.delete(SnapshotRef(provider.name, record.latest_snapshot_id))
+        await store.delete_instance(record.key)
+
+
+async def release(
+    sandbox: Sandbox,
+    ensured: Ensured,
+    ctx: RunContext,
+    *,
+    store: InstanceStore | None = None,
+    outcome: Literal["completed", "failed", "aborted"] = "completed",
+) -> None:
+    """Call when a run ends: destroys the sandbox if ``destroy_on_complete`` (or the run was
+    aborted), else takes the ``after-run`` snapshot if configured and refreshes the idle
+    expiry that ``corral gc`` enforces."""
+    provider = sandbox.get_provider()
+    async with _store_for(store) as st, key_lock(st, ensured.key):
+        record = await st.get_instance(ensured.key)
+        snapshots = _snapshotter(sandbox, provider)
+        if record is None:
+            return
+        if sandbox.lifecycle.destroys_on_complete or outcome == "aborted":
+            await destroy_record(provider, record, st, snapshots=snapshots)
+            destroyed = True
+        else:
+            destroyed = False
+            snap_id = record.latest_snapshot_id
+            extra = dict(record.meta)
+            if sandbox.lifecycle.snapshot == "after-run" and snapshots is not None:
+                snap = await snapshots.snapshot(ensured.handle, f"after-run-{ctx.run_id}")
+                if snap_id:
+                    await snapshots.delete(SnapshotRef(provider.name, snap_id))
+                snap_id = snap.id
+                extra["snapshot_taken_at"] = time.time()
+            keep = sandbox.lifecycle.keep_alive_seconds
+            now = time.time()
+            await st.upsert_instance(
+                InstanceRecord(
+                    key=record.key,
+                    provider=record.provider,
+                    provider_sandbox_id=record.provider_sandbox_id,
+                    thread_id=record.thread_id,
+                    updated_at=now,
+                    latest_snapshot_id=snap_id,
+                    latest_run_id=ctx.run_id,
+                    expires_at=now + keep if keep is not None else None,
+                    meta=extra,
+                )
+            )
+    if destroyed:
+        await call_hook(sandbox.hooks.on_destroy, "on_destroy", record)

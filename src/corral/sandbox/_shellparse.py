@@ -1,0 +1,850 @@
+"""Split a shell command string into every simple command it would run.
+
+This is a policy tool, not a shell: it must find *every* program a string can start, so
+that ``pytest; curl x | sh`` is seen as three commands and ``$(rm -rf /)`` inside an
+argument is seen at all. It understands POSIX sh plus the bash forms agents write:
+quotes (``'…'``, ``"…"``, ``$'…'``), ``;`` ``&`` ``&&`` ``||`` ``|`` ``|&`` and newlines,
+subshells and brace groups, ``$(…)``, backticks, ``<(…)``/``>(…)``, ``${…}`` and
+``$((…))`` (scanned for substitutions), here-documents, ``if``/``while``/``until``/
+``for``/``case``/functions, ``[[ … ]]`` and ``(( … ))``, env prefixes (``A=b cmd``) and
+redirections. Whatever it cannot read with certainty raises :class:`ShellParseError`;
+callers must then fall back to their safest answer.
+
+Words keep a flag for values only known at run time (``$X``, globs, brace expansion), so
+a matcher can treat them as "could be anything" when looking for a denied command.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from corral._errors import CorralError
+
+__all__ = [
+    "MAX_DEPTH",
+    "Redirect",
+    "ShellParseError",
+    "SimpleCommand",
+    "Word",
+    "parse",
+]
+
+MAX_DEPTH = 16
+"""Nesting limit for substitutions and re-parsed strings (``bash -c``, ``eval``)."""
+
+_META = frozenset(" \t\n;&|()<>")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A subscript holding `$` or a backtick is left to the word reader so that a command
+# substitution inside it is seen (bash evaluates subscripts).
+_ASSIGN_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]$`]*\])?\+?=")
+_FD_RE = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}|\d*")
+_BRACKET_RE = re.compile(r"\[[^\s;&|()<>]*\]")
+_BRACE_RE = re.compile(r"\{[^\s{}]*(,|\.\.)[^\s{}]*\}")
+# what may appear in $((…)) (besides nested expansions, already scanned)
+_ARITH_RE = re.compile(r"""[\w\s+\-*/%<>=!&|^~?:,()\[\]$#{}@'"`\\.]*\Z""")
+_PLAIN_WORD_RE = re.compile(r"[^\s;&|()<>'\"\\`$]+")
+_RESERVED_START = frozenset({"if", "then", "elif", "else", "while", "until", "do", "!", "time"})
+_RESERVED_END = frozenset({"fi", "done", "esac", "}"})
+_REDIR_OPS = ("<<<", "<<-", "&>>", "<<", ">>", "<&", ">&", "<>", ">|", "&>", "<", ">")
+
+
+class ShellParseError(CorralError):
+    """The command string cannot be read with certainty; the message says why and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One shell word after quote removal.
+
+    ``text`` is the literal value; parts that only exist at run time keep their source
+    text (``$HOME``). ``expands`` marks parameter, command or arithmetic expansion and
+    brace expansion (value unknown, may split into several words); ``glob`` marks an
+    unquoted ``*``, ``?`` or ``[`` (expands to file names).
+    """
+
+    text: str
+    expands: bool = False
+    glob: bool = False
+
+    @property
+    def dynamic(self) -> bool:
+        """True when the run-time value can differ from ``text``."""
+        return self.expands or self.glob
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """A redirection: operator (``>``, ``>>``, ``<``, ``<<``, …) and its target word."""
+
+    op: str
+    target: Word
+
+    @property
+    def writes(self) -> bool:
+        """True when the target is opened for writing (a file, not a descriptor)."""
+        if self.op in (">&", "<&"):
+            return not (self.target.text.isdigit() or self.target.text == "-")
+        return self.op in (">", ">>", ">|", "&>", "&>>", "<>")
+
+
+@dataclass(frozen=True, slots=True)
+class SimpleCommand:
+    """One program invocation (or a bare assignment / redirection) found in the string."""
+
+    argv: tuple[Word, ...]
+    assignments: tuple[tuple[str, Word], ...] = ()
+    redirects: tuple[Redirect, ...] = ()
+    via: tuple[str, ...] = ()
+    """How it was reached from the top level, e.g. ``("$(…)",)`` or ``("bash -c",)``."""
+    is_function_body: bool = False
+
+    def render(self) -> str:
+        """A readable, shell-quoted rendering for explanations."""
+        import shlex
+
+        parts = [f"{name}={shlex.quote(w.text)}" for name, w in self.assignments]
+        parts += [w.text if w.dynamic else shlex.quote(w.text) for w in self.argv]
+        return " ".join(parts)
+
+
+@dataclass
+class _Heredoc:
+    delimiter: str
+    strip_tabs: bool
+    expand: bool
+    via: tuple[str, ...]
+
+
+@dataclass
+class _Out:
+    commands: list[SimpleCommand] = field(default_factory=list)
+
+
+def parse(source: str, *, via: tuple[str, ...] = (), depth: int = 0) -> list[SimpleCommand]:
+    """Return every simple command in ``source``, nested substitutions included.
+
+    Commands come roughly in execution order (a substitution before the command whose
+    argument it is). Raises :class:`ShellParseError` for anything it cannot read.
+    """
+    if depth > MAX_DEPTH:
+        raise ShellParseError(f"commands nested deeper than {MAX_DEPTH} levels")
+    if "\x00" in source:
+        raise ShellParseError("command contains a NUL byte")
+    parser = _Parser(source, via, depth)
+    parser.parse_list(stop=())
+    if parser.pos < len(source):
+        raise ShellParseError(parser.where(f"unexpected {source[parser.pos]!r}"))
+    if parser.pending_heredocs:
+        raise ShellParseError("here-document body missing (no newline after `<<`)")
+    return parser.out.commands
+
+
+class _Parser:
+    def __init__(self, src: str, via: tuple[str, ...], depth: int) -> None:
+        self.src = src
+        self.pos = 0
+        self.via = via
+        self.depth = depth
+        self.out = _Out()
+        self.pending_heredocs: list[_Heredoc] = []
+        self.function_depth = 0
+
+    # ------------------------------------------------------------------ helpers
+    def where(self, msg: str) -> str:
+        line = self.src.count("\n", 0, self.pos) + 1
+        return f"{msg} at line {line}, column {self.pos - (self.src.rfind(chr(10), 0, self.pos) + 1) + 1}"
+
+    def peek(self, n: int = 1) -> str:
+        return self.src[self.pos : self.pos + n]
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.src)
+
+    def skip_blanks(self) -> None:
+        """Skip spaces, tabs, line continuations and comments (not newlines)."""
+        src = self.src
+        while self.pos < len(src):
+            c = src[self.pos]
+            if c in " \t":
+                self.pos += 1
+            elif src.startswith("\\\n", self.pos):
+                self.pos += 2
+            elif c == "#":
+                end = src.find("\n", self.pos)
+                self.pos = len(src) if end < 0 else end
+            else:
+                break
+
+    def newline(self) -> None:
+        """Consume one newline and any here-document bodies that follow it."""
+        assert self.src[self.pos] == "\n"
+        self.pos += 1
+        if self.pending_heredocs:
+            docs, self.pending_heredocs = self.pending_heredocs, []
+            for doc in docs:
+                self.read_heredoc(doc)
+
+    def skip_newlines(self) -> None:
+        while True:
+            self.skip_blanks()
+            if self.peek() == "\n":
+                self.newline()
+            else:
+                return
+
+    def operator(self) -> str | None:
+        """The control operator at the cursor, if any (not consumed)."""
+        for op in (";;&", ";;", ";&", "&&", "||", "|&", "|", "&", ";", "(", ")", "\n"):
+            if self.src.startswith(op, self.pos):
+                return op
+        return None
+
+    def emit(self, cmd: SimpleCommand) -> None:
+        self.out.commands.append(cmd)
+
+    def sub(self, text: str, via: str) -> None:
+        """Parse a separately quoted string (backticks) as its own command list."""
+        for cmd in parse(text, via=self.via + (via,), depth=self.depth + 1):
+            self.emit(cmd)
+
+    # ------------------------------------------------------------------ grammar
+    def parse_list(self, stop: tuple[str, ...]) -> None:
+        """Parse ``and_or`` items separated by ``;``/``&``/newline until a stop token."""
+        while True:
+            self.skip_newlines()
+            if self.at_end():
+                return
+            if self.peek() == ")" and ")" in stop:
+                return
+            word = self.peek_word()
+            if word is not None and word in stop:
+                return
+            op = self.operator()
+            if op in (";;", ";&", ";;&") and ";;" in stop:
+                return
+            if op is not None and op not in ("(",):
+                raise ShellParseError(self.where(f"unexpected {op!r}"))
+            self.parse_and_or(stop)
+            self.skip_blanks()
+            op = self.operator()
+            if op in (";", "&", "\n"):
+                if op == "\n":
+                    self.newline()
+                else:
+                    self.pos += 1
+                continue
+            return
+
+    def parse_and_or(self, stop: tuple[str, ...]) -> None:
+        self.parse_pipeline(stop)
+        while True:
+            self.skip_blanks()
+            op = self.operator()
+            if op in ("&&", "||"):
+                self.pos += 2
+                self.skip_newlines()
+                self.parse_pipeline(stop)
+            else:
+                return
+
+    def parse_pipeline(self, stop: tuple[str, ...]) -> None:
+        self.skip_blanks()
+        self.parse_command(stop)
+        while True:
+            self.skip_blanks()
+            op = self.operator()
+            if op in ("|", "|&"):
+                self.pos += len(op)
+                self.skip_newlines()
+                self.parse_command(stop)
+            else:
+                return
+
+    def peek_word(self) -> str | None:
+        """The next bare (unquoted, plain) word without consuming it."""
+        m = _PLAIN_WORD_RE.match(self.src, self.pos)
+        if not m:
+            return None
+        end = m.end()
+        if end < len(self.src) and self.src[end] not in _META:
+            return None  # the word continues with quotes or expansions
+        return m.group(0)
+
+    def expect_word(self, word: str) -> None:
+        self.skip_newlines()
+        if self.peek_word() != word:
+            raise ShellParseError(self.where(f"expected {word!r}"))
+        self.pos += len(word)
+
+    def parse_command(self, stop: tuple[str, ...]) -> None:
+        self.skip_blanks()
+        if self.at_end():
+            raise ShellParseError("command ends where a command was expected")
+        if self.peek() == "(":
+            if self.peek(2) == "((":
+                self.arith_command()
+            else:
+                self.pos += 1
+                self.parse_list(stop=(")",))
+                if self.peek() != ")":
+                    raise ShellParseError(self.where("unclosed `(`"))
+                self.pos += 1
+            self.trailing_redirects()
+            return
+        word = self.peek_word()
+        if word == "{":
+            self.pos += 1
+            self.parse_list(stop=("}",))
+            self.expect_word("}")
+            self.trailing_redirects()
+            return
+        if word in ("!", "time"):
+            self.pos += len(word)
+            self.skip_blanks()
+            if word == "time":
+                while self.peek_word() in ("-p", "--"):
+                    self.pos += 2
+                    self.skip_blanks()
+            self.parse_command(stop)
+            return
+        if word == "if":
+            self.pos += 2
+            self.parse_list(stop=("then",))
+            self.expect_word("then")
+            while True:
+                self.parse_list(stop=("elif", "else", "fi"))
+                self.skip_newlines()
+                nxt = self.peek_word()
+                if nxt == "elif":
+                    self.pos += 4
+                    self.parse_list(stop=("then",))
+                    self.expect_word("then")
+                elif nxt == "else":
+                    self.pos += 4
+                elif nxt == "fi":
+                    self.pos += 2
+                    break
+                else:
+                    raise ShellParseError(self.where("unterminated `if`"))
+            self.trailing_redirects()
+            return
+        if word in ("while", "until"):
+            self.pos += len(word)
+            self.parse_list(stop=("do",))
+            self.do_group()
+            return
+        if word in ("for", "select"):
+            self.for_command(word)
+            return
+        if word == "case":
+            self.case_command()
+            return
+        if word == "[[":
+            self.cond_command()
+            return
+        if word == "function":
+            self.pos += len(word)
+            self.skip_blanks()
+            name = self.peek_word()
+            if name is None or not _NAME_RE.fullmatch(name.replace("-", "_").replace(".", "_")):
+                raise ShellParseError(self.where("bad function name"))
+            self.pos += len(name)
+            self.skip_blanks()
+            if self.peek(2) == "()":
+                self.pos += 2
+            self.function_body(stop)
+            return
+        if word in _RESERVED_END or word in ("then", "else", "elif", "do", "in"):
+            raise ShellParseError(self.where(f"unexpected {word!r}"))
+        # name() compound  — a function definition
+        m = re.compile(r"([A-Za-z_][A-Za-z0-9_.:-]*)[ \t]*\([ \t]*\)").match(self.src, self.pos)
+        if m:
+            self.pos = m.end()
+            self.function_body(stop)
+            return
+        self.simple_command()
+
+    def function_body(self, stop: tuple[str, ...]) -> None:
+        self.skip_newlines()
+        self.function_depth += 1
+        try:
+            self.parse_command(stop)
+        finally:
+            self.function_depth -= 1
+
+    def do_group(self) -> None:
+        self.expect_word("do")
+        self.parse_list(stop=("done",))
+        self.expect_word("done")
+        self.trailing_redirects()
+
+    def for_command(self, kw: str) -> None:
+        self.pos += len(kw)
+        self.skip_blanks()
+        if self.peek(2) == "((":
+            self.arith_command()
+        else:
+            name = self.peek_word()
+            if name is None or not _NAME_RE.fullmatch(name):
+                raise ShellParseError(self.where(f"bad `{kw}` variable"))
+            self.pos += len(name)
+            self.skip_blanks()
+            if self.peek_word() == "in":
+                self.pos += 2
+                while True:
+                    self.skip_blanks()
+                    if self.at_end() or self.peek() in (";", "\n"):
+                        break
+                    self.read_word()  # data, but substitutions inside still run
+        self.skip_blanks()
+        if self.peek() == ";":
+            self.pos += 1
+        self.do_group()
+
+    def case_command(self) -> None:
+        self.pos += 4
+        self.skip_blanks()
+        self.read_word()
+        self.expect_word("in")
+        while True:
+            self.skip_newlines()
+            if self.peek_word() == "esac":
+                self.pos += 4
+                break
+            if self.at_end():
+                raise ShellParseError("unterminated `case`")
+            if self.peek() == "(":
+                self.pos += 1
+            while True:  # patterns: w | w | w )
+                self.skip_blanks()
+                self.read_word()
+                self.skip_blanks()
+                c = self.peek()
+                if c == "|":
+                    self.pos += 1
+                    continue
+                if c == ")":
+                    self.pos += 1
+                    break
+                raise ShellParseError(self.where("bad `case` pattern"))
+            self.parse_list(stop=("esac", ";;"))
+            self.skip_newlines()
+            op = self.operator()
+            if op in (";;&", ";;", ";&"):
+                self.pos += len(op)
+            elif self.peek_word() != "esac":
+                raise ShellParseError(self.where("unterminated `case` item"))
+        self.trailing_redirects()
+
+    def cond_command(self) -> None:
+        """``[[ … ]]``: operators inside are not command separators; scan the words."""
+        self.pos += 2
+        while True:
+            self.skip_blanks()
+            if self.at_end():
+                raise ShellParseError("unterminated `[[`")
+            if self.peek_word() == "]]":
+                self.pos += 2
+                break
+            op = None
+            for cand in ("&&", "||", "|", "(", ")", "<", ">", "!", "\n"):
+                if self.src.startswith(cand, self.pos):
+                    op = cand
+                    break
+            if op is not None:
+                self.pos += len(op)
+                continue
+            self.read_word()
+        self.trailing_redirects()
+
+    def arith_command(self) -> None:
+        """``(( … ))``: arithmetic in bash, but two nested subshells in dash: judge both."""
+        start = self.pos
+        self.pos += 2
+        self.scan_until_double_paren()
+        try:
+            as_subshells = parse(self.src[start + 1 : self.pos - 1], via=self.via, depth=self.depth + 1)
+        except ShellParseError:
+            as_subshells = []
+        for cmd in as_subshells:
+            self.emit(cmd)
+        self.trailing_redirects()
+
+    def scan_until_double_paren(self) -> None:
+        depth = 0
+        src = self.src
+        start = self.pos
+        while self.pos < len(src):
+            c = src[self.pos]
+            if c == "(":
+                depth += 1
+                self.pos += 1
+            elif c == ")":
+                if depth == 0:
+                    if src.startswith("))", self.pos):
+                        self.pos += 2
+                        return
+                    raise ShellParseError(self.where("unbalanced `)` in arithmetic"))
+                depth -= 1
+                self.pos += 1
+            elif c in "$`'\"\\":
+                self.read_word_part(in_dquote=False, sink=[], flags=_Flags())
+            else:
+                self.pos += 1
+        self.pos = start
+        raise ShellParseError(self.where("unterminated `((`"))
+
+    def trailing_redirects(self) -> None:
+        redirects: list[Redirect] = []
+        while True:
+            self.skip_blanks()
+            r = self.try_redirect()
+            if r is None:
+                break
+            redirects.append(r)
+        if redirects:
+            self.emit(SimpleCommand(argv=(), redirects=tuple(redirects), via=self.via))
+
+    # ------------------------------------------------------------------ simple commands
+    def simple_command(self) -> None:
+        argv: list[Word] = []
+        assigns: list[tuple[str, Word]] = []
+        redirects: list[Redirect] = []
+        while True:
+            self.skip_blanks()
+            if self.at_end():
+                break
+            r = self.try_redirect()
+            if r is not None:
+                redirects.append(r)
+                continue
+            c = self.peek()
+            if c in _META:
+                if c in "<>" and self.src.startswith("(", self.pos + 1):
+                    self.process_substitution()
+                    argv.append(Word("<(…)", expands=True))
+                    continue
+                if c == "(" and argv:
+                    raise ShellParseError(self.where("unexpected `(` in a command"))
+                break
+            if not argv:
+                m = _ASSIGN_RE.match(self.src, self.pos)
+                if m:
+                    self.pos = m.end()
+                    if self.peek() == "(":
+                        assigns.append((m.group(1), self.array_literal()))
+                    else:
+                        w = self.read_word(allow_empty=True)
+                        assigns.append((m.group(1), w))
+                    continue
+            argv.append(self.read_word())
+        if not argv and not assigns and not redirects:
+            raise ShellParseError(self.where("empty command"))
+        self.emit(
+            SimpleCommand(
+                argv=tuple(argv),
+                assignments=tuple(assigns),
+                redirects=tuple(redirects),
+                via=self.via,
+                is_function_body=self.function_depth > 0,
+            )
+        )
+
+    def array_literal(self) -> Word:
+        self.pos += 1
+        while True:
+            self.skip_newlines()
+            if self.at_end():
+                raise ShellParseError("unterminated array assignment")
+            if self.peek() == ")":
+                self.pos += 1
+                return Word("(…)", expands=True)
+            self.read_word()
+
+    def process_substitution(self) -> None:
+        self.pos += 2
+        inner = _Parser(self.src, self.via + ("<(…)",), self.depth + 1)
+        inner.pos = self.pos
+        inner.parse_list(stop=(")",))
+        if inner.peek() != ")":
+            raise ShellParseError(self.where("unclosed process substitution"))
+        self.pos = inner.pos + 1
+        self.merge(inner)
+
+    def merge(self, inner: _Parser) -> None:
+        if inner.depth > MAX_DEPTH:
+            raise ShellParseError(f"commands nested deeper than {MAX_DEPTH} levels")
+        for cmd in inner.out.commands:
+            self.emit(cmd)
+        self.pending_heredocs.extend(inner.pending_heredocs)
+
+    def try_redirect(self) -> Redirect | None:
+        m = _FD_RE.match(self.src, self.pos)
+        start = self.pos
+        p = m.end() if m else self.pos
+        for op in _REDIR_OPS:
+            if self.src.startswith(op, p):
+                if op in ("<", ">") and self.src.startswith("(", p + 1):
+                    return None  # process substitution
+                if op == "&>" and p != start:
+                    return None
+                self.pos = p + len(op)
+                self.skip_blanks()
+                if op in ("<<", "<<-"):
+                    return self.heredoc(op)
+                if self.at_end() or self.peek() in _META:
+                    raise ShellParseError(self.where(f"redirection {op!r} has no target"))
+                return Redirect(op, self.read_word())
+        self.pos = start
+        return None
+
+    def heredoc(self, op: str) -> Redirect:
+        raw_start = self.pos
+        word = self.read_word()
+        raw = self.src[raw_start : self.pos]
+        quoted = any(q in raw for q in "'\"\\")
+        if word.expands and not quoted:
+            raise ShellParseError(self.where("here-document delimiter with an expansion"))
+        self.pending_heredocs.append(
+            _Heredoc(word.text, strip_tabs=op == "<<-", expand=not quoted, via=self.via)
+        )
+        return Redirect(op, Word(word.text))
+
+    def read_heredoc(self, doc: _Heredoc) -> None:
+        src = self.src
+        while True:
+            if self.pos >= len(src):
+                raise ShellParseError(f"here-document not terminated by {doc.delimiter!r}")
+            end = src.find("\n", self.pos)
+            line_end = len(src) if end < 0 else end
+            line = src[self.pos : line_end]
+            check = line.lstrip("\t") if doc.strip_tabs else line
+            if check == doc.delimiter:
+                self.pos = line_end + (1 if end >= 0 else 0)
+                return
+            if doc.expand:
+                self.scan_heredoc_line(line_end)
+            self.pos = line_end + 1 if end >= 0 else line_end
+
+    def scan_heredoc_line(self, line_end: int) -> None:
+        """Run substitutions in an unquoted here-document line ($(…), `…`, ${…})."""
+        src = self.src
+        while self.pos < line_end:
+            c = src[self.pos]
+            if c == "\\":
+                self.pos += 2
+            elif c in "$`":
+                self.read_word_part(in_dquote=True, sink=[], flags=_Flags())
+                if self.pos > line_end:
+                    # a substitution spanning lines: recompute the line end
+                    end = src.find("\n", self.pos)
+                    line_end = len(src) if end < 0 else end
+            else:
+                self.pos += 1
+
+    # ------------------------------------------------------------------ words
+    def read_word(self, allow_empty: bool = False) -> Word:
+        flags = _Flags()
+        text: list[str] = []
+        start = self.pos
+        while self.pos < len(self.src):
+            c = self.src[self.pos]
+            if c in _META:
+                break
+            self.read_word_part(in_dquote=False, sink=text, flags=flags)
+        if self.pos == start and not allow_empty:
+            raise ShellParseError(self.where("expected a word"))
+        value = "".join(text)
+        return Word(value, expands=flags.expands, glob=flags.glob)
+
+    def read_word_part(self, *, in_dquote: bool, sink: list[str], flags: _Flags) -> None:
+        """Consume one unit of a word (a char, a quoted string or an expansion)."""
+        src = self.src
+        c = src[self.pos]
+        if c == "\\":
+            if self.pos + 1 >= len(src):
+                self.pos += 1
+                sink.append("\\")
+                return
+            nxt = src[self.pos + 1]
+            self.pos += 2
+            if nxt == "\n":
+                return
+            if in_dquote and nxt not in '$`"\\':
+                sink.append("\\" + nxt)
+            else:
+                sink.append(nxt)
+            return
+        if c == "'" and not in_dquote:
+            end = src.find("'", self.pos + 1)
+            if end < 0:
+                raise ShellParseError(self.where("unclosed single quote"))
+            sink.append(src[self.pos + 1 : end])
+            self.pos = end + 1
+            return
+        if c == '"' and not in_dquote:
+            self.pos += 1
+            while True:
+                if self.pos >= len(src):
+                    raise ShellParseError("unclosed double quote")
+                if src[self.pos] == '"':
+                    self.pos += 1
+                    return
+                self.read_word_part(in_dquote=True, sink=sink, flags=flags)
+        if c == "`":
+            self.backtick(sink, flags)
+            return
+        if c == "$":
+            self.dollar(sink, flags, in_dquote)
+            return
+        if not in_dquote:
+            if c in "*?" or c == "[" and _BRACKET_RE.match(src, self.pos):
+                flags.glob = True
+            elif c == "{" and _BRACE_RE.match(src, self.pos):
+                flags.expands = True
+        sink.append(c)
+        self.pos += 1
+
+    def backtick(self, sink: list[str], flags: _Flags) -> None:
+        src = self.src
+        i = self.pos + 1
+        body: list[str] = []
+        while True:
+            if i >= len(src):
+                raise ShellParseError(self.where("unclosed backtick"))
+            ch = src[i]
+            if ch == "\\" and i + 1 < len(src) and src[i + 1] in "$`\\\n":
+                body.append(src[i + 1])
+                i += 2
+                continue
+            if ch == "`":
+                break
+            body.append(ch)
+            i += 1
+        text = src[self.pos : i + 1]
+        self.pos = i + 1
+        self.sub("".join(body), "`…`")
+        flags.expands = True
+        sink.append(text)
+
+    def dollar(self, sink: list[str], flags: _Flags, in_dquote: bool) -> None:
+        src = self.src
+        start = self.pos
+        nxt = src[self.pos + 1] if self.pos + 1 < len(src) else ""
+        if src.startswith("$((", self.pos):
+            self.pos += 3
+            self.scan_until_double_paren()
+            if not _ARITH_RE.match(src, start + 3, self.pos - 2):
+                raise ShellParseError(self.where("`$((` does not hold an arithmetic expression"))
+            flags.expands = True
+            sink.append(src[start : self.pos])
+            return
+        if nxt == "(":
+            self.pos += 2
+            inner = _Parser(src, self.via + ("$(…)",), self.depth + 1)
+            inner.pos = self.pos
+            inner.parse_list(stop=(")",))
+            if inner.peek() != ")":
+                raise ShellParseError(self.where("unclosed `$(`"))
+            self.pos = inner.pos + 1
+            self.merge(inner)
+            flags.expands = True
+            sink.append(src[start : self.pos])
+            return
+        if nxt == "{":
+            self.pos += 2
+            depth = 1
+            while True:
+                if self.pos >= len(src):
+                    raise ShellParseError(self.where("unclosed `${`"))
+                ch = src[self.pos]
+                if ch == "}":
+                    depth -= 1
+                    self.pos += 1
+                    if depth == 0:
+                        break
+                elif ch == "{":
+                    depth += 1
+                    self.pos += 1
+                elif ch in "$`\\'\"":
+                    if ch == "'" and in_dquote:
+                        self.pos += 1
+                    else:
+                        self.read_word_part(in_dquote=False, sink=[], flags=_Flags())
+                else:
+                    self.pos += 1
+            flags.expands = True
+            sink.append(src[start : self.pos])
+            return
+        if nxt == "'" and not in_dquote:
+            self.pos += 2
+            sink.append(self.ansi_c())
+            return
+        if nxt == '"' and not in_dquote:
+            self.pos += 1  # $"…" is a translated string; read as "…"
+            self.read_word_part(in_dquote=False, sink=sink, flags=flags)
+            return
+        m = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]").match(src, self.pos + 1)
+        if m:
+            self.pos = m.end()
+            flags.expands = True
+            sink.append(src[start : self.pos])
+            return
+        sink.append("$")
+        self.pos += 1
+
+    def ansi_c(self) -> str:
+        """Decode a bash ``$'…'`` string (cursor just past the opening quote)."""
+        src = self.src
+        out: list[str] = []
+        simple = {
+            "n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v",
+            "e": "\x1b", "E": "\x1b", "\\": "\\", "'": "'", '"': '"', "?": "?",
+        }  # fmt: skip
+        while True:
+            if self.pos >= len(src):
+                raise ShellParseError("unclosed $'…' string")
+            ch = src[self.pos]
+            if ch == "'":
+                self.pos += 1
+                return "".join(out)
+            if ch != "\\":
+                out.append(ch)
+                self.pos += 1
+                continue
+            esc = src[self.pos + 1 : self.pos + 2]
+            self.pos += 2
+            if esc in simple:
+                out.append(simple[esc])
+            elif esc in ("x", "u", "U"):
+                width = {"x": 2, "u": 4, "U": 8}[esc]
+                m = re.compile(rf"[0-9A-Fa-f]{{1,{width}}}").match(src, self.pos)
+                if not m:
+                    raise ShellParseError(self.where(f"bad \\{esc} escape in $'…'"))
+                self.pos = m.end()
+                out.append(_chr(int(m.group(0), 16)))
+            elif esc in "01234567" and esc:
+                m = re.compile(r"[0-7]{0,2}").match(src, self.pos)
+                digits = esc + (m.group(0) if m else "")
+                self.pos += len(digits) - 1
+                out.append(_chr(int(digits, 8) & 0xFF))
+            elif esc == "c":
+                raise ShellParseError(self.where("control-character escape in $'…'"))
+            else:
+                out.append("\\" + esc)
+
+
+def _chr(code: int) -> str:
+    if code == 0:
+        raise ShellParseError("NUL in $'…' string")
+    try:
+        return chr(code)
+    except ValueError as exc:
+        raise ShellParseError(f"bad character code {code:#x} in $'…' string") from exc
+
+
+@dataclass
+class _Flags:
+    expands: bool = False
+    glob: bool = False

@@ -1,0 +1,391 @@
+"""The ASGI app: the ``/v1`` JSON API, the event stream and the web page."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib import resources
+from pathlib import Path
+from dataclasses import replace
+from typing import Annotated, Any, Final
+
+import anyio
+import anyio.to_thread
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+
+from corral import __version__
+from corral._errors import ConfigError, CorralError
+from corral.stores._records import RunStatus
+from corral.runs._runner import RunRequest, RunStartError
+from corral.stores._protocols import RunExists, UnknownRun
+from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
+from corral.server._guard import Guard
+from corral.server._models import (
+    ApprovalAnswer,
+    ApprovalList,
+    ApprovalOut,
+    ApprovalResult,
+    ErrorBody,
+    RunCreated,
+    RunList,
+    RunOut,
+    SandboxIn,
+    StartRun,
+    events_url,
+)
+from corral.server._service import RunService, TooManyRuns
+from corral.server._sse import EventStream, encode_event
+
+log = logging.getLogger("corral.server._app")
+
+STATIC: Final = Path(str(resources.files("corral.server") / "static"))
+_ERROR_CODES: Final = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "too_many_runs",
+}
+
+
+_SSE_EVENT: Final = {
+    "type": "object",
+    "description": "one server-sent event",
+    "properties": {
+        "id": {"type": "string", "description": "the event's log offset"},
+        "event": {"type": "string", "enum": ["message", "end"]},
+        "data": {"type": "string", "description": "the AG-UI event (JSON)"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+
+
+class ApiError(Exception):
+    """A 4xx/5xx answer with a JSON error body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _error(status: int, code: str, message: str, details: Any = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": ErrorBody, "description": _ERROR_CODES.get(s, "error")}
+            for s in statuses}
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, list[dict[str, Any]]]:
+    details: list[dict[str, Any]] = []
+    parts: list[str] = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" or len(err.get("loc", ())) == 1]
+        where = ".".join(loc) or "body"
+        msg = str(err.get("msg", "invalid"))
+        details.append({"loc": loc, "message": msg, "type": str(err.get("type", ""))})
+        parts.append(f"{where}: {msg}")
+    message = "invalid request: " + "; ".join(parts[:5])
+    if len(parts) > 5:
+        message += f" (and {len(parts) - 5} more)"
+    return message, details
+
+
+def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> SandboxDefinition:
+    """The sandbox a request gets: a configured one by name, the server's default, or an
+    inline definition within what the configuration allows."""
+    if requested is None:
+        if config.default_sandbox is not None:
+            return config.sandboxes[config.default_sandbox]
+        requested = SandboxIn(provider=None, workspace=None)
+    if isinstance(requested, str):
+        found = config.sandboxes.get(requested)
+        if found is None:
+            names = ", ".join(sorted(config.sandboxes)) or "none are configured"
+            raise ApiError(400, "unknown_sandbox",
+                           f"no sandbox named {requested!r} on this server ({names})")
+        return found
+    provider = requested.provider or DEFAULT_PROVIDER
+    if provider not in config.allowed_providers:
+        raise ApiError(400, "provider_not_allowed",
+                       f"provider {provider!r} is not allowed here; allowed: "
+                       f"{', '.join(config.allowed_providers) or 'none'} (or name a "
+                       "configured sandbox)")
+    workspace = requested.workspace
+    if workspace is not None:
+        real = os.path.realpath(workspace)
+        roots = [os.path.realpath(r) for r in config.workspace_roots]
+        if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+            raise ApiError(400, "workspace_not_allowed",
+                           "inline workspaces must lie under one of the server's "
+                           "workspace_roots" + ("" if roots else " (none are configured)"))
+        if not os.path.isdir(real):
+            raise ApiError(400, "invalid_workspace", f"workspace {workspace!r} is not a directory")
+        workspace = real
+    return SandboxDefinition(provider=provider, workspace=workspace)
+
+
+def create_app(service: RunService) -> Any:
+    """The ASGI application (FastAPI wrapped in :class:`~corral.server._guard.Guard`).
+
+    Its lifespan runs ``service.running()``: the store is opened at start-up and every drive
+    detaches at shutdown.
+    """
+    config = service.config
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with service.running():
+            yield
+
+    app = FastAPI(
+        title="corral",
+        version=__version__,
+        description="Durable coding-agent runs in sandboxes, streamed as AG-UI events.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+
+    # ------------------------------------------------------------------ errors
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, details = _describe_validation(exc)
+        return _error(422, "invalid_request", message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(exc.status_code, _ERROR_CODES.get(exc.status_code, "error"),
+                      str(exc.detail), headers=dict(exc.headers or {}))
+
+    @app.exception_handler(ApiError)
+    async def on_api(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.code, exc.message)
+
+    def mapped(status: int, code: str) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+        async def handle(_: Request, exc: Exception) -> JSONResponse:
+            return _error(status, code, str(exc))
+
+        return handle
+
+    # Starlette picks a handler by the exception's class, most specific first.
+    for exc_type, (status, code) in {
+        UnknownRun: (404, "run_not_found"), RunExists: (409, "run_exists"),
+        TooManyRuns: (429, "too_many_runs"), RunStartError: (500, "run_start_failed"),
+        ConfigError: (400, "invalid_request"),
+    }.items():
+        app.add_exception_handler(exc_type, mapped(status, code))
+
+    @app.exception_handler(CorralError)
+    async def on_corral(_: Request, exc: CorralError) -> JSONResponse:
+        log.error("request failed: %s", exc)
+        return _error(500, "internal", str(exc))
+
+    @app.exception_handler(Exception)
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error: %s", exc, exc_info=exc)
+        return _error(500, "internal", "internal error; the server log has the details")
+
+    # ------------------------------------------------------------------ API
+
+    @app.post(
+        "/v1/runs",
+        status_code=201,
+        response_model=RunCreated,
+        responses=_responses(400, 401, 403, 409, 413, 422, 429, 500),
+        summary="Start a run; the server drives it until it ends",
+    )
+    async def start_run(body: StartRun, response: Response) -> RunCreated:
+        sandbox = resolve_sandbox(config, body.sandbox)
+        request = RunRequest(
+            command=body.command,
+            prompt=body.prompt,
+            harness=body.harness or "command",
+            run_id=body.run_id,
+            thread_id=body.thread_id,
+            provider=sandbox.provider,
+            workspace=sandbox.workspace,
+            options={"model": body.model} if body.model else {},
+            timeout=body.timeout,
+            token_budget=body.token_budget,
+        )
+        if body.file_events:
+            request = replace(request, sandbox=replace(request.definition(),
+                                                       file_events=body.file_events))
+        record = await service.start_run(request)
+        url = events_url(record.run_id)
+        response.headers["location"] = url.removesuffix("/events")
+        return RunCreated(run_id=record.run_id, thread_id=record.thread_id,
+                          status=record.status, events_url=url)
+
+    @app.get("/v1/runs", response_model=RunList, responses=_responses(401, 422),
+             summary="List runs, newest first")
+    async def list_runs(
+        thread_id: Annotated[str | None, Query(max_length=200)] = None,
+        status: RunStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> RunList:
+        store = service.store
+        if thread_id is not None:
+            records = list(reversed(await store.list_by_thread(thread_id)))
+            if status is not None:
+                records = [r for r in records if r.status is status]
+            records = records[:limit]
+        else:
+            records = await store.list_runs(status=status, limit=limit)
+        return RunList(runs=[RunOut.of(r) for r in records])
+
+    @app.get("/v1/runs/{run_id}", response_model=RunOut, responses=_responses(401, 404),
+             summary="One run")
+    async def get_run(run_id: str) -> RunOut:
+        record = await service.store.get(run_id)
+        if record is None:
+            raise UnknownRun(run_id)
+        return RunOut.of(record)
+
+    @app.post("/v1/runs/{run_id}/cancel", response_model=RunOut,
+              responses=_responses(401, 403, 404), summary="Cancel a run (idempotent)")
+    async def cancel_run(run_id: str) -> RunOut:
+        return RunOut.of(await service.cancel(run_id))
+
+    @app.get("/v1/runs/{run_id}/approvals", response_model=ApprovalList,
+             responses=_responses(401, 404), summary="A run's pending approval requests")
+    async def pending_approvals(run_id: str) -> ApprovalList:
+        from corral.tools._approvals import list_pending
+
+        if await service.store.get(run_id) is None:
+            raise UnknownRun(run_id)
+        pending = await anyio.to_thread.run_sync(lambda: list_pending(run_id))
+        return ApprovalList(approvals=[
+            ApprovalOut(approval_id=a.approval_id, run_id=a.run_id, tool=a.tool, args=a.args,
+                        created_at=a.created_at, expires_at=a.expires_at)
+            for a in pending
+        ])
+
+    @app.post("/v1/runs/{run_id}/approvals/{approval_id}", response_model=ApprovalResult,
+              responses=_responses(400, 401, 403, 404, 409, 413, 422),
+              summary="Answer a host tool's approval request (allow or deny)")
+    async def answer(run_id: str, approval_id: str, body: ApprovalAnswer) -> ApprovalResult:
+        from corral.tools._approvals import ApprovalError, answer_approval
+
+        if await service.store.get(run_id) is None:
+            raise UnknownRun(run_id)
+        allow = body.decision == "allow"
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: answer_approval(run_id, approval_id, allow, reason=body.reason)
+            )
+        except ApprovalError as exc:
+            # a forged or foreign id, an unknown, expired or already answered request
+            raise ApiError(409, "approval_refused", str(exc)) from None
+        return ApprovalResult(approval_id=approval_id, decision=body.decision)
+
+    @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
+             responses=_responses(401, 404), summary="The thread's running run")
+    async def active_run(thread_id: str) -> RunOut:
+        record = await service.store.find_active_run(thread_id)
+        if record is None:
+            raise ApiError(404, "no_active_run", f"thread {thread_id!r} has no running run")
+        return RunOut.of(record)
+
+    @app.get(
+        "/v1/runs/{run_id}/events",
+        responses={
+            200: {
+                "description": "server-sent events: `id` is the log offset, `data` the AG-UI "
+                "event as JSON; a last `end` event (no id) marks the end of the log",
+                "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+            },
+            204: {"description": "the run's log is closed and nothing follows `after`"},
+            **_responses(400, 401, 404, 422),
+        },
+        response_class=Response,
+        summary="Stream a run's events (resume with Last-Event-ID or ?after=)",
+    )
+    async def run_events(
+        run_id: str,
+        after: Annotated[int | None, Query(ge=0, description="resume after this offset")] = None,
+        token: Annotated[str | None, Query(description="the API token, for EventSource "
+                                            "(which cannot send headers)")] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Any:
+        position = after or 0
+        if last_event_id is not None and last_event_id.strip():
+            raw = last_event_id.strip()
+            if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+                raise ApiError(400, "invalid_last_event_id",
+                               f"Last-Event-ID must be a log offset (a whole number), got {raw!r}")
+            position = int(raw)  # the browser's resume point wins over the URL's
+        tail = await service.store.tail(run_id)  # raises UnknownRun for a run it lacks
+        if tail.closed and position >= tail.last_offset:
+            return Response(status_code=204)
+        return _Asgi(EventStream(service, run_id, position))
+
+    # ------------------------------------------------------------------ page
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    @app.get("/healthz", include_in_schema=False)
+    async def health() -> dict[str, Any]:
+        return {"ok": True, "version": __version__}
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    base_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        # Auth is enforced by the Guard middleware; document it for clients.
+        if app.openapi_schema is None:
+            schema = base_openapi()
+            if config.token is not None:
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer",
+                               "description": "the server's CORRAL_API_TOKEN"}
+                }
+                for path, item in schema.get("paths", {}).items():
+                    if path.startswith("/v1/"):
+                        for operation in item.values():
+                            operation["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    return Guard(app, token=config.token, max_body=config.max_body)
+
+
+class _Asgi(Response):
+    """Lets a route return a raw ASGI callable (the event stream)."""
+
+    def __init__(self, inner: EventStream) -> None:
+        super().__init__()
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.inner(scope, receive, send)
+
+
+__all__ = ["create_app", "encode_event", "resolve_sandbox"]

@@ -1,0 +1,284 @@
+"""In-memory store: one process, one event loop. For tests and throwaway runs.
+
+Every method does its whole read-check-write without an ``await`` in between, so each one is
+atomic with respect to other tasks on the loop, which is what the fencing rules need.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._protocols import (
+    Claim,
+    InstanceRecord,
+    LoggedEvent,
+    LogTail,
+    NewRun,
+    RunExists,
+    UnknownRun,
+)
+from corral.stores import _logic
+from corral.stores._signal import LocalSignal
+
+
+def _frozen(record: RunRecord) -> RunRecord:
+    """A copy sharing no mutable state with the caller (and proven JSON-able, like SQL)."""
+    return RunRecord.from_dict(_logic.record_roundtrip(record))
+
+
+@dataclass
+class _Log:
+    events: list[tuple[int, str]] = field(default_factory=list)  # (journal_offset, json text)
+    closed: bool = False
+    high_journal: int | None = None  # the highest journal offset logged
+
+
+class MemoryStore:
+    """All store protocols in process memory (``memory://``)."""
+
+    url = "memory://"
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._runs: dict[str, RunRecord] = {}
+        self._logs: dict[str, _Log] = {}
+        self._instances: dict[str, InstanceRecord] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
+        self._signal = LocalSignal()
+
+    def _now(self, now: float | None) -> float:
+        return float(self._clock() if now is None else now)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
+
+    # ------------------------------------------------------------------ runs
+
+    async def create(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        if new.run_id in self._runs:
+            raise RunExists(new.run_id)
+        return self._insert(new, now)
+
+    async def create_or_resume(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        existing = self._runs.get(new.run_id)
+        if existing is not None:
+            return existing
+        return self._insert(new, now)
+
+    def _insert(self, new: NewRun, now: float | None) -> RunRecord:
+        record = new.record(self._now(now))
+        record = _frozen(record)
+        self._runs[new.run_id] = record
+        self._logs[new.run_id] = _Log()
+        return record
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        return self._runs.get(run_id)
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        new = _logic.update_transition(
+            self._runs.get(run_id), run_id, patch, expect_epoch, self._now(now)
+        )
+        if new is not None:
+            new = self._runs[run_id] = _frozen(new)
+        return new
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        best: RunRecord | None = None
+        for record in self._runs.values():  # insertion order breaks started_at ties
+            if (
+                record.thread_id == thread_id
+                and record.status is RunStatus.RUNNING
+                and (best is None or record.started_at >= best.started_at)
+            ):
+                best = record
+        return best
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        runs = [r for r in self._runs.values() if r.thread_id == thread_id]
+        return sorted(runs, key=lambda r: r.started_at)
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        runs = [r for r in self._runs.values() if status is None or r.status is status]
+        return sorted(runs, key=lambda r: r.started_at, reverse=True)[:limit]
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        cutoff = now - ttl
+        count = _logic.check_cap(limit)
+        found = [r for r in self._runs.values() if _logic.reclaimable(r, cutoff)]
+        # Stable sort: ties keep creation (insertion) order, as in SQLite.
+        found.sort(key=lambda r: r.unattended_since or 0.0)
+        return found if count is None else found[:count]
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        new = _logic.cancel_transition(self._runs.get(run_id), self._now(now))
+        if new is not None:
+            new = self._runs[run_id] = _frozen(new)
+        return new
+
+    # ------------------------------------------------------------------ claims
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        new, claim = _logic.claim_transition(
+            self._runs.get(run_id),
+            run_id,
+            owner,
+            ttl,
+            self._now(now),
+            clear_detached=clear_detached,
+            allow_cancelled=allow_cancelled,
+            break_lease_of=break_lease_of,
+        )
+        self._runs[run_id] = _frozen(new)
+        return claim
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        new, renewed = _logic.renew_transition(
+            self._runs.get(claim.run_id), claim, ttl, self._now(now)
+        )
+        self._runs[claim.run_id] = _frozen(new)
+        return renewed
+
+    async def release_claim(self, claim: Claim) -> None:
+        new = _logic.release_transition(self._runs.get(claim.run_id), claim, self._now(None))
+        if new is not None:
+            self._runs[claim.run_id] = _frozen(new)
+
+    # ------------------------------------------------------------------ event log
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        encoded = _logic.encode_events(events)
+        log = self._logs.get(run_id)
+        record = self._runs.get(run_id)
+        _logic.append_check(
+            None if record is None else record.driver_epoch,
+            run_id,
+            epoch,
+            log is not None and log.closed,
+        )
+        assert log is not None
+        first = len(log.events) + 1
+        log.events.extend((journal_offset, text) for text, journal_offset in encoded)
+        for _text, journal_offset in encoded:
+            log.high_journal = max(journal_offset, log.high_journal or 0)
+        if encoded:
+            self._signal.notify()
+        return list(range(first, first + len(encoded)))
+
+    async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
+        if run_id not in self._runs:
+            raise UnknownRun(run_id)
+        position = max(after, 0)
+        while True:
+            seen = self._signal.generation
+            log = self._logs[run_id]
+            while position < len(log.events):
+                journal_offset, text = log.events[position]
+                position += 1
+                yield LoggedEvent(position, journal_offset, _logic.decode_event(text))
+            if log.closed:
+                return
+            await self._signal.wait(seen, timeout=60.0)
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        log = self._logs.get(run_id)
+        record = self._runs.get(run_id)
+        current = None if record is None else record.driver_epoch
+        if log is None or not _logic.close_allowed(current, epoch):
+            return False
+        if not log.closed:
+            log.closed = True
+            self._signal.notify()
+        return True
+
+    async def snapshot(self, run_id: str) -> list[LoggedEvent]:
+        log = self._logs.get(run_id)
+        if log is None:
+            return []
+        return [
+            LoggedEvent(index, journal_offset, _logic.decode_event(text))
+            for index, (journal_offset, text) in enumerate(log.events, start=1)
+        ]
+
+    async def tail(self, run_id: str) -> LogTail:
+        log = self._logs.get(run_id)
+        if log is None:
+            if run_id not in self._runs:
+                raise UnknownRun(run_id)
+            return LogTail(0, None, False)
+        return LogTail(len(log.events), log.high_journal, log.closed)
+
+    # ------------------------------------------------------------------ instances
+
+    async def get_instance(self, key: str) -> InstanceRecord | None:
+        return self._instances.get(key)
+
+    async def upsert_instance(self, record: InstanceRecord) -> None:
+        # Round-trip through the dict form so the stored copy shares nothing with the caller.
+        self._instances[record.key] = InstanceRecord.from_dict(record.to_dict())
+
+    async def delete_instance(self, key: str) -> None:
+        self._instances.pop(key, None)
+
+    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
+        return [
+            r for r in self._instances.values() if r.expires_at is not None and r.expires_at <= now
+        ]
+
+    # ------------------------------------------------------------------ named locks
+
+    async def try_lock(
+        self, name: str, owner: str, ttl: float, *, now: float | None = None
+    ) -> bool:
+        ttl = _logic.check_ttl(ttl)
+        at = self._now(now)
+        held = self._locks.get(name)
+        if held is not None and held[0] != owner and held[1] > at:
+            return False
+        self._locks[name] = (owner, at + ttl)
+        return True
+
+    async def unlock(self, name: str, owner: str) -> bool:
+        held = self._locks.get(name)
+        if held is None or held[0] != owner:
+            return False
+        del self._locks[name]
+        return True

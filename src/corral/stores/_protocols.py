@@ -1,0 +1,449 @@
+"""Store protocols for durable runs, and the errors they raise.
+
+Each protocol is small and backend-neutral: memory, SQLite, PostgreSQL and Redis implement the
+same methods. Every time-dependent method takes an optional ``now`` (epoch seconds; the
+backend's clock when ``None``) so tests and reapers can pass the instant they reason about.
+
+Fencing lives in the store: :meth:`EventLog.append` and an :meth:`RunStore.update` carrying
+``expect_epoch`` compare the caller's epoch with the record's ``driver_epoch`` inside the same
+transaction as the write, so a superseded driver can never land anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+from corral._errors import CorralError
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+
+JsonObject: TypeAlias = dict[str, Any]
+
+MAX_SPEC_BYTES = 2 << 20
+"""Largest ``spec`` a new run may store (2 MiB of JSON, as stored): the sandbox definition,
+argv and options. A ``corral.toml`` is at most 1 MiB; this leaves room for JSON escaping,
+and refuses a definition that grows past it rather than storing it in every record."""
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class StoreError(CorralError):
+    """A store could not do what was asked (the message says why and what to do)."""
+
+
+class SpecTooLarge(StoreError, ValueError):
+    """A new run's ``spec`` is larger than :data:`MAX_SPEC_BYTES`; nothing was stored."""
+
+
+class UnknownRun(StoreError, LookupError):
+    """No run with this id exists."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r} exists in this store")
+        self.run_id = run_id
+
+
+class RunExists(StoreError):
+    """``create`` was asked for a run id that is already taken (run ids are unique)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} already exists; run ids are unique, pick another")
+        self.run_id = run_id
+
+
+class InvalidEvent(StoreError, ValueError):
+    """An event handed to ``append`` is not a JSON object or its journal offset is invalid."""
+
+
+class LogClosed(StoreError):
+    """An append reached a run whose event log is closed (no event may follow a close)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"the event log of run {run_id!r} is closed; nothing more can be appended")
+        self.run_id = run_id
+
+
+class ClaimLost(StoreError):
+    """The caller's claim on a run is no longer current: a newer epoch exists or the lease
+    could not be renewed. Nothing was written."""
+
+    def __init__(self, run_id: str, held_epoch: int, observed_epoch: int | str) -> None:
+        super().__init__(
+            f"claim on run {run_id!r} lost: held epoch {held_epoch}, store has {observed_epoch}; "
+            "another driver owns this run now, stop driving it"
+        )
+        self.run_id = run_id
+        self.held_epoch = held_epoch
+        self.observed_epoch = observed_epoch
+
+
+class RefusalReason(enum.StrEnum):
+    """Why a claim was refused. A refusal is permanent for that attempt and changed nothing."""
+
+    UNKNOWN = "unknown"
+    TERMINAL = "terminal"
+    CANCELLED = "cancelled"
+    HELD = "held"
+
+
+class ClaimRefused(StoreError):
+    """A claim was refused; the store was not changed (``driver_epoch`` included)."""
+
+    def __init__(self, run_id: str, reason: RefusalReason, detail: str = "") -> None:
+        text = f"driver claim not acquired for run {run_id!r}: {reason.value}"
+        super().__init__(text + (f" ({detail})" if detail else ""))
+        self.run_id = run_id
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A lease on a run: who holds it, the epoch it fences with, and when it lapses."""
+
+    run_id: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One stored event: its log offset (SSE id, from 1, gap-free), the journal byte offset it
+    was translated up to, and the event (an AG-UI event as a JSON-able dict, camelCase)."""
+
+    offset: int
+    journal_offset: int
+    event: JsonObject
+
+
+@dataclass(frozen=True, slots=True)
+class LogTail:
+    """The state of a run's log at one instant (for takeover: where to resume the journal)."""
+
+    last_offset: int
+    """Offset of the last event, 0 when the log is empty."""
+    last_journal_offset: int | None
+    """The highest journal offset any logged event carries (where a successor resumes
+    the journal); ``None`` when the log is empty. Not simply the last event's: events
+    logged out of band (approval requests, file events) carry the offset their driver
+    knew, which a concurrent batch may already have passed."""
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """What ``create``/``create_or_resume`` store for a new run (status defaults to running)."""
+
+    run_id: str
+    thread_id: str
+    started_at: float | None = None
+    status: RunStatus = RunStatus.RUNNING
+    harness: str | None = None
+    spec: Mapping[str, Any] | None = None
+    sandbox_key: str | None = None
+    sandbox_ref: Mapping[str, Any] | None = None
+    journal: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "thread_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise StoreError(f"{name} must be a non-empty string, got {value!r}")
+        if self.spec is not None:
+            try:  # measured as the stores write it (ASCII JSON, compact)
+                size = len(json.dumps(self.spec, separators=(",", ":")))
+            except (TypeError, ValueError):
+                return  # not JSON: the store refuses it, naming the field
+            if size > MAX_SPEC_BYTES:
+                raise SpecTooLarge(
+                    f"run {self.run_id}: its definition (sandbox, argv, options) is "
+                    f"{size / (1 << 20):.1f} MiB as stored, over the limit of "
+                    f"{MAX_SPEC_BYTES >> 20} MiB; keep data in the workspace, not the definition"
+                )
+
+    def record(self, now: float) -> RunRecord:
+        started = self.started_at if self.started_at is not None else now
+        return RunRecord(
+            run_id=self.run_id,
+            thread_id=self.thread_id,
+            status=self.status,
+            started_at=float(started),
+            updated_at=float(now),
+            harness=self.harness,
+            spec=self.spec,
+            sandbox_key=self.sandbox_key,
+            sandbox_ref=self.sandbox_ref,
+            journal=self.journal,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """Where a sandbox instance lives, keyed by its instance key.
+
+    ``upsert`` replaces the whole record, so omitted optional fields are cleared.
+    ``expires_at`` (epoch seconds) is when an idle instance may be collected.
+    """
+
+    key: str
+    provider: str
+    provider_sandbox_id: str
+    thread_id: str
+    updated_at: float
+    latest_snapshot_id: str | None = None
+    latest_run_id: str | None = None
+    expires_at: float | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> JsonObject:
+        out: JsonObject = {
+            "key": self.key,
+            "provider": self.provider,
+            "provider_sandbox_id": self.provider_sandbox_id,
+            "thread_id": self.thread_id,
+            "updated_at": self.updated_at,
+        }
+        for name in ("latest_snapshot_id", "latest_run_id", "expires_at"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstanceRecord:
+        """Validate a stored instance record; raises :class:`StoreError` naming the field."""
+        from corral.stores._records import CorruptRecord
+
+        def s(name: str, required: bool) -> str | None:
+            v = data.get(name)
+            if v is None and not required:
+                return None
+            if not isinstance(v, str) or (required and not v):
+                raise CorruptRecord(f"instance record: {name} must be a string, got {v!r}")
+            return v
+
+        def t(name: str, required: bool) -> float | None:
+            v = data.get(name)
+            if v is None and not required:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise CorruptRecord(f"instance record: {name} must be a number, got {v!r}")
+            return float(v)
+
+        meta = data.get("meta") or {}
+        if not isinstance(meta, Mapping):
+            raise CorruptRecord("instance record: meta must be an object")
+        return cls(
+            key=s("key", True) or "",
+            provider=s("provider", True) or "",
+            provider_sandbox_id=s("provider_sandbox_id", True) or "",
+            thread_id=s("thread_id", True) or "",
+            updated_at=t("updated_at", True) or 0.0,
+            latest_snapshot_id=s("latest_snapshot_id", False),
+            latest_run_id=s("latest_run_id", False),
+            expires_at=t("expires_at", False),
+            meta=dict(meta),
+        )
+
+
+# --------------------------------------------------------------------------- protocols
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """Run records."""
+
+    async def create(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        """Create a run; raises :class:`RunExists` if the id is taken (nothing changes)."""
+        ...
+
+    async def create_or_resume(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        """Create a run, or return the existing one **unchanged** (every field of ``new`` is
+        ignored then)."""
+        ...
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        """The record, or ``None`` for an unknown id."""
+        ...
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        """Apply ``patch``; returns the new record, ``None`` for an unknown id (a no-op).
+
+        With ``expect_epoch`` the write happens only if the record's ``driver_epoch`` equals
+        it, checked in the same transaction; otherwise :class:`ClaimLost` and nothing changes.
+        """
+        ...
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        """The newest (by ``started_at``) ``running`` run of the thread, or ``None``."""
+        ...
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        """All runs of the thread, oldest first."""
+        ...
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        """The newest runs first (by start time), optionally only those with ``status``."""
+        ...
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        """Running runs unattended since ``now - ttl`` or earlier (inclusive), oldest
+        first (ties in creation order), at most ``limit`` of them.
+
+        "Unattended since" is :attr:`RunRecord.unattended_since`: ``detached_since`` when a
+        viewer left, else the end of the latest lease. So a run whose driver died without
+        detaching (its lease lapsed, or it released its claim and died before the next
+        driver took one) is listed too, from the moment its lease ended; a run under a
+        live lease and not detached never is, and neither is a run never claimed.
+
+        The order makes a capped sweep make progress: the oldest runs are the first to
+        expire and leave the listing. A backend must answer a ``limit`` in time that grows
+        with ``limit``, not with the number of detached runs (an index, a ``LIMIT``).
+        """
+        ...
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        """Set the sticky ``cancel_requested`` flag atomically (never from a stale read).
+
+        Unknown run → ``None``; a terminal run is returned unchanged.
+        """
+        ...
+
+
+@runtime_checkable
+class ClaimStore(Protocol):
+    """Leases that decide who drives a run. Each acquisition bumps ``driver_epoch`` by one."""
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        """Take the lease. Raises :class:`ClaimRefused` (unknown, terminal, cancelled unless
+        ``allow_cancelled``, or held by an unexpired lease) having changed nothing.
+        ``clear_detached`` clears ``detached_since`` in the same transaction.
+        ``break_lease_of``: take the claim even though a live lease exists, but only when
+        that lease's owner is exactly this string (compare-and-swap; the caller proved that
+        owner dead, or is cancelling). The epoch bump fences the old owner."""
+        ...
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        """Extend the lease; raises :class:`ClaimLost` if ``claim`` is no longer current."""
+        ...
+
+    async def release_claim(self, claim: Claim) -> None:
+        """Drop the lease if still current (the epoch stays); never raises for a lost claim."""
+        ...
+
+
+@runtime_checkable
+class EventLog(Protocol):
+    """Per-run append-only event logs."""
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        """Append ``(event, journal_offset)`` pairs atomically; returns their offsets.
+
+        Raises :class:`ClaimLost` if ``epoch`` is not the record's ``driver_epoch``,
+        :class:`UnknownRun`, or :class:`LogClosed`; in every such case nothing lands.
+        """
+        ...
+
+    def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
+        """Events with offset > ``after``; tails new events until the log is closed.
+
+        Raises :class:`UnknownRun` when the run does not exist.
+        """
+        ...
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        """Close the log and wake tailers. Never fenced: it never raises for a lost claim.
+
+        A close that carries a superseded ``epoch`` leaves the log open for the driver that
+        now owns it (returns ``False``); without ``epoch`` it always closes. Idempotent.
+        """
+        ...
+
+    async def snapshot(self, run_id: str) -> list[LoggedEvent]:
+        """Everything stored right now, in order; never waits; ``[]`` when nothing is."""
+        ...
+
+    async def tail(self, run_id: str) -> LogTail:
+        """Last offset, last event's journal offset and closed flag, at one instant."""
+        ...
+
+
+@runtime_checkable
+class InstanceStore(Protocol):
+    """Sandbox instance records (where a reusable sandbox lives)."""
+
+    async def get_instance(self, key: str) -> InstanceRecord | None: ...
+
+    async def upsert_instance(self, record: InstanceRecord) -> None:
+        """Full replace: fields omitted from ``record`` are cleared."""
+        ...
+
+    async def delete_instance(self, key: str) -> None:
+        """Remove the record; a missing key is a no-op."""
+        ...
+
+    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
+        """Records with ``expires_at <= now`` (inclusive)."""
+        ...
+
+
+@runtime_checkable
+class LockStore(Protocol):
+    """Named lease locks for work that must run once across hosts (e.g. the reaper sweep)."""
+
+    async def try_lock(
+        self, name: str, owner: str, ttl: float, *, now: float | None = None
+    ) -> bool:
+        """Take (or, for the same owner, extend) the lock; ``False`` if someone else holds it."""
+        ...
+
+    async def unlock(self, name: str, owner: str) -> bool:
+        """Release if ``owner`` holds it; returns whether it did."""
+        ...
+
+
+@runtime_checkable
+class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, Protocol):
+    """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
+    returns)."""
+
+    url: str
+
+    async def aclose(self) -> None:
+        """Release connections and notification resources."""
+        ...

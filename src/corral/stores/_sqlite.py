@@ -1,0 +1,604 @@
+"""SQLite store: the embedded default. One file, WAL, safe for many processes on one machine.
+
+Each store object keeps two connections (one writer, one reader), each used by one worker
+thread at a time through ``anyio.to_thread``. Writes run in ``BEGIN IMMEDIATE`` transactions:
+fencing checks and the writes they guard commit together or not at all. A process killed
+mid-append leaves the last transaction uncommitted in the WAL, which SQLite discards on the
+next open, so the log always holds a clean prefix.
+
+``synchronous=NORMAL`` (the default) survives process crashes; a power loss can drop the last
+transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, Self, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from corral._paths import storage_problem
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._protocols import (
+    Claim,
+    InstanceRecord,
+    LoggedEvent,
+    LogTail,
+    NewRun,
+    RunExists,
+    StoreError,
+    UnknownRun,
+)
+from corral.stores import _logic
+from corral.stores._signal import NotifySignal
+
+_T = TypeVar("_T")
+
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    thread_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    detached_since REAL,
+    driver_epoch INTEGER NOT NULL DEFAULT 0,
+    doc TEXT NOT NULL,
+    last_offset INTEGER NOT NULL DEFAULT 0,
+    last_journal_offset INTEGER,
+    log_closed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at);
+CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since);
+CREATE INDEX IF NOT EXISTS runs_unattended ON runs
+    (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')));
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    journal_offset INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (run_id, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS instances (
+    key TEXT PRIMARY KEY,
+    expires_at REAL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+_UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
+"""Since when nobody watches or drives a run (``RunRecord.unattended_since``), exactly as
+the ``runs_unattended`` index spells it."""
+
+_READ_BATCH: Final = 1000
+_FALLBACK_POLL: Final = 1.0
+"""Seconds a tailer waits for a poke before re-checking the store anyway."""
+
+
+def store_error(path: Path, exc: sqlite3.Error, doing: str = "cannot use") -> StoreError:
+    """One line for a SQLite failure: the file, SQLite's reason and, when the file system
+    is read-only or full (SQLite's own words are vague: "disk I/O error", "unable to open
+    database file"), that and the fix."""
+    problem = storage_problem(path)
+    if problem is None:
+        return StoreError(f"{doing} SQLite store {path}: {exc}")
+    return StoreError(
+        f"{doing} SQLite store {path}: the file system is {problem} ({exc}); "
+        + ("make it writable" if problem == "read-only" else "free some space")
+        + " or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
+    )
+
+
+class _Conn:
+    """One sqlite3 connection, used by one thread at a time."""
+
+    def __init__(self, path: Path, synchronous: str) -> None:
+        self.path = path
+        self.conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        self.conn.execute("PRAGMA busy_timeout = 30000")
+        self.conn.execute(f"PRAGMA synchronous = {synchronous}")
+        self.lock = threading.Lock()
+
+    def transact(self, fn: Callable[[sqlite3.Connection], _T], begin: str) -> _T:
+        with self.lock:
+            try:
+                self.conn.execute(begin)
+                try:
+                    result = fn(self.conn)
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    # also after a failed COMMIT (disk full): SQLite may have kept the
+                    # transaction open, and the next BEGIN would fail on it
+                    if self.conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self.conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                # nothing was written (the transaction rolled back); callers and the CLI
+                # get one StoreError line instead of a sqlite3 traceback
+                raise store_error(self.path, exc) from None
+            return result
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+def _load(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
+    row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else _logic.record_from_json(row[0])
+
+
+def _save(conn: sqlite3.Connection, record: RunRecord) -> None:
+    conn.execute(
+        "UPDATE runs SET thread_id = ?, status = ?, started_at = ?, detached_since = ?, "
+        "driver_epoch = ?, doc = ? WHERE run_id = ?",
+        (
+            record.thread_id,
+            record.status.value,
+            record.started_at,
+            record.detached_since,
+            record.driver_epoch,
+            _logic.record_to_json(record),
+            record.run_id,
+        ),
+    )
+
+
+def _insert(conn: sqlite3.Connection, record: RunRecord) -> None:
+    conn.execute(
+        "INSERT INTO runs (run_id, thread_id, status, started_at, detached_since, driver_epoch, "
+        "doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.run_id,
+            record.thread_id,
+            record.status.value,
+            record.started_at,
+            record.detached_since,
+            record.driver_epoch,
+            _logic.record_to_json(record),
+        ),
+    )
+
+
+def _fetch_after(
+    run_id: str, position: int, conn: sqlite3.Connection
+) -> tuple[list[Any], bool, int] | None:
+    """Events after ``position`` plus the log's closed flag and last offset, at one instant."""
+    row = conn.execute(
+        "SELECT last_offset, log_closed FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    rows = conn.execute(
+        "SELECT offset, journal_offset, event FROM events "
+        "WHERE run_id = ? AND offset > ? ORDER BY offset LIMIT ?",
+        (run_id, position, _READ_BATCH),
+    ).fetchall()
+    return rows, bool(row[1]), int(row[0])
+
+
+def _records(rows: list[Any]) -> list[RunRecord]:
+    return [_logic.record_from_json(row[0]) for row in rows]
+
+
+class SQLiteStore:
+    """All store protocols over one SQLite file (``sqlite:///path/to/file.db``)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        synchronous: str = "NORMAL",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        synchronous = synchronous.upper()
+        if synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise StoreError(
+                f"sqlite synchronous must be one of off, normal, full, extra; got {synchronous!r}"
+            )
+        self.path = Path(path)
+        self.url = f"sqlite://{self.path}"
+        self._clock = clock
+        try:
+            self._writer = _Conn(self.path, synchronous)
+        except sqlite3.Error as exc:
+            raise store_error(self.path, exc, "cannot open") from None
+        self._init_schema()
+        try:
+            self._reader = _Conn(self.path, synchronous)
+        except sqlite3.Error as exc:
+            self._writer.close()
+            raise store_error(self.path, exc, "cannot open") from None
+        self._signal = NotifySignal(Path(str(self.path) + ".notify"))
+
+    def _init_schema(self) -> None:
+        conn = self._writer.conn
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"SQLite store {self.path}: WAL mode unavailable (got {mode})")
+
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"SQLite store {self.path} has schema version {version}, newer than this "
+                    f"corral understands ({SCHEMA_VERSION}); upgrade corral"
+                )
+            # Idempotent DDL in one transaction, so concurrent first opens are harmless.
+            conn.executescript(
+                "BEGIN IMMEDIATE;"
+                + _SCHEMA
+                + f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
+            )
+        except (sqlite3.DatabaseError, StoreError) as exc:
+            self._writer.close()
+            if isinstance(exc, StoreError):
+                raise
+            if storage_problem(self.path) is not None:
+                raise store_error(self.path, exc, "cannot open") from None
+            raise StoreError(f"{self.path} is not a usable SQLite store: {exc}") from None
+
+    def _now(self, now: float | None) -> float:
+        return float(self._clock() if now is None else now)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        return await anyio.to_thread.run_sync(self._writer.transact, fn, "BEGIN IMMEDIATE")
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        return await anyio.to_thread.run_sync(self._reader.transact, fn, "BEGIN")
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close both connections and stop listening for pokes."""
+        if self._signal.sock is not None:
+            anyio.notify_closing(self._signal.sock)  # tailers parked on it get an error, not a hang
+        self._signal.close()
+        self._writer.close()
+        self._reader.close()
+
+    # ------------------------------------------------------------------ runs
+
+    async def create(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        record = new.record(self._now(now))
+
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            if _load(conn, new.run_id) is not None:
+                raise RunExists(new.run_id)
+            _insert(conn, record)
+            return record
+
+        return await self._write(op)
+
+    async def create_or_resume(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        record = new.record(self._now(now))
+
+        def op(conn: sqlite3.Connection) -> RunRecord:
+            existing = _load(conn, new.run_id)
+            if existing is not None:
+                return existing
+            _insert(conn, record)
+            return record
+
+        return await self._write(op)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        return await self._read(lambda conn: _load(conn, run_id))
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> RunRecord | None:
+            new = _logic.update_transition(_load(conn, run_id), run_id, patch, expect_epoch, at)
+            if new is not None:
+                _save(conn, new)
+            return new
+
+        return await self._write(op)
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        def op(conn: sqlite3.Connection) -> RunRecord | None:
+            rows = conn.execute(
+                "SELECT doc FROM runs WHERE thread_id = ? AND status = 'running' "
+                "ORDER BY started_at DESC, seq DESC LIMIT 1",
+                (thread_id,),
+            ).fetchall()
+            found = _records(rows)
+            return found[0] if found else None
+
+        return await self._read(op)
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        return await self._read(
+            lambda conn: _records(
+                conn.execute(
+                    "SELECT doc FROM runs WHERE thread_id = ? ORDER BY started_at, seq",
+                    (thread_id,),
+                ).fetchall()
+            )
+        )
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        args: tuple[object, ...]
+        if status is None:
+            sql, args = "SELECT doc FROM runs ORDER BY started_at DESC, seq DESC LIMIT ?", (limit,)
+        else:
+            sql = "SELECT doc FROM runs WHERE status = ? ORDER BY started_at DESC, seq DESC LIMIT ?"
+            args = (RunStatus(status).value, limit)
+        return await self._read(lambda conn: _records(conn.execute(sql, args).fetchall()))
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        cutoff = now - ttl
+        count = _logic.check_cap(limit)
+        # RunRecord.unattended_since in SQL. Walks the runs_unattended expression index in
+        # order (the expression must match it exactly); seq is the rowid, which every
+        # SQLite index carries, so the tie-break needs no sort and LIMIT stops the scan.
+        return await self._read(
+            lambda conn: _records(
+                conn.execute(
+                    f"SELECT doc FROM runs WHERE status = 'running' AND {_UNATTENDED} <= ? "
+                    f"ORDER BY {_UNATTENDED}, seq LIMIT ?",
+                    (cutoff, -1 if count is None else count),
+                ).fetchall()
+            )
+        )
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> RunRecord | None:
+            old = _load(conn, run_id)
+            new = _logic.cancel_transition(old, at)
+            if new is not None and new is not old:
+                _save(conn, new)
+            return new
+
+        return await self._write(op)
+
+    # ------------------------------------------------------------------ claims
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> Claim:
+            new, claim = _logic.claim_transition(
+                _load(conn, run_id),
+                run_id,
+                owner,
+                ttl,
+                at,
+                clear_detached=clear_detached,
+                allow_cancelled=allow_cancelled,
+                break_lease_of=break_lease_of,
+            )
+            _save(conn, new)
+            return claim
+
+        return await self._write(op)
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> Claim:
+            new, renewed = _logic.renew_transition(_load(conn, claim.run_id), claim, ttl, at)
+            _save(conn, new)
+            return renewed
+
+        return await self._write(op)
+
+    async def release_claim(self, claim: Claim) -> None:
+        at = self._now(None)
+
+        def op(conn: sqlite3.Connection) -> None:
+            new = _logic.release_transition(_load(conn, claim.run_id), claim, at)
+            if new is not None:
+                _save(conn, new)
+
+        await self._write(op)
+
+    # ------------------------------------------------------------------ event log
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        encoded = _logic.encode_events(events)
+
+        def op(conn: sqlite3.Connection) -> list[int]:
+            row = conn.execute(
+                "SELECT driver_epoch, last_offset, log_closed FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            _logic.append_check(
+                None if row is None else int(row[0]), run_id, epoch, bool(row and row[2])
+            )
+            first = int(row[1]) + 1
+            if not encoded:
+                return []
+            conn.executemany(
+                "INSERT INTO events (run_id, offset, journal_offset, event) VALUES (?, ?, ?, ?)",
+                [
+                    (run_id, first + i, journal_offset, text)
+                    for i, (text, journal_offset) in enumerate(encoded)
+                ],
+            )
+            # The highest journal offset, not the last one: an out-of-band event (an
+            # approval request, a file event) logged at a stale offset must not make a
+            # successor re-read journal lines that are already in the log.
+            conn.execute(
+                "UPDATE runs SET last_offset = ?, "
+                "last_journal_offset = MAX(COALESCE(last_journal_offset, 0), ?) "
+                "WHERE run_id = ?",
+                (first + len(encoded) - 1, max(jo for _t, jo in encoded), run_id),
+            )
+            return list(range(first, first + len(encoded)))
+
+        offsets = await self._write(op)
+        if offsets:
+            self._signal.poke()
+        return offsets
+
+    async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
+        # Listen before the first query so a poke between query and wait is not lost.
+        self._signal.listen()
+        position = max(after, 0)
+
+        while True:
+            seen = self._signal.generation
+            fetched = await self._read(partial(_fetch_after, run_id, position))
+            if fetched is None:
+                raise UnknownRun(run_id)
+            rows, closed, last = fetched
+            for offset, journal_offset, text in rows:
+                position = int(offset)
+                yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
+            if rows:
+                continue
+            if closed and position >= last:
+                return
+            await self._signal.wait(seen, _FALLBACK_POLL)
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        def op(conn: sqlite3.Connection) -> tuple[bool, bool]:
+            row = conn.execute(
+                "SELECT driver_epoch, log_closed FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            if not _logic.close_allowed(None if row is None else int(row[0]), epoch):
+                return False, False
+            if row[1]:
+                return True, False
+            conn.execute("UPDATE runs SET log_closed = 1 WHERE run_id = ?", (run_id,))
+            return True, True
+
+        closed, changed = await self._write(op)
+        if changed:
+            self._signal.poke()
+        return closed
+
+    async def snapshot(self, run_id: str) -> list[LoggedEvent]:
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT offset, journal_offset, event FROM events WHERE run_id = ? "
+                "ORDER BY offset",
+                (run_id,),
+            ).fetchall()
+        )
+        return [LoggedEvent(int(o), int(j), _logic.decode_event(t)) for o, j, t in rows]
+
+    async def tail(self, run_id: str) -> LogTail:
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT last_offset, last_journal_offset, log_closed FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        )
+        if row is None:
+            raise UnknownRun(run_id)
+        return LogTail(int(row[0]), None if row[1] is None else int(row[1]), bool(row[2]))
+
+    # ------------------------------------------------------------------ instances
+
+    async def get_instance(self, key: str) -> InstanceRecord | None:
+        row = await self._read(
+            lambda conn: conn.execute("SELECT doc FROM instances WHERE key = ?", (key,)).fetchone()
+        )
+        if row is None:
+            return None
+        return InstanceRecord.from_dict(_logic.decode_event(row[0]))
+
+    async def upsert_instance(self, record: InstanceRecord) -> None:
+        doc = _logic.json_text(record.to_dict())
+        await self._write(
+            lambda conn: conn.execute(
+                "INSERT OR REPLACE INTO instances (key, expires_at, doc) VALUES (?, ?, ?)",
+                (record.key, record.expires_at, doc),
+            )
+        )
+
+    async def delete_instance(self, key: str) -> None:
+        await self._write(lambda conn: conn.execute("DELETE FROM instances WHERE key = ?", (key,)))
+
+    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT doc FROM instances WHERE expires_at IS NOT NULL AND expires_at <= ? "
+                "ORDER BY expires_at",
+                (now,),
+            ).fetchall()
+        )
+        return [InstanceRecord.from_dict(_logic.decode_event(row[0])) for row in rows]
+
+    # ------------------------------------------------------------------ named locks
+
+    async def try_lock(
+        self, name: str, owner: str, ttl: float, *, now: float | None = None
+    ) -> bool:
+        ttl = _logic.check_ttl(ttl)
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT owner, expires_at FROM locks WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] != owner and float(row[1]) > at:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO locks (name, owner, expires_at) VALUES (?, ?, ?)",
+                (name, owner, at + ttl),
+            )
+            return True
+
+        return await self._write(op)
+
+    async def unlock(self, name: str, owner: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
+            return cur.rowcount > 0
+
+        return await self._write(op)

@@ -1,0 +1,817 @@
+"""Reaper conformance suite: ``reap_detached_runs`` and ``reclaim_sandbox`` over a store.
+
+Run it against a store backend by importing the classes and the ``reaper_world`` fixture
+into a test module that provides an async ``store`` fixture (a fresh, empty
+:class:`corral.stores._protocols.Store`) and ``anyio_backend``::
+
+    from corral.testing._reaper import *  # noqa: F403
+
+The runs are real: each agent is a real process started by the journal supervisor, writing
+a real journal in a host-private directory; the reaper probes that journal with
+:func:`corral.runs._probe.probe_run_exit` and drives it with the ``command`` harness's
+translator (:func:`journal_drive`). Sandboxes are host directories managed by
+:class:`DirSandboxes`, a minimal provider whose ``destroy`` stops the agents whose journals
+live in the sandbox and deletes the directory (``break_destroy`` makes it fail, standing in
+for a provider outage). Every sweep also holds a run that must be left alone, so a sweep that
+does nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from corral.harness._base import RunContext, translate_run
+from corral.harness._command import CommandHarness
+from corral.harness._events import event_to_dict
+from corral.journal._layout import JournalPaths, read_status
+from corral.runs._pipe import LogBatch, Produced
+from corral.runs._probe import probe_run_exit
+from corral.runs._reap import (
+    ProbeResult,
+    ReapEntry,
+    ReapOutcome,
+    ReapResult,
+    reap_detached_runs,
+)
+from corral.runs._reaping import journal_drive, journal_stop
+from corral.runs._reclaim import ReclaimOutcome, reclaim_sandbox, sandbox_reclaimer
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.journal._sentinel import new_nonce
+from corral.stores._protocols import InstanceRecord, LoggedEvent, NewRun, Store
+from corral.journal._supervisor import (
+    AgentSpec,
+    _is_ours,
+    kill_supervised,
+    launch_supervised_async,
+)
+from corral.sandbox._contracts import SandboxRef
+
+__all__ = [
+    "DirSandboxes",
+    "ReaperWorld",
+    "TestReapOutcomes",
+    "TestReapSweep",
+    "TestReclaim",
+    "journal_drive",
+    "journal_stop",
+    "reaper_world",
+]
+
+QUIET = 0.02
+"""Quiescence window for tests: short, the store fences appends anyway."""
+
+BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+LONG = "sleep 600"
+
+
+# ------------------------------------------------------------------ collaborators
+
+
+class DirSandboxes:
+    """Sandboxes as host directories (``<root>/<id>/private`` holds the journals).
+
+    ``destroy`` stops every supervised agent whose journal lives in the sandbox, then
+    deletes the directory; idempotent. ``break_destroy(id)`` makes it raise for that id.
+    """
+
+    def __init__(self, root: Path, name: str = "testkit-dirs") -> None:
+        self.root = root
+        self._name = name
+        self._ids = itertools.count(1)
+        self.broken: dict[str, str] = {}
+        self.destroyed: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    async def create(self) -> tuple[str, Path]:
+        sandbox_id = f"sb-{next(self._ids)}"
+        private = self.root / sandbox_id / "private"
+        private.mkdir(parents=True, mode=0o700)
+        return sandbox_id, private
+
+    def exists(self, sandbox_id: str) -> bool:
+        return (self.root / sandbox_id).exists()
+
+    def break_destroy(self, sandbox_id: str, message: str = "the provider API is down") -> None:
+        self.broken[sandbox_id] = message
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        sandbox_id = ref.id if isinstance(ref, SandboxRef) else ref
+        if sandbox_id in self.broken:
+            raise RuntimeError(self.broken[sandbox_id])
+        directory = self.root / sandbox_id
+        await anyio.to_thread.run_sync(_stop_all, directory / "private")
+        await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
+        self.destroyed.append(sandbox_id)
+
+
+def _stop_all(private: Path) -> None:
+    if not private.is_dir():
+        return
+    for status in private.glob("*.status.json"):
+        token = status.name[: -len(".status.json")]
+        kill_supervised(JournalPaths(private, token), grace=2.0, include_supervisor=True)
+
+
+# ------------------------------------------------------------------ the world
+
+
+@dataclass
+class Started:
+    """A run as the reaper will find it."""
+
+    run_id: str
+    paths: JournalPaths
+    sandbox_id: str | None
+
+
+@dataclass
+class Frozen:
+    """Everything the reaper must not touch, captured at one instant."""
+
+    record: dict[str, Any]
+    log: list[LoggedEvent]
+    closed: bool
+    journal: bytes
+    instance: InstanceRecord | None
+    sandbox: bool
+
+
+@dataclass
+class ReaperWorld:
+    """A store, sandboxes, and helpers to start runs the way a Runner leaves them."""
+
+    store: Store
+    sandboxes: DirSandboxes
+    ttl: float = 3600.0
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    launched: list[JournalPaths] = field(default_factory=list)
+
+    async def start(
+        self,
+        script: str,
+        *,
+        detached_ago: float | None = 1.0,
+        run_id: str | None = None,
+        sandbox: bool = True,
+        logged_lines: int = 0,
+        wait_exit: bool = False,
+        wait_output: str | None = None,
+    ) -> Started:
+        """Start ``sh -c script`` under a supervisor; record the run as a dead host left it:
+        the start batch (and the first ``logged_lines`` lines) in the log under an expired
+        lease, ``detached_since = now - detached_ago`` (``None``: the host died without
+        detaching, only its lapsed lease says nobody drives the run)."""
+        run_id = run_id or f"run-{next(self._ids)}-{os.getpid()}-{time.monotonic_ns()}"
+        sandbox_id: str | None = None
+        if sandbox:
+            sandbox_id, private = await self.sandboxes.create()
+        else:
+            private = self.sandboxes.root / f"nosandbox-{run_id}"
+            private.mkdir(parents=True, mode=0o700)
+        paths = JournalPaths.for_run(private, run_id)
+        nonce = new_nonce()
+        key = f"key-{run_id}" if sandbox_id else None
+        await self.store.create(
+            NewRun(
+                run_id,
+                f"thread-{run_id}",
+                harness="command",
+                spec={"argv": ["sh", "-c", script]},
+                sandbox_key=key,
+                journal={"dir": str(private), "nonce": nonce},
+            )
+        )
+        if sandbox_id is not None and key is not None:
+            await self.store.upsert_instance(
+                InstanceRecord(key, self.sandboxes.name, sandbox_id, f"thread-{run_id}",
+                               time.time())
+            )
+        self.launched.append(paths)
+        await launch_supervised_async(AgentSpec(["sh", "-c", script], BASE_ENV), paths, nonce)
+        if wait_exit:
+            await wait_for(lambda: _exited(paths), f"agent of {run_id} to exit")
+        if wait_output is not None:
+            needle = wait_output.encode()
+            await wait_for(lambda: needle in _read(paths.journal), f"output of {run_id}")
+        # The original driver: held a claim and logged the start (and maybe some lines)…
+        claim = await self.store.acquire_claim(run_id, "host-that-died", 0.05)
+        record = await self.store.get(run_id)
+        assert record is not None
+        ctx = RunContext(run_id, record.thread_id)
+        count = -1
+        async for batch in translate_run(CommandHarness(), ctx, paths, nonce=nonce,
+                                         follow=False):
+            if batch.exit is not None or count >= logged_lines:
+                break
+            await self.store.append(
+                run_id, [(event_to_dict(e), batch.journal_offset) for e in batch.events],
+                epoch=claim.epoch,
+            )
+            count += 1
+        # …then the viewer left and the host died (its lease lapses on its own).
+        if detached_ago is not None:
+            await self.store.update(run_id, RunPatch(detached_since=time.time() - detached_ago))
+        await wait_for(lambda: time.time() > claim.expires_at, "the dead host's lease to lapse")
+        return Started(run_id, paths, sandbox_id)
+
+    async def bystander(self) -> tuple[Started, Frozen]:
+        """A detached run that is still producing, and its state now: every sweep must
+        leave it exactly so (an empty sweep cannot pass a test that holds one)."""
+        busy = await self.start(f"echo x; {LONG}", wait_output="x")
+        return busy, await self.freeze(busy)
+
+    async def freeze(self, started: Started) -> Frozen:
+        record = await self.store.get(started.run_id)
+        assert record is not None
+        key = record.sandbox_key
+        return Frozen(
+            record=record.to_dict(),
+            log=await self.store.snapshot(started.run_id),
+            closed=(await self.store.tail(started.run_id)).closed,
+            journal=_read(started.paths.journal),
+            instance=await self.store.get_instance(key) if key else None,
+            sandbox=started.sandbox_id is not None and self.sandboxes.exists(started.sandbox_id),
+        )
+
+    async def sweep(self, **options: Any) -> ReapResult:
+        kwargs: dict[str, Any] = {
+            "probe": probe_run_exit,
+            "drive": journal_drive(self.store),
+            "ttl": self.ttl,
+            "quiet": QUIET,
+            "budget": 10.0,
+            "reclaim": sandbox_reclaimer(self.sandboxes, self.store, destroy_timeout=10.0),
+            "stop": journal_stop,
+        }
+        kwargs.update(options)
+        return await reap_detached_runs(self.store, **kwargs)
+
+    async def record(self, run_id: str) -> RunRecord:
+        got = await self.store.get(run_id)
+        assert got is not None
+        return got
+
+    async def text(self, run_id: str) -> str:
+        """The assistant text the run's log holds (its deltas, concatenated)."""
+        return "".join(
+            e.event.get("delta", "") for e in await self.store.snapshot(run_id)
+            if e.event.get("type") == "TEXT_MESSAGE_CONTENT"
+        )
+
+    def cleanup(self) -> None:
+        for paths in self.launched:
+            kill_supervised(paths, grace=1.0, include_supervisor=True)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
+
+
+def _exited(paths: JournalPaths) -> bool:
+    st = read_status(paths.status)
+    return st is not None and st.state == "exited"
+
+
+def agent_alive(paths: JournalPaths) -> bool:
+    """Whether the agent process of a supervised run is still running."""
+    st = read_status(paths.status)
+    if st is None:
+        return False
+    return st.state == "running" and _is_ours(st.agent_pid, st.agent_start)
+
+
+async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll ``cond`` until true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(0.01)
+
+
+@pytest.fixture
+async def reaper_world(store: Store, tmp_path: Path) -> AsyncIterator[ReaperWorld]:
+    """A :class:`ReaperWorld` over the ``store`` fixture; kills every agent afterwards."""
+    world = ReaperWorld(store, DirSandboxes(tmp_path / "sandboxes"))
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+def entry(result: ReapResult, run_id: str) -> ReapEntry:
+    found = [e for e in result.runs if e.run_id == run_id]
+    assert len(found) == 1, f"expected one entry for {run_id}, got {result.runs}"
+    return found[0]
+
+
+def assert_counts(result: ReapResult, **expected: int) -> None:
+    """Every outcome key is present; the named ones have these counts, the rest zero."""
+    assert set(result.outcomes) == set(ReapOutcome)
+    want = {o: expected.get(o.name.lower(), 0) for o in ReapOutcome}
+    assert result.outcomes == want, result.runs
+
+
+async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen) -> None:
+    after = await world.freeze(started)
+    assert after.record == before.record  # epoch, detached_since, cancel, status, updated_at
+    assert after.log == before.log
+    assert after.closed is before.closed is False
+    assert after.instance == before.instance
+    assert after.sandbox == before.sandbox
+
+
+# ------------------------------------------------------------------ the suites
+
+
+@pytest.mark.anyio
+class TestReapOutcomes:
+    """Each outcome, in a sweep that also holds a run that must be left alone."""
+
+    async def test_finalized_agent_finished_while_nobody_watched(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("printf 'hello\\n'; printf 'world\\n'; printf 'bye'",
+                             wait_exit=True)
+        busy = await w.start(f"echo working; {LONG}", wait_output="working")
+        busy_before = await w.freeze(busy)
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        assert result.considered == 2 and result.probed == 2
+        e = entry(result, done.run_id)
+        assert (e.outcome, e.status, e.exit_code) == (
+            ReapOutcome.FINALIZED, RunStatus.COMPLETED, 0)
+        record = await w.record(done.run_id)
+        assert record.status is RunStatus.COMPLETED and record.exit_code == 0
+        assert record.detached_since is not None  # the reaper never clears it
+        assert await w.text(done.run_id) == "hello\nworld\nbye"
+        log = await w.store.snapshot(done.run_id)
+        assert [x.offset for x in log] == list(range(1, len(log) + 1))
+        assert log[0].event["type"] == "RUN_STARTED"
+        assert log[-1].event["type"] == "RUN_FINISHED"
+        assert (await w.store.tail(done.run_id)).closed
+        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+        assert await w.store.get_instance(f"key-{done.run_id}") is None
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_driver_that_died_without_detaching_is_finalized_after_its_lease(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        """No detach at all: the lapsed lease is what makes the run reapable."""
+        w = reaper_world
+        done = await w.start("echo out", wait_exit=True, detached_ago=None, logged_lines=0)
+        busy = await w.start(f"echo working; {LONG}", wait_output="working", detached_ago=None)
+        busy_before = await w.freeze(busy)
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        record = await w.record(done.run_id)
+        assert (record.status, record.exit_code) == (RunStatus.COMPLETED, 0)
+        assert record.detached_since is None
+        assert await w.text(done.run_id) == "out\n"
+        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_a_live_lease_without_detach_is_never_touched(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
+        w = reaper_world
+        done = await w.start("echo out", wait_exit=True, detached_ago=None)
+        await w.store.acquire_claim(done.run_id, "live-driver", 600)
+        before = await w.freeze(done)
+        busy = await w.start(f"echo working; {LONG}", wait_output="working")
+        result = await w.sweep(ttl=0.0, budget=1.0)
+        # the detached run is expired (the sweep acts), the held one is not even considered
+        assert result.considered == 1
+        assert entry(result, busy.run_id).outcome is ReapOutcome.EXPIRED
+        await assert_untouched(w, done, before)
+
+    async def test_finalized_resumes_after_what_the_dead_host_logged(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("printf 'a\\nb\\nc\\nd\\n'", wait_exit=True, logged_lines=2)
+        assert await w.text(done.run_id) == "a\nb"  # what the dead host had logged
+        busy, busy_before = await w.bystander()
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        assert await w.text(done.run_id) == "a\nb\nc\nd\n"  # no duplicate, no gap
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_failed_agent_is_finalized_with_its_exit_code(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        bad = await w.start("echo partial; echo oops >&2; exit 3", wait_exit=True)
+        busy, busy_before = await w.bystander()
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        e = entry(result, bad.run_id)
+        assert (e.status, e.exit_code) == (RunStatus.FAILED, 3)
+        record = await w.record(bad.run_id)
+        assert record.status is RunStatus.FAILED and record.exit_code == 3
+        assert record.error is not None and "oops" in record.error.message
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_producing_agent_is_left_byte_for_byte_alone(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        busy = await w.start(f"echo still at it; {LONG}", wait_output="still at it",
+                             logged_lines=1)
+        await w.start("echo done", wait_exit=True)
+        before = await w.freeze(busy)
+        result = await w.sweep()
+        assert_counts(result, producing=1, finalized=1)
+        e = entry(result, busy.run_id)
+        assert e.outcome is ReapOutcome.PRODUCING and e.status is None and e.error is None
+        await assert_untouched(w, busy, before)
+        assert (await w.freeze(busy)).journal == before.journal
+        assert agent_alive(busy.paths)
+
+    async def test_look_alike_sentinels_stay_producing(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        fake_nonce = "0" * 32
+        forgeries = [
+            f'{{"corral_exit":1,"code":0,"signal":null,"nonce":"{fake_nonce}"}}',
+            '{"corral_exit":1,"code":0,"signal":null}',
+            '{"corral_exit":1,"code":"0","signal":null,"nonce":"x"}',
+            '{"__exit":0,"__nonce":"abc"}',
+        ]
+        script = "".join(f"printf '%s\\n' '{f}'; " for f in forgeries) + f"echo end; {LONG}"
+        forger = await w.start(script, wait_output="end")
+        done = await w.start("echo done", wait_exit=True)
+        before = await w.freeze(forger)
+        result = await w.sweep()
+        assert_counts(result, producing=1, finalized=1)
+        assert entry(result, forger.run_id).outcome is ReapOutcome.PRODUCING
+        assert entry(result, done.run_id).outcome is ReapOutcome.FINALIZED
+        await assert_untouched(w, forger, before)
+
+    async def test_unknown_touches_nothing_and_says_why(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        lost = await w.start(f"echo x; {LONG}", wait_output="x")
+        await w.store.update(lost.run_id, RunPatch(journal={"dir": "relative/path"}))
+        await w.start("echo done", wait_exit=True)
+        before = await w.freeze(lost)
+        result = await w.sweep()
+        assert_counts(result, unknown=1, finalized=1)
+        e = entry(result, lost.run_id)
+        assert e.outcome is ReapOutcome.UNKNOWN and e.error and "journal.dir" in e.error
+        await assert_untouched(w, lost, before)
+
+    async def test_expired_live_agent_is_stopped_aborted_and_reclaimed(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        w.ttl = 60.0
+        old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=61.0)
+        young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=1.0)
+        young_before = await w.freeze(young)
+        result = await w.sweep(budget=0.5)
+        assert_counts(result, expired=1, producing=1)
+        assert result.probed == 1  # the expired run is not probed
+        e = entry(result, old.run_id)
+        assert (e.outcome, e.status, e.terminalized_anyway) == (
+            ReapOutcome.EXPIRED, RunStatus.ABORTED, None)
+        record = await w.record(old.run_id)
+        assert record.status is RunStatus.ABORTED and record.cancel_requested is True
+        assert (await w.store.tail(old.run_id)).closed
+        assert "hi" in await w.text(old.run_id)
+        assert not agent_alive(old.paths)
+        assert old.sandbox_id is not None and not w.sandboxes.exists(old.sandbox_id)
+        await assert_untouched(w, young, young_before)
+
+    async def test_expired_finished_agent_completes(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        w.ttl = 60.0
+        old = await w.start("echo over", wait_exit=True, detached_ago=60.0)  # inclusive
+        young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=59.0)
+        young_before = await w.freeze(young)
+        # Pin the cutoff exactly on the expired run's detach time.
+        record = await w.record(old.run_id)
+        assert record.detached_since is not None
+        result = await w.sweep(now=record.detached_since + 60.0, budget=5.0)
+        assert_counts(result, expired=1, producing=1)
+        assert entry(result, old.run_id).status is RunStatus.COMPLETED
+        assert await w.text(old.run_id) == "over\n"
+        assert (await w.record(old.run_id)).cancel_requested is True
+        await assert_untouched(w, young, young_before)
+
+    async def test_viewer_back_between_listing_and_claim_is_not_claimed(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        w.ttl = 60.0
+        old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=120.0)
+        young = await w.start(f"echo x; {LONG}", wait_output="x")
+        young_before = await w.freeze(young)
+        store = w.store
+
+        class ViewerComesBack:
+            """The store, but a viewer attaches (claims, clearing detached_since, and
+            leaves again) just before the reaper's claim lands."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(store, name)
+
+            async def acquire_claim(self, run_id: str, owner: str, ttl: float,
+                                    **kw: Any) -> Any:
+                if run_id == old.run_id:
+                    viewer = await store.acquire_claim(run_id, "viewer", 30.0,
+                                                       clear_detached=True)
+                    await store.release_claim(viewer)
+                return await store.acquire_claim(run_id, owner, ttl, **kw)
+
+        result = await reap_detached_runs(
+            ViewerComesBack(),
+            probe=probe_run_exit, drive=journal_drive(store), ttl=60.0, quiet=QUIET,
+            budget=2.0, reclaim=sandbox_reclaimer(w.sandboxes, store),
+        )
+        assert_counts(result, not_claimed=1, producing=1)
+        e = entry(result, old.run_id)
+        assert e.outcome is ReapOutcome.NOT_CLAIMED and e.error and "viewer" in e.error
+        record = await w.record(old.run_id)
+        assert record.cancel_requested is None  # no cancel from a stale read
+        assert record.status is RunStatus.RUNNING and record.detached_since is None
+        assert not (await store.tail(old.run_id)).closed
+        assert agent_alive(old.paths)
+        assert old.sandbox_id is not None and w.sandboxes.exists(old.sandbox_id)
+        await assert_untouched(w, young, young_before)
+
+    async def test_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        w.ttl = 60.0
+        held = await w.start("echo done", wait_exit=True, detached_ago=120.0)
+        await w.store.acquire_claim(held.run_id, "live-host", 60.0)
+        before = await w.freeze(held)
+        young = await w.start(f"echo x; {LONG}", wait_output="x")
+        young_before = await w.freeze(young)
+        result = await w.sweep()
+        assert_counts(result, not_claimed=1, producing=1)
+        assert "held" in (entry(result, held.run_id).error or "")
+        await assert_untouched(w, held, before)
+        await assert_untouched(w, young, young_before)
+
+    async def test_budget_exceeded_on_finalization_is_an_anomaly(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("echo done", wait_exit=True)
+        busy, busy_before = await w.bystander()
+        real = journal_drive(w.store)
+
+        def wedged(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+            async def gen() -> AsyncIterator[Produced]:
+                yield LogBatch([{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m",
+                                 "delta": "replaying"}], 0)
+                await anyio.sleep_forever()  # a replay that wedged
+            return gen() if record.run_id == done.run_id else aiter(real(record, epoch, abort))
+
+        result = await w.sweep(drive=wedged, budget=0.3)
+        assert_counts(result, budget_exceeded=1, producing=1)
+        e = entry(result, done.run_id)
+        assert e.terminalized_anyway is True and e.status is RunStatus.ABORTED
+        assert e.exit_code == 0  # what the probe read
+        assert (await w.store.tail(done.run_id)).closed
+        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_budget_is_armed_after_the_quiet_window(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("echo patience", wait_exit=True)
+        busy, busy_before = await w.bystander()
+        # The quiet window alone outlasts the budget: a budget started before it would
+        # record this finished agent as aborted.
+        result = await w.sweep(quiet=0.6, budget=0.5)
+        assert_counts(result, finalized=1, producing=1)
+        assert entry(result, done.run_id).status is RunStatus.COMPLETED
+        assert await w.text(done.run_id) == "patience\n"
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_destroy_failing_is_reclaim_failed_with_transcript_saved(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("echo saved", wait_exit=True)
+        assert done.sandbox_id is not None
+        w.sandboxes.break_destroy(done.sandbox_id, "provider API unreachable")
+        busy, busy_before = await w.bystander()
+        result = await w.sweep()
+        assert_counts(result, reclaim_failed=1, producing=1)
+        e = entry(result, done.run_id)
+        assert (e.status, e.exit_code) == (RunStatus.COMPLETED, 0)
+        assert e.error and "provider API unreachable" in e.error and done.run_id in e.error
+        assert await w.text(done.run_id) == "saved\n"
+        assert w.sandboxes.exists(done.sandbox_id)  # still up: that is the point
+        assert await w.store.get_instance(f"key-{done.run_id}") is None
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_failed_is_reported_and_the_sweep_goes_on(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        first = await w.start("echo a", wait_exit=True, detached_ago=30.0)
+        second = await w.start("echo b", wait_exit=True, detached_ago=20.0)
+        busy = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=10.0)
+        busy_before = await w.freeze(busy)
+        first_before = await w.freeze(first)
+
+        async def probe(record: RunRecord) -> ProbeResult:
+            if record.run_id == first.run_id:
+                raise OSError("the probe's disk went away")
+            return await probe_run_exit(record)
+
+        result = await w.sweep(probe=probe)
+        assert_counts(result, failed=1, finalized=1, producing=1)
+        assert [x.run_id for x in result.runs] == [first.run_id, second.run_id, busy.run_id]
+        assert "disk went away" in (entry(result, first.run_id).error or "")
+        await assert_untouched(w, first, first_before)
+        await assert_untouched(w, busy, busy_before)
+
+
+@pytest.mark.anyio
+class TestReapSweep:
+    """The sweep as a whole: listing, batch cap, order, totality, concurrency."""
+
+    async def test_batch_cap_takes_the_oldest_first(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        runs = [await w.start("echo x", wait_exit=True, detached_ago=age) for age in (5, 30, 20)]
+        result = await w.sweep(max_runs=2)
+        assert result.considered == 2
+        assert [e.run_id for e in result.runs] == [runs[1].run_id, runs[2].run_id]
+        assert_counts(result, finalized=2)
+        left = await w.record(runs[0].run_id)
+        assert left.status is RunStatus.RUNNING and left.driver_epoch == 1
+        again = await w.sweep(max_runs=2)
+        assert [e.run_id for e in again.runs] == [runs[0].run_id]
+
+    async def test_nothing_to_do_and_listing_failure_give_full_zero_results(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        empty = await w.sweep()
+        assert (empty.considered, empty.probed, empty.runs) == (0, 0, [])
+        assert_counts(empty)
+        store = w.store
+
+        class Broken:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(store, name)
+
+            async def list_reclaimable(self, *a: Any, **k: Any) -> list[RunRecord]:
+                raise OSError("database is locked")
+
+        await w.start("echo x", wait_exit=True)
+        broken = await reap_detached_runs(
+            Broken(),
+            probe=probe_run_exit, drive=journal_drive(store), ttl=1.0, quiet=QUIET)
+        assert broken.considered == 0
+        assert_counts(broken)
+        d = broken.to_dict()
+        assert set(d) == {"considered", "probed", "outcomes", "runs"}
+        assert set(d["outcomes"]) == {o.value for o in ReapOutcome}
+
+    async def test_two_reapers_at_once_drive_each_run_at_most_once(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = [await w.start(f"echo run{i}", wait_exit=True) for i in range(4)]
+        busy, busy_before = await w.bystander()
+        driven: list[str] = []
+        real = journal_drive(w.store)
+
+        def counting(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+            driven.append(record.run_id)
+            return aiter(real(record, epoch, abort))
+
+        results: list[ReapResult] = []
+
+        async def one(owner: str) -> None:
+            results.append(await w.sweep(drive=counting, owner=owner, quiet=0.05))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "reaper-a")
+            tg.start_soon(one, "reaper-b")
+        assert sorted(driven) == sorted(r.run_id for r in done)
+        finalized = sum(r.outcomes[ReapOutcome.FINALIZED] for r in results)
+        assert finalized == 4
+        for r in done:
+            assert (await w.record(r.run_id)).status is RunStatus.COMPLETED
+            assert await w.text(r.run_id) == f"run{done.index(r)}\n"
+        await assert_untouched(w, busy, busy_before)
+
+    async def test_cancel_recorded_by_a_dead_host_is_still_finalized(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        done = await w.start("echo fin", wait_exit=True)
+        await w.store.request_cancel(done.run_id)
+        busy, busy_before = await w.bystander()
+        result = await w.sweep()
+        assert_counts(result, finalized=1, producing=1)
+        assert (await w.record(done.run_id)).status is RunStatus.COMPLETED
+        await assert_untouched(w, busy, busy_before)
+
+
+@pytest.mark.anyio
+class TestReclaim:
+    """``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering."""
+
+    async def _bound(self, w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord, str]:
+        sandbox_id, _ = await w.sandboxes.create()
+        await w.store.create(NewRun("r-bound", "t", sandbox_key="k1"))
+        await w.store.upsert_instance(
+            InstanceRecord("k1", provider or w.sandboxes.name, sandbox_id, "t", time.time()))
+        return await w.record("r-bound"), sandbox_id
+
+    async def test_destroyed(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        record, sandbox_id = await self._bound(w)
+        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+        assert out is ReclaimOutcome.DESTROYED
+        assert not w.sandboxes.exists(sandbox_id)
+        assert await w.store.get_instance("k1") is None
+
+    async def test_no_sandbox_key_and_not_found(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        await w.store.create(NewRun("bare", "t"))
+        await w.store.create(NewRun("dangling", "t", sandbox_key="nowhere"))
+        _, sandbox_id = await self._bound(w)
+        reclaim = sandbox_reclaimer(w.sandboxes, w.store)
+        assert await reclaim(await w.record("bare")) is ReclaimOutcome.NO_SANDBOX_KEY
+        assert await reclaim(await w.record("dangling")) is ReclaimOutcome.NOT_FOUND
+        assert w.sandboxes.destroyed == [] and w.sandboxes.exists(sandbox_id)
+        assert await w.store.get_instance("k1") is not None
+
+    async def test_provider_mismatch_touches_nothing(self, reaper_world: ReaperWorld) -> None:
+        w = reaper_world
+        record, sandbox_id = await self._bound(w, provider="docker")
+        before = await w.store.get_instance("k1")
+        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+        assert out is ReclaimOutcome.PROVIDER_MISMATCH
+        assert await w.store.get_instance("k1") == before
+        assert w.sandboxes.exists(sandbox_id) and w.sandboxes.destroyed == []
+
+    async def test_destroy_failed_deletes_the_record_and_reclaimer_raises(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        from corral.runs._reclaim import SandboxReclaimFailedError
+
+        w = reaper_world
+        record, sandbox_id = await self._bound(w)
+        w.sandboxes.break_destroy(sandbox_id, "quota service down")
+        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+        assert out is ReclaimOutcome.DESTROY_FAILED
+        assert await w.store.get_instance("k1") is None
+        assert w.sandboxes.exists(sandbox_id)
+        await w.store.upsert_instance(
+            InstanceRecord("k1", w.sandboxes.name, sandbox_id, "t", time.time()))
+        with pytest.raises(SandboxReclaimFailedError) as caught:
+            await sandbox_reclaimer(w.sandboxes, w.store)(record)
+        assert caught.value.run_id == "r-bound" and caught.value.sandbox_key == "k1"
+        assert "quota service down" in str(caught.value)
+
+    async def test_destroy_that_hangs_is_bounded_by_its_own_timeout(
+        self, reaper_world: ReaperWorld
+    ) -> None:
+        w = reaper_world
+        record, _ = await self._bound(w)
+
+        class Hanging:
+            name = w.sandboxes.name
+
+            async def destroy(self, ref: SandboxRef) -> None:
+                await anyio.sleep_forever()
+
+        started = time.monotonic()
+        out = await reclaim_sandbox(record, provider=Hanging(), instances=w.store,
+                                    destroy_timeout=0.2)
+        assert out is ReclaimOutcome.DESTROY_FAILED
+        assert time.monotonic() - started < 5
+        assert await w.store.get_instance("k1") is None
+
