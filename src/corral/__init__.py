@@ -69,7 +69,7 @@ _EXPORTS: dict[str, str] = {
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
-__version__ = "0.1.0"
+from corral._version import __version__  # noqa: E402
 
 __all__ = [
     "Capabilities",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home
+from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
 
 __all__ = [
     "AGENTS_MOUNT",
@@ -48,56 +49,12 @@ __all__ = [
     "package_for",
 ]
 
-AGENTS_MOUNT = "/opt/corral/agents"
-"""Where the agents root appears inside isolated sandboxes (read-only)."""
 MARKER = "corral-install.json"
 _VERSION_RE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.-]+)?$")
 
 
 class InstallError(CorralError):
     """npm failed, or the installed CLI does not run (the message carries npm's output)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AgentPackage:
-    """An agent CLI corral knows how to install."""
-
-    name: str
-    package: str
-    """The npm package."""
-    version: str
-    """The pinned, tested version (installed unless another is asked for)."""
-    bin: str
-    """The executable under ``node_modules/.bin``."""
-    supported: bool = True
-    """Whether corral has a harness for it yet."""
-
-
-KNOWN_AGENTS: dict[str, AgentPackage] = {
-    p.name: p
-    for p in (
-        AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
-        AgentPackage("codex", "@openai/codex", "0.171.0", "codex"),
-        AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode", supported=False),
-        AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini", supported=False),
-    )
-}
-
-
-def package_for(name: str, *, require_supported: bool = True) -> AgentPackage:
-    """The package for an agent name; raises :class:`ConfigError` for unknown or not yet
-    supported names."""
-    pkg = KNOWN_AGENTS.get(name)
-    if pkg is None:
-        raise ConfigError(
-            f"unknown agent {name!r}: choose one of {', '.join(sorted(KNOWN_AGENTS))}"
-        )
-    if require_supported and not pkg.supported:
-        raise ConfigError(
-            f"agent {name!r} is not yet supported by corral (its harness is not built); "
-            "supported now: " + ", ".join(n for n, p in KNOWN_AGENTS.items() if p.supported)
-        )
-    return pkg
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from corral import __version__
+    from corral._version import __version__
 
     return f"corral {__version__}"
 

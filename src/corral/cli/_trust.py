@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral._errors import ConfigError
-from corral.net._egress import non_public, parse_allowlist
+from corral.sandbox._allowlist import non_public, parse_allowlist
 from corral.providers import get_provider
 from corral.sandbox._contracts import ResourceLimits
 from corral.sandbox._definition import Sandbox

@@ -53,7 +53,7 @@ from ag_ui.core import TokenUsage as AguiTokenUsage
 from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
-from corral.agents._installs import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
+from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
 from corral._insandbox import command_gate as command_gate
 from corral._insandbox import entry as sandbox_entry
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi

@@ -35,6 +35,7 @@ from fnmatch import fnmatchcase
 from typing import Literal
 
 from corral._errors import ConfigError
+from corral.sandbox._allowlist import parse_allowlist  # the egress proxy's parser too
 from corral.sandbox import _validate as v
 from corral.sandbox._commands import Part, command_parts, program_name
 from corral.sandbox._shellparse import ShellParseError, Word
@@ -299,8 +300,6 @@ class Policy:
 
 
 def _check_hosts(hosts: tuple[str, ...]) -> None:
-    from corral.net._egress import parse_allowlist  # the proxy's own parser: one syntax
-
     for i, entry in enumerate(hosts):
         try:
             parse_allowlist([entry])

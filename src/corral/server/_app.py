@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from corral import __version__
+from corral._version import __version__
 from corral._errors import ConfigError, CorralError
 from corral.stores._records import RunStatus
 from corral.runs._runner import RunRequest, RunStartError
