@@ -1,4 +1,14 @@
-"""corral: run coding-agent CLIs in isolated sandboxes, stream AG-UI events, keep runs durable."""
+"""corral: run coding-agent CLIs in isolated sandboxes, stream AG-UI events, keep runs durable.
+
+What a user writes first lives here: the sandbox definition (:class:`Sandbox`,
+:class:`Workspace`, :class:`Policy`, :class:`Lifecycle`, :class:`Secrets`, …), the
+:class:`Runner` that starts, attaches to and cancels runs (:class:`RunRequest`), the store
+(:func:`open_store`), host tools (:func:`tool`, :class:`Toolset`), the reaper
+(:func:`reap_detached_runs`) and reclaimer (:func:`reclaim_sandbox`,
+:func:`sandbox_reclaimer`), the provider registry (:func:`register_provider`) and the errors.
+Protocols are in ``corral.abc``, conformance kits in ``corral.testing``; every other module is
+private.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,15 @@ from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+    from corral.runs import (
+        ReapOutcome,
+        ReapResult,
+        SandboxReclaimFailedError,
+        reap_detached_runs,
+        reclaim_sandbox,
+        sandbox_reclaimer,
+    )
+    from corral.runs._runner import RunRequest, Runner, RunStartError
     from corral.sandbox._config_file import dump_config, load_config
     from corral.sandbox._contracts import (
         Capabilities,
@@ -29,8 +48,13 @@ if TYPE_CHECKING:
     from corral.sandbox._secrets import SecretRef, Secrets
     from corral.sandbox._sources import Files, GitSource, LocalDir, NoSource
     from corral.sandbox._workspace import Parallel, Step, Workspace, parallel
+    from corral.stores import open_store
+    from corral.stores._protocols import LoggedEvent, RunExists, StoreError, UnknownRun
+    from corral.stores._records import RunRecord, RunStatus
+    from corral.tools import Toolset, tool
 
-# Names resolve on first use (corral._lazy).
+# Names resolve on first use (corral._lazy): the journal supervisor starts a fresh
+# interpreter per run and must not import all of corral to get at one module.
 _EXPORTS: dict[str, str] = {
     "ConfigError": "corral._errors",
     "CorralError": "corral._errors",
@@ -64,6 +88,25 @@ _EXPORTS: dict[str, str] = {
     "Step": "corral.sandbox._workspace",
     "Workspace": "corral.sandbox._workspace",
     "parallel": "corral.sandbox._workspace",
+    "open_store": "corral.stores",
+    "LoggedEvent": "corral.stores._protocols",
+    "RunExists": "corral.stores._protocols",
+    "StoreError": "corral.stores._protocols",
+    "UnknownRun": "corral.stores._protocols",
+    "RunRecord": "corral.stores._records",
+    "RunStatus": "corral.stores._records",
+    "register_provider": "corral.providers",
+    "Toolset": "corral.tools",
+    "tool": "corral.tools",
+    "RunRequest": "corral.runs._runner",
+    "RunStartError": "corral.runs._runner",
+    "Runner": "corral.runs._runner",
+    "ReapOutcome": "corral.runs",
+    "ReapResult": "corral.runs",
+    "SandboxReclaimFailedError": "corral.runs",
+    "reap_detached_runs": "corral.runs",
+    "reclaim_sandbox": "corral.runs",
+    "sandbox_reclaimer": "corral.runs",
 }
 
 
@@ -84,25 +127,44 @@ __all__ = [
     "Hooks",
     "Lifecycle",
     "LocalDir",
+    "LoggedEvent",
     "NoSource",
     "Parallel",
     "Policy",
     "PrerequisiteMissing",
     "Process",
     "Provider",
+    "ReapOutcome",
+    "ReapResult",
     "Redactor",
     "ResourceLimits",
     "RunContext",
+    "RunExists",
+    "RunRecord",
+    "RunRequest",
+    "RunStartError",
+    "RunStatus",
+    "Runner",
     "Sandbox",
+    "SandboxReclaimFailedError",
     "SandboxRef",
     "SandboxSpec",
     "SecretRef",
     "Secrets",
     "Step",
+    "StoreError",
+    "Toolset",
+    "UnknownRun",
     "UnsupportedCapability",
     "Workspace",
     "__version__",
     "dump_config",
     "load_config",
+    "open_store",
     "parallel",
+    "reap_detached_runs",
+    "reclaim_sandbox",
+    "register_provider",
+    "sandbox_reclaimer",
+    "tool",
 ]

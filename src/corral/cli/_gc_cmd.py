@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-import anyio
-
+from corral.cli._store import add_store_option, with_store
 from corral.sandbox._gc import GcReport, collect_idle
-from corral.stores import open_store
+from corral.stores._protocols import Store
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("gc", help="destroy sandboxes idle past their keep_alive")
-    p.add_argument("--store", metavar="URL", help="store URL (default $CORRAL_STORE or SQLite)")
+    add_store_option(p)
     p.add_argument("--dry-run", action="store_true", help="list what would be destroyed")
     p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -21,14 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    async def main() -> GcReport:
-        store = await open_store(args.store)
-        try:
-            return await collect_idle(store, dry_run=args.dry_run, limit=args.limit)
-        finally:
-            await store.aclose()
+    async def collect(store: Store) -> GcReport:
+        return await collect_idle(store, dry_run=args.dry_run, limit=args.limit)
 
-    report = anyio.run(main)
+    report = with_store(args, collect)
     if args.json:
         for e in report.entries:
             print(json.dumps({"key": e.key, "provider": e.provider, "sandbox": e.sandbox_id,

@@ -10,42 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any, Final, TextIO
 
-import anyio
-
 from corral._errors import ConfigError
+from corral.cli._store import add_store_option, with_store
 from corral.runs._prune import PruneResult
 from corral.runs._reap import DEFAULT_BUDGET, DEFAULT_MAX_RUNS, ReapOutcome, ReapResult
-from corral.stores import open_store
+from corral.runs._runner import Runner
+from corral.server._command import parse_duration
+from corral.stores._protocols import Store
 
 DEFAULT_TTL: Final = "1h"
-_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_PARTS: Final = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
-_NUMBER: Final = re.compile(r"\d+(?:\.\d+)?")
-_MAX_SECONDS: Final = 10 * 365 * 86400.0
 
-
-def parse_duration(text: str, *, what: str = "duration") -> float:
-    """Seconds in ``text``: a number with a unit (``30s``, ``5m``, ``1h``, ``2d``, ``500ms``),
-    several of them (``1h30m``), or a bare number of seconds. Raises
-    :class:`~corral._errors.ConfigError` naming the bad value and the accepted forms."""
-    raw = text.strip().lower()
-    seconds: float | None = None
-    if _NUMBER.fullmatch(raw):
-        seconds = float(raw)
-    elif _PARTS.fullmatch(raw):
-        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(raw))
-    if seconds is None:
-        raise ConfigError(
-            f"invalid {what} {text!r}: use a number with a unit, e.g. 30s, 5m, 1h, 2d or 1h30m"
-        )
-    if seconds > _MAX_SECONDS:
-        raise ConfigError(f"invalid {what} {text!r}: longer than 10 years; use e.g. 30d")
-    return seconds
+__all__ = ["DEFAULT_TTL", "parse_duration", "print_table", "register"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"runs one sweep takes on (default {DEFAULT_MAX_RUNS})")
     p.add_argument("--budget", default=f"{DEFAULT_BUDGET:g}s", metavar="DURATION",
                    help=f"time one run's drive may take (default {DEFAULT_BUDGET:g}s)")
-    p.add_argument("--store", metavar="URL", help="store URL (default: $CORRAL_STORE or SQLite)")
+    add_store_option(p)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_reap)
 
@@ -84,25 +62,16 @@ def _reap(args: argparse.Namespace) -> int:
     budget = parse_duration(args.budget, what="--budget")
     if budget <= 0:
         raise ConfigError("--budget must be more than 0s")
-    result, pruned = anyio.run(_sweep, args.store, ttl, args.max_runs, budget)
+    async def sweep(store: Store) -> tuple[ReapResult, PruneResult | None]:
+        return await Runner(store).reap(ttl=ttl, max_runs=args.max_runs, budget=budget)
+
+    result, pruned = with_store(args, sweep)
     if args.json:
         print(json.dumps(result.to_dict(), separators=(",", ":")))
     else:
         print_table(result, pruned, sys.stdout)
     bad = result.outcomes[ReapOutcome.FAILED] + result.outcomes[ReapOutcome.RECLAIM_FAILED]
     return 1 if bad else 0
-
-
-async def _sweep(
-    store_url: str | None, ttl: float, max_runs: int, budget: float
-) -> tuple[ReapResult, PruneResult | None]:
-    from corral.runs._runner import Runner
-
-    store = await open_store(store_url)
-    try:
-        return await Runner(store).reap(ttl=ttl, max_runs=max_runs, budget=budget)
-    finally:
-        await store.aclose()
 
 
 def print_table(result: ReapResult, pruned: PruneResult | None, out: TextIO) -> None:

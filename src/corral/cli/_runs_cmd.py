@@ -26,7 +26,7 @@ from corral.sandbox._transfer import report_copy_progress
 from corral.stores._records import RunRecord, RunStatus
 from corral.runs._runner import DEFAULT_MAX_OUTPUT, DriveResult, Runner, RunRequest
 from corral.stores._protocols import LoggedEvent, Store, UnknownRun
-from corral.stores import open_store
+from corral.cli._store import add_store_option, with_store
 
 SHOW_KEYS = (
     "run_id",
@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     cancel = sub.add_parser("cancel", help="cancel a run from any process")
     cancel.add_argument("run_id", metavar="RUN_ID")
-    cancel.add_argument("--store", metavar="URL", help="store URL (default $CORRAL_STORE or SQLite)")
+    add_store_option(cancel)
     cancel.set_defaults(func=_cancel)
 
     ls = sub.add_parser("ls", help="list runs")
@@ -123,7 +123,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", metavar="URL", help="store URL (default $CORRAL_STORE or SQLite)")
+    add_store_option(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -233,10 +233,13 @@ def _run(args: argparse.Namespace) -> int:
         ws = replace(defn.workspace,
                      max_copy_size=validate.size(args.max_copy_size, "--max-copy-size"))
         request = replace(request, sandbox=replace(defn, workspace=ws))
+    async def start(store: Store) -> int:
+        return await _start(store, args, request)
+
     if not sys.stderr.isatty():
-        return anyio.run(_run_async, args, request)
+        return with_store(args, start)
     with report_copy_progress(CopyProgressLine(sys.stderr)):
-        return anyio.run(_run_async, args, request)
+        return with_store(args, start)
 
 
 def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
@@ -258,40 +261,31 @@ def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
     return sandbox, path.resolve().parent
 
 
-async def _run_async(args: argparse.Namespace, request: RunRequest) -> int:
-    store = await open_store(args.store)
-    try:
-        runner = Runner(store)
-        record = await runner.start(request)
-        if args.detach:
-            record = await runner.detach(record.run_id)
-            if args.json:
-                print(json.dumps(record_json(record)))
-            else:
-                print(record.run_id)
-            return 0
-        _say(f"run {record.run_id} started (thread {record.thread_id}); "
-             "Ctrl-C detaches, twice cancels")
-        return await _follow(runner, record.run_id, 0, EventPrinter(args.json))
-    finally:
-        await store.aclose()
+async def _start(store: Store, args: argparse.Namespace, request: RunRequest) -> int:
+    runner = Runner(store)
+    record = await runner.start(request)
+    if args.detach:
+        record = await runner.detach(record.run_id)
+        if args.json:
+            print(json.dumps(record_json(record)))
+        else:
+            print(record.run_id)
+        return 0
+    _say(f"run {record.run_id} started (thread {record.thread_id}); "
+         "Ctrl-C detaches, twice cancels")
+    return await _follow(runner, record.run_id, 0, EventPrinter(args.json))
 
 
 def _attach(args: argparse.Namespace) -> int:
     if args.after < 0:
         raise ConfigError("--after must be a log offset of 0 or more")
 
-    async def main() -> int:
-        store = await open_store(args.store)
-        try:
-            runner = Runner(store)
-            if await store.get(args.run_id) is None:
-                raise UnknownRun(args.run_id)
-            return await _follow(runner, args.run_id, args.after, EventPrinter(args.json))
-        finally:
-            await store.aclose()
+    async def attach(store: Store) -> int:
+        if await store.get(args.run_id) is None:
+            raise UnknownRun(args.run_id)
+        return await _follow(Runner(store), args.run_id, args.after, EventPrinter(args.json))
 
-    return anyio.run(main)
+    return with_store(args, attach)
 
 
 async def _follow(
@@ -358,33 +352,25 @@ async def _follow(
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        store = await open_store(args.store)
-        try:
-            record = await Runner(store).cancel(args.run_id)
-        finally:
-            await store.aclose()
-        _say(f"run {record.run_id}: {record.status.value}")
-        return 0
+    async def cancel(store: Store) -> RunRecord:
+        return await Runner(store).cancel(args.run_id)
 
-    return anyio.run(main)
+    record = with_store(args, cancel)
+    _say(f"run {record.run_id}: {record.status.value}")
+    return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
-    async def main() -> list[RunRecord]:
-        store = await open_store(args.store)
-        try:
-            if args.thread:
-                runs = list(reversed(await store.list_by_thread(args.thread)))
-                if args.status:
-                    runs = [r for r in runs if r.status.value == args.status]
-                return runs[: args.limit]
-            status = RunStatus(args.status) if args.status else None
-            return await store.list_runs(status=status, limit=args.limit)
-        finally:
-            await store.aclose()
+    async def listed(store: Store) -> list[RunRecord]:
+        if args.thread:
+            runs = list(reversed(await store.list_by_thread(args.thread)))
+            if args.status:
+                runs = [r for r in runs if r.status.value == args.status]
+            return runs[: args.limit]
+        status = RunStatus(args.status) if args.status else None
+        return await store.list_runs(status=status, limit=args.limit)
 
-    runs = anyio.run(main)
+    runs = with_store(args, listed)
     if args.json:
         print(json.dumps([record_json(r) for r in runs]))
         return 0
@@ -405,17 +391,10 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    async def main() -> RunRecord:
-        store: Store = await open_store(args.store)
-        try:
-            record = await store.get(args.run_id)
-        finally:
-            await store.aclose()
-        if record is None:
-            raise UnknownRun(args.run_id)
-        return record
-
-    record = anyio.run(main)
+    found = with_store(args, lambda store: store.get(args.run_id))
+    if found is None:
+        raise UnknownRun(args.run_id)
+    record = found
     data = record_json(record)
     if args.json:
         print(json.dumps(data))

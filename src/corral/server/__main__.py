@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from corral.cli._main import main as cli_main
-
-
-def main(argv: list[str] | None = None) -> int:
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
+from corral.server._command import main
 
 if __name__ == "__main__":
     raise SystemExit(main())
