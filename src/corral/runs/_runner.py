@@ -50,6 +50,7 @@ from corral.harness._registry import build_harness, harness_for_record
 from corral.agents._services import PendingServices
 from corral._paths import corral_home
 from corral.providers import get_provider
+from corral.sandbox._registry import build_provider, config_key
 from corral.runs._claims import hold_claim
 from corral.journal._reader import JournalError
 from corral.journal._layout import JournalPaths, read_status
@@ -273,11 +274,19 @@ class Runner:
 
     # ------------------------------------------------------------------ helpers
 
-    def provider(self, name: str) -> Provider:
-        """The provider called ``name`` (built once per runner)."""
-        if name not in self._providers:
-            self._providers[name] = get_provider(name, **self._provider_config.get(name, {}))
-        return self._providers[name]
+    def provider(self, name: str, config: Mapping[str, Any] | None = None,
+                 package: str | None = None) -> Provider:
+        """The registered provider ``name`` with ``config`` (as a record names it; ``None``:
+        this runner's configuration for it), built once per runner. ``package``: the one to
+        name in the error when ``name`` is not installed here."""
+        if config is None:
+            if name not in self._providers:
+                self._providers[name] = get_provider(name, **self._provider_config.get(name, {}))
+            return self._providers[name]
+        which = f"{name} {config_key(config)}"  # never a provider name (no spaces in those)
+        if which not in self._providers:
+            self._providers[which] = build_provider(name, config, package=package)
+        return self._providers[which]
 
     def _paths(self, record: RunRecord) -> JournalPaths | None:
         journal = record.journal or {}
