@@ -76,7 +76,7 @@ from corral.journal._supervisor import (
     launch_supervised_async,
     process_alive,
 )
-from corral.sandbox._contracts import Handle, Provider, UnsupportedCapability
+from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured, _snapshotter, destroy_record, release
 from corral.sandbox._key import RunContext as SandboxContext
@@ -213,11 +213,10 @@ async def _file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> 
     from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
     from corral.sandbox._watch import GitBaseline
 
-    host_path = getattr(handle, "host_path", None)
-    if host_path is None:
+    if not isinstance(handle, HostPaths):
         raise UnsupportedCapability(handle.ref.provider, "file events",
                                     "file_events needs a host-directory provider")
-    root = host_path(handle.workdir)
+    root = handle.host_path(handle.workdir)
     manifest = await anyio.to_thread.run_sync(scan_manifest, root)
     await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
     base = (await GitBaseline.capture(handle)).base if diff else None
@@ -894,8 +893,7 @@ class Runner:
             log.warning("run %s: no file events, its sandbox is unreachable: %s",
                         record.run_id, exc)
             return None
-        host_path = getattr(handle, "host_path", None)
-        if handle is None or host_path is None:
+        if not isinstance(handle, HostPaths):
             return None
         run_id = record.run_id
         names = (record.spec or {}).get("secret_names") or []
@@ -918,7 +916,7 @@ class Runner:
         async def logged() -> list[Mapping[str, Any]]:
             return [e.event for e in await self.store.snapshot(run_id)]
 
-        return FileFeed(handle, host_path(handle.workdir), emit=emit or append,
+        return FileFeed(handle, handle.host_path(handle.workdir), emit=emit or append,
                         max_watches=self.max_file_watches, logged=logged,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
