@@ -24,7 +24,8 @@ from tests.plugins import plug_provider
 
 # Prints two lines, waits for the test's go-ahead (a host file: the local provider does not
 # isolate), prints a third.
-SCRIPT = 'echo one; echo two; while [ ! -e "$1" ]; do sleep 0.05; done; echo three'
+SCRIPT = ('echo one; echo two; while [ ! -e "$1" ]; do sleep 0.05; done; echo three; '
+          'echo made > made.txt')
 
 
 class Cli(CliHome):
@@ -87,7 +88,7 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
     config, go = _config(tmp_path), tmp_path / "go"
     # Process 1 starts the run on the plugin's provider, then dies mid-run.
     first = cli.popen("run", "--config", str(config), "--run-id", "p", "--json",
-                      "--", "sh", "-c", SCRIPT, "sh", str(go))
+                      "--file-events", "--", "sh", "-c", SCRIPT, "sh", str(go))
     _read_until(first, "one")
     first.send_signal(signal.SIGKILL)
     first.wait()
@@ -126,6 +127,9 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
                                "exit_code": 0}]
     log = cli.log("p")  # gap-free offsets, checked by the helper
     assert _text(log) == "one\ntwo\nthree\n"
+    # the reaper's catch-up of file events reached the sandbox through the rebuilt provider
+    files = [e for e in log if e["type"] == "CUSTOM" and e["name"] == "sandbox.file"]
+    assert [f["value"]["path"] for f in files] == ["made.txt"], files
     assert [e["type"] for e in log].count("RUN_FINISHED") == 1 and cli.closed("p")
     assert cli.epoch("p") == started + 2  # one claim for the takeover, one for the reaper
     assert not sandbox.exists()

@@ -287,6 +287,14 @@ class Runner:
             self._providers[which] = build_provider(name, config, package=package)
         return self._providers[which]
 
+    def _run_provider(self, record: RunRecord, name: str) -> Provider:
+        """Provider ``name`` with the configuration the run's definition recorded for it."""
+        data = (record.spec or {}).get("sandbox")
+        entry = data.get("provider") if isinstance(data, Mapping) else None
+        if isinstance(entry, Mapping) and entry.get("name") == name:
+            return self.provider(name, {k: v for k, v in entry.items() if k != "name"} or None)
+        return self.provider(name)
+
     def _paths(self, record: RunRecord) -> JournalPaths | None:
         journal = record.journal or {}
         directory = journal.get("dir")
@@ -571,7 +579,7 @@ class Runner:
         name, sandbox_id = ref.get("provider"), ref.get("id")
         if isinstance(name, str) and isinstance(sandbox_id, str):
             try:
-                handle = await self.provider(name).resume(sandbox_id)
+                handle = await self._run_provider(record, name).resume(sandbox_id)
             except CorralError as exc:
                 log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
         resumed = info.get("resumed_session")
@@ -888,7 +896,8 @@ class Runner:
         if not isinstance(files, Mapping) or not isinstance(ref.get("id"), str):
             return None
         try:
-            handle = await self.provider(str(ref.get("provider"))).resume(str(ref["id"]))
+            handle = await self._run_provider(record, str(ref.get("provider"))).resume(
+                str(ref["id"]))
         except CorralError as exc:
             log.warning("run %s: no file events, its sandbox is unreachable: %s",
                         record.run_id, exc)
@@ -1000,7 +1009,7 @@ class Runner:
             ref = record.sandbox_ref or {}
             name, sandbox_id = ref.get("provider"), ref.get("id")
             if isinstance(name, str) and isinstance(sandbox_id, str):
-                await self.provider(name).destroy(sandbox_id)
+                await self._run_provider(record, name).destroy(sandbox_id)
             return
         instance = await self.store.get_instance(key)
         if instance is None:
