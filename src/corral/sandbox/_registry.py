@@ -16,8 +16,8 @@ Providers are found, in this order:
 Loading is by name at run time (``importlib``), so this module, low in the layers, builds
 providers of the packages above it without importing them.
 
-Records name a provider by name, its configuration (as given, JSON) and the package that
-registered it (:func:`provider_record`), so any process — a takeover, ``corral reap``,
+Instance records name a provider by name, its configuration (as given, JSON) and the
+package that registered it (``meta["provider"]``, read back by :func:`recorded_config`), so any process — a takeover, ``corral reap``,
 ``corral gc`` — rebuilds the same provider (:func:`build_provider`), and a process that lacks
 the package says which one to install.
 """
@@ -43,9 +43,9 @@ __all__ = [
     "Registration",
     "build_provider",
     "config_data",
+    "config_key",
     "parse_config",
     "provider_names",
-    "provider_record",
     "recorded_config",
     "register_provider",
     "registration",
@@ -275,13 +275,6 @@ def build_provider(
 
 
 # ---------------------------------------------------------------------- records
-def provider_record(name: str, config: ProviderConfig | None = None) -> dict[str, Any]:
-    """What an instance record keeps about its provider (``meta["provider"]``)."""
-    reg = registration(name)
-    return {"name": name, "config": config_data(config) if config is not None else {},
-            "package": reg.package}
-
-
 def recorded_config(meta: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The provider configuration and package an instance record's ``meta`` names."""
     entry = meta.get("provider")
