@@ -27,6 +27,9 @@ LAYERS: list[set[str]] = [
     {"runs"},
     {"server"},
     {"cli"},
+    # The public modules sit on top: ``corral.abc`` re-exports protocols from below (and no
+    # internal module may import it); ``corral.testing`` may use it.
+    {"abc"},
     {"testing"},
 ]
 RANK = {pkg: rank for rank, pkg in enumerate(LAYERS) for pkg in pkg}

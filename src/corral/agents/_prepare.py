@@ -62,7 +62,7 @@ from corral._paths import net_root
 from corral.journal._reader import Line, read_journal
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
-from corral.sandbox._contracts import Handle, HostCommand, SandboxSpec
+from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxSpec
 from corral.sandbox._redact import Redactor
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
@@ -110,11 +110,9 @@ def with_agent_binds(spec: SandboxSpec, *, root: Path | None = None) -> SandboxS
 
 
 def _handle_binds(handle: Handle) -> list[tuple[str, str]] | None:
-    state = getattr(handle, "state", None)
-    binds = getattr(state, "binds", None)
-    if binds is None:
+    if not isinstance(handle, Described):
         return None
-    return [(str(h), str(i)) for h, i in binds]
+    return [(str(h), str(i)) for h, i in handle.binds]
 
 
 @dataclass

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
 import anyio
 
 from corral._errors import ConfigError, CorralError
 from corral.providers import PROVIDER_NAMES, get_provider
-from corral.providers._state import SandboxState, validate_id
-from corral.sandbox._contracts import Provider
+from corral.providers._state import validate_id
+from corral.sandbox._contracts import Described, Provider
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,16 +56,16 @@ def _providers(only: str | None) -> list[Provider]:
 
 def run_ls(args: argparse.Namespace) -> int:
     async def main() -> int:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for provider in _providers(args.provider):
             for ref in await provider.list():
                 handle = await provider.resume(ref)
-                state: SandboxState | None = getattr(handle, "state", None)
+                info = handle if isinstance(handle, Described) else None
                 rows.append({
                     "id": ref.id,
                     "provider": ref.provider,
-                    "created_at": state.created_at if state else None,
-                    "labels": state.labels if state else {},
+                    "created_at": info.created_at if info else None,
+                    "labels": dict(info.labels) if info else {},
                 })
         if args.json:
             for row in rows:

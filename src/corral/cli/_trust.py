@@ -29,7 +29,7 @@ from pathlib import Path
 from corral._errors import ConfigError
 from corral.sandbox._allowlist import non_public, parse_allowlist
 from corral.providers import get_provider
-from corral.sandbox._contracts import ResourceLimits
+from corral.sandbox._contracts import DefaultLimits
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._sources import GitSource, LocalDir
 
@@ -101,13 +101,12 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
 def _raised_limits(sandbox: Sandbox) -> list[str]:
     """The limits ``[provider] limits`` sets above the provider's defaults (all of them when
     the provider has no limits to compare with)."""
-    asked = getattr(sandbox.get_provider(), "default_limits", None)
-    base = getattr(get_provider(sandbox.provider_name), "default_limits", None)
-    if not isinstance(asked, ResourceLimits) or not isinstance(base, ResourceLimits):
+    asked, base = sandbox.get_provider(), get_provider(sandbox.provider_name)
+    if not isinstance(asked, DefaultLimits) or not isinstance(base, DefaultLimits):
         return ["limits"]
     raised = []
     for field in ("memory_bytes", "pids", "cpus", "disk_bytes"):
-        mine, default = getattr(asked, field), getattr(base, field)
+        mine, default = getattr(asked.default_limits, field), getattr(base.default_limits, field)
         if default is not None and (mine is None or mine > default):
             raised.append(field.removesuffix("_bytes"))
     return raised

@@ -1,25 +1,37 @@
-"""Sandbox providers. ``get_provider(name)`` builds one by name."""
+"""Sandbox providers, found by name in the provider registry.
+
+``get_provider(name, **config)`` builds one; ``register_provider(name, factory)`` adds one in
+this process, and a package adds one for every process through the entry-point group
+``corral.providers`` (see :mod:`corral.sandbox._registry`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from corral._errors import ConfigError
 from corral.sandbox._contracts import Provider
+from corral.sandbox._registry import (
+    ProviderConfig,
+    build_provider,
+    provider_names,
+    register_provider,
+    unregister_provider,
+)
+
+__all__ = [
+    "PROVIDER_NAMES",
+    "ProviderConfig",
+    "get_provider",
+    "provider_names",
+    "register_provider",
+    "unregister_provider",
+]
 
 PROVIDER_NAMES = ("local", "bubblewrap")
+"""corral's own providers (every registered one: :func:`provider_names`)."""
 
 
 def get_provider(name: str, **config: Any) -> Provider:
-    """Build a provider by name (``local`` or ``bubblewrap``) with its configuration."""
-    if name == "local":
-        from corral.providers._local import LocalProvider
-
-        return LocalProvider(**config)
-    if name == "bubblewrap":
-        from corral.providers._bubblewrap import BubblewrapProvider
-
-        return BubblewrapProvider(**config)
-    raise ConfigError(
-        f"unknown provider {name!r}: choose one of {', '.join(PROVIDER_NAMES)}"
-    )
+    """Build the provider registered as ``name`` with its configuration (validated against
+    the provider's config model: an unknown key is a one-line ConfigError)."""
+    return build_provider(name, config)

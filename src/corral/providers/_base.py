@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from corral._errors import ConfigError
@@ -67,6 +67,18 @@ class HostDirHandle:
     @property
     def state(self) -> SandboxState:
         return self._state
+
+    @property
+    def created_at(self) -> float:
+        return self._state.created_at
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return dict(self._state.labels)
+
+    @property
+    def binds(self) -> Sequence[tuple[str, str]]:
+        return [(str(host), str(inside)) for host, inside in self._state.binds]
 
     @property
     def state_dir(self) -> str:

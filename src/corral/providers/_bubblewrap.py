@@ -61,6 +61,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from pydantic import field_validator
 
 from corral._errors import ConfigError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home, net_root
@@ -69,6 +70,7 @@ from corral.providers import _cgroups as cgroups
 from corral.providers import _diskquota as diskquota
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
+from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._process import (
     Outcome,
     SandboxProcess,
@@ -88,6 +90,8 @@ from corral.providers._state import (
     validate_id,
 )
 from corral.sandbox import _validate as validate
+from corral.sandbox._redact import Redactor
+from corral.sandbox._registry import ProviderConfig
 from corral.sandbox._contracts import (
     Capabilities,
     Command,
@@ -106,6 +110,7 @@ __all__ = [
     "BWRAP_CAPABILITIES",
     "DEFAULT_HOST_UID",
     "DEFAULT_LIMITS",
+    "BubblewrapConfig",
     "BubblewrapHandle",
     "BubblewrapProvider",
 ]
@@ -582,6 +587,26 @@ def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> tuple[ResourceLim
     return lim, "disk" in value
 
 
+class BubblewrapConfig(ProviderConfig):
+    """``[provider]`` settings of the bubblewrap provider (see :class:`BubblewrapProvider`)."""
+
+    home: Path | None = None
+    """corral's home directory (default ``$CORRAL_HOME``); sandboxes live under it."""
+    limits: dict[str, Any] | None = None
+    """Default limits, ``{ memory = "4G", pids = 2048, cpus = 2, disk = "10G" }``."""
+    host_uid: int = DEFAULT_HOST_UID
+    """The unprivileged host uid sandboxes run as when corral runs as root."""
+    bwrap: str | None = None
+    """The ``bwrap`` program (default: found on ``PATH``)."""
+
+    @field_validator("limits")
+    @classmethod
+    def _check_limits(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _limits_from(value)  # ConfigError names the key and what it expected
+        return value
+
+
 class BubblewrapProvider:
     """Isolated sandboxes with bubblewrap (see the module docstring for what that means).
 
@@ -593,6 +618,8 @@ class BubblewrapProvider:
     :mod:`corral.providers._diskquota`) and otherwise only logged once; a disk limit asked
     for explicitly (here or in a spec) that cannot be enforced is a ConfigError at create.
     """
+
+    config_model: type[ProviderConfig] = BubblewrapConfig
 
     def __init__(
         self,
@@ -703,6 +730,10 @@ class BubblewrapProvider:
             sort_keys=True,
         )
         return hashlib.sha256(raw.encode()).hexdigest()
+
+    def snapshotter(self, *, redactor: Redactor | None = None) -> HostDirSnapshots:
+        """Snapshots are copies of the sandbox's directories, kept on the host."""
+        return HostDirSnapshots(self, redactor=redactor)
 
     def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
         d, s = self._limits, spec.limits

@@ -33,6 +33,7 @@ import anyio.to_thread
 from corral._paths import corral_home
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
+from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._process import (
     Outcome,
     SandboxProcess,
@@ -51,6 +52,8 @@ from corral.providers._state import (
     remove_tree,
     validate_id,
 )
+from corral.sandbox._redact import Redactor
+from corral.sandbox._registry import ProviderConfig
 from corral.sandbox._contracts import (
     Capabilities,
     Command,
@@ -64,7 +67,7 @@ from corral.sandbox._contracts import (
     UnsupportedCapability,
 )
 
-__all__ = ["LOCAL_CAPABILITIES", "LocalHandle", "LocalProvider"]
+__all__ = ["LOCAL_CAPABILITIES", "LocalConfig", "LocalHandle", "LocalProvider"]
 
 LOCAL_CAPABILITIES = Capabilities(
     background_processes=True,
@@ -189,15 +192,29 @@ class LocalHandle(HostDirHandle):
         return HostCommand(argv=tuple(argv), env=host_env, cwd=host_cwd)
 
 
+class LocalConfig(ProviderConfig):
+    """``[provider]`` settings of the local provider."""
+
+    home: Path | None = None
+    """corral's home directory (default ``$CORRAL_HOME``); sandboxes live under it."""
+
+
 class LocalProvider:
-    """Sandboxes that are plain host directories. Gives NO isolation; dev use only."""
+    """Sandboxes that are plain host directories. Gives NO isolation; dev use only.
+
+    A subclass may run under another name: set ``provider_name`` and ``handle_class``
+    (a :class:`LocalHandle` subclass with the same ``provider_name``)."""
+
+    config_model: type[ProviderConfig] = LocalConfig
+    provider_name = "local"
+    handle_class: type[LocalHandle] = LocalHandle
 
     def __init__(self, home: Path | str | None = None) -> None:
         self._home = Path(home) if home is not None else None
 
     @property
     def name(self) -> str:
-        return "local"
+        return self.provider_name
 
     @property
     def capabilities(self) -> Capabilities:
@@ -209,24 +226,28 @@ class LocalProvider:
 
     @property
     def base_dir(self) -> Path:
-        return provider_root("local", self._home or corral_home())
+        return provider_root(self.provider_name, self._home or corral_home())
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(b"local:v1").hexdigest()
+        return hashlib.sha256(f"{self.provider_name}:v1".encode()).hexdigest()
+
+    def snapshotter(self, *, redactor: Redactor | None = None) -> HostDirSnapshots:
+        """Snapshots are copies of the sandbox's directories, kept on the host."""
+        return HostDirSnapshots(self, redactor=redactor)
 
     async def create(self, spec: SandboxSpec | None = None) -> LocalHandle:
         spec = spec or SandboxSpec()
         lim = spec.limits
         if any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus, lim.disk_bytes)):
             raise UnsupportedCapability(
-                "local", "resource limits", "use the bubblewrap provider to enforce limits"
+                self.name, "resource limits", "use the bubblewrap provider to enforce limits"
             )
         if spec.binds:
             raise UnsupportedCapability(
-                "local", "binds", "the local provider sees the host as is; drop the binds"
+                self.name, "binds", "the local provider sees the host as is; drop the binds"
             )
         sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
-        state = SandboxState.from_spec(sandbox_id, "local", spec)
+        state = SandboxState.from_spec(sandbox_id, self.name, spec)
         state.limit_mode = "none"
         sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
         try:
@@ -235,7 +256,7 @@ class LocalProvider:
         except BaseException:
             remove_tree(sandbox_dir)
             raise  # last: the sandbox exists once state.json does
-        return LocalHandle(sandbox_dir, state)
+        return self.handle_class(sandbox_dir, state)
 
     async def resume(self, ref: SandboxRef | str) -> LocalHandle | None:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
@@ -245,7 +266,7 @@ class LocalProvider:
             return None
         if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
             return None
-        return LocalHandle(sandbox_dir, state)
+        return self.handle_class(sandbox_dir, state)
 
     async def destroy(self, ref: SandboxRef | str) -> None:
         """Kill the sandbox's tagged processes and delete its directory. Idempotent."""
@@ -261,16 +282,18 @@ class LocalProvider:
     async def list(self) -> list[SandboxRef]:
         base = self.base_dir
         return [
-            SandboxRef("local", p.name)
+            SandboxRef(self.name, p.name)
             for p in sorted(base.iterdir())
             if not p.name.startswith(".") and (p / "state.json").exists()
         ]
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
-        raise UnsupportedCapability("local", "snapshots", "copy the workspace with handle.fs")
+        raise UnsupportedCapability(self.name, "snapshots", "use lifecycle.snapshot, or copy "
+                                    "the workspace with handle.fs")
 
     async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> LocalHandle:
-        raise UnsupportedCapability("local", "snapshots", "copy the workspace with handle.fs")
+        raise UnsupportedCapability(self.name, "snapshots", "use lifecycle.snapshot, or copy "
+                                    "the workspace with handle.fs")
 
 
 def _kill_tagged(token: str) -> None:

@@ -10,8 +10,8 @@ Restore creates a new sandbox and copies the snapshot's areas into it. Before a 
 is kept it is scanned for the live secret values; one that holds a secret is deleted and
 the snapshot fails (secrets never go into a snapshot).
 
-Providers that implement snapshots natively (capability ``snapshots``) are used as they
-are; :func:`snapshots_for` picks.
+The local and bubblewrap providers hand one out as their ``snapshotter`` (the
+:class:`~corral.sandbox._snapshots.ProvidesSnapshots` capability).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -33,53 +33,21 @@ from corral._errors import CorralError
 from corral.providers._base import HostDirHandle
 from corral.sandbox._contracts import (
     Handle,
-    Provider,
     ResourceLimits,
     SandboxSpec,
     SnapshotRef,
     UnsupportedCapability,
 )
 from corral.sandbox._leakscan import scan_paths
-from corral.sandbox._redact import Redactor
+from corral.sandbox._redact import Redactor, live_redactor
 
-__all__ = ["HostDirSnapshots", "SecretInSnapshotError", "Snapshotter", "snapshots_for"]
+__all__ = ["HostDirSnapshots", "SecretInSnapshotError"]
 
 AREAS = ("workspace", "home/agent")
 
 
 class SecretInSnapshotError(CorralError):
     """A snapshot would have held a secret value; it was not kept."""
-
-
-class Snapshotter(Protocol):
-    """Snapshot, restore and delete sandboxes of one provider."""
-
-    async def snapshot(self, handle: Handle, label: str = "") -> SnapshotRef: ...
-
-    async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> Handle: ...
-
-    async def delete(self, snapshot: SnapshotRef) -> None: ...
-
-    async def exists(self, snapshot: SnapshotRef) -> bool: ...
-
-
-class _Native:
-    """A provider's own snapshots (deletion is the provider's business)."""
-
-    def __init__(self, provider: Provider) -> None:
-        self._p = provider
-
-    async def snapshot(self, handle: Handle, label: str = "") -> SnapshotRef:
-        return await self._p.snapshot(handle, label)
-
-    async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> Handle:
-        return await self._p.restore(snapshot, spec)
-
-    async def delete(self, snapshot: SnapshotRef) -> None:
-        return None
-
-    async def exists(self, snapshot: SnapshotRef) -> bool:
-        return True
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -181,8 +149,6 @@ class HostDirSnapshots:
         return SnapshotRef(self._p.name, snap_id, label)
 
     def _values(self) -> list[tuple[str, str]]:
-        from corral.sandbox._redact import live_redactor
-
         out: list[tuple[str, str]] = []
         for red in (self._redactor, live_redactor()):
             if red is not None:
@@ -234,15 +200,3 @@ class HostDirSnapshots:
 
     async def exists(self, snapshot: SnapshotRef) -> bool:
         return (self._dir(snapshot) / "meta.json").is_file()
-
-
-def snapshots_for(provider: Provider, *, redactor: Redactor | None = None) -> Snapshotter | None:
-    """The snapshotter for ``provider``: its own, the host-directory one, or ``None``."""
-    if provider.capabilities.snapshots:
-        return _Native(provider)
-    from corral.providers._bubblewrap import BubblewrapProvider
-    from corral.providers._local import LocalProvider
-
-    if isinstance(provider, LocalProvider | BubblewrapProvider):
-        return HostDirSnapshots(provider, redactor=redactor)
-    return None

@@ -15,7 +15,7 @@ one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -58,6 +58,7 @@ from corral.stores._protocols import EventLog, InstanceStore, Store
 from corral.journal._supervisor import kill_supervised_async
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
+from corral.sandbox._registry import recorded_config
 
 __all__ = [
     "NOT_STARTED",
@@ -224,8 +225,14 @@ async def journal_stop(record: RunRecord) -> None:
     await kill_supervised_async(paths, grace=STOP_GRACE, include_supervisor=True)
 
 
+ProviderFor = Callable[[str, Mapping[str, Any] | None, str | None], ReclaimProvider]
+"""``provider_for(name, config, package)``: the provider a record names, built with the
+configuration it recorded (``None``: the caller's own for that name); ``package`` is the one
+to name if ``name`` is not installed."""
+
+
 def record_reclaimer(
-    provider_for: Callable[[str], ReclaimProvider],
+    provider_for: ProviderFor,
     instances: InstanceStore,
     *,
     destroy_timeout: float = DEFAULT_DESTROY_TIMEOUT,
@@ -233,7 +240,8 @@ def record_reclaimer(
 ) -> Callable[[RunRecord], Awaitable[ReclaimOutcome]]:
     """A ``reclaim`` callable for runs bound to a sandbox either way corral records it.
 
-    With ``sandbox_key``: the instance record names the provider; :func:`reclaim_sandbox`
+    With ``sandbox_key``: the instance record names the provider and its configuration
+    (rebuilt through ``provider_for``); :func:`reclaim_sandbox`
     does the rest (destroy, delete the record regardless). Otherwise with ``sandbox_ref``
     (``{"provider", "id"}``, a sandbox owned by the run): that provider destroys it. No
     reference at all → ``no-sandbox-key``. A failed destroy raises
@@ -246,8 +254,9 @@ def record_reclaimer(
             instance = await instances.get_instance(record.sandbox_key)
             if instance is None:
                 return ReclaimOutcome.NOT_FOUND
+            config, package = recorded_config(instance.meta)
             reclaimer = sandbox_reclaimer(
-                provider_for(instance.provider), instances,
+                provider_for(instance.provider, config or None, package), instances,
                 destroy_timeout=destroy_timeout, logger=logger,
             )
             return await reclaimer(record)  # raises SandboxReclaimFailedError with the cause
@@ -257,7 +266,7 @@ def record_reclaimer(
             return ReclaimOutcome.NO_SANDBOX_KEY
         try:
             with anyio.fail_after(destroy_timeout):
-                await provider_for(name).destroy(SandboxRef(name, sandbox_id))
+                await provider_for(name, None, None).destroy(SandboxRef(name, sandbox_id))
         except TimeoutError:
             cause = f"destroy did not finish within {destroy_timeout:g}s"
         except Exception as exc:  # noqa: BLE001 - reported as reclaim-failed
@@ -274,7 +283,7 @@ def record_reclaimer(
 async def reap_runner_runs(
     store: Store,
     *,
-    provider_for: Callable[[str], ReclaimProvider],
+    provider_for: ProviderFor,
     ttl: float,
     max_runs: int = DEFAULT_MAX_RUNS,
     budget: float = DEFAULT_BUDGET,

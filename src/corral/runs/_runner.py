@@ -50,6 +50,7 @@ from corral.harness._registry import build_harness, harness_for_record
 from corral.agents._services import PendingServices
 from corral._paths import corral_home
 from corral.providers import get_provider
+from corral.sandbox._registry import build_provider, config_key
 from corral.runs._claims import hold_claim
 from corral.journal._reader import JournalError
 from corral.journal._layout import JournalPaths, read_status
@@ -75,7 +76,7 @@ from corral.journal._supervisor import (
     launch_supervised_async,
     process_alive,
 )
-from corral.sandbox._contracts import Handle, Provider, UnsupportedCapability
+from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured, _snapshotter, destroy_record, release
 from corral.sandbox._key import RunContext as SandboxContext
@@ -212,11 +213,10 @@ async def _file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> 
     from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
     from corral.sandbox._watch import GitBaseline
 
-    host_path = getattr(handle, "host_path", None)
-    if host_path is None:
+    if not isinstance(handle, HostPaths):
         raise UnsupportedCapability(handle.ref.provider, "file events",
                                     "file_events needs a host-directory provider")
-    root = host_path(handle.workdir)
+    root = handle.host_path(handle.workdir)
     manifest = await anyio.to_thread.run_sync(scan_manifest, root)
     await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
     base = (await GitBaseline.capture(handle)).base if diff else None
@@ -273,11 +273,27 @@ class Runner:
 
     # ------------------------------------------------------------------ helpers
 
-    def provider(self, name: str) -> Provider:
-        """The provider called ``name`` (built once per runner)."""
-        if name not in self._providers:
-            self._providers[name] = get_provider(name, **self._provider_config.get(name, {}))
-        return self._providers[name]
+    def provider(self, name: str, config: Mapping[str, Any] | None = None,
+                 package: str | None = None) -> Provider:
+        """The registered provider ``name`` with ``config`` (as a record names it; ``None``:
+        this runner's configuration for it), built once per runner. ``package``: the one to
+        name in the error when ``name`` is not installed here."""
+        if config is None:
+            if name not in self._providers:
+                self._providers[name] = get_provider(name, **self._provider_config.get(name, {}))
+            return self._providers[name]
+        which = f"{name} {config_key(config)}"  # never a provider name (no spaces in those)
+        if which not in self._providers:
+            self._providers[which] = build_provider(name, config, package=package)
+        return self._providers[which]
+
+    def _run_provider(self, record: RunRecord, name: str) -> Provider:
+        """Provider ``name`` with the configuration the run's definition recorded for it."""
+        data = (record.spec or {}).get("sandbox")
+        entry = data.get("provider") if isinstance(data, Mapping) else None
+        if isinstance(entry, Mapping) and entry.get("name") == name:
+            return self.provider(name, {k: v for k, v in entry.items() if k != "name"} or None)
+        return self.provider(name)
 
     def _paths(self, record: RunRecord) -> JournalPaths | None:
         journal = record.journal or {}
@@ -563,7 +579,7 @@ class Runner:
         name, sandbox_id = ref.get("provider"), ref.get("id")
         if isinstance(name, str) and isinstance(sandbox_id, str):
             try:
-                handle = await self.provider(name).resume(sandbox_id)
+                handle = await self._run_provider(record, name).resume(sandbox_id)
             except CorralError as exc:
                 log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
         resumed = info.get("resumed_session")
@@ -880,13 +896,13 @@ class Runner:
         if not isinstance(files, Mapping) or not isinstance(ref.get("id"), str):
             return None
         try:
-            handle = await self.provider(str(ref.get("provider"))).resume(str(ref["id"]))
+            handle = await self._run_provider(record, str(ref.get("provider"))).resume(
+                str(ref["id"]))
         except CorralError as exc:
             log.warning("run %s: no file events, its sandbox is unreachable: %s",
                         record.run_id, exc)
             return None
-        host_path = getattr(handle, "host_path", None)
-        if handle is None or host_path is None:
+        if not isinstance(handle, HostPaths):
             return None
         run_id = record.run_id
         names = (record.spec or {}).get("secret_names") or []
@@ -909,7 +925,7 @@ class Runner:
         async def logged() -> list[Mapping[str, Any]]:
             return [e.event for e in await self.store.snapshot(run_id)]
 
-        return FileFeed(handle, host_path(handle.workdir), emit=emit or append,
+        return FileFeed(handle, handle.host_path(handle.workdir), emit=emit or append,
                         max_watches=self.max_file_watches, logged=logged,
                         diff=files.get("diff") is True,
                         baseline=baseline if isinstance(baseline, str) else None,
@@ -993,7 +1009,7 @@ class Runner:
             ref = record.sandbox_ref or {}
             name, sandbox_id = ref.get("provider"), ref.get("id")
             if isinstance(name, str) and isinstance(sandbox_id, str):
-                await self.provider(name).destroy(sandbox_id)
+                await self._run_provider(record, name).destroy(sandbox_id)
             return
         instance = await self.store.get_instance(key)
         if instance is None:

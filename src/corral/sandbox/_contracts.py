@@ -18,11 +18,14 @@ from corral.journal._sentinel import TIMEOUT_EXIT_CODE
 __all__ = [
     "Capabilities",
     "Command",
+    "DefaultLimits",
+    "Described",
     "ExecResult",
     "FileInfo",
     "FileSystem",
     "Handle",
     "HostCommand",
+    "HostPaths",
     "HostRoute",
     "PathEscapeError",
     "Process",
@@ -412,3 +415,42 @@ class Provider(Protocol):
     async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> Handle:
         """Capability ``snapshots``; raises :class:`UnsupportedCapability` otherwise."""
         ...
+
+
+# ---------------------------------------------------------------------- optional capabilities
+# Code checks these with isinstance, never by probing attributes.
+
+
+@runtime_checkable
+class HostPaths(Protocol):
+    """Optional handle capability: the sandbox's files are a host directory, so host code
+    (file watchers, the file feed) reads them directly."""
+
+    def host_path(self, sandbox_path: str) -> str:
+        """The host path behind ``sandbox_path`` (lexically, not resolved)."""
+        ...
+
+
+@runtime_checkable
+class Described(Protocol):
+    """Optional handle capability: what the sandbox was created with."""
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def binds(self) -> Sequence[tuple[str, str]]:
+        """The read-only host path -> sandbox path binds of its spec."""
+        ...
+
+
+@runtime_checkable
+class DefaultLimits(Protocol):
+    """Optional provider capability: the limits a sandbox gets where its spec leaves one
+    ``None``."""
+
+    @property
+    def default_limits(self) -> ResourceLimits: ...

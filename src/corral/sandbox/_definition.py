@@ -19,6 +19,13 @@ from corral.sandbox._hooks import Hooks
 from corral.sandbox._key import RunContext, instance_key
 from corral.sandbox._lifecycle import Lifecycle
 from corral.sandbox._policy import Policy
+from corral.sandbox._registry import (
+    ProviderConfig,
+    build_provider,
+    config_data,
+    parse_config,
+    registration,
+)
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._sources import source_from_dict
 from corral.sandbox._workspace import Workspace
@@ -36,9 +43,12 @@ TOP_KEYS = ("id", "provider", "workspace", "secrets", "policy", "lifecycle", "fi
 class Sandbox:
     """A sandbox definition.
 
-    ``provider`` is a provider object or a provider name (``"bubblewrap"``, ``"local"``)
-    built with ``provider_config``. ``id`` names the definition; it is part of the
-    instance key, so two definitions never share a sandbox.
+    ``provider`` is a provider object or the name of a registered provider
+    (``"bubblewrap"``, ``"local"``, or one a package registers) built with
+    ``provider_config``, which is checked against the provider's config model here (an
+    unknown key is a ConfigError), is part of the instance key, and is recorded so that
+    other processes rebuild the same provider. ``id`` names the definition; it is part of
+    the instance key, so two definitions never share a sandbox.
     """
 
     provider: Provider | str = "bubblewrap"
@@ -54,6 +64,9 @@ class Sandbox:
     Not part of the instance key."""
     _provider_cache: list[Provider] = field(
         default_factory=list, init=False, repr=False, compare=False, hash=False
+    )
+    _config: ProviderConfig | None = field(
+        default=None, init=False, repr=False, compare=False, hash=False
     )
 
     def __post_init__(self) -> None:
@@ -78,10 +91,15 @@ class Sandbox:
             )
         if not isinstance(self.provider_config, Mapping):
             raise ConfigError("sandbox.provider_config: expected a table")
+        if isinstance(self.provider, str):
+            config = parse_config(self.provider, self.provider_config)
+            object.__setattr__(self, "_config", config)
+            object.__setattr__(self, "provider_config", config_data(config))
         if not (isinstance(self.file_events, bool) or self.file_events == "diff"):
             raise ConfigError(f'sandbox.file_events: {self.file_events!r}; use true, false '
                               'or "diff"')
-        object.__setattr__(self, "provider_config", dict(self.provider_config))
+        if self._config is None:
+            object.__setattr__(self, "provider_config", dict(self.provider_config))
 
     # ------------------------------------------------------------------ provider
     def get_provider(self) -> Provider:
@@ -89,23 +107,25 @@ class Sandbox:
         if not isinstance(self.provider, str):
             return self.provider
         if not self._provider_cache:
-            from corral.providers import get_provider
-
-            try:
-                built = get_provider(self.provider, **self.provider_config)
-            except TypeError as exc:
-                m = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
-                if m:
-                    raise ConfigError(
-                        f"unknown key 'provider.{m.group(1)}' for provider {self.provider!r}"
-                    ) from None
-                raise ConfigError(f"provider: {exc}") from None
+            built = build_provider(self.provider, self._config)
             self._provider_cache.append(built)
         return self._provider_cache[0]
 
     @property
     def provider_name(self) -> str:
         return self.provider if isinstance(self.provider, str) else self.provider.name
+
+    def provider_record(self) -> dict[str, Any]:
+        """What instance records keep about the provider: its name, configuration (as
+        given) and the package that registers it, enough to rebuild it in any process.
+        A provider given as an object is recorded with no configuration: other processes
+        build it by name with its defaults (give a name and ``provider_config`` instead)."""
+        name = self.provider_name
+        try:
+            package: str | None = registration(name).package
+        except ConfigError:
+            package = None  # an object under a name nothing registers
+        return {"name": name, "config": dict(self.provider_config), "package": package}
 
     @property
     def secrets(self) -> Secrets:
@@ -124,6 +144,7 @@ class Sandbox:
             egress=self.policy.direct_network,
             ctx=ctx,
             reuse=self.lifecycle.reuse,
+            provider_config=self.provider_config,
         )
 
     # ------------------------------------------------------------------ instances

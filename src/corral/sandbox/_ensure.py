@@ -31,9 +31,9 @@ from corral.sandbox._hooks import call_hook
 from corral.sandbox._key import RunContext
 from corral.sandbox._redact import Redactor, get_logger
 from corral.sandbox._secrets import Secrets
+from corral.sandbox._snapshots import Snapshotter, snapshots_for
 
 if TYPE_CHECKING:
-    from corral.providers._snapshots import Snapshotter
     from corral.sandbox._definition import Sandbox
 
 __all__ = [
@@ -148,8 +148,6 @@ async def _store_for(store: InstanceStore | None) -> AsyncIterator[InstanceStore
 
 
 def _snapshotter(sandbox: Sandbox, provider: Provider) -> Snapshotter | None:
-    from corral.providers._snapshots import snapshots_for
-
     return snapshots_for(provider, redactor=sandbox.secrets.redactor())
 
 
@@ -176,6 +174,8 @@ def _record(
         "reuse": sandbox.lifecycle.reuse,
         "state": state,
         **(extra or {}),
+        # name, configuration and package: any process rebuilds the provider from these
+        "provider": sandbox.provider_record(),
     }
     return InstanceRecord(
         key=key,

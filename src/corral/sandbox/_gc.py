@@ -16,7 +16,10 @@ from typing import Literal
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, RunStore
 from corral.sandbox._contracts import Provider
+from corral.sandbox._ensure import destroy_record
 from corral.sandbox._redact import get_logger
+from corral.sandbox._registry import build_provider, config_key, recorded_config
+from corral.sandbox._snapshots import snapshots_for
 
 __all__ = ["GcEntry", "GcReport", "collect_idle"]
 
@@ -48,13 +51,15 @@ async def collect_idle(
     dry_run: bool = False,
     limit: int = 100,
 ) -> GcReport:
-    """Destroy idle sandboxes past their ``keep_alive``; never raises for one sandbox."""
-    from corral.providers import get_provider
-    from corral.providers._snapshots import snapshots_for
-    from corral.sandbox._ensure import destroy_record
+    """Destroy idle sandboxes past their ``keep_alive``; never raises for one sandbox.
 
+    Each sandbox's provider is rebuilt from the registry with the configuration its
+    instance record names (``providers`` maps a provider name to an object to use instead,
+    for sandboxes recorded without a configuration); one whose provider is not installed
+    here is reported ``unknown-provider`` with the package to install."""
     now = time.time() if now is None else now
-    built: dict[str, Provider] = dict(providers or {})
+    given: Mapping[str, Provider] = providers or {}
+    built: dict[tuple[str, str], Provider] = {}
     entries: list[GcEntry] = []
     for record in (await store.list_expired_instances(now))[:limit]:
 
@@ -64,13 +69,17 @@ async def collect_idle(
         if await _run_active(store, record):
             entries.append(entry("active", f"run {record.latest_run_id} is still running"))
             continue
-        if record.provider not in built:
+        config, package = recorded_config(record.meta)
+        which = (record.provider, config_key(config))
+        if not config and record.provider in given:
+            built[which] = given[record.provider]
+        if which not in built:
             try:
-                built[record.provider] = get_provider(record.provider)
+                built[which] = build_provider(record.provider, config, package=package)
             except CorralError as exc:
                 entries.append(entry("unknown-provider", str(exc)))
                 continue
-        provider = built[record.provider]
+        provider = built[which]
         if dry_run:
             entries.append(entry("would-destroy"))
             continue

@@ -1,7 +1,7 @@
 """The instance key: which live sandbox a run gets (DESIGN §2).
 
-SHA-256 over canonical JSON of the definition id, the provider's name and configuration
-fingerprint, the workspace hash (no secret values), whether the sandbox has direct network (an
+SHA-256 over canonical JSON of the definition id, the provider's name, its configuration
+(the keys given, when any) and fingerprint, the workspace hash (no secret values), whether the sandbox has direct network (an
 egress allowlist is served per run from outside, so it does not change the sandbox), the
 tenant, and the thread (or thread + run unless ``reuse="thread"``). It is never the
 thread alone: a changed provider, image, workspace or tenant must get another sandbox.
@@ -10,7 +10,9 @@ thread alone: a changed provider, image, workspace or tenant must get another sa
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from corral._errors import ConfigError
 from corral.sandbox._lifecycle import Reuse
@@ -51,10 +53,16 @@ class KeyInput:
     thread_id: str
     run_id: str | None
     """Only set when runs do not share sandboxes (``reuse`` run or none)."""
+    provider_config: Mapping[str, Any] = field(default_factory=dict)
+    """The provider configuration as given (JSON data); empty for the defaults."""
 
     def canonical(self) -> str:
+        # The configuration only when one was given: keys of sandboxes made with the
+        # defaults stay what they were before configurations were keyed.
+        config = {"provider_config": dict(self.provider_config)} if self.provider_config else {}
         return canonical_json(
             {
+                **config,
                 "v": KEY_VERSION,
                 "definition": self.definition_id,
                 "provider": self.provider_name,
@@ -77,6 +85,7 @@ def instance_key(
     egress: bool,
     ctx: RunContext,
     reuse: Reuse,
+    provider_config: Mapping[str, Any] | None = None,
 ) -> str:
     """The 64-hex-digit instance key for ``ctx`` under these settings."""
     run_id = None if reuse == "thread" else ctx.run_id
@@ -89,5 +98,6 @@ def instance_key(
         tenant=ctx.tenant,
         thread_id=ctx.thread_id,
         run_id=run_id,
+        provider_config=dict(provider_config or {}),
     )
     return hashlib.sha256(data.canonical().encode("utf-8")).hexdigest()

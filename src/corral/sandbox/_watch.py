@@ -37,7 +37,7 @@ from typing import Literal
 import anyio
 
 from corral._errors import ConfigError
-from corral.sandbox._contracts import Handle, UnsupportedCapability
+from corral.sandbox._contracts import Handle, HostPaths, UnsupportedCapability
 from corral.sandbox._hooks import FileEvent, FileEventKind, Hooks
 from corral.sandbox._redact import get_logger
 
@@ -422,13 +422,12 @@ async def watch_workspace(
     if not hooks.wants_files:
         yield None
         return
-    host_path = getattr(handle, "host_path", None)
-    if host_path is None:
+    if not isinstance(handle, HostPaths):
         raise UnsupportedCapability(
             handle.ref.provider, "file events", "file hooks need a host-directory provider"
         )
     baseline = await GitBaseline.capture(handle)
-    watcher = WorkspaceWatcher(host_path(handle.workdir), ignore)
+    watcher = WorkspaceWatcher(handle.host_path(handle.workdir), ignore)
 
     async def pump() -> None:
         async for kind, path in watcher.events():

@@ -1,0 +1,56 @@
+"""The protocols behind corral's seams, for code that implements or checks them.
+
+* :class:`Provider` and :class:`Handle` (with :class:`ProcessApi`, :class:`Process` and
+  :class:`FileSystem`): what a sandbox provider offers (DESIGN §2). Register one with
+  :func:`corral.providers.register_provider` or the ``corral.providers`` entry point.
+* Optional capabilities, each a ``runtime_checkable`` protocol that corral tests with
+  ``isinstance`` (never by probing attributes): :class:`HostPaths` (a handle whose files
+  are a host directory), :class:`Described` (a handle that tells what it was created
+  with), :class:`DefaultLimits` (a provider's default resource limits),
+  :class:`ProvidesSnapshots` (a provider that hands out a :class:`Snapshotter`). The
+  boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
+  other half: behaviour that no method signature shows.
+* The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
+  :class:`InstanceStore`, :class:`LockStore`, and :class:`Store`, all of them at once.
+"""
+
+from __future__ import annotations
+
+from corral.sandbox._contracts import (
+    DefaultLimits,
+    Described,
+    FileSystem,
+    Handle,
+    HostPaths,
+    Process,
+    ProcessApi,
+    Provider,
+)
+from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
+from corral.stores._protocols import (
+    ClaimStore,
+    EventLog,
+    InstanceStore,
+    LockStore,
+    RunStore,
+    Store,
+)
+
+__all__ = [
+    "ClaimStore",
+    "DefaultLimits",
+    "Described",
+    "EventLog",
+    "FileSystem",
+    "Handle",
+    "HostPaths",
+    "InstanceStore",
+    "LockStore",
+    "Process",
+    "ProcessApi",
+    "Provider",
+    "ProvidesSnapshots",
+    "RunStore",
+    "Snapshotter",
+    "Store",
+]

@@ -1,0 +1,1 @@
+"""Test-only provider packages, installed into subprocesses by a directory on PYTHONPATH."""
