@@ -25,17 +25,15 @@ PINNED = [
     "RunRecord", "RunRequest", "RunStartError", "RunStatus", "Runner", "Sandbox",
     "SandboxReclaimFailedError", "SandboxRef", "SandboxSpec", "SecretRef", "Secrets", "Step",
     "StoreError", "Toolset", "UnknownRun", "UnsupportedCapability", "Workspace", "__version__",
-    "dump_config", "load_config", "open_store", "parallel", "reap_detached_runs",
+    "ProviderConfig", "dump_config", "load_config", "open_store", "parallel", "reap_detached_runs",
     "reclaim_sandbox", "register_provider", "sandbox_reclaimer", "tool",
 ]  # fmt: skip
 
 NAMESPACES = [
     "corral", "corral.agents", "corral.harness", "corral.journal", "corral.net",
-    "corral.sandbox", "corral.server", "corral.tools",
+    "corral.providers", "corral.sandbox", "corral.server", "corral.tools",
 ]  # fmt: skip
 
-# Lands with the provider registry (another branch of issue #18); drop once merged.
-NOT_YET = {"register_provider"} - set(dir(importlib.import_module("corral.providers")))
 
 
 def _public(module: str) -> bool:
@@ -49,8 +47,6 @@ def test_corral_exports_exactly_the_pinned_names() -> None:
 
 @pytest.mark.parametrize("name", [n for n in PINNED if n != "__version__"])
 def test_each_name_resolves_and_says_corral(name: str) -> None:
-    if name in NOT_YET:
-        pytest.xfail(f"{name} comes with the provider registry branch")
     value = getattr(corral, name)
     if isinstance(value, (type, types.FunctionType)):
         assert value.__module__ == "corral", value
@@ -59,7 +55,7 @@ def test_each_name_resolves_and_says_corral(name: str) -> None:
 @pytest.mark.parametrize("package", NAMESPACES)
 def test_every_namespace_resolves_to_public_modules(package: str) -> None:
     module = importlib.import_module(package)
-    names = [n for n in module.__all__ if n not in NOT_YET and n != "__version__"]
+    names = [n for n in module.__all__ if n != "__version__"]
     assert names == sorted(set(names), key=names.index), "duplicates in __all__"
     for name in names:
         value = getattr(module, name)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         reclaim_sandbox,
         sandbox_reclaimer,
     )
+    from corral.providers import ProviderConfig, register_provider
     from corral.runs._runner import RunRequest, Runner, RunStartError
     from corral.sandbox._config_file import dump_config, load_config
     from corral.sandbox._contracts import (
@@ -96,6 +97,7 @@ _EXPORTS: dict[str, str] = {
     "RunRecord": "corral.stores._records",
     "RunStatus": "corral.stores._records",
     "register_provider": "corral.providers",
+    "ProviderConfig": "corral.providers",
     "Toolset": "corral.tools",
     "tool": "corral.tools",
     "RunRequest": "corral.runs._runner",
@@ -165,6 +167,7 @@ __all__ = [
     "reap_detached_runs",
     "reclaim_sandbox",
     "register_provider",
+    "ProviderConfig",
     "sandbox_reclaimer",
     "tool",
 ]

@@ -7,16 +7,26 @@ this process, and a package adds one for every process through the entry-point g
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from corral._lazy import lazy_exports
 from corral.sandbox._contracts import Provider
-from corral.sandbox._registry import (
-    ProviderConfig,
-    build_provider,
-    provider_names,
-    register_provider,
-    unregister_provider,
-)
+from corral.sandbox._registry import build_provider
+
+if TYPE_CHECKING:
+    from corral.sandbox._registry import (
+        ProviderConfig,
+        provider_names,
+        register_provider,
+        unregister_provider,
+    )
+
+# Names resolve on first use (corral._lazy), named for this namespace.
+_EXPORTS: dict[str, str] = {
+    name: "corral.sandbox._registry"
+    for name in ("ProviderConfig", "provider_names", "register_provider", "unregister_provider")
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
     "PROVIDER_NAMES",
