@@ -13,7 +13,7 @@ from typing import BinaryIO
 import anyio
 
 from corral._errors import ConfigError
-from corral.providers import PROVIDER_NAMES, get_provider
+from corral.providers import get_provider
 from corral.providers._process import SandboxProcess
 from corral.sandbox._contracts import (
     TIMEOUT_EXIT_CODE,
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "command's (128+N when it died of signal N)."
         ),
     )
-    p.add_argument("--provider", choices=PROVIDER_NAMES, default=None,
+    p.add_argument("--provider", metavar="NAME", default=None,
                    help=f"sandbox provider (default: {DEFAULT_PROVIDER}; $CORRAL_PROVIDER)")
     p.add_argument("--sandbox", metavar="ID", help="run in this existing sandbox")
     p.add_argument("--keep", action="store_true", help="keep a fresh sandbox; print its id on stderr")

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 
 from corral._errors import ConfigError, CorralError
-from corral.providers import PROVIDER_NAMES, get_provider
+from corral.providers import get_provider, provider_names
 from corral.providers._state import validate_id
 from corral.sandbox._contracts import Described, Provider
 
@@ -19,12 +19,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sandboxes", help="list or remove sandboxes")
     cmds = p.add_subparsers(dest="sandboxes_command", metavar="ACTION", required=True)
     ls = cmds.add_parser("ls", help="list sandboxes")
-    ls.add_argument("--provider", choices=PROVIDER_NAMES, help="only this provider")
+    ls.add_argument("--provider", metavar="NAME", help="only this provider")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     ls.set_defaults(func=run_ls)
     rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their files)")
     rm.add_argument("ids", nargs="+", metavar="ID")
-    rm.add_argument("--provider", choices=PROVIDER_NAMES, help="only look in this provider")
+    rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
     rm.set_defaults(func=run_rm)
     prune = cmds.add_parser(
         "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
@@ -45,7 +45,8 @@ def run_prune(args: argparse.Namespace) -> int:
 
 def _providers(only: str | None) -> list[Provider]:
     out: list[Provider] = []
-    for name in [only] if only else list(PROVIDER_NAMES):
+    # every registered provider (a plugin's too) that builds with its default config
+    for name in [only] if only else provider_names():
         try:
             out.append(get_provider(name))
         except CorralError:
