@@ -64,6 +64,7 @@ from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
 from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxSpec
 from corral.sandbox._redact import Redactor
+from corral.tools._projection import host_tools_projection, run_tools_token
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
     from corral.tools._projection import HostToolsProjection
@@ -405,7 +406,6 @@ async def prepare_agent(
         options["egress"] = True
     projection: HostToolsProjection | None = None
     if host_tools:
-        from corral.tools._projection import host_tools_projection, run_tools_token
 
         projection = host_tools_projection(net_host, sock_dir_inside, run_id,
                                            token=run_tools_token(run_id))

@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral._errors import CorralError
 from corral.journal._layout import JournalPaths
@@ -32,9 +32,8 @@ from corral.journal._supervisor import (
     report_ready,
     set_non_dumpable,
 )
-
-if TYPE_CHECKING:
-    from corral.net._model_proxy import Usage
+from corral.net._model_proxy import ModelProxy, Upstream, Usage
+from corral.net._egress import EgressProxy
 
 __all__ = [
     "PendingServices",
@@ -59,7 +58,6 @@ class ServicesProcess:
 
     def usage(self) -> Usage | None:
         """The usage the daemon last wrote (``None`` before the first request)."""
-        from corral.net._model_proxy import Usage
 
         return Usage.load(self.usage_path)
 
@@ -128,8 +126,6 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
 async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     import anyio
 
-    from corral.net._egress import EgressProxy
-    from corral.net._model_proxy import ModelProxy, Upstream, Usage
 
     up = job["upstream"]
     paths = up.get("allowed_paths")

@@ -59,6 +59,7 @@ from corral._insandbox import entry as sandbox_entry
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
+from corral.sandbox._policy import Policy
 
 __all__ = [
     "SESSION_EVENT",
@@ -310,7 +311,6 @@ class CliHarness:
             raise ConfigError(f"{cls.name}: 'version' must be a string")
         policy = spec.get("policy")
         if isinstance(policy, Mapping):
-            from corral.sandbox._policy import Policy
 
             try:
                 policy = Policy(**dict(policy))

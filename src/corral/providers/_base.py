@@ -16,6 +16,7 @@ from corral.sandbox._contracts import (
     SandboxRef,
     UnsupportedCapability,
 )
+from corral.sandbox._contracts import SandboxGoneError
 
 __all__ = ["WORKDIR", "HostDirHandle"]
 
@@ -114,7 +115,6 @@ class HostDirHandle:
         raise NotImplementedError
 
     def _check_alive(self) -> None:
-        from corral.sandbox._contracts import SandboxGoneError
 
         if not (self._dir / "state.json").exists():
             raise SandboxGoneError(

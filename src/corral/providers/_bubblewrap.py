@@ -63,7 +63,7 @@ import anyio
 import anyio.to_thread
 from pydantic import field_validator
 
-from corral._errors import ConfigError, PrerequisiteMissing
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home, net_root
 from corral.providers import _btrfs as btrfs
 from corral.providers import _cgroups as cgroups
@@ -876,7 +876,6 @@ def _mount_pool_of(state: SandboxState) -> None:
 def _kill_sandbox(state: SandboxState) -> None:
     if state.cgroups:
         if not cgroups.destroy(state.cgroups):
-            from corral._errors import CorralError
 
             raise CorralError(
                 f"could not stop every process of sandbox {state.id!r}; run "

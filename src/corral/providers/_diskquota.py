@@ -37,6 +37,7 @@ from pathlib import Path
 from corral._errors import ConfigError
 from corral.providers import _btrfs as btrfs
 from corral.providers._state import remove_tree
+from corral.sandbox._validate import size
 
 __all__ = [
     "FIX",
@@ -133,7 +134,6 @@ def _kernel_has_btrfs() -> bool:
 def _pool_size(files_root: Path) -> int:
     raw = os.environ.get("CORRAL_BWRAP_POOL_SIZE", "").strip()
     if raw:
-        from corral.sandbox._validate import size
 
         return size(raw, "CORRAL_BWRAP_POOL_SIZE")
     st = os.statvfs(files_root)

@@ -20,6 +20,7 @@ from typing import IO
 import anyio
 
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, Command, ExecResult, Process
+from corral._errors import ConfigError
 
 __all__ = ["Outcome", "SandboxProcess", "collect", "merge_env", "popen", "to_argv"]
 
@@ -30,7 +31,6 @@ def to_argv(command: Command) -> list[str]:
         return ["/bin/sh", "-c", command]
     argv = [str(a) for a in command]
     if not argv:
-        from corral._errors import ConfigError
 
         raise ConfigError("empty command: give a shell string or a non-empty argv list")
     return argv

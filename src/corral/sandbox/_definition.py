@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from corral._errors import ConfigError
 from corral.sandbox import _validate as v
@@ -29,9 +29,7 @@ from corral.sandbox._registry import (
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._sources import source_from_dict
 from corral.sandbox._workspace import Workspace
-
-if TYPE_CHECKING:
-    from corral.sandbox._ensure import Ensured, InstanceStoreLike, SpecHook
+from corral.sandbox._ensure import Ensured, InstanceStoreLike, SpecHook, destroy, ensure
 
 __all__ = ["Sandbox"]
 
@@ -158,13 +156,11 @@ class Sandbox:
         """Resume, restore or create (and bootstrap) the sandbox for ``ctx``.
         ``spec_hook`` adjusts the spec of a sandbox made here (see
         :func:`corral.sandbox._ensure.ensure`)."""
-        from corral.sandbox._ensure import ensure
 
         return await ensure(self, ctx, store=store, spec_hook=spec_hook)
 
     async def destroy(self, ctx: RunContext, *, store: InstanceStoreLike | None = None) -> bool:
         """Destroy the sandbox for ``ctx`` and forget it. True when there was one."""
-        from corral.sandbox._ensure import destroy
 
         return await destroy(self, ctx, store=store)
 

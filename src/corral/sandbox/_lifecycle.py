@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from corral.sandbox import _validate as v
+from corral._errors import ConfigError
 
 __all__ = ["DEFAULT_KEEP_ALIVE", "Lifecycle", "Reuse", "SnapshotMode"]
 
@@ -47,7 +48,6 @@ class Lifecycle:
         if self.destroy_on_complete is None:
             object.__setattr__(self, "destroy_on_complete", self.reuse == "none")
         elif not isinstance(self.destroy_on_complete, bool):
-            from corral._errors import ConfigError
 
             raise ConfigError("lifecycle.destroy_on_complete: expected true or false")
 

@@ -42,6 +42,7 @@ from corral.server._models import (
 )
 from corral.server._service import RunService, TooManyRuns
 from corral.server._sse import EventStream, encode_event
+from corral.tools._approvals import ApprovalError, answer_approval, list_pending
 
 log = logging.getLogger("corral.server._app")
 
@@ -272,7 +273,6 @@ def create_app(service: RunService) -> Any:
     @app.get("/v1/runs/{run_id}/approvals", response_model=ApprovalList,
              responses=_responses(401, 404), summary="A run's pending approval requests")
     async def pending_approvals(run_id: str) -> ApprovalList:
-        from corral.tools._approvals import list_pending
 
         if await service.store.get(run_id) is None:
             raise UnknownRun(run_id)
@@ -287,7 +287,6 @@ def create_app(service: RunService) -> Any:
               responses=_responses(400, 401, 403, 404, 409, 413, 422),
               summary="Answer a host tool's approval request (allow or deny)")
     async def answer(run_id: str, approval_id: str, body: ApprovalAnswer) -> ApprovalResult:
-        from corral.tools._approvals import ApprovalError, answer_approval
 
         if await service.store.get(run_id) is None:
             raise UnknownRun(run_id)

@@ -38,6 +38,7 @@ from corral.stores._protocols import LoggedEvent, Store
 from corral.server._config import ServerConfig
 from corral.server._feed import FeedHub
 from corral.stores import open_store
+from corral.server._reaper import reaper_loop
 
 log = logging.getLogger("corral.server")
 
@@ -114,7 +115,6 @@ class RunService:
                 self._hub = FeedHub(store, tg, self._encode)
                 tg.start_soon(self._presence_loop)
                 if self.config.reaper:
-                    from corral.server._reaper import reaper_loop
 
                     tg.start_soon(reaper_loop, self)
                 try:

@@ -24,6 +24,7 @@ from corral.stores._protocols import (
     StoreError,
     UnknownRun,
 )
+from corral.stores._records import CorruptRecord
 
 
 def check_ttl(ttl: float) -> float:
@@ -218,7 +219,6 @@ def record_to_json(record: RunRecord) -> str:
 
 def record_from_json(text: str) -> RunRecord:
     """Parse and validate a stored run record (raises ``CorruptRecord``)."""
-    from corral.stores._records import CorruptRecord
 
     try:
         data = json.loads(text)

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from corral._errors import CorralError
 from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._records import CorruptRecord
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -220,7 +221,6 @@ class InstanceRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceRecord:
         """Validate a stored instance record; raises :class:`StoreError` naming the field."""
-        from corral.stores._records import CorruptRecord
 
         def s(name: str, required: bool) -> str | None:
             v = data.get(name)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.tools._mcp_server import MCP_PATH, SERVER_NAME
+from corral.tools._approvals import ApprovalSigner
 
 __all__ = ["TOKEN_ENV", "HostToolsProjection", "host_tools_projection", "run_tools_token"]
 
@@ -55,7 +56,6 @@ def run_tools_token(run_id: str, *, root: Path | None = None) -> str:
     approvals secret (``$CORRAL_HOME/approvals/secret``): a driver that takes the run over
     on this host serves with the token the agent already has, and the token is stored
     nowhere (not in the run's record, argv or workspace)."""
-    from corral.tools._approvals import ApprovalSigner
 
     return ApprovalSigner.from_home(root).derive("corral-tools-token", run_id)
 
