@@ -1,8 +1,8 @@
-"""The shipped reaper conformance suite, run against the memory and SQLite backends."""
+"""The shipped reaper kit, run against the memory and SQLite backends."""
 
-from corral.testing._reaper import (  # noqa: F401
-    TestReapOutcomes,
-    TestReapSweep,
-    TestReclaim,
-    reaper_world,
-)
+from __future__ import annotations
+
+from corral.testing import REAPER_KIT, pytest_checks
+from tests.helpers import STORE_FACTORIES
+
+pytest_checks(REAPER_KIT, STORE_FACTORIES, globals())

@@ -96,10 +96,6 @@ async def check_hold_claim_body_error_propagates_and_releases(store: Store) -> N
     rec = await store.get("r")
     assert rec is not None and rec.claim_owner is None
 
-
-
-
-
 class _Counting:
     """Delegates to a store and counts ``close`` calls."""
 
@@ -113,7 +109,6 @@ class _Counting:
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         self.closes += 1
         return await self.inner.close(run_id, epoch=epoch)
-
 
 class _FlakyTerminal:
     """Delegates to a store; its terminal status writes fail ``failures`` times first (as a
@@ -141,15 +136,12 @@ class _FlakyTerminal:
         self.calls.append("close")
         return await self.inner.close(run_id, epoch=epoch)
 
-
 async def _events(items: list[Any]) -> AsyncIterator[Any]:
     for item in items:
         yield item
 
-
 def _types(snapshot: list[Any]) -> list[str]:
     return [e.event["type"] for e in snapshot]
-
 
 # ------------------------------------------------------------------ TestPipeToRunLog
 # The status table: exactly one terminal status and one close on every path.
@@ -294,8 +286,7 @@ async def check_nonzero_exit_fails_and_records_exit_code(store: Store) -> None:
     assert result.record.error is not None and result.record.error.code == "exit_code"
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
 
-async def check_terminal_write_refused_once_is_retried_then_closed(store: Store
-) -> None:
+async def check_terminal_write_refused_once_is_retried_then_closed(store: Store) -> None:
     """A transient store error on the terminal write: retried, stored, and only then
     the log closed."""
     epoch = await claimed_run(store)
@@ -465,7 +456,6 @@ PIPE_KIT: Kit[Store] = Kit(
     subject=lambda factory: opened(factory),
 )
 """Every pipe and hold_claim check; the subject is the store the factory makes."""
-
 
 async def check_pipe(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the pipe kit over stores made by ``make_store`` (one fresh store per check);

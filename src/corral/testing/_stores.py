@@ -97,12 +97,10 @@ __all__ = [
 T0 = 1_700_000_000.0
 DEADLINE = 10.0
 
-
 async def new_run(store: Store, run_id: str = "run-1", thread_id: str = "thread-1",
                   started_at: float = T0, **extra: Any) -> RunRecord:
     """Create a run (at ``T0``)."""
     return await store.create(NewRun(run_id, thread_id, started_at=started_at, **extra), now=T0)
-
 
 async def claimed_run(store: Store, run_id: str = "run-1", owner: str = "host-a") -> int:
     """Create a run and claim it; returns the epoch."""
@@ -110,11 +108,9 @@ async def claimed_run(store: Store, run_id: str = "run-1", owner: str = "host-a"
     claim = await store.acquire_claim(run_id, owner, 30.0)
     return claim.epoch
 
-
 def event(i: int, **more: Any) -> dict[str, Any]:
     """A text event whose delta is ``d<i>``."""
     return {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}", **more}
-
 
 # ------------------------------------------------------------------ TestRunStoreContract
 # Run records: create, resume, patch semantics, queries.
@@ -297,8 +293,7 @@ async def check_list_reclaimable_lapsed_lease_counts_from_its_end(store: Store) 
     found = await store.list_reclaimable(now=T0 + 100, ttl=0)
     assert [r.run_id for r in found] == ["lapsed", "live"]
 
-async def check_list_reclaimable_released_claim_counts_from_the_release(store: Store
-) -> None:
+async def check_list_reclaimable_released_claim_counts_from_the_release(store: Store) -> None:
     """A driver that released its claim and died before the next one took it (between
     ``start`` and ``drive``, or before stamping a detach) leaves a reapable run."""
     await new_run(store, "r")
@@ -315,8 +310,7 @@ async def check_list_reclaimable_released_claim_counts_from_the_release(store: S
     await store.acquire_claim("r", "successor", 30, now=released + 1)
     assert await store.list_reclaimable(now=released + 2, ttl=0) == []
 
-async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store: Store
-) -> None:
+async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store: Store) -> None:
     """``detached_since`` decides when set (a server may drive a detached run under a
     live lease); runs of both kinds are listed oldest first together."""
     await new_run(store, "detached-held")
@@ -353,7 +347,6 @@ async def check_records_are_not_shared_with_callers(store: Store) -> None:
     got = await store.get("r")
     assert got is not None and got.usage == {"input_tokens": 1}
 
-
 # ------------------------------------------------------------------ TestListRuns
 # ``list_runs``: newest first, filtered by status, limited.
 
@@ -367,7 +360,6 @@ async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
     assert [r.run_id for r in done] == ["r3"]
     with raises(StoreError):
         await store.list_runs(limit=0)
-
 
 # ------------------------------------------------------------------ TestClaims
 # Leases, epochs and refusals.
@@ -641,7 +633,6 @@ async def check_logs_are_per_run(store: Store) -> None:
     assert [e.offset for e in await store.snapshot("b")] == [1, 2]
     assert (await store.tail("b")).closed is False
 
-
 # ------------------------------------------------------------------ TestInstanceStore
 # Sandbox instance records.
 
@@ -666,7 +657,6 @@ async def check_list_expired_inclusive(store: Store) -> None:
     await store.upsert_instance(InstanceRecord("c", "p", "3", "t", T0))
     assert [r.key for r in await store.list_expired_instances(T0 + 10)] == ["a"]
     assert sorted(r.key for r in await store.list_expired_instances(T0 + 99)) == ["a", "b"]
-
 
 # ------------------------------------------------------------------ TestNamedLock
 # Lease locks for once-across-hosts work.
