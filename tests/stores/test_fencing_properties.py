@@ -143,7 +143,6 @@ TestSQLiteFencing.settings = settings(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_concurrent_writers_on_separate_connections(tmp_path: Any) -> None:
     """Real concurrency: three connections race claims and appends on one SQLite file."""
     url = f"sqlite://{tmp_path / 'race.db'}"
