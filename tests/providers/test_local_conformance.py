@@ -1,16 +1,8 @@
-"""The provider conformance suite against the local provider."""
+"""The provider kit against the local provider."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from corral.providers._local import LocalProvider
-from corral.testing._providers import ProviderConformance
+from corral.testing import PROVIDER_KIT, pytest_checks
 
-
-class TestLocalProvider(ProviderConformance):
-    @pytest.fixture
-    def provider(self, corral_home: Path) -> LocalProvider:
-        return LocalProvider()
+pytest_checks(PROVIDER_KIT, LocalProvider, globals(), usefixtures=["corral_home"])

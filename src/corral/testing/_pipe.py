@@ -53,6 +53,7 @@ __all__ = [
     "check_zero_exit_completes",
 ]
 
+
 async def check_hold_claim_renews_and_releases(store: Store) -> None:
     await new_run(store, "r")
     with anyio.fail_after(DEADLINE):
@@ -65,6 +66,7 @@ async def check_hold_claim_renews_and_releases(store: Store) -> None:
             assert rec is not None and rec.claim_expires_at == held.claim.expires_at
     rec = await store.get("r")
     assert rec is not None and rec.claim_owner is None and rec.driver_epoch == 1
+
 
 async def check_hold_claim_cancels_body_on_loss(store: Store) -> None:
     await new_run(store, "r")
@@ -81,12 +83,14 @@ async def check_hold_claim_cancels_body_on_loss(store: Store) -> None:
     rec = await store.get("r")
     assert rec is not None and rec.claim_owner == "b"  # the loser released nothing
 
+
 async def check_hold_claim_refused_runs_no_body(store: Store) -> None:
     ran = False
     with raises(ClaimRefused):
         async with hold_claim(store, "ghost", "a", ttl=5):
             ran = True
     assert not ran
+
 
 async def check_hold_claim_body_error_propagates_and_releases(store: Store) -> None:
     await new_run(store, "r")
@@ -95,6 +99,7 @@ async def check_hold_claim_body_error_propagates_and_releases(store: Store) -> N
             raise KeyError("body failed")
     rec = await store.get("r")
     assert rec is not None and rec.claim_owner is None
+
 
 class _Counting:
     """Delegates to a store and counts ``close`` calls."""
@@ -109,6 +114,7 @@ class _Counting:
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         self.closes += 1
         return await self.inner.close(run_id, epoch=epoch)
+
 
 class _FlakyTerminal:
     """Delegates to a store; its terminal status writes fail ``failures`` times first (as a
@@ -136,12 +142,15 @@ class _FlakyTerminal:
         self.calls.append("close")
         return await self.inner.close(run_id, epoch=epoch)
 
+
 async def _events(items: list[Any]) -> AsyncIterator[Any]:
     for item in items:
         yield item
 
+
 def _types(snapshot: list[Any]) -> list[str]:
     return [e.event["type"] for e in snapshot]
+
 
 # ------------------------------------------------------------------ TestPipeToRunLog
 # The status table: exactly one terminal status and one close on every path.
@@ -157,6 +166,7 @@ async def _pipe(store: Store, events: Any, **kw: Any) -> tuple[PipeResult, _Coun
     assert (await store.tail("run-1")).closed is not result.claim_lost
     return result, counting
 
+
 async def check_completed(store: Store) -> None:
     items = [({"type": "RUN_STARTED"}, 5), (event(1), 9), ({"type": "RUN_FINISHED"}, 12)]
     result, _ = await _pipe(store, _events(items))
@@ -166,6 +176,7 @@ async def check_completed(store: Store) -> None:
     snap = await store.snapshot("run-1")
     assert _types(snap) == ["RUN_STARTED", "TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
     assert [e.journal_offset for e in snap] == [5, 9, 12]
+
 
 async def check_run_error_event_fails_and_stops_pulling(store: Store) -> None:
     closed = anyio.Event()
@@ -184,6 +195,7 @@ async def check_run_error_event_fails_and_stops_pulling(store: Store) -> None:
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
     assert closed.is_set()  # the producer was closed, not left for the GC
 
+
 async def check_producer_raises(store: Store) -> None:
     async def producer() -> AsyncIterator[Any]:
         yield (event(1), 7)
@@ -196,6 +208,7 @@ async def check_producer_raises(store: Store) -> None:
     snap = await store.snapshot("run-1")
     assert _types(snap) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
     assert snap[-1].journal_offset == 7
+
 
 async def check_abort_before_start(store: Store) -> None:
     abort = anyio.Event()
@@ -212,6 +225,7 @@ async def check_abort_before_start(store: Store) -> None:
     assert result.record is not None and result.record.status is RunStatus.ABORTED
     assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
+
 async def check_abort_then_producer_ends_stream_is_aborted(store: Store) -> None:
     abort = anyio.Event()
 
@@ -223,6 +237,7 @@ async def check_abort_then_producer_ends_stream_is_aborted(store: Store) -> None
     result, _ = await _pipe(store, producer(), abort=abort)
     assert result.status is RunStatus.ABORTED
     assert result.record is not None and result.record.status is RunStatus.ABORTED
+
 
 async def check_abort_between_events_then_finishes_on_its_own(store: Store) -> None:
     abort = anyio.Event()
@@ -237,6 +252,7 @@ async def check_abort_between_events_then_finishes_on_its_own(store: Store) -> N
     assert result.status is RunStatus.ABORTED
     assert _types(await store.snapshot("run-1"))[:2] == ["TEXT_MESSAGE_CONTENT"] * 2
 
+
 async def check_abort_then_producer_yields_again_drops_the_event(store: Store) -> None:
     abort = anyio.Event()
 
@@ -249,6 +265,7 @@ async def check_abort_then_producer_yields_again_drops_the_event(store: Store) -
     assert result.status is RunStatus.ABORTED
     deltas = [e.event.get("delta") for e in await store.snapshot("run-1")]
     assert "d2" not in deltas and deltas[0] == "d1"
+
 
 async def check_abort_while_producer_waits(store: Store) -> None:
     abort = anyio.Event()
@@ -267,6 +284,7 @@ async def check_abort_while_producer_waits(store: Store) -> None:
         result, _ = await _pipe(store, producer(), abort=abort)
     assert result.status is RunStatus.ABORTED
 
+
 async def check_aborted_producer_that_raises_is_failed(store: Store) -> None:
     abort = anyio.Event()
 
@@ -278,6 +296,7 @@ async def check_aborted_producer_that_raises_is_failed(store: Store) -> None:
     result, _ = await _pipe(store, producer(), abort=abort)
     assert result.status is RunStatus.FAILED
 
+
 async def check_nonzero_exit_fails_and_records_exit_code(store: Store) -> None:
     items = [(event(1), 1), ProducerExit(exit_code=3), (event(2), 2)]
     result, _ = await _pipe(store, _events(items))
@@ -285,6 +304,7 @@ async def check_nonzero_exit_fails_and_records_exit_code(store: Store) -> None:
     assert result.record is not None and result.record.exit_code == 3
     assert result.record.error is not None and result.record.error.code == "exit_code"
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
+
 
 async def check_terminal_write_refused_once_is_retried_then_closed(store: Store) -> None:
     """A transient store error on the terminal write: retried, stored, and only then
@@ -297,6 +317,7 @@ async def check_terminal_write_refused_once_is_retried_then_closed(store: Store)
     assert result.status is RunStatus.COMPLETED and result.record_error is None
     assert result.record is not None and result.record.status is RunStatus.COMPLETED
     assert flaky.calls == ["refused", "stored", "close"]
+
 
 async def check_terminal_write_never_stored_leaves_the_log_open(store: Store) -> None:
     """A store that keeps refusing: no close (a closed log under a running record could
@@ -317,6 +338,7 @@ async def check_terminal_write_never_stored_leaves_the_log_open(store: Store) ->
     assert result.status is RunStatus.COMPLETED and result.appended == 0
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
 
+
 async def check_logged_end_records_the_error_without_appending(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [({"type": "RUN_ERROR", "message": "boom"}, 3)], epoch=epoch)
@@ -328,11 +350,13 @@ async def check_logged_end_records_the_error_without_appending(store: Store) -> 
     assert result.record.exit_code == 2
     assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
+
 async def check_zero_exit_completes(store: Store) -> None:
     items = [(event(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
     result, _ = await _pipe(store, _events(items))
     assert result.status is RunStatus.COMPLETED
     assert result.record is not None and result.record.exit_code == 0
+
 
 async def check_lost_claim_lands_nothing_and_writes_no_status(store: Store) -> None:
     await new_run(store, "run-1")
@@ -355,6 +379,7 @@ async def check_lost_claim_lands_nothing_and_writes_no_status(store: Store) -> N
     final = await pipe_to_run_log(store, "run-1", _events([(event(2), 2)]), epoch=2)
     assert final.status is RunStatus.COMPLETED and not final.claim_lost
 
+
 async def check_loser_cannot_overwrite_successors_terminal_status(store: Store) -> None:
     await new_run(store, "run-1")
     old = await store.acquire_claim("run-1", "a", 1, now=T0)
@@ -371,6 +396,7 @@ async def check_loser_cannot_overwrite_successors_terminal_status(store: Store) 
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.COMPLETED and rec.error is None
     assert await store.snapshot("run-1") == []
+
 
 async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) -> None:
     epoch = await claimed_run(store)
@@ -396,6 +422,7 @@ async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) 
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.ABORTED
     assert (await store.tail("run-1")).closed
+
 
 async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
     await new_run(store, "run-1")
@@ -456,6 +483,7 @@ PIPE_KIT: Kit[Store] = Kit(
     subject=lambda factory: opened(factory),
 )
 """Every pipe and hold_claim check; the subject is the store the factory makes."""
+
 
 async def check_pipe(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the pipe kit over stores made by ``make_store`` (one fresh store per check);

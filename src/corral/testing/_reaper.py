@@ -111,6 +111,7 @@ QUIET = 0.02
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
 LONG = "sleep 600"
 
+
 # ------------------------------------------------------------------ collaborators
 
 class DirSandboxes:
@@ -152,12 +153,14 @@ class DirSandboxes:
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(directory, ignore_errors=True))
         self.destroyed.append(sandbox_id)
 
+
 def _stop_all(private: Path) -> None:
     if not private.is_dir():
         return
     for status in private.glob("*.status.json"):
         token = status.name[: -len(".status.json")]
         kill_supervised(JournalPaths(private, token), grace=2.0, include_supervisor=True)
+
 
 # ------------------------------------------------------------------ the world
 
@@ -169,6 +172,7 @@ class Started:
     paths: JournalPaths
     sandbox_id: str | None
 
+
 @dataclass
 class Frozen:
     """Everything the reaper must not touch, captured at one instant."""
@@ -179,6 +183,7 @@ class Frozen:
     journal: bytes
     instance: InstanceRecord | None
     sandbox: bool
+
 
 @dataclass
 class ReaperWorld:
@@ -306,15 +311,18 @@ class ReaperWorld:
         for paths in self.launched:
             kill_supervised(paths, grace=1.0, include_supervisor=True)
 
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
         return b""
 
+
 def _exited(paths: JournalPaths) -> bool:
     st = read_status(paths.status)
     return st is not None and st.state == "exited"
+
 
 def agent_alive(paths: JournalPaths) -> bool:
     """Whether the agent process of a supervised run is still running."""
@@ -322,6 +330,7 @@ def agent_alive(paths: JournalPaths) -> bool:
     if st is None:
         return False
     return st.state == "running" and _is_ours(st.agent_pid, st.agent_start)
+
 
 @asynccontextmanager
 async def reaper_world(make_store: Factory) -> AsyncIterator[ReaperWorld]:
@@ -335,16 +344,19 @@ async def reaper_world(make_store: Factory) -> AsyncIterator[ReaperWorld]:
             finally:
                 await anyio.to_thread.run_sync(world.cleanup)
 
+
 def entry(result: ReapResult, run_id: str) -> ReapEntry:
     found = [e for e in result.runs if e.run_id == run_id]
     assert len(found) == 1, f"expected one entry for {run_id}, got {result.runs}"
     return found[0]
+
 
 def assert_counts(result: ReapResult, **expected: int) -> None:
     """Every outcome key is present; the named ones have these counts, the rest zero."""
     assert set(result.outcomes) == set(ReapOutcome)
     want = {o: expected.get(o.name.lower(), 0) for o in ReapOutcome}
     assert result.outcomes == want, result.runs
+
 
 async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen) -> None:
     after = await world.freeze(started)
@@ -354,7 +366,9 @@ async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen)
     assert after.instance == before.instance
     assert after.sandbox == before.sandbox
 
+
 # ------------------------------------------------------------------ the suites
+
 
 # ------------------------------------------------------------------ TestReapOutcomes
 # Each outcome, in a sweep that also holds a run that must be left alone.
@@ -384,6 +398,7 @@ async def check_finalized_agent_finished_while_nobody_watched(reaper_world: Reap
     assert await w.store.get_instance(f"key-{done.run_id}") is None
     await assert_untouched(w, busy, busy_before)
 
+
 async def check_driver_that_died_without_detaching_is_finalized_after_its_lease(
     reaper_world: ReaperWorld
 ) -> None:
@@ -401,6 +416,7 @@ async def check_driver_that_died_without_detaching_is_finalized_after_its_lease(
     assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
     await assert_untouched(w, busy, busy_before)
 
+
 async def check_a_live_lease_without_detach_is_never_touched(reaper_world: ReaperWorld) -> None:
     """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
     w = reaper_world
@@ -414,6 +430,7 @@ async def check_a_live_lease_without_detach_is_never_touched(reaper_world: Reape
     assert entry(result, busy.run_id).outcome is ReapOutcome.EXPIRED
     await assert_untouched(w, done, before)
 
+
 async def check_finalized_resumes_after_what_the_dead_host_logged(
     reaper_world: ReaperWorld
 ) -> None:
@@ -425,6 +442,7 @@ async def check_finalized_resumes_after_what_the_dead_host_logged(
     assert_counts(result, finalized=1, producing=1)
     assert await w.text(done.run_id) == "a\nb\nc\nd\n"  # no duplicate, no gap
     await assert_untouched(w, busy, busy_before)
+
 
 async def check_failed_agent_is_finalized_with_its_exit_code(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -439,6 +457,7 @@ async def check_failed_agent_is_finalized_with_its_exit_code(reaper_world: Reape
     assert record.error is not None and "oops" in record.error.message
     await assert_untouched(w, busy, busy_before)
 
+
 async def check_producing_agent_is_left_byte_for_byte_alone(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     busy = await w.start(f"echo still at it; {LONG}", wait_output="still at it",
@@ -452,6 +471,7 @@ async def check_producing_agent_is_left_byte_for_byte_alone(reaper_world: Reaper
     await assert_untouched(w, busy, before)
     assert (await w.freeze(busy)).journal == before.journal
     assert agent_alive(busy.paths)
+
 
 async def check_look_alike_sentinels_stay_producing(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -472,6 +492,7 @@ async def check_look_alike_sentinels_stay_producing(reaper_world: ReaperWorld) -
     assert entry(result, done.run_id).outcome is ReapOutcome.FINALIZED
     await assert_untouched(w, forger, before)
 
+
 async def check_unknown_touches_nothing_and_says_why(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     lost = await w.start(f"echo x; {LONG}", wait_output="x")
@@ -483,6 +504,7 @@ async def check_unknown_touches_nothing_and_says_why(reaper_world: ReaperWorld) 
     e = entry(result, lost.run_id)
     assert e.outcome is ReapOutcome.UNKNOWN and e.error and "journal.dir" in e.error
     await assert_untouched(w, lost, before)
+
 
 async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
     reaper_world: ReaperWorld
@@ -506,6 +528,7 @@ async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
     assert old.sandbox_id is not None and not w.sandboxes.exists(old.sandbox_id)
     await assert_untouched(w, young, young_before)
 
+
 async def check_expired_finished_agent_completes(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     w.ttl = 60.0
@@ -521,6 +544,7 @@ async def check_expired_finished_agent_completes(reaper_world: ReaperWorld) -> N
     assert await w.text(old.run_id) == "over\n"
     assert (await w.record(old.run_id)).cancel_requested is True
     await assert_untouched(w, young, young_before)
+
 
 async def check_viewer_back_between_listing_and_claim_is_not_claimed(
     reaper_world: ReaperWorld
@@ -563,6 +587,7 @@ async def check_viewer_back_between_listing_and_claim_is_not_claimed(
     assert old.sandbox_id is not None and w.sandboxes.exists(old.sandbox_id)
     await assert_untouched(w, young, young_before)
 
+
 async def check_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
     reaper_world: ReaperWorld
 ) -> None:
@@ -578,6 +603,7 @@ async def check_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
     assert "held" in (entry(result, held.run_id).error or "")
     await assert_untouched(w, held, before)
     await assert_untouched(w, young, young_before)
+
 
 async def check_budget_exceeded_on_finalization_is_an_anomaly(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -601,6 +627,7 @@ async def check_budget_exceeded_on_finalization_is_an_anomaly(reaper_world: Reap
     assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
     await assert_untouched(w, busy, busy_before)
 
+
 async def check_budget_is_armed_after_the_quiet_window(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     done = await w.start("echo patience", wait_exit=True)
@@ -612,6 +639,7 @@ async def check_budget_is_armed_after_the_quiet_window(reaper_world: ReaperWorld
     assert entry(result, done.run_id).status is RunStatus.COMPLETED
     assert await w.text(done.run_id) == "patience\n"
     await assert_untouched(w, busy, busy_before)
+
 
 async def check_destroy_failing_is_reclaim_failed_with_transcript_saved(
     reaper_world: ReaperWorld
@@ -630,6 +658,7 @@ async def check_destroy_failing_is_reclaim_failed_with_transcript_saved(
     assert w.sandboxes.exists(done.sandbox_id)  # still up: that is the point
     assert await w.store.get_instance(f"key-{done.run_id}") is None
     await assert_untouched(w, busy, busy_before)
+
 
 async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -651,6 +680,7 @@ async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWor
     await assert_untouched(w, first, first_before)
     await assert_untouched(w, busy, busy_before)
 
+
 # ------------------------------------------------------------------ TestReapSweep
 # The sweep as a whole: listing, batch cap, order, totality, concurrency.
 
@@ -665,6 +695,7 @@ async def check_batch_cap_takes_the_oldest_first(reaper_world: ReaperWorld) -> N
     assert left.status is RunStatus.RUNNING and left.driver_epoch == 1
     again = await w.sweep(max_runs=2)
     assert [e.run_id for e in again.runs] == [runs[0].run_id]
+
 
 async def check_nothing_to_do_and_listing_failure_give_full_zero_results(
     reaper_world: ReaperWorld
@@ -691,6 +722,7 @@ async def check_nothing_to_do_and_listing_failure_give_full_zero_results(
     d = broken.to_dict()
     assert set(d) == {"considered", "probed", "outcomes", "runs"}
     assert set(d["outcomes"]) == {o.value for o in ReapOutcome}
+
 
 async def check_two_reapers_at_once_drive_each_run_at_most_once(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -719,6 +751,7 @@ async def check_two_reapers_at_once_drive_each_run_at_most_once(reaper_world: Re
         assert await w.text(r.run_id) == f"run{done.index(r)}\n"
     await assert_untouched(w, busy, busy_before)
 
+
 async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
     reaper_world: ReaperWorld
 ) -> None:
@@ -731,6 +764,7 @@ async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
     assert (await w.record(done.run_id)).status is RunStatus.COMPLETED
     await assert_untouched(w, busy, busy_before)
 
+
 # ------------------------------------------------------------------ TestReclaim
 # ``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering.
 
@@ -741,6 +775,7 @@ async def _bound(w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord
         InstanceRecord("k1", provider or w.sandboxes.name, sandbox_id, "t", time.time()))
     return await w.record("r-bound"), sandbox_id
 
+
 async def check_destroyed(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     record, sandbox_id = await _bound(w)
@@ -748,6 +783,7 @@ async def check_destroyed(reaper_world: ReaperWorld) -> None:
     assert out is ReclaimOutcome.DESTROYED
     assert not w.sandboxes.exists(sandbox_id)
     assert await w.store.get_instance("k1") is None
+
 
 async def check_no_sandbox_key_and_not_found(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -760,6 +796,7 @@ async def check_no_sandbox_key_and_not_found(reaper_world: ReaperWorld) -> None:
     assert w.sandboxes.destroyed == [] and w.sandboxes.exists(sandbox_id)
     assert await w.store.get_instance("k1") is not None
 
+
 async def check_provider_mismatch_touches_nothing(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     record, sandbox_id = await _bound(w, provider="docker")
@@ -768,6 +805,7 @@ async def check_provider_mismatch_touches_nothing(reaper_world: ReaperWorld) -> 
     assert out is ReclaimOutcome.PROVIDER_MISMATCH
     assert await w.store.get_instance("k1") == before
     assert w.sandboxes.exists(sandbox_id) and w.sandboxes.destroyed == []
+
 
 async def check_destroy_failed_deletes_the_record_and_reclaimer_raises(
     reaper_world: ReaperWorld
@@ -785,6 +823,7 @@ async def check_destroy_failed_deletes_the_record_and_reclaimer_raises(
         await sandbox_reclaimer(w.sandboxes, w.store)(record)
     assert caught.value.run_id == "r-bound" and caught.value.sandbox_key == "k1"
     assert "quota service down" in str(caught.value)
+
 
 async def check_destroy_that_hangs_is_bounded_by_its_own_timeout(reaper_world: ReaperWorld) -> None:
     w = reaper_world
@@ -836,6 +875,7 @@ REAPER_KIT: Kit[ReaperWorld] = Kit(
     subject=reaper_world,
 )
 """Every reaper and reclaim check; the subject is a :class:`ReaperWorld`."""
+
 
 async def check_reaper(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the reaper kit over stores made by ``make_store`` (one fresh store and

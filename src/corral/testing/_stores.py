@@ -97,10 +97,12 @@ __all__ = [
 T0 = 1_700_000_000.0
 DEADLINE = 10.0
 
+
 async def new_run(store: Store, run_id: str = "run-1", thread_id: str = "thread-1",
                   started_at: float = T0, **extra: Any) -> RunRecord:
     """Create a run (at ``T0``)."""
     return await store.create(NewRun(run_id, thread_id, started_at=started_at, **extra), now=T0)
+
 
 async def claimed_run(store: Store, run_id: str = "run-1", owner: str = "host-a") -> int:
     """Create a run and claim it; returns the epoch."""
@@ -108,9 +110,11 @@ async def claimed_run(store: Store, run_id: str = "run-1", owner: str = "host-a"
     claim = await store.acquire_claim(run_id, owner, 30.0)
     return claim.epoch
 
+
 def event(i: int, **more: Any) -> dict[str, Any]:
     """A text event whose delta is ``d<i>``."""
     return {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}", **more}
+
 
 # ------------------------------------------------------------------ TestRunStoreContract
 # Run records: create, resume, patch semantics, queries.
@@ -134,8 +138,10 @@ async def check_create_and_get_round_trip(store: Store) -> None:
         assert absent not in data
     assert data["driver_epoch"] == 0
 
+
 async def check_unknown_run_reads_none(store: Store) -> None:
     assert await store.get("nope") is None
+
 
 async def check_create_or_resume_never_overwrites(store: Store) -> None:
     first = await store.create_or_resume(NewRun("r", "t1", started_at=T0), now=T0)
@@ -146,15 +152,18 @@ async def check_create_or_resume_never_overwrites(store: Store) -> None:
     assert again == first
     assert await store.get("r") == first
 
+
 async def check_create_refuses_existing_id(store: Store) -> None:
     first = await new_run(store, "r")
     with raises(RunExists):
         await store.create(NewRun("r", "other"), now=T0 + 5)
     assert await store.get("r") == first
 
+
 async def check_update_unknown_run_is_noop(store: Store) -> None:
     assert await store.update("ghost", RunPatch(status=RunStatus.FAILED)) is None
     assert await store.get("ghost") is None
+
 
 async def check_patch_sets_and_clears_each_field_distinctly(store: Store) -> None:
     await new_run(store, "r")
@@ -192,6 +201,7 @@ async def check_patch_sets_and_clears_each_field_distinctly(store: Store) -> Non
                 assert getattr(after, other) == getattr(before, other), (name, other)
     assert (await store.get("r")) is not None
 
+
 async def check_empty_patch_leaves_fields_alone(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(detached_since=T0 + 1, sandbox_key="k"))
@@ -200,6 +210,7 @@ async def check_empty_patch_leaves_fields_alone(store: Store) -> None:
     assert got is not None
     assert (got.status, got.detached_since, got.sandbox_key) == (
         RunStatus.INTERRUPTED, T0 + 1, "k")
+
 
 async def check_fenced_update_refuses_stale_epoch(store: Store) -> None:
     await new_run(store, "r")
@@ -217,6 +228,7 @@ async def check_fenced_update_refuses_stale_epoch(store: Store) -> None:
         "r", RunPatch(status=RunStatus.COMPLETED), expect_epoch=second.epoch)
     assert done is not None and done.status is RunStatus.COMPLETED
 
+
 async def check_find_active_run(store: Store) -> None:
     assert await store.find_active_run("t") is None
     await new_run(store, "old", "t", started_at=T0)
@@ -232,6 +244,7 @@ async def check_find_active_run(store: Store) -> None:
     active = await store.find_active_run("t")
     assert active is not None and active.run_id == "old"
 
+
 async def check_list_by_thread_oldest_first(store: Store) -> None:
     await new_run(store, "b", "t", started_at=T0 + 2)
     await new_run(store, "a", "t", started_at=T0 + 1)
@@ -239,6 +252,7 @@ async def check_list_by_thread_oldest_first(store: Store) -> None:
     await new_run(store, "x", "other")
     assert [r.run_id for r in await store.list_by_thread("t")] == ["a", "b", "c"]
     assert await store.list_by_thread("nobody") == []
+
 
 async def check_list_reclaimable_inclusive_cutoff(store: Store) -> None:
     await new_run(store, "at-cutoff")
@@ -257,6 +271,7 @@ async def check_list_reclaimable_inclusive_cutoff(store: Store) -> None:
     found = await store.list_reclaimable(now=T0 + 200, ttl=0)
     assert sorted(r.run_id for r in found) == ["at-cutoff", "younger"]
 
+
 async def check_list_reclaimable_oldest_first_and_limit(store: Store) -> None:
     for name, since in [("b", 30), ("a", 10), ("tie-1", 20), ("tie-2", 20), ("young", 90)]:
         await new_run(store, name)
@@ -271,6 +286,7 @@ async def check_list_reclaimable_oldest_first_and_limit(store: Store) -> None:
     assert [r.run_id for r in found] == ["a", "tie-1", "tie-2", "b", "young"]
     with raises(StoreError, match="limit"):
         await store.list_reclaimable(now=T0, ttl=0, limit=-1)
+
 
 async def check_list_reclaimable_lapsed_lease_counts_from_its_end(store: Store) -> None:
     """A driver that died without detaching leaves a lease that lapses: from its end
@@ -293,6 +309,7 @@ async def check_list_reclaimable_lapsed_lease_counts_from_its_end(store: Store) 
     found = await store.list_reclaimable(now=T0 + 100, ttl=0)
     assert [r.run_id for r in found] == ["lapsed", "live"]
 
+
 async def check_list_reclaimable_released_claim_counts_from_the_release(store: Store) -> None:
     """A driver that released its claim and died before the next one took it (between
     ``start`` and ``drive``, or before stamping a detach) leaves a reapable run."""
@@ -309,6 +326,7 @@ async def check_list_reclaimable_released_claim_counts_from_the_release(store: S
     # a new driver takes it: not listed while its lease lives
     await store.acquire_claim("r", "successor", 30, now=released + 1)
     assert await store.list_reclaimable(now=released + 2, ttl=0) == []
+
 
 async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store: Store) -> None:
     """``detached_since`` decides when set (a server may drive a detached run under a
@@ -327,6 +345,7 @@ async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store:
     found = await store.list_reclaimable(now=T0 + 30, ttl=20)
     assert [r.run_id for r in found] == ["detached-held", "lapsed"]
 
+
 async def check_request_cancel_is_sticky_and_atomic(store: Store) -> None:
     assert await store.request_cancel("ghost") is None
     await new_run(store, "r")
@@ -339,6 +358,7 @@ async def check_request_cancel_is_sticky_and_atomic(store: Store) -> None:
     unchanged = await store.request_cancel("done")
     assert unchanged is not None and unchanged.cancel_requested is None
 
+
 async def check_records_are_not_shared_with_callers(store: Store) -> None:
     usage = {"input_tokens": 1}
     await new_run(store, "r")
@@ -346,6 +366,7 @@ async def check_records_are_not_shared_with_callers(store: Store) -> None:
     usage["input_tokens"] = 999
     got = await store.get("r")
     assert got is not None and got.usage == {"input_tokens": 1}
+
 
 # ------------------------------------------------------------------ TestListRuns
 # ``list_runs``: newest first, filtered by status, limited.
@@ -361,6 +382,7 @@ async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
     with raises(StoreError):
         await store.list_runs(limit=0)
 
+
 # ------------------------------------------------------------------ TestClaims
 # Leases, epochs and refusals.
 
@@ -375,6 +397,7 @@ async def check_claims_bump_the_epoch(store: Store) -> None:
     assert c2.epoch == 2
     rec = await store.get("r")
     assert rec is not None and (rec.claim_owner, rec.driver_epoch) == ("b", 2)
+
 
 async def check_refused_claim_changes_nothing(store: Store) -> None:
     """Every refusal reason, each on its own run: the refusal names it, nothing changes."""
@@ -396,16 +419,19 @@ async def check_refused_claim_changes_nothing(store: Store) -> None:
         assert "driver claim not acquired" in str(info.value)
         assert await store.get(run_id) == before, reason
 
+
 async def check_cancelled_run_claimable_for_finalizing(store: Store) -> None:
     await new_run(store, "r")
     await store.request_cancel("r")
     claim = await store.acquire_claim("r", "reaper", 5, now=T0, allow_cancelled=True)
     assert claim.epoch == 1
 
+
 async def check_interrupted_is_claimable(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(status=RunStatus.INTERRUPTED))
     assert (await store.acquire_claim("r", "a", 5, now=T0)).epoch == 1
+
 
 async def check_expired_lease_can_be_taken_over(store: Store) -> None:
     await new_run(store, "r")
@@ -414,6 +440,7 @@ async def check_expired_lease_can_be_taken_over(store: Store) -> None:
         await store.acquire_claim("r", "b", 10, now=T0 + 9.9)
     taken = await store.acquire_claim("r", "b", 10, now=T0 + 10)  # expiry is inclusive
     assert taken.epoch == 2
+
 
 async def check_break_lease_only_of_the_named_owner(store: Store) -> None:
     await new_run(store, "r")
@@ -426,6 +453,7 @@ async def check_break_lease_only_of_the_named_owner(store: Store) -> None:
     # the broken owner is fenced: its appends no longer land
     with raises(ClaimLost):
         await store.append("r", [({"type": "CUSTOM"}, 0)], epoch=1)
+
 
 async def check_renew_and_loss(store: Store) -> None:
     await new_run(store, "r")
@@ -445,6 +473,7 @@ async def check_renew_and_loss(store: Store) -> None:
     with raises(ClaimLost):
         await store.renew_claim(b, 10)
 
+
 async def check_claim_can_clear_detached_since(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(detached_since=T0 + 1, sandbox_key="k"))
@@ -455,6 +484,7 @@ async def check_claim_can_clear_detached_since(store: Store) -> None:
     await store.acquire_claim("r", "b", 5, now=T0 + 3, clear_detached=True)
     rec = await store.get("r")
     assert rec is not None and rec.detached_since is None and rec.sandbox_key == "k"
+
 
 # ------------------------------------------------------------------ TestEventLog
 # Append with the epoch fence, read/tail, close, snapshot.
@@ -470,6 +500,7 @@ async def check_offsets_gap_free_and_increasing(store: Store) -> None:
     tail = await store.tail("run-1")
     assert (tail.last_offset, tail.last_journal_offset, tail.closed) == (3, 30, False)
 
+
 async def check_tail_keeps_the_highest_journal_offset(store: Store) -> None:
     """An event logged out of band at a stale journal offset (an approval request
     raced by a batch) must not send a successor back over lines already logged."""
@@ -480,11 +511,13 @@ async def check_tail_keeps_the_highest_journal_offset(store: Store) -> None:
     assert (tail.last_offset, tail.last_journal_offset) == (3, 40)
     assert [e.journal_offset for e in await store.snapshot("run-1")] == [10, 40, 25]
 
+
 async def check_events_round_trip_as_json(store: Store) -> None:
     epoch = await claimed_run(store)
     event = {"type": "CUSTOM", "name": "x", "value": {"a": [1, 2.5, None, True], "ü": "é"}}
     await store.append("run-1", [(event, 0)], epoch=epoch)
     assert (await store.snapshot("run-1"))[0].event == event
+
 
 async def check_stale_epoch_lands_nothing(store: Store) -> None:
     await new_run(store, "r")
@@ -497,11 +530,13 @@ async def check_stale_epoch_lands_nothing(store: Store) -> None:
     assert [e.offset for e in await store.snapshot("r")] == [1]
     assert await store.append("r", [(event(2), 2)], epoch=new.epoch) == [2]
 
+
 async def check_unclaimed_run_takes_no_appends(store: Store) -> None:
     await new_run(store, "r")
     with raises(ClaimLost):
         await store.append("r", [(event(1), 1)], epoch=0)
     assert await store.snapshot("r") == []
+
 
 async def check_unknown_run_and_closed_log(store: Store) -> None:
     with raises(UnknownRun):
@@ -511,6 +546,7 @@ async def check_unknown_run_and_closed_log(store: Store) -> None:
     with raises(LogClosed):
         await store.append("run-1", [(event(1), 1)], epoch=epoch)
     assert await store.snapshot("run-1") == []
+
 
 async def check_invalid_batch_lands_nothing(store: Store) -> None:
     """A batch with one bad event (NaN, not JSON, a negative or boolean journal offset, not
@@ -527,6 +563,7 @@ async def check_invalid_batch_lands_nothing(store: Store) -> None:
         with raises(InvalidEvent):
             await store.append("run-1", bad, epoch=epoch)
         assert await store.snapshot("run-1") == [], bad
+
 
 async def check_read_from_offset_tails_until_closed(store: Store) -> None:
     epoch = await claimed_run(store)
@@ -547,6 +584,7 @@ async def check_read_from_offset_tails_until_closed(store: Store) -> None:
             await store.close("run-1")
     assert got == [2, 3, 4, 5]
 
+
 async def check_terminal_event_does_not_end_a_read(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [({"type": "RUN_FINISHED"}, 1)], epoch=epoch)
@@ -565,6 +603,7 @@ async def check_terminal_event_does_not_end_a_read(store: Store) -> None:
             await store.close("run-1")
     assert got == ["RUN_FINISHED", "RUN_STARTED"]
 
+
 async def check_read_of_closed_log_returns_everything_then_ends(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [(event(i), i) for i in range(1, 2501)], epoch=epoch)
@@ -573,12 +612,14 @@ async def check_read_of_closed_log_returns_everything_then_ends(store: Store) ->
         offsets = [e.offset async for e in store.read("run-1")]
     assert offsets == list(range(1, 2501))
 
+
 async def check_read_unknown_run_raises(store: Store) -> None:
     with raises(UnknownRun):
         async for _ in store.read("ghost"):
             pass
     with raises(UnknownRun):  # the server's event stream relies on this
         await store.tail("ghost")
+
 
 async def check_close_never_fenced(store: Store) -> None:
     await new_run(store, "r")
@@ -594,6 +635,7 @@ async def check_close_never_fenced(store: Store) -> None:
     assert (await store.tail("r")).closed is True
     assert await store.close("ghost") is False
 
+
 async def check_snapshot_never_waits_and_is_a_copy(store: Store) -> None:
     assert await store.snapshot("ghost") == []
     epoch = await claimed_run(store)
@@ -603,6 +645,7 @@ async def check_snapshot_never_waits_and_is_a_copy(store: Store) -> None:
     snap = await store.snapshot("run-1")
     snap[0].event["delta"] = "mutated"
     assert (await store.snapshot("run-1"))[0].event["delta"] == "d1"
+
 
 async def check_many_readers_see_every_event(store: Store) -> None:
     epoch = await claimed_run(store)
@@ -623,6 +666,7 @@ async def check_many_readers_see_every_event(store: Store) -> None:
             await store.close("run-1")
     assert results == [list(range(1, 41))] * 3
 
+
 async def check_logs_are_per_run(store: Store) -> None:
     e1 = await claimed_run(store, "a")
     e2 = await claimed_run(store, "b")
@@ -632,6 +676,7 @@ async def check_logs_are_per_run(store: Store) -> None:
     assert [e.offset for e in await store.snapshot("a")] == [1]
     assert [e.offset for e in await store.snapshot("b")] == [1, 2]
     assert (await store.tail("b")).closed is False
+
 
 # ------------------------------------------------------------------ TestInstanceStore
 # Sandbox instance records.
@@ -651,12 +696,14 @@ async def check_get_upsert_delete(store: Store) -> None:
     assert await store.get_instance("k") is None
     await store.delete_instance("k")  # missing is a no-op
 
+
 async def check_list_expired_inclusive(store: Store) -> None:
     await store.upsert_instance(InstanceRecord("a", "p", "1", "t", T0, expires_at=T0 + 10))
     await store.upsert_instance(InstanceRecord("b", "p", "2", "t", T0, expires_at=T0 + 11))
     await store.upsert_instance(InstanceRecord("c", "p", "3", "t", T0))
     assert [r.key for r in await store.list_expired_instances(T0 + 10)] == ["a"]
     assert sorted(r.key for r in await store.list_expired_instances(T0 + 99)) == ["a", "b"]
+
 
 # ------------------------------------------------------------------ TestNamedLock
 # Lease locks for once-across-hosts work.
@@ -725,6 +772,7 @@ STORE_KIT: Kit[Store] = Kit(
     subject=lambda factory: opened(factory),
 )
 """Every store check; the subject is the store the factory makes."""
+
 
 async def check_store(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the store kit against stores made by ``make_store`` (one fresh store per check);
