@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
@@ -19,6 +18,7 @@ from corral.server._sse import encode_event
 from corral.stores import open_store
 from tests.helpers import wait_until
 from tests.server.conftest import Home, read_stream, sse_events, ticker
+from corral.testing import wait_until_async
 
 REAPER = ("--reap-interval", "0.3s", "--reap-ttl", "1s")
 
@@ -86,9 +86,7 @@ async def test_one_sweep_at_a_time(tmp_path: Path, need_bwrap_runs: None,
                 assert current is not None
                 return (await probe_run_exit(current)).state == "finished"
 
-            with anyio.fail_after(20):
-                while not await exited():
-                    await anyio.sleep(0.05)
+            await wait_until_async(exited, "the agent to finish", timeout=20, interval=0.05)
 
             assert await store.try_lock(LOCK_NAME, "another-server", 60)
             assert await sweep_once(service, "this-server") is None

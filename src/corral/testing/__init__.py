@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from corral.testing._fake import FakeProvider, FakeCommand
+    from corral.testing._fake import FakeCommand, FakeProvider
     from corral.testing._kit import (
         Check,
         CheckSkipped,
@@ -65,4 +65,30 @@ _EXPORTS: dict[str, str] = {
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Check",
+    "CheckSkipped",
+    "DirSandboxes",
+    "Factory",
+    "FakeCommand",
+    "FakeProvider",
+    "Kit",
+    "KitFailed",
+    "KitReport",
+    "PIPE_KIT",
+    "PROVIDER_KIT",
+    "ProviderCase",
+    "REAPER_KIT",
+    "ReaperWorld",
+    "STORE_KIT",
+    "WaitTimeout",
+    "check_pipe",
+    "check_provider",
+    "check_reaper",
+    "check_store",
+    "pytest_checks",
+    "raises",
+    "run_kit",
+    "wait_until",
+    "wait_until_async",
+]

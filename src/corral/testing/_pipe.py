@@ -23,6 +23,7 @@ import anyio
 from corral.runs import PipeResult, ProducerExit, hold_claim, pipe_to_run_log
 from corral.stores._protocols import ClaimLost, ClaimRefused, Store, StoreError
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
+from corral.testing._polling import wait_until_async
 from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
 from corral.testing._stores import DEADLINE, T0, claimed_run, event, new_run
 
@@ -60,8 +61,8 @@ async def check_hold_claim_renews_and_releases(store: Store) -> None:
         async with hold_claim(store, "r", "a", ttl=0.6, renew_every=0.05) as held:
             assert held.epoch == 1
             first_expiry = held.claim.expires_at
-            while held.claim.expires_at == first_expiry:
-                await anyio.sleep(0.02)
+            await wait_until_async(lambda: held.claim.expires_at != first_expiry,
+                                   "hold_claim to renew the lease", interval=0.02)
             rec = await store.get("r")
             assert rec is not None and rec.claim_expires_at == held.claim.expires_at
     rec = await store.get("r")
