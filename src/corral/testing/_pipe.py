@@ -153,7 +153,7 @@ def _types(snapshot: list[Any]) -> list[str]:
     return [e.event["type"] for e in snapshot]
 
 
-# ------------------------------------------------------------------ TestPipeToRunLog
+# ------------------------------------------------------------------ pipe to run log
 # The status table: exactly one terminal status and one close on every path.
 
 async def _pipe(store: Store, events: Any, **kw: Any) -> tuple[PipeResult, _Counting]:

@@ -226,7 +226,7 @@ async def provider_case(
                     await provider.destroy(case._sandbox.ref)
 
 
-# ------------------------------------------------------------------ ExecConformance
+# ------------------------------------------------------------------ exec
 
 
 async def check_exit_codes_and_streams_apart(case: ProviderCase) -> None:
@@ -313,7 +313,7 @@ async def check_timeout_kills_the_tree(case: ProviderCase) -> None:
         await assert_stopped(sandbox, "gc")
 
 
-# ------------------------------------------------------------------ SpawnConformance
+# ------------------------------------------------------------------ spawn
 
 
 async def check_streaming_partial_lines_and_stdin(case: ProviderCase) -> None:
@@ -381,7 +381,7 @@ async def check_background_process_outlives_its_creator(case: ProviderCase) -> N
     await assert_beating(sandbox, "bg")
 
 
-# ------------------------------------------------------------------ FilesConformance
+# ------------------------------------------------------------------ files
 
 
 async def check_binary_round_trip(case: ProviderCase) -> None:
@@ -539,7 +539,7 @@ async def check_symlinks_planted_inside_cannot_reach_out(case: ProviderCase) -> 
         assert fh.read() == b"host secret"
 
 
-# ------------------------------------------------------------------ LifecycleConformance
+# ------------------------------------------------------------------ lifecycle
 
 
 async def check_resume_from_a_second_process(case: ProviderCase) -> None:
@@ -628,7 +628,7 @@ def start_host_command(hc: HostCommand, *, stdout: Any, stderr: Any) -> subproce
     return proc
 
 
-# ------------------------------------------------------------------ HostProcessConformance
+# ------------------------------------------------------------------ host processes
 
 
 async def check_host_command_from_a_detached_process(case: ProviderCase) -> None:

@@ -370,7 +370,7 @@ async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen)
 # ------------------------------------------------------------------ the suites
 
 
-# ------------------------------------------------------------------ TestReapOutcomes
+# ------------------------------------------------------------------ reap outcomes
 # Each outcome, in a sweep that also holds a run that must be left alone.
 
 async def check_finalized_agent_finished_while_nobody_watched(reaper_world: ReaperWorld) -> None:
@@ -681,7 +681,7 @@ async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWor
     await assert_untouched(w, busy, busy_before)
 
 
-# ------------------------------------------------------------------ TestReapSweep
+# ------------------------------------------------------------------ reap sweep
 # The sweep as a whole: listing, batch cap, order, totality, concurrency.
 
 async def check_batch_cap_takes_the_oldest_first(reaper_world: ReaperWorld) -> None:
@@ -765,7 +765,7 @@ async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
     await assert_untouched(w, busy, busy_before)
 
 
-# ------------------------------------------------------------------ TestReclaim
+# ------------------------------------------------------------------ reclaim
 # ``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering.
 
 async def _bound(w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord, str]:

@@ -116,7 +116,7 @@ def event(i: int, **more: Any) -> dict[str, Any]:
     return {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}", **more}
 
 
-# ------------------------------------------------------------------ TestRunStoreContract
+# ------------------------------------------------------------------ run store contract
 # Run records: create, resume, patch semantics, queries.
 
 async def check_create_and_get_round_trip(store: Store) -> None:
@@ -368,7 +368,7 @@ async def check_records_are_not_shared_with_callers(store: Store) -> None:
     assert got is not None and got.usage == {"input_tokens": 1}
 
 
-# ------------------------------------------------------------------ TestListRuns
+# ------------------------------------------------------------------ list runs
 # ``list_runs``: newest first, filtered by status, limited.
 
 async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
@@ -383,7 +383,7 @@ async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
         await store.list_runs(limit=0)
 
 
-# ------------------------------------------------------------------ TestClaims
+# ------------------------------------------------------------------ claims
 # Leases, epochs and refusals.
 
 async def check_claims_bump_the_epoch(store: Store) -> None:
@@ -486,7 +486,7 @@ async def check_claim_can_clear_detached_since(store: Store) -> None:
     assert rec is not None and rec.detached_since is None and rec.sandbox_key == "k"
 
 
-# ------------------------------------------------------------------ TestEventLog
+# ------------------------------------------------------------------ event log
 # Append with the epoch fence, read/tail, close, snapshot.
 
 async def check_offsets_gap_free_and_increasing(store: Store) -> None:
@@ -678,7 +678,7 @@ async def check_logs_are_per_run(store: Store) -> None:
     assert (await store.tail("b")).closed is False
 
 
-# ------------------------------------------------------------------ TestInstanceStore
+# ------------------------------------------------------------------ instance store
 # Sandbox instance records.
 
 async def check_get_upsert_delete(store: Store) -> None:
@@ -705,7 +705,7 @@ async def check_list_expired_inclusive(store: Store) -> None:
     assert sorted(r.key for r in await store.list_expired_instances(T0 + 99)) == ["a", "b"]
 
 
-# ------------------------------------------------------------------ TestNamedLock
+# ------------------------------------------------------------------ named lock
 # Lease locks for once-across-hosts work.
 
 async def check_exclusive_until_released_or_expired(store: Store) -> None:
