@@ -426,6 +426,10 @@ async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) 
 
 
 async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
+    """A successor takes the run while a pipe runs under ``hold_claim``. Whichever notices
+    first, the renewer (``ClaimLost`` out of ``hold_claim``, the pipe cancelled) or the
+    pipe's own fenced append (``claim_lost``), the outcome is the same: one close, no
+    terminal status, the successor's log left open, nothing more lands."""
     await new_run(store, "run-1")
     counting = _Counting(store)
 
@@ -436,16 +440,23 @@ async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
             yield (event(i), i)
             await anyio.sleep(0.01)
 
-    with anyio.fail_after(DEADLINE), raises(ClaimLost):
-        async with hold_claim(store, "run-1", "a", ttl=0.3, renew_every=0.05) as held:
+    result: PipeResult | None = None
+    renewer_noticed = False
+    with anyio.fail_after(DEADLINE):
+        try:
+            async with hold_claim(store, "run-1", "a", ttl=0.3, renew_every=0.05) as held:
 
-            async def successor() -> None:
-                await anyio.sleep(0.1)
-                await store.acquire_claim("run-1", "b", 60, now=held.claim.expires_at + 1)
+                async def successor() -> None:
+                    await anyio.sleep(0.1)
+                    await store.acquire_claim("run-1", "b", 60, now=held.claim.expires_at + 1)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(successor)
-                await pipe_to_run_log(counting, "run-1", producer(), epoch=held.epoch)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(successor)
+                    result = await pipe_to_run_log(counting, "run-1", producer(),
+                                                   epoch=held.epoch)
+        except ClaimLost:
+            renewer_noticed = True
+    assert renewer_noticed or (result is not None and result.claim_lost), result
     assert counting.closes == 1
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.RUNNING and rec.driver_epoch == 2
