@@ -47,6 +47,7 @@ from corral.sandbox._contracts import (
     Command,
     ExecResult,
     FileInfo,
+    FileSystem,
     HostCommand,
     HostRoute,
     PathEscapeError,
@@ -79,7 +80,7 @@ class FakeCommand:
     """Absolute sandbox path of the working directory."""
     env: dict[str, str]
     stdin: bytes
-    fs: _FakeFs
+    fs: FileSystem
     """The sandbox's files, to read or change as the command would."""
 
 

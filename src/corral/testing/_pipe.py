@@ -492,7 +492,7 @@ PIPE_KIT: Kit[Store] = Kit(
         check_cancelled_from_outside_records_aborted_and_closes,
         check_pipe_under_hold_claim_lost_lease,
     )),
-    subject=lambda factory: opened(factory),
+    subject=opened,
 )
 """Every pipe and hold_claim check; the subject is the store the factory makes."""
 

@@ -769,7 +769,7 @@ STORE_KIT: Kit[Store] = Kit(
         check_list_expired_inclusive,
         check_exclusive_until_released_or_expired,
     )),
-    subject=lambda factory: opened(factory),
+    subject=opened,
 )
 """Every store check; the subject is the store the factory makes."""
 
