@@ -32,6 +32,8 @@ class FencingMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # asyncio only: hypothesis drives the store from its own thread through a portal;
+        # the same claims and fencing run on trio in the store kit (tests/stores/conftest.py).
         self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal("asyncio")
         self.portal = self._portal_cm.__enter__()
         self.tmp = tempfile.mkdtemp(prefix="corral-prop-")
