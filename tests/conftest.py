@@ -19,6 +19,10 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 @pytest.fixture
 def anyio_backend() -> str:
+    """asyncio unless a directory or module says otherwise: the store, pipe, journal,
+    reaper, provider-kit and kit-machinery suites run on asyncio and trio (their own
+    ``anyio_backend`` fixtures). The rest stay on asyncio: the server runs under uvicorn
+    (asyncio), and the other suites were not moved."""
     return "asyncio"
 
 

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from corral.stores import open_store
+from corral.stores._protocols import Store
+from corral.testing import wait_until, wait_until_async
 
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.01) -> None:
-    """Poll ``cond`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
+__all__ = [
+    "STORE_FACTORIES",
+    "HelloServer",
+    "memory_store",
+    "one_line_refusal",
+    "sqlite_store",
+    "wait_until",
+    "wait_until_async",
+]
 
 
 def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -59,3 +66,23 @@ class HelloServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+async def memory_store() -> Store:
+    """A fresh memory store (a store kit factory)."""
+    return await open_store("memory://")
+
+
+@asynccontextmanager
+async def sqlite_store() -> AsyncIterator[Store]:
+    """A fresh SQLite store in a temporary directory (a store kit factory)."""
+    with tempfile.TemporaryDirectory(prefix="corral-kit-") as tmp:
+        store = await open_store(f"sqlite://{Path(tmp) / 'corral.db'}")
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+
+STORE_FACTORIES = {"memory": memory_store, "sqlite": sqlite_store}
+"""Each shipped store backend by name, for ``pytest_checks``."""

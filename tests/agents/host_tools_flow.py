@@ -14,6 +14,7 @@ from corral.stores import open_store
 from corral.testing._model_server import ModelServer
 from corral.tools import Toolset
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.testing import wait_until_async
 
 DEADLINE = 150.0
 
@@ -25,16 +26,19 @@ async def logged(store: Store, run_id: str) -> list[dict[str, Any]]:
 async def approval_request(store: Store, run_id: str, done: list[Any]) -> dict[str, Any]:
     """The run's approval request event, once the viewer sees it in the log (polled; fails
     if the run ends first, ``done`` being filled by its driver)."""
-    with anyio.fail_after(DEADLINE):
-        while True:
-            events = await logged(store, run_id)
-            found = next((e for e in events if e["type"] == "CUSTOM"
-                          and e["name"] == APPROVAL_REQUEST_EVENT), None)
-            if found is not None:
-                return found
-            if done:
-                raise AssertionError(f"the run ended without an approval request: {events[-3:]}")
-            await anyio.sleep(0.05)
+    found: list[dict[str, Any]] = []
+
+    async def requested() -> bool:
+        events = await logged(store, run_id)
+        found[:] = [e for e in events
+                    if e["type"] == "CUSTOM" and e["name"] == APPROVAL_REQUEST_EVENT]
+        if not found and done:
+            raise AssertionError(f"the run ended without an approval request: {events[-3:]}")
+        return bool(found)
+
+    await wait_until_async(requested, "the approval request event", timeout=DEADLINE,
+                           interval=0.05)
+    return found[0]
 
 
 def tool_names(events: list[dict[str, Any]]) -> list[str]:

@@ -32,6 +32,7 @@ from corral.testing._model_server import (
     ToolCall,
     shell_then_text,
 )
+from corral.testing import wait_until_async
 
 from .conftest import (
     CLIS,
@@ -274,12 +275,12 @@ def test_cancel_stops_every_process_of_the_run(cli: str, sandbox_factory: Any,
                                                  paths, nonce=nonce):
                     kinds += [e.type for e in batch.events]
                     if EventType.TOOL_CALL_END in kinds and not running:
-                        while not (running := _pids_with(marker.encode())):
-                            await anyio.sleep(0.02)
+                        await wait_until_async(lambda: _pids_with(marker.encode()),
+                                               "the tool to start", timeout=60, interval=0.02)
+                        running = _pids_with(marker.encode())
                         assert await kill_supervised_async(paths, grace=3.0)
-        deadline = anyio.current_time() + 10
-        while _pids_with(marker.encode()) and anyio.current_time() < deadline:
-            await anyio.sleep(0.05)
+        await wait_until_async(lambda: not _pids_with(marker.encode()),
+                               "the cancelled run's processes to end", interval=0.05)
         return kinds, running, _pids_with(marker.encode())
 
     kinds, running, left = anyio.run(go)
@@ -351,9 +352,9 @@ def test_detached_services_outlive_the_driver_and_stop_with_the_agent(
             async for batch in translate_run(harness, RunContext("r-det", "t-det"), paths,
                                              nonce=nonce):
                 events += batch.events
-        deadline = anyio.current_time() + 10
-        while os.path.exists(f"/proc/{services.pid}") and anyio.current_time() < deadline:
-            await anyio.sleep(0.05)
+        await wait_until_async(lambda: not os.path.exists(f"/proc/{services.pid}"),
+                               "the services daemon to stop after the agent exited",
+                               interval=0.05)
         gone = not os.path.exists(f"/proc/{services.pid}")
         report = await prepared.finish(paths, nonce)
         return events, services, gone, report, await handle.fs.read("/workspace/d.txt")

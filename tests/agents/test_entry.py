@@ -9,13 +9,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from corral.harness._cli_base import entry_argv
+from corral.testing import wait_until
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -106,10 +106,11 @@ def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
     proc = subprocess.Popen(entry_argv(PY, [PY, "-c", client, "{corral.port.m}", str(marker)],
                                        forward=[{"name": "m", "port": 0, "unix": path}]),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10  # the agent connected before the service exists
-    while not marker.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, "the client never connected"
-        time.sleep(0.01)
+    def connected() -> bool:
+        assert proc.poll() is None, "the client exited before connecting"
+        return marker.exists()
+
+    wait_until(connected, "the client to connect (before the service exists)")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)

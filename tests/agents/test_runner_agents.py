@@ -256,7 +256,7 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(corral: Corral) -> 
         status = read_status(paths.status)
         return status is not None and status.state == "exited"
 
-    wait_until(exited, 60, "the agent to finish without a driver")
+    wait_until(exited, "the agent to finish without a driver", timeout=60)
     att = corral.run("attach", "k1", "--json")
     assert att.returncode == 0, att.stderr[-3000:]
     log = corral.log("k1")
@@ -310,7 +310,7 @@ def test_a_detached_run_finished_by_the_reaper_saves_its_session(corral: Corral)
     rec = corral.raw_record("d1")
     paths = JournalPaths.for_run(rec["journal"]["dir"], "d1")
     wait_until(lambda: (s := read_status(paths.status)) is not None and s.state == "exited",
-               60, "the detached agent to finish")
+               "the detached agent to finish", timeout=60)
     reaped = corral.run("reap", "--json")
     assert reaped.returncode == 0, reaped.stderr[-3000:]
     rec = corral.raw_record("d1")
@@ -376,7 +376,8 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         rec = corral.raw_record("c1")
         assert rec["status"] == "aborted"
         assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
-        wait_until(lambda: not process_alive(services), 10, "the model proxy daemon to stop")
+        wait_until(lambda: not process_alive(services),
+                   "the model proxy daemon to stop", timeout=10)
     finally:
         gate.open.set()
 
@@ -510,7 +511,7 @@ def test_a_dead_services_daemon_is_restarted_and_keeps_counting(corral: Corral) 
         except (OSError, ValueError, KeyError):
             return False
 
-    wait_until(first_call_counted, 60, "the first model call to be metered")
+    wait_until(first_call_counted, "the first model call to be metered", timeout=60)
     first_pid = corral.raw_record("sv1")["spec"]["agent"]["services_pid"]
     os.kill(first_pid, signal.SIGKILL)
     out, err = driver.communicate(timeout=180)

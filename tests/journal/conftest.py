@@ -1,21 +1,44 @@
-"""Fixtures for journal tests: launch real supervised agents and always clean them up."""
+"""Fixtures for journal tests: launch real supervised agents and always clean them up.
+
+Every journal test runs on both anyio backends (the reader and the async launcher are anyio
+code an application may drive from trio): async parts go through :func:`run_async`."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 from pathlib import Path
 
+import anyio
 import pytest
 
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import AgentSpec, SupervisedRun, kill_supervised, launch_supervised
+from corral.testing import wait_until
 
 PY = sys.executable
+T = TypeVar("T")
+_BACKEND = ["asyncio"]
+
+
+@pytest.fixture(autouse=True, scope="module", params=["asyncio", "trio"])
+def journal_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The anyio backend :func:`run_async` uses in this test (module scope: hypothesis
+    tests take no function-scoped fixtures)."""
+    _BACKEND[0] = str(request.param)
+    yield _BACKEND[0]
+    _BACKEND[0] = "asyncio"
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn`` on the current test's anyio backend."""
+    return anyio.run(fn, backend=_BACKEND[0])
+
+
 BASE_ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
 
 
@@ -26,21 +49,12 @@ class Launched:
     run: SupervisedRun
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll ``cond`` until true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 def wait_exited(paths: JournalPaths, timeout: float = 20.0) -> None:
     def done() -> bool:
         st = read_status(paths.status)
         return st is not None and st.state == "exited"
 
-    wait_for(done, timeout, f"the supervisor of {paths.token} to record the exit")
+    wait_until(done, f"the supervisor of {paths.token} to record the exit", timeout=timeout)
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ from corral.journal._sentinel import format_trailer
 from corral.journal._supervisor import process_start_time
 from corral.testing._plugin import require
 
-from .conftest import BASE_ENV, PY, Launched, wait_exited, wait_for
+from corral.testing import wait_until
+
+from .conftest import run_async, BASE_ENV, PY, Launched, wait_exited
 
 SYSTEM_PY = "/usr/bin/python3"  # readable by any uid (the venv may live under /root)
 
@@ -104,13 +106,14 @@ def collect(launched: Launched) -> tuple[list[Line], Exit]:
                 lines.append(item)
         raise AssertionError("journal ended without an exit")
 
-    return anyio.run(go)
+    return run_async(go)
 
 
 def run_hunter(launch, argv_prefix: list[str], mode: str) -> tuple[Launched, dict[str, object]]:
     env = dict(BASE_ENV, DECOY=DECOY)
     run = launch([*argv_prefix, SYSTEM_PY, "-c", HUNTER, mode], env)
-    wait_for(lambda: run.paths.journal.read_bytes().endswith(b"ready\n"), 30, "hunter ready")
+    wait_until(lambda: run.paths.journal.read_bytes().endswith(b"ready\n"),
+               "hunter ready", timeout=30)
     report: dict[str, object] = {}
     for line in run.paths.stderr.read_bytes().splitlines():
         report.update(json.loads(line))
@@ -199,7 +202,8 @@ def test_children_in_the_agents_group_are_stopped_at_exit(launch) -> None:
     lines, exit = collect(run)
     assert exit.code == 0
     child = int(lines[0].data)
-    wait_for(lambda: process_start_time(child) is None or _zombie(child), what="straggler dead")
+    wait_until(lambda: process_start_time(child) is None or _zombie(child),
+               "straggler dead", timeout=20.0)
     journal = run.paths.journal.read_bytes()
     assert journal.endswith(format_trailer(run.nonce, 0, None))
 
@@ -249,9 +253,9 @@ def test_escaped_child_writing_after_exit_is_ignored(launch, tmp_path: Path) -> 
         straggler = _find_straggler(run.run.agent_pid)
         assert straggler is not None
         go.touch()
-        wait_for(lambda: not _supervisor_running(run), what="the supervisor's exit")
+        wait_until(lambda: not _supervisor_running(run), "the supervisor's exit", timeout=20.0)
         # its writes fail once the supervisor is gone (EPIPE), which ends it
-        wait_for(lambda: _zombie(straggler), what="the straggler's writes")
+        wait_until(lambda: _zombie(straggler), "the straggler's writes", timeout=20.0)
         journal = run.paths.journal.read_bytes()
         assert journal.endswith(format_trailer(run.nonce, 9, None))
         assert b"late" not in journal

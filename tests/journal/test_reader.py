@@ -27,8 +27,11 @@ from corral.journal._reader import (
 from corral.journal._layout import JournalPaths, SupervisorStatus, encode_run_id, write_status
 from corral.journal._sentinel import format_sentinel, format_trailer, parse_sentinel
 
+from .conftest import run_async
+
 NONCE = "a" * 32
 OTHER = "b" * 32
+
 
 
 class Counting(io.RawIOBase):
@@ -91,7 +94,7 @@ def items_of(target: object, **kw: object) -> list[JournalItem]:
                 out.append(item)
         return out
 
-    return anyio.run(go)
+    return run_async(go)
 
 
 def split(items: list[JournalItem]) -> tuple[list[Line], Exit | None]:
@@ -204,7 +207,7 @@ def test_follow_waits_for_the_file_and_for_growth(tmp_path: Path) -> None:
                     got_first.set()
         return out
 
-    lines, exit = split(anyio.run(go))
+    lines, exit = split(run_async(go))
     assert [line.data for line in lines] == [b"first", b"second"] and exit is not None
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import anyio
 import pytest
 
 from corral._errors import ConfigError
@@ -24,7 +23,9 @@ from corral.journal._supervisor import (
     supervisor_alive,
 )
 
-from .conftest import BASE_ENV, PY, Launched, wait_exited, wait_for
+from corral.testing import wait_until
+
+from .conftest import run_async, BASE_ENV, PY, Launched, wait_exited
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -38,7 +39,7 @@ def collect(launched: Launched, **kw: object) -> tuple[list[Line], Exit | None]:
             lines.append(item)
         return lines, None
 
-    return anyio.run(go)
+    return run_async(go)
 
 
 def stdout_of(lines: list[Line]) -> bytes:
@@ -81,14 +82,14 @@ def test_spawn_failure_still_ends_with_a_sentinel(launch) -> None:
 
 def test_kill_supervised_terminates_agent_and_sentinel_records_the_signal(launch) -> None:
     run = launch(["sh", "-c", "echo started; exec sleep 600"])
-    wait_for(lambda: run.paths.journal.read_bytes() == b"started\n", what="first line")
+    wait_until(lambda: run.paths.journal.read_bytes() == b"started\n", "first line", timeout=20.0)
     assert supervisor_alive(run.paths)
     assert probe_journal_tail(run.paths, run.nonce).state == "producing"
     assert kill_supervised(run.paths, grace=5.0) is True
     lines, exit = collect(run)
     assert stdout_of(lines) == b"started\n"
     assert exit is not None and (exit.code, exit.signal) == (143, signal.SIGTERM)
-    wait_for(lambda: not supervisor_alive(run.paths), what="supervisor exit")
+    wait_until(lambda: not supervisor_alive(run.paths), "supervisor exit", timeout=20.0)
     probe = probe_journal_tail(run.paths, run.nonce)
     assert (probe.state, probe.code, probe.signal) == ("finished", 143, signal.SIGTERM)
 
@@ -97,7 +98,7 @@ def test_kill_supervised_escalates_to_sigkill(launch) -> None:
     script = "import signal,time,sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
              "print('armed', flush=True); time.sleep(600)"
     run = launch([PY, "-c", script])
-    wait_for(lambda: run.paths.journal.read_bytes() == b"armed\n", what="agent armed")
+    wait_until(lambda: run.paths.journal.read_bytes() == b"armed\n", "agent armed", timeout=20.0)
     assert kill_supervised(run.paths, grace=0.5) is True
     _, exit = collect(run)
     assert exit is not None and exit.signal == signal.SIGKILL
@@ -105,7 +106,7 @@ def test_kill_supervised_escalates_to_sigkill(launch) -> None:
 
 def test_sigterm_to_the_supervisor_is_forwarded_and_the_sentinel_written(launch) -> None:
     run = launch(["sh", "-c", "echo up; exec sleep 600"])
-    wait_for(lambda: run.paths.journal.read_bytes() == b"up\n", what="agent up")
+    wait_until(lambda: run.paths.journal.read_bytes() == b"up\n", "agent up", timeout=20.0)
     os.kill(run.run.supervisor_pid, signal.SIGTERM)
     _, exit = collect(run)
     assert exit is not None and exit.signal == signal.SIGTERM
@@ -163,7 +164,8 @@ def test_supervisor_and_agent_survive_sigkill_of_the_launcher(jdir: Path, tmp_pa
         # The launcher is dead; its descendants are not.
         assert supervisor_alive(paths)
         assert process_start_time(info["agent_pid"]) is not None
-        wait_for(lambda: paths.journal.read_bytes().startswith(b"waiting\n"), what="agent")
+        wait_until(lambda: paths.journal.read_bytes().startswith(b"waiting\n"),
+                   "agent", timeout=20.0)
         go.touch()
         wait_exited(paths)
         data = paths.journal.read_bytes()
@@ -181,12 +183,12 @@ def test_supervisor_and_agent_survive_sigkill_of_the_launcher(jdir: Path, tmp_pa
 
 def test_kill_supervised_stops_an_orphaned_agent_after_supervisor_death(launch) -> None:
     run = launch(["sh", "-c", "echo up; exec sleep 600"])
-    wait_for(lambda: run.paths.journal.read_bytes() == b"up\n", what="agent up")
+    wait_until(lambda: run.paths.journal.read_bytes() == b"up\n", "agent up", timeout=20.0)
     os.kill(run.run.supervisor_pid, signal.SIGKILL)
-    wait_for(lambda: not supervisor_alive(run.paths), what="supervisor death")
+    wait_until(lambda: not supervisor_alive(run.paths), "supervisor death", timeout=20.0)
     agent = run.run.agent_pid
     assert agent is not None and process_start_time(agent) is not None
     assert kill_supervised(run.paths, grace=5.0) is False  # no exit can be recorded any more
-    wait_for(lambda: process_start_time(agent) is None, what="orphaned agent reaped")
+    wait_until(lambda: process_start_time(agent) is None, "orphaned agent reaped", timeout=20.0)
     probe = probe_journal_tail(run.paths, run.nonce, now=10**12)
     assert probe.state == "unknown"

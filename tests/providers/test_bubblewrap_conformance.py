@@ -1,16 +1,17 @@
-"""The provider conformance suite against the bubblewrap provider."""
+"""The provider kit against the bubblewrap provider."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from corral.providers._bubblewrap import BubblewrapProvider
-from corral.testing._providers import ProviderConformance
+from corral.testing import PROVIDER_KIT, pytest_checks
+
+pytest_checks(PROVIDER_KIT, BubblewrapProvider, globals(),
+              usefixtures=["corral_home", "need_bwrap"])
 
 
-class TestBubblewrapProvider(ProviderConformance):
-    @pytest.fixture
-    def provider(self, corral_home: Path, need_bwrap: None) -> BubblewrapProvider:
-        return BubblewrapProvider()
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Both anyio backends: the kit and the code under it are anyio code."""
+    return str(request.param)

@@ -20,6 +20,7 @@ from corral.providers import _cgroups as cgroups
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
 from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
 from corral.testing._providers import start_host_command
+from corral.testing import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -142,10 +143,8 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
     r = await sandbox.process.exec("setsid sleep 60 & sleep 60 & echo started", timeout=30)
     assert r.ok and r.stdout == b"started\n" and not r.timed_out
     assert anyio.current_time() - start < 10
-    deadline = anyio.current_time() + 10
-    while cgroups.members(sandbox.state.cgroups) and anyio.current_time() < deadline:
-        await anyio.sleep(0.02)
-    assert cgroups.members(sandbox.state.cgroups) == set()
+    await wait_until_async(lambda: not cgroups.members(sandbox.state.cgroups),
+                           "the sandbox's cgroups to empty", interval=0.02)
 
 
 async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider,
@@ -165,11 +164,9 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         # The sandbox never held more than its limit, and nothing of it is left running.
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
-        deadline = anyio.current_time() + 10
-        while cgroups.members([pids_dir]) and anyio.current_time() < deadline:
-            await anyio.sleep(0.02)  # killed members can take a moment to be released
-        left = cgroups.members([pids_dir])
-        assert left == set(), [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+        # killed members can take a moment to be released
+        await wait_until_async(lambda: not cgroups.members([pids_dir]),
+                               "the pids cgroup to empty", interval=0.02)
         after = await h.process.exec(["true"])
         assert after.ok and after.limit_hit is None
     finally:
@@ -228,9 +225,8 @@ async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
     try:
         await assert_beating(sandbox, "hb")
         os.killpg(proc.pid, signal.SIGTERM)
-        with anyio.fail_after(10):
-            while proc.poll() is None:
-                await anyio.sleep(0.02)
+        await wait_until_async(lambda: proc.poll() is not None, "the host command to exit",
+                               interval=0.02)
         await assert_stopped(sandbox, "hb")
     finally:
         for _ in gen:

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +24,7 @@ from corral.sandbox._lifecycle import Lifecycle
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._sources import LocalDir
 from corral.sandbox._workspace import Workspace
+from corral.testing import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -65,6 +65,11 @@ def _file_events(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 async def _events(store: Store, run_id: str) -> list[dict[str, Any]]:
     return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+def _exited(paths: JournalPaths) -> bool:
+    status = read_status(paths.status)
+    return status is not None and status.state == "exited"
 
 
 @pytest.mark.parametrize("provider", ["local", "bubblewrap"])
@@ -117,9 +122,8 @@ async def test_unwatched_changes_are_caught_up_by_the_next_driver(store: Store,
     runner = Runner(store, journals_dir=tmp_path / "journals")
     rec = await runner.start(_request(_workspace(tmp_path), "local", True, AGENT))
     paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
-    with anyio.fail_after(30):  # the agent is done before anyone drives
-        while (status := read_status(paths.status)) is None or status.state != "exited":
-            await anyio.sleep(0.02)
+    # the agent is done before anyone drives
+    await wait_until_async(lambda: _exited(paths), "the agent to exit", timeout=30)
     assert _file_events(await _events(store, rec.run_id)) == []  # nobody watched
     await runner.drive(rec.run_id)
     seen = _file_events(await _events(store, rec.run_id))
@@ -246,9 +250,7 @@ async def test_hostile_file_names(store: Store, tmp_path: Path, drive_late: bool
     rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
     if drive_late:
         paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
-        with anyio.fail_after(30):
-            while (status := read_status(paths.status)) is None or status.state != "exited":
-                await anyio.sleep(0.02)
+        await wait_until_async(lambda: _exited(paths), "the agent to exit", timeout=30)
     result = await runner.drive(rec.run_id)
     assert result.record.status.value == "completed"
     values = [e["value"] for e in await _events(store, rec.run_id)
@@ -289,9 +291,7 @@ async def test_the_reaper_logs_the_changes_of_a_run_it_finalizes(store: Store,
     rec = await runner.start(_request(_workspace(tmp_path), "local", True, AGENT))
     await runner.detach(rec.run_id)
     paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
-    with anyio.fail_after(30):
-        while (status := read_status(paths.status)) is None or status.state != "exited":
-            await anyio.sleep(0.02)
+    await wait_until_async(lambda: _exited(paths), "the agent to exit", timeout=30)
     result, _ = await runner.reap(ttl=3600)
     assert [e.outcome for e in result.runs] == ["finalized"]
     events = await _events(store, rec.run_id)
@@ -311,9 +311,8 @@ async def test_patches_are_bounded(store: Store, tmp_path: Path) -> None:
     runner = Runner(store, journals_dir=tmp_path / "journals")
     rec = await runner.start(_request(_workspace(tmp_path), "local", "diff", agent))
     paths = JournalPaths.for_run(tmp_path / "journals", rec.run_id)
-    with anyio.fail_after(60):  # all of it caught up at once by the driver below
-        while (status := read_status(paths.status)) is None or status.state != "exited":
-            await anyio.sleep(0.02)
+    # all of it caught up at once by the driver below
+    await wait_until_async(lambda: _exited(paths), "the agent to exit", timeout=60)
     await runner.drive(rec.run_id)
     events = await _events(store, rec.run_id)
     assert len([p for _, p in _file_events(events) if p.startswith("many/")]) == n

@@ -6,7 +6,6 @@ import os
 import time
 from pathlib import Path
 
-import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,6 +21,7 @@ from corral.journal._supervisor import (
     launch_supervised,
     supervisor_alive,
 )
+from corral.testing import wait_until_async
 
 NOW = 1_800_000_000.0
 
@@ -128,10 +128,8 @@ async def test_prune_keeps_a_live_supervisors_files_and_reports_failures(
         assert paths.journal.exists()
     finally:
         kill_supervised(paths, grace=1.0, include_supervisor=True)
-    deadline = time.monotonic() + 10
-    while supervisor_alive(paths):  # SIGKILL is delivered asynchronously
-        assert time.monotonic() < deadline, "the supervisor did not die"
-        await anyio.sleep(0.01)
+    # SIGKILL is delivered asynchronously
+    await wait_until_async(lambda: not supervisor_alive(paths), "the supervisor to die")
     after = await prune_journals(store, d, now=time.time())
     assert after.deleted == ["running-agent"], after
     assert not paths.journal.exists()

@@ -97,8 +97,9 @@ def test_bad_options_are_one_line(cli: Cli) -> None:
 def test_reap_finalizes_leaves_producing_alone_then_expires(cli: Cli) -> None:
     done = cli.start("done", "printf 'one\\ntwo\\n'; echo warn >&2")
     busy = cli.start("busy", "echo started; exec sleep 600")
-    wait_until(lambda: exited(done), 30, "the finished agent to exit")
-    wait_until(lambda: b"started" in busy.journal.read_bytes(), 30, "the busy agent's output")
+    wait_until(lambda: exited(done), "the finished agent to exit", timeout=30)
+    wait_until(lambda: b"started" in busy.journal.read_bytes(),
+               "the busy agent's output", timeout=30)
     busy_before = (cli.raw("busy"), cli.log("busy"))
 
     first = cli.run("reap", "--json")
@@ -132,7 +133,7 @@ def test_reap_finalizes_leaves_producing_alone_then_expires(cli: Cli) -> None:
     assert record["status"] == "aborted" and record["cancel_requested"] is True
     assert cli.closed("busy") and "started" in cli.text("busy")
     assert not cli.sandbox_exists("busy")
-    wait_until(lambda: not supervisor_alive(busy), 10, "the expired agent to be stopped")
+    wait_until(lambda: not supervisor_alive(busy), "the expired agent to be stopped", timeout=10)
 
 
 def test_two_reapers_at_once_drive_each_run_at_most_once(cli: Cli) -> None:
@@ -140,8 +141,8 @@ def test_two_reapers_at_once_drive_each_run_at_most_once(cli: Cli) -> None:
     paths = [cli.start(run_id, f"echo output of {run_id}") for run_id in ids]
     busy = cli.start("busy", "echo x; exec sleep 600")
     for p in paths:
-        wait_until(lambda p=p: exited(p), 30, "agents to exit")
-    wait_until(lambda: b"x" in busy.journal.read_bytes(), 30, "the busy agent's output")
+        wait_until(lambda p=p: exited(p), "agents to exit", timeout=30)
+    wait_until(lambda: b"x" in busy.journal.read_bytes(), "the busy agent's output", timeout=30)
     busy_before = (cli.raw("busy"), cli.log("busy"))
     procs = [cli.popen("reap", "--json") for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -169,7 +170,7 @@ def test_destroy_failing_in_the_provider_is_reclaim_failed(
     from corral.testing._plugin import require
 
     done = cli.start("stuck", "echo transcript")
-    wait_until(lambda: exited(done), 30, "the agent to exit")
+    wait_until(lambda: exited(done), "the agent to exit", timeout=30)
     ref = cli.raw("stuck")["sandbox_ref"]
     sandbox = cli.home / "sandboxes" / ref["provider"] / ref["id"]
     # A mount point cannot be renamed: the provider's destroy fails for real (EBUSY).

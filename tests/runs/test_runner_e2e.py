@@ -187,14 +187,14 @@ def test_cancel_from_another_process(cli: Cli) -> None:
     driver = cli.popen("run", "--run-id", "can", "--json", "--", "sh", "-c",
                        "echo up; sleep 60; echo never")
     assert driver.stdout is not None and "RUN_STARTED" in driver.stdout.readline()
-    wait_until(lambda: "up" in stdout_text(cli.log("can")), 10, "the agent's first line")
+    wait_until(lambda: "up" in stdout_text(cli.log("can")), "the agent's first line", timeout=10)
     pid = _agent_pid(cli, "can")
     sandbox_id = cli.raw_record("can")["sandbox_ref"]["id"]
     assert process_alive(pid)
     out = cli.run("cancel", "can")
     assert out.returncode == 0, out.stderr
     # well before its `sleep 60` would end (how fast is for bench/, not a pass/fail test)
-    wait_until(lambda: not process_alive(pid), 30, "the agent to stop")
+    wait_until(lambda: not process_alive(pid), "the agent to stop", timeout=30)
     rest, _ = driver.communicate(timeout=20)
     rec = cli.record("can")
     assert rec["status"] == "aborted" and rec["cancel_requested"] is True
@@ -214,7 +214,7 @@ def test_cancel_of_a_detached_run(cli: Cli) -> None:
     pid = _agent_pid(cli, "dcan")
     out = cli.run("cancel", "dcan")
     assert out.returncode == 0
-    wait_until(lambda: not process_alive(pid), 2, "the agent to stop")
+    wait_until(lambda: not process_alive(pid), "the agent to stop", timeout=2)
     rec = cli.record("dcan")
     assert rec["status"] == "aborted"
     assert cli.log("dcan")[-1]["type"] == "RUN_ERROR" and cli.closed("dcan")
@@ -238,8 +238,8 @@ def test_sigint_detaches_and_a_second_one_cancels(cli: Cli) -> None:
     proc.send_signal(signal.SIGINT)
     # The first signal was handled once the run is stamped detached; the second must come
     # within two seconds of the first.
-    wait_until(lambda: cli.raw_record("int2").get("detached_since") is not None, 1.5,
-               "the detach stamp")
+    wait_until(lambda: cli.raw_record("int2").get("detached_since") is not None,
+               "the detach stamp", timeout=1.5)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=20)
     rec = cli.record("int2")

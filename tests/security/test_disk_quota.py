@@ -16,8 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -27,6 +26,7 @@ from corral._errors import ConfigError
 from corral.providers import _diskquota as diskquota
 from corral.providers._bubblewrap import FILES_ROOT, BubblewrapProvider
 from corral.sandbox._contracts import ResourceLimits, SandboxSpec
+from corral.testing import wait_until_async
 from corral.testing._plugin import require
 
 pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
@@ -84,14 +84,6 @@ def host_free() -> int:
     return st.f_bavail * st.f_frsize
 
 
-async def wait_until(ok: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not true after {timeout:g}s: {what}")
-        await anyio.sleep(0.2)
-
-
 @pytest.mark.parametrize("how", sorted(WRITERS))
 def test_writing_past_the_disk_limit_fails_and_is_named(
     how: str, pool: diskquota.Pool, corral_home: Path
@@ -121,8 +113,9 @@ def test_writing_past_the_disk_limit_fails_and_is_named(
             await provider.destroy(neighbour.ref)
         assert not Path(victim.state.files_dir).exists()
         # The pool hands freed blocks back to the host (discard punches holes in its image).
-        await wait_until(lambda: pool_allocated(pool) < full - LIMIT // 2,
-                         "destroy gave the sandbox's space back to the host")
+        await wait_until_async(lambda: pool_allocated(pool) < full - LIMIT // 2,
+                               "destroy gave the sandbox's space back to the host",
+                               timeout=120, interval=0.2)
 
     anyio.run(go)
 

@@ -116,7 +116,7 @@ def _killed_during_the_copy(cli: Cli, tmp_path: Path, run_id: str) -> dict[str, 
         return False
 
     try:
-        wait_until(caught_copying, 60, "the workspace copy to be under way")
+        wait_until(caught_copying, "the workspace copy to be under way", timeout=60)
     finally:
         _sigkill(proc)
     return copying
@@ -135,7 +135,7 @@ def test_starter_killed_during_the_workspace_copy_is_failed_and_reclaimed(
     sandbox_id = copying["provider_sandbox_id"]
     assert cli.sandbox_dir(sandbox_id).exists()
 
-    wait_until(lambda: _lease_lapsed(cli, run_id), 30, "the dead starter's lease to lapse")
+    wait_until(lambda: _lease_lapsed(cli, run_id), "the dead starter's lease to lapse", timeout=30)
     out = cli.run("reap", "--ttl", "0", "--json")
     result = json.loads(out.stdout)
     runs = {r["run_id"]: r for r in result["runs"]}
@@ -160,7 +160,7 @@ def test_starter_killed_before_the_agent_started_is_finalized_without_waiting_th
     run_id = "killed-in-copy-2"
     _killed_during_the_copy(cli, tmp_path, run_id)
     assert not cli.journal(run_id).journal.exists()
-    wait_until(lambda: _lease_lapsed(cli, run_id), 30, "the dead starter's lease to lapse")
+    wait_until(lambda: _lease_lapsed(cli, run_id), "the dead starter's lease to lapse", timeout=30)
     result = json.loads(cli.run("reap", "--json").stdout)
     runs = {r["run_id"]: r for r in result["runs"]}
     assert runs.get(run_id, {}).get("outcome") == "finalized", result
@@ -178,10 +178,10 @@ def test_driver_killed_after_the_agent_started_is_finalized_from_the_journal(
                      "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo last",
                      quiet=True)
     paths = cli.journal(run_id)
-    wait_until(lambda: paths.journal.exists() and b"first" in paths.journal.read_bytes(), 60,
-               "the agent's first line")
-    wait_until(lambda: any(e.get("delta") == "first" for e in cli.log(run_id)), 30,
-               "the driver to log the first line")
+    wait_until(lambda: paths.journal.exists() and b"first" in paths.journal.read_bytes(),
+               "the agent's first line", timeout=60)
+    wait_until(lambda: any(e.get("delta") == "first" for e in cli.log(run_id)),
+               "the driver to log the first line", timeout=30)
     _sigkill(proc)  # no detach: the driver just dies
     record = cli.raw(run_id)
     assert record is not None and "detached_since" not in record
@@ -189,8 +189,8 @@ def test_driver_killed_after_the_agent_started_is_finalized_from_the_journal(
     ws = cli.workspace_of(ref["id"])
     assert ws is not None
     (ws.parent / "tmp" / "go").touch()  # let the agent finish on its own
-    wait_until(lambda: _exited(paths), 30, "the agent to exit")
-    wait_until(lambda: _lease_lapsed(cli, run_id), 30, "the dead driver's lease to lapse")
+    wait_until(lambda: _exited(paths), "the agent to exit", timeout=30)
+    wait_until(lambda: _lease_lapsed(cli, run_id), "the dead driver's lease to lapse", timeout=30)
 
     out = cli.run("reap", "--ttl", "1h", "--json")
     assert out.returncode == 0, out.stderr

@@ -38,7 +38,7 @@ def test_pending_approvals_are_listed_and_answered_over_http(
         held: dict[str, Any] = {}
         thread = threading.Thread(target=_ask, args=(run_id, home.path, held), daemon=True)
         thread.start()
-        wait_until(lambda: bool(held.get("events")), 20, "the approval request event")
+        wait_until(lambda: bool(held.get("events")), "the approval request event", timeout=20)
         approval_id = held["events"][0].value["approvalId"]
 
         listed = c.get(f"/v1/runs/{run_id}/approvals")

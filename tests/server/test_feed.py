@@ -14,6 +14,7 @@ from corral.stores._protocols import LoggedEvent, NewRun, Store
 from corral.server._feed import FeedHub
 from corral.server._sse import encode_event
 from corral.stores import open_store
+from corral.testing import wait_until_async
 
 Plan = list[tuple[str, int]]
 """("append", batch size) or ("view", start offset) steps, in order."""
@@ -43,9 +44,7 @@ async def _exercise(store: Store, plan: Plan, window: int) -> None:
                 tg.start_soon(view, n, slot)
             await anyio.sleep(0)  # let viewers run between steps (and sometimes not)
         await store.close("r")
-        with anyio.fail_after(10):
-            while hub.feeds:
-                await anyio.sleep(0.01)
+        await wait_until_async(lambda: not hub.feeds, "every feed to end")
     every = await store.snapshot("r")
     assert len(every) == written
     for after, got in results:
@@ -100,9 +99,9 @@ def test_two_hundred_viewers_share_one_tail(tmp_path: Path) -> None:
 
                 for slot in got:
                     tg.start_soon(view, slot)
-                with anyio.fail_after(10):  # every viewer attached before the events come
-                    while "r" not in hub.feeds or hub.feeds["r"].viewers < len(got):
-                        await anyio.sleep(0.01)
+                await wait_until_async(  # every viewer attached before the events come
+                    lambda: "r" in hub.feeds and hub.feeds["r"].viewers >= len(got),
+                    "every viewer to attach")
                 for i in range(50):
                     await store.append("r", [({"type": "CUSTOM", "value": i}, i)],
                                        epoch=claim.epoch)

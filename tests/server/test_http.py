@@ -37,7 +37,8 @@ def test_start_stream_list_and_show(home: Home) -> None:
         assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
         assert text_of(events) == ticker_text(5)
 
-        wait_until(lambda: server.run("r-1")["status"] == "completed", 20, "completed record")
+        wait_until(lambda: server.run("r-1")["status"] == "completed",
+                   "completed record", timeout=20)
         record = server.run("r-1")
         assert record["exit_code"] == 0 and record["command"] == ticker(5, 0.02)
         raw = json.dumps(record)
@@ -68,8 +69,8 @@ def test_resume_after_disconnect_has_no_duplicate_and_no_gap(home: Home) -> None
         first, ended = read_stream(server, run_id, limit=8)
         assert not ended and [o for o, _ in first] == list(range(1, 9))
         # The viewer left: the run goes on, marked as unwatched.
-        wait_until(lambda: server.run(run_id).get("detached_since") is not None, 10,
-                   "detached_since after the viewer left")
+        wait_until(lambda: server.run(run_id).get("detached_since") is not None,
+                   "detached_since after the viewer left", timeout=10)
         last = first[-1][0]
         rest, ended = read_stream(server, run_id, last_event_id=last, after=0)
         assert ended
@@ -97,8 +98,8 @@ def test_a_viewer_arriving_clears_detached_since(home: Home) -> None:
                     seen["while_watching"] = server.run(run_id)["detached_since"]
                     break
         assert seen["while_watching"] is None
-        wait_until(lambda: server.run(run_id)["detached_since"] is not None, 10,
-                   "detached_since again after the viewer left")
+        wait_until(lambda: server.run(run_id)["detached_since"] is not None,
+                   "detached_since again after the viewer left", timeout=10)
         with server.client() as c:
             assert c.post(f"/v1/runs/{run_id}/cancel").status_code == 200
 
@@ -217,7 +218,7 @@ def test_auth(home: Home) -> None:
             assert anon.get("/v1/runs", params={"token": TOKEN}).status_code == 401
             assert anon.post(f"/v1/runs/{run_id}/cancel", params={"token": TOKEN}).status_code == 401
             assert anon.get(f"/v1/runs/{run_id}/events", params={"token": "nope"}).status_code == 401
-            wait_until(lambda: server.run(run_id)["status"] == "completed", 20, "run end")
+            wait_until(lambda: server.run(run_id)["status"] == "completed", "run end", timeout=20)
             events = anon.get(f"/v1/runs/{run_id}/events", params={"token": TOKEN})
             assert events.status_code == 200 and "RUN_FINISHED" in events.text
             # The page itself is public; it asks for the token.
@@ -258,7 +259,7 @@ def test_a_run_with_a_timeout_is_stopped(home: Home) -> None:
         r = c.post("/v1/runs", json={"thread_id": "t", "run_id": "slow", "timeout": 1,
                                      "command": ["sh", "-c", "sleep 60"]})
         assert r.status_code == 201, r.text
-        wait_until(lambda: server.run("slow")["status"] != "running", 40, "the timeout")
+        wait_until(lambda: server.run("slow")["status"] != "running", "the timeout", timeout=40)
         rec = server.run("slow")
         assert (rec["status"], rec["exit_code"]) == ("failed", 124), rec
 

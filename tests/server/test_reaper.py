@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
@@ -19,6 +18,7 @@ from corral.server._sse import encode_event
 from corral.stores import open_store
 from tests.helpers import wait_until
 from tests.server.conftest import Home, read_stream, sse_events, ticker
+from corral.testing import wait_until_async
 
 REAPER = ("--reap-interval", "0.3s", "--reap-ttl", "1s")
 
@@ -42,15 +42,16 @@ def test_an_unwatched_run_expires_and_a_watched_one_does_not(home: Home) -> None
         viewer = threading.Thread(target=watch)
         viewer.start()
         try:
-            wait_until(lambda: server.run(lonely)["status"] == "aborted", 20, "expiry")
+            wait_until(lambda: server.run(lonely)["status"] == "aborted", "expiry", timeout=20)
             # Well past the TTL (and several sweeps), the watched run goes on.
-            wait_until(lambda: len(offsets) > 50, 20, "events while watched")
+            wait_until(lambda: len(offsets) > 50, "events while watched", timeout=20)
             assert server.run(watched)["status"] == "running"
         finally:
             stop.set()
             viewer.join(30)
         # The viewer left: now it is unwatched, and expires in its turn.
-        wait_until(lambda: server.run(watched)["status"] == "aborted", 20, "expiry after leaving")
+        wait_until(lambda: server.run(watched)["status"] == "aborted",
+                   "expiry after leaving", timeout=20)
         assert home.log(lonely)[-1]["type"] == "RUN_ERROR"
         assert home.raw(lonely)["cancel_requested"] is True
 
@@ -59,7 +60,7 @@ def test_a_run_nobody_drives_is_finalized_by_the_servers_reaper(home: Home) -> N
     out = home.cli("run", "--detach", "--run-id", "cli-run", "--", "sh", "-c", "echo done")
     assert out.returncode == 0, out.stderr
     with home.server("--reap-interval", "0.3s", "--reap-ttl", "1h", reaper=True) as server:
-        wait_until(lambda: server.run("cli-run")["status"] == "completed", 30, "finalized")
+        wait_until(lambda: server.run("cli-run")["status"] == "completed", "finalized", timeout=30)
         got, ended = read_stream(server, "cli-run")
         assert ended and got[-1][1]["type"] == "RUN_FINISHED"
         assert "done" in "".join(e.get("delta", "") for _, e in got)
@@ -85,9 +86,7 @@ async def test_one_sweep_at_a_time(tmp_path: Path, need_bwrap_runs: None,
                 assert current is not None
                 return (await probe_run_exit(current)).state == "finished"
 
-            with anyio.fail_after(20):
-                while not await exited():
-                    await anyio.sleep(0.05)
+            await wait_until_async(exited, "the agent to finish", timeout=20, interval=0.05)
 
             assert await store.try_lock(LOCK_NAME, "another-server", 60)
             assert await sweep_once(service, "this-server") is None

@@ -50,7 +50,7 @@ def test_sigkill_the_driving_server_and_watch_the_rest_on_another(home: Home) ->
         assert normalized(interrupted, run_id) == normalized([e for _, e in clean], clean_id)
         text = "".join(e["delta"] for e in interrupted if e["type"] == "TEXT_MESSAGE_CONTENT")
         assert text == ticker_text(lines)
-        wait_until(lambda: b.run(run_id)["status"] == "completed", 20, "completed record")
+        wait_until(lambda: b.run(run_id)["status"] == "completed", "completed record", timeout=20)
         assert b.run(run_id)["driver_epoch"] >= 3  # start, A's drive, B's takeover
 
 
@@ -62,7 +62,7 @@ def test_a_watcher_on_another_server_notices_the_driver_dying(home: Home) -> Non
         got: list[tuple[int, dict[str, Any]]] = []
 
         def kill_a_once_watching() -> None:
-            wait_until(lambda: len(got) >= 10, 30, "events before the kill")
+            wait_until(lambda: len(got) >= 10, "events before the kill", timeout=30)
             a.stop(signal.SIGKILL)
 
         killer = threading.Thread(target=kill_a_once_watching)

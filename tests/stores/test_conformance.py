@@ -1,11 +1,9 @@
-"""The shipped conformance suite, run against the memory and SQLite backends."""
+"""The shipped store and pipe kits, run against the memory and SQLite backends."""
 
-from corral.testing._stores import (  # noqa: F401
-    TestClaims,
-    TestEventLog,
-    TestInstanceStore,
-    TestListRuns,
-    TestNamedLock,
-    TestPipeToRunLog,
-    TestRunStoreContract,
-)
+from __future__ import annotations
+
+from corral.testing import PIPE_KIT, STORE_KIT, pytest_checks
+from tests.helpers import STORE_FACTORIES
+
+pytest_checks(STORE_KIT, STORE_FACTORIES, globals())
+pytest_checks(PIPE_KIT, STORE_FACTORIES, globals())

@@ -32,6 +32,8 @@ class FencingMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        # asyncio only: hypothesis drives the store from its own thread through a portal;
+        # the same claims and fencing run on trio in the store kit (tests/stores/conftest.py).
         self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal("asyncio")
         self.portal = self._portal_cm.__enter__()
         self.tmp = tempfile.mkdtemp(prefix="corral-prop-")
@@ -143,7 +145,6 @@ TestSQLiteFencing.settings = settings(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_concurrent_writers_on_separate_connections(tmp_path: Any) -> None:
     """Real concurrency: three connections race claims and appends on one SQLite file."""
     url = f"sqlite://{tmp_path / 'race.db'}"

@@ -24,6 +24,7 @@ from corral.tools._approvals import (
     list_pending,
 )
 from corral.tools._mcp_server import HostToolServer
+from corral.testing import wait_until_async
 
 from .mcp_client import mcp_client
 
@@ -48,12 +49,13 @@ class Run:
         self.srv, self.sock, self.events = srv, sock, events
 
     async def request_event(self) -> CustomEvent:
-        with anyio.fail_after(20):
-            while True:
-                for e in self.events:
-                    if isinstance(e, CustomEvent) and e.name == APPROVAL_REQUEST_EVENT:
-                        return e
-                await anyio.sleep(0.02)
+        def requests() -> list[CustomEvent]:
+            return [e for e in self.events
+                    if isinstance(e, CustomEvent) and e.name == APPROVAL_REQUEST_EVENT]
+
+        await wait_until_async(requests, "the approval request event", timeout=20,
+                               interval=0.02)
+        return requests()[0]
 
 
 @pytest.fixture
@@ -147,8 +149,8 @@ async def test_forged_or_foreign_ids_are_refused(
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask)
-            while not events:
-                await anyio.sleep(0.02)
+            await wait_until_async(lambda: events, "the approval request event", timeout=30,
+                                   interval=0.02)
             real = events[0].value["approvalId"]  # type: ignore[attr-defined]
             nonce, mac = real.split(".")
             forged = f"{nonce}.{'A' * len(mac)}"

@@ -31,6 +31,7 @@ from corral.tools._core import Toolset
 from corral.tools._mcp_server import HostToolServer
 from corral.tools._permission import PermissionPromptTool
 from corral.tools._projection import TOKEN_ENV
+from corral.testing import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -132,9 +133,9 @@ async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals],
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hook)
-        with anyio.fail_after(30):
-            while not (pending := list_pending("run-1", root=tmp_path)):
-                await anyio.sleep(0.02)
+        await wait_until_async(lambda: list_pending("run-1", root=tmp_path),
+                               "the approval request", timeout=30, interval=0.02)
+        pending = list_pending("run-1", root=tmp_path)
         assert not results  # held while nobody answered
         answer_approval("run-1", pending[0].approval_id, False, reason="not now",
                         root=tmp_path)

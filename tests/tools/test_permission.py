@@ -18,6 +18,7 @@ from corral.tools._approvals import Approvals, answer_approval, list_pending
 from corral.tools._core import Toolset, result_text
 from corral.tools._permission import PERMISSION_TOOL, PermissionPromptTool
 from corral.tools._remote import execute_host_tool
+from corral.testing import wait_until_async
 
 POLICY = Policy(allow=("echo *",), deny=("rm *",), ask=("touch *",), default="deny",
                 file_write="ask", network="deny")
@@ -68,9 +69,9 @@ def test_ask_waits_for_the_approval_gate(allow: bool, tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask)
-            with anyio.fail_after(10):
-                while not (pending := list_pending("run-p", root=tmp_path)):
-                    await anyio.sleep(0.02)
+            await wait_until_async(lambda: list_pending("run-p", root=tmp_path),
+                                   "the approval request", interval=0.02)
+            pending = list_pending("run-p", root=tmp_path)
             assert out == []  # held until answered
             assert pending[0].tool == "Bash" and pending[0].args == {"command": "touch y"}
             answer_approval("run-p", pending[0].approval_id, allow, reason="no", root=tmp_path)
@@ -99,9 +100,9 @@ def test_an_approval_outlasts_the_servers_call_timeout(tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            with anyio.fail_after(10):
-                while not (pending := list_pending("run-c", root=tmp_path)):
-                    await anyio.sleep(0.02)
+            await wait_until_async(lambda: list_pending("run-c", root=tmp_path),
+                                   "the approval request", interval=0.02)
+            pending = list_pending("run-c", root=tmp_path)
             await anyio.sleep(0.5)  # the scenario: the human answers after the call timeout
             answer_approval("run-c", pending[0].approval_id, True, root=tmp_path)
         return out[0]

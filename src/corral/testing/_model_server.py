@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, Self
 
+from corral.testing._polling import wait_until
+
 __all__ = [
     "Fail",
     "Hang",
@@ -669,13 +671,9 @@ class ModelServer:
             return [r for r in self.requests if r.protocol != "other"]
 
     def wait_for_requests(self, n: int, timeout: float = 10.0) -> list[ModelRequest]:
-        """Block until at least ``n`` model calls were recorded (or raise TimeoutError)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.model_requests
-            if len(got) >= n:
-                return got
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(got)} model requests after {timeout}s, wanted {n}")
-            time.sleep(0.01)
+        """Block until at least ``n`` model calls were recorded (or raise
+        :class:`~corral.testing.WaitTimeout`)."""
+        wait_until(lambda: len(self.model_requests) >= n, f"{n} model requests",
+                   timeout=timeout)
+        return self.model_requests
 

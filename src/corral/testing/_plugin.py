@@ -1,10 +1,9 @@
-"""pytest plugin entry point for corral's conformance suites.
+"""pytest plugin entry point for corral's test kits.
 
-Third-party implementers get the suites by importing the test classes from
-``corral.testing._providers`` / ``corral.testing._stores`` into their own test modules and
-providing the fixtures those classes document. This plugin adds the shared command-line
-options and the rule that a missing prerequisite is a *named* skip, which CI turns into a
-failure (``--corral-no-skips`` or ``CI=true``).
+The kits themselves are plain functions (``corral.testing.check_store`` …) and
+``corral.testing.pytest_checks`` turns one into a test per check. This plugin adds the shared
+command-line option and the rule that a missing prerequisite is a *named* skip, which CI
+turns into a failure (``--corral-no-skips`` or ``CI=true``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
-"""Reaper conformance suite: ``reap_detached_runs`` and ``reclaim_sandbox`` over a store.
+"""Reaper kit: :func:`corral.runs.reap_detached_runs` and :func:`corral.runs.reclaim_sandbox`
+over a store, as plain checks.
 
-Run it against a store backend by importing the classes and the ``reaper_world`` fixture
-into a test module that provides an async ``store`` fixture (a fresh, empty
-:class:`corral.stores._protocols.Store`) and ``anyio_backend``::
+    from corral.testing import check_reaper
 
-    from corral.testing._reaper import *  # noqa: F403
+    await check_reaper(make_store)   # one fresh store and world per check; raises KitFailed
 
 The runs are real: each agent is a real process started by the journal supervisor, writing
 a real journal in a host-private directory; the reaper probes that journal with
-:func:`corral.runs._probe.probe_run_exit` and drives it with the ``command`` harness's
-translator (:func:`journal_drive`). Sandboxes are host directories managed by
-:class:`DirSandboxes`, a minimal provider whose ``destroy`` stops the agents whose journals
-live in the sandbox and deletes the directory (``break_destroy`` makes it fail, standing in
-for a provider outage). Every sweep also holds a run that must be left alone, so a sweep that
-does nothing cannot pass.
+:func:`corral.runs.probe_run_exit` and drives it with the ``command`` harness's translator
+(``journal_drive``). Sandboxes are host directories managed by :class:`DirSandboxes`, a
+minimal provider whose ``destroy`` stops the agents whose journals live in the sandbox and
+deletes the directory (``break_destroy`` makes it fail, standing in for a provider outage).
+Every sweep also holds a run that must be left alone, so a sweep that does nothing cannot
+pass. Each check's subject is a :class:`ReaperWorld` over a fresh store and a temporary
+directory.
 """
 
 from __future__ import annotations
@@ -21,51 +21,88 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
-import pytest
 
 from corral.harness._base import RunContext, translate_run
 from corral.harness._command import CommandHarness
 from corral.harness._events import event_to_dict
 from corral.journal._layout import JournalPaths, read_status
-from corral.runs._pipe import LogBatch, Produced
-from corral.runs._probe import probe_run_exit
-from corral.runs._reap import (
-    ProbeResult,
-    ReapEntry,
-    ReapOutcome,
-    ReapResult,
-    reap_detached_runs,
-)
-from corral.runs._reaping import journal_drive, journal_stop
-from corral.runs._reclaim import ReclaimOutcome, reclaim_sandbox, sandbox_reclaimer
-from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.journal._sentinel import new_nonce
-from corral.stores._protocols import InstanceRecord, LoggedEvent, NewRun, Store
 from corral.journal._supervisor import (
     AgentSpec,
     _is_ours,
     kill_supervised,
     launch_supervised_async,
 )
+from corral.runs import (
+    ProbeResult,
+    ReapEntry,
+    ReapOutcome,
+    ReapResult,
+    ReclaimOutcome,
+    SandboxReclaimFailedError,
+    probe_run_exit,
+    reap_detached_runs,
+    reclaim_sandbox,
+    sandbox_reclaimer,
+)
+from corral.runs._pipe import LogBatch, Produced
+from corral.runs._reaping import journal_drive, journal_stop
 from corral.sandbox._contracts import SandboxRef
+from corral.stores._protocols import InstanceRecord, LoggedEvent, NewRun, Store
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._polling import wait_until_async
 
 __all__ = [
+    "REAPER_KIT",
     "DirSandboxes",
+    "Frozen",
     "ReaperWorld",
-    "TestReapOutcomes",
-    "TestReapSweep",
-    "TestReclaim",
+    "Started",
+    "agent_alive",
+    "assert_counts",
+    "assert_untouched",
+    "check_reaper",
+    "entry",
     "journal_drive",
     "journal_stop",
     "reaper_world",
+    "check_a_live_lease_without_detach_is_never_touched",
+    "check_batch_cap_takes_the_oldest_first",
+    "check_budget_exceeded_on_finalization_is_an_anomaly",
+    "check_budget_is_armed_after_the_quiet_window",
+    "check_cancel_recorded_by_a_dead_host_is_still_finalized",
+    "check_destroy_failed_deletes_the_record_and_reclaimer_raises",
+    "check_destroy_failing_is_reclaim_failed_with_transcript_saved",
+    "check_destroy_that_hangs_is_bounded_by_its_own_timeout",
+    "check_destroyed",
+    "check_driver_that_died_without_detaching_is_finalized_after_its_lease",
+    "check_expired_finished_agent_completes",
+    "check_expired_live_agent_is_stopped_aborted_and_reclaimed",
+    "check_failed_agent_is_finalized_with_its_exit_code",
+    "check_failed_is_reported_and_the_sweep_goes_on",
+    "check_finalized_agent_finished_while_nobody_watched",
+    "check_finalized_resumes_after_what_the_dead_host_logged",
+    "check_live_driver_elsewhere_is_not_claimed_and_nothing_changes",
+    "check_look_alike_sentinels_stay_producing",
+    "check_no_sandbox_key_and_not_found",
+    "check_nothing_to_do_and_listing_failure_give_full_zero_results",
+    "check_producing_agent_is_left_byte_for_byte_alone",
+    "check_provider_mismatch_touches_nothing",
+    "check_reaper",
+    "check_two_reapers_at_once_drive_each_run_at_most_once",
+    "check_unknown_touches_nothing_and_says_why",
+    "check_viewer_back_between_listing_and_claim_is_not_claimed",
 ]
 
 QUIET = 0.02
@@ -76,7 +113,6 @@ LONG = "sleep 600"
 
 
 # ------------------------------------------------------------------ collaborators
-
 
 class DirSandboxes:
     """Sandboxes as host directories (``<root>/<id>/private`` holds the journals).
@@ -127,7 +163,6 @@ def _stop_all(private: Path) -> None:
 
 
 # ------------------------------------------------------------------ the world
-
 
 @dataclass
 class Started:
@@ -203,10 +238,10 @@ class ReaperWorld:
         self.launched.append(paths)
         await launch_supervised_async(AgentSpec(["sh", "-c", script], BASE_ENV), paths, nonce)
         if wait_exit:
-            await wait_for(lambda: _exited(paths), f"agent of {run_id} to exit")
+            await wait_until_async(lambda: _exited(paths), f"agent of {run_id} to exit", timeout=20.0)
         if wait_output is not None:
             needle = wait_output.encode()
-            await wait_for(lambda: needle in _read(paths.journal), f"output of {run_id}")
+            await wait_until_async(lambda: needle in _read(paths.journal), f"output of {run_id}", timeout=20.0)
         # The original driver: held a claim and logged the start (and maybe some lines)…
         claim = await self.store.acquire_claim(run_id, "host-that-died", 0.05)
         record = await self.store.get(run_id)
@@ -225,7 +260,7 @@ class ReaperWorld:
         # …then the viewer left and the host died (its lease lapses on its own).
         if detached_ago is not None:
             await self.store.update(run_id, RunPatch(detached_since=time.time() - detached_ago))
-        await wait_for(lambda: time.time() > claim.expires_at, "the dead host's lease to lapse")
+        await wait_until_async(lambda: time.time() > claim.expires_at, "the dead host's lease to lapse", timeout=20.0)
         return Started(run_id, paths, sandbox_id)
 
     async def bystander(self) -> tuple[Started, Frozen]:
@@ -297,23 +332,17 @@ def agent_alive(paths: JournalPaths) -> bool:
     return st.state == "running" and _is_ours(st.agent_pid, st.agent_start)
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Poll ``cond`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await anyio.sleep(0.01)
-
-
-@pytest.fixture
-async def reaper_world(store: Store, tmp_path: Path) -> AsyncIterator[ReaperWorld]:
-    """A :class:`ReaperWorld` over the ``store`` fixture; kills every agent afterwards."""
-    world = ReaperWorld(store, DirSandboxes(tmp_path / "sandboxes"))
-    try:
-        yield world
-    finally:
-        world.cleanup()
+@asynccontextmanager
+async def reaper_world(make_store: Factory) -> AsyncIterator[ReaperWorld]:
+    """A :class:`ReaperWorld` over a fresh store from ``make_store`` and a temporary
+    directory; kills every agent afterwards."""
+    with tempfile.TemporaryDirectory(prefix="corral-reaper-") as tmp:
+        async with opened(make_store) as store:
+            world = ReaperWorld(store, DirSandboxes(Path(tmp) / "sandboxes"))
+            try:
+                yield world
+            finally:
+                await anyio.to_thread.run_sync(world.cleanup)
 
 
 def entry(result: ReapResult, run_id: str) -> ReapEntry:
@@ -341,477 +370,516 @@ async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen)
 # ------------------------------------------------------------------ the suites
 
 
-@pytest.mark.anyio
-class TestReapOutcomes:
-    """Each outcome, in a sweep that also holds a run that must be left alone."""
+# ------------------------------------------------------------------ reap outcomes
+# Each outcome, in a sweep that also holds a run that must be left alone.
 
-    async def test_finalized_agent_finished_while_nobody_watched(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("printf 'hello\\n'; printf 'world\\n'; printf 'bye'",
-                             wait_exit=True)
-        busy = await w.start(f"echo working; {LONG}", wait_output="working")
-        busy_before = await w.freeze(busy)
-        result = await w.sweep()
-        assert_counts(result, finalized=1, producing=1)
-        assert result.considered == 2 and result.probed == 2
-        e = entry(result, done.run_id)
-        assert (e.outcome, e.status, e.exit_code) == (
-            ReapOutcome.FINALIZED, RunStatus.COMPLETED, 0)
-        record = await w.record(done.run_id)
-        assert record.status is RunStatus.COMPLETED and record.exit_code == 0
-        assert record.detached_since is not None  # the reaper never clears it
-        assert await w.text(done.run_id) == "hello\nworld\nbye"
-        log = await w.store.snapshot(done.run_id)
-        assert [x.offset for x in log] == list(range(1, len(log) + 1))
-        assert log[0].event["type"] == "RUN_STARTED"
-        assert log[-1].event["type"] == "RUN_FINISHED"
-        assert (await w.store.tail(done.run_id)).closed
-        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
-        assert await w.store.get_instance(f"key-{done.run_id}") is None
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_driver_that_died_without_detaching_is_finalized_after_its_lease(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        """No detach at all: the lapsed lease is what makes the run reapable."""
-        w = reaper_world
-        done = await w.start("echo out", wait_exit=True, detached_ago=None, logged_lines=0)
-        busy = await w.start(f"echo working; {LONG}", wait_output="working", detached_ago=None)
-        busy_before = await w.freeze(busy)
-        result = await w.sweep()
-        assert_counts(result, finalized=1, producing=1)
-        record = await w.record(done.run_id)
-        assert (record.status, record.exit_code) == (RunStatus.COMPLETED, 0)
-        assert record.detached_since is None
-        assert await w.text(done.run_id) == "out\n"
-        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_a_live_lease_without_detach_is_never_touched(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
-        w = reaper_world
-        done = await w.start("echo out", wait_exit=True, detached_ago=None)
-        await w.store.acquire_claim(done.run_id, "live-driver", 600)
-        before = await w.freeze(done)
-        busy = await w.start(f"echo working; {LONG}", wait_output="working")
-        result = await w.sweep(ttl=0.0, budget=1.0)
-        # the detached run is expired (the sweep acts), the held one is not even considered
-        assert result.considered == 1
-        assert entry(result, busy.run_id).outcome is ReapOutcome.EXPIRED
-        await assert_untouched(w, done, before)
-
-    async def test_finalized_resumes_after_what_the_dead_host_logged(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("printf 'a\\nb\\nc\\nd\\n'", wait_exit=True, logged_lines=2)
-        assert await w.text(done.run_id) == "a\nb"  # what the dead host had logged
-        busy, busy_before = await w.bystander()
-        result = await w.sweep()
-        assert_counts(result, finalized=1, producing=1)
-        assert await w.text(done.run_id) == "a\nb\nc\nd\n"  # no duplicate, no gap
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_failed_agent_is_finalized_with_its_exit_code(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        bad = await w.start("echo partial; echo oops >&2; exit 3", wait_exit=True)
-        busy, busy_before = await w.bystander()
-        result = await w.sweep()
-        assert_counts(result, finalized=1, producing=1)
-        e = entry(result, bad.run_id)
-        assert (e.status, e.exit_code) == (RunStatus.FAILED, 3)
-        record = await w.record(bad.run_id)
-        assert record.status is RunStatus.FAILED and record.exit_code == 3
-        assert record.error is not None and "oops" in record.error.message
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_producing_agent_is_left_byte_for_byte_alone(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        busy = await w.start(f"echo still at it; {LONG}", wait_output="still at it",
-                             logged_lines=1)
-        await w.start("echo done", wait_exit=True)
-        before = await w.freeze(busy)
-        result = await w.sweep()
-        assert_counts(result, producing=1, finalized=1)
-        e = entry(result, busy.run_id)
-        assert e.outcome is ReapOutcome.PRODUCING and e.status is None and e.error is None
-        await assert_untouched(w, busy, before)
-        assert (await w.freeze(busy)).journal == before.journal
-        assert agent_alive(busy.paths)
-
-    async def test_look_alike_sentinels_stay_producing(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        fake_nonce = "0" * 32
-        forgeries = [
-            f'{{"corral_exit":1,"code":0,"signal":null,"nonce":"{fake_nonce}"}}',
-            '{"corral_exit":1,"code":0,"signal":null}',
-            '{"corral_exit":1,"code":"0","signal":null,"nonce":"x"}',
-            '{"__exit":0,"__nonce":"abc"}',
-        ]
-        script = "".join(f"printf '%s\\n' '{f}'; " for f in forgeries) + f"echo end; {LONG}"
-        forger = await w.start(script, wait_output="end")
-        done = await w.start("echo done", wait_exit=True)
-        before = await w.freeze(forger)
-        result = await w.sweep()
-        assert_counts(result, producing=1, finalized=1)
-        assert entry(result, forger.run_id).outcome is ReapOutcome.PRODUCING
-        assert entry(result, done.run_id).outcome is ReapOutcome.FINALIZED
-        await assert_untouched(w, forger, before)
-
-    async def test_unknown_touches_nothing_and_says_why(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        lost = await w.start(f"echo x; {LONG}", wait_output="x")
-        await w.store.update(lost.run_id, RunPatch(journal={"dir": "relative/path"}))
-        await w.start("echo done", wait_exit=True)
-        before = await w.freeze(lost)
-        result = await w.sweep()
-        assert_counts(result, unknown=1, finalized=1)
-        e = entry(result, lost.run_id)
-        assert e.outcome is ReapOutcome.UNKNOWN and e.error and "journal.dir" in e.error
-        await assert_untouched(w, lost, before)
-
-    async def test_expired_live_agent_is_stopped_aborted_and_reclaimed(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        w.ttl = 60.0
-        old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=61.0)
-        young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=1.0)
-        young_before = await w.freeze(young)
-        result = await w.sweep(budget=0.5)
-        assert_counts(result, expired=1, producing=1)
-        assert result.probed == 1  # the expired run is not probed
-        e = entry(result, old.run_id)
-        assert (e.outcome, e.status, e.terminalized_anyway) == (
-            ReapOutcome.EXPIRED, RunStatus.ABORTED, None)
-        record = await w.record(old.run_id)
-        assert record.status is RunStatus.ABORTED and record.cancel_requested is True
-        assert (await w.store.tail(old.run_id)).closed
-        assert "hi" in await w.text(old.run_id)
-        assert not agent_alive(old.paths)
-        assert old.sandbox_id is not None and not w.sandboxes.exists(old.sandbox_id)
-        await assert_untouched(w, young, young_before)
-
-    async def test_expired_finished_agent_completes(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        w.ttl = 60.0
-        old = await w.start("echo over", wait_exit=True, detached_ago=60.0)  # inclusive
-        young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=59.0)
-        young_before = await w.freeze(young)
-        # Pin the cutoff exactly on the expired run's detach time.
-        record = await w.record(old.run_id)
-        assert record.detached_since is not None
-        result = await w.sweep(now=record.detached_since + 60.0, budget=5.0)
-        assert_counts(result, expired=1, producing=1)
-        assert entry(result, old.run_id).status is RunStatus.COMPLETED
-        assert await w.text(old.run_id) == "over\n"
-        assert (await w.record(old.run_id)).cancel_requested is True
-        await assert_untouched(w, young, young_before)
-
-    async def test_viewer_back_between_listing_and_claim_is_not_claimed(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        w.ttl = 60.0
-        old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=120.0)
-        young = await w.start(f"echo x; {LONG}", wait_output="x")
-        young_before = await w.freeze(young)
-        store = w.store
-
-        class ViewerComesBack:
-            """The store, but a viewer attaches (claims, clearing detached_since, and
-            leaves again) just before the reaper's claim lands."""
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(store, name)
-
-            async def acquire_claim(self, run_id: str, owner: str, ttl: float,
-                                    **kw: Any) -> Any:
-                if run_id == old.run_id:
-                    viewer = await store.acquire_claim(run_id, "viewer", 30.0,
-                                                       clear_detached=True)
-                    await store.release_claim(viewer)
-                return await store.acquire_claim(run_id, owner, ttl, **kw)
-
-        result = await reap_detached_runs(
-            ViewerComesBack(),
-            probe=probe_run_exit, drive=journal_drive(store), ttl=60.0, quiet=QUIET,
-            budget=2.0, reclaim=sandbox_reclaimer(w.sandboxes, store),
-        )
-        assert_counts(result, not_claimed=1, producing=1)
-        e = entry(result, old.run_id)
-        assert e.outcome is ReapOutcome.NOT_CLAIMED and e.error and "viewer" in e.error
-        record = await w.record(old.run_id)
-        assert record.cancel_requested is None  # no cancel from a stale read
-        assert record.status is RunStatus.RUNNING and record.detached_since is None
-        assert not (await store.tail(old.run_id)).closed
-        assert agent_alive(old.paths)
-        assert old.sandbox_id is not None and w.sandboxes.exists(old.sandbox_id)
-        await assert_untouched(w, young, young_before)
-
-    async def test_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        w.ttl = 60.0
-        held = await w.start("echo done", wait_exit=True, detached_ago=120.0)
-        await w.store.acquire_claim(held.run_id, "live-host", 60.0)
-        before = await w.freeze(held)
-        young = await w.start(f"echo x; {LONG}", wait_output="x")
-        young_before = await w.freeze(young)
-        result = await w.sweep()
-        assert_counts(result, not_claimed=1, producing=1)
-        assert "held" in (entry(result, held.run_id).error or "")
-        await assert_untouched(w, held, before)
-        await assert_untouched(w, young, young_before)
-
-    async def test_budget_exceeded_on_finalization_is_an_anomaly(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("echo done", wait_exit=True)
-        busy, busy_before = await w.bystander()
-        real = journal_drive(w.store)
-
-        def wedged(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
-            async def gen() -> AsyncIterator[Produced]:
-                yield LogBatch([{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m",
-                                 "delta": "replaying"}], 0)
-                await anyio.sleep_forever()  # a replay that wedged
-            return gen() if record.run_id == done.run_id else aiter(real(record, epoch, abort))
-
-        result = await w.sweep(drive=wedged, budget=0.3)
-        assert_counts(result, budget_exceeded=1, producing=1)
-        e = entry(result, done.run_id)
-        assert e.terminalized_anyway is True and e.status is RunStatus.ABORTED
-        assert e.exit_code == 0  # what the probe read
-        assert (await w.store.tail(done.run_id)).closed
-        assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_budget_is_armed_after_the_quiet_window(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("echo patience", wait_exit=True)
-        busy, busy_before = await w.bystander()
-        # The quiet window alone outlasts the budget: a budget started before it would
-        # record this finished agent as aborted.
-        result = await w.sweep(quiet=0.6, budget=0.5)
-        assert_counts(result, finalized=1, producing=1)
-        assert entry(result, done.run_id).status is RunStatus.COMPLETED
-        assert await w.text(done.run_id) == "patience\n"
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_destroy_failing_is_reclaim_failed_with_transcript_saved(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("echo saved", wait_exit=True)
-        assert done.sandbox_id is not None
-        w.sandboxes.break_destroy(done.sandbox_id, "provider API unreachable")
-        busy, busy_before = await w.bystander()
-        result = await w.sweep()
-        assert_counts(result, reclaim_failed=1, producing=1)
-        e = entry(result, done.run_id)
-        assert (e.status, e.exit_code) == (RunStatus.COMPLETED, 0)
-        assert e.error and "provider API unreachable" in e.error and done.run_id in e.error
-        assert await w.text(done.run_id) == "saved\n"
-        assert w.sandboxes.exists(done.sandbox_id)  # still up: that is the point
-        assert await w.store.get_instance(f"key-{done.run_id}") is None
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_failed_is_reported_and_the_sweep_goes_on(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        first = await w.start("echo a", wait_exit=True, detached_ago=30.0)
-        second = await w.start("echo b", wait_exit=True, detached_ago=20.0)
-        busy = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=10.0)
-        busy_before = await w.freeze(busy)
-        first_before = await w.freeze(first)
-
-        async def probe(record: RunRecord) -> ProbeResult:
-            if record.run_id == first.run_id:
-                raise OSError("the probe's disk went away")
-            return await probe_run_exit(record)
-
-        result = await w.sweep(probe=probe)
-        assert_counts(result, failed=1, finalized=1, producing=1)
-        assert [x.run_id for x in result.runs] == [first.run_id, second.run_id, busy.run_id]
-        assert "disk went away" in (entry(result, first.run_id).error or "")
-        await assert_untouched(w, first, first_before)
-        await assert_untouched(w, busy, busy_before)
+async def check_finalized_agent_finished_while_nobody_watched(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    done = await w.start("printf 'hello\\n'; printf 'world\\n'; printf 'bye'",
+                         wait_exit=True)
+    busy = await w.start(f"echo working; {LONG}", wait_output="working")
+    busy_before = await w.freeze(busy)
+    result = await w.sweep()
+    assert_counts(result, finalized=1, producing=1)
+    assert result.considered == 2 and result.probed == 2
+    e = entry(result, done.run_id)
+    assert (e.outcome, e.status, e.exit_code) == (
+        ReapOutcome.FINALIZED, RunStatus.COMPLETED, 0)
+    record = await w.record(done.run_id)
+    assert record.status is RunStatus.COMPLETED and record.exit_code == 0
+    assert record.detached_since is not None  # the reaper never clears it
+    assert await w.text(done.run_id) == "hello\nworld\nbye"
+    log = await w.store.snapshot(done.run_id)
+    assert [x.offset for x in log] == list(range(1, len(log) + 1))
+    assert log[0].event["type"] == "RUN_STARTED"
+    assert log[-1].event["type"] == "RUN_FINISHED"
+    assert (await w.store.tail(done.run_id)).closed
+    assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+    assert await w.store.get_instance(f"key-{done.run_id}") is None
+    await assert_untouched(w, busy, busy_before)
 
 
-@pytest.mark.anyio
-class TestReapSweep:
-    """The sweep as a whole: listing, batch cap, order, totality, concurrency."""
-
-    async def test_batch_cap_takes_the_oldest_first(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        runs = [await w.start("echo x", wait_exit=True, detached_ago=age) for age in (5, 30, 20)]
-        result = await w.sweep(max_runs=2)
-        assert result.considered == 2
-        assert [e.run_id for e in result.runs] == [runs[1].run_id, runs[2].run_id]
-        assert_counts(result, finalized=2)
-        left = await w.record(runs[0].run_id)
-        assert left.status is RunStatus.RUNNING and left.driver_epoch == 1
-        again = await w.sweep(max_runs=2)
-        assert [e.run_id for e in again.runs] == [runs[0].run_id]
-
-    async def test_nothing_to_do_and_listing_failure_give_full_zero_results(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        empty = await w.sweep()
-        assert (empty.considered, empty.probed, empty.runs) == (0, 0, [])
-        assert_counts(empty)
-        store = w.store
-
-        class Broken:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(store, name)
-
-            async def list_reclaimable(self, *a: Any, **k: Any) -> list[RunRecord]:
-                raise OSError("database is locked")
-
-        await w.start("echo x", wait_exit=True)
-        broken = await reap_detached_runs(
-            Broken(),
-            probe=probe_run_exit, drive=journal_drive(store), ttl=1.0, quiet=QUIET)
-        assert broken.considered == 0
-        assert_counts(broken)
-        d = broken.to_dict()
-        assert set(d) == {"considered", "probed", "outcomes", "runs"}
-        assert set(d["outcomes"]) == {o.value for o in ReapOutcome}
-
-    async def test_two_reapers_at_once_drive_each_run_at_most_once(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = [await w.start(f"echo run{i}", wait_exit=True) for i in range(4)]
-        busy, busy_before = await w.bystander()
-        driven: list[str] = []
-        real = journal_drive(w.store)
-
-        def counting(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
-            driven.append(record.run_id)
-            return aiter(real(record, epoch, abort))
-
-        results: list[ReapResult] = []
-
-        async def one(owner: str) -> None:
-            results.append(await w.sweep(drive=counting, owner=owner, quiet=0.05))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(one, "reaper-a")
-            tg.start_soon(one, "reaper-b")
-        assert sorted(driven) == sorted(r.run_id for r in done)
-        finalized = sum(r.outcomes[ReapOutcome.FINALIZED] for r in results)
-        assert finalized == 4
-        for r in done:
-            assert (await w.record(r.run_id)).status is RunStatus.COMPLETED
-            assert await w.text(r.run_id) == f"run{done.index(r)}\n"
-        await assert_untouched(w, busy, busy_before)
-
-    async def test_cancel_recorded_by_a_dead_host_is_still_finalized(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        done = await w.start("echo fin", wait_exit=True)
-        await w.store.request_cancel(done.run_id)
-        busy, busy_before = await w.bystander()
-        result = await w.sweep()
-        assert_counts(result, finalized=1, producing=1)
-        assert (await w.record(done.run_id)).status is RunStatus.COMPLETED
-        await assert_untouched(w, busy, busy_before)
+async def check_driver_that_died_without_detaching_is_finalized_after_its_lease(
+    reaper_world: ReaperWorld
+) -> None:
+    """No detach at all: the lapsed lease is what makes the run reapable."""
+    w = reaper_world
+    done = await w.start("echo out", wait_exit=True, detached_ago=None, logged_lines=0)
+    busy = await w.start(f"echo working; {LONG}", wait_output="working", detached_ago=None)
+    busy_before = await w.freeze(busy)
+    result = await w.sweep()
+    assert_counts(result, finalized=1, producing=1)
+    record = await w.record(done.run_id)
+    assert (record.status, record.exit_code) == (RunStatus.COMPLETED, 0)
+    assert record.detached_since is None
+    assert await w.text(done.run_id) == "out\n"
+    assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+    await assert_untouched(w, busy, busy_before)
 
 
-@pytest.mark.anyio
-class TestReclaim:
-    """``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering."""
+async def check_a_live_lease_without_detach_is_never_touched(reaper_world: ReaperWorld) -> None:
+    """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
+    w = reaper_world
+    done = await w.start("echo out", wait_exit=True, detached_ago=None)
+    await w.store.acquire_claim(done.run_id, "live-driver", 600)
+    before = await w.freeze(done)
+    busy = await w.start(f"echo working; {LONG}", wait_output="working")
+    result = await w.sweep(ttl=0.0, budget=1.0)
+    # the detached run is expired (the sweep acts), the held one is not even considered
+    assert result.considered == 1
+    assert entry(result, busy.run_id).outcome is ReapOutcome.EXPIRED
+    await assert_untouched(w, done, before)
 
-    async def _bound(self, w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord, str]:
-        sandbox_id, _ = await w.sandboxes.create()
-        await w.store.create(NewRun("r-bound", "t", sandbox_key="k1"))
-        await w.store.upsert_instance(
-            InstanceRecord("k1", provider or w.sandboxes.name, sandbox_id, "t", time.time()))
-        return await w.record("r-bound"), sandbox_id
 
-    async def test_destroyed(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        record, sandbox_id = await self._bound(w)
-        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
-        assert out is ReclaimOutcome.DESTROYED
-        assert not w.sandboxes.exists(sandbox_id)
-        assert await w.store.get_instance("k1") is None
+async def check_finalized_resumes_after_what_the_dead_host_logged(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    done = await w.start("printf 'a\\nb\\nc\\nd\\n'", wait_exit=True, logged_lines=2)
+    assert await w.text(done.run_id) == "a\nb"  # what the dead host had logged
+    busy, busy_before = await w.bystander()
+    result = await w.sweep()
+    assert_counts(result, finalized=1, producing=1)
+    assert await w.text(done.run_id) == "a\nb\nc\nd\n"  # no duplicate, no gap
+    await assert_untouched(w, busy, busy_before)
 
-    async def test_no_sandbox_key_and_not_found(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        await w.store.create(NewRun("bare", "t"))
-        await w.store.create(NewRun("dangling", "t", sandbox_key="nowhere"))
-        _, sandbox_id = await self._bound(w)
-        reclaim = sandbox_reclaimer(w.sandboxes, w.store)
-        assert await reclaim(await w.record("bare")) is ReclaimOutcome.NO_SANDBOX_KEY
-        assert await reclaim(await w.record("dangling")) is ReclaimOutcome.NOT_FOUND
-        assert w.sandboxes.destroyed == [] and w.sandboxes.exists(sandbox_id)
-        assert await w.store.get_instance("k1") is not None
 
-    async def test_provider_mismatch_touches_nothing(self, reaper_world: ReaperWorld) -> None:
-        w = reaper_world
-        record, sandbox_id = await self._bound(w, provider="docker")
-        before = await w.store.get_instance("k1")
-        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
-        assert out is ReclaimOutcome.PROVIDER_MISMATCH
-        assert await w.store.get_instance("k1") == before
-        assert w.sandboxes.exists(sandbox_id) and w.sandboxes.destroyed == []
+async def check_failed_agent_is_finalized_with_its_exit_code(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    bad = await w.start("echo partial; echo oops >&2; exit 3", wait_exit=True)
+    busy, busy_before = await w.bystander()
+    result = await w.sweep()
+    assert_counts(result, finalized=1, producing=1)
+    e = entry(result, bad.run_id)
+    assert (e.status, e.exit_code) == (RunStatus.FAILED, 3)
+    record = await w.record(bad.run_id)
+    assert record.status is RunStatus.FAILED and record.exit_code == 3
+    assert record.error is not None and "oops" in record.error.message
+    await assert_untouched(w, busy, busy_before)
 
-    async def test_destroy_failed_deletes_the_record_and_reclaimer_raises(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        from corral.runs._reclaim import SandboxReclaimFailedError
 
-        w = reaper_world
-        record, sandbox_id = await self._bound(w)
-        w.sandboxes.break_destroy(sandbox_id, "quota service down")
-        out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
-        assert out is ReclaimOutcome.DESTROY_FAILED
-        assert await w.store.get_instance("k1") is None
-        assert w.sandboxes.exists(sandbox_id)
-        await w.store.upsert_instance(
-            InstanceRecord("k1", w.sandboxes.name, sandbox_id, "t", time.time()))
-        with pytest.raises(SandboxReclaimFailedError) as caught:
-            await sandbox_reclaimer(w.sandboxes, w.store)(record)
-        assert caught.value.run_id == "r-bound" and caught.value.sandbox_key == "k1"
-        assert "quota service down" in str(caught.value)
+async def check_producing_agent_is_left_byte_for_byte_alone(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    busy = await w.start(f"echo still at it; {LONG}", wait_output="still at it",
+                         logged_lines=1)
+    await w.start("echo done", wait_exit=True)
+    before = await w.freeze(busy)
+    result = await w.sweep()
+    assert_counts(result, producing=1, finalized=1)
+    e = entry(result, busy.run_id)
+    assert e.outcome is ReapOutcome.PRODUCING and e.status is None and e.error is None
+    await assert_untouched(w, busy, before)
+    assert (await w.freeze(busy)).journal == before.journal
+    assert agent_alive(busy.paths)
 
-    async def test_destroy_that_hangs_is_bounded_by_its_own_timeout(
-        self, reaper_world: ReaperWorld
-    ) -> None:
-        w = reaper_world
-        record, _ = await self._bound(w)
 
-        class Hanging:
-            name = w.sandboxes.name
+async def check_look_alike_sentinels_stay_producing(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    fake_nonce = "0" * 32
+    forgeries = [
+        f'{{"corral_exit":1,"code":0,"signal":null,"nonce":"{fake_nonce}"}}',
+        '{"corral_exit":1,"code":0,"signal":null}',
+        '{"corral_exit":1,"code":"0","signal":null,"nonce":"x"}',
+        '{"__exit":0,"__nonce":"abc"}',
+    ]
+    script = "".join(f"printf '%s\\n' '{f}'; " for f in forgeries) + f"echo end; {LONG}"
+    forger = await w.start(script, wait_output="end")
+    done = await w.start("echo done", wait_exit=True)
+    before = await w.freeze(forger)
+    result = await w.sweep()
+    assert_counts(result, producing=1, finalized=1)
+    assert entry(result, forger.run_id).outcome is ReapOutcome.PRODUCING
+    assert entry(result, done.run_id).outcome is ReapOutcome.FINALIZED
+    await assert_untouched(w, forger, before)
 
-            async def destroy(self, ref: SandboxRef) -> None:
-                await anyio.sleep_forever()
 
-        started = time.monotonic()
-        out = await reclaim_sandbox(record, provider=Hanging(), instances=w.store,
-                                    destroy_timeout=0.2)
-        assert out is ReclaimOutcome.DESTROY_FAILED
-        assert time.monotonic() - started < 5
-        assert await w.store.get_instance("k1") is None
+async def check_unknown_touches_nothing_and_says_why(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    lost = await w.start(f"echo x; {LONG}", wait_output="x")
+    await w.store.update(lost.run_id, RunPatch(journal={"dir": "relative/path"}))
+    await w.start("echo done", wait_exit=True)
+    before = await w.freeze(lost)
+    result = await w.sweep()
+    assert_counts(result, unknown=1, finalized=1)
+    e = entry(result, lost.run_id)
+    assert e.outcome is ReapOutcome.UNKNOWN and e.error and "journal.dir" in e.error
+    await assert_untouched(w, lost, before)
 
+
+async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    w.ttl = 60.0
+    old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=61.0)
+    young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=1.0)
+    young_before = await w.freeze(young)
+    result = await w.sweep(budget=0.5)
+    assert_counts(result, expired=1, producing=1)
+    assert result.probed == 1  # the expired run is not probed
+    e = entry(result, old.run_id)
+    assert (e.outcome, e.status, e.terminalized_anyway) == (
+        ReapOutcome.EXPIRED, RunStatus.ABORTED, None)
+    record = await w.record(old.run_id)
+    assert record.status is RunStatus.ABORTED and record.cancel_requested is True
+    assert (await w.store.tail(old.run_id)).closed
+    assert "hi" in await w.text(old.run_id)
+    assert not agent_alive(old.paths)
+    assert old.sandbox_id is not None and not w.sandboxes.exists(old.sandbox_id)
+    await assert_untouched(w, young, young_before)
+
+
+async def check_expired_finished_agent_completes(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    w.ttl = 60.0
+    old = await w.start("echo over", wait_exit=True, detached_ago=60.0)  # inclusive
+    young = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=59.0)
+    young_before = await w.freeze(young)
+    # Pin the cutoff exactly on the expired run's detach time.
+    record = await w.record(old.run_id)
+    assert record.detached_since is not None
+    result = await w.sweep(now=record.detached_since + 60.0, budget=5.0)
+    assert_counts(result, expired=1, producing=1)
+    assert entry(result, old.run_id).status is RunStatus.COMPLETED
+    assert await w.text(old.run_id) == "over\n"
+    assert (await w.record(old.run_id)).cancel_requested is True
+    await assert_untouched(w, young, young_before)
+
+
+async def check_viewer_back_between_listing_and_claim_is_not_claimed(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    w.ttl = 60.0
+    old = await w.start(f"echo hi; {LONG}", wait_output="hi", detached_ago=120.0)
+    young = await w.start(f"echo x; {LONG}", wait_output="x")
+    young_before = await w.freeze(young)
+    store = w.store
+
+    class ViewerComesBack:
+        """The store, but a viewer attaches (claims, clearing detached_since, and
+        leaves again) just before the reaper's claim lands."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def acquire_claim(self, run_id: str, owner: str, ttl: float,
+                                **kw: Any) -> Any:
+            if run_id == old.run_id:
+                viewer = await store.acquire_claim(run_id, "viewer", 30.0,
+                                                   clear_detached=True)
+                await store.release_claim(viewer)
+            return await store.acquire_claim(run_id, owner, ttl, **kw)
+
+    result = await reap_detached_runs(
+        ViewerComesBack(),
+        probe=probe_run_exit, drive=journal_drive(store), ttl=60.0, quiet=QUIET,
+        budget=2.0, reclaim=sandbox_reclaimer(w.sandboxes, store),
+    )
+    assert_counts(result, not_claimed=1, producing=1)
+    e = entry(result, old.run_id)
+    assert e.outcome is ReapOutcome.NOT_CLAIMED and e.error and "viewer" in e.error
+    record = await w.record(old.run_id)
+    assert record.cancel_requested is None  # no cancel from a stale read
+    assert record.status is RunStatus.RUNNING and record.detached_since is None
+    assert not (await store.tail(old.run_id)).closed
+    assert agent_alive(old.paths)
+    assert old.sandbox_id is not None and w.sandboxes.exists(old.sandbox_id)
+    await assert_untouched(w, young, young_before)
+
+
+async def check_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    w.ttl = 60.0
+    held = await w.start("echo done", wait_exit=True, detached_ago=120.0)
+    await w.store.acquire_claim(held.run_id, "live-host", 60.0)
+    before = await w.freeze(held)
+    young = await w.start(f"echo x; {LONG}", wait_output="x")
+    young_before = await w.freeze(young)
+    result = await w.sweep()
+    assert_counts(result, not_claimed=1, producing=1)
+    assert "held" in (entry(result, held.run_id).error or "")
+    await assert_untouched(w, held, before)
+    await assert_untouched(w, young, young_before)
+
+
+async def check_budget_exceeded_on_finalization_is_an_anomaly(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    done = await w.start("echo done", wait_exit=True)
+    busy, busy_before = await w.bystander()
+    real = journal_drive(w.store)
+
+    def wedged(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+        async def gen() -> AsyncIterator[Produced]:
+            yield LogBatch([{"type": "TEXT_MESSAGE_CONTENT", "messageId": "m",
+                             "delta": "replaying"}], 0)
+            await anyio.sleep_forever()  # a replay that wedged
+        return gen() if record.run_id == done.run_id else aiter(real(record, epoch, abort))
+
+    result = await w.sweep(drive=wedged, budget=0.3)
+    assert_counts(result, budget_exceeded=1, producing=1)
+    e = entry(result, done.run_id)
+    assert e.terminalized_anyway is True and e.status is RunStatus.ABORTED
+    assert e.exit_code == 0  # what the probe read
+    assert (await w.store.tail(done.run_id)).closed
+    assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+    await assert_untouched(w, busy, busy_before)
+
+
+async def check_budget_is_armed_after_the_quiet_window(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    done = await w.start("echo patience", wait_exit=True)
+    busy, busy_before = await w.bystander()
+    # The quiet window alone outlasts the budget: a budget started before it would
+    # record this finished agent as aborted.
+    result = await w.sweep(quiet=0.6, budget=0.5)
+    assert_counts(result, finalized=1, producing=1)
+    assert entry(result, done.run_id).status is RunStatus.COMPLETED
+    assert await w.text(done.run_id) == "patience\n"
+    await assert_untouched(w, busy, busy_before)
+
+
+async def check_destroy_failing_is_reclaim_failed_with_transcript_saved(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    done = await w.start("echo saved", wait_exit=True)
+    assert done.sandbox_id is not None
+    w.sandboxes.break_destroy(done.sandbox_id, "provider API unreachable")
+    busy, busy_before = await w.bystander()
+    result = await w.sweep()
+    assert_counts(result, reclaim_failed=1, producing=1)
+    e = entry(result, done.run_id)
+    assert (e.status, e.exit_code) == (RunStatus.COMPLETED, 0)
+    assert e.error and "provider API unreachable" in e.error and done.run_id in e.error
+    assert await w.text(done.run_id) == "saved\n"
+    assert w.sandboxes.exists(done.sandbox_id)  # still up: that is the point
+    assert await w.store.get_instance(f"key-{done.run_id}") is None
+    await assert_untouched(w, busy, busy_before)
+
+
+async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    first = await w.start("echo a", wait_exit=True, detached_ago=30.0)
+    second = await w.start("echo b", wait_exit=True, detached_ago=20.0)
+    busy = await w.start(f"echo x; {LONG}", wait_output="x", detached_ago=10.0)
+    busy_before = await w.freeze(busy)
+    first_before = await w.freeze(first)
+
+    async def probe(record: RunRecord) -> ProbeResult:
+        if record.run_id == first.run_id:
+            raise OSError("the probe's disk went away")
+        return await probe_run_exit(record)
+
+    result = await w.sweep(probe=probe)
+    assert_counts(result, failed=1, finalized=1, producing=1)
+    assert [x.run_id for x in result.runs] == [first.run_id, second.run_id, busy.run_id]
+    assert "disk went away" in (entry(result, first.run_id).error or "")
+    await assert_untouched(w, first, first_before)
+    await assert_untouched(w, busy, busy_before)
+
+
+# ------------------------------------------------------------------ reap sweep
+# The sweep as a whole: listing, batch cap, order, totality, concurrency.
+
+async def check_batch_cap_takes_the_oldest_first(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    runs = [await w.start("echo x", wait_exit=True, detached_ago=age) for age in (5, 30, 20)]
+    result = await w.sweep(max_runs=2)
+    assert result.considered == 2
+    assert [e.run_id for e in result.runs] == [runs[1].run_id, runs[2].run_id]
+    assert_counts(result, finalized=2)
+    left = await w.record(runs[0].run_id)
+    assert left.status is RunStatus.RUNNING and left.driver_epoch == 1
+    again = await w.sweep(max_runs=2)
+    assert [e.run_id for e in again.runs] == [runs[0].run_id]
+
+
+async def check_nothing_to_do_and_listing_failure_give_full_zero_results(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    empty = await w.sweep()
+    assert (empty.considered, empty.probed, empty.runs) == (0, 0, [])
+    assert_counts(empty)
+    store = w.store
+
+    class Broken:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def list_reclaimable(self, *a: Any, **k: Any) -> list[RunRecord]:
+            raise OSError("database is locked")
+
+    await w.start("echo x", wait_exit=True)
+    broken = await reap_detached_runs(
+        Broken(),
+        probe=probe_run_exit, drive=journal_drive(store), ttl=1.0, quiet=QUIET)
+    assert broken.considered == 0
+    assert_counts(broken)
+    d = broken.to_dict()
+    assert set(d) == {"considered", "probed", "outcomes", "runs"}
+    assert set(d["outcomes"]) == {o.value for o in ReapOutcome}
+
+
+async def check_two_reapers_at_once_drive_each_run_at_most_once(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    done = [await w.start(f"echo run{i}", wait_exit=True) for i in range(4)]
+    busy, busy_before = await w.bystander()
+    driven: list[str] = []
+    real = journal_drive(w.store)
+
+    def counting(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
+        driven.append(record.run_id)
+        return aiter(real(record, epoch, abort))
+
+    results: list[ReapResult] = []
+
+    async def one(owner: str) -> None:
+        results.append(await w.sweep(drive=counting, owner=owner, quiet=0.05))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "reaper-a")
+        tg.start_soon(one, "reaper-b")
+    assert sorted(driven) == sorted(r.run_id for r in done)
+    finalized = sum(r.outcomes[ReapOutcome.FINALIZED] for r in results)
+    assert finalized == 4
+    for r in done:
+        assert (await w.record(r.run_id)).status is RunStatus.COMPLETED
+        assert await w.text(r.run_id) == f"run{done.index(r)}\n"
+    await assert_untouched(w, busy, busy_before)
+
+
+async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    done = await w.start("echo fin", wait_exit=True)
+    await w.store.request_cancel(done.run_id)
+    busy, busy_before = await w.bystander()
+    result = await w.sweep()
+    assert_counts(result, finalized=1, producing=1)
+    assert (await w.record(done.run_id)).status is RunStatus.COMPLETED
+    await assert_untouched(w, busy, busy_before)
+
+
+# ------------------------------------------------------------------ reclaim
+# ``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering.
+
+async def _bound(w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord, str]:
+    sandbox_id, _ = await w.sandboxes.create()
+    await w.store.create(NewRun("r-bound", "t", sandbox_key="k1"))
+    await w.store.upsert_instance(
+        InstanceRecord("k1", provider or w.sandboxes.name, sandbox_id, "t", time.time()))
+    return await w.record("r-bound"), sandbox_id
+
+
+async def check_destroyed(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    record, sandbox_id = await _bound(w)
+    out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+    assert out is ReclaimOutcome.DESTROYED
+    assert not w.sandboxes.exists(sandbox_id)
+    assert await w.store.get_instance("k1") is None
+
+
+async def check_no_sandbox_key_and_not_found(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    await w.store.create(NewRun("bare", "t"))
+    await w.store.create(NewRun("dangling", "t", sandbox_key="nowhere"))
+    _, sandbox_id = await _bound(w)
+    reclaim = sandbox_reclaimer(w.sandboxes, w.store)
+    assert await reclaim(await w.record("bare")) is ReclaimOutcome.NO_SANDBOX_KEY
+    assert await reclaim(await w.record("dangling")) is ReclaimOutcome.NOT_FOUND
+    assert w.sandboxes.destroyed == [] and w.sandboxes.exists(sandbox_id)
+    assert await w.store.get_instance("k1") is not None
+
+
+async def check_provider_mismatch_touches_nothing(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    record, sandbox_id = await _bound(w, provider="docker")
+    before = await w.store.get_instance("k1")
+    out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+    assert out is ReclaimOutcome.PROVIDER_MISMATCH
+    assert await w.store.get_instance("k1") == before
+    assert w.sandboxes.exists(sandbox_id) and w.sandboxes.destroyed == []
+
+
+async def check_destroy_failed_deletes_the_record_and_reclaimer_raises(
+    reaper_world: ReaperWorld
+) -> None:
+    w = reaper_world
+    record, sandbox_id = await _bound(w)
+    w.sandboxes.break_destroy(sandbox_id, "quota service down")
+    out = await reclaim_sandbox(record, provider=w.sandboxes, instances=w.store)
+    assert out is ReclaimOutcome.DESTROY_FAILED
+    assert await w.store.get_instance("k1") is None
+    assert w.sandboxes.exists(sandbox_id)
+    await w.store.upsert_instance(
+        InstanceRecord("k1", w.sandboxes.name, sandbox_id, "t", time.time()))
+    with raises(SandboxReclaimFailedError) as caught:
+        await sandbox_reclaimer(w.sandboxes, w.store)(record)
+    assert caught.value.run_id == "r-bound" and caught.value.sandbox_key == "k1"
+    assert "quota service down" in str(caught.value)
+
+
+async def check_destroy_that_hangs_is_bounded_by_its_own_timeout(reaper_world: ReaperWorld) -> None:
+    w = reaper_world
+    record, _ = await _bound(w)
+
+    class Hanging:
+        name = w.sandboxes.name
+
+        async def destroy(self, ref: SandboxRef) -> None:
+            await anyio.sleep_forever()
+
+    started = time.monotonic()
+    out = await reclaim_sandbox(record, provider=Hanging(), instances=w.store,
+                                destroy_timeout=0.2)
+    assert out is ReclaimOutcome.DESTROY_FAILED
+    assert time.monotonic() - started < 5
+    assert await w.store.get_instance("k1") is None
+
+
+REAPER_KIT: Kit[ReaperWorld] = Kit(
+    "reaper",
+    tuple(check(fn) for fn in (
+        check_finalized_agent_finished_while_nobody_watched,
+        check_driver_that_died_without_detaching_is_finalized_after_its_lease,
+        check_a_live_lease_without_detach_is_never_touched,
+        check_finalized_resumes_after_what_the_dead_host_logged,
+        check_failed_agent_is_finalized_with_its_exit_code,
+        check_producing_agent_is_left_byte_for_byte_alone,
+        check_look_alike_sentinels_stay_producing,
+        check_unknown_touches_nothing_and_says_why,
+        check_expired_live_agent_is_stopped_aborted_and_reclaimed,
+        check_expired_finished_agent_completes,
+        check_viewer_back_between_listing_and_claim_is_not_claimed,
+        check_live_driver_elsewhere_is_not_claimed_and_nothing_changes,
+        check_budget_exceeded_on_finalization_is_an_anomaly,
+        check_budget_is_armed_after_the_quiet_window,
+        check_destroy_failing_is_reclaim_failed_with_transcript_saved,
+        check_failed_is_reported_and_the_sweep_goes_on,
+        check_batch_cap_takes_the_oldest_first,
+        check_nothing_to_do_and_listing_failure_give_full_zero_results,
+        check_two_reapers_at_once_drive_each_run_at_most_once,
+        check_cancel_recorded_by_a_dead_host_is_still_finalized,
+        check_destroyed,
+        check_no_sandbox_key_and_not_found,
+        check_provider_mismatch_touches_nothing,
+        check_destroy_failed_deletes_the_record_and_reclaimer_raises,
+        check_destroy_that_hangs_is_bounded_by_its_own_timeout,
+    )),
+    subject=reaper_world,
+)
+"""Every reaper and reclaim check; the subject is a :class:`ReaperWorld`."""
+
+
+async def check_reaper(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
+    """Run the reaper kit over stores made by ``make_store`` (one fresh store and
+    :class:`ReaperWorld` per check); raise :class:`~corral.testing.KitFailed` naming every
+    failed check, else return the report. Starts real supervised processes (POSIX)."""
+    report = await run_kit(REAPER_KIT, make_store, only=only)
+    return report.raise_for_failures()
