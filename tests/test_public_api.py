@@ -30,8 +30,8 @@ PINNED = [
 ]  # fmt: skip
 
 NAMESPACES = [
-    "corral", "corral.agents", "corral.harness", "corral.journal", "corral.net",
-    "corral.providers", "corral.sandbox", "corral.server", "corral.tools",
+    "corral", "corral.abc", "corral.agents", "corral.harness", "corral.journal", "corral.net",
+    "corral.providers", "corral.sandbox", "corral.server", "corral.testing", "corral.tools",
 ]  # fmt: skip
 
 

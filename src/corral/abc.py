@@ -16,25 +16,45 @@
 
 from __future__ import annotations
 
-from corral.sandbox._contracts import (
-    DefaultLimits,
-    Described,
-    FileSystem,
-    Handle,
-    HostPaths,
-    Process,
-    ProcessApi,
-    Provider,
-)
-from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
-from corral.stores._protocols import (
-    ClaimStore,
-    EventLog,
-    InstanceStore,
-    LockStore,
-    RunStore,
-    Store,
-)
+from typing import TYPE_CHECKING
+
+from corral._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from corral.sandbox._contracts import (
+        DefaultLimits,
+        Described,
+        FileSystem,
+        Handle,
+        HostPaths,
+        Process,
+        ProcessApi,
+        Provider,
+    )
+    from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
+    from corral.stores._protocols import (
+        ClaimStore,
+        EventLog,
+        InstanceStore,
+        LockStore,
+        RunStore,
+        Store,
+    )
+
+# Names resolve on first use (corral._lazy), named for this namespace.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("DefaultLimits", "Described", "FileSystem", "Handle", "HostPaths", "Process",
+         "ProcessApi", "Provider"),
+        "corral.sandbox._contracts",
+    ),
+    **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
+    **dict.fromkeys(
+        ("ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore", "Store"),
+        "corral.stores._protocols",
+    ),
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
     "ClaimStore",
