@@ -271,6 +271,10 @@ class Runner:
             record = await self._require(run_id)
             if record.terminal:
                 self._forget(run_id)
+                if not (await self.store.tail(run_id)).closed:
+                    # Its driver died between storing the end and closing the log; with
+                    # the end stored nothing can be appended, so close it for followers.
+                    await self.store.close(run_id)
                 return DriveResult(record)
             held_elsewhere = not driver_gone(record)
             if stop is not None and stop.is_set():
