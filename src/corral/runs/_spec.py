@@ -103,9 +103,9 @@ class RunSpec(BaseModel):
                               f"{version!r}; expected an integer")
         if version > SPEC_VERSION or version < 1:
             raise ConfigError(
-                f"run {run_id}: its spec has schema version {version}, this corral reads "
-                f"versions 0 to {SPEC_VERSION}; drive it with the corral that started it "
-                "(or a newer one)")
+                f"run {run_id}: its spec has schema version {version}; this corral reads "
+                f"unversioned (v0) specs and versions 1 to {SPEC_VERSION}: drive the run "
+                "with a corral that knows its version")
         return cls._validated(dict(data), run_id)
 
     @classmethod
