@@ -162,7 +162,7 @@ DRIVERS = {"runner": runner_driver, "reaper": reaper_driver}
 
 lines = st.lists(
     st.one_of(
-        st.text(st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)),
+        st.text(st.characters(blacklist_characters="\n", blacklist_categories=["Cs"]),
                 max_size=12).map(str.encode),
         st.binary(max_size=8).map(lambda b: b.replace(b"\n", b"")),  # not always UTF-8
     ),
@@ -201,7 +201,7 @@ async def scenario(journal_lines: list[bytes], code: int, start_logged: bool,
     died: list[str] = []
     for kind, killer in killers or [(kind, Killer(at)) for kind, at in kills]:
         try:
-            await DRIVERS[kind](DyingStore(store, killer), run_id,  # type: ignore[arg-type]
+            await DRIVERS[kind](DyingStore(store, killer), run_id,
                                 dead_owner(), killer, root, lease)
         except BaseException as exc:  # noqa: BLE001 - only the kill may end a driver
             assert killer.dead, f"driver {kind} failed without being killed: {exc!r}"

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
     from corral.runs._prune import PruneResult, prune_journals
     from corral.runs._quiesce import LogNeverQuiet, await_log_quiet
+    from corral.journal._probe import ProbeResult
     from corral.runs._reap import (
-        ProbeResult,
         ReapEntry,
         ReapOutcome,
         ReapResult,
@@ -71,7 +71,7 @@ _EXPORTS: dict[str, str] = {
     "prune_journals": "corral.runs._prune",
     "LogNeverQuiet": "corral.runs._quiesce",
     "await_log_quiet": "corral.runs._quiesce",
-    "ProbeResult": "corral.runs._reap",
+    "ProbeResult": "corral.journal._probe",
     "ReapEntry": "corral.runs._reap",
     "ReapOutcome": "corral.runs._reap",
     "ReapResult": "corral.runs._reap",
