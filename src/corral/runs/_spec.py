@@ -80,8 +80,9 @@ class RunSpec(BaseModel):
         return out
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object stored as ``record.spec``."""
-        return self.model_dump(mode="json")
+        """The JSON object stored as ``record.spec`` (fields that are ``None`` left out:
+        a run without a policy has no ``policy``)."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     def with_agent(self, **changes: Any) -> RunSpec:
         """This spec with ``changes`` merged into its ``agent`` mapping."""
