@@ -22,7 +22,7 @@ import functools
 import secrets
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +128,6 @@ def dead_owner() -> str:
     owner = str(OwnerId(boot_id(), dead_pid(), 1, secrets.token_hex(4)))
     assert owner_is_dead(owner)
     return owner
-
-
-Driver = Callable[[Store, str, str, Killer | None], Awaitable[None]]
 
 
 async def runner_driver(store: Store, run_id: str, owner: str, killer: Killer | None,
