@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from corral._errors import ConfigError, CorralError
 from corral.runs._spec import RunSpec
@@ -17,9 +17,7 @@ from corral.sandbox._lifecycle import Lifecycle
 from corral.sandbox._policy import Policy
 from corral.sandbox._sources import LocalDir
 from corral.stores._records import RunRecord
-
-if TYPE_CHECKING:  # the MCP SDK loads only when a run has host tools
-    from corral.tools._core import Toolset
+from corral.tools._core import Toolset
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -55,6 +53,7 @@ def lease_ttl_from_env() -> float:
 
 
 def new_run_id() -> str:
+    """A fresh run id (``run-`` and 20 hex digits)."""
     return "run-" + uuid.uuid4().hex[:20]
 
 
