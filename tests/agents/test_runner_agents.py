@@ -26,6 +26,7 @@ import pytest
 from corral.harness._base import RunContext, translate_run
 from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
+from corral.runs._spec import RunSpec
 from corral.journal._layout import JournalPaths, read_status
 from corral.testing._leaks import assert_no_secrets, find_secrets
 from corral.testing._model_server import (
@@ -113,7 +114,7 @@ def retranslated(c: Corral, run_id: str) -> list[dict[str, Any]]:
     would have logged from this journal)."""
     rec = c.raw_record(run_id)
     paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
-    harness = build_harness(rec["harness"], rec["spec"])
+    harness = build_harness(rec["harness"], RunSpec.parse(rec["spec"]).harness_config())
 
     async def go() -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

@@ -1,4 +1,6 @@
-"""Durable runs: records, store protocols, claims and the pipe into the event log."""
+"""Durable runs: the :class:`Runner` (start, drive, attach, cancel, reap) and what it is
+made of — the run spec, claims, the pipe into the event log, the reaper and reclaim. The
+store protocols and records are re-exported from :mod:`corral.stores`."""
 
 from __future__ import annotations
 
@@ -13,19 +15,23 @@ if TYPE_CHECKING:
     from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
     from corral.runs._prune import PruneResult, prune_journals
     from corral.runs._quiesce import LogNeverQuiet, await_log_quiet
+    from corral.journal._probe import ProbeResult
     from corral.runs._reap import (
-        ProbeResult,
         ReapEntry,
         ReapOutcome,
         ReapResult,
         reap_detached_runs,
     )
+    from corral.runs._produce import AgentNeverStarted
     from corral.runs._reclaim import (
         ReclaimOutcome,
         SandboxReclaimFailedError,
         reclaim_sandbox,
         sandbox_reclaimer,
     )
+    from corral.runs._request import DriveResult, RunRequest, RunStartError
+    from corral.runs._runner import Runner
+    from corral.runs._spec import SPEC_VERSION, RunSpec
     from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
     from corral.stores._protocols import (
         Claim,
@@ -65,11 +71,18 @@ _EXPORTS: dict[str, str] = {
     "prune_journals": "corral.runs._prune",
     "LogNeverQuiet": "corral.runs._quiesce",
     "await_log_quiet": "corral.runs._quiesce",
-    "ProbeResult": "corral.runs._reap",
+    "ProbeResult": "corral.journal._probe",
     "ReapEntry": "corral.runs._reap",
     "ReapOutcome": "corral.runs._reap",
     "ReapResult": "corral.runs._reap",
     "reap_detached_runs": "corral.runs._reap",
+    "AgentNeverStarted": "corral.runs._produce",
+    "DriveResult": "corral.runs._request",
+    "RunRequest": "corral.runs._request",
+    "RunStartError": "corral.runs._request",
+    "Runner": "corral.runs._runner",
+    "SPEC_VERSION": "corral.runs._spec",
+    "RunSpec": "corral.runs._spec",
     "ReclaimOutcome": "corral.runs._reclaim",
     "SandboxReclaimFailedError": "corral.runs._reclaim",
     "reclaim_sandbox": "corral.runs._reclaim",
@@ -106,9 +119,12 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 __all__ = [
     "FILE_DIFF_EVENT",
     "FILE_EVENT",
+    "SPEC_VERSION",
     "UNSET",
+    "AgentNeverStarted",
     "Claim",
     "ClaimLost",
+    "DriveResult",
     "ClaimRefused",
     "ClaimStore",
     "EventLog",
@@ -136,8 +152,12 @@ __all__ = [
     "RunExists",
     "RunPatch",
     "RunRecord",
+    "RunRequest",
+    "RunSpec",
+    "RunStartError",
     "RunStatus",
     "RunStore",
+    "Runner",
     "SandboxReclaimFailedError",
     "Store",
     "StoreError",

@@ -28,10 +28,11 @@ import logging
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 
+from corral.journal._probe import ProbeResult
 from corral.runs._claims import hold_claim
 from corral.runs._owner import new_owner_id, owner_is_dead
 from corral.runs._pipe import PipeResult, PipeStore, Produced, pipe_to_run_log
@@ -92,38 +93,6 @@ class ReapOutcome(enum.StrEnum):
     """Something else went wrong; logged, and the sweep went on. Also a drive whose
     terminal status the store would not take (after retries): the run is left ``running``
     with its log open and its sandbox in place, for the next sweep to finish."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """What an out-of-band look at a run's journal learned.
-
-    Three states, not a boolean: "could not tell" must not read as "still working" (only
-    one of them is something an operator should see), and never as "finished". A fourth,
-    ``not-started``, is for a run whose starter provably died before it launched the
-    agent: there is nothing to wait for, the run is claimed and ended like a finished one
-    (its drive, under the claim, decides how).
-    """
-
-    state: Literal["finished", "producing", "unknown", "not-started"]
-    exit_code: int | None = None
-    error: str | None = None
-
-    @classmethod
-    def finished(cls, exit_code: int) -> ProbeResult:
-        return cls("finished", exit_code=exit_code)
-
-    @classmethod
-    def producing(cls) -> ProbeResult:
-        return cls("producing")
-
-    @classmethod
-    def unknown(cls, error: str) -> ProbeResult:
-        return cls("unknown", error=error)
-
-    @classmethod
-    def not_started(cls, reason: str) -> ProbeResult:
-        return cls("not-started", error=reason)
 
 
 Probe = Callable[[RunRecord], Awaitable[ProbeResult]]

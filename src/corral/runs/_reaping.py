@@ -21,18 +21,14 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
-from corral._errors import CorralError
-from corral.harness._base import RunContext, translate_run
-from corral.harness._events import event_to_dict
-from corral.harness._registry import harness_for_record
 from corral.runs._owner import owner_is_dead
-from corral.runs._pipe import (
-    RUN_ERROR,
-    RUN_FINISHED,
-    LogBatch,
-    Produced,
-    ProducerExit,
-    error_from_event,
+from corral.runs._pipe import LogBatch, Produced
+from corral.runs._produce import (
+    NOT_STARTED,
+    AgentNeverStarted,
+    Checkpoint,
+    continue_run,
+    logged_end,
 )
 from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
@@ -46,6 +42,7 @@ from corral.runs._reap import (
     ReapStore,
     reap_detached_runs,
 )
+from corral.runs._spec import harness_for_record
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,
@@ -53,8 +50,8 @@ from corral.runs._reclaim import (
     SandboxReclaimFailedError,
     sandbox_reclaimer,
 )
-from corral.stores._records import RunError, RunRecord
-from corral.stores._protocols import EventLog, InstanceStore, Store
+from corral.stores._records import RunRecord
+from corral.stores._protocols import InstanceStore, Store
 from corral.journal._supervisor import kill_supervised_async
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
@@ -75,15 +72,6 @@ log = logging.getLogger("corral.runs._reaping")
 
 STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
-
-NOT_STARTED: Final = "the process that started this run died before the agent started"
-
-
-class AgentNeverStarted(CorralError):
-    """A run's agent was never launched (no journal): its starter died first. Nothing will
-    ever write the journal, so the run can only end ``failed``."""
-
-    code = "not_started"
 
 
 async def probe_runner_run(record: RunRecord) -> ProbeResult:
@@ -108,55 +96,12 @@ async def probe_runner_run(record: RunRecord) -> ProbeResult:
     return await probe_run_exit(record)
 
 
-async def _last_event(store: EventLog, run_id: str, last_offset: int) -> dict[str, Any] | None:
-    if last_offset < 1:
-        return None
-    events = store.read(run_id, after=last_offset - 1)
-    try:
-        async for logged in events:
-            return logged.event
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    return None
-
-
-async def logged_end(store: EventLog, record: RunRecord) -> ProducerExit | None:
-    """How to finish a ``running`` run whose log cannot (or need not) be continued, or
-    ``None`` to drive it normally.
-
-    - The log already ends with the run's end (``RUN_FINISHED``/``RUN_ERROR``): an earlier
-      driver logged the exit batch and died, or lost its terminal write, before storing
-      the status. The status is that end (exit code from the journal's sentinel); nothing
-      is appended. Resuming the journal after the exit would find no exit and fail the run.
-    - The log is closed without an end (nothing can be appended): the journal decides —
-      its exit code if the agent exited, else ``failed`` saying the log was closed.
-
-    The result carries ``logged=True``: the pipe records it without appending.
-    """
-    tail = await store.tail(record.run_id)
-    last = await _last_event(store, record.run_id, tail.last_offset)
-    kind = last.get("type") if last is not None else None
-    if kind not in (RUN_FINISHED, RUN_ERROR) and not tail.closed:
-        return None
-    probe = await probe_run_exit(record)
-    code = probe.exit_code if probe.state == "finished" else None
-    if kind == RUN_ERROR and last is not None:
-        return ProducerExit(exit_code=code, error=error_from_event(last), logged=True)
-    if kind == RUN_FINISHED or code is not None:
-        return ProducerExit(exit_code=code, logged=True)
-    return ProducerExit(
-        error=RunError("the run's event log was closed before the run's end was logged",
-                       "log_closed"),
-        logged=True,
-    )
-
-
 def journal_drive(
     store: ReapStore,
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
     files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
+    *,
+    checkpoint: Checkpoint | None = None,
 ) -> Drive:
     """A ``drive`` that continues a run from where its log stopped.
 
@@ -172,46 +117,27 @@ def journal_drive(
     run's secrets, applied to every event before it is logged. ``files_for`` gives the
     run's file events nobody logged yet (:mod:`corral.runs._file_feed`); they go in just
     before the exit's batch, at the journal offset already logged.
+
+    The events come from the one produce path (:func:`corral.runs._produce.continue_run`),
+    which the Runner's drivers use too; ``checkpoint`` is its step hook (tests).
     """
 
     async def events(record: RunRecord) -> AsyncIterator[Produced]:
         paths, nonce = journal_location(record)
-        end = await logged_end(store, record)
-        if end is not None:
-            yield end
-            return
-        if not await anyio.to_thread.run_sync(paths.journal.exists):
-            # We hold the claim, so whoever started the run is fenced off: with no
-            # journal, its agent was never launched and nothing will ever write one.
-            raise AgentNeverStarted(f"{NOT_STARTED} (no journal at {paths.journal})")
-        tail = await store.tail(record.run_id)
-        ctx = RunContext(record.run_id, record.thread_id)
-        batches = translate_run(harness_for_record(record), ctx, paths, nonce=nonce,
-                                after=tail.last_journal_offset)
-        redactor = redactor_for(record) if redactor_for is not None else None
-        logged_offset = tail.last_journal_offset or 0
+
+        async def before_exit(logged_offset: int) -> list[LogBatch]:
+            files = await files_for(record) if files_for is not None else []
+            return [LogBatch(files, logged_offset)] if files else []
+
+        batches = continue_run(
+            store, record, lambda: harness_for_record(record), paths, nonce,
+            redactor=redactor_for(record) if redactor_for is not None else None,
+            follow=True, before_exit=before_exit, checkpoint=checkpoint)
         try:
-            async for batch in batches:
-                exit = batch.exit
-                events = [event_to_dict(e) for e in batch.events]
-                if redactor is not None:
-                    events = [redactor.redact_obj(e) for e in events]
-                if exit is not None and files_for is not None:
-                    files = await files_for(record)
-                    if files:
-                        yield LogBatch(files, logged_offset)
-                yield LogBatch(
-                    events,
-                    batch.journal_offset,
-                    exit_code=exit.code if exit is not None else None,
-                )
-                logged_offset = batch.journal_offset
-                if exit is not None:
-                    return
+            async for item in batches:
+                yield item
         finally:
-            aclose = getattr(batches, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await batches.aclose()  # type: ignore[attr-defined]
 
     def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
         return events(record)

@@ -4,6 +4,9 @@
 - ``sqlite:///abs/path.db`` (or ``sqlite://relative.db``) — the embedded default
   (:class:`~corral.stores._sqlite.SQLiteStore`); query option ``?synchronous=full``.
 
+The store protocols (:class:`Store` and its parts) and the run records are exported here
+too.
+
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
 SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
 """
@@ -16,9 +19,59 @@ from urllib.parse import parse_qsl
 
 from corral._errors import ConfigError
 from corral._paths import corral_home
-from corral.stores._protocols import Store
+from corral.stores._protocols import (
+    Claim,
+    ClaimLost,
+    ClaimRefused,
+    ClaimStore,
+    EventLog,
+    InstanceRecord,
+    InstanceStore,
+    InvalidEvent,
+    LockStore,
+    LogClosed,
+    LoggedEvent,
+    LogTail,
+    NewRun,
+    RefusalReason,
+    RunExists,
+    RunStore,
+    SpecTooLarge,
+    Store,
+    StoreError,
+    UnknownRun,
+)
+from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
 
-__all__ = ["default_store_url", "open_store"]
+__all__ = [
+    "UNSET",
+    "Claim",
+    "ClaimLost",
+    "ClaimRefused",
+    "ClaimStore",
+    "EventLog",
+    "InstanceRecord",
+    "InstanceStore",
+    "InvalidEvent",
+    "LockStore",
+    "LogClosed",
+    "LogTail",
+    "LoggedEvent",
+    "NewRun",
+    "RefusalReason",
+    "RunError",
+    "RunExists",
+    "RunPatch",
+    "RunRecord",
+    "RunStatus",
+    "RunStore",
+    "SpecTooLarge",
+    "Store",
+    "StoreError",
+    "UnknownRun",
+    "default_store_url",
+    "open_store",
+]
 
 
 def default_store_url() -> str:

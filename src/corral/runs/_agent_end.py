@@ -1,0 +1,83 @@
+"""The end of an agent-CLI run on any host, whatever its outcome: save the CLI session for
+the thread's next prompt while the sandbox is still there, and meter the run's model usage
+(what its model proxy counted) into the record."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from corral._errors import CorralError
+from corral.agents._prepare import finish_agent_run
+from corral.harness._cli_base import CliHarness
+from corral.journal._layout import JournalPaths
+from corral.journal._supervisor import process_alive
+from corral.runs._spec import harness_for_record, run_spec_of
+from corral.sandbox._contracts import Handle, Provider
+from corral.sandbox._redact import Redactor
+from corral.stores._protocols import RunStore
+from corral.stores._records import RunPatch, RunRecord
+
+__all__ = ["finish_agent"]
+
+log = logging.getLogger("corral.runs._runner")
+
+
+async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths | None,
+                       nonce: str | None, *, provider_for: Callable[[str], Provider],
+                       redactor: Redactor | None) -> None:
+    """Finish an agent-CLI run (nothing for other harnesses): wait for its services daemon
+    to write its last usage, save the session, record the usage."""
+    if record.harness in (None, "command"):
+        return
+    try:
+        harness = harness_for_record(record)
+    except CorralError as exc:
+        log.warning("run %s: cannot rebuild its harness: %s", record.run_id, exc)
+        return
+    if not isinstance(harness, CliHarness):
+        return
+    spec = run_spec_of(record)
+    info = spec.agent or {}
+    pid = info.get("services_pid")
+    if isinstance(pid, int):
+        # The daemon writes its last usage as the agent exits, then stops.
+        with anyio.move_on_after(3):
+            while process_alive(pid):
+                await anyio.sleep(0.05)
+    resumed, own = info.get("resumed_session"), info.get("own_net_dir")
+    report = await finish_agent_run(
+        harness, await _sandbox(record, provider_for), record.thread_id, paths, nonce,
+        # the saved CLI session can hold whatever the agent printed
+        redactor=redactor,
+        secret_names=list(spec.secret_names),
+        resumed_session=resumed if isinstance(resumed, str) else None,
+        sockets=[Path(p) for p in info.get("sockets") or [] if isinstance(p, str)],
+        own_net_dir=Path(own) if isinstance(own, str) else None,
+    )
+    for error in report.errors:
+        log.warning("run %s: %s", record.run_id, error)
+    if paths is not None and report.usage.requests:
+        u = report.usage
+        await store.update(record.run_id, RunPatch(usage={
+            "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
+            "cache_read_tokens": u.cache_read_tokens,
+            "cache_write_tokens": u.cache_write_tokens,
+            "total_tokens": u.total, "requests": u.requests, "refused": u.refused,
+        }))
+
+
+async def _sandbox(record: RunRecord, provider_for: Callable[[str], Provider]
+                   ) -> Handle | None:
+    ref = record.sandbox_ref or {}
+    name, sandbox_id = ref.get("provider"), ref.get("id")
+    if not isinstance(name, str) or not isinstance(sandbox_id, str):
+        return None
+    try:
+        return await provider_for(name).resume(sandbox_id)
+    except CorralError as exc:
+        log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
+        return None

@@ -1,0 +1,188 @@
+"""One claimed section of a Runner's driver: take the run's claim, then pipe what the
+produce path (:mod:`corral.runs._produce`) makes of the journal into the fenced log, while
+watching for a cancel, keeping the services daemon alive, serving host tools and feeding
+file events."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+
+from corral.harness._base import RunContext
+from corral.harness._cli_base import CliHarness
+from corral.journal._layout import JournalPaths
+from corral.runs._claims import hold_claim
+from corral.runs._feed import file_feed
+from corral.runs._host_tools import serve_tools
+from corral.runs._keep_services import keep_services
+from corral.runs._owner import owner_is_dead
+from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
+from corral.runs._produce import Checkpoint, logged_end, produce_batches
+from corral.runs._request import RunStartError
+from corral.runs._spec import harness_for_record
+from corral.sandbox._contracts import Provider
+from corral.sandbox._secrets import Secrets
+from corral.stores._protocols import ClaimLost, ClaimRefused, RefusalReason, Store, UnknownRun
+from corral.stores._records import RunRecord
+from corral.tools._core import Toolset
+
+__all__ = ["POLL", "ClaimedDrive", "cancel_run"]
+
+log = logging.getLogger("corral.runs._runner")
+
+POLL: Final = 0.2
+"""How often a waiting driver re-reads the record (takeover of a dead local driver and
+noticing a cancel both happen within about this)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDrive:
+    """What a driver needs for one claimed section (a Runner's settings)."""
+
+    store: Store
+    owner: str
+    lease_ttl: float
+    provider_for: Callable[[str], Provider]
+    stop_agent: Callable[[RunRecord], Awaitable[None]]
+    max_watches: int
+    approval_timeout: float
+    checkpoint: Checkpoint | None = None
+
+    async def __call__(self, record: RunRecord, paths: JournalPaths, nonce: str,
+                       secrets: Secrets | None, *, stop: anyio.Event | None,
+                       clear_detached: bool, tools: Toolset | None) -> PipeResult:
+        """Claim the run (breaking the lease of a driver that provably died here) and
+        drive it until it ends, ``stop`` is set, or the claim is lost."""
+        breaking = record.claim_owner if owner_is_dead(record.claim_owner) else None
+        async with hold_claim(self.store, record.run_id, self.owner, self.lease_ttl,
+                              clear_detached=clear_detached,
+                              break_lease_of=breaking) as held:
+            return await self._claimed(record, paths, nonce, secrets, held.epoch, stop, tools)
+
+    async def _claimed(self, record: RunRecord, paths: JournalPaths, nonce: str,
+                       secrets: Secrets | None, epoch: int, stop: anyio.Event | None,
+                       tools: Toolset | None) -> PipeResult:
+        run_id, store = record.run_id, self.store
+        # Appends from any predecessor are fenced from here on, so the tail is final.
+        end = await logged_end(store, record)
+        if end is not None:
+            # A predecessor logged the run's end (or closed the log) but never stored the
+            # status: record that end; resuming after the exit would find none.
+            return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch)
+        tail = await store.tail(run_id)
+        if not paths.journal.exists():
+            # We hold the claim, so the starter is gone: it died before launching the
+            # agent. Nothing will ever write this journal.
+            await self.stop_agent(record)
+            return await pipe_to_run_log(store, run_id, _never_launched(), epoch=epoch)
+        harness = harness_for_record(record)
+        abort = anyio.Event()
+        feed = await file_feed(store, record, paths, epoch, secrets,
+                               provider_for=self.provider_for, max_watches=self.max_watches)
+
+        async def before_exit(logged_offset: int) -> list[LogBatch] | None:
+            # A cancel kills the agent; its exit must not land as a failure.
+            if await self._cancelled(run_id):
+                abort.set()
+                return None
+            if feed is not None:
+                await feed.flush()  # the agent's last changes go in before its end
+            return []
+
+        async def on_journal_error() -> bool:
+            if await self._cancelled(run_id):
+                abort.set()
+                return True
+            return False
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_cancel, run_id, abort)
+            if isinstance(harness, CliHarness):
+                tg.start_soon(keep_services, store, record, paths, epoch)
+            await serve_tools(tg, store, record, tools, epoch,
+                              approval_timeout=self.approval_timeout)
+            if feed is not None:
+                try:
+                    await feed.start(e.event for e in await store.snapshot(run_id))
+                except Exception as exc:  # noqa: BLE001 - e.g. inotify limits: the run goes on
+                    log.warning("run %s: no file events from this driver: %s", run_id, exc)
+                    feed.close()
+                    feed = None
+                else:
+                    tg.start_soon(feed.run)
+            produced = produce_batches(
+                harness, RunContext(run_id, record.thread_id), paths, nonce,
+                after=tail.last_journal_offset, follow=True,
+                redactor=secrets.redactor() if secrets is not None else None,
+                before_exit=before_exit, on_journal_error=on_journal_error,
+                checkpoint=self.checkpoint)
+            result = await pipe_to_run_log(
+                store, run_id, produced, epoch=epoch, abort=abort, stop=stop,
+                journal_offset=tail.last_journal_offset or 0)
+            tg.cancel_scope.cancel()
+        if feed is not None:
+            feed.close()
+        return result
+
+    async def _cancelled(self, run_id: str) -> bool:
+        current = await self.store.get(run_id)
+        return current is not None and current.cancel_requested is True
+
+    async def _watch_cancel(self, run_id: str, abort: anyio.Event) -> None:
+        while not abort.is_set():
+            record = await self.store.get(run_id)
+            if record is None or record.cancel_requested:
+                abort.set()
+                return
+            await anyio.sleep(POLL)
+
+
+async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
+                     stop_agent: Callable[[RunRecord], Awaitable[None]]) -> RunRecord:
+    """Cancel a run: recorded first (sticky), then the canceller takes the claim (fencing
+    any live driver), stops the agent (``stop_agent``: also destroys the sandbox) and ends
+    the log with ``RUN_ERROR`` (status ``aborted``)."""
+    record = await store.request_cancel(run_id)
+    if record is None:
+        raise UnknownRun(run_id)
+    for _ in range(100):
+        if record.terminal:
+            return record
+        try:
+            async with hold_claim(store, run_id, owner, lease_ttl, allow_cancelled=True,
+                                  break_lease_of=record.claim_owner) as held:
+                await stop_agent(record)
+                stopped = anyio.Event()
+                stopped.set()
+                await pipe_to_run_log(store, run_id, _nothing(), epoch=held.epoch,
+                                      abort=stopped)
+        except ClaimRefused as refused:
+            if refused.reason is RefusalReason.UNKNOWN:
+                raise UnknownRun(run_id) from None
+            if refused.reason is not RefusalReason.TERMINAL:
+                await anyio.sleep(0.05)  # the lease changed hands: read again
+        except ClaimLost:
+            pass
+        current = await store.get(run_id)
+        if current is None:
+            raise UnknownRun(run_id)
+        record = current
+    return record
+
+
+async def _nothing() -> AsyncIterator[Produced]:
+    return
+    yield  # pragma: no cover
+
+
+async def _once(item: Produced) -> AsyncIterator[Produced]:
+    yield item
+
+
+async def _never_launched() -> AsyncIterator[Produced]:
+    raise RunStartError("the run's starter stopped before it launched the agent")
+    yield  # pragma: no cover

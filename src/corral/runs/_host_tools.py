@@ -1,0 +1,73 @@
+"""A driver's side of host tools and approvals: serving the run's toolset on its tool
+socket while the driver holds the run, and logging approval requests (and other events
+that come from no journal line) into the run's log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio.abc
+from ag_ui.core import BaseEvent
+
+from corral._errors import CorralError
+from corral.harness._events import event_to_dict
+from corral.runs._spec import run_spec_of
+from corral.sandbox._policy import Policy
+from corral.stores._protocols import EventLog
+from corral.stores._records import RunRecord
+from corral.tools._approvals import Approvals
+from corral.tools._core import Toolset
+from corral.tools._permission import PermissionPromptTool
+
+__all__ = ["append_aside", "serve_tools"]
+
+log = logging.getLogger("corral.runs._runner")
+
+
+async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[str, Any]],
+                       epoch: int) -> None:
+    """Log events that come from no journal line (approval requests, file events) at the
+    highest journal offset logged (the store keeps the maximum): a successor resumes the
+    journal after it, so they are neither repeated nor in the way of the agent's events."""
+    tail = await store.tail(run_id)
+    await store.append(
+        run_id, [(e, tail.last_journal_offset or 0) for e in events], epoch=epoch)
+
+
+async def serve_tools(tg: anyio.abc.TaskGroup, store: EventLog, record: RunRecord,
+                      tools: Toolset | None, epoch: int, *, approval_timeout: float) -> None:
+    """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
+    tool socket. Approval events go into the run's log under ``epoch``."""
+    spec = run_spec_of(record)
+    socket_path = (spec.agent or {}).get("tools_socket")
+    if not isinstance(socket_path, str):
+        return
+    prompt = spec.permission_prompt and spec.policy is not None
+    if tools is None and prompt:
+        tools = Toolset()  # the permission prompt needs only the run's policy
+    if tools is None:
+        log.warning("run %s was started with host tools, and this driver has none: its "
+                    "tool calls fail until a driver with the toolset takes it",
+                    record.run_id)
+        return
+    # The MCP server (and its SDK) loads only for a run that has host tools.
+    from corral.tools._mcp_server import HostToolServer
+    from corral.tools._projection import run_tools_token
+
+    run_id = record.run_id
+
+    async def emit(event: BaseEvent) -> None:
+        try:
+            await append_aside(store, run_id, [event_to_dict(event)], epoch)
+        except CorralError as exc:
+            log.warning("run %s: cannot log %s: %s", run_id,
+                        getattr(event, "name", event.type), exc)
+
+    gate = Approvals(run_id, emit=emit, timeout=approval_timeout)
+    if prompt and spec.policy is not None:
+        tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate)])
+    server = HostToolServer(tools, token=run_tools_token(run_id), run_id=run_id,
+                            approvals=gate)
+    await tg.start(server.serve, socket_path)

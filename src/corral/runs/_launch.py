@@ -1,0 +1,239 @@
+"""Starting a run's agent: check the request before anything is recorded, record the file
+events' baseline, and launch the supervised agent (a command, or an agent CLI with its
+services daemon) in the run's sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from corral._errors import ConfigError, CorralError
+from corral.agents._prepare import agent_prerequisites, prepare_agent, with_agent_binds
+from corral.agents._services import PendingServices
+from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
+from corral.harness._cli_base import CliHarness
+from corral.harness._events import event_to_dict
+from corral.harness._registry import build_harness
+from corral.journal._layout import JournalPaths
+from corral.journal._supervisor import AgentSpec, SupervisedRun, launch_supervised_async
+from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
+from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
+from corral.runs._request import RunRequest, RunStartError
+from corral.runs._spec import RunSpec
+from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._ensure import Ensured
+from corral.sandbox._key import RunContext as SandboxContext
+from corral.sandbox._watch import GitBaseline
+from corral.stores._protocols import RunStore, Store
+from corral.stores._records import RunPatch
+from corral.tools._core import Toolset
+
+__all__ = ["StartPlan", "fail_start", "file_baseline", "launch_run", "plan_start"]
+
+log = logging.getLogger("corral.runs._runner")
+
+
+@dataclass(slots=True)
+class StartPlan:
+    """A checked request: what :meth:`corral.runs.Runner.start` records and launches."""
+
+    request: RunRequest
+    sandbox: Sandbox
+    spec: RunSpec
+    harness: Harness
+    agent_request: AgentRequest
+    provider: Provider
+    tools: Toolset | None
+    """The host tools the run's drivers serve (agent CLIs only; ``None``: no tool server)."""
+    command: AgentCommand | None
+    """The command harness's agent command (``None`` for an agent CLI)."""
+    ensured: Ensured | None = None
+    """The run's sandbox, once made."""
+
+
+def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
+    """Check ``request`` before anything is recorded (a missing CLI or key, a prompt-less
+    agent run, a provider that cannot host a supervised agent are the user's to fix):
+    raises :class:`ConfigError`."""
+    sandbox = request.definition()
+    spec = request.spec(sandbox)
+    harness = build_harness(request.harness, spec.harness_config())
+    agent_request = AgentRequest(
+        prompt=request.prompt, env=dict(request.env), options=request.options
+    )
+    tools = request.tools if request.tools is not None else default_tools
+    command = None
+    if request.tools is not None and not isinstance(harness, CliHarness):
+        raise ConfigError(f"host tools need an agent-CLI harness (claude-code, codex); "
+                          f"the {harness.name} harness cannot call them")
+    if isinstance(harness, CliHarness):
+        agent_prerequisites(harness)
+        if not (request.prompt or "").strip():
+            raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
+        if tools is None and harness.policy_mapping.permission_prompt:
+            tools = Toolset()  # the server is needed for the permission prompt tool alone
+    else:
+        command = harness.build_command(agent_request)
+        tools = None
+    provider = sandbox.get_provider()
+    if not provider.capabilities.host_processes:
+        raise ConfigError(
+            f"provider {provider.name!r} cannot host a supervised agent yet; "
+            "use --provider bubblewrap or local"
+        )
+    return StartPlan(request, sandbox, spec, harness, agent_request, provider, tools, command)
+
+
+async def file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> dict[str, Any]:
+    """Record the workspace as the agent finds it: a manifest next to the journal (for the
+    catch-up of unwatched changes) and, for diffs, a git baseline commit."""
+    if not isinstance(handle, HostPaths):
+        raise UnsupportedCapability(handle.ref.provider, "file events",
+                                    "file_events needs a host-directory provider")
+    root = handle.host_path(handle.workdir)
+    manifest = await anyio.to_thread.run_sync(scan_manifest, root)
+    await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
+    base = (await GitBaseline.capture(handle)).base if diff else None
+    out: dict[str, Any] = {"diff": diff, "baseline": base}
+    if diff and base is None:
+        # no git repository in the workspace: a baseline tree of the host's own
+        tree = await HostTreeBaseline.create(handle, paths.baseline_git, root)
+        if tree is not None:
+            out["tree"] = [str(paths.baseline_git), tree.base]
+    return out
+
+
+async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
+                     paths: JournalPaths, nonce: str, epoch: int) -> None:
+    """Under the run's first claim (``epoch``): log the harness's start batch, make the
+    sandbox (``plan.ensured``: a failure after it must destroy it), record the file events'
+    baseline, launch the agent."""
+    sandbox, provider = plan.sandbox, plan.provider
+    start = plan.harness.translator(RunContext(run_id, thread_id)).start()
+    if start:
+        await store.append(run_id, [(event_to_dict(e), 0) for e in start], epoch=epoch)
+    cli = isinstance(plan.harness, CliHarness)
+    plan.ensured = ensured = await sandbox.ensure(
+        SandboxContext(thread_id=thread_id, run_id=run_id),
+        store=store,
+        # agent CLIs need their install and the model proxy's socket directory; a thread's
+        # sandbox gets them whatever runs first, since an agent run of the thread may come
+        # next
+        spec_hook=with_agent_binds if provider.capabilities.isolated
+        and (cli or sandbox.lifecycle.reuse == "thread") else None,
+    )
+    handle = ensured.handle
+    await store.update(run_id, RunPatch(
+        sandbox_key=ensured.key, sandbox_ref={"provider": provider.name, "id": handle.id}))
+    if sandbox.file_events:
+        # before the agent starts: what its changes are measured against
+        files = await file_baseline(handle, paths, diff=sandbox.file_events == "diff")
+        plan.spec = plan.spec.model_copy(update={"files": files})
+        await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
+    launched = await _launch_agent(plan, ensured, store, run_id, thread_id, paths, nonce)
+    log.info("run %s: agent started (supervisor pid %d)", run_id, launched.supervisor_pid)
+
+
+async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
+                     exc: BaseException) -> None:
+    """Record the run as failed (its log ends with a ``RUN_ERROR`` saying why, redacted)."""
+    message = (plan.sandbox.secrets.redactor().redact(str(exc))
+               if isinstance(exc, Exception) else "")
+
+    async def failing() -> AsyncIterator[Produced]:
+        raise RunStartError(message or "the start was interrupted")
+        yield  # pragma: no cover
+
+    await pipe_to_run_log(store, run_id, failing(), epoch=epoch)
+
+
+async def _launch_agent(plan: StartPlan, ensured: Ensured, store: RunStore, run_id: str,
+                        thread_id: str, paths: JournalPaths, nonce: str) -> SupervisedRun:
+    """Launch the run's agent supervised in its sandbox (``plan.spec`` as recorded so
+    far); an agent CLI's runtime is recorded in the spec for its successors."""
+    request = plan.request
+    if isinstance(plan.harness, CliHarness):
+        return await _launch_cli_agent(plan, plan.harness, ensured, store, run_id, thread_id,
+                                       paths, nonce)
+    agent = plan.command
+    assert agent is not None  # plan_start built it for every non-CLI harness
+    # Secrets reach the agent only here: through the supervisor's pipe into the agent's
+    # environment; never the store, the journal or a file.
+    host = ensured.handle.host_command(agent.argv, cwd=agent.cwd,
+                                       env=ensured.exec_env(agent.env))
+    return await launch_supervised_async(
+        AgentSpec(argv=host.argv, env=host.env, cwd=host.cwd, stdin=agent.stdin,
+                  redact=ensured.redactor.table(), stdin_prefix=host.stdin_prefix,
+                  timeout=request.timeout, max_output=request.max_output),
+        paths, nonce,
+    )
+
+
+async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
+                            store: RunStore, run_id: str, thread_id: str,
+                            paths: JournalPaths, nonce: str) -> SupervisedRun:
+    """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
+    (so the run keeps its model when no process drives it), launch it supervised, and
+    record what a successor needs to finish the run."""
+    sandbox, request = plan.sandbox, plan.request
+    instructions = sandbox.workspace.instructions
+    prepared = await prepare_agent(
+        harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
+        instructions=instructions if isinstance(instructions, str) else None,
+        # an allowlist: the agent's only way out is the egress proxy (the sandbox has no
+        # network of its own); the services daemon serves it next to the model proxy
+        egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
+        host_tools=plan.tools is not None,
+        budget=request.token_budget,
+        timeout=request.timeout,
+    )
+    # The sandbox's secrets join the agent's environment (as for any agent), under the
+    # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
+    prepared.command = replace(
+        prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
+    )
+    tools_socket = prepared.host_tools.socket if prepared.host_tools else None
+    plan.spec = plan.spec.with_agent(
+        resumed_session=prepared.resumed.session_id if prepared.resumed else None,
+        sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
+                                  tools_socket) if p],
+        own_net_dir=str(prepared.own_net_dir) if prepared.own_net_dir else None,
+        # where a driver serves the host tools (the token is derived, never stored)
+        tools_socket=str(tools_socket) if tools_socket else None,
+        # what a driver needs to restart a dead services daemon (no key in it)
+        services=prepared.services_job(paths),
+    )
+    await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
+    pending = await prepared.start_services(paths)
+    try:
+        launched = await launch_supervised_async(
+            replace(prepared.agent_spec(), redact=ensured.redactor.table(),
+                    max_output=request.max_output), paths, nonce
+        )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: _stop_pending(pending))
+        raise
+    services = await anyio.to_thread.run_sync(pending.ready)
+    plan.spec = plan.spec.with_agent(services_pid=services.pid)
+    await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
+    return launched
+
+
+def _stop_pending(pending: PendingServices) -> None:
+    """Stop a services daemon whose agent never started (it would wait for a minute)."""
+    try:
+        services = pending.ready(10.0)
+    except CorralError:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(services.pid, signal.SIGTERM)

@@ -1,0 +1,150 @@
+"""What a caller hands the Runner and gets back: :class:`RunRequest` (what to run, checked
+when made), :class:`DriveResult`, and the run-level defaults and errors."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from corral._errors import ConfigError, CorralError
+from corral.runs._spec import RunSpec
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._policy import Policy
+from corral.sandbox._sources import LocalDir
+from corral.stores._records import RunRecord
+from corral.tools._core import Toolset
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "DEFAULT_MAX_OUTPUT",
+    "DriveResult",
+    "RunRequest",
+    "RunStartError",
+    "lease_ttl_from_env",
+    "new_run_id",
+]
+
+DEFAULT_LEASE_TTL = 10.0
+DEFAULT_MAX_OUTPUT = 1 << 30
+"""A run's default output limit (``RunRequest.max_output``): 1 GiB of journal and stderr."""
+
+
+class RunStartError(CorralError):
+    """The run could not be started; it was recorded as failed with this message."""
+
+
+def lease_ttl_from_env() -> float:
+    """``CORRAL_LEASE_TTL`` in seconds, or the default (10 s)."""
+    raw = os.environ.get("CORRAL_LEASE_TTL")
+    if not raw:
+        return DEFAULT_LEASE_TTL
+    try:
+        ttl = float(raw)
+    except ValueError:
+        raise ConfigError(f"CORRAL_LEASE_TTL must be a number of seconds, got {raw!r}") from None
+    if not 0.5 <= ttl <= 3600:
+        raise ConfigError(f"CORRAL_LEASE_TTL must be between 0.5 and 3600 seconds, got {raw!r}")
+    return ttl
+
+
+def new_run_id() -> str:
+    """A fresh run id (``run-`` and 20 hex digits)."""
+    return "run-" + uuid.uuid4().hex[:20]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """What to run. ``command`` is for the ``command`` harness; ``prompt`` for agent CLIs."""
+
+    command: Sequence[str] | None = None
+    prompt: str | None = None
+    harness: str = "command"
+    run_id: str | None = None
+    thread_id: str | None = None
+    provider: str = "bubblewrap"
+    workspace: str | None = None
+    """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
+    or gives no source)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Harness options (e.g. ``model``)."""
+    sandbox: Sandbox | None = None
+    """The sandbox definition. Default: a fresh ``provider`` sandbox per run, destroyed
+    when the run ends, holding a copy of ``workspace``."""
+    tools: Toolset | None = field(default=None, compare=False)
+    """Host tools for an agent CLI (the MCP server ``corral``), served by the process that
+    drives the run: pass the same toolset to :meth:`Runner.drive` (or to the
+    :class:`Runner`) in every process that may drive it. Never stored."""
+    timeout: float | None = None
+    """Seconds the agent may run; then its supervisor, on the host and out of the agent's
+    reach, stops it (SIGTERM, SIGKILL 5 s later) and the run fails with exit code 124.
+    ``None``: no limit."""
+    token_budget: int | None = None
+    """Model tokens (input + output + cache) an agent CLI run may use; the host model proxy
+    refuses further model calls once the total reaches it. ``None``: no limit."""
+    max_output: int = DEFAULT_MAX_OUTPUT
+    """Bytes the agent may write to stdout and stderr together: its journal lives on the
+    host, outside the sandbox's disk quota. Past it the supervisor stops the agent and the
+    run fails saying so."""
+
+    def __post_init__(self) -> None:
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))
+                              or not 0 < t < float("inf")):
+            raise ConfigError(f"timeout must be a positive number of seconds, not {t!r}")
+        m = self.max_output
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"max_output must be a positive number of bytes, not {m!r}")
+        b = self.token_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"token_budget must be a positive integer, not {b!r}")
+        if b is not None and self.harness == "command":
+            raise ConfigError("token_budget limits an agent CLI's model calls; the command "
+                              "harness makes none")
+
+    def definition(self) -> Sandbox:
+        """The sandbox definition this run uses."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            sandbox = Sandbox(provider=self.provider, lifecycle=Lifecycle(reuse="none"))
+        if self.workspace is not None and sandbox.workspace.source.kind == "none":
+            if not Path(self.workspace).is_dir():
+                raise ConfigError(f"workspace {self.workspace!r} is not a directory")
+            source = LocalDir(str(Path(self.workspace).resolve()))
+            sandbox = replace(sandbox, workspace=replace(sandbox.workspace, source=source))
+        return sandbox
+
+    def spec(self, sandbox: Sandbox) -> RunSpec:
+        """The run spec recorded for this request run in ``sandbox``."""
+        policy, prompt = None, False
+        if self.harness != "command" and sandbox.policy != Policy():
+            # Only a policy the user wrote: the default one (default "ask") cannot be
+            # enforced by the agent CLIs, and without one they run with their permission
+            # prompts off, confined by the sandbox.
+            policy = sandbox.policy.to_dict()
+            # The CLI asks corral (permission prompt tool, command gate hook) on the run's
+            # MCP server: the policy is evaluated live (ask rules become corral approvals).
+            prompt = self.harness in ("claude-code", "codex")
+        return RunSpec(
+            harness_options=dict(self.options),
+            argv=list(self.command) if self.command is not None else None,
+            sandbox=sandbox.to_dict(),
+            # names only: a driver that cannot redact them all withholds file events
+            secret_names=list(sandbox.secrets),
+            policy=policy,
+            permission_prompt=prompt,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DriveResult:
+    """How a call to :meth:`Runner.drive` ended: the record as last read, and whether this
+    caller stopped (detached) rather than saw the run end."""
+
+    record: RunRecord
+    detached: bool = False
