@@ -107,7 +107,7 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
     # Process 2 takes the run over, prints every event once, then detaches.
     second = cli.popen("attach", "p", "--json")
     printed = _read_until(second, "two")
-    wait_until(lambda: cli.epoch("p") == started + 1, 30, "the attach to hold the claim")
+    wait_until(lambda: cli.epoch("p") == started + 1, "the attach to hold the claim", timeout=30)
     second.send_signal(signal.SIGTERM)
     rest, err = second.communicate(timeout=30)
     assert second.returncode == 130, err
@@ -119,7 +119,7 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
     # The agent finishes with nobody driving; process 3 reaps the run and reclaims the
     # sandbox through the provider rebuilt from the registry with the recorded config.
     go.touch()
-    wait_until(lambda: _exited(cli.journal("p")), 30, "the agent to exit")
+    wait_until(lambda: _exited(cli.journal("p")), "the agent to exit", timeout=30)
     out = cli.run("reap", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -144,7 +144,7 @@ def test_without_the_package_the_record_names_it(cli: Cli, tmp_path: Path,
     out = cli.run("run", "--config", str(config), "--run-id", "q", "--detach",
                   "--", "true")
     assert out.returncode == 0, out.stderr
-    wait_until(lambda: _exited(cli.journal("q")), 30, "the agent to exit")
+    wait_until(lambda: _exited(cli.journal("q")), "the agent to exit", timeout=30)
     ref = cli.raw("q")["sandbox_ref"]
     sandbox = cli.home / "sandboxes" / "plug" / ref["id"]
 
