@@ -31,7 +31,8 @@ PINNED = [
 
 NAMESPACES = [
     "corral", "corral.abc", "corral.agents", "corral.harness", "corral.journal", "corral.net",
-    "corral.providers", "corral.sandbox", "corral.server", "corral.testing", "corral.tools",
+    "corral.providers", "corral.runs", "corral.sandbox", "corral.server", "corral.stores",
+    "corral.testing", "corral.tools",
 ]  # fmt: skip
 
 

@@ -19,6 +19,9 @@ from corral._lazy import lazy_exports
 if TYPE_CHECKING:
     from corral._errors import ConfigError, CorralError, PrerequisiteMissing
     from corral.runs import (
+        RunRequest,
+        Runner,
+        RunStartError,
         ReapOutcome,
         ReapResult,
         SandboxReclaimFailedError,
@@ -27,7 +30,6 @@ if TYPE_CHECKING:
         sandbox_reclaimer,
     )
     from corral.providers import ProviderConfig, register_provider
-    from corral.runs._runner import RunRequest, Runner, RunStartError
     from corral.sandbox._config_file import dump_config, load_config
     from corral.sandbox._contracts import (
         Capabilities,
@@ -50,8 +52,14 @@ if TYPE_CHECKING:
     from corral.sandbox._sources import Files, GitSource, LocalDir, NoSource
     from corral.sandbox._workspace import Parallel, Step, Workspace, parallel
     from corral.stores import open_store
-    from corral.stores._protocols import LoggedEvent, RunExists, StoreError, UnknownRun
-    from corral.stores._records import RunRecord, RunStatus
+    from corral.stores import (
+        LoggedEvent,
+        RunExists,
+        RunRecord,
+        RunStatus,
+        StoreError,
+        UnknownRun,
+    )
     from corral.tools import Toolset, tool
 
 # Names resolve on first use (corral._lazy): the journal supervisor starts a fresh
@@ -90,19 +98,19 @@ _EXPORTS: dict[str, str] = {
     "Workspace": "corral.sandbox._workspace",
     "parallel": "corral.sandbox._workspace",
     "open_store": "corral.stores",
-    "LoggedEvent": "corral.stores._protocols",
-    "RunExists": "corral.stores._protocols",
-    "StoreError": "corral.stores._protocols",
-    "UnknownRun": "corral.stores._protocols",
-    "RunRecord": "corral.stores._records",
-    "RunStatus": "corral.stores._records",
+    "LoggedEvent": "corral.stores",
+    "RunExists": "corral.stores",
+    "StoreError": "corral.stores",
+    "UnknownRun": "corral.stores",
+    "RunRecord": "corral.stores",
+    "RunStatus": "corral.stores",
     "register_provider": "corral.providers",
     "ProviderConfig": "corral.providers",
     "Toolset": "corral.tools",
     "tool": "corral.tools",
-    "RunRequest": "corral.runs._runner",
-    "RunStartError": "corral.runs._runner",
-    "Runner": "corral.runs._runner",
+    "RunRequest": "corral.runs",
+    "RunStartError": "corral.runs",
+    "Runner": "corral.runs",
     "ReapOutcome": "corral.runs",
     "ReapResult": "corral.runs",
     "SandboxReclaimFailedError": "corral.runs",

@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from ag_ui.core import BaseEvent
 
-from corral.journal._reader import Exit, JournalItem, Opener, _default_open, read_journal
+from corral.journal._reader import Exit, JournalItem, Opener, default_open, read_journal
 from corral.journal._layout import JournalPaths
 
 __all__ = [
@@ -144,7 +144,7 @@ async def translator_at(
     *,
     nonce: str | bytes,
     offset: int,
-    opener: Opener = _default_open,
+    opener: Opener = default_open,
 ) -> Translator:
     """The translator in the state an uninterrupted translation had after ``offset``."""
     if harness.resume == "offset":
@@ -171,7 +171,7 @@ async def translate_run(
     after: int | None = None,
     follow: bool = True,
     poll: float = 0.05,
-    opener: Opener = _default_open,
+    opener: Opener = default_open,
 ) -> AsyncIterator[Batch]:
     """Translate a run's journal into atomic :class:`Batch` es (see the module docstring).
 

@@ -41,7 +41,7 @@ from corral._errors import CorralError
 from corral.journal._inotify import FileWatch
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._sentinel import SentinelExit, normalize_nonce, parse_sentinel
-from corral.journal._supervisor import _is_ours
+from corral.journal._supervisor import is_ours
 
 __all__ = [
     "Exit",
@@ -101,12 +101,13 @@ class Exit:
 JournalItem = Line | Exit
 
 
-def _default_open(path: Path) -> BinaryIO:
+def default_open(path: Path) -> BinaryIO:
+    """Open a journal file for reading, unbuffered (followers read at exact offsets)."""
     return open(path, "rb", buffering=0)
 
 
 def read_stderr_tail(
-    path: Path, max_bytes: int = STDERR_TAIL_BYTES, *, opener: Opener = _default_open
+    path: Path, max_bytes: int = STDERR_TAIL_BYTES, *, opener: Opener = default_open
 ) -> bytes:
     """The last ``max_bytes`` of a file (the stderr sidecar); ``b""`` if unreadable."""
     try:
@@ -131,7 +132,7 @@ async def read_journal(
     nonce: str | bytes | None,
     follow: bool = True,
     poll: float = 0.05,
-    opener: Opener = _default_open,
+    opener: Opener = default_open,
     chunk_size: int = DEFAULT_CHUNK,
     max_line_bytes: int = DEFAULT_MAX_LINE,
     liveness_interval: float = 1.0,
@@ -259,7 +260,7 @@ def _supervisor_gone(paths: JournalPaths) -> bool:
     st = read_status(paths.status)
     if st is None:
         return False  # not started yet (or not supervised): cannot tell, keep following
-    return not _is_ours(st.supervisor_pid, st.supervisor_start)
+    return not is_ours(st.supervisor_pid, st.supervisor_start)
 
 
 async def _open_waiting(path: Path, opener: Opener, follow: bool, poll: float) -> BinaryIO | None:
@@ -315,7 +316,7 @@ def probe_journal_tail(
     max_bytes: int = 65536,
     recent: float = 30.0,
     max_scan: int = 64 << 20,
-    opener: Opener = _default_open,
+    opener: Opener = default_open,
     now: float | None = None,
 ) -> Probe:
     """Classify a journal by reading only its end; never drives the run, never raises.
@@ -352,7 +353,7 @@ def probe_journal_tail(
                     hit = _first_sentinel(f.read(size - lo), key, lo == 0)
                 if hit is not None:
                     return Probe("finished", hit.code, hit.signal)
-        if status is not None and _is_ours(status.supervisor_pid, status.supervisor_start):
+        if status is not None and is_ours(status.supervisor_pid, status.supervisor_start):
             return Probe("producing", reason="no exit sentinel yet; the supervisor is alive")
         try:
             mtime = path.stat().st_mtime

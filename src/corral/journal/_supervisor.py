@@ -56,6 +56,7 @@ __all__ = [
     "AgentSpec",
     "SupervisedRun",
     "SupervisorError",
+    "is_ours",
     "kill_supervised",
     "kill_supervised_async",
     "launch_supervised",
@@ -138,7 +139,9 @@ def process_start_time(pid: int) -> int | None:
     return st[1] if st else None
 
 
-def _is_ours(pid: int | None, start: int | None, *, zombie_ok: bool = False) -> bool:
+def is_ours(pid: int | None, start: int | None, *, zombie_ok: bool = False) -> bool:
+    """``pid`` is still the process that started at ``start`` (not a reused pid); a zombie
+    counts only with ``zombie_ok``."""
     if pid is None or start is None:
         return False
     st = _proc_stat(pid)
@@ -150,7 +153,7 @@ def _is_ours(pid: int | None, start: int | None, *, zombie_ok: bool = False) -> 
 def supervisor_alive(paths: JournalPaths) -> bool:
     """Whether this run's supervisor process is still running (pid reuse is detected)."""
     st = read_status(paths.status)
-    return st is not None and _is_ours(st.supervisor_pid, st.supervisor_start)
+    return st is not None and is_ours(st.supervisor_pid, st.supervisor_start)
 
 
 # ---------------------------------------------------------------- launcher (driver side)
@@ -336,14 +339,14 @@ def kill_supervised(
         # gone too (supervisor SIGKILLed earlier: the orphaned agent is reaped by init).
         if recorded():
             return True
-        sup = _is_ours(st.supervisor_pid, st.supervisor_start)
-        return not sup and not _is_ours(st.agent_pid, st.agent_start)
+        sup = is_ours(st.supervisor_pid, st.supervisor_start)
+        return not sup and not is_ours(st.agent_pid, st.agent_start)
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if settled():
             break
         # zombie_ok: an unreaped agent still pins its pid, so its group id is ours.
-        if st.agent_pid is not None and _is_ours(st.agent_pid, st.agent_start, zombie_ok=True):
+        if st.agent_pid is not None and is_ours(st.agent_pid, st.agent_start, zombie_ok=True):
             try:
                 os.killpg(st.agent_pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -351,7 +354,7 @@ def kill_supervised(
         deadline = time.monotonic() + grace
         while not settled() and time.monotonic() < deadline:
             time.sleep(0.01)
-    if (include_supervisor or not settled()) and _is_ours(st.supervisor_pid, st.supervisor_start):
+    if (include_supervisor or not settled()) and is_ours(st.supervisor_pid, st.supervisor_start):
         try:
             os.kill(st.supervisor_pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -10,7 +10,7 @@ from corral._errors import ConfigError
 from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import Provider
 from corral.sandbox._definition import Sandbox
-from corral.sandbox._ensure import Ensured, _snapshotter, destroy_record, release
+from corral.sandbox._ensure import Ensured, snapshotter_of, destroy_record, release
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.stores._protocols import Store
 from corral.stores._records import RunRecord
@@ -65,7 +65,7 @@ async def release_sandbox(store: Store, record: RunRecord, outcome: str, *,
             return  # a later run of the thread uses this sandbox now
     if sandbox.lifecycle.destroys_on_complete or outcome == "aborted":
         await destroy_record(
-            provider, instance, store, snapshots=_snapshotter(sandbox, provider)
+            provider, instance, store, snapshots=snapshotter_of(sandbox, provider)
         )
         return
     handle = await provider.resume(instance.provider_sandbox_id)

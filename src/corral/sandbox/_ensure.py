@@ -147,7 +147,9 @@ async def _store_for(store: InstanceStore | None) -> AsyncIterator[InstanceStore
         await opened.aclose()
 
 
-def _snapshotter(sandbox: Sandbox, provider: Provider) -> Snapshotter | None:
+def snapshotter_of(sandbox: Sandbox, provider: Provider) -> Snapshotter | None:
+    """The provider's snapshots for this definition (``None``: it offers none), redacting
+    the definition's secrets from what they record."""
     return snapshots_for(provider, redactor=sandbox.secrets.redactor())
 
 
@@ -225,7 +227,7 @@ async def ensure(
     resumed one keeps the spec it was created with)."""
     provider = sandbox.get_provider()
     key = sandbox.key(ctx)
-    snapshots = _snapshotter(sandbox, provider)
+    snapshots = snapshotter_of(sandbox, provider)
     if sandbox.lifecycle.snapshot != "none" and snapshots is None:
         raise UnsupportedCapability(
             provider.name, "snapshots", "set lifecycle.snapshot = 'none' for this provider"
@@ -359,7 +361,7 @@ async def destroy(
         record = await st.get_instance(key)
         if record is None:
             return False
-        await destroy_record(provider, record, st, snapshots=_snapshotter(sandbox, provider))
+        await destroy_record(provider, record, st, snapshots=snapshotter_of(sandbox, provider))
     await call_hook(sandbox.hooks.on_destroy, "on_destroy", record)
     return True
 
@@ -394,7 +396,7 @@ async def release(
     provider = sandbox.get_provider()
     async with _store_for(store) as st, key_lock(st, ensured.key):
         record = await st.get_instance(ensured.key)
-        snapshots = _snapshotter(sandbox, provider)
+        snapshots = snapshotter_of(sandbox, provider)
         if record is None:
             return
         if sandbox.lifecycle.destroys_on_complete or outcome == "aborted":

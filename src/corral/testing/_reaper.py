@@ -39,7 +39,7 @@ from corral.journal._layout import JournalPaths, read_status
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import (
     AgentSpec,
-    _is_ours,
+    is_ours,
     kill_supervised,
     launch_supervised_async,
 )
@@ -329,7 +329,7 @@ def agent_alive(paths: JournalPaths) -> bool:
     st = read_status(paths.status)
     if st is None:
         return False
-    return st.state == "running" and _is_ours(st.agent_pid, st.agent_start)
+    return st.state == "running" and is_ours(st.agent_pid, st.agent_start)
 
 
 @asynccontextmanager

@@ -1,0 +1,68 @@
+"""Opening a store by URL (the forms are listed in :mod:`corral.stores`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from corral._errors import ConfigError
+from corral._paths import corral_home
+from corral.stores._memory import MemoryStore
+from corral.stores._protocols import Store
+from corral.stores._sqlite import SQLiteStore
+
+__all__ = ["default_store_url", "open_store"]
+
+
+def default_store_url() -> str:
+    """``$CORRAL_STORE``, else the SQLite file ``$CORRAL_HOME/corral.db``."""
+    configured = os.environ.get("CORRAL_STORE")
+    if configured:
+        return configured
+    return f"sqlite://{corral_home() / 'corral.db'}"
+
+
+async def open_store(url: str | None = None) -> Store:
+    """Open the store at ``url`` (default: :func:`default_store_url`).
+
+    Raises :class:`corral.ConfigError` for a URL corral cannot use, naming the forms
+    it accepts.
+    """
+    url = url or default_store_url()
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(f"store URL {url!r} has no scheme; use sqlite:///path/to.db or memory://")
+    rest, _, query = rest.partition("?")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    if scheme == "memory":
+        if rest or options:
+            raise ConfigError(f"store URL {url!r}: memory:// takes no path or options")
+        return MemoryStore()
+    if scheme == "sqlite":
+        if not rest:
+            raise ConfigError(f"store URL {url!r} names no file; use sqlite:///path/to.db")
+        if rest.startswith("//"):
+            rest = rest[1:]  # sqlite:////abs/path spelled SQLAlchemy-style
+        unknown = set(options) - {"synchronous"}
+        if unknown:
+            raise ConfigError(
+                f"store URL {url!r}: unknown option(s) {sorted(unknown)}; sqlite accepts synchronous"
+            )
+        synchronous = options.get("synchronous", "normal")
+        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ConfigError(
+                f"store URL {url!r}: synchronous must be off, normal, full or extra"
+            )
+        path = Path(rest).expanduser()
+        # A typo in a URL must not grow a directory tree and an empty store somewhere:
+        # only the default store's directory (CORRAL_HOME) is created, by corral_home().
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"store URL {url!r}: directory {path.parent} does not exist; create it first "
+                "or fix the path"
+            )
+        return SQLiteStore(path, synchronous=synchronous)
+    if scheme in {"postgres", "postgresql", "redis"}:
+        raise ConfigError(f"store URL {url!r}: the {scheme} backend is not available yet")
+    raise ConfigError(f"store URL {url!r}: unknown scheme {scheme!r}; use sqlite:// or memory://")
