@@ -65,6 +65,7 @@ def _bubblewrap() -> list[Check]:
 
 
 async def _try_sandbox() -> str:
+    # provider modules load when `corral doctor` runs, not for every command's parser
     from corral.providers._bubblewrap import BubblewrapProvider
 
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_prune(args: argparse.Namespace) -> int:
+    # bubblewrap's module loads for this command only, not for every command's parser
     from corral.providers._bubblewrap import BubblewrapProvider
 
     async def main() -> int:

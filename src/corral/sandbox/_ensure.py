@@ -32,6 +32,7 @@ from corral.sandbox._key import RunContext
 from corral.sandbox._redact import Redactor, get_logger
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._snapshots import Snapshotter, snapshots_for
+from corral.stores import open_store
 
 if TYPE_CHECKING:
     from corral.sandbox._definition import Sandbox
@@ -138,8 +139,6 @@ async def _store_for(store: InstanceStore | None) -> AsyncIterator[InstanceStore
     if store is not None:
         yield store
         return
-    from corral.stores import open_store
-
     opened = await open_store()
     try:
         yield opened
