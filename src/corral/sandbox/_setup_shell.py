@@ -20,6 +20,11 @@ reports ``pwd`` and ``env -0`` at the group (one ``env`` per group, not per step
 each parallel step runs in its own shell that recreates that state from stdin. The state
 is handed over on pipes only: never a file, never argv, so secret values in the
 environment stay off the disk.
+
+What a fresh shell per step used to drop and one shell keeps: unexported variables,
+functions, aliases, ``umask`` and ``ulimit`` set by a step (as in the reference's one
+``sh``). A step's EXIT trap runs only if that step calls ``exit``. Steps see the records'
+fds (8, 9): writing there without the nonce does nothing.
 """
 
 from __future__ import annotations
