@@ -20,7 +20,7 @@ import re
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +131,9 @@ class SandboxState:
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
         tmp = f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
-        data = asdict(self)
-        data.pop("destroying")
-        raw = memoryview(json.dumps(data, indent=1, sort_keys=True).encode())
+        # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
+        data = {name: getattr(self, name) for name in _SAVED_FIELDS}
+        raw = memoryview(json.dumps(data, sort_keys=True).encode())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             while raw:
@@ -157,6 +157,9 @@ class SandboxState:
         raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+_SAVED_FIELDS = tuple(f for f in SandboxState.__dataclass_fields__ if f != "destroying")
 
 
 def _check_env(key: str, value: str) -> None:
