@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,8 @@ def provider_root(provider: str, home: Path | None = None) -> Path:
     path = (home or corral_home()) / "sandboxes" / provider
     if path not in _made_roots or not path.is_dir():
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path not in _made_roots:
+            _queue_left_graves(path)
         _made_roots.add(path)
     return path
 
@@ -245,6 +249,56 @@ def remove_if_skeleton(grave: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+# Graves are deleted by one background thread per process. It is not a daemon: the
+# interpreter waits for it at exit, so a process that destroys and exits leaves nothing.
+# A grave left by a killed process is queued by the next process that opens the provider
+# root (``provider_root``).
+_graves: queue.SimpleQueue[Path] = queue.SimpleQueue()
+_digger: threading.Thread | None = None
+_digger_lock = threading.Lock()
+
+
+def delete_later(grave: Path) -> None:
+    """Delete ``grave`` (a buried directory) in the background."""
+    global _digger
+    with _digger_lock:
+        _graves.put(grave)
+        if _digger is None:
+            try:
+                _digger = threading.Thread(target=_dig, name="corral-graves")
+                _digger.start()
+            except RuntimeError:  # interpreter shutting down: no new threads
+                _digger = None
+                shutil.rmtree(grave, ignore_errors=True)
+
+
+def _dig() -> None:
+    global _digger
+    while True:
+        with _digger_lock:
+            try:
+                grave = _graves.get_nowait()
+            except queue.Empty:
+                _digger = None
+                return
+        shutil.rmtree(grave, ignore_errors=True)
+
+
+def wait_for_graves() -> None:
+    """Block until every grave queued so far is deleted (for tests and benchmarks)."""
+    digger = _digger
+    while digger is not None:
+        digger.join()
+        digger = _digger
+
+
+def _queue_left_graves(root: Path) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if name.startswith(".") and ".deleting-" in name:
+                delete_later(root / name)
 
 
 def remove_tree(path: Path) -> None:
