@@ -25,7 +25,10 @@ def _daemon(pidfile: Path, *, keep_tag: bool) -> str:
     sandbox's environment tag, so only the cgroup can find it."""
     unset = "" if keep_tag else f"env -u {procscan.TOKEN_ENV} "
     inner = f"echo \\$\\$ > {pidfile}; exec sleep 1000"  # $$ of the grandchild
-    return f"{unset}setsid sh -c 'sh -c \"{inner}\" & exit' </dev/null >/dev/null 2>&1"
+    # The pause lets corral move the launcher into the group before it forks (a fork in
+    # the first moments after exec makes corral fall back to the tag scan; not tested here).
+    return (f"sleep 0.3; {unset}setsid sh -c 'sh -c \"{inner}\" & exit' "
+            "</dev/null >/dev/null 2>&1")
 
 
 def _started(pidfile: Path) -> int:
@@ -56,6 +59,7 @@ async def test_an_escaped_untagged_daemon_dies_with_its_cgroup(tmp_path: Path) -
     pid = _started(pidfile)
     try:
         assert procscan.TOKEN_ENV.encode() not in _environ(pid)  # the scan could not see it
+        assert not os.path.exists(os.path.join(h.private_dir, "ungrouped"))  # no scan
         # A session of its own whose leader has exited: no process group or tree finds it.
         assert not procscan.alive(os.getsid(pid)) and os.getsid(pid) != os.getsid(0)
         await provider.destroy(h.ref)

@@ -279,18 +279,25 @@ class GroupGone(Exception):
     """The kill group was removed: its sandbox is being destroyed."""
 
 
-def join_kill_group(group: str, pid: int) -> None:
-    """Move ``pid`` and the children it already has into ``group``.
+def join_kill_group(group: str, pid: int) -> bool:
+    """Move ``pid`` and the descendants it already has into ``group``; True when that
+    certainly caught every process it started.
 
-    The launcher moves a child it has just started (a child cannot be started inside a
-    group from Python without an extra exec): anything the child forked before the move
-    is still its child and is moved too. Raises :class:`GroupGone` when ``group`` is gone,
-    OSError when ``pid`` could not be moved for another reason.
+    The launcher moves a child it has just started (Python cannot start a child inside a
+    group without an extra exec), so the child runs for a moment outside it. Everything
+    it forks after the move is a member. What it forked before is moved by walking its
+    children (zombies stay listed until reaped), except the children of a process that
+    already exited: so the answer is False when a process of the tree had exited
+    (ESRCH) or had reaped a child (its ``cminflt`` counts the faults of reaped children,
+    and every exec'd child has some), and the caller must keep another way to find them.
+    Raises :class:`GroupGone` when ``group`` is gone, OSError when ``pid`` could not be
+    moved for another reason.
     """
     try:
         fd = os.open(os.path.join(group, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise GroupGone(group) from None
+    certain = True
     try:
         todo = [pid]
         while todo:
@@ -298,24 +305,40 @@ def join_kill_group(group: str, pid: int) -> None:
             try:
                 os.write(fd, b"%d" % p)
             except ProcessLookupError:
-                continue  # already exited: nothing to hold
+                certain = False  # exited (or exiting) before the move
+                continue
             except OSError as exc:
                 if exc.errno == errno.ENODEV:  # removed while we held it open
                     raise GroupGone(group) from None
                 if p == pid:
                     raise
+                certain = False
                 continue
+            if _reaped_a_child(p):
+                certain = False
             todo.extend(_children(p))
     finally:
         os.close(fd)
+    return certain
 
 
 def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out.extend(int(c) for c in fh.read().split())
+    return out
+
+
+def _reaped_a_child(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
-            return [int(c) for c in fh.read().split()]
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
     except OSError:
-        return []
+        return True
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return len(fields) < 10 or fields[8] != b"0"  # cminflt, field 11 of stat
 
 
 def remove_kill_group_if_empty(group: str) -> bool:

@@ -20,12 +20,13 @@ corral may create groups in (with ``cgroup.kill``), each sandbox gets one group 
 its processes (see ``_cgroups``): destroy kills the group, and a daemon that left its
 session by ``setsid`` and a double fork dies with it, without a scan of the host's
 processes. The group is joined by corral right after it starts a command (one write; a
-program that forks and lets its intermediate exit within the ~0.1 ms between its exec and
-that write escapes the group) and by a host command's own argv before it execs the
-command. Without such a hierarchy (or for a sandbox one of whose launches could not join
-it) destroy falls back to killing every process that carries the sandbox's tag in its
-environment, which reads the environment of every process on the host. Neither holds
-against a hostile command: the local provider isolates nothing.
+program that forks and lets its intermediate exit between its exec and that write could
+escape it) and by a host command's own argv before it execs the command.
+When a launch may have lost that race (the command had already forked or exited when corral
+moved it) or could not join, the sandbox is marked, and its destroy also kills every
+process that carries the sandbox's tag in its environment, which reads the environment of
+every process on the host; so does destroy on hosts without such a hierarchy. Neither
+holds against a hostile command: the local provider isolates nothing.
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ class LocalHandle(HostDirHandle):
 
     def _join(self, group: str, proc: subprocess.Popen[bytes]) -> None:
         try:
-            cgroups.join_kill_group(group, proc.pid)
+            if not cgroups.join_kill_group(group, proc.pid):
+                self._mark_ungrouped()  # it may have forked before the move: destroy scans
         except cgroups.GroupGone:
             # destroy removed the group after our liveness check: the sandbox is gone.
             _kill_tree(proc.pid, signal.SIGKILL)
