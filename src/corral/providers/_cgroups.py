@@ -6,9 +6,12 @@ named ``corral/<id>.<token>``. Processes join by writing their own pid to each
 uid so that the (unprivileged) launcher can do that itself. Everything forked later is a
 member, so ``kill_all`` reaches every process of the sandbox, however it daemonized.
 
-Only cgroup v1 with writable hierarchies is supported (this is what the development
-machine has, and we run as root). Elsewhere the bubblewrap provider falls back to
-rlimits and says so in ``corral doctor``.
+Only cgroup v1 with writable hierarchies is supported for limits (this is what the
+development machine has, and we run as root). Elsewhere the bubblewrap provider falls back
+to rlimits and says so in ``corral doctor``.
+
+The local provider uses one cgroup v2 group per sandbox instead, with no controller: only
+to find and kill the sandbox's processes (see "kill groups" below).
 """
 
 from __future__ import annotations
