@@ -6,9 +6,12 @@ named ``corral/<id>.<token>``. Processes join by writing their own pid to each
 uid so that the (unprivileged) launcher can do that itself. Everything forked later is a
 member, so ``kill_all`` reaches every process of the sandbox, however it daemonized.
 
-Only cgroup v1 with writable hierarchies is supported (this is what the development
-machine has, and we run as root). Elsewhere the bubblewrap provider falls back to
-rlimits and says so in ``corral doctor``.
+Only cgroup v1 with writable hierarchies is supported for limits (this is what the
+development machine has, and we run as root). Elsewhere the bubblewrap provider falls back
+to rlimits and says so in ``corral doctor``.
+
+The local provider uses one cgroup v2 group per sandbox instead, with no controller: only
+to find and kill the sandbox's processes (see "kill groups" below).
 """
 
 from __future__ import annotations
@@ -23,14 +26,21 @@ from pathlib import Path
 
 __all__ = [
     "CONTROLLERS",
+    "GroupGone",
     "available",
     "create",
     "destroy",
+    "ensure_kill_group",
+    "join_kill_group",
     "kill_all",
+    "kill_group",
+    "kill_group_for",
     "limit_counters",
     "members",
     "procs_files",
     "remove",
+    "remove_kill_group_if_empty",
+    "v2_parent",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -202,3 +212,171 @@ def remove(dirs: Iterable[str], *, timeout: float = 5.0) -> None:
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
                     break
                 time.sleep(0.005)
+
+
+# ------------------------------------------------------------------ cgroup v2 kill groups
+#
+# A sandbox without v1 groups (the local provider) gets one cgroup v2 directory that only
+# holds its processes: no controller, no limit. Membership is inherited across fork and
+# survives setsid and double forks, so destroy finds every process by reading the group,
+# not by scanning the host, and ``cgroup.kill`` (Linux 5.14) SIGKILLs them all at once,
+# forks in flight included. The group is created on the sandbox's first launch (create
+# stays a few mkdirs) and removed by destroy; a group with nothing in it is removed by one
+# rmdir, which is destroy's common case.
+
+_V2_PARENT = "corral"
+_v2_parent: str | None | bool = False  # False: not probed yet
+
+
+def _cgroup2_mount() -> str | None:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return left.split(" ")[4]
+    except OSError:
+        pass
+    return None
+
+
+def v2_parent() -> str | None:
+    """The directory holding corral's v2 kill groups, or None where there is none we may
+    use (no cgroup2 mount, no ``cgroup.kill``, or not allowed to create groups there).
+    Probed once per process."""
+    global _v2_parent
+    if _v2_parent is False:
+        found: str | None = None
+        mount = _cgroup2_mount()
+        if mount is not None:
+            parent = os.path.join(mount, _V2_PARENT)
+            with contextlib.suppress(OSError):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parent)
+                if os.path.exists(os.path.join(parent, "cgroup.kill")) and os.access(
+                    os.path.join(parent, "cgroup.procs"), os.W_OK
+                ):
+                    found = parent
+        _v2_parent = found
+    return _v2_parent if isinstance(_v2_parent, str) else None
+
+
+def kill_group_for(name: str) -> str:
+    """The group's directory for a sandbox (``""`` where v2 kill groups are unavailable)."""
+    parent = v2_parent()
+    return os.path.join(parent, name) if parent is not None else ""
+
+
+def ensure_kill_group(group: str) -> bool:
+    """Create ``group`` if it is missing; False when it cannot be made."""
+    try:
+        os.mkdir(group)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+class GroupGone(Exception):
+    """The kill group was removed: its sandbox is being destroyed."""
+
+
+def join_kill_group(group: str, pid: int) -> bool:
+    """Move ``pid`` and the descendants it already has into ``group``; True when that
+    certainly caught every process it started.
+
+    The launcher moves a child it has just started (Python cannot start a child inside a
+    group without an extra exec), so the child runs for a moment outside it. Everything
+    it forks after the move is a member. What it forked before is moved by walking its
+    children (zombies stay listed until reaped), except the children of a process that
+    already exited: so the answer is False when a process of the tree had exited
+    (ESRCH) or had reaped a child (its ``cminflt`` counts the faults of reaped children,
+    and every exec'd child has some), and the caller must keep another way to find them.
+    Raises :class:`GroupGone` when ``group`` is gone, OSError when ``pid`` could not be
+    moved for another reason.
+    """
+    try:
+        fd = os.open(os.path.join(group, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise GroupGone(group) from None
+    certain = True
+    try:
+        todo = [pid]
+        while todo:
+            p = todo.pop()
+            try:
+                os.write(fd, b"%d" % p)
+            except ProcessLookupError:
+                certain = False  # exited (or exiting) before the move
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENODEV:  # removed while we held it open
+                    raise GroupGone(group) from None
+                if p == pid:
+                    raise
+                certain = False
+                continue
+            if _reaped_a_child(p):
+                certain = False
+            todo.extend(_children(p))
+    finally:
+        os.close(fd)
+    return certain
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out.extend(int(c) for c in fh.read().split())
+    return out
+
+
+def _reaped_a_child(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return True
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return len(fields) < 10 or fields[8] != b"0"  # cminflt, field 11 of stat
+
+
+def remove_kill_group_if_empty(group: str) -> bool:
+    """One rmdir: True when ``group`` is gone (it was empty or never made)."""
+    try:
+        os.rmdir(group)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return False
+        raise
+    return True
+
+
+def kill_group(group: str, *, timeout: float = 10.0) -> bool:
+    """SIGKILL every member of ``group`` and remove it; True when it is gone."""
+    deadline = time.monotonic() + timeout
+    while not remove_kill_group_if_empty(group):
+        with contextlib.suppress(FileNotFoundError):
+            _write(Path(group, "cgroup.kill"), 1)
+        # Killed members leave the group as they exit (a zombie is no longer a member).
+        while _populated(group) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if time.monotonic() > deadline:
+            return remove_kill_group_if_empty(group)
+    return True
+
+
+def _populated(group: str) -> bool:
+    try:
+        with open(os.path.join(group, "cgroup.events"), "rb") as fh:
+            for line in fh.read().splitlines():
+                if line.startswith(b"populated "):
+                    return line.endswith(b" 1")
+    except FileNotFoundError:
+        return False
+    return False

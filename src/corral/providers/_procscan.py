@@ -1,4 +1,11 @@
-"""Finding host processes by ancestry or by the sandbox tag in their environment."""
+"""Finding host processes by ancestry or by the sandbox tag in their environment.
+
+``descendants`` walks ``/proc/<pid>/task/<tid>/children`` from the given pid, so its cost
+grows with that process tree, not with the host's load; only kernels without
+``CONFIG_PROC_CHILDREN`` fall back to reading every process's parent. ``tagged`` reads the
+environment of every process on the host: it is the fallback of ``destroy`` where no
+cgroup holds a sandbox's processes.
+"""
 
 from __future__ import annotations
 
@@ -27,13 +34,35 @@ def _ppids() -> dict[int, int]:
     return parents
 
 
+_HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children(pid: int) -> list[int]:
+    """Current children of ``pid`` (of any of its threads); [] once it is gone."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+            out.extend(int(c) for c in fh.read().split())
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of ``pid`` (children first), not including ``pid``."""
+    out: list[int] = []
+    todo = [pid]
+    if _HAS_CHILDREN_FILE:
+        while todo:
+            kids = _children(todo.pop())
+            out.extend(kids)
+            todo.extend(kids)
+        return out
     children: dict[int, list[int]] = {}
     for child, parent in _ppids().items():
         children.setdefault(parent, []).append(child)
-    out: list[int] = []
-    todo = [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)

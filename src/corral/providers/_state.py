@@ -13,13 +13,16 @@ A sandbox exists when ``state.json`` exists; ``resume`` from any process reads i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +50,18 @@ def new_id() -> str:
     return "sb-" + secrets.token_hex(6)
 
 
+_made_roots: set[Path] = set()
+
+
 def provider_root(provider: str, home: Path | None = None) -> Path:
-    """``$CORRAL_HOME/sandboxes/<provider>``, created on demand."""
+    """``$CORRAL_HOME/sandboxes/<provider>``, created on demand (once per process: a root
+    removed later is remade by ``make_sandbox_dir``)."""
     path = (home or corral_home()) / "sandboxes" / provider
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path not in _made_roots or not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path not in _made_roots:
+            _queue_left_graves(path)
+        _made_roots.add(path)
     return path
 
 
@@ -79,6 +90,9 @@ class SandboxState:
     host_uid: int | None = None
     cgroups: list[str] = field(default_factory=list)
     """Cgroup directories (one per v1 controller) every process of the sandbox joins."""
+    kill_group: str = ""
+    """The cgroup v2 directory that holds every process of the sandbox, made on its first
+    launch (local provider; ``""``: none, destroy falls back to the environment tag)."""
     limit_mode: str = "none"
     """How limits are enforced: ``cgroup``, ``rlimit`` or ``none``."""
     destroying: bool = False
@@ -118,11 +132,19 @@ class SandboxState:
         )
 
     def save(self, sandbox_dir: Path) -> None:
-        tmp = sandbox_dir / f".state.{secrets.token_hex(4)}.tmp"
-        data = asdict(self)
-        data.pop("destroying")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, sandbox_dir / "state.json")
+        # Atomic: readers (resume, list, another process's destroy) see the old file or the
+        # whole new one, never a part. One open, one write, one rename.
+        tmp = f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
+        # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
+        data = {name: getattr(self, name) for name in _SAVED_FIELDS}
+        raw = memoryview(json.dumps(data, sort_keys=True).encode())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            while raw:
+                raw = raw[os.write(fd, raw) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, f"{sandbox_dir}/state.json")
 
     @classmethod
     def load(cls, sandbox_dir: Path) -> SandboxState | None:
@@ -141,6 +163,9 @@ class SandboxState:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+_SAVED_FIELDS = tuple(f for f in SandboxState.__dataclass_fields__ if f != "destroying")
+
+
 def _check_env(key: str, value: str) -> None:
     check_env_name(key)
     if not isinstance(value, str) or "\x00" in value:
@@ -155,39 +180,129 @@ def check_env(env: dict[str, str] | None) -> None:
 
 def make_sandbox_dir(parent: Path, sandbox_id: str) -> Path:
     """Create ``<parent>/<id>`` with its private dir; raise when the id is taken."""
-    path = parent / sandbox_id
+    path = f"{parent}/{sandbox_id}"
     try:
-        path.mkdir(mode=0o700)
+        os.mkdir(path, 0o700)
     except FileExistsError:
         raise ConfigError(
             f"sandbox {sandbox_id!r} already exists: pick another name or remove it with "
             f"`corral sandboxes rm {sandbox_id}`"
         ) from None
-    (path / "private").mkdir(mode=0o700)
-    return path
+    except FileNotFoundError:  # the provider root went away since it was made: remake it
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return make_sandbox_dir(parent, sandbox_id)
+    os.mkdir(f"{path}/private", 0o700)
+    return Path(path)
 
 
-def make_files_dir(path: Path, owner: tuple[int, int] | None) -> None:
-    """Create ``path/root`` with the writable areas (owned by ``owner``)."""
-    path.mkdir(mode=0o711, exist_ok=True)
-    root = path / "root"
-    root.mkdir(mode=0o755)
-    (root / "home").mkdir(mode=0o755)
+def make_files_dir(path: Path, owner: tuple[int, int] | None, *, exists: bool = False) -> None:
+    """Create ``path/root`` with the writable areas (owned by ``owner``); ``exists``: ``path``
+    itself was made already (it is the sandbox dir)."""
+    if not exists:
+        path.mkdir(mode=0o711, exist_ok=True)
+    root = f"{path}/root"
+    os.mkdir(root, 0o755)
+    os.mkdir(f"{root}/home", 0o755)
     for area in AREAS_REL:
-        (root / area).mkdir(mode=0o1777 if area == "tmp" else 0o755)
+        where = f"{root}/{area}"
         if area == "tmp":
-            os.chmod(root / area, 0o1777)
+            os.mkdir(where, 0o1777)
+            os.chmod(where, 0o1777)  # mkdir's mode passes through the umask
+        else:
+            os.mkdir(where, 0o755)
         if owner is not None:
-            os.chown(root / area, *owner)
+            os.chown(where, *owner)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a sandbox directory; first move it aside so it disappears atomically."""
-    if not path.exists():
-        return
+# What create makes and a fresh sandbox still holds, deepest first (see remove_tree).
+_SKELETON_FILES = ("state.destroying.json", "state.json")
+_SKELETON_DIRS = ("root/workspace", "root/tmp", "root/home/agent", "root/home", "root", "etc", "private")
+
+
+def bury(path: Path) -> Path | None:
+    """Move a sandbox directory aside (it disappears atomically); the grave, or None when
+    there was nothing to move."""
     grave = path.parent / f".{path.name}.deleting-{secrets.token_hex(4)}"
     try:
         os.rename(path, grave)
     except FileNotFoundError:
-        return
-    shutil.rmtree(grave, ignore_errors=True)
+        return None
+    return grave
+
+
+def remove_if_skeleton(grave: Path) -> bool:
+    """Remove ``grave`` when it holds no more than create made (a few rmdirs, no walk);
+    False when something else is in it (then ``shutil.rmtree`` it)."""
+    g = str(grave)
+    for name in _SKELETON_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{g}/{name}")
+    for name in _SKELETON_DIRS:
+        try:
+            os.rmdir(f"{g}/{name}")
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    try:
+        os.rmdir(g)
+    except OSError:
+        return False
+    return True
+
+
+# Graves are deleted by one background thread per process. It is not a daemon: the
+# interpreter waits for it at exit, so a process that destroys and exits leaves nothing.
+# A grave left by a killed process is queued by the next process that opens the provider
+# root (``provider_root``).
+_graves: queue.SimpleQueue[Path] = queue.SimpleQueue()
+_digger: threading.Thread | None = None
+_digger_lock = threading.Lock()
+
+
+def delete_later(grave: Path) -> None:
+    """Delete ``grave`` (a buried directory) in the background."""
+    global _digger
+    with _digger_lock:
+        _graves.put(grave)
+        if _digger is None:
+            try:
+                _digger = threading.Thread(target=_dig, name="corral-graves")
+                _digger.start()
+            except RuntimeError:  # interpreter shutting down: no new threads
+                _digger = None
+                shutil.rmtree(grave, ignore_errors=True)
+
+
+def _dig() -> None:
+    global _digger
+    while True:
+        with _digger_lock:
+            try:
+                grave = _graves.get_nowait()
+            except queue.Empty:
+                _digger = None
+                return
+        shutil.rmtree(grave, ignore_errors=True)
+
+
+def wait_for_graves() -> None:
+    """Block until every grave queued so far is deleted (for tests and benchmarks)."""
+    digger = _digger
+    while digger is not None:
+        digger.join()
+        digger = _digger
+
+
+def _queue_left_graves(root: Path) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if name.startswith(".") and ".deleting-" in name:
+                delete_later(root / name)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a sandbox directory; first move it aside so it disappears atomically."""
+    grave = bury(path)
+    if grave is not None and not remove_if_skeleton(grave):
+        shutil.rmtree(grave, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Local destroy without a host scan: the sandbox's cgroup, the tag-scan fallback, graves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from corral.providers import _cgroups as cgroups
+from corral.providers import _procscan as procscan
+from corral.providers import _state
+from corral.providers._local import LocalProvider
+from corral.sandbox._contracts import SandboxGoneError
+from corral.testing import wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("corral_home")]
+
+
+def _daemon(pidfile: Path, *, keep_tag: bool) -> str:
+    """A daemon that leaves the launcher's session (setsid) and is orphaned (its parent
+    exits at once): the classic double fork. Without ``keep_tag`` it also drops the
+    sandbox's environment tag, so only the cgroup can find it."""
+    unset = "" if keep_tag else f"env -u {procscan.TOKEN_ENV} "
+    inner = f"echo \\$\\$ > {pidfile}; exec sleep 1000"  # $$ of the grandchild
+    # The pause lets corral move the launcher into the group before it forks (a fork in
+    # the first moments after exec makes corral fall back to the tag scan; not tested here).
+    return (f"sleep 0.3; {unset}setsid sh -c 'sh -c \"{inner}\" & exit' "
+            "</dev/null >/dev/null 2>&1")
+
+
+def _started(pidfile: Path) -> int:
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), "the daemon's pid")
+    pid = int(pidfile.read_text())
+    wait_until(lambda: procscan.alive(pid), "the daemon to run")
+    return pid
+
+
+def _environ(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return fh.read()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_an_escaped_untagged_daemon_dies_with_its_cgroup(tmp_path: Path) -> None:
+    if cgroups.v2_parent() is None:
+        pytest.skip("no cgroup v2 hierarchy corral may create groups in")
+    provider = LocalProvider()
+    h = await provider.create()
+    pidfile = tmp_path / "pid"
+    r = await h.process.exec(_daemon(pidfile, keep_tag=False))
+    assert r.ok, r
+    pid = _started(pidfile)
+    try:
+        assert procscan.TOKEN_ENV.encode() not in _environ(pid)  # the scan could not see it
+        assert not os.path.exists(os.path.join(h.private_dir, "ungrouped"))  # no scan
+        # A session of its own whose leader has exited: no process group or tree finds it.
+        assert not procscan.alive(os.getsid(pid)) and os.getsid(pid) != os.getsid(0)
+        await provider.destroy(h.ref)
+        wait_until(lambda: not procscan.alive(pid), "the daemon to die")
+        assert not os.path.exists(h.state.kill_group)
+    finally:
+        if procscan.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_without_a_cgroup_destroy_falls_back_to_the_tag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cgroups, "_v2_parent", None)  # as on a host without cgroup v2
+    provider = LocalProvider()
+    h = await provider.create()
+    assert h.state.kill_group == ""
+    pidfile = tmp_path / "pid"
+    assert (await h.process.exec(_daemon(pidfile, keep_tag=True))).ok
+    pid = _started(pidfile)
+    try:
+        await provider.destroy(h.ref)
+        wait_until(lambda: not procscan.alive(pid), "the daemon to die")
+    finally:
+        if procscan.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_launch_into_a_removed_group_is_refused_and_killed() -> None:
+    if cgroups.v2_parent() is None:
+        pytest.skip("no cgroup v2 hierarchy corral may create groups in")
+    provider = LocalProvider()
+    h = await provider.create()
+    try:
+        assert (await h.process.exec("true")).ok  # the group exists now
+        os.rmdir(h.state.kill_group)  # what a concurrent destroy does after our check
+        with pytest.raises(SandboxGoneError):
+            await h.process.exec("sleep 1000")
+    finally:
+        await provider.destroy(h.ref)
+
+
+async def test_host_commands_join_the_group(tmp_path: Path) -> None:
+    if cgroups.v2_parent() is None:
+        pytest.skip("no cgroup v2 hierarchy corral may create groups in")
+    provider = LocalProvider()
+    h = await provider.create()
+    hc = h.host_command("echo $$ > " + str(tmp_path / "pid") + "; exec sleep 1000")
+    assert hc.cgroup_procs == (os.path.join(h.state.kill_group, "cgroup.procs"),)
+    proc = subprocess.Popen(list(hc.argv), env=dict(hc.env), cwd=hc.cwd, start_new_session=True)
+    try:
+        pid = _started(tmp_path / "pid")
+        assert pid in cgroups.members([h.state.kill_group])
+        await provider.destroy(h.ref)
+        assert proc.wait(timeout=15) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_destroyed_directories_are_deleted_and_left_graves_swept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    provider = LocalProvider()
+    h = await provider.create()
+    await h.fs.write("big/file", b"x" * 4096)
+    await provider.destroy(h.ref)
+    assert not Path(h.state_dir).exists()  # gone at once; its files go in the background
+    _state.wait_for_graves()
+    assert os.listdir(provider.base_dir) == []
+    # A grave left by a process killed mid-deletion is deleted by the next process.
+    grave = provider.base_dir / ".sb-left.deleting-0000"
+    (grave / "root").mkdir(parents=True)
+    (grave / "root" / "f").write_bytes(b"x")
+    monkeypatch.setattr(_state, "_made_roots", set())
+    assert provider.base_dir.is_dir()
+    _state.wait_for_graves()
+    assert not grave.exists()
+
+
+async def test_descendants_from_the_children_files_match_a_full_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 100 & (sleep 100 & wait) & wait"])
+    try:
+        wait_until(lambda: len(procscan.descendants(proc.pid)) == 3, "three descendants")
+        fast = sorted(procscan.descendants(proc.pid))
+        monkeypatch.setattr(procscan, "_HAS_CHILDREN_FILE", False)
+        assert sorted(procscan.descendants(proc.pid)) == fast
+    finally:
+        for p in procscan.descendants(proc.pid):
+            os.kill(p, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def test_state_is_saved_whole_and_read_back(tmp_path: Path) -> None:
+    state = _state.SandboxState(id="sb-x", provider="local", token="t", env={"A": "b"},
+                                kill_group="/sys/fs/cgroup/corral/x")
+    where = tmp_path / "sb"
+    where.mkdir()
+    state.save(where)
+    assert os.listdir(where) == ["state.json"]  # no temporary file left
+    back = _state.SandboxState.load(where)
+    assert back == state
