@@ -198,10 +198,12 @@ def test_agent_closing_stdout_early(launch) -> None:
 
 
 def test_children_in_the_agents_group_are_stopped_at_exit(launch) -> None:
-    run = launch(["sh", "-c", "(while true; do echo late; sleep 0.01; done) & echo $! ; echo parent"])
+    run = launch(["sh", "-c",
+                  "(while true; do echo late; sleep 0.01; done) & echo pid=$! ; echo parent"])
     lines, exit = collect(run)
     assert exit.code == 0
-    child = int(lines[0].data)
+    # the child may print before its parent does: find the parent's line, not the first one
+    (child,) = [int(line.data[4:]) for line in lines if line.data.startswith(b"pid=")]
     wait_until(lambda: process_start_time(child) is None or _zombie(child),
                "straggler dead", timeout=20.0)
     journal = run.paths.journal.read_bytes()
