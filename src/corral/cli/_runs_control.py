@@ -106,7 +106,7 @@ async def _start(store: Store, args: argparse.Namespace, request: RunRequest) ->
             print(record.run_id)
         return 0
     say(f"run {record.run_id} started (thread {record.thread_id}); "
-         "Ctrl-C detaches, twice cancels")
+        "Ctrl-C detaches, twice cancels")
     return await follow(store, record.run_id, 0, EventPrinter(args.json), runner)
 
 

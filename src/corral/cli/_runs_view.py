@@ -227,7 +227,7 @@ async def follow(
     result: DriveResult | None = outcome.get("drive")
     if result is not None and result.detached and not result.record.terminal:
         say(f"detached; the run goes on. Watch again: corral attach {run_id}   "
-             f"Cancel: corral cancel {run_id}")
+            f"Cancel: corral cancel {run_id}")
         return 130
     final = await store.get(run_id)
     return exit_code_for(final) if final is not None else 1
