@@ -69,12 +69,13 @@ def test_serve_registers_as_a_corral_command() -> None:
     import argparse
 
     from corral.cli import _serve_cmd as serve_cmd
+    from corral.server import config_from_args
 
     parser = argparse.ArgumentParser(prog="corral")
     serve_cmd.register(parser.add_subparsers())
     args = parser.parse_args(["serve", "--port", "0", "--no-reaper", "--reap-ttl", "10m"])
     assert args.func is serve_cmd.run
-    config = serve_cmd.config_from_args(args)
+    config = config_from_args(args)
     assert (config.port, config.reaper, config.reap_ttl) == (0, False, 600.0)
     with pytest.raises(ConfigError, match="--reap-interval"):
-        serve_cmd.config_from_args(parser.parse_args(["serve", "--reap-interval", "soon"]))
+        config_from_args(parser.parse_args(["serve", "--reap-interval", "soon"]))

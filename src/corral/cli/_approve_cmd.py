@@ -1,19 +1,9 @@
-"""``corral approve``: answer (or list) a run's pending host-tool approvals.
-
-``corral approve RUN_ID APPROVAL_ID --allow|--deny [--reason TEXT]`` answers one request
-(the id comes from the run's ``corral.approval_request`` event); ``corral approve RUN_ID
---list [--json]`` shows what is waiting. Works from any process of the host user.
-"""
+"""``corral approve``: the parser; :mod:`corral.cli._approve_impl` answers or lists."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from typing import Any
-
-from corral._errors import ConfigError
-from corral.tools._approvals import answer_approval, list_pending
 
 
 def register(subparsers: Any) -> None:
@@ -28,25 +18,11 @@ def register(subparsers: Any) -> None:
     g.add_argument("--list", action="store_true", help="list pending approvals of the run")
     p.add_argument("--reason", help="a note passed to the agent with a denial")
     p.add_argument("--json", action="store_true", help="with --list: one JSON object a line")
-    p.set_defaults(func=handler)
+    p.set_defaults(func=_handler)
 
 
-def handler(args: argparse.Namespace) -> int:
-    if args.list:
-        now = time.time()
-        for a in list_pending(args.run_id):
-            if args.json:
-                print(json.dumps({"approvalId": a.approval_id, "tool": a.tool,
-                                  "args": a.args, "expiresAt": a.expires_at}))
-            else:
-                print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
-                      f"(expires in {max(0, a.expires_at - now):.0f}s)")
-        return 0
-    if not args.approval_id:
-        raise ConfigError("corral approve: give the APPROVAL_ID (see `corral approve "
-                          f"{args.run_id} --list`), or use --list")
-    if not (args.allow or args.deny):
-        raise ConfigError("corral approve: say --allow or --deny")
-    answer_approval(args.run_id, args.approval_id, bool(args.allow), reason=args.reason)
-    print(f"{'allowed' if args.allow else 'denied'} {args.approval_id}")
-    return 0
+def _handler(args: argparse.Namespace) -> int:
+    # Lazy: the host-tool approvals (and what they import) load when `corral approve` runs.
+    from corral.cli._approve_impl import handler
+
+    return handler(args)

@@ -1,29 +1,8 @@
-"""``corral exec``: run one command in a fresh (or named) sandbox, streaming its output."""
+"""``corral exec``: the parser; :mod:`corral.cli._exec_impl` runs it."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import stat
-import sys
-from collections.abc import AsyncIterator
-from typing import BinaryIO
-
-import anyio
-
-from corral._errors import ConfigError
-from corral.providers import get_provider
-from corral.providers._process import SandboxProcess
-from corral.sandbox._contracts import (
-    TIMEOUT_EXIT_CODE,
-    Handle,
-    Provider,
-    ResourceLimits,
-    SandboxSpec,
-    check_env_name,
-)
-from corral.sandbox._validate import size
 
 DEFAULT_PROVIDER = "bubblewrap"
 
@@ -52,137 +31,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
                         "cannot be enforced)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
-    p.set_defaults(func=run)
+    p.set_defaults(func=_run)
 
 
-def _parse_env(items: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ConfigError(f"--env {item!r}: use NAME=VALUE")
-        env[check_env_name(name, "--env")] = value
-    return env
+def _run(args: argparse.Namespace) -> int:
+    # Lazy: the providers load when `corral exec` runs, not for every command's parser.
+    from corral.cli._exec_impl import run
 
-
-def run(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise ConfigError("no command given: corral exec [options] -- COMMAND [ARGS...]")
-    if args.sandbox and (args.keep or args.name or args.network or args.disk):
-        raise ConfigError(
-            "--keep, --name, --network and --disk apply to a fresh sandbox, not to --sandbox"
-        )
-    args.disk_bytes = size(args.disk, "--disk") if args.disk is not None else None
-    provider_name = args.provider or os.environ.get("CORRAL_PROVIDER") or DEFAULT_PROVIDER
-    env = _parse_env(args.env)
-    return anyio.run(_run, args, provider_name, command, env)
-
-
-async def _run(args: argparse.Namespace, provider_name: str, command: list[str], env: dict[str, str]) -> int:
-    provider = get_provider(provider_name)
-    fresh = args.sandbox is None
-    if fresh:
-        spec = SandboxSpec(
-            name=args.name, network=args.network, limits=ResourceLimits(disk_bytes=args.disk_bytes)
-        )
-        handle: Handle | None = await provider.create(spec)
-    else:
-        handle = await provider.resume(args.sandbox)
-        if handle is None:
-            raise ConfigError(
-                f"no {provider_name} sandbox {args.sandbox!r}: list them with `corral sandboxes ls`"
-            )
-    assert handle is not None
-    try:
-        return await _stream(handle, command, args.cwd, env, args.timeout)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await _finish(provider, handle, fresh, args.keep)
-
-
-async def _finish(provider: Provider, handle: Handle, fresh: bool, keep: bool) -> None:
-    if not fresh:
-        return
-    if keep:
-        print(f"corral: kept sandbox {handle.id} ({provider.name})", file=sys.stderr)
-    else:
-        await provider.destroy(handle.ref)
-
-
-async def _pump(src: AsyncIterator[bytes], dst: BinaryIO) -> None:
-    async for chunk in src:
-        dst.write(chunk)
-        dst.flush()
-
-
-async def _feed_stdin(proc: SandboxProcess) -> None:
-    """Forward our stdin when it is a pipe or a file; a terminal is not forwarded."""
-    try:
-        fd = sys.stdin.fileno()
-        mode = os.fstat(fd).st_mode
-    except (OSError, ValueError, AttributeError):
-        await proc.close_stdin()
-        return
-    try:
-        if stat.S_ISREG(mode):
-            while chunk := os.read(fd, 1 << 16):
-                await proc.write_stdin(chunk)
-        elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            os.set_blocking(fd, False)
-            while True:
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    await anyio.wait_readable(fd)
-                    continue
-                if not chunk:
-                    break
-                await proc.write_stdin(chunk)
-    except (BrokenPipeError, OSError):
-        pass
-    finally:
-        await proc.close_stdin()
-
-
-async def _stream(
-    handle: Handle, command: list[str], cwd: str | None, env: dict[str, str], timeout: float | None
-) -> int:
-    proc = await handle.process.spawn(command, cwd=cwd, env=env)
-    assert isinstance(proc, SandboxProcess)
-    timed_out = False
-    try:
-        with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_pump, proc.stdout, sys.stdout.buffer)
-                tg.start_soon(_pump, proc.stderr, sys.stderr.buffer)
-                feeder = anyio.CancelScope()
-
-                async def feed() -> None:
-                    with feeder:
-                        await _feed_stdin(proc)
-
-                tg.start_soon(feed)
-                result = await proc.wait()
-                feeder.cancel()
-        if scope.cancelled_caught:
-            timed_out = True
-            with anyio.CancelScope(shield=True):
-                await proc.kill(signal.SIGKILL)
-                result = await proc.wait()
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await proc.kill(signal.SIGKILL)
-        raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await proc.aclose()
-    if timed_out:
-        print(f"corral: command timed out after {timeout:g}s and was killed (exit "
-              f"{TIMEOUT_EXIT_CODE})", file=sys.stderr)
-        return TIMEOUT_EXIT_CODE
-    if result.signal is not None or result.limit_hit is not None:
-        print(f"corral: command {result.describe()}", file=sys.stderr)
-    return result.exit_code
+    return run(args)

@@ -1,18 +1,25 @@
-"""Entry point: builds the parser from the command modules and maps errors to one line."""
+"""Entry point: builds the parser from the command modules and maps errors to one line.
+
+Every start builds the whole parser, so the command modules are light: each imports only
+``argparse`` and :mod:`corral.cli._parser` at module level, declares its arguments when its
+parser is used and imports its implementation when its handler runs (``corral --version`` and
+``corral ls`` never import the runner, the harnesses, HTTP or AG-UI;
+``tests/test_cli_imports.py`` checks which modules they load)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from corral._version import __version__
-from corral.server._command import run_reporting_errors
+from corral.cli._parser import CommandParser, Handler
+from corral.server._cmdline import run_reporting_errors
 
-# Each module defines ``register(subparsers)`` and sets ``func`` on its parsers; ``func``
-# takes the parsed namespace and returns the process exit code. Every module must import:
-# a missing one is a broken install, never a command quietly left out.
+# Each module defines ``register(subparsers)`` and sets ``func`` (a ``Handler``) on its
+# parsers. Every module must import: a missing one is a broken install, never a command
+# quietly left out.
 COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli._exec_cmd",  # corral exec
     "corral.cli._sandboxes_cmd",  # corral sandboxes ls|rm
@@ -25,8 +32,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli._approve_cmd",  # corral approve
 )
 
-Handler = Callable[[argparse.Namespace], int]
-
 
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     """The ``corral`` parser with every command of ``modules`` (an import error propagates)."""
@@ -35,7 +40,7 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
         description="Run coding-agent CLIs in isolated sandboxes with durable runs.",
     )
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for name in modules:
         importlib.import_module(name).register(sub)
     return parser

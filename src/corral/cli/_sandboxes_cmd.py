@@ -1,18 +1,9 @@
-"""``corral sandboxes ls|rm``: list and remove sandboxes of every host-directory provider."""
+"""``corral sandboxes ls|rm|prune``: the parsers; :mod:`corral.cli._sandboxes_impl` runs
+them."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from typing import Any
-
-import anyio
-
-from corral._errors import ConfigError, CorralError
-from corral.providers import get_provider, provider_names
-from corral.providers._state import validate_id
-from corral.sandbox._contracts import Described, Provider
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,88 +12,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = cmds.add_parser("ls", help="list sandboxes")
     ls.add_argument("--provider", metavar="NAME", help="only this provider")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
-    ls.set_defaults(func=run_ls)
+    ls.set_defaults(func=_run_ls)
     rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their files)")
     rm.add_argument("ids", nargs="+", metavar="ID")
     rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
-    rm.set_defaults(func=run_rm)
+    rm.set_defaults(func=_run_rm)
     prune = cmds.add_parser(
         "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
     )
-    prune.set_defaults(func=run_prune)
+    prune.set_defaults(func=_run_prune)
 
 
-def run_prune(args: argparse.Namespace) -> int:
-    # bubblewrap's module loads for this command only, not for every command's parser
-    from corral.providers._bubblewrap import BubblewrapProvider
+# Lazy imports below: the providers load when a `corral sandboxes` command runs, not for
+# every command's parser.
+def _run_ls(args: argparse.Namespace) -> int:
+    from corral.cli._sandboxes_impl import run_ls
 
-    async def main() -> int:
-        for path in await BubblewrapProvider().prune_orphans():
-            print(f"pruned {path}")
-        return 0
-
-    return anyio.run(main)
+    return run_ls(args)
 
 
-def _providers(only: str | None) -> list[Provider]:
-    out: list[Provider] = []
-    # every registered provider (a plugin's too) that builds with its default config
-    for name in [only] if only else provider_names():
-        try:
-            out.append(get_provider(name))
-        except CorralError:
-            if only:
-                raise
-    return out
+def _run_rm(args: argparse.Namespace) -> int:
+    from corral.cli._sandboxes_impl import run_rm
+
+    return run_rm(args)
 
 
-def run_ls(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        rows: list[dict[str, Any]] = []
-        for provider in _providers(args.provider):
-            for ref in await provider.list():
-                handle = await provider.resume(ref)
-                info = handle if isinstance(handle, Described) else None
-                rows.append({
-                    "id": ref.id,
-                    "provider": ref.provider,
-                    "created_at": info.created_at if info else None,
-                    "labels": dict(info.labels) if info else {},
-                })
-        if args.json:
-            for row in rows:
-                print(json.dumps(row, sort_keys=True))
-        elif rows:
-            print(f"{'ID':<28} {'PROVIDER':<11} CREATED")
-            for row in rows:
-                ts = row["created_at"]
-                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, float) else "?"
-                print(f"{row['id']:<28} {row['provider']:<11} {created}")
-        return 0
+def _run_prune(args: argparse.Namespace) -> int:
+    from corral.cli._sandboxes_impl import run_prune
 
-    return anyio.run(main)
-
-
-def run_rm(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        providers = _providers(args.provider)
-        missing = []
-        for sandbox_id in args.ids:
-            validate_id(sandbox_id)
-            found = False
-            for provider in providers:
-                if await provider.resume(sandbox_id) is not None or (
-                    provider.base_dir / sandbox_id  # type: ignore[attr-defined]
-                ).exists():
-                    await provider.destroy(sandbox_id)
-                    print(f"removed {provider.name} sandbox {sandbox_id}")
-                    found = True
-            if not found:
-                missing.append(sandbox_id)
-        if missing:
-            raise ConfigError(
-                f"no sandbox named {', '.join(missing)}: list them with `corral sandboxes ls`"
-            )
-        return 0
-
-    return anyio.run(main)
+    return run_prune(args)

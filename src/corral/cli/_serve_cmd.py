@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from corral.server._command import add_serve_options, config_from_args, serve_main
+from corral.cli._parser import arguments
 
-__all__ = ["add_serve_options", "config_from_args", "register", "run"]
-
-run = serve_main
+__all__ = ["register", "run"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,5 +21,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve the HTTP API and the web page",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
-    add_serve_options(p)
+    arguments(p, _arguments)
     p.set_defaults(func=run)
+
+
+# Lazy imports below: the serve options and the server (the app, uvicorn, the runner) are
+# shared with `python -m corral.server` and load when `corral serve` is used, not for every
+# command's parser.
+def _arguments(p: argparse.ArgumentParser) -> None:
+    from corral.server._command import add_serve_options
+
+    add_serve_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM (:func:`corral.server._command.serve_main`)."""
+    from corral.server._command import serve_main
+
+    return serve_main(args)

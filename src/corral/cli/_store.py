@@ -1,5 +1,5 @@
-"""The store for a command: one ``--store`` option and one way to run an async command with
-the store opened and closed around it."""
+"""The store for a command: one way to run an async command with the store ``--store`` names
+(:func:`corral.server._cmdline.add_store_option`) opened and closed around it."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from typing import TypeVar
 
 import anyio
 
-from corral.server._command import add_store_option
 from corral.stores import open_store
 from corral.stores._protocols import Store
 
 T = TypeVar("T")
 
-__all__ = ["add_store_option", "with_store"]
+__all__ = ["with_store"]
 
 
 def with_store(args: argparse.Namespace, command: Callable[[Store], Awaitable[T]]) -> T:

@@ -52,6 +52,7 @@ from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
 from corral._errors import ConfigError
 from corral._insandbox import command_gate as command_gate
 from corral.harness._base import RunContext
+from corral.tools._names import SERVER_NAME
 from corral.harness._cli_base import (
     GATE_TIMEOUT,
     CliHarness,
@@ -71,7 +72,7 @@ from corral.net._model_proxy import ModelApi
 __all__ = ["CodexHarness", "CodexTranslator", "mcp_server_config"]
 
 KEY_VAR = "CORRAL_MODEL_KEY"
-HOST_TOOLS_SERVER = "corral"  # corral.tools._mcp_server.SERVER_NAME
+HOST_TOOLS_SERVER = SERVER_NAME
 
 
 def _toml_str(s: str) -> str:

@@ -22,14 +22,12 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.transport_security import TransportSecuritySettings
 
+from corral.tools._names import MCP_PATH, SERVER_NAME
 from corral.tools._asgi import RequestGuard, serve_unix
 from corral.tools._core import ToolContext, ToolError, Toolset, result_text
 from corral.tools._remote import ApprovalGate, execute_host_tool
 
 __all__ = ["MCP_PATH", "SERVER_NAME", "HostToolServer"]
-
-SERVER_NAME = "corral"
-MCP_PATH = "/mcp"
 
 
 class HostToolServer:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.tools._mcp_server import MCP_PATH, SERVER_NAME
+from corral.tools._names import MCP_PATH, SERVER_NAME
 from corral.tools._approvals import ApprovalSigner
 
 __all__ = ["TOKEN_ENV", "HostToolsProjection", "host_tools_projection", "run_tools_token"]

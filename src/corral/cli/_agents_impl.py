@@ -1,0 +1,48 @@
+"""``corral agents install NAME [--version V]`` and ``corral agents ls`` (the parsers are in
+:mod:`corral.cli._agents_cmd`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from corral.agents._installs import (
+    agents_report,
+    agents_root,
+    check_version,
+    find_installed,
+    install_agent,
+    list_installed,
+    package_for,
+)
+
+__all__ = ["install", "ls"]
+
+
+def install(args: argparse.Namespace) -> int:
+    pkg = package_for(args.name)
+    version = check_version(args.agent_version or pkg.version)
+    if args.force or find_installed(args.name, version) is None:
+        print(f"installing {pkg.package}@{version} ...", file=sys.stderr)
+    agent = install_agent(args.name, args.agent_version, force=args.force)
+    print(f"{agent.name} {agent.version} installed at {agent.path}")
+    return 0
+
+
+def ls(args: argparse.Namespace) -> int:
+    root = agents_root()
+    installed = list_installed(root)
+    if args.json:
+        for a in installed:
+            print(json.dumps({"name": a.name, "version": a.version, "package": a.package,
+                              "path": str(a.path), "bin": str(a.bin_path)}))
+        return 0
+    if not installed:
+        print(f"no agent CLIs installed under {root}; try `corral agents install claude-code`")
+    for a in installed:
+        print(f"{a.name:<12} {a.version:<10} {a.path}")
+    for status in agents_report(root):
+        if not status.installed and status.supported:
+            print(f"{status.name:<12} {'-':<10} {status.message}")
+    return 0

@@ -1,0 +1,201 @@
+"""``corral doctor``: check what this machine offers and print the fix for each gap (the parser
+is in :mod:`corral.cli._doctor_cmd`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+
+__all__ = ["Check", "collect", "run"]
+
+AGENTS = ("claude", "codex")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | missing
+    detail: str
+    fix: str = ""
+    required: bool = False
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def _bubblewrap() -> list[Check]:
+    checks: list[Check] = []
+    path = _which("bwrap")
+    if path is None:
+        return [Check("bubblewrap", "missing", "bwrap is not on PATH",
+                      "apt-get install bubblewrap (or dnf/pacman install bubblewrap)", True)]
+    userns = Path("/proc/sys/user/max_user_namespaces")
+    if userns.exists() and userns.read_text().strip() == "0":
+        checks.append(Check("user namespaces", "missing", "user.max_user_namespaces is 0",
+                            "sysctl -w user.max_user_namespaces=15000", True))
+    clone = Path("/proc/sys/kernel/unprivileged_userns_clone")
+    if clone.exists() and clone.read_text().strip() == "0":
+        checks.append(Check("user namespaces", "missing", "kernel.unprivileged_userns_clone is 0",
+                            "sysctl -w kernel.unprivileged_userns_clone=1", True))
+    apparmor = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+    if apparmor.exists() and apparmor.read_text().strip() == "1":
+        checks.append(Check("user namespaces", "warn", "AppArmor restricts unprivileged user namespaces",
+                            "add an AppArmor profile for bwrap or sysctl "
+                            "kernel.apparmor_restrict_unprivileged_userns=0"))
+    # The real thing: create a sandbox, run a command in it, destroy it.
+    try:
+        detail = anyio.run(_try_sandbox)
+        checks.append(Check("bubblewrap", "ok", f"{path}: {detail}"))
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, none raised
+        checks.append(Check("bubblewrap", "missing", f"a test sandbox failed: {exc}",
+                            "check user namespaces (above) and that bwrap runs: "
+                            "bwrap --unshare-all --unshare-user --ro-bind / / true", True))
+    return checks
+
+
+async def _try_sandbox() -> str:
+    # provider modules load when `corral doctor` runs, not for every command's parser
+    from corral.providers._bubblewrap import BubblewrapProvider
+
+    with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
+        provider = BubblewrapProvider(home=tmp)
+        handle = await provider.create()
+        try:
+            r = await handle.process.exec(["id", "-u"], timeout=30)
+            if not r.ok or r.stdout.strip() != b"1000":
+                raise RuntimeError(f"test command failed: {r.describe()}: {r.stderr[-300:]!r}")
+            net = await handle.process.exec(["cat", "/proc/net/dev"], timeout=30)
+            if b"eth" in net.stdout or b"ens" in net.stdout:
+                raise RuntimeError("the test sandbox can see host network interfaces")
+            mode = handle.state.limit_mode
+            disk = "a disk quota" if handle.state.disk_fsid else "no disk quota"
+        finally:
+            await provider.destroy(handle.ref)
+    limits = {"cgroup": "limits via cgroups", "rlimit": "limits via rlimits only",
+              "none": "no resource limits"}[mode]
+    return f"a test sandbox ran as an unprivileged user without network; {limits}; {disk}"
+
+
+def _cgroups() -> Check:
+    from corral.providers import _cgroups as cgroups
+
+    if os.geteuid() != 0:
+        return Check("cgroups", "warn", "not root: limits fall back to rlimits (per process)",
+                     "run corral as root, or accept weaker limits")
+    ok, why = cgroups.available()
+    if ok:
+        return Check("cgroups", "ok", why)
+    return Check("cgroups", "warn", f"{why}; limits fall back to rlimits (per process)",
+                 "mount cgroup v1 memory,pids,cpu,freezer hierarchies (cgroup v2 is not supported yet)")
+
+
+def _disk_quota() -> Check:
+    """Which disk-quota mode bubblewrap sandboxes get here (sets up the pool if it can)."""
+    from corral.providers import _diskquota as diskquota
+    from corral.providers._bubblewrap import DEFAULT_LIMITS, FILES_ROOT
+
+    default = diskquota.format_size(DEFAULT_LIMITS.disk_bytes or 0)
+    if os.geteuid() != 0:
+        return Check("disk quota", "warn", "not root: sandboxes have no disk quota (a sandbox "
+                     "can fill the disk); asking for a disk limit is an error",
+                     "run corral as root (with btrfs-progs installed)")
+    try:
+        FILES_ROOT.mkdir(parents=True, mode=0o711, exist_ok=True)
+        pool = diskquota.pool(FILES_ROOT)
+    except (diskquota.PoolUnavailable, OSError) as exc:
+        fix = ("apt-get install btrfs-progs" if "mkfs.btrfs" in str(exc) else diskquota.FIX)
+        return Check("disk quota", "warn", f"no disk quota for sandboxes ({exc}): a sandbox can "
+                     "fill the disk; asking for a disk limit is an error", fix)
+    st = os.statvfs(pool.root)
+    return Check("disk quota", "ok", f"btrfs pool at {pool.root} "
+                 f"({diskquota.format_size(st.f_blocks * st.f_frsize // (1 << 30) << 30)}, "
+                 f"sparse): each sandbox is a subvolume limited to {default} by default")
+
+
+def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
+    path = _which(name)
+    if path:
+        return Check(name, "ok", path)
+    return Check(name, "missing" if required else "warn", f"not found ({why})", fix, required)
+
+
+def _stores() -> list[Check]:
+    return [Check("sqlite", "ok", f"SQLite {sqlite3.sqlite_version} (default store; "
+                  "memory:// for one process)")]
+
+
+def _python_in_sandbox() -> Check:
+    # Agent runs start the in-sandbox entry (forwarders) and the command gate with the
+    # system Python the sandbox sees through its read-only /usr.
+    if os.path.exists("/usr/bin/python3"):
+        return Check("python3", "ok", "/usr/bin/python3 (agent runs: in-sandbox entry and "
+                     "command gate)")
+    return Check("python3", "warn", "/usr/bin/python3 not found (agent CLI runs need it "
+                 "inside the sandbox)", "apt-get install python3")
+
+
+def _agents() -> list[Check]:
+    """The agent CLIs corral manages (pinned npm versions under the agents root)."""
+    from corral.agents._installs import agents_report
+
+    out = []
+    for status in agents_report():
+        if not status.supported:
+            continue
+        if status.ok:
+            out.append(Check(f"agent {status.name}", "ok", status.message))
+        else:
+            out.append(Check(f"agent {status.name}", "warn", "not installed",
+                             f"corral agents install {status.name}"))
+    return out
+
+
+def collect() -> list[Check]:
+    checks = _bubblewrap()
+    checks.append(_cgroups())
+    checks.append(_disk_quota())
+    checks.append(_tool("perl", "the bubblewrap sandboxes' init, which decides the exit "
+                        "status out of the command's reach", "apt-get install perl-base",
+                        required=True))
+    if os.geteuid() == 0:
+        checks.append(_tool("setpriv", "drops sandboxes to an unprivileged uid when run as root",
+                            "apt-get install util-linux", required=True))
+    checks.append(_tool("git", "workspaces from git repositories", "apt-get install git"))
+    checks += _stores()
+    checks.append(_python_in_sandbox())
+    checks.append(_tool("npm", "corral agents install fetches the agent CLIs from npm",
+                        "apt-get install npm"))
+    checks.append(_tool("node", "Codex's launcher runs on Node.js", "apt-get install nodejs"))
+    checks += _agents()
+    checks.append(Check("local provider", "warn",
+                        "gives NO isolation: commands run on the host as you, with your files "
+                        "and network; use it only for trusted commands",
+                        "use the bubblewrap provider (the default) for anything untrusted"))
+    return checks
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = collect()
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        label = {"ok": " ok ", "warn": "warn", "missing": "MISS"}[c.status]
+        print(f"[{label}] {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status != "ok":
+            print(f"       {'':<{width}}  fix: {c.fix}")
+    print("not in this version: Docker and Kubernetes providers, PostgreSQL and Redis stores, "
+          "the opencode/gemini-cli/ACP harnesses")
+    failed = [c for c in checks if c.required and c.status == "missing"]
+    if failed:
+        print(f"\ncorral cannot run isolated sandboxes here: fix {', '.join(c.name for c in failed)}")
+        return 1
+    print("\nready: isolated sandboxes work (bubblewrap)")
+    return 0

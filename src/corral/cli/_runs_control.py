@@ -1,0 +1,119 @@
+"""``corral run`` and ``corral cancel``: what needs the runner (the parsers are in
+:mod:`corral.cli._runs_cmd`; the event output is :mod:`corral.cli._runs_view`'s)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from corral.cli._progress import CopyProgressLine
+from corral._errors import ConfigError
+from corral._ids import check_id
+from corral.sandbox import _validate as validate
+from corral.sandbox._config_file import find_config, load_config
+from corral.cli._runs_view import EventPrinter, follow, record_json, say
+from corral.cli._trust import check_found_config
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._transfer import report_copy_progress
+from corral.stores._records import RunRecord
+from corral.runs._runner import DEFAULT_MAX_OUTPUT, Runner, RunRequest
+from corral.stores._protocols import Store
+from corral.cli._store import with_store
+
+__all__ = ["cancel", "run"]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.argv:
+        raise ConfigError(
+            "nothing to run: give a command after --, e.g. corral run -- echo hello"
+            if args.harness == "command"
+            else "give the prompt, e.g. corral run --harness claude-code \"fix the test\""
+        )
+    # The server's rule (corral._ids): ids become file names, URLs and log fields.
+    if args.run_id is not None:
+        check_id(args.run_id, "--run-id")
+    if args.thread is not None:
+        check_id(args.thread, "--thread")
+    sandbox, config_dir = _definition(args)
+    workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
+    options = {"model": args.model} if args.model else {}
+    request = RunRequest(
+        command=list(args.argv) if args.harness == "command" else None,
+        prompt=None if args.harness == "command" else " ".join(args.argv),
+        harness=args.harness,
+        options=options,
+        run_id=args.run_id,
+        thread_id=args.thread,
+        provider=args.provider or "bubblewrap",
+        workspace=workspace,
+        sandbox=sandbox,
+        timeout=args.timeout,
+        token_budget=args.token_budget,
+        max_output=(validate.size(args.max_output, "--max-output")
+                    if args.max_output is not None else DEFAULT_MAX_OUTPUT),
+    )
+    if args.file_events:
+        file_events: bool | Literal["diff"] = "diff" if args.file_events == "diff" else True
+        request = replace(request, sandbox=replace(request.definition(),
+                                                   file_events=file_events))
+    if args.max_copy_size is not None:
+        defn = request.definition()
+        ws = replace(defn.workspace,
+                     max_copy_size=validate.size(args.max_copy_size, "--max-copy-size"))
+        request = replace(request, sandbox=replace(defn, workspace=ws))
+    async def start(store: Store) -> int:
+        return await _start(store, args, request)
+
+    if not sys.stderr.isatty():
+        return with_store(args, start)
+    with report_copy_progress(CopyProgressLine(sys.stderr)):
+        return with_store(args, start)
+
+
+def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
+    """The sandbox definition from ``--config`` or a ``corral.toml`` found in the workspace
+    (or current) directory, and the directory holding it."""
+    if args.config:
+        path: Path | None = Path(args.config)
+        if not path.is_file():  # type: ignore[union-attr]
+            raise ConfigError(f"--config {args.config}: no such file")
+    else:
+        path = find_config(args.workspace or os.getcwd())
+    if path is None:
+        return None, None
+    sandbox = load_config(path)
+    if not args.config:  # the repository's own file: a request, not the host's settings
+        check_found_config(sandbox, path, provider_chosen=bool(args.provider))
+    if args.provider and args.provider != sandbox.provider_name:
+        sandbox = replace(sandbox, provider=args.provider, provider_config={})
+    return sandbox, path.resolve().parent
+
+
+async def _start(store: Store, args: argparse.Namespace, request: RunRequest) -> int:
+    runner = Runner(store)
+    record = await runner.start(request)
+    if args.detach:
+        record = await runner.detach(record.run_id)
+        if args.json:
+            print(json.dumps(record_json(record)))
+        else:
+            print(record.run_id)
+        return 0
+    say(f"run {record.run_id} started (thread {record.thread_id}); "
+        "Ctrl-C detaches, twice cancels")
+    return await follow(store, record.run_id, 0, EventPrinter(args.json), runner)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    async def cancel_run(store: Store) -> RunRecord:
+        return await Runner(store).cancel(args.run_id)
+
+    record = with_store(args, cancel_run)
+    say(f"run {record.run_id}: {record.status.value}")
+    return 0

@@ -1,0 +1,263 @@
+"""``corral ls``, ``show`` and ``attach``, and the event output ``corral run`` shares: what
+needs only the store (the parsers are in :mod:`corral.cli._runs_cmd`).
+
+``attach`` prints the logged events as soon as the store is open; the runner it drives the
+run with (a takeover when the run's driver died) loads in a worker thread meanwhile, since its
+modules take most of the command's start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
+
+import anyio
+import anyio.to_thread
+
+from corral._errors import ConfigError
+from corral.cli._store import with_store
+from corral.stores._protocols import LoggedEvent, Store, UnknownRun
+from corral.stores._records import RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from corral.runs._runner import DriveResult, Runner
+
+__all__ = [
+    "EventPrinter", "attach", "exit_code_for", "follow", "ls", "record_json", "say", "show",
+]
+
+SHOW_KEYS = (
+    "run_id",
+    "thread_id",
+    "status",
+    "exit_code",
+    "error",
+    "started_at",
+    "finished_at",
+    "detached_since",
+    "cancel_requested",
+    "driver_epoch",
+    "sandbox_key",
+)
+SECOND_SIGINT_WINDOW = 2.0
+
+
+class EventPrinter:
+    """Prints logged events: NDJSON with ``--json``, else the text as it streams."""
+
+    def __init__(self, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+        self.as_json = as_json
+        self.out = out
+        self.err = err
+        self._text_open = False
+
+    def __call__(self, logged: LoggedEvent) -> None:
+        if self.as_json:
+            line = json.dumps({"offset": logged.offset, "event": logged.event},
+                              ensure_ascii=False, separators=(",", ":"))
+            self.out.write(line + "\n")
+            self.out.flush()
+            return
+        event = logged.event
+        kind = event.get("type")
+        if kind == "TEXT_MESSAGE_CONTENT":
+            self.out.write(str(event.get("delta", "")))
+            self.out.flush()
+            self._text_open = True
+        elif kind == "TOOL_CALL_START":
+            self._note(f"[tool] {event.get('toolCallName')}")
+        elif kind == "TOOL_CALL_RESULT":
+            content = str(event.get("content", ""))
+            self._note(f"[tool result] {content[:200]}")
+        elif kind == "RUN_ERROR":
+            self._note(f"[run error] {event.get('message')}")
+        elif kind == "CUSTOM" and event.get("name") == "sandbox.file":
+            value = event.get("value") or {}
+            self._note(f"[file] {value.get('type')} {value.get('path')}")
+        elif kind == "RUN_FINISHED":
+            self.out.flush()
+
+    def _note(self, text: str) -> None:
+        self.out.flush()
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+def exit_code_for(record: RunRecord) -> int:
+    """0 only for a completed run; the agent's exit code for a failed one when it has one."""
+    if record.status is RunStatus.COMPLETED:
+        return 0
+    if record.status is RunStatus.FAILED and record.exit_code and 0 < record.exit_code < 256:
+        return record.exit_code
+    return 1
+
+
+def record_json(record: RunRecord) -> dict[str, Any]:
+    data = record.to_dict()
+    out = {key: data.get(key) for key in SHOW_KEYS}
+    out["cancel_requested"] = bool(out["cancel_requested"])
+    out["driver_epoch"] = record.driver_epoch
+    for key in ("harness", "usage", "sandbox_ref"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    return out
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def ls(args: argparse.Namespace) -> int:
+    async def listed(store: Store) -> list[RunRecord]:
+        if args.thread:
+            runs = list(reversed(await store.list_by_thread(args.thread)))
+            if args.status:
+                runs = [r for r in runs if r.status.value == args.status]
+            return runs[: args.limit]
+        status = RunStatus(args.status) if args.status else None
+        return await store.list_runs(status=status, limit=args.limit)
+
+    runs = with_store(args, listed)
+    if args.json:
+        print(json.dumps([record_json(r) for r in runs]))
+        return 0
+    rows = [("RUN_ID", "THREAD", "STATUS", "EXIT", "STARTED", "DETACHED")]
+    for r in runs:
+        rows.append((
+            r.run_id,
+            r.thread_id,
+            r.status.value + (" (cancel requested)" if r.cancel_requested and not r.terminal else ""),
+            "" if r.exit_code is None else str(r.exit_code),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
+            "yes" if r.detached_since is not None else "",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    found = with_store(args, lambda store: store.get(args.run_id))
+    if found is None:
+        raise UnknownRun(args.run_id)
+    record = found
+    data = record_json(record)
+    if args.json:
+        print(json.dumps(data))
+    else:
+        for key, value in data.items():
+            print(f"{key:17} {'' if value is None else value}")
+    return 0
+
+
+def attach(args: argparse.Namespace) -> int:
+    if args.after < 0:
+        raise ConfigError("--after must be a log offset of 0 or more")
+
+    async def attach(store: Store) -> int:
+        if await store.get(args.run_id) is None:
+            raise UnknownRun(args.run_id)
+        return await follow(store, args.run_id, args.after, EventPrinter(args.json))
+
+    return with_store(args, attach)
+
+
+async def follow(
+    store: Store, run_id: str, after: int, printer: Callable[[LoggedEvent], None],
+    runner: Runner | None = None,
+) -> int:
+    """Print the log from ``after`` while driving the run (with ``runner``, or a runner over
+    ``store`` built in the meantime, see :class:`_RunnerWhenNeeded`).
+
+    SIGINT or SIGTERM stops driving between batches and detaches (the run goes on); a
+    second SIGINT within two seconds cancels the run.
+    """
+    runners = _RunnerWhenNeeded(store, runner)
+    stop = anyio.Event()
+    cancel = anyio.Event()
+    show_scope = anyio.CancelScope()
+    outcome: dict[str, Any] = {}
+
+    async def drive() -> None:
+        result = await (await runners.get()).drive(run_id, stop=stop)
+        outcome["drive"] = result
+        if result.detached:
+            show_scope.cancel()
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def on_signals() -> None:
+                async for signum in signals:
+                    if "signal" not in outcome:
+                        outcome["signal"] = signum
+                        outcome["at"] = time.monotonic()
+                        stop.set()
+                        if signum != signal.SIGINT:
+                            return
+                        say("detaching… press Ctrl-C again within 2 s to cancel the run")
+                    elif signum == signal.SIGINT and (
+                        time.monotonic() - outcome["at"] <= SECOND_SIGINT_WINDOW
+                    ):
+                        cancel.set()
+                        return
+
+            tg.start_soon(on_signals)
+            async with anyio.create_task_group() as work:
+                work.start_soon(drive)
+                with show_scope:
+                    async for logged in store.read(run_id, after):
+                        printer(logged)
+            if outcome.get("signal") == signal.SIGINT and not cancel.is_set():
+                remaining = SECOND_SIGINT_WINDOW - (time.monotonic() - outcome["at"])
+                with anyio.move_on_after(max(0.0, remaining)):
+                    await cancel.wait()
+            tg.cancel_scope.cancel()
+
+    if cancel.is_set():
+        with anyio.CancelScope(shield=True):
+            cancelled = await (await runners.get()).cancel(run_id)
+        say(f"run {run_id} cancelled ({cancelled.status.value})")
+        return 130
+    result: DriveResult | None = outcome.get("drive")
+    if result is not None and result.detached and not result.record.terminal:
+        say(f"detached; the run goes on. Watch again: corral attach {run_id}   "
+            f"Cancel: corral cancel {run_id}")
+        return 130
+    final = await store.get(run_id)
+    return exit_code_for(final) if final is not None else 1
+
+
+class _RunnerWhenNeeded:
+    """The runner that drives (or cancels) a followed run: the caller's, or one over the
+    store built on first need. Its modules (harnesses, providers, tool servers: most of
+    ``corral attach``'s start-up) are imported in a worker thread, so the event loop prints
+    the logged events meanwhile."""
+
+    def __init__(self, store: Store, runner: Runner | None) -> None:
+        self._store = store
+        self._runner = runner
+        self._lock = anyio.Lock()
+
+    async def get(self) -> Runner:
+        async with self._lock:
+            if self._runner is None:
+                runner_class = await anyio.to_thread.run_sync(_runner_class)
+                self._runner = runner_class(self._store)
+            return self._runner
+
+
+def _runner_class() -> type[Runner]:
+    # Lazy (and off the event loop): see _RunnerWhenNeeded.
+    from corral.runs._runner import Runner
+
+    return Runner
+
+
+def say(text: str) -> None:
+    print(f"corral: {text}", file=sys.stderr, flush=True)

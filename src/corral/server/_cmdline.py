@@ -1,0 +1,90 @@
+"""The light part of corral's command line: the one-line error report every corral command
+gives, the ``--store`` option and durations. ``corral`` builds its parser and reports errors
+with these for every command, and ``python -m corral.server`` with the same ones (so the
+server never imports the CLI); this module imports only the standard library and corral's
+bottom layers, so ``corral --version`` or ``corral ls`` never pays for the app, uvicorn or
+the runner (``corral.server._command`` holds what needs them)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from typing import Final
+
+from corral._errors import ConfigError, CorralError
+from corral._paths import describe_os_error
+
+__all__ = ["STORE_HELP", "add_store_option", "parse_duration", "run_reporting_errors"]
+
+STORE_HELP: Final = "store URL (default $CORRAL_STORE or SQLite)"
+
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_PARTS: Final = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+_NUMBER: Final = re.compile(r"\d+(?:\.\d+)?")
+_MAX_SECONDS: Final = 10 * 365 * 86400.0
+
+
+def parse_duration(text: str, *, what: str = "duration") -> float:
+    """Seconds in ``text``: a number with a unit (``30s``, ``5m``, ``1h``, ``2d``, ``500ms``),
+    several of them (``1h30m``), or a bare number of seconds. Raises
+    :class:`~corral.ConfigError` naming the bad value and the accepted forms."""
+    raw = text.strip().lower()
+    seconds: float | None = None
+    if _NUMBER.fullmatch(raw):
+        seconds = float(raw)
+    elif _PARTS.fullmatch(raw):
+        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(raw))
+    if seconds is None:
+        raise ConfigError(
+            f"invalid {what} {text!r}: use a number with a unit, e.g. 30s, 5m, 1h, 2d or 1h30m"
+        )
+    if seconds > _MAX_SECONDS:
+        raise ConfigError(f"invalid {what} {text!r}: longer than 10 years; use e.g. 30d")
+    return seconds
+
+
+def add_store_option(p: argparse.ArgumentParser) -> None:
+    """``--store URL``: the one declaration every command that opens the store uses."""
+    p.add_argument("--store", metavar="URL", help=STORE_HELP)
+
+
+def run_reporting_errors(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``func(args)``, with a user-facing error printed as one line and turned into the exit
+    code (2 for a corral error, 1 for a host file-system failure, 130 for Ctrl-C). A bug keeps
+    its traceback."""
+    try:
+        return func(args)
+    except (CorralError, OSError, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        code = _one_line(exc)
+        if code is None:
+            raise
+        return code
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _one_line(exc: BaseException) -> int | None:
+    """Print the one error line for ``exc`` and return the exit code; ``None`` for an error
+    that is a bug (its traceback is shown). A task group's ``ExceptionGroup`` counts as its
+    first user-facing error (the others are usually its consequences)."""
+    leaves = _leaves(exc)
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+        return 130
+    for leaf in leaves:
+        if isinstance(leaf, CorralError):
+            print(f"corral: error: {leaf}", file=sys.stderr)
+            return 2
+    for leaf in leaves:
+        # the host's file system failed corral (read-only, full, permissions): the path
+        # and the fix, not a traceback
+        if isinstance(leaf, OSError) and not isinstance(leaf, ConnectionError):
+            print(f"corral: error: {describe_os_error(leaf)}", file=sys.stderr)
+            return 1
+    return None

@@ -1,0 +1,154 @@
+"""Which modules a ``corral`` command imports (issue #17: a CLI whose commands import only what
+they use). Behaviour, not timing: ``corral --version`` builds the parser and nothing else;
+``corral ls`` and ``corral show`` open the store and nothing more; none of them imports the
+runner, the harnesses, the providers or the HTTP, MCP or AG-UI stacks. The parsers declare
+some arguments late (:mod:`corral.cli._parser`); the help they print is checked against
+eagerly built parsers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import corral
+import corral.cli
+from corral.cli._main import COMMAND_MODULES, build_parser
+
+SRC = Path(corral.__file__).parent.parent
+
+# third-party stacks that only running, serving or driving a run needs
+HEAVY = ("pydantic", "httpx", "fastapi", "starlette", "uvicorn", "mcp", "ag_ui")
+
+PROBE = """
+import json, sys
+from corral.cli._main import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def _modules_of(argv: list[str], home: Path) -> set[str]:
+    """The modules loaded by a fresh interpreter that ran ``corral ARGV``."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "CORRAL_HOME": str(home)}
+    env.pop("CORRAL_STORE", None)
+    out = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    report = json.loads(out.stderr.strip().splitlines()[-1])
+    assert report["code"] in (0, None), out
+    return set(report["modules"])
+
+
+def _corral(modules: set[str]) -> set[str]:
+    return {m for m in modules if m == "corral" or m.startswith("corral.")}
+
+
+def _heavy(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[0] in HEAVY}
+
+
+def _outside(modules: set[str], allowed: tuple[str, ...]) -> set[str]:
+    """Corral modules not in ``allowed`` (a name ending in ``.`` allows the whole package)."""
+    return {m for m in _corral(modules)
+            if not any(m == a or (a.endswith(".") and m.startswith(a)) for a in allowed)}
+
+
+# what the parser itself needs: the bottom layers, the light command modules, the one-line
+# error report (corral.server's namespace is lazy: importing _cmdline loads no app)
+PARSER = ("corral", "corral._errors", "corral._lazy", "corral._paths", "corral._version",
+          "corral.cli", "corral.cli._main", "corral.cli._parser", *COMMAND_MODULES,
+          "corral.server", "corral.server._cmdline")
+
+
+def test_version_imports_the_parser_only(tmp_path: Path) -> None:
+    modules = _modules_of(["--version"], tmp_path)
+    assert _outside(modules, PARSER) == set()
+    assert _heavy(modules) == set()
+    assert "anyio" not in modules and "sqlite3" not in modules
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
+def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
+    modules = _modules_of(argv, tmp_path)
+    store_side = (*PARSER, "corral.cli._runs_view", "corral.cli._store", "corral.stores",
+                  "corral.stores.")
+    assert _outside(modules, store_side) == set()
+    assert _heavy(modules) == set()
+    for never in ("corral.runs._runner", "corral.harness", "corral.providers",
+                  "corral.sandbox", "corral.journal", "corral.tools", "corral.agents"):
+        assert never not in modules
+
+
+def test_show_of_a_missing_run_is_one_line_without_the_runner(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "CORRAL_HOME": str(tmp_path)}
+    env.pop("CORRAL_STORE", None)
+    code = PROBE.replace("from corral.cli._main import main",
+                         "from corral.cli._main import main\nsys.argv[1:] = ['show', 'nope']")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    first, last = out.stderr.strip().splitlines()
+    assert first.startswith("corral: error: ") and "nope" in first
+    report = json.loads(last)
+    assert report["code"] == 2
+    assert "corral.runs._runner" not in report["modules"] and not _heavy(set(report["modules"]))
+
+
+def test_the_public_face_stays_lazy() -> None:
+    code = ("import json, sys, corral\ncorral.__version__\n"
+            "print(json.dumps([m for m in sys.modules if m.startswith('corral.')]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}, check=True)
+    assert set(json.loads(out.stdout)) <= {
+        "corral._errors", "corral._lazy", "corral._version"}
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+              ) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every (sub)command parser under ``parser``, depth first, with its words."""
+    found = [(path, parser)]
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                found += _commands(sub, (*path, name))
+    return found
+
+
+def _eager_parser() -> argparse.ArgumentParser:
+    """The same parser built with plain ArgumentParsers: every argument declared at once."""
+    parser = argparse.ArgumentParser(
+        prog="corral", description="Run coding-agent CLIs in isolated sandboxes with durable runs.")
+    parser.add_argument("--version", action="version", version=f"corral {corral.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def test_late_arguments_print_and_parse_as_eager_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    late, eager = dict(_commands(build_parser())), dict(_commands(_eager_parser()))
+    assert late.keys() == eager.keys() and len(late) > 15
+    for words, parser in late.items():
+        assert parser.format_help() == eager[words].format_help(), words
+    argv = ["ls", "--status", "running", "--limit", "3", "--json"]
+    assert vars(build_parser().parse_args(argv)).keys() == vars(
+        _eager_parser().parse_args(argv)).keys()
+
+
+def test_every_cli_module_imports() -> None:
+    # Handlers import their implementation when run: a broken one must fail here, not only
+    # when someone runs that command.
+    names = [m.name for m in pkgutil.iter_modules(corral.cli.__path__)]
+    assert {"_exec_impl", "_runs_control", "_runs_view", "_doctor_impl"} <= set(names)
+    for name in names:
+        importlib.import_module(f"corral.cli.{name}")
