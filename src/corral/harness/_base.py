@@ -36,12 +36,15 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
-
-from ag_ui.core import BaseEvent
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from corral.journal._reader import Exit, JournalItem, Opener, default_open, read_journal
 from corral.journal._layout import JournalPaths
+
+if TYPE_CHECKING:
+    # Annotations only: importing the AG-UI models costs a driver's start-up (``corral
+    # attach`` of a command run never builds them, see corral.harness._command.wire_twin).
+    from ag_ui.core import BaseEvent
 
 __all__ = [
     "AgentCommand",

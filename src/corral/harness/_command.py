@@ -26,34 +26,84 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import Literal
-
-from ag_ui.core import BaseEvent
+from typing import TYPE_CHECKING, Any, Literal
 
 from corral._errors import ConfigError
-from corral.harness import _events as ev
-from corral.harness._base import AgentCommand, AgentRequest, RunContext
+from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
 
-__all__ = ["RAW_BYTES_EVENT", "CommandHarness", "CommandTranslator"]
+if TYPE_CHECKING:
+    from ag_ui.core import BaseEvent
+
+__all__ = ["RAW_BYTES_EVENT", "CommandHarness", "CommandTranslator", "wire_twin"]
 
 RAW_BYTES_EVENT = "corral.stdout.bytes"
 STDERR_MESSAGE_CHARS = 1000
 
 
+class _WireEvents:
+    """The events this harness makes, built directly in their wire form: the dicts
+    :func:`corral.harness._events.event_to_dict` makes of the AG-UI models (same keys, same
+    order; ``tests/harness/test_command_wire.py`` holds them equal), without importing the
+    AG-UI models (start-up cost of a takeover: ``corral attach``)."""
+
+    @staticmethod
+    def run_started(thread_id: str, run_id: str) -> dict[str, Any]:
+        return {"type": "RUN_STARTED", "threadId": thread_id, "runId": run_id}
+
+    @staticmethod
+    def run_finished(thread_id: str, run_id: str) -> dict[str, Any]:
+        return {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id}
+
+    @staticmethod
+    def run_error(message: str, code: str, metadata: dict[str, Any]) -> dict[str, Any]:
+        # the AG-UI model's field order
+        return {"type": "RUN_ERROR", "metadata": metadata, "message": message, "code": code}
+
+    @staticmethod
+    def text_start(message_id: str) -> dict[str, Any]:
+        return {"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"}
+
+    @staticmethod
+    def text_content(message_id: str, delta: str) -> dict[str, Any]:
+        if not delta:
+            raise ValueError("a TEXT_MESSAGE_CONTENT delta must not be empty")
+        return {"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": delta}
+
+    @staticmethod
+    def text_end(message_id: str) -> dict[str, Any]:
+        return {"type": "TEXT_MESSAGE_END", "messageId": message_id}
+
+    @staticmethod
+    def custom(name: str, value: Any) -> dict[str, Any]:
+        return {"type": "CUSTOM", "name": name, "value": value}
+
+
 class CommandTranslator:
     """Stdout lines → one text message; exit → ``RUN_FINISHED`` / ``RUN_ERROR``."""
 
-    def __init__(self, ctx: RunContext, *, max_delta_chars: int = 1 << 20) -> None:
+    def __init__(self, ctx: RunContext, *, max_delta_chars: int = 1 << 20,
+                 _wire: bool = False) -> None:
+        """``_wire`` (for :func:`wire_twin` only): make the events' wire dicts instead of
+        the AG-UI models (typed as the models all the same: only the produce path, which
+        logs wire dicts, gets such a translator)."""
         if max_delta_chars < 1:
             raise ConfigError("max_delta_chars must be at least 1")
+        ev: Any
+        if _wire:
+            ev = _WireEvents
+        else:
+            # Here rather than at the top for start-up cost: see _WireEvents.
+            from corral.harness import _events as ev
+        self._ev: Any = ev
         self.ctx = ctx
         self.message_id = f"{ctx.run_id}-m0"
         self.max_delta_chars = max_delta_chars
         self.finished = False
 
     def start(self) -> list[BaseEvent]:
+        ev = self._ev
         return [ev.run_started(self.ctx.thread_id, self.ctx.run_id), ev.text_start(self.message_id)]
 
     def feed(self, item: JournalItem) -> list[BaseEvent]:
@@ -62,7 +112,7 @@ class CommandTranslator:
         if isinstance(item, Line):
             return self._line(item)
         self.finished = True
-        return [ev.text_end(self.message_id), self._terminal(item)]
+        return [self._ev.text_end(self.message_id), self._terminal(item)]
 
     def _line(self, line: Line) -> list[BaseEvent]:
         out: list[BaseEvent] = []
@@ -80,15 +130,17 @@ class CommandTranslator:
                 "chars": len(text),
                 "base64": base64.b64encode(raw).decode(),
             }
-            out.append(ev.custom(RAW_BYTES_EVENT, payload))
+            out.append(self._ev.custom(RAW_BYTES_EVENT, payload))
         step = self.max_delta_chars
-        out.extend(ev.text_content(self.message_id, text[i : i + step])
+        text_content = self._ev.text_content
+        out.extend(text_content(self.message_id, text[i : i + step])
                    for i in range(0, len(text), step))
         return out
 
     def _terminal(self, exit: Exit) -> BaseEvent:
         if exit.code == 0 and exit.signal is None:
-            return ev.run_finished(self.ctx.thread_id, self.ctx.run_id)
+            finished: BaseEvent = self._ev.run_finished(self.ctx.thread_id, self.ctx.run_id)
+            return finished
         signum = exit.signal
         if signum is None and 128 < exit.code < 128 + 65:
             # Sandboxes whose init reports a child's signal death as 128+N (bubblewrap,
@@ -106,7 +158,8 @@ class CommandTranslator:
         if tail:
             message += ": " + tail[-STDERR_MESSAGE_CHARS:]
         meta = {"exitCode": exit.code, "signal": signal_name(signum) if signum else None}
-        return ev.run_error(message, code, meta)
+        out: BaseEvent = self._ev.run_error(message, code, meta)
+        return out
 
 
 class CommandHarness:
@@ -143,3 +196,21 @@ class CommandHarness:
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CommandTranslator:
         # State depends on nothing but the offset: a line's first-ness is in the line itself.
         return CommandTranslator(ctx, max_delta_chars=self.max_delta_chars)
+
+
+class _WireCommandHarness(CommandHarness):
+    """A :class:`CommandHarness` whose translators make wire dicts (see :func:`wire_twin`)."""
+
+    def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CommandTranslator:
+        return CommandTranslator(ctx, max_delta_chars=self.max_delta_chars, _wire=True)
+
+
+def wire_twin(harness: Harness) -> Harness | None:
+    """For a plain :class:`CommandHarness`: the same harness with translators whose events
+    are already their wire dicts (what :func:`corral.harness._events.event_to_dict` makes of
+    the models), so a driver of a command run never imports the AG-UI models (start-up cost
+    of ``corral attach``). ``None`` for any other harness (a subclass may translate
+    otherwise)."""
+    if type(harness) is not CommandHarness:
+        return None
+    return _WireCommandHarness(harness.argv, max_delta_chars=harness.max_delta_chars)

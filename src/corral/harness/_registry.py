@@ -9,8 +9,6 @@ from typing import Any
 
 from corral._errors import ConfigError
 from corral.harness._base import Harness
-from corral.harness._claude_code import ClaudeCodeHarness
-from corral.harness._codex import CodexHarness
 from corral.harness._command import CommandHarness
 
 HarnessFactory = Callable[[Mapping[str, Any]], Harness]
@@ -25,10 +23,25 @@ def _command(config: Mapping[str, Any]) -> Harness:
     return CommandHarness(list(argv))
 
 
+# The agent-CLI adapters are imported when one is built, for start-up cost: they load the
+# agent-CLI stack (policy projection, model proxy, httpx), which a driver taking over a
+# ``command`` run (``corral attach``) never needs.
+def _claude_code(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._claude_code import ClaudeCodeHarness
+
+    return ClaudeCodeHarness.from_spec(config)
+
+
+def _codex(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._codex import CodexHarness
+
+    return CodexHarness.from_spec(config)
+
+
 _FACTORIES: dict[str, HarnessFactory] = {
     "command": _command,
-    "claude-code": ClaudeCodeHarness.from_spec,
-    "codex": CodexHarness.from_spec,
+    "claude-code": _claude_code,
+    "codex": _codex,
 }
 
 

@@ -6,6 +6,7 @@ file events."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
@@ -13,12 +14,10 @@ from typing import Final
 import anyio
 
 from corral.harness._base import RunContext
-from corral.harness._cli_base import CliHarness
 from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
 from corral.runs._host_tools import serve_tools
-from corral.runs._keep_services import keep_services
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
@@ -101,7 +100,11 @@ class ClaimedDrive:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
-            if isinstance(harness, CliHarness):
+            if _is_cli_harness(harness):
+                # Imported here for start-up cost: the services daemon's keeper loads the
+                # model proxy and httpx, which only agent-CLI runs need.
+                from corral.runs._keep_services import keep_services
+
                 tg.start_soon(keep_services, store, record, paths, epoch)
             await serve_tools(tg, store, record, tools, epoch,
                               approval_timeout=self.approval_timeout)
@@ -172,6 +175,13 @@ async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
             raise UnknownRun(run_id)
         record = current
     return record
+
+
+def _is_cli_harness(harness: object) -> bool:
+    """``isinstance(harness, CliHarness)`` without importing the agent-CLI stack (start-up
+    cost of ``corral attach``): no CliHarness exists unless its module was imported."""
+    cli_base = sys.modules.get("corral.harness._cli_base")
+    return cli_base is not None and isinstance(harness, cli_base.CliHarness)
 
 
 async def _nothing() -> AsyncIterator[Produced]:

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.abc
-from ag_ui.core import BaseEvent
 
 from corral._errors import CorralError
-from corral.harness._events import event_to_dict
 from corral.runs._spec import run_spec_of
-from corral.sandbox._policy import Policy
 from corral.stores._protocols import EventLog
 from corral.stores._records import RunRecord
-from corral.tools._approvals import Approvals
 from corral.tools._core import Toolset
-from corral.tools._permission import PermissionPromptTool
+
+if TYPE_CHECKING:
+    from ag_ui.core import BaseEvent
 
 __all__ = ["append_aside", "serve_tools"]
 
@@ -52,8 +50,14 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: EventLog, record: RunRecor
                     "tool calls fail until a driver with the toolset takes it",
                     record.run_id)
         return
-    # The MCP server (and its SDK) loads only for a run that has host tools.
+    # The MCP server (and its SDK) loads only for a run that has host tools; so do the
+    # approvals, the permission prompt and the policy (they load the AG-UI models and httpx:
+    # start-up cost of ``corral attach``).
+    from corral.harness._events import event_to_dict
+    from corral.sandbox._policy import Policy
+    from corral.tools._approvals import Approvals
     from corral.tools._mcp_server import HostToolServer
+    from corral.tools._permission import PermissionPromptTool
     from corral.tools._projection import run_tools_token
 
     run_id = record.run_id

@@ -16,13 +16,13 @@ kill points there.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio.to_thread
 
 from corral._errors import CorralError
 from corral.harness._base import Harness, RunContext, translate_run
-from corral.harness._events import event_to_dict
+from corral.harness._command import wire_twin
 from corral.journal._layout import JournalPaths
 from corral.journal._reader import JournalError
 from corral.runs._pipe import (
@@ -75,6 +75,13 @@ async def _step(checkpoint: Checkpoint | None, name: str) -> None:
         await checkpoint(name)
 
 
+def _wire(events: Sequence[Any]) -> list[dict[str, Any]]:
+    # Imported here for start-up cost: only a harness other than the command one needs it.
+    from corral.harness._events import event_to_dict
+
+    return [event_to_dict(e) for e in events]
+
+
 async def produce_batches(
     harness: Harness,
     ctx: RunContext,
@@ -96,12 +103,18 @@ async def produce_batches(
     ``False`` stops at the journal's current end). ``on_journal_error``: a
     :class:`JournalError` ends the iteration quietly when it returns true (e.g. the run
     was cancelled and its journal went away)."""
-    batches = translate_run(harness, ctx, paths, nonce=nonce, after=after, follow=follow)
+    # A command run's events are made as wire dicts at once (no AG-UI models to import:
+    # start-up cost of a takeover, ``corral attach``); any other harness's are dumped here.
+    twin = wire_twin(harness)
+    batches = translate_run(twin or harness, ctx, paths, nonce=nonce, after=after,
+                            follow=follow)
     logged_offset = after or 0
     try:
         async for batch in batches:
             await _step(checkpoint, "read")
-            events = [event_to_dict(e) for e in batch.events]
+            # a wire twin's events are their wire dicts already (typed as the models)
+            events = (cast("list[dict[str, Any]]", list(batch.events)) if twin is not None
+                      else _wire(batch.events))
             if redactor is not None:
                 events = [redactor.redact_obj(e) for e in events]
             await _step(checkpoint, "translated")

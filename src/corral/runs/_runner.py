@@ -39,7 +39,6 @@ from corral.runs._agent_end import finish_agent
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
-from corral.runs._launch import fail_start, launch_run, plan_start
 from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import PipeResult
 from corral.runs._providers import ProviderCache
@@ -48,6 +47,7 @@ from corral.runs._prune import PruneResult
 from corral.runs._reap import ReapResult
 from corral.runs._reaping import reap_runner_runs
 from corral.runs._release import definition_of, release_sandbox
+from corral.runs._spec import run_spec_of
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -161,6 +161,11 @@ class Runner:
         known = self._run_secrets.get(record.run_id)
         if known is not None:
             return known
+        recorded = run_spec_of(record).sandbox
+        if recorded is None or not recorded.get("secrets"):
+            # No secrets recorded, so none to find: rebuilding the definition (it loads the
+            # provider registry) would only delay a takeover (``corral attach``).
+            return None
         sandbox = definition_of(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
@@ -186,6 +191,11 @@ class Runner:
         with a ``RUN_ERROR``), the new sandbox is destroyed, and :class:`RunStartError` is
         raised.
         """
+        # Imported here for start-up cost: launching loads the agent-CLI stack (harness
+        # adapters, sessions, model proxy, httpx), which a driver taking over (``corral
+        # attach``) of a command run never needs.
+        from corral.runs._launch import fail_start, launch_run, plan_start
+
         plan = plan_start(request, self.tools)  # checked before anything is recorded
         sandbox, harness = plan.sandbox, plan.harness
         run_id = request.run_id or new_run_id()
