@@ -152,3 +152,44 @@ def test_every_cli_module_imports() -> None:
     assert {"_exec_impl", "_runs_control", "_runs_view", "_doctor_impl"} <= set(names)
     for name in names:
         importlib.import_module(f"corral.cli.{name}")
+
+
+TICKER = "i=0; while [ $i -lt 30 ]; do echo tick $i; i=$((i+1)); sleep 0.05; done"
+
+
+def test_taking_over_a_command_run_imports_no_agent_cli_stack(tmp_path: Path) -> None:
+    """``corral attach`` of a command run whose driver was SIGKILLed takes the run over and
+    drives it to its end without the agent-CLI stack (adapters, sessions, model proxy,
+    httpx), the tool servers or the AG-UI models: what its start-up (issue #17) must not
+    pay for."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "CORRAL_HOME": str(tmp_path),
+           "CORRAL_STORE": f"sqlite://{tmp_path}/runs.db"}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "corral", "run", "--provider", "local", "--run-id", "take",
+         "--json", "--", "sh", "-c", TICKER],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert driver.stdout is not None
+    try:
+        last = -1
+        for _ in range(3):
+            line = driver.stdout.readline()
+            assert line, driver.stderr.read() if driver.stderr else ""
+            last = json.loads(line)["offset"]
+    finally:
+        driver.kill()
+        driver.wait()
+    out = subprocess.run([sys.executable, "-c", PROBE, "attach", "take", "--after", str(last),
+                          "--json"], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    report = json.loads(out.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, out  # it drove the run to its end: completed
+    events = [json.loads(x)["event"] for x in out.stdout.splitlines()]
+    assert events[-1]["type"] == "RUN_FINISHED" and "tick 29" in "".join(
+        e.get("delta", "") for e in events)
+    modules = set(report["modules"])
+    assert "corral.runs._runner" in modules and "corral.harness._command" in modules
+    never = ("corral.agents._prepare", "corral.harness._cli_base", "corral.harness._events",
+             "corral.runs._launch", "corral.runs._keep_services", "corral.net._model_proxy",
+             "corral.tools._approvals", "corral.tools._mcp_server")
+    assert {m for m in never if m in modules} == set()
+    assert {m for m in _heavy(modules) if m.split(".")[0] != "pydantic"} == set()
