@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from corral._errors import ConfigError
 from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import Provider
-from corral.sandbox._definition import Sandbox
-from corral.sandbox._ensure import Ensured, snapshotter_of, destroy_record, release
-from corral.sandbox._key import RunContext as SandboxContext
 from corral.stores._protocols import Store
 from corral.stores._records import RunRecord
+
+if TYPE_CHECKING:
+    from corral.sandbox._definition import Sandbox
 
 __all__ = ["definition_of", "release_sandbox"]
 
@@ -26,6 +27,10 @@ def definition_of(record: RunRecord) -> Sandbox | None:
     data = run_spec_of(record).sandbox
     if data is None:
         return None
+    # Imported here for start-up cost: the sandbox machinery (ensure, bootstrap, policy) is
+    # for a run's end, not for a driver taking a run over (``corral attach``).
+    from corral.sandbox._definition import Sandbox
+
     try:
         return Sandbox.from_dict(data)
     except ConfigError as exc:
@@ -44,6 +49,10 @@ async def release_sandbox(store: Store, record: RunRecord, outcome: str, *,
                           provider_for: Callable[[str], Provider]) -> None:
     """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
     an aborted run), or snapshot/keep it for the next run of the thread."""
+    # here for start-up cost, as in definition_of
+    from corral.sandbox._ensure import Ensured, destroy_record, release, snapshotter_of
+    from corral.sandbox._key import RunContext as SandboxContext
+
     sandbox = definition_of(record)
     key = record.sandbox_key
     if sandbox is not None and key is None:

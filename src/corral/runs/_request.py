@@ -8,16 +8,18 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral._errors import ConfigError, CorralError
 from corral.runs._spec import RunSpec
-from corral.sandbox._definition import Sandbox
-from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
-from corral.sandbox._sources import LocalDir
 from corral.stores._records import RunRecord
 from corral.tools._core import Toolset
+
+if TYPE_CHECKING:
+    # Imported where used for start-up cost: the sandbox definition loads the sandbox
+    # machinery (ensure, bootstrap, policy), which a driver taking over a run (``corral
+    # attach``) needs only when the run ends.
+    from corral.sandbox._definition import Sandbox
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -109,6 +111,10 @@ class RunRequest:
 
     def definition(self) -> Sandbox:
         """The sandbox definition this run uses."""
+        from corral.sandbox._definition import Sandbox  # start-up cost: see the imports
+        from corral.sandbox._lifecycle import Lifecycle
+        from corral.sandbox._sources import LocalDir
+
         sandbox = self.sandbox
         if sandbox is None:
             sandbox = Sandbox(provider=self.provider, lifecycle=Lifecycle(reuse="none"))
@@ -121,6 +127,8 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> RunSpec:
         """The run spec recorded for this request run in ``sandbox``."""
+        from corral.sandbox._policy import Policy  # start-up cost: see the imports
+
         policy, prompt = None, False
         if self.harness != "command" and sandbox.policy != Policy():
             # Only a policy the user wrote: the default one (default "ask") cannot be

@@ -58,7 +58,6 @@ from corral.runs._request import (
     new_run_id,
 )
 from corral.sandbox._contracts import Provider
-from corral.sandbox._gc import collect_idle
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
@@ -394,6 +393,10 @@ class Runner:
             files_for=self.unlogged_file_events,
         )
         # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
+        # Imported here for start-up cost: the sandbox machinery (ensure, bootstrap) is for
+        # a reaper's sweep, not for a driver taking a run over (``corral attach``).
+        from corral.sandbox._gc import collect_idle
+
         try:
             report = await collect_idle(self.store, now=now, providers=self._providers.built())
             if report.entries:
