@@ -51,6 +51,7 @@ __all__ = [
     "AgentRequest",
     "Batch",
     "Harness",
+    "NeedsAgentRuntime",
     "RunContext",
     "Translator",
     "translate_run",
@@ -124,6 +125,16 @@ class Harness(Protocol):
         """A fresh translator; with ``at_offset`` (``resume == "offset"`` only), one already in
         its state after all items ending at or before that offset, ``start()`` included."""
         ...
+
+
+@runtime_checkable
+class NeedsAgentRuntime(Protocol):
+    """A harness whose runs need the agent runtime (installs, the services daemon with the
+    model proxy, sessions): every agent-CLI harness. A run of any other harness is driven,
+    taken over and finished without loading that stack."""
+
+    @property
+    def needs_agent_runtime(self) -> Literal[True]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -280,6 +280,7 @@ class CliHarness:
     :meth:`cli_argv`, :meth:`cli_env`, :meth:`map_policy` and :meth:`translator`."""
 
     name: ClassVar[str] = ""
+    needs_agent_runtime: ClassVar[Literal[True]] = True  # harness._base.NeedsAgentRuntime
     model_api: ClassVar[ModelApi] = "anthropic"
     session_dirs: ClassVar[tuple[str, ...]] = ()
     """Home-relative directories holding the CLI's sessions (saved for resume)."""

@@ -5,13 +5,13 @@ the thread's next prompt while the sandbox is still there, and meter the run's m
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
 from corral._errors import CorralError
+from corral.harness._base import NeedsAgentRuntime
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
 from corral.runs._spec import harness_for_record, run_spec_of
@@ -37,12 +37,15 @@ async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths |
     except CorralError as exc:
         log.warning("run %s: cannot rebuild its harness: %s", record.run_id, exc)
         return
-    cli_base = sys.modules.get("corral.harness._cli_base")
-    if cli_base is None or not isinstance(harness, cli_base.CliHarness):
-        return  # no CliHarness exists unless its module was imported
+    if not isinstance(harness, NeedsAgentRuntime):
+        return
     # Imported here for start-up cost (``corral attach`` of a command run): the agent-CLI
     # stack (sessions, model proxy, httpx) is only for agent-CLI runs.
     from corral.agents._prepare import finish_agent_run
+    from corral.harness._cli_base import CliHarness
+
+    if not isinstance(harness, CliHarness):
+        return  # sessions and usage are kept for corral's agent-CLI harnesses only
 
     spec = run_spec_of(record)
     info = spec.agent or {}

@@ -6,14 +6,13 @@ file events."""
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 import anyio
 
-from corral.harness._base import RunContext
+from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
@@ -100,7 +99,7 @@ class ClaimedDrive:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
-            if _is_cli_harness(harness):
+            if isinstance(harness, NeedsAgentRuntime):
                 # Imported here for start-up cost: the services daemon's keeper loads the
                 # model proxy and httpx, which only agent-CLI runs need.
                 from corral.runs._keep_services import keep_services
@@ -177,11 +176,6 @@ async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
     return record
 
 
-def _is_cli_harness(harness: object) -> bool:
-    """``isinstance(harness, CliHarness)`` without importing the agent-CLI stack (start-up
-    cost of ``corral attach``): no CliHarness exists unless its module was imported."""
-    cli_base = sys.modules.get("corral.harness._cli_base")
-    return cli_base is not None and isinstance(harness, cli_base.CliHarness)
 
 
 async def _nothing() -> AsyncIterator[Produced]:
