@@ -128,8 +128,8 @@ async def test_destroyed_directories_are_deleted_and_left_graves_swept(
     h = await provider.create()
     await h.fs.write("big/file", b"x" * 4096)
     await provider.destroy(h.ref)
-    assert not Path(h.state_dir).exists()  # gone at once; its files go in the background
-    _state.wait_for_graves()
+    # gone, files and all, when destroy returns: they may hold secrets the agent wrote
+    assert not Path(h.state_dir).exists()
     assert os.listdir(provider.base_dir) == []
     # A grave left by a process killed mid-deletion is deleted by the next process.
     grave = provider.base_dir / ".sb-left.deleting-0000"

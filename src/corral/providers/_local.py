@@ -34,9 +34,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
+from functools import partial
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,7 +67,7 @@ from corral.providers._state import (
     make_sandbox_dir,
     new_id,
     provider_root,
-    delete_later,
+    remove_if_skeleton,
     remove_tree,
     validate_id,
 )
@@ -350,11 +352,12 @@ class LocalProvider:
                 await anyio.to_thread.run_sync(_kill_group, state)
             if scan:
                 await anyio.to_thread.run_sync(_kill_tagged, state.token)
-        # Gone for everyone once moved aside; its files are deleted in the background (each
-        # directory's rmdir costs ~0.1 ms on a disk mounted with discard; see _state).
+        # Gone for everyone once moved aside; its files are deleted before destroy returns:
+        # they may hold what the agent wrote (secrets included), and "destroyed" must mean
+        # gone from the disk. A sandbox holding only what create made takes a few rmdirs.
         grave = bury(sandbox_dir)
-        if grave is not None:
-            delete_later(grave)
+        if grave is not None and not remove_if_skeleton(grave):
+            await anyio.to_thread.run_sync(partial(shutil.rmtree, grave, ignore_errors=True))
 
     async def list(self) -> list[SandboxRef]:
         base = self.base_dir
