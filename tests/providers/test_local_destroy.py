@@ -15,6 +15,7 @@ from corral.providers import _state
 from corral.providers._local import LocalProvider
 from corral.sandbox._contracts import SandboxGoneError
 from corral.testing import wait_until
+from corral.testing._providers import start_host_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("corral_home")]
 
@@ -109,7 +110,7 @@ async def test_host_commands_join_the_group(tmp_path: Path) -> None:
     h = await provider.create()
     hc = h.host_command("echo $$ > " + str(tmp_path / "pid") + "; exec sleep 1000")
     assert hc.cgroup_procs == (os.path.join(h.state.kill_group, "cgroup.procs"),)
-    proc = subprocess.Popen(list(hc.argv), env=dict(hc.env), cwd=hc.cwd, start_new_session=True)
+    proc = start_host_command(hc, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         pid = _started(tmp_path / "pid")
         assert pid in cgroups.members([h.state.kill_group])
