@@ -228,9 +228,10 @@ r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
     os.close(r)
-    os.write(1, b"child-started\n"); os.close(w)
+    os.write(1, b"child-started\n")
     target = os.readlink("/proc/self/fd/1")
     os.write(2, target.encode() + b"\n")
+    os.close(w)  # only now may the agent exit: its stderr tail must hold the line above
     while not os.path.exists(sys.argv[1]):  # the test saw the run's end
         time.sleep(0.005)
     for _ in range(50):
