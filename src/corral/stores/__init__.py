@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from corral.stores._memory import MemoryStore
     from corral.stores._open import default_store_url, open_store
     from corral.stores._protocols import (
+        ApprovalAnswer,
+        ApprovalExists,
+        ApprovalRequest,
+        ApprovalStore,
+        SecretStore,
+        UnknownApproval,
         Claim,
         ClaimLost,
         ClaimRefused,
@@ -49,6 +55,12 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         (
+            "ApprovalAnswer",
+            "ApprovalExists",
+            "ApprovalRequest",
+            "ApprovalStore",
+            "SecretStore",
+            "UnknownApproval",
             "Claim",
             "ClaimLost",
             "ClaimRefused",
@@ -83,6 +95,12 @@ _EXPORTS: dict[str, str] = {
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
+    "ApprovalAnswer",
+    "ApprovalExists",
+    "ApprovalRequest",
+    "ApprovalStore",
+    "SecretStore",
+    "UnknownApproval",
     "Claim",
     "ClaimLost",
     "ClaimRefused",

@@ -82,6 +82,24 @@ class ClaimLost(StoreError):
         self.observed_epoch = observed_epoch
 
 
+class UnknownApproval(StoreError, LookupError):
+    """No approval request with this id exists for this run."""
+
+    def __init__(self, run_id: str, approval_id: str) -> None:
+        super().__init__(f"no approval request {approval_id!r} exists for run {run_id!r}")
+        self.run_id = run_id
+        self.approval_id = approval_id
+
+
+class ApprovalExists(StoreError):
+    """``add_approval`` was given an id this run already has (ids are unique per run)."""
+
+    def __init__(self, run_id: str, approval_id: str) -> None:
+        super().__init__(f"run {run_id!r} already has an approval request {approval_id!r}")
+        self.run_id = run_id
+        self.approval_id = approval_id
+
+
 class RefusalReason(enum.StrEnum):
     """Why a claim was refused. A refusal is permanent for that attempt and changed nothing."""
 
@@ -252,6 +270,48 @@ class InstanceRecord:
             expires_at=t("expires_at", False),
             meta=dict(meta),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A pending "ask": a tool call (or command) waiting for a human's allow or deny.
+
+    ``approval_id`` is unique per run (the gate mints signed ids); ``args`` is JSON."""
+
+    approval_id: str
+    run_id: str
+    tool: str
+    args: Any
+    created_at: float
+    expires_at: float
+    call_id: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("approval_id", "run_id", "tool"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise StoreError(f"approval request: {name} must be a non-empty string, "
+                                 f"got {value!r}")
+
+
+ApprovalDecision: TypeAlias = str
+"""``"allow"``, ``"deny"`` or ``"timeout"`` (the gate's own answer when nobody answered)."""
+
+APPROVAL_DECISIONS: frozenset[str] = frozenset({"allow", "deny", "timeout"})
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalAnswer:
+    """The answer to an approval request; the first one stored stands."""
+
+    decision: ApprovalDecision
+    reason: str | None
+    answered_at: float
+
+    def __post_init__(self) -> None:
+        if self.decision not in APPROVAL_DECISIONS:
+            raise StoreError(f"approval answer: decision must be one of "
+                             f"{sorted(APPROVAL_DECISIONS)}, got {self.decision!r}")
 
 
 # --------------------------------------------------------------------------- protocols
@@ -438,7 +498,50 @@ class LockStore(Protocol):
 
 
 @runtime_checkable
-class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, Protocol):
+class ApprovalStore(Protocol):
+    """Approval requests and their answers, shared by every host of the store: a run driven
+    on one host can be answered from any other (``corral approve``, ``POST
+    …/approvals/{id}``)."""
+
+    async def add_approval(self, request: ApprovalRequest) -> None:
+        """Store a new, unanswered request; :class:`ApprovalExists` (nothing changes) when
+        the run already has one with this id."""
+        ...
+
+    async def answer_approval(
+        self, run_id: str, approval_id: str, answer: ApprovalAnswer
+    ) -> ApprovalAnswer:
+        """Record ``answer`` unless the request is answered already, in one transaction;
+        returns the answer that stands (``answer`` when it was first, else the earlier
+        one, unchanged). :class:`UnknownApproval` when there is no such request."""
+        ...
+
+    async def get_approval(
+        self, run_id: str, approval_id: str
+    ) -> tuple[ApprovalRequest, ApprovalAnswer | None] | None:
+        """The request and its answer (``None`` while pending); ``None`` when unknown."""
+        ...
+
+    async def list_pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
+        """The run's unanswered requests, oldest first (ties in insertion order)."""
+        ...
+
+
+@runtime_checkable
+class SecretStore(Protocol):
+    """Host-independent secrets corral itself needs (never a user's secrets): the key that
+    signs approval ids and derives per-run tool tokens, so that every host sharing the store
+    mints and checks the same values."""
+
+    async def shared_secret(self, name: str) -> bytes:
+        """The 32 random bytes named ``name``: made on first use (insert-if-absent, so
+        concurrent first callers on different hosts agree) and the same ever after."""
+        ...
+
+
+@runtime_checkable
+class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
+            SecretStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
     returns)."""
 
