@@ -10,7 +10,12 @@ as ``record.journal``; :func:`locate_journal` reads it):
 
 - ``dir``: the host-private directory holding the run's journal files
   (:class:`corral.journal._layout.JournalPaths`, named after the run id);
-- ``nonce``: the run's sentinel nonce (32 lowercase hex characters).
+- ``nonce``: the run's sentinel nonce (32 lowercase hex characters);
+- ``host`` (optional): the machine id (:func:`machine_id`) of the host that wrote it. A run
+  is visible to every host sharing the store, but its journal only where the provider keeps
+  it: a host that finds no journal at ``dir`` and is not that machine cannot tell "never
+  started" from "elsewhere", so it says so (:class:`JournalUnreachable`) and touches
+  nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -27,11 +34,36 @@ from corral.journal._layout import JournalPaths
 from corral.journal._reader import probe_journal_tail
 from corral.journal._sentinel import normalize_nonce
 
-__all__ = ["JournalLocationError", "ProbeResult", "locate_journal", "probe_exit"]
+__all__ = [
+    "JournalLocationError",
+    "JournalUnreachable",
+    "ProbeResult",
+    "locate_journal",
+    "machine_id",
+    "probe_exit",
+]
 
 
 class JournalLocationError(CorralError):
     """A run does not say where its journal is (or says it malformed)."""
+
+
+class JournalUnreachable(JournalLocationError):
+    """The run's journal lives on another machine and is not visible from this one."""
+
+
+@cache
+def machine_id() -> str:
+    """This machine's stable id (``/etc/machine-id``; the hostname where there is none).
+    Unlike the boot id it survives reboots, as journals on disk do."""
+    for candidate in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            text = Path(candidate).read_text().strip()
+        except OSError:
+            continue
+        if text:
+            return text
+    return "host:" + os.uname().nodename
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +71,13 @@ class ProbeResult:
     """What an out-of-band look at a run's journal learned.
 
     Three states, not a boolean: "could not tell" must not read as "still working" (only
-    one of them is something an operator should see), and never as "finished". A fourth,
-    ``not-started``, is for a run whose starter provably died before it launched the
+    one of them is something an operator should see), and never as "finished". ``elsewhere``
+    is "could not tell, and must not act": the journal is on another host. ``not-started`` is for a run whose starter provably died before it launched the
     agent: there is nothing to wait for, the run is claimed and ended like a finished one
     (its drive, under the claim, decides how).
     """
 
-    state: Literal["finished", "producing", "unknown", "not-started"]
+    state: Literal["finished", "producing", "unknown", "not-started", "elsewhere"]
     exit_code: int | None = None
     error: str | None = None
 
@@ -64,6 +96,12 @@ class ProbeResult:
     @classmethod
     def not_started(cls, reason: str) -> ProbeResult:
         return cls("not-started", error=reason)
+
+    @classmethod
+    def elsewhere(cls, reason: str) -> ProbeResult:
+        """The journal is on another host (:class:`JournalUnreachable`): only that host
+        can tell, or stop the agent; here nothing may be decided, expiry included."""
+        return cls("elsewhere", error=reason)
 
 
 def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[JournalPaths, str]:
@@ -87,7 +125,17 @@ def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[Journal
         normalize_nonce(nonce)
     except ValueError as exc:
         raise JournalLocationError(f"run {run_id!r}: journal.nonce: {exc}") from None
-    return JournalPaths.for_run(directory, run_id), nonce
+    paths = JournalPaths.for_run(directory, run_id)
+    host = info.get("host")
+    if (isinstance(host, str) and host != machine_id()
+            and not (paths.journal.exists() or paths.status.exists())):
+        # (Not "is the directory there": another host may have the same path for its own.)
+        raise JournalUnreachable(
+            f"run {run_id!r}: its journal is on another host (machine id {host[:12]}…, "
+            f"directory {directory}), which this host cannot reach; attach to, cancel or "
+            "reap this run from that host, or give the hosts a shared journals directory"
+        )
+    return paths, nonce
 
 
 async def probe_exit(

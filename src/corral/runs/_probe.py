@@ -5,7 +5,13 @@ record's ``journal`` mapping, which the Runner writes when it starts the run."""
 from __future__ import annotations
 
 from corral.journal._layout import JournalPaths
-from corral.journal._probe import JournalLocationError, ProbeResult, locate_journal, probe_exit
+from corral.journal._probe import (
+    JournalLocationError,
+    JournalUnreachable,
+    ProbeResult,
+    locate_journal,
+    probe_exit,
+)
 from corral.stores._records import RunRecord
 
 __all__ = ["JournalLocationError", "journal_location", "probe_run_exit"]
@@ -26,9 +32,12 @@ async def probe_run_exit(
     recent: float = 30.0,
 ) -> ProbeResult:
     """:func:`corral.journal._probe.probe_exit` of the run's journal; ``unknown`` when the
-    record does not say where its journal is. Never raises, never drives the run."""
+    record does not say where its journal is, ``elsewhere`` when it is on another host.
+    Never raises, never drives the run."""
     try:
         paths, nonce = journal_location(record)
+    except JournalUnreachable as exc:
+        return ProbeResult.elsewhere(str(exc))
     except JournalLocationError as exc:
         return ProbeResult.unknown(str(exc))
     return await probe_exit(paths, nonce, max_bytes=max_bytes, recent=recent)

@@ -7,7 +7,9 @@ attached viewer's stream, record a transcript that is not finished, and drop the
 ``list_reclaimable`` for good (so its sandbox would never be reclaimed). Whether the agent
 finished is learned out of band, by probing the end of its journal
 (:func:`corral.runs._probe.probe_run_exit`); a run is driven only when the probe saw its exit,
-or when its detach TTL has run out (then the outcome is terminal either way).
+or when its detach TTL has run out (then the outcome is terminal either way). A run whose
+journal is on another host (a second host sharing the store) is never touched, expired or
+not: only that host can tell whether its agent finished, or stop it.
 
 "Detached" here means unattended (:attr:`RunRecord.unattended_since`): a viewer left
 (``detached_since``), or the run's driver died without detaching, at any moment, and its
@@ -238,9 +240,14 @@ class _Sweep:
         since = record.unattended_since
         expired = since is not None and since <= self.cutoff
         exit_code: int | None = None
+        self.probed += 1
+        probe = await self.probe(record)
+        if probe.state == "elsewhere":
+            # Another host keeps this run's journal: only it can tell whether the agent
+            # finished, or stop it; expiring from here would leave the agent running.
+            self.logger.warning("reap: leaving run %s: %s", run_id, probe.error)
+            return ReapEntry(run_id, ReapOutcome.UNKNOWN, error=probe.error)
         if not expired:
-            self.probed += 1
-            probe = await self.probe(record)
             if probe.state == "producing":
                 return ReapEntry(run_id, ReapOutcome.PRODUCING)
             if probe.state == "not-started":

@@ -33,6 +33,8 @@ import anyio.abc
 
 from corral._paths import corral_home
 from corral.journal._layout import JournalPaths
+from corral.journal._probe import JournalLocationError, JournalUnreachable, machine_id
+from corral.runs._probe import journal_location
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import kill_supervised_async
 from corral.runs._agent_end import finish_agent
@@ -212,7 +214,7 @@ class Runner:
                 thread_id=thread_id,
                 harness=harness.name,
                 spec=plan.spec.to_json(),
-                journal={"dir": str(self.journals_dir), "nonce": nonce},
+                journal={"dir": str(self.journals_dir), "nonce": nonce, "host": machine_id()},
                 # Recorded before the sandbox exists: ensure writes its instance record as
                 # soon as the sandbox does, so if this process dies mid-bootstrap (the
                 # workspace copy) whoever ends the run (the reaper) still finds and
@@ -333,6 +335,14 @@ class Runner:
         paths, nonce = self._paths(record), self._nonce(record)
         if paths is None or nonce is None:
             return None
+        # Claim nothing for a run whose journal is on another machine: without it this host
+        # would take "no journal here" for "never started" and end a live run.
+        try:
+            journal_location(record)
+        except JournalUnreachable:
+            raise
+        except JournalLocationError:
+            pass
         drive = ClaimedDrive(self.store, self.owner, self.lease_ttl, self._providers_of(record),
                              self._stop_agent, self.max_file_watches, self.approval_timeout,
                              self.checkpoint)

@@ -516,7 +516,7 @@ async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
     young_before = await w.freeze(young)
     result = await w.sweep(budget=0.5)
     assert_counts(result, expired=1, producing=1)
-    assert result.probed == 1  # the expired run is not probed
+    assert result.probed == 2  # the expired one too: whether its journal is on this host
     e = entry(result, old.run_id)
     assert (e.outcome, e.status, e.terminalized_anyway) == (
         ReapOutcome.EXPIRED, RunStatus.ABORTED, None)
