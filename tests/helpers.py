@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
 import subprocess
 import tempfile
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -17,9 +20,12 @@ from corral.testing import wait_until, wait_until_async
 
 __all__ = [
     "STORE_FACTORIES",
+    "PG_ADMIN_URL",
     "HelloServer",
     "memory_store",
     "one_line_refusal",
+    "pg_database",
+    "pg_log",
     "sqlite_store",
     "wait_until",
     "wait_until_async",
@@ -86,3 +92,34 @@ async def sqlite_store() -> AsyncIterator[Store]:
 
 STORE_FACTORIES = {"memory": memory_store, "sqlite": sqlite_store}
 """Each shipped store backend by name, for ``pytest_checks``."""
+
+
+PG_ADMIN_URL = os.environ.get("CORRAL_TEST_POSTGRES",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The PostgreSQL server the tests make their databases on (CI runs one on this address)."""
+
+
+@contextmanager
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, dropped afterwards: its URL."""
+    import psycopg
+
+    name = f"corral_test_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pg_log(url: str, run_id: str) -> list[dict[str, Any]]:
+    """A run's events as a PostgreSQL store holds them, checked gap-free."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute('SELECT "offset", event FROM events WHERE run_id = %s '
+                            'ORDER BY "offset"', (run_id,)).fetchall()
+    assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), "offsets must be gap-free"
+    return [r[1] if isinstance(r[1], dict) else json.loads(r[1]) for r in rows]

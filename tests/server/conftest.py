@@ -46,6 +46,12 @@ class Server:
         self.home = home
         self.token = token
         self.log = log
+        self.ready = threading.Event()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the server accepts connections within ``timeout`` seconds (``False``
+        when it exited first)."""
+        return self.ready.wait(timeout) and bool(self.url)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -110,9 +116,10 @@ class Home:
         return subprocess.run([sys.executable, "-m", "corral", *args], env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
-    @contextmanager
-    def server(self, *args: str, token: str | None = None, reaper: bool = False,
-               extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+    def spawn(self, *args: str, token: str | None = None, reaper: bool = False,
+              extra_env: dict[str, str] | None = None, wait: bool = True) -> Server:
+        """Start a server process; with ``wait``, once it accepts connections (else
+        :meth:`Server.wait_ready` says when). The caller stops it."""
         env = dict(self.env)
         if token:
             env["CORRAL_API_TOKEN"] = token
@@ -121,32 +128,31 @@ class Home:
                 *([] if reaper else ["--no-reaper"]), *args]
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        log: list[str] = []
-        ready = threading.Event()
-        url: list[str] = []
+        server = Server(proc, "", self.path, token, [])
 
         def drain() -> None:
             assert proc.stderr is not None
             for line in proc.stderr:
-                log.append(line)
+                server.log.append(line)
                 if line.startswith("corral: serving on "):
-                    url.append(line.split()[3])
-                    ready.set()
-            ready.set()
+                    server.url = line.split()[3]
+                    server.ready.set()
+            server.ready.set()
 
         threading.Thread(target=drain, daemon=True).start()
-        server: Server | None = None
+        if wait and not server.wait_ready(60):
+            server.stop(signal.SIGKILL)
+            raise AssertionError("server did not start:\n" + "".join(server.log))
+        return server
+
+    @contextmanager
+    def server(self, *args: str, token: str | None = None, reaper: bool = False,
+               extra_env: dict[str, str] | None = None) -> Iterator[Server]:
+        server = self.spawn(*args, token=token, reaper=reaper, extra_env=extra_env)
         try:
-            if not ready.wait(60) or not url:
-                raise AssertionError("server did not start:\n" + "".join(log))
-            server = Server(proc, url[0], self.path, token, log)
             yield server
         finally:
-            if server is not None:
-                server.stop()
-            elif proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+            server.stop()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ sweep lasts. The others skip the sweep until the next interval.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -57,6 +58,8 @@ async def sweep_once(service: RunService, owner: str) -> ReapResult | None:
         log.error("taking the reaper lock failed: %s", exc)
         return None
     result: ReapResult | None = None
+    # Wall-clock stamps, so the sweeps of all hosts can be laid side by side (one at a time).
+    log.info("reaper sweep by %s started at %.6f", owner, time.time())
     try:
         async with anyio.create_task_group() as tg:
 
@@ -77,6 +80,7 @@ async def sweep_once(service: RunService, owner: str) -> ReapResult | None:
     except Exception as exc:  # noqa: BLE001 - a sweep never takes the server down
         log.error("reaper sweep failed: %s", exc, exc_info=exc)
     finally:
+        log.info("reaper sweep by %s ended at %.6f", owner, time.time())
         with anyio.CancelScope(shield=True):
             try:
                 await store.unlock(LOCK_NAME, owner)

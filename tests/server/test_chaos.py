@@ -1,0 +1,200 @@
+"""Chaos: three ``corral serve`` hosts share one PostgreSQL store, each with its own
+``$CORRAL_HOME``. Twenty command runs go on while servers are SIGKILLed and restarted at
+random fifty times; viewers hop between servers with ``Last-Event-ID``. Every run must end
+with exactly one terminal status and a log equal to an uninterrupted run's (0 lost, 0
+duplicated), and the built-in reapers must never sweep at the same time."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import pg_database, pg_log, wait_until
+from tests.server.conftest import Home, Server, sse_events, ticker, ticker_text
+
+pytestmark = pytest.mark.timeout(600)
+
+SERVERS = 3
+RUNS = 20
+KILLS = 50
+LINES = 300
+EVERY = 0.1
+
+
+class Cluster:
+    """Three server slots; a killed slot is restarted at once (without waiting for it)."""
+
+    def __init__(self, homes: list[Home]) -> None:
+        self.homes = homes
+        self.args = ("--reap-interval", "1s")
+        self.servers = [h.spawn(*self.args, reaper=True) for h in homes]
+        self.retired: list[tuple[Server, float]] = []
+        """Killed servers and when they were killed (wall clock)."""
+        self.lock = threading.Lock()
+
+    def live_url(self, rng: random.Random) -> str | None:
+        with self.lock:
+            urls = [s.url for s in self.servers if s.ready.is_set() and s.url
+                    and s.proc.poll() is None]
+        return rng.choice(urls) if urls else None
+
+    def kill_and_restart(self, slot: int) -> None:
+        with self.lock:
+            victim = self.servers[slot]
+        victim.stop(signal.SIGKILL)
+        killed_at = time.time()
+        fresh = self.homes[slot].spawn(*self.args, reaper=True, wait=False)
+        with self.lock:
+            self.servers[slot] = fresh
+            self.retired.append((victim, killed_at))
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def logs(self) -> Iterator[tuple[list[str], float | None]]:
+        """Every server's log and when it was killed (``None``: still running)."""
+        for s, killed in self.retired:
+            yield s.log, killed
+        for s in self.servers:
+            yield s.log, None
+
+
+class Viewer(threading.Thread):
+    """Watches one run to its end from random live servers, resuming after each drop."""
+
+    def __init__(self, cluster: Cluster, run_id: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.run_id = run_id
+        self.rng = random.Random(seed)
+        self.got: list[tuple[int, dict[str, Any]]] = []
+        self.ended = False
+        self.reconnects = 0
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 400
+        while not self.ended and time.monotonic() < deadline:
+            url = self.cluster.live_url(self.rng)
+            if url is None:
+                time.sleep(0.1)
+                continue
+            headers = {"Last-Event-ID": str(self.got[-1][0])} if self.got else {}
+            try:
+                with httpx.Client(base_url=url, timeout=30) as c, c.stream(
+                        "GET", f"/v1/runs/{self.run_id}/events", headers=headers) as r:
+                    if r.status_code != 200:
+                        raise httpx.TransportError(f"status {r.status_code}")
+                    for name, ident, data in sse_events(r.iter_lines()):
+                        if name == "end":
+                            self.ended = True
+                            break
+                        assert ident is not None
+                        self.got.append((int(ident), json.loads(data)))
+            except httpx.HTTPError:
+                self.reconnects += 1
+                time.sleep(0.05)
+
+
+def _normalized(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(json.dumps(e).replace(run_id, "RUN")) for e in events]
+
+
+_SWEEP = re.compile(r"reaper sweep by (\S+) (started|ended) at ([0-9.]+)")
+
+
+def _sweeps(cluster: Cluster) -> list[tuple[float, float]]:
+    """Each sweep's (start, end); a sweeper killed mid-sweep ends when it was killed."""
+    spans: list[tuple[float, float]] = []
+    for log, killed in cluster.logs():
+        open_at: float | None = None
+        for line in log:
+            m = _SWEEP.search(line)
+            if m is None:
+                continue
+            at = float(m.group(3))
+            if m.group(2) == "started":
+                open_at = at
+            else:
+                assert open_at is not None
+                spans.append((open_at, at))
+                open_at = None
+        if open_at is not None:
+            spans.append((open_at, killed if killed is not None else time.time()))
+    return sorted(spans)
+
+
+def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
+                                                       need_bwrap_runs: None) -> None:
+    with pg_database() as url:
+        homes = []
+        for i in range(SERVERS):
+            path = tmp_path / f"host-{i}"
+            path.mkdir()
+            home = Home(path)
+            home.env["CORRAL_STORE"] = url
+            homes.append(home)
+        cluster = Cluster(homes)
+        try:
+            command = ticker(LINES, EVERY)
+            runs = []
+            for i in range(RUNS):
+                server = cluster.servers[i % SERVERS]
+                runs.append(server.start(command, thread_id=f"chaos-{i}",
+                                         run_id=f"chaos-{i}")["run_id"])
+            viewers = [Viewer(cluster, run_id, seed=i) for i, run_id in enumerate(runs)]
+            for v in viewers:
+                v.start()
+
+            rng = random.Random(1234)
+            for _ in range(KILLS):
+                time.sleep(rng.uniform(0.2, 0.8))
+                cluster.kill_and_restart(rng.randrange(SERVERS))
+            assert any(not v.ended for v in viewers), "the runs ended before the chaos did"
+            for v in viewers:
+                v.join(420)
+            assert all(v.ended for v in viewers), [v.run_id for v in viewers if not v.ended]
+
+            # An uninterrupted run of the same command is the reference translation.
+            clean_id = cluster.servers[0].start(command, thread_id="clean",
+                                                run_id="clean")["run_id"]
+            clean = Viewer(cluster, clean_id, seed=99)
+            clean.run()
+            assert clean.ended
+            reference = _normalized([e for _, e in clean.got], clean_id)
+
+            for v in viewers:
+                offsets = [o for o, _ in v.got]
+                assert offsets == list(range(1, len(offsets) + 1)), (v.run_id, "gap or repeat")
+                events = [e for _, e in v.got]
+                assert events == pg_log(url, v.run_id)
+                assert _normalized(events, v.run_id) == reference, v.run_id
+                ends = [e for e in events if e["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+                assert len(ends) == 1 and events[-1] is ends[0]
+                text = "".join(e["delta"] for e in events
+                               if e["type"] == "TEXT_MESSAGE_CONTENT")
+                assert text == ticker_text(LINES)
+            url0 = cluster.live_url(random.Random(0))
+            assert url0 is not None
+            with httpx.Client(base_url=url0, timeout=30) as c:
+                for run_id in runs:
+                    wait_until(lambda r=run_id: c.get(f"/v1/runs/{r}").json()["status"]
+                               == "completed", f"{run_id} completed", timeout=60)
+            assert sum(v.reconnects for v in viewers) > 0, "no viewer was ever cut off"
+
+            spans = _sweeps(cluster)
+            assert spans, "no reaper ever swept"
+            for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+                assert end <= start, f"two reaper sweeps overlapped: {spans}"
+        finally:
+            cluster.stop()
