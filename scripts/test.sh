@@ -23,6 +23,18 @@ if ((${#need_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
+# The PostgreSQL store's tests need a server (CORRAL_TEST_POSTGRES, default 127.0.0.1:5432,
+# user postgres, trust auth): start the machine's cluster when none answers.
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  if [ -z "${CORRAL_TEST_POSTGRES:-}" ] && command -v pg_ctlcluster >/dev/null; then
+    echo "starting PostgreSQL"
+    for cluster in /etc/postgresql/*/*; do
+      [ -d "$cluster" ] && pg_ctlcluster "$(basename "$(dirname "$cluster")")" "$(basename "$cluster")" start || true
+    done
+  fi
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && break; sleep 1; done
+fi
+
 VENV=${CORRAL_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
