@@ -87,7 +87,19 @@ def test_doctor(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None
     assert "[ ok ] bubblewrap" in out
     assert "NO isolation" in out
     assert "corral agents install claude" in out or "agent claude" in out
-    for name in ("cgroups", "git", "sqlite", "python3", "npm", "node", "codex"):
+    for name in ("cgroups", "git", "python3", "npm", "node", "codex"):
         assert name in out
+    assert "[ ok ] store" in out and "SQLite" in out and "schema version 2" in out
     # what does not exist yet is said once, not offered as a check that passes
-    assert "not in this version: Docker" in out and "[ ok ] postgres" not in out
+    assert "not in this version: Docker" in out and "[ ok ] redis" not in out
+
+
+def test_doctor_names_a_store_it_cannot_open(corral_cmd: list[str], cli_env: dict[str, str],
+                                            tmp_path: Path, need_bwrap: None) -> None:
+    r = run([*corral_cmd, "doctor", "--store", f"sqlite://{tmp_path}/no/such/dir/x.db"],
+            cli_env)
+    out = r.stdout.decode()
+    assert r.returncode == 1, out
+    assert "[MISS] store" in out and "does not exist" in out
+    assert "fix the URL (--store or CORRAL_STORE)" in out
+    assert "cannot run isolated sandboxes here: fix store" in out

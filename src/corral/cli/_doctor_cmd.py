@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from corral.server._cmdline import add_store_option
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="check prerequisites and print fixes")
+    add_store_option(p)
     p.set_defaults(func=_run)
 
 

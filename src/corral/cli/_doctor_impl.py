@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sqlite3
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +127,34 @@ def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
     return Check(name, "missing" if required else "warn", f"not found ({why})", fix, required)
 
 
-def _stores() -> list[Check]:
-    return [Check("sqlite", "ok", f"SQLite {sqlite3.sqlite_version} (default store; "
-                  "memory:// for one process)")]
+def _store(url: str | None) -> Check:
+    """Open the configured store (``--store``, ``$CORRAL_STORE`` or the SQLite default) and
+    let it check itself: reachable, schema version, notifications."""
+    from corral._errors import CorralError
+    from corral.stores import Diagnosable, default_store_url, open_store
+
+    shown = url or default_store_url()
+
+    async def look() -> str:
+        store = await open_store(url)
+        try:
+            if isinstance(store, Diagnosable):
+                return await store.diagnose()
+            return "opened"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+
+    try:
+        return Check("store", "ok", anyio.run(look))
+    except CorralError as exc:
+        return Check("store", "missing", str(exc),
+                     "fix the URL (--store or CORRAL_STORE) or start the database it names",
+                     True)
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, none raised
+        return Check("store", "missing", f"{shown}: {type(exc).__name__}: {exc}",
+                     "fix the URL (--store or CORRAL_STORE) or start the database it names",
+                     True)
 
 
 def _python_in_sandbox() -> Check:
@@ -159,7 +183,7 @@ def _agents() -> list[Check]:
     return out
 
 
-def collect() -> list[Check]:
+def collect(store_url: str | None = None) -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
     checks.append(_disk_quota())
@@ -170,7 +194,7 @@ def collect() -> list[Check]:
         checks.append(_tool("setpriv", "drops sandboxes to an unprivileged uid when run as root",
                             "apt-get install util-linux", required=True))
     checks.append(_tool("git", "workspaces from git repositories", "apt-get install git"))
-    checks += _stores()
+    checks.append(_store(store_url))
     checks.append(_python_in_sandbox())
     checks.append(_tool("npm", "corral agents install fetches the agent CLIs from npm",
                         "apt-get install npm"))
@@ -184,14 +208,14 @@ def collect() -> list[Check]:
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = collect()
+    checks = collect(getattr(args, "store", None))
     width = max(len(c.name) for c in checks)
     for c in checks:
         label = {"ok": " ok ", "warn": "warn", "missing": "MISS"}[c.status]
         print(f"[{label}] {c.name:<{width}}  {c.detail}")
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
-    print("not in this version: Docker and Kubernetes providers, PostgreSQL and Redis stores, "
+    print("not in this version: Docker and Kubernetes providers, the Redis store, "
           "the opencode/gemini-cli/ACP harnesses")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:

@@ -59,6 +59,10 @@ class MemoryStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def diagnose(self) -> str:
+        """Always fine; nothing survives the process."""
+        return "memory: this process only, nothing is kept"
+
     async def aclose(self) -> None:
         """Nothing to release."""
 

@@ -540,6 +540,16 @@ class SecretStore(Protocol):
 
 
 @runtime_checkable
+class Diagnosable(Protocol):
+    """A store that can check itself for ``corral doctor``."""
+
+    async def diagnose(self) -> str:
+        """One line on what works (backend, schema version, notifications); raises
+        :class:`StoreError` naming what does not."""
+        ...
+
+
+@runtime_checkable
 class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
             SecretStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`

@@ -270,6 +270,17 @@ class SQLiteStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def diagnose(self) -> str:
+        """The file, SQLite's version and the schema version (read from the file)."""
+
+        def look() -> int:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
+                return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+        version = await anyio.to_thread.run_sync(look)
+        return (f"SQLite {sqlite3.sqlite_version} at {self.path}, schema version {version}; "
+                "one machine only (use PostgreSQL for several hosts)")
+
     async def aclose(self) -> None:
         """Close both connections and stop listening for pokes."""
         if self._signal.sock is not None:
