@@ -1,9 +1,13 @@
 """HTTP service under load: event delivery latency over SSE, and memory per idle viewer.
 
 Usage: python bench/serve_load.py [--viewers 200] [--runs 50] [--lines N]
+                                 [--servers 1] [--store URL]
 
-A `corral serve` process (SQLite store, bubblewrap sandboxes) on 127.0.0.1; this process is
-the viewers (raw asyncio sockets, one event loop). Agents print lines carrying their
+`--servers` `corral serve` processes (each its own $CORRAL_HOME, bubblewrap sandboxes) on
+127.0.0.1 sharing one store (`--store`, default a SQLite file; with several servers use
+PostgreSQL: `--store postgresql://…`); viewers are spread over them round-robin, runs are
+started on the first (fan-out) or round-robin (many runs), so most viewers watch a run
+another process drives. This process is the viewers (raw asyncio sockets, one event loop). Agents print lines carrying their
 wall-clock send time; latency = the time a viewer has the SSE frame - that send time, so it
 covers journal -> translation -> store -> server fan-out -> socket -> client parse.
 
@@ -53,13 +57,15 @@ def rss_kib(pid: int) -> int:
 
 
 class Server:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, store: str | None = None) -> None:
         home.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
         env["CORRAL_HOME"] = str(home)
         env.pop("CORRAL_API_TOKEN", None)
         env.pop("CORRAL_STORE", None)
+        if store is not None:
+            env["CORRAL_STORE"] = store
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "corral.server", "--port", "0", "--no-reaper",
              "--log-level", "warning", "--max-active-runs", "500"],
@@ -139,31 +145,33 @@ async def viewer(server: Server, run_id: str, samples: list[float], connected: a
     return seen
 
 
-async def fan_out(server: Server, viewers: int, lines: int) -> dict[str, float]:
-    start_at = time.time() + 8
-    run_id = server.start(lines, 0.05, start_at)
+async def fan_out(servers: list[Server], viewers: int, lines: int) -> dict[str, float]:
+    start_at = time.time() + 8 + viewers / 200
+    run_id = servers[0].start(lines, 0.05, start_at)
     samples: list[float] = []
     connected = asyncio.Event()
     counter = [0]
     deadline = start_at + lines * 0.05 + 30
-    tasks = [asyncio.create_task(viewer(server, run_id, samples, connected, counter, viewers,
-                                        deadline)) for _ in range(viewers)]
-    await asyncio.wait_for(connected.wait(), 30)
+    tasks = [asyncio.create_task(viewer(servers[i % len(servers)], run_id, samples, connected,
+                                        counter, viewers, deadline)) for i in range(viewers)]
+    await asyncio.wait_for(connected.wait(), 60)
     if time.time() > start_at:
         print("warning: viewers connected after the agent started", file=sys.stderr)
     await asyncio.gather(*tasks)
     return summary(samples, expected=viewers * lines)
 
 
-async def many_runs(server: Server, runs: int, lines: int) -> dict[str, float]:
+async def many_runs(servers: list[Server], runs: int, lines: int) -> dict[str, float]:
     start_at = time.time() + 2.0 + runs * 0.25
-    run_ids = [server.start(lines, 0.2, start_at) for _ in range(runs)]
+    run_ids = [servers[i % len(servers)].start(lines, 0.2, start_at) for i in range(runs)]
     samples: list[float] = []
     connected = asyncio.Event()
     counter = [0]
     deadline = start_at + lines * 0.2 + 30
-    tasks = [asyncio.create_task(viewer(server, r, samples, connected, counter, runs, deadline))
-             for r in run_ids]
+    # each run watched through the next server: with several, never its driver's
+    tasks = [asyncio.create_task(viewer(servers[(i + 1) % len(servers)], r, samples, connected,
+                                        counter, runs, deadline))
+             for i, r in enumerate(run_ids)]
     await asyncio.wait_for(connected.wait(), 30)
     if time.time() > start_at:
         print("warning: viewers connected after the agents started", file=sys.stderr)
@@ -210,23 +218,32 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--lines", type=int, default=200,
                         help="lines of the fan-out run (the many-runs case prints a quarter)")
+    parser.add_argument("--servers", type=int, default=1,
+                        help="server processes sharing the store (each its own CORRAL_HOME)")
+    parser.add_argument("--store", default=None,
+                        help="store URL the servers share (default: a SQLite file)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="corral-serve-bench-") as tmp:
-        server = Server(Path(tmp))
+        store = args.store or f"sqlite://{tmp}/corral.db"
+        servers: list[Server] = []
         try:
-            a = asyncio.run(fan_out(server, args.viewers, args.lines))
-            print(f"1 run, {args.viewers} SSE viewers, {args.lines} lines 50 ms apart: "
+            for i in range(args.servers):
+                servers.append(Server(Path(tmp) / f"host-{i}", store))
+            where = f"{args.servers} server(s), store {store.split('://')[0]}"
+            a = asyncio.run(fan_out(servers, args.viewers, args.lines))
+            print(f"{where}: 1 run, {args.viewers} SSE viewers, {args.lines} lines 50 ms apart: "
                   f"delivered {a['events']}/{a['expected']}  p50 {a['p50_ms']:.1f} ms  "
                   f"p99 {a['p99_ms']:.1f} ms  max {a['max_ms']:.1f} ms")
             lines = max(1, args.lines // 4)
-            b = asyncio.run(many_runs(server, args.runs, lines))
-            print(f"{args.runs} runs, 1 viewer each, {lines} lines 200 ms apart: "
+            b = asyncio.run(many_runs(servers, args.runs, lines))
+            print(f"{where}: {args.runs} runs, 1 viewer each, {lines} lines 200 ms apart: "
                   f"delivered {b['events']}/{b['expected']}  p50 {b['p50_ms']:.1f} ms  "
                   f"p99 {b['p99_ms']:.1f} ms  max {b['max_ms']:.1f} ms")
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
         # A fresh server, so memory freed by the viewers above does not hide the cost.
-        server = Server(Path(tmp) / "memory")
+        server = Server(Path(tmp) / "memory", args.store)
         try:
             m = asyncio.run(idle_memory(server, args.viewers))
             print(f"memory: {args.viewers} idle viewers: server RSS {m['before_kib'] / 1024:.1f} "
