@@ -15,6 +15,8 @@ from typing import Any
 
 from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalRequest,
     Claim,
     ClaimLost,
     ClaimRefused,
@@ -240,3 +242,62 @@ def json_text(value: Mapping[str, Any]) -> str:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"value is not JSON-serializable: {exc}") from None
+
+
+# ------------------------------------------------------------------ approvals and secrets
+# The stored form of an approval request: its id, run and ``created_at`` are columns (keys,
+# order); the rest is one JSON object, so a new field needs no schema change.
+
+SECRET_BYTES = 32
+"""Length of every secret :meth:`SecretStore.shared_secret` makes."""
+
+
+def approval_to_json(request: ApprovalRequest) -> str:
+    """The request's JSON column; raises :class:`StoreError` when ``args`` is not JSON."""
+    try:
+        return json.dumps(
+            {"tool": request.tool, "args": request.args, "call_id": request.call_id,
+             "expires_at": request.expires_at},
+            separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"approval request {request.approval_id!r}: args are not JSON: "
+                         f"{exc}") from None
+
+
+def approval_from_json(run_id: str, approval_id: str, created_at: float,
+                       text: str) -> ApprovalRequest:
+    """Parse a stored request (raises ``CorruptRecord``)."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError("not a JSON object")
+        call_id = data.get("call_id")
+        return ApprovalRequest(
+            approval_id=approval_id, run_id=run_id, tool=str(data["tool"]),
+            args=data.get("args"), created_at=float(created_at),
+            expires_at=float(data["expires_at"]),
+            call_id=None if call_id is None else str(call_id),
+        )
+    except (ValueError, TypeError, KeyError, StoreError) as exc:
+        raise CorruptRecord(f"stored approval request {approval_id!r} of run {run_id!r} is "
+                            f"corrupt: {exc}") from None
+
+
+def answer_from_columns(decision: str | None, reason: str | None,
+                        answered_at: float | None) -> ApprovalAnswer | None:
+    """The answer stored in an approval row's columns, ``None`` while pending."""
+    if decision is None:
+        return None
+    try:
+        return ApprovalAnswer(decision, reason, float(answered_at or 0.0))
+    except StoreError as exc:
+        raise CorruptRecord(f"a stored approval answer is corrupt: {exc}") from None
+
+
+def check_secret_name(name: str) -> str:
+    """A secret's name: a non-empty string of at most 200 characters."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise StoreError(f"a secret name must be a non-empty string of at most 200 "
+                         f"characters, got {name!r}")
+    return name

@@ -6,6 +6,7 @@ atomic with respect to other tasks on the loop, which is what the fencing rules 
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,12 +14,16 @@ from typing import Any, Self
 
 from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalExists,
+    ApprovalRequest,
     Claim,
     InstanceRecord,
     LoggedEvent,
     LogTail,
     NewRun,
     RunExists,
+    UnknownApproval,
     UnknownRun,
 )
 from corral.stores import _logic
@@ -48,6 +53,9 @@ class MemoryStore:
         self._logs: dict[str, _Log] = {}
         self._instances: dict[str, InstanceRecord] = {}
         self._locks: dict[str, tuple[str, float]] = {}
+        # (run_id, approval_id) -> (request as stored, answer); dict order is insertion order
+        self._approvals: dict[tuple[str, str], tuple[str, float, ApprovalAnswer | None]] = {}
+        self._secrets: dict[str, bytes] = {}
         self._signal = LocalSignal()
 
     def _now(self, now: float | None) -> float:
@@ -286,3 +294,47 @@ class MemoryStore:
             return False
         del self._locks[name]
         return True
+
+    # ------------------------------------------------------------------ approvals
+
+    async def add_approval(self, request: ApprovalRequest) -> None:
+        text = _logic.approval_to_json(request)  # stored as JSON, like SQL: no shared state
+        key = (request.run_id, request.approval_id)
+        if key in self._approvals:
+            raise ApprovalExists(request.run_id, request.approval_id)
+        self._approvals[key] = (text, request.created_at, None)
+
+    async def answer_approval(
+        self, run_id: str, approval_id: str, answer: ApprovalAnswer
+    ) -> ApprovalAnswer:
+        stored = self._approvals.get((run_id, approval_id))
+        if stored is None:
+            raise UnknownApproval(run_id, approval_id)
+        text, created_at, prior = stored
+        if prior is not None:
+            return prior
+        self._approvals[(run_id, approval_id)] = (text, created_at, answer)
+        return answer
+
+    async def get_approval(
+        self, run_id: str, approval_id: str
+    ) -> tuple[ApprovalRequest, ApprovalAnswer | None] | None:
+        stored = self._approvals.get((run_id, approval_id))
+        if stored is None:
+            return None
+        text, created_at, answer = stored
+        return _logic.approval_from_json(run_id, approval_id, created_at, text), answer
+
+    async def list_pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
+        pending = [
+            _logic.approval_from_json(rid, aid, created_at, text)
+            for (rid, aid), (text, created_at, answer) in self._approvals.items()
+            if rid == run_id and answer is None
+        ]
+        return sorted(pending, key=lambda r: r.created_at)  # stable: ties keep insertion order
+
+    # ------------------------------------------------------------------ secrets
+
+    async def shared_secret(self, name: str) -> bytes:
+        _logic.check_secret_name(name)
+        return self._secrets.setdefault(name, secrets.token_bytes(_logic.SECRET_BYTES))

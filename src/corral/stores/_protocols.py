@@ -501,7 +501,8 @@ class LockStore(Protocol):
 class ApprovalStore(Protocol):
     """Approval requests and their answers, shared by every host of the store: a run driven
     on one host can be answered from any other (``corral approve``, ``POST
-    …/approvals/{id}``)."""
+    …/approvals/{id}``). Requests are keyed by ``(run_id, approval_id)`` alone: the store
+    does not require (or check) a run record for ``run_id``."""
 
     async def add_approval(self, request: ApprovalRequest) -> None:
         """Store a new, unanswered request; :class:`ApprovalExists` (nothing changes) when

@@ -13,6 +13,8 @@ transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
 from __future__ import annotations
 
 import contextlib
+import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -25,8 +27,11 @@ import anyio
 import anyio.to_thread
 
 from corral._paths import storage_problem
-from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._records import CorruptRecord, RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalExists,
+    ApprovalRequest,
     Claim,
     InstanceRecord,
     LoggedEvent,
@@ -34,51 +39,81 @@ from corral.stores._protocols import (
     NewRun,
     RunExists,
     StoreError,
+    UnknownApproval,
     UnknownRun,
 )
 from corral.stores import _logic
 from corral.stores._signal import NotifySignal
 
 _T = TypeVar("_T")
+log = logging.getLogger("corral.stores._sqlite")
 
-SCHEMA_VERSION: Final = 1
+_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    # 1: run records, event logs, sandbox instances, named locks
+    (
+        """CREATE TABLE IF NOT EXISTS runs (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL UNIQUE,
+            thread_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            detached_since REAL,
+            driver_epoch INTEGER NOT NULL DEFAULT 0,
+            doc TEXT NOT NULL,
+            last_offset INTEGER NOT NULL DEFAULT 0,
+            last_journal_offset INTEGER,
+            log_closed INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at)",
+        "CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since)",
+        """CREATE INDEX IF NOT EXISTS runs_unattended ON runs
+            (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')))""",
+        """CREATE TABLE IF NOT EXISTS events (
+            run_id TEXT NOT NULL,
+            offset INTEGER NOT NULL,
+            journal_offset INTEGER NOT NULL,
+            event TEXT NOT NULL,
+            PRIMARY KEY (run_id, offset)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE IF NOT EXISTS instances (
+            key TEXT PRIMARY KEY,
+            expires_at REAL,
+            doc TEXT NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS locks (
+            name TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+    ),
+    # 2: approval requests and answers, corral's own secrets (everything a second host
+    # needs lives in the store)
+    (
+        """CREATE TABLE IF NOT EXISTS approvals (
+            run_id TEXT NOT NULL,
+            approval_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            request TEXT NOT NULL,
+            decision TEXT,
+            reason TEXT,
+            answered_at REAL,
+            PRIMARY KEY (run_id, approval_id)
+        ) WITHOUT ROWID""",
+        """CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (run_id, created_at, seq)
+            WHERE decision IS NULL""",
+        """CREATE TABLE IF NOT EXISTS secrets (
+            name TEXT PRIMARY KEY,
+            value BLOB NOT NULL
+        ) WITHOUT ROWID""",
+    ),
+)
+"""Schema migrations in order: entry ``n`` takes a file from version ``n`` (``PRAGMA
+user_version``; 0 is a new, empty file) to ``n + 1``. A new schema change is one more entry,
+never an edit of a shipped one. The statements are idempotent, so a file whose version an
+older corral rewrote (it sets its own version when it opens one) migrates again cleanly."""
 
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS runs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL UNIQUE,
-    thread_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    detached_since REAL,
-    driver_epoch INTEGER NOT NULL DEFAULT 0,
-    doc TEXT NOT NULL,
-    last_offset INTEGER NOT NULL DEFAULT 0,
-    last_journal_offset INTEGER,
-    log_closed INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at);
-CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since);
-CREATE INDEX IF NOT EXISTS runs_unattended ON runs
-    (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')));
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL,
-    offset INTEGER NOT NULL,
-    journal_offset INTEGER NOT NULL,
-    event TEXT NOT NULL,
-    PRIMARY KEY (run_id, offset)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS instances (
-    key TEXT PRIMARY KEY,
-    expires_at REAL,
-    doc TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS locks (
-    name TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    expires_at REAL NOT NULL
-);
-"""
+SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
 _UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
 """Since when nobody watches or drives a run (``RunRecord.unattended_since``), exactly as
@@ -215,6 +250,9 @@ class SQLiteStore:
             )
         self.path = Path(path)
         self.url = f"sqlite://{self.path}"
+        self.migrated_from: int | None = None
+        """The schema version this object migrated the file from (0: it created the
+        file's tables), ``None`` when the file was current."""
         self._clock = clock
         try:
             self._writer = _Conn(self.path, synchronous)
@@ -234,19 +272,9 @@ class SQLiteStore:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"SQLite store {self.path}: WAL mode unavailable (got {mode})")
-
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"SQLite store {self.path} has schema version {version}, newer than this "
-                    f"corral understands ({SCHEMA_VERSION}); upgrade corral"
-                )
-            # Idempotent DDL in one transaction, so concurrent first opens are harmless.
-            conn.executescript(
-                "BEGIN IMMEDIATE;"
-                + _SCHEMA
-                + f"PRAGMA user_version = {SCHEMA_VERSION};COMMIT;"
-            )
+            version = self._check_version(conn)
+            if version < SCHEMA_VERSION:
+                self.migrated_from = self._migrate(conn)
         except (sqlite3.DatabaseError, StoreError) as exc:
             self._writer.close()
             if isinstance(exc, StoreError):
@@ -254,6 +282,40 @@ class SQLiteStore:
             if storage_problem(self.path) is not None:
                 raise store_error(self.path, exc, "cannot open") from None
             raise StoreError(f"{self.path} is not a usable SQLite store: {exc}") from None
+
+    def _check_version(self, conn: sqlite3.Connection) -> int:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"SQLite store {self.path} has schema version {version}, newer than this "
+                f"corral understands ({SCHEMA_VERSION}); upgrade corral"
+            )
+        return version
+
+    def _migrate(self, conn: sqlite3.Connection) -> int | None:
+        """Bring the file to :data:`SCHEMA_VERSION` in one ``BEGIN IMMEDIATE`` transaction:
+        of several processes opening an old file at once, the first migrates and the others
+        find the new version when they get the lock. Returns the version migrated from,
+        ``None`` when another process had done it."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._check_version(conn)  # again, under the lock
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {step + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+        if version == SCHEMA_VERSION:
+            return None
+        if version > 0:  # a new file is not news; an upgraded one is
+            log.info("SQLite store %s: schema migrated from version %d to %d", self.path,
+                     version, SCHEMA_VERSION)
+        return version
 
     def _now(self, now: float | None) -> float:
         return float(self._clock() if now is None else now)
@@ -613,3 +675,85 @@ class SQLiteStore:
             return cur.rowcount > 0
 
         return await self._write(op)
+
+    # ------------------------------------------------------------------ approvals
+
+    async def add_approval(self, request: ApprovalRequest) -> None:
+        text = _logic.approval_to_json(request)
+
+        def op(conn: sqlite3.Connection) -> None:
+            key = (request.run_id, request.approval_id)
+            if conn.execute("SELECT 1 FROM approvals WHERE run_id = ? AND approval_id = ?",
+                            key).fetchone() is not None:
+                raise ApprovalExists(*key)
+            conn.execute(
+                "INSERT INTO approvals (run_id, approval_id, seq, created_at, request) "
+                "VALUES (?, ?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM approvals "
+                "WHERE run_id = ?), ?, ?)",
+                (*key, request.run_id, request.created_at, text),
+            )
+
+        await self._write(op)
+
+    async def answer_approval(
+        self, run_id: str, approval_id: str, answer: ApprovalAnswer
+    ) -> ApprovalAnswer:
+        def op(conn: sqlite3.Connection) -> ApprovalAnswer:
+            row = conn.execute(
+                "SELECT decision, reason, answered_at FROM approvals "
+                "WHERE run_id = ? AND approval_id = ?", (run_id, approval_id)).fetchone()
+            if row is None:
+                raise UnknownApproval(run_id, approval_id)
+            prior = _logic.answer_from_columns(*row)
+            if prior is not None:  # the first answer stands
+                return prior
+            conn.execute(
+                "UPDATE approvals SET decision = ?, reason = ?, answered_at = ? "
+                "WHERE run_id = ? AND approval_id = ?",
+                (answer.decision, answer.reason, answer.answered_at, run_id, approval_id),
+            )
+            return answer
+
+        return await self._write(op)
+
+    async def get_approval(
+        self, run_id: str, approval_id: str
+    ) -> tuple[ApprovalRequest, ApprovalAnswer | None] | None:
+        row = await self._read(
+            lambda conn: conn.execute(
+                "SELECT created_at, request, decision, reason, answered_at FROM approvals "
+                "WHERE run_id = ? AND approval_id = ?", (run_id, approval_id)).fetchone()
+        )
+        if row is None:
+            return None
+        request = _logic.approval_from_json(run_id, approval_id, row[0], row[1])
+        return request, _logic.answer_from_columns(row[2], row[3], row[4])
+
+    async def list_pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT approval_id, created_at, request FROM approvals "
+                "WHERE run_id = ? AND decision IS NULL ORDER BY created_at, seq",
+                (run_id,)).fetchall()
+        )
+        return [_logic.approval_from_json(run_id, aid, at, text) for aid, at, text in rows]
+
+    # ------------------------------------------------------------------ secrets
+
+    async def shared_secret(self, name: str) -> bytes:
+        _logic.check_secret_name(name)
+        fresh = secrets.token_bytes(_logic.SECRET_BYTES)
+
+        def op(conn: sqlite3.Connection) -> Any:
+            # insert-if-absent, then read, in one transaction: every first caller (any
+            # process) ends up with the one value that was stored first
+            conn.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)",
+                         (name, fresh))
+            return conn.execute("SELECT value FROM secrets WHERE name = ?",
+                                (name,)).fetchone()[0]
+
+        value = await self._write(op)
+        if not isinstance(value, bytes) or len(value) != _logic.SECRET_BYTES:
+            raise CorruptRecord(f"SQLite store {self.path}: the stored secret {name!r} is not "
+                                f"{_logic.SECRET_BYTES} bytes; the store is corrupt")
+        return value

@@ -12,7 +12,8 @@ Every backend (memory, SQLite, and third-party ones) must pass it::
 Each check gets a fresh, empty store from the factory. The checks cover run records
 (create, resume, patch semantics, queries), ``list_runs``, driver claims (leases, epochs,
 refusals: the fencing a takeover relies on), the event log (append under the epoch fence,
-read/tail, close, snapshot), sandbox instance records and named locks. They use anyio and
+read/tail, close, snapshot), sandbox instance records, named locks, approval requests and
+their answers (first answer wins) and corral's shared secrets. They use anyio and
 run on asyncio or trio. ``corral.testing.pytest_checks(STORE_KIT, ...)`` makes one pytest
 test per check.
 """
@@ -26,6 +27,9 @@ import anyio
 import anyio.lowlevel
 
 from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalExists,
+    ApprovalRequest,
     ClaimLost,
     ClaimRefused,
     InstanceRecord,
@@ -36,6 +40,7 @@ from corral.stores._protocols import (
     RunExists,
     Store,
     StoreError,
+    UnknownApproval,
     UnknownRun,
 )
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
@@ -44,10 +49,20 @@ from corral.testing._polling import wait_until_async
 
 __all__ = [
     "STORE_KIT",
+    "approval",
     "check_store",
     "claimed_run",
     "event",
     "new_run",
+    "check_add_existing_approval_changes_nothing",
+    "check_approval_round_trip",
+    "check_approvals_are_per_run",
+    "check_first_answer_wins",
+    "check_first_answer_wins_among_concurrent_answers",
+    "check_pending_oldest_first_ties_in_insertion_order",
+    "check_shared_secret_first_callers_agree",
+    "check_shared_secret_is_stable_and_per_name",
+    "check_unknown_approval",
     "check_break_lease_only_of_the_named_owner",
     "check_cancelled_run_claimable_for_finalizing",
     "check_claim_can_clear_detached_since",
@@ -109,6 +124,14 @@ async def claimed_run(store: Store, run_id: str = "run-1", owner: str = "host-a"
     await new_run(store, run_id)
     claim = await store.acquire_claim(run_id, owner, 30.0)
     return claim.epoch
+
+
+def approval(approval_id: str = "a1", run_id: str = "run-1", *, created_at: float = T0,
+             tool: str = "deploy", args: Any = None, call_id: str | None = None
+             ) -> ApprovalRequest:
+    """An approval request (expiring 300 s after ``created_at``)."""
+    return ApprovalRequest(approval_id, run_id, tool, {"env": "prod"} if args is None else args,
+                           created_at, created_at + 300, call_id=call_id)
 
 
 def event(i: int, **more: Any) -> dict[str, Any]:
@@ -721,6 +744,140 @@ async def check_exclusive_until_released_or_expired(store: Store) -> None:
     assert not await store.unlock("reaper", "b")
 
 
+
+# ------------------------------------------------------------------ approvals
+# Requests and answers shared by every host: the first answer wins. Keyed by run id; no run
+# record is needed.
+
+async def check_approval_round_trip(store: Store) -> None:
+    assert await store.get_approval("run-1", "a1") is None
+    req = approval(args={"env": "prod", "n": [1, 2.5, None], "s": "é\u2028", "b": True},
+                   call_id="call-1")
+    await store.add_approval(req)
+    got = await store.get_approval("run-1", "a1")
+    assert got == (req, None)
+    assert got is not None
+    got[0].args["env"] = "mutated"  # the stored request is not the caller's object
+    again = await store.get_approval("run-1", "a1")
+    assert again is not None and again[0].args["env"] == "prod"
+    bare = approval("a2", args=["x"])  # no call id; args any JSON value
+    await store.add_approval(bare)
+    assert await store.get_approval("run-1", "a2") == (bare, None)
+    with raises(StoreError):
+        await store.add_approval(approval("a3", args={"f": object()}))  # not JSON
+    assert await store.get_approval("run-1", "a3") is None
+
+
+async def check_pending_oldest_first_ties_in_insertion_order(store: Store) -> None:
+    for aid, at in [("late", T0 + 5), ("z", T0), ("a", T0), ("mid", T0 + 1), ("m", T0)]:
+        await store.add_approval(approval(aid, created_at=at))
+    pending = await store.list_pending_approvals("run-1")
+    assert [r.approval_id for r in pending] == ["z", "a", "m", "mid", "late"]
+    assert pending[0] == approval("z", created_at=T0)
+    await store.answer_approval("run-1", "a", ApprovalAnswer("allow", None, T0 + 2))
+    await store.answer_approval("run-1", "late", ApprovalAnswer("timeout", "no answer", T0 + 9))
+    assert [r.approval_id for r in await store.list_pending_approvals("run-1")] == [
+        "z", "m", "mid"]
+    assert await store.list_pending_approvals("ghost") == []
+
+
+async def check_add_existing_approval_changes_nothing(store: Store) -> None:
+    first = approval("a1", tool="deploy")
+    await store.add_approval(first)
+    with raises(ApprovalExists):
+        await store.add_approval(approval("a1", tool="other", created_at=T0 + 1))
+    assert await store.get_approval("run-1", "a1") == (first, None)
+    answer = ApprovalAnswer("deny", "no", T0 + 2)
+    await store.answer_approval("run-1", "a1", answer)
+    with raises(ApprovalExists):
+        await store.add_approval(approval("a1"))  # an answered one is not reset either
+    assert await store.get_approval("run-1", "a1") == (first, answer)
+    assert await store.list_pending_approvals("run-1") == []
+
+
+async def check_first_answer_wins(store: Store) -> None:
+    req = approval()
+    await store.add_approval(req)
+    first = ApprovalAnswer("allow", "looks fine", T0 + 1)
+    assert await store.answer_approval("run-1", "a1", first) == first
+    for late in (ApprovalAnswer("deny", "too late", T0 + 2),
+                 ApprovalAnswer("timeout", "no answer within 300s", T0 + 300),
+                 ApprovalAnswer("allow", None, T0 + 3)):
+        assert await store.answer_approval("run-1", "a1", late) == first
+    assert await store.get_approval("run-1", "a1") == (req, first)
+
+
+async def check_first_answer_wins_among_concurrent_answers(store: Store) -> None:
+    """Concurrent answers (a human and the gate's timeout, two hosts): all but one lose,
+    and every caller is told the same standing answer."""
+    await store.add_approval(approval())
+    standing: list[ApprovalAnswer] = []
+
+    async def answer(i: int) -> None:
+        decision = ("allow", "deny", "timeout")[i % 3]
+        standing.append(await store.answer_approval(
+            "run-1", "a1", ApprovalAnswer(decision, f"answer {i}", T0 + i)))
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for i in range(12):
+                tg.start_soon(answer, i)
+    assert len(standing) == 12 and len(set(standing)) == 1, standing
+    got = await store.get_approval("run-1", "a1")
+    assert got is not None and got[1] == standing[0]
+
+
+async def check_unknown_approval(store: Store) -> None:
+    with raises(UnknownApproval) as info:
+        await store.answer_approval("run-1", "nope", ApprovalAnswer("allow", None, T0))
+    assert info.value.run_id == "run-1" and info.value.approval_id == "nope"
+    assert await store.get_approval("run-1", "nope") is None
+    await store.add_approval(approval("a1", "run-1"))
+    with raises(UnknownApproval):  # the id of another run's request
+        await store.answer_approval("run-2", "a1", ApprovalAnswer("allow", None, T0))
+    assert await store.get_approval("run-2", "a1") is None
+    assert [r.approval_id for r in await store.list_pending_approvals("run-1")] == ["a1"]
+
+
+async def check_approvals_are_per_run(store: Store) -> None:
+    await store.add_approval(approval("a1", "run-1"))
+    await store.add_approval(approval("a1", "run-2", tool="other"))  # same id, other run
+    await store.add_approval(approval("b", "run-2", created_at=T0 - 1))
+    answer = ApprovalAnswer("deny", None, T0 + 1)
+    await store.answer_approval("run-1", "a1", answer)
+    got = await store.get_approval("run-2", "a1")
+    assert got is not None and got[0].tool == "other" and got[1] is None
+    assert await store.list_pending_approvals("run-1") == []
+    assert [r.approval_id for r in await store.list_pending_approvals("run-2")] == ["b", "a1"]
+
+
+# ------------------------------------------------------------------ shared secrets
+# corral's own keys. That two store objects (hosts) on one database agree is a property of
+# the backend's insert-if-absent; each backend's own tests race processes on one URL.
+
+async def check_shared_secret_is_stable_and_per_name(store: Store) -> None:
+    first = await store.shared_secret("approvals")
+    assert isinstance(first, bytes) and len(first) == 32
+    assert await store.shared_secret("approvals") == first
+    other = await store.shared_secret("other")
+    assert len(other) == 32 and other != first
+    assert await store.shared_secret("approvals") == first
+    with raises(StoreError):
+        await store.shared_secret("")
+
+
+async def check_shared_secret_first_callers_agree(store: Store) -> None:
+    got: list[bytes] = []
+
+    async def ask() -> None:
+        got.append(await store.shared_secret("fresh"))
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(ask)
+    assert len(got) == 10 and len(set(got)) == 1
+
 STORE_KIT: Kit[Store] = Kit(
     "store",
     tuple(check(fn) for fn in (
@@ -768,6 +925,15 @@ STORE_KIT: Kit[Store] = Kit(
         check_get_upsert_delete,
         check_list_expired_inclusive,
         check_exclusive_until_released_or_expired,
+        check_approval_round_trip,
+        check_pending_oldest_first_ties_in_insertion_order,
+        check_add_existing_approval_changes_nothing,
+        check_first_answer_wins,
+        check_first_answer_wins_among_concurrent_answers,
+        check_unknown_approval,
+        check_approvals_are_per_run,
+        check_shared_secret_is_stable_and_per_name,
+        check_shared_secret_first_callers_agree,
     )),
     subject=opened,
 )
