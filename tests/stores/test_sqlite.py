@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -17,10 +18,17 @@ from anyio.streams.text import TextReceiveStream
 
 from corral._errors import ConfigError
 from corral.stores._records import CorruptRecord, RunStatus
-from corral.stores._protocols import ClaimLost, NewRun, StoreError
+from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalRequest,
+    ClaimLost,
+    NewRun,
+    StoreError,
+)
 from corral.stores import default_store_url, open_store
 from corral.stores._memory import MemoryStore
-from corral.stores._sqlite import SQLiteStore
+from corral.stores._sqlite import SCHEMA_VERSION, SQLiteStore
+from tests.helpers import one_line_refusal
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 pytestmark = pytest.mark.anyio
@@ -234,4 +242,224 @@ async def test_wal_mode_and_sockets_are_linux_abstract(tmp_path: Path) -> None:
     store._signal.listen()
     assert store._signal._sock is not None
     assert store._signal._sock.family == socket.AF_UNIX
+    await store.aclose()
+
+
+# ------------------------------------------------------------------ schema versions
+
+V1_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    thread_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    detached_since REAL,
+    driver_epoch INTEGER NOT NULL DEFAULT 0,
+    doc TEXT NOT NULL,
+    last_offset INTEGER NOT NULL DEFAULT 0,
+    last_journal_offset INTEGER,
+    log_closed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at);
+CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since);
+CREATE INDEX IF NOT EXISTS runs_unattended ON runs
+    (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')));
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    journal_offset INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (run_id, offset)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS instances (
+    key TEXT PRIMARY KEY,
+    expires_at REAL,
+    doc TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+"""The schema corral 0.x wrote as ``PRAGMA user_version = 1`` (verbatim), before approvals
+and secrets moved into the store."""
+
+V1_RUN = {"run_id": "old-run", "thread_id": "t", "status": "running", "started_at": 1000.0,
+          "updated_at": 1001.0, "harness": "command", "spec": {"argv": ["echo", "hi"]},
+          "driver_epoch": 3, "claim_owner": "host-a", "claim_expires_at": 1030.0}
+
+
+def make_v1_store(path: Path) -> None:
+    """A store file as the version-1 code left it: one claimed run with three events, an
+    instance and a lock."""
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA journal_mode = WAL")
+    raw.executescript("BEGIN IMMEDIATE;" + V1_SCHEMA + "PRAGMA user_version = 1;COMMIT;")
+    raw.execute("INSERT INTO runs (run_id, thread_id, status, started_at, driver_epoch, doc, "
+                "last_offset, last_journal_offset) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ("old-run", "t", "running", 1000.0, 3, json.dumps(V1_RUN), 3, 30))
+    for i in (1, 2, 3):
+        raw.execute("INSERT INTO events VALUES (?, ?, ?, ?)",
+                    ("old-run", i, 10 * i, json.dumps({"type": "X", "i": i})))
+    raw.execute("INSERT INTO instances VALUES (?, ?, ?)", ("k", 2000.0, json.dumps(
+        {"key": "k", "provider": "local", "provider_sandbox_id": "sb", "thread_id": "t",
+         "updated_at": 1000.0, "expires_at": 2000.0})))
+    raw.execute("INSERT INTO locks VALUES (?, ?, ?)", ("reaper", "host-a", 9e9))
+    raw.close()
+
+
+def user_version(path: Path) -> int:
+    raw = sqlite3.connect(path)
+    try:
+        return int(raw.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        raw.close()
+
+
+async def check_v1_data(store: SQLiteStore) -> None:
+    rec = await store.get("old-run")
+    assert rec is not None and rec.to_dict() == V1_RUN
+    assert [(e.offset, e.journal_offset, e.event["i"]) for e in await store.snapshot("old-run")
+            ] == [(1, 10, 1), (2, 20, 2), (3, 30, 3)]
+    tail = await store.tail("old-run")
+    assert (tail.last_offset, tail.last_journal_offset, tail.closed) == (3, 30, False)
+    inst = await store.get_instance("k")
+    assert inst is not None and inst.provider_sandbox_id == "sb"
+    assert not await store.try_lock("reaper", "host-b", 10)  # host-a's lock survived
+    # the old run's driver (epoch 3) appends on, in the migrated file
+    assert await store.append("old-run", [({"type": "X", "i": 4}, 40)], epoch=3) == [4]
+
+
+async def test_a_version_1_file_is_migrated_once_keeping_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    make_v1_store(path)
+    store = await open_store(f"sqlite://{path}")
+    assert isinstance(store, SQLiteStore)
+    assert store.migrated_from == 1 and user_version(path) == 2
+    await check_v1_data(store)
+    # the new tables work
+    await store.add_approval(ApprovalRequest("a1", "old-run", "deploy", {}, 1000.0, 1300.0))
+    assert [r.approval_id for r in await store.list_pending_approvals("old-run")] == ["a1"]
+    answer = ApprovalAnswer("allow", None, 1001.0)
+    assert await store.answer_approval("old-run", "a1", answer) == answer
+    secret = await store.shared_secret("approvals")
+    await store.aclose()
+    again = await open_store(f"sqlite://{path}")  # current now: nothing to migrate
+    assert isinstance(again, SQLiteStore) and again.migrated_from is None
+    assert await again.shared_secret("approvals") == secret
+    assert (await again.tail("old-run")).last_offset == 4
+    await again.aclose()
+
+
+async def test_a_new_file_gets_the_current_schema(tmp_path: Path) -> None:
+    store = await open_store(f"sqlite://{tmp_path / 'new.db'}")
+    assert isinstance(store, SQLiteStore) and store.migrated_from == 0
+    assert user_version(tmp_path / "new.db") == SCHEMA_VERSION == 2
+    await store.aclose()
+
+
+OPENER = textwrap.dedent(
+    """
+    import sys, anyio
+    from corral.stores import open_store
+
+    async def main(url):
+        print("ready", flush=True)
+        sys.stdin.readline()  # all processes open at once
+        store = await open_store(url)
+        rec = await store.get("old-run")
+        print(store.migrated_from, rec.driver_epoch, flush=True)
+        await store.aclose()
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+async def _race(argv: list[str], count: int) -> list[str]:
+    """Start ``count`` processes of ``argv``; when all printed ``ready``, release them at
+    once (a line on stdin); return the last line each printed."""
+    procs = [await anyio.open_process(argv, env=_env()) for _ in range(count)]
+    try:
+        with anyio.fail_after(DEADLINE):
+            for proc in procs:
+                assert proc.stdout is not None
+                first = b""
+                while not first.endswith(b"\n"):
+                    first += await proc.stdout.receive(1)
+                assert first == b"ready\n", first
+            for proc in procs:
+                assert proc.stdin is not None
+                await proc.stdin.send(b"go\n")
+            outs: list[str] = []
+            for proc in procs:
+                assert proc.stdout is not None and proc.stderr is not None
+                chunks = [chunk async for chunk in proc.stdout]
+                err = b"".join([chunk async for chunk in proc.stderr])
+                assert await proc.wait() == 0, err.decode()
+                outs.append(b"".join(chunks).decode().strip().splitlines()[-1])
+            return outs
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.aclose()
+
+
+async def test_processes_opening_a_version_1_file_at_once_migrate_it_once(
+        tmp_path: Path) -> None:
+    for attempt in range(3):
+        path = tmp_path / f"race-{attempt}.db"
+        make_v1_store(path)
+        outs = await _race([sys.executable, "-c", OPENER, f"sqlite://{path}"], 4)
+        # exactly one process migrated; the others found version 2 under the lock
+        assert sorted(outs) == ["1 3", "None 3", "None 3", "None 3"], outs
+        assert user_version(path) == 2
+        store = await open_store(f"sqlite://{path}")
+        assert isinstance(store, SQLiteStore)
+        await check_v1_data(store)
+        await store.aclose()
+
+
+async def test_a_newer_schema_is_refused_in_one_line(
+        tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    path = tmp_path / "future.db"
+    make_v1_store(path)
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(StoreError, match=r"schema version 99, newer than this corral "
+                                         r"understands \(2\); upgrade corral"):
+        await open_store(f"sqlite://{path}")
+    assert user_version(path) == 99  # untouched
+    r = subprocess.run([*corral_cmd, "ls", "--store", f"sqlite://{path}"], env=cli_env,
+                       capture_output=True, text=True, timeout=60)
+    one_line_refusal(r, "schema version 99", "upgrade corral")
+
+
+SECRET_READER = textwrap.dedent(
+    """
+    import sys, anyio
+    from corral.stores import open_store
+
+    async def main(url):
+        store = await open_store(url)
+        print("ready", flush=True)
+        sys.stdin.readline()  # all processes ask for the first time at once
+        print((await store.shared_secret("approvals")).hex(), flush=True)
+        await store.aclose()
+
+    anyio.run(main, sys.argv[1])
+    """
+)
+
+
+async def test_processes_racing_the_first_secret_agree(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 's.db'}"
+    outs = await _race([sys.executable, "-c", SECRET_READER, url], 4)
+    assert len(set(outs)) == 1 and len(bytes.fromhex(outs[0])) == 32
+    store = await open_store(url)
+    assert (await store.shared_secret("approvals")).hex() == outs[0]
     await store.aclose()
