@@ -16,6 +16,10 @@ from corral.stores import open_store
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
+# corral's key comes from each test's store unless a test sets CORRAL_SECRET itself (a
+# developer's own, inherited by every CLI process a test starts, would hide the store's).
+os.environ.pop("CORRAL_SECRET", None)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

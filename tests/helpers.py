@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -22,6 +24,7 @@ __all__ = [
     "STORE_FACTORIES",
     "PG_ADMIN_URL",
     "HelloServer",
+    "assert_secret_only_in_secrets_table",
     "memory_store",
     "one_line_refusal",
     "pg_database",
@@ -123,3 +126,30 @@ def pg_log(url: str, run_id: str) -> list[dict[str, Any]]:
                             'ORDER BY "offset"', (run_id,)).fetchall()
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), "offsets must be gap-free"
     return [r[1] if isinstance(r[1], dict) else json.loads(r[1]) for r in rows]
+
+
+def assert_secret_only_in_secrets_table(db: Path, secret: bytes, *texts: str) -> None:
+    """corral's key (raw, hex or base64) is in no table of the SQLite store ``db`` but
+    ``secrets``, nor in any of ``texts`` (logs, CLI output)."""
+    forms = [secret.hex(), base64.b64encode(secret).decode().rstrip("="),
+             base64.urlsafe_b64encode(secret).decode().rstrip("=")]
+    conn = sqlite3.connect(db)
+    try:
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = "
+                                            "'table' AND name NOT LIKE 'sqlite_%'")]
+        assert "secrets" in tables and {"runs", "events", "approvals"} <= set(tables)
+        stored = conn.execute("SELECT value FROM secrets WHERE name = 'approvals'").fetchone()
+        assert stored is not None and stored[0] == secret  # what is looked for is stored
+        for table in tables:
+            if table == "secrets":
+                continue
+            for row in conn.execute(f"SELECT * FROM {table}"):  # noqa: S608 (our names)
+                for value in row:
+                    raw = value if isinstance(value, bytes) else str(value).encode()
+                    assert secret not in raw, f"the key is in table {table}"
+                    assert not any(f.encode() in raw for f in forms), \
+                        f"the key is in table {table}"
+    finally:
+        conn.close()
+    for text in texts:
+        assert not any(f in text for f in forms), "the key is in a log or output"

@@ -15,6 +15,7 @@ from corral.testing._model_server import ModelServer
 from corral.tools import Toolset
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.testing import wait_until_async
+from tests.helpers import assert_secret_only_in_secrets_table
 
 DEADLINE = 150.0
 
@@ -80,12 +81,16 @@ def run_approval_flow(
                     [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
                      "--reason", "not today"],
                     env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return await logged(store, run_id), done[0].record.status.value, approve
+            return (await logged(store, run_id), done[0].record.status.value, approve,
+                    await store.shared_secret("approvals"))
         finally:
             await store.aclose()
 
-    events, status, approve = anyio.run(main)
+    events, status, approve, key = anyio.run(main)
     assert approve.returncode == 0, approve.stderr
+    # corral's key signed the id and derived the tool token: it is in its table only
+    assert_secret_only_in_secrets_table(corral_home / "corral.db", key, approve.stdout,
+                                        approve.stderr)
     assert status == "completed", events[-3:]
     resolved = [e["value"] for e in events
                 if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]

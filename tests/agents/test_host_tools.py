@@ -81,7 +81,7 @@ def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: Mod
 
     host_env.script = call_then_answer("read_host_state", {"key": "answer"})
 
-    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str, str]:
         store = await _store(corral_home)
         try:
             runner = Runner(store)
@@ -94,11 +94,12 @@ def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: Mod
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
             spec = result.record.spec or {}
-            return await logged(store, rec.run_id), spec, result.record.status.value
+            return (await logged(store, rec.run_id), spec, result.record.status.value,
+                    await run_tools_token(store, rec.run_id))
         finally:
             await store.aclose()
 
-    events, spec, status = anyio.run(main)
+    events, spec, status, token = anyio.run(main)
     assert status == "completed", events[-3:]
     assert seen == ["answer"]
     # The tool's result went back to the model in the CLI's next request.
@@ -113,7 +114,6 @@ def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: Mod
     info = spec["agent"]
     assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
     # The tool server's token is stored nowhere in the record.
-    token = run_tools_token(events[0]["runId"])
     assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
 
 
@@ -148,6 +148,8 @@ def test_prepare_agent_merges_the_host_tools_projection(
     other = {"url": "http://127.0.0.1:9/mcp", "type": "http"}
     mine = {"name": "mine", "port": 0, "unix": "/run/corral/mine.sock"}
 
+    token = secrets.token_urlsafe(32)  # the Runner passes run_tools_token(store, run_id)
+
     async def main() -> None:
         handle = await sandbox_factory()
         harness = make_harness("claude-code")
@@ -155,9 +157,9 @@ def test_prepare_agent_merges_the_host_tools_projection(
             harness, handle, AgentRequest(prompt="hi", options={
                 "mcp_servers": {"other": other}, "forward": [mine]}),
             thread_id="t-1", run_id="run-merge", upstream=upstream_for(harness, model_server),
-            host_tools=True)
+            host_tools=True, tools_token=token)
         proj = prepared.host_tools
-        assert proj is not None and proj.token == run_tools_token("run-merge")
+        assert proj is not None and proj.token == token
         cmd = prepared.command
         assert not any(proj.token in a for a in cmd.argv)  # never in argv
         assert cmd.env[TOKEN_ENV] == proj.token  # only in the CLI's environment

@@ -74,7 +74,7 @@ def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_
 
     host_env.script = call_then_answer("read_host_state", {"key": "answer"})
 
-    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str, str]:
         store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
         try:
             runner = Runner(store)
@@ -85,11 +85,11 @@ def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
             return (await logged(store, rec.run_id), result.record.spec or {},
-                    result.record.status.value)
+                    result.record.status.value, await run_tools_token(store, rec.run_id))
         finally:
             await store.aclose()
 
-    events, spec, status = anyio.run(main)
+    events, spec, status, token = anyio.run(main)
     offered = [r.tools for r in host_env.model_requests]
     assert status == "completed", (events[-3:], offered)
     assert seen == ["answer"], offered
@@ -108,7 +108,6 @@ def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_
     # No network in the sandbox (the default): no egress forwarder was set up.
     info = spec["agent"]
     assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
-    token = run_tools_token(events[0]["runId"])
     assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
 
 
@@ -139,6 +138,8 @@ def test_prepare_agent_projects_host_tools_into_codex_config(
     from corral.agents._prepare import prepare_agent
     from corral.harness._base import AgentRequest
 
+    token = secrets.token_urlsafe(32)  # the Runner passes run_tools_token(store, run_id)
+
     async def main() -> None:
         handle = await sandbox_factory()
         harness = make_harness("codex")
@@ -147,9 +148,10 @@ def test_prepare_agent_projects_host_tools_into_codex_config(
                 "model": "gpt-fake",
                 "mcp_servers": {"other": {"url": "http://127.0.0.1:9/mcp"}}}),
             thread_id="t-1", run_id="run-codex-merge",
-            upstream=upstream_for(harness, model_server), host_tools=True)
+            upstream=upstream_for(harness, model_server), host_tools=True,
+            tools_token=token)
         proj = prepared.host_tools
-        assert proj is not None and proj.token == run_tools_token("run-codex-merge")
+        assert proj is not None and proj.token == token
         cmd = prepared.command
         assert not any(proj.token in a for a in cmd.argv)  # never in argv
         assert cmd.env[TOKEN_ENV] == proj.token  # only in the CLI's environment
@@ -204,7 +206,7 @@ def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
     async def main() -> None:
         handle = await sandbox_factory()
         harness = make_harness("codex")
-        token = run_tools_token("run-codex-token")
+        token = secrets.token_urlsafe(32)
         server = HostToolServer(Toolset([read_host_state]), token=token,
                                 run_id="run-codex-token")
         net_host = next(Path(h) for h, i in handle.state.binds if i == NET_MOUNT)
@@ -212,7 +214,8 @@ def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, socket)
             run = await run_agent(harness, handle, "Ask the host.", model_server,
-                                  run_id="run-codex-token", host_tools=True)
+                                  run_id="run-codex-token", host_tools=True,
+                                  tools_token=token)
             tg.cancel_scope.cancel()
         assert server.calls == 1 and server.refused == 0, run.stderr[-2000:]
         assert any("k=from-the-host" in r for r in run.tool_results())

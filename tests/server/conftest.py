@@ -96,6 +96,7 @@ class Home:
         self.env["CORRAL_LEASE_TTL"] = "3"
         self.env.pop("CORRAL_API_TOKEN", None)
         self.env.pop("CORRAL_STORE", None)
+        self.env.pop("CORRAL_SECRET", None)
 
     def log(self, run_id: str) -> list[dict[str, Any]]:
         """The run's stored events, checked gap-free."""

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
+from corral.stores import open_store
 from corral.tools._approvals import Approvals
 
 from tests.helpers import wait_until
@@ -17,22 +17,24 @@ from .conftest import Home, ticker
 
 
 def _ask(run_id: str, home: Path, out: dict[str, Any]) -> None:
-    """A held tool call, as the driver's MCP server holds it, in its own thread."""
+    """A held tool call, as a driver's MCP server holds it, in its own thread: on the
+    server's store (the SQLite file in its home)."""
     events: list[Any] = []
     out["events"] = events
 
     async def main() -> None:
-        gate = Approvals(run_id, emit=events.append, timeout=30, root=home / "approvals")
-        out["decision"] = await gate.request("deploy", {"env": "prod"})
+        store = await open_store(f"sqlite://{home / 'corral.db'}")
+        try:
+            gate = Approvals(store, run_id, emit=events.append, timeout=30)
+            out["decision"] = await gate.request("deploy", {"env": "prod"})
+        finally:
+            await store.aclose()
 
     anyio.run(main)
     out["done"] = True
 
 
-def test_pending_approvals_are_listed_and_answered_over_http(
-    home: Home, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CORRAL_HOME", str(home.path))  # the server's approvals secret
+def test_pending_approvals_are_listed_and_answered_over_http(home: Home) -> None:
     with home.server() as server, server.client() as c:
         run_id = server.start(ticker(400, 0.05), thread_id="ap")["run_id"]
         held: dict[str, Any] = {}
@@ -66,3 +68,28 @@ def test_pending_approvals_are_listed_and_answered_over_http(
         assert again.status_code == 409
         assert c.get(f"/v1/runs/{run_id}/approvals").json()["approvals"] == []
         c.post(f"/v1/runs/{run_id}/cancel")
+
+
+def test_another_server_sharing_the_store_answers(home: Home, tmp_path: Path) -> None:
+    """Two servers with their own ``$CORRAL_HOME`` and one store: a request of a run the
+    first one started is listed and answered through the second."""
+    other = Home(tmp_path / "other-home")
+    other.path.mkdir()
+    shared = {"CORRAL_STORE": f"sqlite://{home.db}"}
+    with home.server() as first, other.server(extra_env=shared) as second, \
+            second.client() as c:
+        run_id = first.start(ticker(400, 0.05), thread_id="ap2")["run_id"]
+        held: dict[str, Any] = {}
+        thread = threading.Thread(target=_ask, args=(run_id, home.path, held), daemon=True)
+        thread.start()
+        wait_until(lambda: bool(held.get("events")), "the approval request event", timeout=20)
+        approval_id = held["events"][0].value["approvalId"]
+        (pending,) = c.get(f"/v1/runs/{run_id}/approvals").json()["approvals"]
+        assert pending["approval_id"] == approval_id
+        denied = c.post(f"/v1/runs/{run_id}/approvals/{approval_id}",
+                        json={"decision": "deny", "reason": "not from here"})
+        assert denied.status_code == 200, denied.text
+        thread.join(20)
+        assert held.get("done") and held["decision"] == "denied by a human: not from here"
+        c.post(f"/v1/runs/{run_id}/cancel")
+    assert not (other.path / "corral.db").exists()  # the second server used the shared store

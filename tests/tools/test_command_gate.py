@@ -25,6 +25,7 @@ from corral.harness._codex import CodexHarness
 from corral._insandbox.command_gate import parse_response
 from corral.harness._cli_base import CliOptions
 from corral.sandbox._policy import Policy
+from corral.stores import MemoryStore
 from corral.testing._loopback import tcp_to_unix
 from corral.tools._approvals import Approvals, answer_approval, list_pending
 from corral.tools._core import Toolset
@@ -42,7 +43,7 @@ TOKEN = "t" * 32
 @pytest.fixture
 async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
     """The run's MCP server on a unix socket, reached over loopback TCP as in a sandbox."""
-    approvals = Approvals("run-1", timeout=30, root=tmp_path)
+    approvals = Approvals(MemoryStore(), "run-1", timeout=30)
     server = HostToolServer(Toolset([PermissionPromptTool(POLICY, approvals)]), token=TOKEN,
                             run_id="run-1", approvals=approvals)
     sock = tmp_path / "tools.sock"
@@ -123,9 +124,8 @@ async def test_denied_command_blocks_naming_the_rule(
     assert res.stdout == b""
 
 
-async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals],
-                                          tmp_path: Path) -> None:
-    url, _ = gate_url
+async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals]) -> None:
+    url, gate = gate_url
     results: list[subprocess.CompletedProcess[bytes]] = []
 
     async def hook() -> None:
@@ -133,12 +133,12 @@ async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals],
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hook)
-        await wait_until_async(lambda: list_pending("run-1", root=tmp_path),
+        await wait_until_async(lambda: list_pending(gate.store, "run-1"),
                                "the approval request", timeout=30, interval=0.02)
-        pending = list_pending("run-1", root=tmp_path)
+        pending = await list_pending(gate.store, "run-1")
         assert not results  # held while nobody answered
-        answer_approval("run-1", pending[0].approval_id, False, reason="not now",
-                        root=tmp_path)
+        await answer_approval(gate.store, "run-1", pending[0].approval_id, False,
+                              reason="not now")
     assert results[0].returncode == 2
     assert "not now" in results[0].stderr.decode()
 

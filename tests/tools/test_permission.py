@@ -4,7 +4,6 @@ and how an ``ask`` verdict goes through a real :class:`Approvals` gate."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,6 +13,7 @@ from corral._errors import ConfigError
 from corral.harness._base import AgentRequest
 from corral.harness._claude_code import PROMPT_TOOL, ClaudeCodeHarness
 from corral.sandbox._policy import Policy
+from corral.stores import MemoryStore
 from corral.tools._approvals import Approvals, answer_approval, list_pending
 from corral.tools._core import Toolset, result_text
 from corral.tools._permission import PERMISSION_TOOL, PermissionPromptTool
@@ -55,9 +55,10 @@ def test_decisions_without_approvals(name: str, args: dict[str, Any], behavior: 
 
 
 @pytest.mark.parametrize("allow", [True, False])
-def test_ask_waits_for_the_approval_gate(allow: bool, tmp_path: Path) -> None:
+def test_ask_waits_for_the_approval_gate(allow: bool) -> None:
     events: list[Any] = []
-    gate = Approvals("run-p", emit=events.append, timeout=30, root=tmp_path)
+    store = MemoryStore()
+    gate = Approvals(store, "run-p", emit=events.append, timeout=30)
     tool = PermissionPromptTool(POLICY, gate)
 
     async def main() -> dict[str, Any]:
@@ -69,12 +70,12 @@ def test_ask_waits_for_the_approval_gate(allow: bool, tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask)
-            await wait_until_async(lambda: list_pending("run-p", root=tmp_path),
+            await wait_until_async(lambda: list_pending(store, "run-p"),
                                    "the approval request", interval=0.02)
-            pending = list_pending("run-p", root=tmp_path)
+            pending = await list_pending(store, "run-p")
             assert out == []  # held until answered
             assert pending[0].tool == "Bash" and pending[0].args == {"command": "touch y"}
-            answer_approval("run-p", pending[0].approval_id, allow, reason="no", root=tmp_path)
+            await answer_approval(store, "run-p", pending[0].approval_id, allow, reason="no")
         return out[0]
 
     answer = anyio.run(main)
@@ -85,10 +86,11 @@ def test_ask_waits_for_the_approval_gate(allow: bool, tmp_path: Path) -> None:
     assert [e.name for e in events] == ["corral.approval_request", "corral.approval_resolved"]
 
 
-def test_an_approval_outlasts_the_servers_call_timeout(tmp_path: Path) -> None:
+def test_an_approval_outlasts_the_servers_call_timeout() -> None:
     """The run's MCP server cuts tool calls at its call timeout; the permission prompt's
     wait for a human is bounded by the approval timeout instead."""
-    gate = Approvals("run-c", timeout=30, root=tmp_path)
+    store = MemoryStore()
+    gate = Approvals(store, "run-c", timeout=30)
     tools = Toolset([PermissionPromptTool(POLICY, gate)])
 
     async def main() -> Any:
@@ -100,18 +102,18 @@ def test_an_approval_outlasts_the_servers_call_timeout(tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
-            await wait_until_async(lambda: list_pending("run-c", root=tmp_path),
+            await wait_until_async(lambda: list_pending(store, "run-c"),
                                    "the approval request", interval=0.02)
-            pending = list_pending("run-c", root=tmp_path)
+            pending = await list_pending(store, "run-c")
             await anyio.sleep(0.5)  # the scenario: the human answers after the call timeout
-            answer_approval("run-c", pending[0].approval_id, True, root=tmp_path)
+            await answer_approval(store, "run-c", pending[0].approval_id, True)
         return out[0]
 
     assert anyio.run(main)["behavior"] == "allow"
 
 
-def test_ask_times_out_to_deny(tmp_path: Path) -> None:
-    gate = Approvals("run-t", timeout=0.2, root=tmp_path)
+def test_ask_times_out_to_deny() -> None:
+    gate = Approvals(MemoryStore(), "run-t", timeout=0.2)
     answer = anyio.run(PermissionPromptTool(POLICY, gate).run,
                        {"tool_name": "Write", "input": {"file_path": "a"}})
     assert answer["behavior"] == "deny" and "no answer within" in answer["message"]

@@ -64,7 +64,7 @@ from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
 from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxSpec
 from corral.sandbox._redact import Redactor
-from corral.tools._projection import host_tools_projection, run_tools_token
+from corral.tools._projection import host_tools_projection
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
     from corral.tools._projection import HostToolsProjection
@@ -349,6 +349,7 @@ async def prepare_agent(
     resume: bool = True,
     agents: Path | None = None,
     host_tools: bool = False,
+    tools_token: str | None = None,
     redactor: Redactor | None = None,
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
@@ -362,7 +363,9 @@ async def prepare_agent(
     give the CLI the MCP server ``corral`` (the run's host tools): a forwarder to the
     socket in :attr:`PreparedAgent.host_tools`, the server in the CLI's MCP config, and its
     bearer token in the CLI's environment only (see :mod:`corral.tools._projection`); the
-    caller serves the tools there. ``redactor``: the run's secrets, redacted from the CLI
+    caller serves the tools there. ``tools_token``: that bearer token (default: a fresh
+    random one; the Runner passes :func:`corral.tools.run_tools_token`, which any host
+    sharing its store derives again). ``redactor``: the run's secrets, redacted from the CLI
     session saved by :meth:`PreparedAgent.finish`.
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
@@ -408,7 +411,7 @@ async def prepare_agent(
     if host_tools:
 
         projection = host_tools_projection(net_host, sock_dir_inside, run_id,
-                                           token=run_tools_token(run_id))
+                                           token=tools_token)
         if len(str(projection.socket)) > MAX_SOCKET_PATH:
             raise ConfigError(f"socket path {projection.socket} is too long for a unix "
                               "socket; set CORRAL_SHARED_DIR or CORRAL_HOME to a shorter "

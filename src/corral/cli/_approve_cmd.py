@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from corral.server._cmdline import add_store_option
+
 
 def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "approve", help="answer a pending host-tool approval of a run",
-        description="Allow or deny a host tool call waiting for approval, or list them.")
+        description="Allow or deny a host tool call waiting for approval, or list them. "
+                    "Approvals live in the store (--store, CORRAL_STORE): any host sharing "
+                    "it can answer, wherever the run is driven.")
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("approval_id", metavar="APPROVAL_ID", nargs="?")
     g = p.add_mutually_exclusive_group()
@@ -18,6 +22,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--list", action="store_true", help="list pending approvals of the run")
     p.add_argument("--reason", help="a note passed to the agent with a denial")
     p.add_argument("--json", action="store_true", help="with --list: one JSON object a line")
+    add_store_option(p)
     p.set_defaults(func=_handler)
 
 

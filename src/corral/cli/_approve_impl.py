@@ -2,8 +2,9 @@
 
 ``corral approve RUN_ID APPROVAL_ID --allow|--deny [--reason TEXT]`` answers one request
 (the id comes from the run's ``corral.approval_request`` event); ``corral approve RUN_ID
---list [--json]`` shows what is waiting. Works from any process of the host user. The
-parser is in :mod:`corral.cli._approve_cmd`.
+--list [--json]`` shows what is waiting. The approvals live in the store (``--store``,
+``CORRAL_STORE``): any process on any host sharing it can answer, wherever the run is
+driven. The parser is in :mod:`corral.cli._approve_cmd`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import time
 
 from corral._errors import ConfigError
+from corral.cli._store import with_store
+from corral.stores._protocols import Store
 from corral.tools._approvals import answer_approval, list_pending
 
 __all__ = ["handler"]
@@ -20,20 +23,25 @@ __all__ = ["handler"]
 
 def handler(args: argparse.Namespace) -> int:
     if args.list:
-        now = time.time()
-        for a in list_pending(args.run_id):
-            if args.json:
-                print(json.dumps({"approvalId": a.approval_id, "tool": a.tool,
-                                  "args": a.args, "expiresAt": a.expires_at}))
-            else:
-                print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
-                      f"(expires in {max(0, a.expires_at - now):.0f}s)")
-        return 0
+        return with_store(args, lambda store: _list(store, args))
     if not args.approval_id:
         raise ConfigError("corral approve: give the APPROVAL_ID (see `corral approve "
                           f"{args.run_id} --list`), or use --list")
     if not (args.allow or args.deny):
         raise ConfigError("corral approve: say --allow or --deny")
-    answer_approval(args.run_id, args.approval_id, bool(args.allow), reason=args.reason)
+    with_store(args, lambda store: answer_approval(store, args.run_id, args.approval_id,
+                                                   bool(args.allow), reason=args.reason))
     print(f"{'allowed' if args.allow else 'denied'} {args.approval_id}")
+    return 0
+
+
+async def _list(store: Store, args: argparse.Namespace) -> int:
+    now = time.time()
+    for a in await list_pending(store, args.run_id):
+        if args.json:
+            print(json.dumps({"approvalId": a.approval_id, "tool": a.tool,
+                              "args": a.args, "expiresAt": a.expires_at}))
+        else:
+            print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
+                  f"(expires in {max(0, a.expires_at - now):.0f}s)")
     return 0

@@ -12,7 +12,7 @@ import anyio.abc
 
 from corral._errors import CorralError
 from corral.runs._spec import run_spec_of
-from corral.stores._protocols import EventLog
+from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
 from corral.tools._core import Toolset
 
@@ -34,10 +34,11 @@ async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[st
         run_id, [(e, tail.last_journal_offset or 0) for e in events], epoch=epoch)
 
 
-async def serve_tools(tg: anyio.abc.TaskGroup, store: EventLog, record: RunRecord,
+async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
                       tools: Toolset | None, epoch: int, *, approval_timeout: float) -> None:
     """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
-    tool socket. Approval events go into the run's log under ``epoch``."""
+    tool socket. Approval requests and answers live in ``store`` (any host sharing it can
+    answer); their events go into the run's log under ``epoch``."""
     spec = run_spec_of(record)
     socket_path = (spec.agent or {}).get("tools_socket")
     if not isinstance(socket_path, str):
@@ -69,9 +70,9 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: EventLog, record: RunRecor
             log.warning("run %s: cannot log %s: %s", run_id,
                         getattr(event, "name", event.type), exc)
 
-    gate = Approvals(run_id, emit=emit, timeout=approval_timeout)
+    gate = Approvals(store, run_id, emit=emit, timeout=approval_timeout)
     if prompt and spec.policy is not None:
         tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate)])
-    server = HostToolServer(tools, token=run_tools_token(run_id), run_id=run_id,
+    server = HostToolServer(tools, token=await run_tools_token(store, run_id), run_id=run_id,
                             approvals=gate)
     await tg.start(server.serve, socket_path)

@@ -33,9 +33,10 @@ from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._watch import GitBaseline
-from corral.stores._protocols import RunStore, Store
+from corral.stores._protocols import Store
 from corral.stores._records import RunPatch
 from corral.tools._core import Toolset
+from corral.tools._projection import run_tools_token
 
 __all__ = ["StartPlan", "fail_start", "file_baseline", "launch_run", "plan_start"]
 
@@ -156,7 +157,7 @@ async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
     await pipe_to_run_log(store, run_id, failing(), epoch=epoch)
 
 
-async def _launch_agent(plan: StartPlan, ensured: Ensured, store: RunStore, run_id: str,
+async def _launch_agent(plan: StartPlan, ensured: Ensured, store: Store, run_id: str,
                         thread_id: str, paths: JournalPaths, nonce: str) -> SupervisedRun:
     """Launch the run's agent supervised in its sandbox (``plan.spec`` as recorded so
     far); an agent CLI's runtime is recorded in the spec for its successors."""
@@ -179,13 +180,15 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, store: RunStore, run_
 
 
 async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
-                            store: RunStore, run_id: str, thread_id: str,
+                            store: Store, run_id: str, thread_id: str,
                             paths: JournalPaths, nonce: str) -> SupervisedRun:
     """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
     (so the run keeps its model when no process drives it), launch it supervised, and
     record what a successor needs to finish the run."""
     sandbox, request = plan.sandbox, plan.request
     instructions = sandbox.workspace.instructions
+    # derived from corral's key, so any driver of the run (any host) serves with this token
+    tools_token = await run_tools_token(store, run_id) if plan.tools is not None else None
     prepared = await prepare_agent(
         harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
         instructions=instructions if isinstance(instructions, str) else None,
@@ -193,6 +196,7 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         # network of its own); the services daemon serves it next to the model proxy
         egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
         host_tools=plan.tools is not None,
+        tools_token=tools_token,
         budget=request.token_budget,
         timeout=request.timeout,
     )

@@ -11,8 +11,6 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
-import anyio
-import anyio.to_thread
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -276,7 +274,7 @@ def create_app(service: RunService) -> Any:
 
         if await service.store.get(run_id) is None:
             raise UnknownRun(run_id)
-        pending = await anyio.to_thread.run_sync(lambda: list_pending(run_id))
+        pending = await list_pending(service.store, run_id)
         return ApprovalList(approvals=[
             ApprovalOut(approval_id=a.approval_id, run_id=a.run_id, tool=a.tool, args=a.args,
                         created_at=a.created_at, expires_at=a.expires_at)
@@ -292,9 +290,8 @@ def create_app(service: RunService) -> Any:
             raise UnknownRun(run_id)
         allow = body.decision == "allow"
         try:
-            await anyio.to_thread.run_sync(
-                lambda: answer_approval(run_id, approval_id, allow, reason=body.reason)
-            )
+            await answer_approval(service.store, run_id, approval_id, allow,
+                                  reason=body.reason)
         except ApprovalError as exc:
             # a forged or foreign id, an unknown, expired or already answered request
             raise ApiError(409, "approval_refused", str(exc)) from None

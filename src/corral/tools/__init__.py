@@ -2,7 +2,8 @@
 
 :func:`tool` and :class:`Toolset` define them (the schema comes from type hints or a pydantic
 model); :class:`HostToolServer` serves a toolset to one run as the MCP server ``corral``;
-:class:`Approvals` gates "ask" tools until ``corral approve`` answers.
+:class:`Approvals` gates "ask" tools until ``corral approve`` answers (the requests and
+answers live in the run's store, so any host sharing it can answer).
 """
 
 from __future__ import annotations

@@ -1,61 +1,63 @@
-"""Live approvals for "ask" host tools.
+"""Live approvals for "ask" host tools, kept in the run's store.
 
 When a tool marked ``approval=True`` is called, :class:`Approvals` (the run's
 :class:`corral.tools._remote.ApprovalGate`) at once
 
-1. mints an approval id signed by the host: ``<nonce>.<mac>`` with
-   ``mac = HMAC-SHA256(server secret, run_id NUL nonce)``, so a client cannot forge an id
-   nor replay one against another run;
-2. writes the request to ``$CORRAL_HOME/approvals/<run digest>/<id>.request.json``
-   (atomically: temporary file + rename);
+1. mints an approval id signed with corral's key (:mod:`corral.tools._keys`):
+   ``<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "corral-approval-id" NUL run_id NUL
+   nonce)``, so a client cannot forge an id nor replay one against another run;
+2. stores the request (:meth:`corral.stores.ApprovalStore.add_approval`);
 3. emits ``CUSTOM corral.approval_request`` ``{approvalId, runId, tool, args,
    expiresAt}`` through the run's ``emit`` hook;
 
-and holds the call until an answer file ``<id>.answer.json`` appears or the timeout
-passes (then the call is denied and a ``timeout`` answer is recorded). It finally emits
-``CUSTOM corral.approval_resolved`` ``{approvalId, decision, reason}``.
+and holds the call until an answer is stored (it looks every :data:`POLL` seconds) or the
+timeout passes (then it stores a ``timeout`` answer; the store keeps the first answer, so
+a human's that landed just before stands). It finally emits ``CUSTOM
+corral.approval_resolved`` ``{approvalId, decision, reason}``.
 
-:func:`answer_approval` (used by ``corral approve RUN_ID APPROVAL_ID --allow|--deny`` from
-any process on the host) verifies the signature and run binding, requires a pending
-request, and creates the answer file exclusively: the first answer wins, a second one is
-an error naming the first.
+:func:`answer_approval` (``corral approve RUN_ID APPROVAL_ID --allow|--deny``, ``POST
+/v1/runs/{id}/approvals/{approval_id}``) verifies the signature and run binding, requires a
+pending request, and stores the answer: the first answer wins, a later one is an error
+naming the first.
 
-Files are the channel because they need no server: any process of the same host user can
-answer, and a run taken over by another process keeps its pending ids readable. (A run
-driven from several hosts needs a shared ``$CORRAL_HOME`` for this channel.)
+The store is the channel: any process on any host that opens the same store (``--store``,
+``CORRAL_STORE``) and holds the same key lists and answers a run's approvals, wherever the
+run is driven.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import hmac
 import inspect
-import json
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeAlias
 
 import anyio
 from ag_ui.core import BaseEvent, CustomEvent
 
 from corral._errors import CorralError
-from corral._paths import corral_home
+from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalRequest,
+    ApprovalStore,
+    SecretStore,
+    UnknownApproval,
+)
+from corral.tools._keys import b64, corral_key
 
 __all__ = [
     "APPROVAL_REQUEST_EVENT",
     "APPROVAL_RESOLVED_EVENT",
+    "ApprovalChannel",
     "ApprovalError",
     "ApprovalSigner",
     "Approvals",
     "PendingApproval",
     "answer_approval",
-    "approvals_root",
     "list_pending",
 ]
 
@@ -63,27 +65,26 @@ APPROVAL_REQUEST_EVENT = "corral.approval_request"
 APPROVAL_RESOLVED_EVENT = "corral.approval_resolved"
 Decision = Literal["allow", "deny", "timeout"]
 Emit = Callable[[BaseEvent], Awaitable[None] | None]
-POLL = 0.05
-"""Seconds between looks for an answer (a file another process writes)."""
+POLL = 0.1
+"""Seconds between looks for an answer (another process, maybe on another host, stores
+it)."""
+CANCEL_WRITE_TIMEOUT = 5.0
+"""Seconds a cancelled call spends recording that nobody waits any more."""
+
+PendingApproval: TypeAlias = ApprovalRequest
+"""A stored approval request waiting for an answer."""
+
+
+class ApprovalChannel(ApprovalStore, SecretStore, Protocol):
+    """What approvals need of a store: the requests and answers, and corral's key."""
 
 
 class ApprovalError(CorralError):
     """An approval answer was refused (forged id, other run, unknown, already answered)."""
 
 
-def approvals_root(root: Path | None = None) -> Path:
-    """``$CORRAL_HOME/approvals`` (created 0700)."""
-    d = root if root is not None else corral_home() / "approvals"
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return d
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
 class ApprovalSigner:
-    """Mints and verifies approval ids bound to a run with a host secret."""
+    """Mints and verifies approval ids bound to a run with corral's key."""
 
     def __init__(self, secret: bytes) -> None:
         if len(secret) < 16:
@@ -91,107 +92,45 @@ class ApprovalSigner:
         self._secret = secret
 
     @classmethod
-    def from_home(cls, root: Path | None = None) -> ApprovalSigner:
-        """The host's signer; its secret is ``<approvals root>/secret`` (0600, made once,
-        never inside a sandbox)."""
-        path = approvals_root(root) / "secret"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:  # first use: write a fresh secret (racers read it after the rename below)
-            tmp = path.with_name(f"secret.{secrets.token_hex(4)}.tmp")
-            os.close(fd)
-            tmp.write_bytes(secrets.token_bytes(32))
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        for _ in range(100):  # a concurrent creator may not have renamed yet
-            data = path.read_bytes()
-            if data:
-                return cls(data)
-            time.sleep(0.01)
-        raise ApprovalError(f"the approval secret {path} is empty; delete it and retry")
-
-    def derive(self, label: str, run_id: str) -> str:
-        """A secret bound to this host's secret, ``label`` and ``run_id`` (the same on every
-        call: a process taking a run over on this host derives the same value)."""
-        return _b64(hmac.new(self._secret, f"{label}\0{run_id}".encode(),
-                             hashlib.sha256).digest())
+    async def for_store(cls, store: SecretStore) -> ApprovalSigner:
+        """The signer every host of ``store`` shares (``CORRAL_SECRET`` or the store's
+        key: :func:`corral.tools._keys.corral_key`)."""
+        return cls(await corral_key(store))
 
     def _mac(self, run_id: str, nonce: str) -> str:
-        return _b64(hmac.new(self._secret, f"{run_id}\0{nonce}".encode(),
-                             hashlib.sha256).digest()[:18])
+        message = f"corral-approval-id\0{run_id}\0{nonce}".encode("utf-8", "surrogatepass")
+        return b64(hmac.new(self._secret, message, hashlib.sha256).digest()[:18])
 
     def new_id(self, run_id: str) -> str:
         """A fresh approval id for ``run_id``."""
-        nonce = _b64(secrets.token_bytes(12))
+        nonce = b64(secrets.token_bytes(12))
         while nonce.startswith("-"):  # an id is a CLI argument: never like an option
-            nonce = _b64(secrets.token_bytes(12))
+            nonce = b64(secrets.token_bytes(12))
         return f"{nonce}.{self._mac(run_id, nonce)}"
 
     def verify(self, run_id: str, approval_id: str) -> bool:
-        """Whether ``approval_id`` was minted by this host for ``run_id``."""
+        """Whether ``approval_id`` was minted with this key for ``run_id``."""
         nonce, sep, mac = approval_id.partition(".")
         if not sep or not nonce or not mac or len(approval_id) > 100:
             return False
         return hmac.compare_digest(mac.encode(), self._mac(run_id, nonce).encode())
 
 
-def _run_dir(root: Path, run_id: str) -> Path:
-    return root / hashlib.sha256(run_id.encode()).hexdigest()[:32]
-
-
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
-
-
-def _create_exclusive(path: Path, data: dict[str, Any]) -> bool:
-    """Write ``path`` complete and only if absent (link of a finished temp file)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink()
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-@dataclass(frozen=True, slots=True)
-class PendingApproval:
-    """An approval request waiting for an answer."""
-
-    approval_id: str
-    run_id: str
-    tool: str
-    args: Any
-    created_at: float
-    expires_at: float
-
-
 class Approvals:
-    """The approval gate of one run (see the module docstring). ``emit`` receives the
-    CUSTOM events (sync or async callable); ``timeout`` is how long a call waits."""
+    """The approval gate of one run (see the module docstring): requests and answers live
+    in ``store``. ``emit`` receives the CUSTOM events (sync or async callable);
+    ``timeout`` is how long a call waits; ``signer`` defaults to the store's
+    (:meth:`ApprovalSigner.for_store`)."""
 
-    def __init__(self, run_id: str, *, emit: Emit | None = None, timeout: float = 300.0,
-                 root: Path | None = None, signer: ApprovalSigner | None = None) -> None:
+    def __init__(self, store: ApprovalChannel, run_id: str, *, emit: Emit | None = None,
+                 timeout: float = 300.0, signer: ApprovalSigner | None = None,
+                 poll: float = POLL) -> None:
+        self.store = store
         self.run_id = run_id
         self.emit = emit
         self.timeout = timeout
-        self.root = approvals_root(root)
-        self.signer = signer or ApprovalSigner.from_home(self.root)
-        self.dir = _run_dir(self.root, run_id)
+        self.signer = signer
+        self.poll = poll
 
     async def _emit(self, name: str, value: dict[str, Any]) -> None:
         if self.emit is None:
@@ -200,81 +139,86 @@ class Approvals:
         if inspect.isawaitable(out):
             await out
 
+    async def _answer(self, approval_id: str) -> ApprovalAnswer:
+        """Wait until the request is answered."""
+        while True:
+            got = await self.store.get_approval(self.run_id, approval_id)
+            if got is None:  # the store lost it (replaced, wiped): nobody can answer now
+                return ApprovalAnswer("deny", "the approval request is gone from the store",
+                                      time.time())
+            if got[1] is not None:
+                return got[1]
+            await anyio.sleep(self.poll)
+
     async def request(self, tool: str, args: Any, *, call_id: str | None = None
                       ) -> str | None:
         """Ask, wait, and return ``None`` when allowed or the denial reason."""
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        if self.signer is None:
+            self.signer = await ApprovalSigner.for_store(self.store)
         approval_id = self.signer.new_id(self.run_id)
         now = time.time()
-        req = {"approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
-               "callId": call_id, "createdAt": now, "expiresAt": now + self.timeout}
-        _write_atomic(self.dir / f"{approval_id}.request.json", req)
-        await self._emit(APPROVAL_REQUEST_EVENT, {k: req[k] for k in (
-            "approvalId", "runId", "tool", "args", "expiresAt")})
-        answer_path = self.dir / f"{approval_id}.answer.json"
-        answer: dict[str, Any] | None = None
+        await self.store.add_approval(ApprovalRequest(
+            approval_id, self.run_id, tool, args, now, now + self.timeout, call_id=call_id))
+        await self._emit(APPROVAL_REQUEST_EVENT, {
+            "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
+            "expiresAt": now + self.timeout})
+        answer: ApprovalAnswer | None = None
         try:
             with anyio.move_on_after(self.timeout):
-                while (answer := _read(answer_path)) is None:
-                    await anyio.sleep(POLL)
+                answer = await self._answer(approval_id)
             if answer is None:  # timed out: record it, unless an answer won the race
-                timeout_answer = {"decision": "timeout", "reason": f"no answer within "
-                                  f"{self.timeout:g}s", "answeredAt": time.time()}
-                if _create_exclusive(answer_path, timeout_answer):
-                    answer = timeout_answer
-                else:
-                    answer = _read(answer_path) or timeout_answer
+                answer = await self.store.answer_approval(self.run_id, approval_id,
+                    ApprovalAnswer("timeout", f"no answer within {self.timeout:g}s",
+                                   time.time()))
         finally:
-            with contextlib.suppress(OSError):
-                (self.dir / f"{approval_id}.request.json").unlink()
-        decision = answer.get("decision")
-        reason = answer.get("reason")
+            if answer is None:
+                # The call ended without an answer (cancelled: the agent hung up, the
+                # driver stopped): record that nobody waits, so the request leaves the
+                # pending list and a late answer is refused instead of going nowhere.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(
+                        CANCEL_WRITE_TIMEOUT), contextlib.suppress(CorralError):
+                    await self.store.answer_approval(self.run_id, approval_id,
+                        ApprovalAnswer("timeout", "the tool call ended before an answer",
+                                       time.time()))
+        assert answer is not None  # set unless the block above raised
         await self._emit(APPROVAL_RESOLVED_EVENT, {"approvalId": approval_id,
-                                                   "decision": decision, "reason": reason})
-        if decision == "allow":
+                                                   "decision": answer.decision,
+                                                   "reason": answer.reason})
+        if answer.decision == "allow":
             return None
-        if decision == "timeout":
-            return str(reason)
-        return f"denied by a human{': ' + str(reason) if reason else ''}"
+        if answer.decision == "timeout":
+            return str(answer.reason)
+        reason = answer.reason
+        return f"denied by a human{': ' + reason if reason else ''}"
 
 
-def list_pending(run_id: str, *, root: Path | None = None) -> list[PendingApproval]:
+async def list_pending(store: ApprovalStore, run_id: str) -> list[PendingApproval]:
     """Pending approval requests of a run, oldest first."""
-    d = _run_dir(approvals_root(root), run_id)
-    out: list[PendingApproval] = []
-    for p in sorted(d.glob("*.request.json")) if d.is_dir() else []:
-        r = _read(p)
-        if r is None or (p.parent / p.name.replace(".request.", ".answer.")).exists():
-            continue
-        out.append(PendingApproval(str(r.get("approvalId")), run_id, str(r.get("tool")),
-                                   r.get("args"), float(r.get("createdAt", 0)),
-                                   float(r.get("expiresAt", 0))))
-    return sorted(out, key=lambda a: a.created_at)
+    return await store.list_pending_approvals(run_id)
 
 
-def answer_approval(run_id: str, approval_id: str, allow: bool, *, reason: str | None = None,
-                    root: Path | None = None, signer: ApprovalSigner | None = None) -> None:
-    """Answer a pending approval of ``run_id``. Raises :class:`ApprovalError` for an id this
-    host did not mint for this run, an unknown or expired request, or one already
-    answered."""
-    base = approvals_root(root)
-    signer = signer or ApprovalSigner.from_home(base)
+async def answer_approval(store: ApprovalChannel, run_id: str, approval_id: str, allow: bool,
+                          *, reason: str | None = None,
+                          signer: ApprovalSigner | None = None) -> None:
+    """Answer a pending approval of ``run_id``. Raises :class:`ApprovalError` for an id not
+    minted with corral's key for this run, an unknown request, or one already answered."""
+    signer = signer or await ApprovalSigner.for_store(store)
     if not signer.verify(run_id, approval_id):
         raise ApprovalError(f"approval id {approval_id!r} is not valid for run {run_id!r} "
                             "(forged, mistyped, or from another run); copy it from the "
                             "corral.approval_request event")
-    d = _run_dir(base, run_id)
-    answer_path = d / f"{approval_id}.answer.json"
-    if not (d / f"{approval_id}.request.json").exists():
-        prior = _read(answer_path)
-        if prior is not None:
-            raise ApprovalError(f"approval {approval_id} was already answered: "
-                                f"{prior.get('decision')}")
-        raise ApprovalError(f"no pending approval {approval_id} in run {run_id!r} (the call "
+    missing = ApprovalError(f"no pending approval {approval_id} in run {run_id!r} (the call "
                             "ended, or the run is gone)")
-    answer = {"decision": "allow" if allow else "deny", "reason": reason,
-              "answeredAt": time.time()}
-    if not _create_exclusive(answer_path, answer):
-        prior = _read(answer_path) or {}
+    got = await store.get_approval(run_id, approval_id)
+    if got is None:
+        raise missing
+    if got[1] is not None:
+        raise ApprovalError(f"approval {approval_id} was already answered: {got[1].decision}")
+    ours = ApprovalAnswer("allow" if allow else "deny", reason, time.time())
+    try:
+        standing = await store.answer_approval(run_id, approval_id, ours)
+    except UnknownApproval:
+        raise missing from None
+    if standing != ours:  # another answer landed between the look and ours
         raise ApprovalError(f"approval {approval_id} was already answered: "
-                            f"{prior.get('decision')}")
+                            f"{standing.decision}")

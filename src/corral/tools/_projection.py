@@ -11,8 +11,9 @@ environment only, never in argv and never in a workspace file.
 
 Wiring (for :func:`corral.agents._prepare.prepare_agent` / the Runner)::
 
-    proj = host_tools_projection(net_host_dir, sock_dir_inside, run_id)
-    server = HostToolServer(toolset, token=proj.token, run_id=run_id, approvals=gate)
+    token = await run_tools_token(store, run_id)
+    proj = host_tools_projection(net_host_dir, sock_dir_inside, run_id, token=token)
+    server = HostToolServer(toolset, token=token, run_id=run_id, approvals=gate)
     options["forward"] = [*forward, proj.forward]          # next to "model"/"egress"
     options["mcp_servers"] = {**options.get("mcp_servers", {}), **proj.mcp_servers}
     request = dataclasses.replace(request, env={**request.env, **proj.env})
@@ -27,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.stores._protocols import SecretStore
+from corral.tools._keys import corral_key, derive_token
 from corral.tools._names import MCP_PATH, SERVER_NAME
-from corral.tools._approvals import ApprovalSigner
 
 __all__ = ["TOKEN_ENV", "HostToolsProjection", "host_tools_projection", "run_tools_token"]
 
@@ -51,13 +53,12 @@ class HostToolsProjection:
     token: str = field(repr=False)
 
 
-def run_tools_token(run_id: str, *, root: Path | None = None) -> str:
-    """The bearer token of run ``run_id``'s host-tool server, derived from the host's
-    approvals secret (``$CORRAL_HOME/approvals/secret``): a driver that takes the run over
-    on this host serves with the token the agent already has, and the token is stored
-    nowhere (not in the run's record, argv or workspace)."""
-
-    return ApprovalSigner.from_home(root).derive("corral-tools-token", run_id)
+async def run_tools_token(store: SecretStore, run_id: str) -> str:
+    """The bearer token of run ``run_id``'s host-tool server, derived from corral's key
+    (``CORRAL_SECRET`` or the store's: :mod:`corral.tools._keys`): a driver that takes the
+    run over, on any host sharing the store, serves with the token the agent already has,
+    and the token is stored nowhere (not in the run's record, argv or workspace)."""
+    return derive_token(await corral_key(store), "corral-tools-token", run_id)
 
 
 def host_tools_projection(net_host_dir: Path, sock_dir_inside: str, run_id: str, *,
