@@ -246,7 +246,8 @@ def install_agent(
     tmp = real.parent / f".tmp-{version}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir(mode=0o755)
     try:
-        env = dict(os.environ)
+        # corral's own key is no business of a package's install scripts
+        env = {k: v for k, v in os.environ.items() if k != "CORRAL_SECRET"}
         env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false",
                     "npm_config_audit": "false"})
         proc = subprocess.run(

@@ -1,7 +1,7 @@
 """Test helper: prove that no secret value reached anything corral wrote.
 
 :func:`written_roots` lists every directory corral writes to for an environment
-(``$CORRAL_HOME``: store, journals, sessions, sandbox state, approvals; the shared
+(``$CORRAL_HOME``: store, journals, sessions, sandbox state; the shared
 directory, default ``/var/lib/corral``: socket directories and, as root, bubblewrap
 sandboxes; ``$CORRAL_BWRAP_FILES``), and :func:`assert_nothing_written_holds` scans every
 file under them (agent installs and loop-device images excepted, see below).
