@@ -506,7 +506,8 @@ class ApprovalStore(Protocol):
 
     async def add_approval(self, request: ApprovalRequest) -> None:
         """Store a new, unanswered request; :class:`ApprovalExists` (nothing changes) when
-        the run already has one with this id."""
+        the run already has one with this id, :class:`StoreError` when ``args`` is not
+        JSON. The stored request shares no state with ``request``."""
         ...
 
     async def answer_approval(
@@ -536,7 +537,8 @@ class SecretStore(Protocol):
 
     async def shared_secret(self, name: str) -> bytes:
         """The 32 random bytes named ``name``: made on first use (insert-if-absent, so
-        concurrent first callers on different hosts agree) and the same ever after."""
+        concurrent first callers on different hosts agree) and the same ever after.
+        :class:`StoreError` for an empty name."""
         ...
 
 
