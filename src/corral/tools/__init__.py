@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from corral.tools._approvals import (
         ApprovalError,
         Approvals,
-        PendingApproval,
         answer_approval,
         list_pending,
     )
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "ApprovalError": "corral.tools._approvals",
     "Approvals": "corral.tools._approvals",
-    "PendingApproval": "corral.tools._approvals",
     "answer_approval": "corral.tools._approvals",
     "list_pending": "corral.tools._approvals",
     "HostTool": "corral.tools._core",
@@ -73,7 +71,6 @@ __all__ = [
     "Approvals",
     "HostTool",
     "HostToolServer",
-    "PendingApproval",
     "PermissionPromptTool",
     "RemoteToolError",
     "ToolArgumentsError",

@@ -34,7 +34,7 @@ import inspect
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol
 
 import anyio
 from ag_ui.core import BaseEvent, CustomEvent
@@ -56,7 +56,6 @@ __all__ = [
     "ApprovalError",
     "ApprovalSigner",
     "Approvals",
-    "PendingApproval",
     "answer_approval",
     "list_pending",
 ]
@@ -70,9 +69,6 @@ POLL = 0.1
 it)."""
 CANCEL_WRITE_TIMEOUT = 5.0
 """Seconds a cancelled call spends recording that nobody waits any more."""
-
-PendingApproval: TypeAlias = ApprovalRequest
-"""A stored approval request waiting for an answer."""
 
 
 class ApprovalChannel(ApprovalStore, SecretStore, Protocol):
@@ -192,8 +188,9 @@ class Approvals:
         return f"denied by a human{': ' + reason if reason else ''}"
 
 
-async def list_pending(store: ApprovalStore, run_id: str) -> list[PendingApproval]:
-    """Pending approval requests of a run, oldest first."""
+async def list_pending(store: ApprovalStore, run_id: str) -> list[ApprovalRequest]:
+    """Pending approval requests of a run, oldest first (:class:`corral.stores.ApprovalRequest`:
+    id, run, tool, args, created and expiry times, the tool call's id)."""
     return await store.list_pending_approvals(run_id)
 
 
