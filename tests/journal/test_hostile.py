@@ -114,6 +114,9 @@ def run_hunter(launch, argv_prefix: list[str], mode: str) -> tuple[Launched, dic
     run = launch([*argv_prefix, SYSTEM_PY, "-c", HUNTER, mode], env)
     wait_until(lambda: run.paths.journal.read_bytes().endswith(b"ready\n"),
                "hunter ready", timeout=30)
+    # Its report goes to stderr after "ready": another pipe, copied by another pump.
+    wait_until(lambda: b'"candidates"' in run.paths.stderr.read_bytes(),
+               "the hunter's report", timeout=30)
     report: dict[str, object] = {}
     for line in run.paths.stderr.read_bytes().splitlines():
         report.update(json.loads(line))
