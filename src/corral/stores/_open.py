@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl
 from corral._errors import ConfigError
 from corral._paths import corral_home
 from corral.stores._memory import MemoryStore
+from corral.stores._pg_url import mask_url
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
 
@@ -32,13 +33,16 @@ async def open_store(url: str | None = None) -> Store:
     url = url or default_store_url()
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigError(f"store URL {url!r} has no scheme; use sqlite:///path/to.db or memory://")
+        raise ConfigError(
+            f"store URL {mask_url(url)!r} has no scheme; use sqlite:///path/to.db, "
+            "postgresql://user@host/dbname or memory://"
+        )
     rest, _, query = rest.partition("?")
     options = dict(parse_qsl(query, keep_blank_values=True))
     if scheme == "memory":
         if rest or options:
             raise ConfigError(f"store URL {url!r}: memory:// takes no path or options")
-        return MemoryStore()
+        return MemoryStore()  # type: ignore[return-value]  # until approvals land
     if scheme == "sqlite":
         if not rest:
             raise ConfigError(f"store URL {url!r} names no file; use sqlite:///path/to.db")
@@ -62,7 +66,25 @@ async def open_store(url: str | None = None) -> Store:
                 f"store URL {url!r}: directory {path.parent} does not exist; create it first "
                 "or fix the path"
             )
-        return SQLiteStore(path, synchronous=synchronous)
-    if scheme in {"postgres", "postgresql", "redis"}:
+        return SQLiteStore(path, synchronous=synchronous)  # type: ignore[return-value]  # ditto
+    if scheme in {"postgres", "postgresql"}:
+        return await _open_postgres(url)
+    if scheme == "redis":
         raise ConfigError(f"store URL {url!r}: the {scheme} backend is not available yet")
-    raise ConfigError(f"store URL {url!r}: unknown scheme {scheme!r}; use sqlite:// or memory://")
+    raise ConfigError(
+        f"store URL {mask_url(url)!r}: unknown scheme {scheme!r}; use sqlite://, "
+        "postgresql:// or memory://"
+    )
+
+
+async def _open_postgres(url: str) -> Store:
+    # psycopg is imported here, on first use: sqlite users and `corral --version` never pay
+    # for it (tests/test_cli_imports.py pins that).
+    try:
+        from corral.stores._postgres import PostgresStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"store URL {mask_url(url)}: the PostgreSQL store needs psycopg ({exc.name} is "
+            "not installed); pip install 'corral[postgres]'"
+        ) from None
+    return await PostgresStore.open(url)
