@@ -23,6 +23,7 @@ __all__ = [
     "STORE_FACTORIES",
     "HelloServer",
     "drop_postgres_database",
+    "drop_postgres_schema",
     "memory_store",
     "one_line_refusal",
     "postgres_database_url",

@@ -36,6 +36,7 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 
+from corral._errors import ConfigError
 from corral.stores import _logic
 from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
 from corral.stores._pg_listen import subscribe, unsubscribe
@@ -78,14 +79,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(exc).__name__
 
 
-def connect_error(target: PgTarget, exc: BaseException) -> StoreError:
-    """One line for a failed connection attempt: where, why, and what to do."""
-    text = target.scrub(str(exc))
+def connect_error(target: PgTarget, exc: BaseException) -> StoreError | ConfigError:
+    """One line for a failed connection attempt: where, why, and what to do. A value libpq
+    refuses (``port=99999``, ``sslmode=nonsense``) is the URL's fault: a ConfigError."""
+    text = target.scrub(str(exc)).strip()
     lower = text.lower()
     if "connection refused" in lower:
         return StoreError(f"cannot reach PostgreSQL at {target.where}: connection refused; "
                           "is the server running?")
-    reason = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    reason = text.splitlines()[0].strip() if text else type(exc).__name__
+    if reason.startswith("connection is bad: invalid"):
+        return ConfigError(f"store URL {target.url}: {reason.removeprefix('connection is bad: ')}")
     reason = reason.rpartition(" failed: ")[2] if " failed: " in reason else reason
     reason = reason.removeprefix("FATAL:").strip()
     hint = ""
@@ -95,7 +99,7 @@ def connect_error(target: PgTarget, exc: BaseException) -> StoreError:
         hint = "; check the user and password"
     elif "timeout" in lower or "resolve host" in lower or "translate host" in lower:
         hint = "; check the host name and port, and that the server is reachable"
-    return StoreError(f"cannot reach PostgreSQL at {target.where}: {reason}{hint}")
+    return StoreError(f"cannot open PostgreSQL store {target.where}: {reason}{hint}")
 
 
 def _load(conn: Conn, sql: Mapping[str, str], run_id: str) -> tuple[int, RunRecord] | None:
