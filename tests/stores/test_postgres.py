@@ -411,6 +411,33 @@ async def test_two_hundred_readers_share_one_listen_connection(pg_url: str) -> N
         drop_postgres_schema(other_schema)
 
 
+async def test_closing_the_store_ends_its_readers_with_a_clear_error(pg_url: str) -> None:
+    store = await PostgresStore.open(pg_url, fallback=HOUR)
+    await store.create(NewRun("r", "t"))
+    errors: list[BaseException] = []
+    started = 0
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                nonlocal started
+                started += 1
+                try:
+                    async for _e in store.read("r"):
+                        pass
+                except StoreError as exc:
+                    errors.append(exc)
+
+            for _ in range(3):  # one watches the socket, two wait on it
+                tg.start_soon(reader)
+            # parked: one on the socket, the others on the event
+            await wait_until_async(lambda: started == 3 and store._wakeups._draining
+                                   and store._wakeups._event is not None,
+                                   "the readers to wait", timeout=DEADLINE)
+            await store.aclose()
+    assert len(errors) == 3 and all("is closed" in str(e) for e in errors), errors
+
+
 async def test_a_dead_pooled_connection_is_replaced_before_anything_is_written(
     pg_url: str,
 ) -> None:

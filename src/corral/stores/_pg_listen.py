@@ -133,9 +133,10 @@ class RunWakeups:
             event.set()
 
     async def wait(self, run_id: str, seen: int, timeout: float) -> None:
-        """Return once :meth:`seen` moved past ``seen`` for ``run_id``, or after ``timeout``."""
+        """Return once :meth:`seen` moved past ``seen`` for ``run_id``, or after ``timeout``
+        (at once when closed: the reader's next query reports the closed store)."""
         with anyio.move_on_after(timeout):
-            while self.seen(run_id) == seen:
+            while self.seen(run_id) == seen and not self._closed:
                 if self._draining:
                     if self._event is None:
                         self._event = anyio.Event()
@@ -143,7 +144,12 @@ class RunWakeups:
                     continue
                 self._draining = True
                 try:
-                    await anyio.wait_readable(self._rsock)
+                    try:
+                        await anyio.wait_readable(self._rsock)
+                    except (anyio.ClosedResourceError, OSError):
+                        if not self._closed:
+                            raise
+                        return  # closed under us: the reader's next query says so
                     self._apply()
                 finally:
                     self._draining = False
@@ -159,6 +165,7 @@ class RunWakeups:
             anyio.notify_closing(self._rsock)
         self._rsock.close()
         self._wsock.close()
+        self._kick()
 
 
 class Hub:

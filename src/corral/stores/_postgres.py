@@ -5,8 +5,9 @@ worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and cor
 trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
 rules of :mod:`corral.stores._logic` and write in the same transaction, so concurrent
 appenders and claimers on any number of hosts serialize on the row: offsets stay gap-free and
-nothing from a superseded epoch lands. Writes are sent in pipeline mode (the lock read is one
-round trip, the writes and the commit another).
+nothing from a superseded epoch lands. An append is four round trips: BEGIN, the locking read,
+one statement writing the events, the run's offsets and the notification, and COMMIT
+(psycopg's pipeline mode measured slower here than these small round trips).
 
 Tails wait for ``LISTEN/NOTIFY`` wake-ups through one listening connection per process
 (:mod:`corral.stores._pg_listen`) and re-read every ``fallback`` seconds regardless.
@@ -148,20 +149,25 @@ _SQL: Final = {
         "SELECT seq, driver_epoch, last_offset, log_closed FROM {s}.runs WHERE run_id = %s "
         "FOR UPDATE"
     ),
-    "insert_events": (
-        "INSERT INTO {s}.events (run_seq, log_offset, journal_offset, event) "
-        "SELECT %s, %s + t.n, t.j, t.e "
-        "FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY AS t(j, e, n)"
+    # One statement (one round trip) for every write of an append, after the locking read:
+    # the batch, the run's offsets and the notification (delivered at commit). The highest
+    # journal offset, not the last: an out-of-band event (an approval request, a file
+    # event) logged at a stale offset must not send a successor back over lines logged.
+    "append": (
+        "WITH ins AS ("
+        " INSERT INTO {s}.events (run_seq, log_offset, journal_offset, event)"
+        " SELECT %(seq)s, %(base)s + t.n, t.j, t.e"
+        " FROM unnest(%(jos)s::bigint[], %(texts)s::text[]) WITH ORDINALITY AS t(j, e, n)"
+        "), bump AS ("
+        " UPDATE {s}.runs SET last_offset = %(last)s,"
+        " last_journal_offset = GREATEST(COALESCE(last_journal_offset, 0), %(high)s)"
+        " WHERE seq = %(seq)s"
+        ") SELECT pg_notify(%(channel)s, %(note)s)"
     ),
-    # The highest journal offset, not the last: an out-of-band event (an approval request,
-    # a file event) logged at a stale offset must not send a successor back over lines
-    # already logged.
-    "bump_log": (
-        "UPDATE {s}.runs SET last_offset = %s, "
-        "last_journal_offset = GREATEST(COALESCE(last_journal_offset, 0), %s) WHERE seq = %s"
+    "close_log": (
+        "WITH done AS (UPDATE {s}.runs SET log_closed = true WHERE seq = %s) "
+        "SELECT pg_notify(%s, %s)"
     ),
-    "notify": "SELECT pg_notify(%s, %s)",
-    "close_log": "UPDATE {s}.runs SET log_closed = true WHERE seq = %s",
     "fetch_after": (
         "SELECT r.last_offset, r.log_closed, e.log_offset, e.journal_offset, e.event "
         "FROM {s}.runs r LEFT JOIN LATERAL ("
@@ -346,7 +352,7 @@ class PostgresStore:
                     raise
             body_done = False
             try:
-                with conn.pipeline(), conn.transaction():
+                with conn.transaction():
                     result = fn(conn)
                     body_done = True
             except psycopg.OperationalError as exc:
@@ -377,7 +383,7 @@ class PostgresStore:
             raise InvalidEvent(f"a value is not valid Unicode text: {exc.reason}") from None
 
     async def _tx(self, fn: Callable[[Conn], _T]) -> _T:
-        """``fn`` in a transaction (pipelined), in a worker thread."""
+        """``fn`` in one transaction, in a worker thread."""
         return await anyio.to_thread.run_sync(self._run, fn, True)
 
     async def _stmt(self, fn: Callable[[Conn], _T]) -> _T:
@@ -569,13 +575,12 @@ class PostgresStore:
             seq, first = int(row[0]), int(row[2]) + 1
             if not encoded:
                 return []
-            conn.execute(sql["insert_events"], (
-                seq, first - 1, [jo for _t, jo in encoded], [text for text, _jo in encoded]))
-            conn.execute(sql["bump_log"], (
-                first + len(encoded) - 1, max(jo for _t, jo in encoded), seq))
-            # Delivered at commit: a woken reader always finds the events.
-            conn.execute(sql["notify"], (CHANNEL, note))
-            return list(range(first, first + len(encoded)))
+            last = first + len(encoded) - 1
+            conn.execute(sql["append"], {
+                "seq": seq, "base": first - 1, "jos": [jo for _t, jo in encoded],
+                "texts": [text for text, _jo in encoded], "last": last,
+                "high": max(jo for _t, jo in encoded), "channel": CHANNEL, "note": note})
+            return list(range(first, last + 1))
 
         return await self._tx(op)
 
@@ -629,8 +634,7 @@ class PostgresStore:
                 return False
             assert row is not None
             if not row[3]:
-                conn.execute(sql["close_log"], (int(row[0]),))
-                conn.execute(sql["notify"], (CHANNEL, note))
+                conn.execute(sql["close_log"], (int(row[0]), CHANNEL, note))
             return True
 
         return await self._tx(op)
