@@ -19,6 +19,7 @@ nothing is repeated. A reader also re-reads every few seconds regardless (the st
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import socket
@@ -27,6 +28,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import anyio
+
+log = logging.getLogger("corral.stores._pg_listen")
 
 CHANNEL: Final = "corral_events"
 MAX_PAYLOAD: Final = 7999
@@ -240,33 +243,45 @@ class Hub:
                 if self._stop.is_set():
                     break
                 try:
-                    conn = psycopg.connect(self._dsn, autocommit=True)
+                    self._session(psycopg)
+                    delay = _BACKOFF[0]  # it listened: the next outage starts afresh
                 except psycopg.Error as exc:
-                    self.last_error = str(exc).splitlines()[0] if str(exc) else repr(exc)
-                    self._sleep(delay)
-                    delay = min(delay * 2, _BACKOFF[1])
-                    continue
-                try:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self.backend_pid = conn.info.backend_pid
-                    self.connects += 1
-                    delay = _BACKOFF[0]
-                    self.listening.set()
-                    # Commits made while nobody listened sent nobody a notification.
-                    self._wake_everyone()
-                    self._listen(conn)
-                except psycopg.Error as exc:
-                    self.last_error = str(exc).splitlines()[0] if str(exc) else repr(exc)
-                finally:
-                    self.listening.clear()
-                    with contextlib.suppress(Exception):
-                        conn.close()
+                    self._failed(str(exc).strip().splitlines()[0] if str(exc).strip()
+                                 else type(exc).__name__)
+                except Exception:  # a bug must not end the tails' wake-ups for good
+                    log.exception("PostgreSQL LISTEN thread failed; restarting it")
+                    self._failed("internal error")
                 if not self._stop.is_set():
                     self._sleep(delay)
                     delay = min(delay * 2, _BACKOFF[1])
         finally:
             self._wake_r.close()
             self._wake_w.close()
+
+    def _failed(self, reason: str) -> None:
+        if self.last_error is None:  # once per outage, not once per attempt
+            log.warning("the LISTEN connection to PostgreSQL is down (%s); reconnecting, "
+                        "tails re-read every few seconds meanwhile", reason)
+        self.last_error = reason
+
+    def _session(self, psycopg: Any) -> None:
+        """Connect, LISTEN, wake everyone, dispatch until the connection fails or stop."""
+        conn = psycopg.connect(self._dsn, autocommit=True)
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+            self.backend_pid = conn.info.backend_pid
+            self.connects += 1
+            if self.last_error is not None:
+                log.info("the LISTEN connection to PostgreSQL is back")
+            self.last_error = None
+            self.listening.set()
+            # Commits made while nobody listened sent nobody a notification.
+            self._wake_everyone()
+            self._listen(conn)
+        finally:
+            self.listening.clear()
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _listen(self, conn: Any) -> None:
         fd = conn.fileno()

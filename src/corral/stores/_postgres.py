@@ -356,9 +356,13 @@ class PostgresStore:
                     result = fn(conn)
                     body_done = True
             except psycopg.OperationalError as exc:
-                # Failed before COMMIT was sent: nothing was written, a retry is safe.
                 if conn.broken and not body_done:
+                    # before COMMIT: the server rolls back what it got, a retry is safe
                     raise _Broken() from exc
+                if conn.broken:
+                    raise StoreError(
+                        f"lost the connection to PostgreSQL at {self.target.where} while "
+                        "committing: the write may or may not have been applied") from None
                 raise
             return result
 
@@ -387,7 +391,9 @@ class PostgresStore:
         return await anyio.to_thread.run_sync(self._run, fn, True)
 
     async def _stmt(self, fn: Callable[[Conn], _T]) -> _T:
-        """``fn`` in autocommit mode (for single statements: no BEGIN/COMMIT round trips)."""
+        """``fn`` in autocommit mode, for reads and for single statements that may run twice
+        (no BEGIN/COMMIT round trips): after a lost connection it may be retried whether
+        or not the server ran it."""
         return await anyio.to_thread.run_sync(self._run, fn, False)
 
     def _insert(self, conn: Conn, record: RunRecord) -> bool:
@@ -412,7 +418,9 @@ class PostgresStore:
                 raise RunExists(new.run_id)
             return record
 
-        return await self._stmt(op)  # one statement: its own transaction
+        # a transaction, not autocommit: a retry after a lost connection must not
+        # answer RunExists for the run it created itself
+        return await self._tx(op)
 
     async def create_or_resume(self, new: NewRun, *, now: float | None = None) -> RunRecord:
         record = new.record(self._now(now))
@@ -688,7 +696,7 @@ class PostgresStore:
 
     async def unlock(self, name: str, owner: str) -> bool:
         sql = self._sql["unlock"]
-        return await self._stmt(lambda conn: conn.execute(sql, (name, owner)).rowcount > 0)
+        return await self._tx(lambda conn: conn.execute(sql, (name, owner)).rowcount > 0)
 
     # ------------------------------------------------------------------ approvals
 
@@ -697,7 +705,7 @@ class PostgresStore:
         sql = self._sql["add_approval"]
         values = (request.run_id, request.approval_id, request.tool, args, request.call_id,
                   float(request.created_at), float(request.expires_at))
-        row = await self._stmt(lambda conn: conn.execute(sql, values).fetchone())
+        row = await self._tx(lambda conn: conn.execute(sql, values).fetchone())
         if row is None:
             raise ApprovalExists(request.run_id, request.approval_id)
 
