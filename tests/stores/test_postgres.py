@@ -364,6 +364,24 @@ async def test_dropped_listen_connection_reconnects_and_nothing_is_lost_or_repea
         assert got == list(range(1, 16))
 
 
+async def test_diagnose_proves_notifications_come_back(pg_url: str) -> None:
+    async with opened(pg_url) as store:
+        line = await store.diagnose()
+        assert line.startswith("PostgreSQL 15") or line.startswith("PostgreSQL 1"), line
+        assert f"(schema {store.schema}), schema version {latest_version()}; " \
+               "LISTEN/NOTIFY works" in line
+        hub = store._hub
+        assert hub is not None
+        hub.allow_connect.clear()  # the listening connection goes down and stays down
+        _sql("SELECT pg_terminate_backend(%s)", hub.backend_pid)
+        await wait_until_async(lambda: not hub.listening.is_set(), "the listener to drop",
+                               timeout=DEADLINE)
+        with pytest.raises(StoreError, match="LISTEN/NOTIFY did not deliver a notification "
+                                             "within 0.5 s .the listening connection: "):
+            await store.diagnose(timeout=0.5)
+        hub.allow_connect.set()
+
+
 async def test_two_hundred_readers_share_one_listen_connection(pg_url: str) -> None:
     other_schema, other_url = postgres_schema()
     try:

@@ -117,6 +117,11 @@ class RunWakeups:
         """A number that grows whenever a reader of ``run_id`` should look again."""
         return self._all + self._gens.get(run_id, 0)
 
+    def notified(self, run_id: str) -> int:
+        """How many notifications naming ``run_id`` arrived while watched (wake-ups of
+        everyone, after a reconnect, do not count)."""
+        return self._gens.get(run_id, 0)
+
     def _apply(self) -> None:
         with contextlib.suppress(OSError):
             while self._rsock.recv(4096):

@@ -164,6 +164,7 @@ _SQL: Final = {
         " WHERE seq = %(seq)s"
         ") SELECT pg_notify(%(channel)s, %(note)s)"
     ),
+    "notify": "SELECT pg_notify(%s, %s)",
     "close_log": (
         "WITH done AS (UPDATE {s}.runs SET log_closed = true WHERE seq = %s) "
         "SELECT pg_notify(%s, %s)"
@@ -406,6 +407,36 @@ class PostgresStore:
     def _load(self, conn: Conn, run_id: str) -> tuple[int, RunRecord | None]:
         found = _load(conn, self._sql, run_id)
         return (0, None) if found is None else found
+
+    async def diagnose(self, timeout: float = 5.0) -> str:
+        """One line for ``corral doctor``: the server, the schema version, and that a
+        notification reaches this process's listening connection (a NOTIFY sent now must
+        come back within ``timeout`` seconds). Raises :class:`StoreError` naming what
+        fails."""
+        sql = qualify("SELECT current_setting('server_version'), "
+                      "(SELECT max(version) FROM {s}.corral_schema)", self.schema)
+        row = await self._stmt(lambda conn: conn.execute(sql).fetchone())
+        assert row is not None
+        server, version = str(row[0]).split()[0], row[1]
+        self._listen()
+        hub = self._hub
+        assert hub is not None
+        probe = f"corral-diagnose-{_secrets.token_hex(8)}"
+        with anyio.move_on_after(timeout), self._wakeups.watch(probe):
+            while not hub.listening.is_set():  # a threading.Event: look, don't block
+                await anyio.sleep(0.02)
+            note = payload(self.schema, probe)
+            await self._stmt(lambda conn: conn.execute(self._sql["notify"], (CHANNEL, note)))
+            while not self._wakeups.notified(probe) and not self._closed:  # the probe only
+                await self._wakeups.wait(probe, self._wakeups.seen(probe), timeout)
+            if self._wakeups.notified(probe):
+                return (f"PostgreSQL {server} at {self.target.where} (schema {self.schema}), "
+                        f"schema version {version}; LISTEN/NOTIFY works")
+        raise StoreError(
+            f"PostgreSQL store {self.target.where}: LISTEN/NOTIFY did not deliver a "
+            f"notification within {timeout:g} s"
+            + (f" (the listening connection: {hub.last_error})" if hub.last_error else "")
+            + "; tails fall back to re-reading every few seconds")
 
     # ------------------------------------------------------------------ runs
 
