@@ -28,7 +28,9 @@ async def open_store(url: str | None = None) -> Store:
     """Open the store at ``url`` (default: :func:`default_store_url`).
 
     Raises :class:`corral.ConfigError` for a URL corral cannot use, naming the forms
-    it accepts.
+    it accepts, and :class:`~corral.stores.StoreError` for a store it cannot open (a
+    PostgreSQL server out of reach, a store made by a newer corral), in one line with any
+    password masked.
     """
     url = url or default_store_url()
     scheme, sep, rest = url.partition("://")
