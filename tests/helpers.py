@@ -112,8 +112,16 @@ def postgres_database_url() -> str:
     with _pg_lock:
         if _pg_database is None:
             name = f"corral_test_{uuid.uuid4().hex[:12]}"
-            with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=10) as c:
-                c.execute(f'CREATE DATABASE "{name}"')
+            try:
+                with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True,
+                                     connect_timeout=10) as c:
+                    c.execute(f'CREATE DATABASE "{name}"')
+            except psycopg.Error as exc:
+                from corral.stores._pg_url import mask_url
+
+                raise RuntimeError(
+                    f"the PostgreSQL tests need a server: {mask_url(POSTGRES_ADMIN_URL)} "
+                    f"(CORRAL_TEST_POSTGRES) failed: {exc}") from None
             _pg_database = name
             atexit.register(drop_postgres_database)
         base = POSTGRES_ADMIN_URL.partition("?")[0].rpartition("/")[0]
