@@ -801,7 +801,3 @@ class PostgresStore:
 
         return await self._tx(op)
 
-
-async def open_postgres(url: str) -> PostgresStore:
-    """:meth:`PostgresStore.open` (what :func:`corral.stores.open_store` calls)."""
-    return await PostgresStore.open(url)
