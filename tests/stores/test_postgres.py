@@ -8,6 +8,7 @@ PostgreSQL server is required (``CORRAL_TEST_POSTGRES``): without one these test
 from __future__ import annotations
 
 import json
+import operator
 import os
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,7 +31,7 @@ from hypothesis import strategies as st
 
 from corral._errors import ConfigError
 from corral.stores import open_store
-from corral.stores._pg_listen import LISTEN_NAME, hubs
+from corral.stores._pg_listen import LISTEN_NAME, Hub, hubs
 from corral.stores._pg_schema import SchemaTooNew, latest_version
 from corral.stores._pg_url import mask_url, parse_postgres_url
 from corral.stores._postgres import PostgresStore
@@ -305,7 +307,7 @@ async def test_reader_in_another_process_is_woken_by_notify(pg_url: str) -> None
             for i in range(1, 6):
                 await store.append("r", [({"type": "X", "i": i}, i)], epoch=claim.epoch)
                 # a fallback of an hour: only a notification can deliver it this soon
-                await wait_until_async(lambda i=i: {"offset": i, "i": i} in out.items,
+                await wait_until_async(partial(operator.contains, out.items, {"offset": i, "i": i}),
                                        f"the other process to see event {i}", timeout=DEADLINE)
             await store.close("r")
             await wait_until_async(lambda: any("connects" in x for x in out.items),
@@ -386,6 +388,7 @@ async def test_two_hundred_readers_share_one_listen_connection(pg_url: str) -> N
     other_schema, other_url = postgres_schema()
     try:
         async with opened(pg_url) as a, opened(other_url) as b:
+            hub: Hub | None = None
             runs = [(store, f"r{i}") for store in (a, b) for i in range(10)]
             epochs = {}
             for store, run_id in runs:
@@ -418,13 +421,14 @@ async def test_two_hundred_readers_share_one_listen_connection(pg_url: str) -> N
                     assert len(listeners) == 1, listeners
                     pooled = await anyio.to_thread.run_sync(_backends, "corral")
                     assert len(pooled) <= 2 * 10  # two pools of at most pool_max each
-                    assert len(hubs()) == 1
+                    hub = a._hub
+                    assert hub is not None and b._hub is hub  # one listener, both schemas
                     for store, run_id in runs:
                         await store.close(run_id)
             assert done == 200
         # the last store out closes the listening connection
         assert await anyio.to_thread.run_sync(_backends, LISTEN_NAME) == []
-        assert hubs() == []
+        assert hub is not None and not hub.thread.is_alive() and hub not in hubs()
     finally:
         drop_postgres_schema(other_schema)
 
