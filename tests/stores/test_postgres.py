@@ -48,6 +48,7 @@ from tests.helpers import (
     one_line_refusal,
     postgres_database_url,
     postgres_schema,
+    wait_until,
     wait_until_async,
 )
 
@@ -706,3 +707,34 @@ def test_cli_refuses_a_store_too_new_in_one_line(pg_url: str, corral_home: Path)
                        env=_env(CORRAL_HOME=str(corral_home)), capture_output=True, text=True,
                        timeout=60, check=False)
     one_line_refusal(r, f"has schema version {latest_version() + 7}", "upgrade corral")
+
+
+def test_two_servers_share_a_postgres_store(
+    pg_url: str, tmp_path: Path, need_bwrap_runs: None
+) -> None:
+    """Two ``corral serve`` processes with their own homes (two hosts) on one PostgreSQL
+    store: a run started on one streams, whole and in order, from the other; the start-up
+    log names the store with its password masked."""
+    from tests.server.conftest import Home, read_stream, ticker, ticker_text
+
+    url = pg_url.replace("postgresql://postgres@", "postgresql://postgres:hunter22@", 1)
+    homes = []
+    for name in ("host-a", "host-b"):
+        (tmp_path / name).mkdir()
+        homes.append(Home(tmp_path / name))
+    with homes[0].server("--store", url) as a, homes[1].server("--store", url) as b:
+        created = a.start(ticker(20, 0.02), thread_id="t", run_id="shared")
+        assert created["status"] == "running"
+        got, ended = read_stream(b, "shared")
+        assert ended and [o for o, _e in got] == list(range(1, len(got) + 1))
+        events = [e for _o, e in got]
+        assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+        text = "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+        assert text == ticker_text(20)
+        wait_until(lambda: b.run("shared")["status"] == "completed", "the run's record to "
+                   "say completed", timeout=DEADLINE)
+    for log in (a.log, b.log):
+        line = "".join(log)
+        assert "server processes on every host using it share" in line, line
+        assert "postgres:***@" in line and "hunter22" not in line
+
