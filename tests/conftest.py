@@ -13,6 +13,7 @@ import pytest
 
 from corral.stores._protocols import Store
 from corral.stores import open_store
+from tests.helpers import drop_postgres_database, postgres_store
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -30,15 +31,24 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """Each backend in turn (a directory's conftest may give its own ``store``)."""
+    """Each backend in turn (a directory's conftest may give its own ``store``); PostgreSQL
+    in a fresh schema of this test process's database (``tests.helpers.postgres_store``)."""
+    if request.param == "postgres":
+        async with postgres_store() as s:
+            yield s
+        return
     url = "memory://" if request.param == "memory" else f"sqlite://{tmp_path / 'corral.db'}"
     s = await open_store(url)
     try:
         yield s
     finally:
         await s.aclose()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    drop_postgres_database()  # the PostgreSQL tests' database, if this run made one
 
 
 @pytest.fixture

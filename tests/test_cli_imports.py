@@ -75,6 +75,7 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
     assert _outside(modules, PARSER) == set()
     assert _heavy(modules) == set()
     assert "anyio" not in modules and "sqlite3" not in modules
+    assert "psycopg" not in modules
 
 
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
@@ -85,8 +86,9 @@ def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> Non
     assert _outside(modules, store_side) == set()
     assert _heavy(modules) == set()
     for never in ("corral.runs._runner", "corral.harness", "corral.providers",
-                  "corral.sandbox", "corral.journal", "corral.tools", "corral.agents"):
-        assert never not in modules
+                  "corral.sandbox", "corral.journal", "corral.tools", "corral.agents",
+                  "corral.stores._postgres", "psycopg", "psycopg_pool"):
+        assert never not in modules  # a SQLite store never loads the PostgreSQL driver
 
 
 def test_show_of_a_missing_run_is_one_line_without_the_runner(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from corral.stores._protocols import Claim, ClaimLost, ClaimRefused, NewRun, RefusalReason, Store
 from corral.stores import open_store
+from tests.helpers import drop_postgres_schema, postgres_schema
 
 T0 = 1_700_000_000.0
 TTL = 10.0
@@ -37,7 +38,11 @@ class FencingMachine(RuleBasedStateMachine):
         self._portal_cm: AbstractContextManager[BlockingPortal] = start_blocking_portal("asyncio")
         self.portal = self._portal_cm.__enter__()
         self.tmp = tempfile.mkdtemp(prefix="corral-prop-")
-        url = "memory://" if self.url_kind == "memory" else f"sqlite://{self.tmp}/p.db"
+        self.schema: str | None = None
+        if self.url_kind == "postgres":
+            self.schema, url = postgres_schema()
+        else:
+            url = "memory://" if self.url_kind == "memory" else f"sqlite://{self.tmp}/p.db"
         self.store: Store = self.portal.call(open_store, url)
         self.call(self.store.create, NewRun("r", "t", started_at=T0))
         self.now = T0
@@ -128,10 +133,16 @@ class FencingMachine(RuleBasedStateMachine):
         finally:
             self._portal_cm.__exit__(None, None, None)
             shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.schema is not None:
+                drop_postgres_schema(self.schema)
 
 
 class SQLiteFencingMachine(FencingMachine):
     url_kind = "sqlite"
+
+
+class PostgresFencingMachine(FencingMachine):
+    url_kind = "postgres"
 
 
 TestMemoryFencing = FencingMachine.TestCase
@@ -142,12 +153,22 @@ TestSQLiteFencing = SQLiteFencingMachine.TestCase
 TestSQLiteFencing.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
+TestPostgresFencing = PostgresFencingMachine.TestCase
+TestPostgresFencing.settings = settings(
+    max_examples=25, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.anyio
-async def test_concurrent_writers_on_separate_connections(tmp_path: Any) -> None:
-    """Real concurrency: three connections race claims and appends on one SQLite file."""
-    url = f"sqlite://{tmp_path / 'race.db'}"
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_concurrent_writers_on_separate_connections(tmp_path: Any, backend: str) -> None:
+    """Real concurrency: three connections race claims and appends on one SQLite file or
+    PostgreSQL schema."""
+    schema: str | None = None
+    if backend == "postgres":
+        schema, url = postgres_schema()
+    else:
+        url = f"sqlite://{tmp_path / 'race.db'}"
     stores = [await open_store(url) for _ in range(3)]
     await stores[0].create(NewRun("r", "t"))
     acked: list[dict[str, Any]] = []
@@ -180,3 +201,5 @@ async def test_concurrent_writers_on_separate_connections(tmp_path: Any) -> None
     assert len(set(epochs)) >= 2
     for s in stores:
         await s.aclose()
+    if schema is not None:
+        drop_postgres_schema(schema)

@@ -48,7 +48,7 @@ async def test_open_store_urls(tmp_path: Path, corral_home: Path) -> None:
     assert isinstance(s, SQLiteStore) and s.path == corral_home / "corral.db"
     await s.aclose()
     for bad in ["nonsense", "ftp://x", "sqlite://", "memory://x", f"sqlite://{tmp_path}/c.db?x=1",
-                f"sqlite://{tmp_path}/c.db?synchronous=maybe", "postgres://localhost/db"]:
+                f"sqlite://{tmp_path}/c.db?synchronous=maybe", "redis://localhost/0"]:
         with pytest.raises(ConfigError):
             await open_store(bad)
 

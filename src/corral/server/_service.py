@@ -110,6 +110,12 @@ class RunService:
                     "runs; other hosts cannot (that needs a shared database store)",
                     store.url,
                 )
+            elif store.url.startswith(("postgresql:", "postgres:")):
+                log.info(  # the URL as the store shows it: password masked
+                    "store %s: server processes on every host using it share, take over and "
+                    "reap runs (keep the hosts' clocks synchronized)",
+                    store.url,
+                )
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._hub = FeedHub(store, tg, self._encode)

@@ -3,6 +3,13 @@
 - ``memory://`` — one process (:class:`MemoryStore`).
 - ``sqlite:///abs/path.db`` (or ``sqlite://relative.db``) — the embedded default
   (:class:`SQLiteStore`); query option ``?synchronous=full``.
+- ``postgresql://user:password@host:5432/dbname`` (or ``postgres://…``) — many hosts share
+  runs (:class:`PostgresStore`; needs ``pip install 'corral[postgres]'``). Any libpq URI:
+  several ``host:port`` pairs, and libpq's parameters (``?sslmode=verify-full``,
+  ``connect_timeout``, ``options``…) pass through. corral's own options: ``schema=NAME``
+  (the PostgreSQL schema for corral's tables, default ``public``), ``pool_min=N`` and
+  ``pool_max=N`` (connections each store keeps open / may open, default 1 and 10). Messages
+  show the URL with its password masked.
 
 The store protocols (:class:`Store` and its parts) and the run records are exported here
 too.
@@ -20,6 +27,7 @@ from corral._lazy import lazy_exports
 if TYPE_CHECKING:
     from corral.stores._memory import MemoryStore
     from corral.stores._open import default_store_url, open_store
+    from corral.stores._postgres import PostgresStore
     from corral.stores._protocols import (
         ApprovalAnswer,
         ApprovalExists,
@@ -91,6 +99,7 @@ _EXPORTS: dict[str, str] = {
     ),
     "MemoryStore": "corral.stores._memory",
     "SQLiteStore": "corral.stores._sqlite",
+    "PostgresStore": "corral.stores._postgres",
     "default_store_url": "corral.stores._open",
     "open_store": "corral.stores._open",
 }
@@ -118,6 +127,7 @@ __all__ = [
     "LoggedEvent",
     "MemoryStore",
     "NewRun",
+    "PostgresStore",
     "RefusalReason",
     "RunError",
     "RunExists",

@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl
 from corral._errors import ConfigError
 from corral._paths import corral_home
 from corral.stores._memory import MemoryStore
+from corral.stores._pg_url import mask_url
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
 
@@ -27,12 +28,17 @@ async def open_store(url: str | None = None) -> Store:
     """Open the store at ``url`` (default: :func:`default_store_url`).
 
     Raises :class:`corral.ConfigError` for a URL corral cannot use, naming the forms
-    it accepts.
+    it accepts, and :class:`~corral.stores.StoreError` for a store it cannot open (a
+    PostgreSQL server out of reach, a store made by a newer corral), in one line with any
+    password masked.
     """
     url = url or default_store_url()
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigError(f"store URL {url!r} has no scheme; use sqlite:///path/to.db or memory://")
+        raise ConfigError(
+            f"store URL {mask_url(url)!r} has no scheme; use sqlite:///path/to.db, "
+            "postgresql://user@host/dbname or memory://"
+        )
     rest, _, query = rest.partition("?")
     options = dict(parse_qsl(query, keep_blank_values=True))
     if scheme == "memory":
@@ -63,6 +69,24 @@ async def open_store(url: str | None = None) -> Store:
                 "or fix the path"
             )
         return SQLiteStore(path, synchronous=synchronous)
-    if scheme in {"postgres", "postgresql", "redis"}:
+    if scheme in {"postgres", "postgresql"}:
+        return await _open_postgres(url)
+    if scheme == "redis":
         raise ConfigError(f"store URL {url!r}: the {scheme} backend is not available yet")
-    raise ConfigError(f"store URL {url!r}: unknown scheme {scheme!r}; use sqlite:// or memory://")
+    raise ConfigError(
+        f"store URL {mask_url(url)!r}: unknown scheme {scheme!r}; use sqlite://, "
+        "postgresql:// or memory://"
+    )
+
+
+async def _open_postgres(url: str) -> Store:
+    # psycopg is imported here, on first use: sqlite users and `corral --version` never pay
+    # for it (tests/test_cli_imports.py pins that).
+    try:
+        from corral.stores._postgres import PostgresStore
+    except ImportError as exc:
+        raise ConfigError(
+            f"store URL {mask_url(url)}: the PostgreSQL store needs psycopg ({exc.name} is "
+            "not installed); pip install 'corral[postgres]'"
+        ) from None
+    return await PostgresStore.open(url)

@@ -1,0 +1,145 @@
+"""The PostgreSQL store's tables and their versions.
+
+``corral_schema`` holds one row per applied migration; the store's version is the highest.
+Opening a store reads it without a lock (the common case: up to date, nothing to do). When
+it is absent or older, the opener takes a transaction-scoped advisory lock for the schema,
+reads it again and applies the missing migrations in that one transaction, so hosts opening
+the same store at once apply each migration exactly once (the others wait for the lock and
+find the work done). A store newer than this corral is refused with one line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from corral.stores._protocols import StoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["MIGRATIONS", "SchemaTooNew", "ensure_schema", "latest_version", "qualify"]
+
+LOCK_CLASS: Final = 0x636F7272  # "corr": the advisory-lock class of corral's schema setup
+
+_V1: Final = """
+CREATE TABLE {s}.runs (
+    seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    run_id text PRIMARY KEY,
+    thread_id text NOT NULL,
+    status text NOT NULL,
+    started_at double precision NOT NULL,
+    unattended_since double precision,
+    driver_epoch bigint NOT NULL DEFAULT 0,
+    doc text NOT NULL,
+    last_offset bigint NOT NULL DEFAULT 0,
+    last_journal_offset bigint,
+    log_closed boolean NOT NULL DEFAULT false
+);
+CREATE INDEX runs_thread ON {s}.runs (thread_id, started_at, seq);
+CREATE INDEX runs_started ON {s}.runs (started_at, seq);
+CREATE INDEX runs_status_started ON {s}.runs (status, started_at, seq);
+CREATE INDEX runs_unattended ON {s}.runs (unattended_since, seq)
+    WHERE status = 'running' AND unattended_since IS NOT NULL;
+CREATE TABLE {s}.events (
+    run_seq bigint NOT NULL,
+    log_offset bigint NOT NULL,
+    journal_offset bigint NOT NULL,
+    event text NOT NULL,
+    PRIMARY KEY (run_seq, log_offset)
+);
+CREATE TABLE {s}.instances (
+    key text PRIMARY KEY,
+    expires_at double precision,
+    doc text NOT NULL
+);
+CREATE INDEX instances_expiry ON {s}.instances (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE {s}.locks (
+    name text PRIMARY KEY,
+    owner text NOT NULL,
+    expires_at double precision NOT NULL
+);
+CREATE TABLE {s}.approvals (
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    run_id text NOT NULL,
+    approval_id text NOT NULL,
+    tool text NOT NULL,
+    args text NOT NULL,
+    call_id text,
+    created_at double precision NOT NULL,
+    expires_at double precision NOT NULL,
+    decision text,
+    reason text,
+    answered_at double precision,
+    PRIMARY KEY (run_id, approval_id)
+);
+CREATE INDEX approvals_pending ON {s}.approvals (run_id, created_at, seq)
+    WHERE decision IS NULL;
+CREATE TABLE {s}.secrets (
+    name text PRIMARY KEY,
+    value bytea NOT NULL
+);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1)]
+"""``(version, SQL)`` in order; ``{s}`` stands for the quoted schema name. Append, never
+edit: a store records which versions it has."""
+
+
+class SchemaTooNew(StoreError):
+    """The store was made by a newer corral than this one."""
+
+
+def qualify(sql: str, schema: str) -> str:
+    """``sql`` with ``{s}`` replaced by the quoted schema name (validated by the URL parser:
+    lowercase letters, digits and ``_`` only)."""
+    return sql.replace("{s}", f'"{schema}"')
+
+
+def latest_version() -> int:
+    return max(version for version, _sql in MIGRATIONS)
+
+
+def _version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int | None:
+    """The store's version; ``None`` when it has no version table yet."""
+    row = conn.execute("SELECT to_regclass(%s)", (f'"{schema}".corral_schema',)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    got = conn.execute(qualify("SELECT max(version) FROM {s}.corral_schema", schema)).fetchone()
+    return None if got is None or got[0] is None else int(str(got[0]))
+
+
+def _refuse_newer(version: int | None, where: str) -> None:
+    if version is not None and version > latest_version():
+        raise SchemaTooNew(
+            f"store {where} has schema version {version}, this corral understands up to "
+            f"{latest_version()}; upgrade corral"
+        )
+
+
+def ensure_schema(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, where: str, now: float
+) -> int:
+    """Create or migrate the store's tables (``conn`` in autocommit mode); returns the
+    version. Raises :class:`SchemaTooNew` for a store made by a newer corral."""
+    version = _version(conn, schema)
+    _refuse_newer(version, where)
+    if version == latest_version():
+        return version
+    with conn.transaction():
+        # hashtext(schema): stores in other schemas of the database migrate independently
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LOCK_CLASS, schema))
+        conn.execute(qualify("CREATE SCHEMA IF NOT EXISTS {s}", schema))
+        conn.execute(qualify(
+            "CREATE TABLE IF NOT EXISTS {s}.corral_schema "
+            "(version integer PRIMARY KEY, applied_at double precision NOT NULL)", schema))
+        version = _version(conn, schema)  # again, under the lock: another host may be done
+        _refuse_newer(version, where)
+        for number, sql in sorted(MIGRATIONS):
+            if version is not None and number <= version:
+                continue
+            conn.execute(qualify(sql, schema).encode())
+            conn.execute(qualify("INSERT INTO {s}.corral_schema VALUES (%s, %s)", schema),
+                         (number, now))
+            version = number
+    assert version is not None
+    return version

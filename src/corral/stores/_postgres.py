@@ -1,0 +1,803 @@
+"""PostgreSQL store: many hosts share runs (``postgresql://user@host:5432/dbname``).
+
+Each operation is one transaction on a connection borrowed from a sync psycopg pool, run in a
+worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and corral runs on
+trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
+rules of :mod:`corral.stores._logic` and write in the same transaction, so concurrent
+appenders and claimers on any number of hosts serialize on the row: offsets stay gap-free and
+nothing from a superseded epoch lands. An append is four round trips: BEGIN, the locking read,
+one statement writing the events, the run's offsets and the notification, and COMMIT
+(psycopg's pipeline mode measured slower here than these small round trips).
+
+Tails wait for ``LISTEN/NOTIFY`` wake-ups through one listening connection per process
+(:mod:`corral.stores._pg_listen`) and re-read every ``fallback`` seconds regardless.
+
+Times: methods default ``now`` to this host's ``time.time()``, like the SQLite store, and
+not to the database's clock. corral compares instants from several places (a reaper passes
+its own ``now``, drivers stamp ``detached_since`` and ``finished_at``), so one clock for all
+of them means the hosts' clocks; keep them synchronized (NTP). Skew never breaks fencing (the
+epoch decides who may write); it only moves when another host sees a lapsed lease as lapsed.
+
+Durability is PostgreSQL's: ``synchronous_commit`` as the server (or the URL's libpq
+``options``) sets it.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets as _secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, Final, Self, TypeVar
+
+import anyio
+import anyio.to_thread
+import psycopg
+import psycopg_pool
+
+from corral._errors import ConfigError
+from corral.stores import _logic
+from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
+from corral.stores._pg_listen import subscribe, unsubscribe
+from corral.stores._pg_schema import ensure_schema, qualify
+from corral.stores._pg_url import PgTarget, parse_postgres_url
+from corral.stores._protocols import (
+    ApprovalAnswer,
+    ApprovalExists,
+    ApprovalRequest,
+    Claim,
+    InstanceRecord,
+    InvalidEvent,
+    LoggedEvent,
+    LogTail,
+    NewRun,
+    RunExists,
+    StoreError,
+    UnknownApproval,
+    UnknownRun,
+)
+from corral.stores._records import RunPatch, RunRecord, RunStatus
+
+__all__ = ["PostgresStore"]
+
+_T = TypeVar("_T")
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+_READ_BATCH: Final = 1000
+FALLBACK_POLL: Final = 5.0
+"""Seconds a tailer waits for a notification before re-reading anyway."""
+_POOL_WAIT: Final = 30.0
+
+
+class _Broken(Exception):
+    """A connection failed before the transaction could commit: nothing was written."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+def connect_error(target: PgTarget, exc: BaseException) -> StoreError | ConfigError:
+    """One line for a failed connection attempt: where, why, and what to do. A value libpq
+    refuses (``port=99999``, ``sslmode=nonsense``) is the URL's fault: a ConfigError."""
+    text = target.scrub(str(exc)).strip()
+    lower = text.lower()
+    if "connection refused" in lower:
+        return StoreError(f"cannot reach PostgreSQL at {target.where}: connection refused; "
+                          "is the server running?")
+    reason = text.splitlines()[0].strip() if text else type(exc).__name__
+    if reason.startswith("connection is bad: invalid"):
+        return ConfigError(f"store URL {target.url}: {reason.removeprefix('connection is bad: ')}")
+    reason = reason.rpartition(" failed: ")[2] if " failed: " in reason else reason
+    reason = reason.removeprefix("FATAL:").strip()
+    hint = ""
+    if "does not exist" in lower and "database" in lower:
+        hint = "; create it first (createdb) or fix the URL"
+    elif "authentication failed" in lower or "password" in lower:
+        hint = "; check the user and password"
+    elif "timeout" in lower or "resolve host" in lower or "translate host" in lower:
+        hint = "; check the host name and port, and that the server is reachable"
+    return StoreError(f"cannot open PostgreSQL store {target.where}: {reason}{hint}")
+
+
+def _load(conn: Conn, sql: Mapping[str, str], run_id: str) -> tuple[int, RunRecord] | None:
+    row = conn.execute(sql["lock_doc"], (run_id,)).fetchone()
+    return None if row is None else (int(row[0]), _logic.record_from_json(row[1]))
+
+
+def _records(rows: Sequence[tuple[Any, ...]]) -> list[RunRecord]:
+    return [_logic.record_from_json(row[0]) for row in rows]
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serializable: {exc}") from None
+
+
+_SQL: Final = {
+    "lock_doc": "SELECT seq, doc FROM {s}.runs WHERE run_id = %s FOR UPDATE",
+    "doc": "SELECT doc FROM {s}.runs WHERE run_id = %s",
+    "insert_run": (
+        "INSERT INTO {s}.runs (run_id, thread_id, status, started_at, unattended_since, "
+        "driver_epoch, doc) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (run_id) DO NOTHING RETURNING seq"
+    ),
+    "save_run": (
+        "UPDATE {s}.runs SET thread_id = %s, status = %s, started_at = %s, "
+        "unattended_since = %s, driver_epoch = %s, doc = %s WHERE seq = %s"
+    ),
+    "active": (
+        "SELECT doc FROM {s}.runs WHERE thread_id = %s AND status = 'running' "
+        "ORDER BY started_at DESC, seq DESC LIMIT 1"
+    ),
+    "by_thread": "SELECT doc FROM {s}.runs WHERE thread_id = %s ORDER BY started_at, seq",
+    "newest": "SELECT doc FROM {s}.runs ORDER BY started_at DESC, seq DESC LIMIT %s",
+    "newest_status": (
+        "SELECT doc FROM {s}.runs WHERE status = %s ORDER BY started_at DESC, seq DESC LIMIT %s"
+    ),
+    # Walks the partial index runs_unattended in order: LIMIT stops the scan.
+    "reclaimable": (
+        "SELECT doc FROM {s}.runs WHERE status = 'running' AND unattended_since IS NOT NULL "
+        "AND unattended_since <= %s ORDER BY unattended_since, seq LIMIT %s"
+    ),
+    "lock_log": (
+        "SELECT seq, driver_epoch, last_offset, log_closed FROM {s}.runs WHERE run_id = %s "
+        "FOR UPDATE"
+    ),
+    # One statement (one round trip) for every write of an append, after the locking read:
+    # the batch, the run's offsets and the notification (delivered at commit). The highest
+    # journal offset, not the last: an out-of-band event (an approval request, a file
+    # event) logged at a stale offset must not send a successor back over lines logged.
+    "append": (
+        "WITH ins AS ("
+        " INSERT INTO {s}.events (run_seq, log_offset, journal_offset, event)"
+        " SELECT %(seq)s, %(base)s + t.n, t.j, t.e"
+        " FROM unnest(%(jos)s::bigint[], %(texts)s::text[]) WITH ORDINALITY AS t(j, e, n)"
+        "), bump AS ("
+        " UPDATE {s}.runs SET last_offset = %(last)s,"
+        " last_journal_offset = GREATEST(COALESCE(last_journal_offset, 0), %(high)s)"
+        " WHERE seq = %(seq)s"
+        ") SELECT pg_notify(%(channel)s, %(note)s)"
+    ),
+    "notify": "SELECT pg_notify(%s, %s)",
+    "close_log": (
+        "WITH done AS (UPDATE {s}.runs SET log_closed = true WHERE seq = %s) "
+        "SELECT pg_notify(%s, %s)"
+    ),
+    "fetch_after": (
+        "SELECT r.last_offset, r.log_closed, e.log_offset, e.journal_offset, e.event "
+        "FROM {s}.runs r LEFT JOIN LATERAL ("
+        " SELECT log_offset, journal_offset, event FROM {s}.events"
+        " WHERE run_seq = r.seq AND log_offset > %s ORDER BY log_offset LIMIT %s"
+        ") e ON true WHERE r.run_id = %s ORDER BY e.log_offset"
+    ),
+    "snapshot": (
+        "SELECT e.log_offset, e.journal_offset, e.event FROM {s}.events e "
+        "JOIN {s}.runs r ON e.run_seq = r.seq WHERE r.run_id = %s ORDER BY e.log_offset"
+    ),
+    "tail": "SELECT last_offset, last_journal_offset, log_closed FROM {s}.runs WHERE run_id = %s",
+    "get_instance": "SELECT doc FROM {s}.instances WHERE key = %s",
+    "upsert_instance": (
+        "INSERT INTO {s}.instances (key, expires_at, doc) VALUES (%s, %s, %s) "
+        "ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at, doc = EXCLUDED.doc"
+    ),
+    "delete_instance": "DELETE FROM {s}.instances WHERE key = %s",
+    "expired_instances": (
+        "SELECT doc FROM {s}.instances WHERE expires_at IS NOT NULL AND expires_at <= %s "
+        "ORDER BY expires_at, key"
+    ),
+    # Taken when free, lapsed (inclusive) or already ours: one statement, so two hosts
+    # racing for a free lock cannot both win.
+    "try_lock": (
+        "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) "
+        "ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, "
+        "expires_at = EXCLUDED.expires_at WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s "
+        "RETURNING 1"
+    ),
+    "unlock": "DELETE FROM {s}.locks WHERE name = %s AND owner = %s",
+    "add_approval": (
+        "INSERT INTO {s}.approvals (run_id, approval_id, tool, args, call_id, created_at, "
+        "expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (run_id, approval_id) DO NOTHING RETURNING 1"
+    ),
+    "answer_approval": (
+        "UPDATE {s}.approvals SET decision = %s, reason = %s, answered_at = %s "
+        "WHERE run_id = %s AND approval_id = %s AND decision IS NULL RETURNING 1"
+    ),
+    "get_approval": (
+        "SELECT tool, args, call_id, created_at, expires_at, decision, reason, answered_at "
+        "FROM {s}.approvals WHERE run_id = %s AND approval_id = %s"
+    ),
+    "pending_approvals": (
+        "SELECT approval_id, tool, args, call_id, created_at, expires_at "
+        "FROM {s}.approvals WHERE run_id = %s AND decision IS NULL ORDER BY created_at, seq"
+    ),
+    "add_secret": (
+        "INSERT INTO {s}.secrets (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
+    ),
+    "get_secret": "SELECT value FROM {s}.secrets WHERE name = %s",
+}
+
+
+def _run_row(record: RunRecord) -> tuple[Any, ...]:
+    """The indexed columns of ``record`` (its ``unattended_since`` is what
+    ``list_reclaimable`` orders by) and its stored JSON."""
+    return (
+        record.thread_id,
+        record.status.value,
+        record.started_at,
+        record.unattended_since,
+        record.driver_epoch,
+        _logic.record_to_json(record),
+    )
+
+
+class PostgresStore:
+    """All store protocols over one PostgreSQL database (``postgresql://…``).
+
+    Open with :meth:`open` (or :func:`corral.stores.open_store`); ``fallback`` is how many
+    seconds a tailer waits for a notification before re-reading anyway.
+    """
+
+    def __init__(
+        self,
+        target: PgTarget,
+        pool: psycopg_pool.ConnectionPool[Conn],
+        *,
+        clock: Callable[[], float] = time.time,
+        fallback: float = FALLBACK_POLL,
+    ) -> None:
+        self.target = target
+        self.url = target.url
+        self.schema = target.schema
+        self._pool = pool
+        self._clock = clock
+        self._fallback = fallback
+        self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
+        self._wakeups = RunWakeups(target.schema)
+        self._hub: Hub | None = None
+        self._hub_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        url: str | PgTarget,
+        *,
+        clock: Callable[[], float] = time.time,
+        fallback: float = FALLBACK_POLL,
+    ) -> PostgresStore:
+        """Connect, create or migrate the schema, and open the pool. Raises
+        :class:`~corral.ConfigError` for a bad URL and :class:`StoreError` (one line,
+        password masked) when the server cannot be reached or the store is too new."""
+        target = parse_postgres_url(url) if isinstance(url, str) else url
+        pool = await anyio.to_thread.run_sync(cls._connect, target, clock())
+        return cls(target, pool, clock=clock, fallback=fallback)
+
+    @staticmethod
+    def _connect(target: PgTarget, now: float) -> psycopg_pool.ConnectionPool[Conn]:
+        try:
+            with psycopg.connect(target.dsn(), autocommit=True) as conn:
+                ensure_schema(conn, target.schema, target.where, now)
+        except psycopg.Error as exc:
+            raise connect_error(target, exc) from None
+        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
+            target.dsn(),
+            min_size=target.pool_min,
+            max_size=target.pool_max,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"corral:{target.schema}",
+            timeout=_POOL_WAIT,
+        )
+        try:
+            pool.open(wait=True, timeout=30.0)
+        except psycopg_pool.PoolTimeout:
+            pool.close()
+            raise StoreError(f"cannot reach PostgreSQL at {target.where}: the connection pool "
+                             "could not open its connections within 30 s") from None
+        return pool
+
+    def _now(self, now: float | None) -> float:
+        return float(self._clock() if now is None else now)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the pool and stop listening (the last store of a database out stops the
+        process's listening connection)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeups.close()
+        with self._hub_lock:
+            hub, self._hub = self._hub, None
+        thread = unsubscribe(hub, self._wakeups) if hub is not None else None
+        await anyio.to_thread.run_sync(self._pool.close, 10.0)
+        if thread is not None and thread.is_alive():
+            await anyio.to_thread.run_sync(thread.join, 10.0)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _error(self, exc: BaseException) -> StoreError:
+        if isinstance(exc, psycopg_pool.PoolTimeout):
+            return StoreError(
+                f"PostgreSQL store {self.target.where}: no free connection within "
+                f"{_POOL_WAIT:.0f} s (pool_max={self.target.pool_max}); raise pool_max in "
+                "the store URL or check the server")
+        if isinstance(exc, psycopg_pool.PoolClosed) or self._closed:
+            return StoreError(f"PostgreSQL store {self.target.where} is closed")
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreError(f"lost the connection to PostgreSQL at {self.target.where}: "
+                              f"{self.target.scrub(_first_line(exc))}")
+        return StoreError(f"PostgreSQL store {self.target.where}: "
+                          f"{self.target.scrub(_first_line(exc))}")
+
+    def _attempt(self, fn: Callable[[Conn], _T], write: bool) -> _T:
+        with self._pool.connection() as conn:
+            if not write:
+                try:
+                    return fn(conn)
+                except psycopg.OperationalError as exc:
+                    if conn.broken:
+                        raise _Broken() from exc
+                    raise
+            body_done = False
+            try:
+                with conn.transaction():
+                    result = fn(conn)
+                    body_done = True
+            except psycopg.OperationalError as exc:
+                if conn.broken and not body_done:
+                    # before COMMIT: the server rolls back what it got, a retry is safe
+                    raise _Broken() from exc
+                if conn.broken:
+                    raise StoreError(
+                        f"lost the connection to PostgreSQL at {self.target.where} while "
+                        "committing: the write may or may not have been applied") from None
+                raise
+            return result
+
+    def _run(self, fn: Callable[[Conn], _T], write: bool) -> _T:
+        """Run ``fn`` in one transaction (one statement, autocommit, when it only reads).
+        A connection that turns out dead before anything was written (a restarted server
+        leaves the whole pool dead) is replaced and the operation tried once more."""
+        try:
+            try:
+                return self._attempt(fn, write)
+            except _Broken:
+                self._pool.check()  # drop the pool's other dead connections too
+                try:
+                    return self._attempt(fn, write)
+                except _Broken as again:
+                    assert again.__cause__ is not None
+                    raise again.__cause__ from None
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise self._error(exc) from None
+        except UnicodeEncodeError as exc:
+            # a lone surrogate in a string: not representable in UTF-8 (nor in SQLite)
+            raise InvalidEvent(f"a value is not valid Unicode text: {exc.reason}") from None
+
+    async def _tx(self, fn: Callable[[Conn], _T]) -> _T:
+        """``fn`` in one transaction, in a worker thread."""
+        return await anyio.to_thread.run_sync(self._run, fn, True)
+
+    async def _stmt(self, fn: Callable[[Conn], _T]) -> _T:
+        """``fn`` in autocommit mode, for reads and for single statements that may run twice
+        (no BEGIN/COMMIT round trips): after a lost connection it may be retried whether
+        or not the server ran it."""
+        return await anyio.to_thread.run_sync(self._run, fn, False)
+
+    def _insert(self, conn: Conn, record: RunRecord) -> bool:
+        row = conn.execute(self._sql["insert_run"], (record.run_id, *_run_row(record))).fetchone()
+        return row is not None
+
+    def _save(self, conn: Conn, seq: int, record: RunRecord) -> None:
+        conn.execute(self._sql["save_run"], (*_run_row(record), seq))
+
+    def _load(self, conn: Conn, run_id: str) -> tuple[int, RunRecord | None]:
+        found = _load(conn, self._sql, run_id)
+        return (0, None) if found is None else found
+
+    async def diagnose(self, timeout: float = 5.0) -> str:
+        """One line for ``corral doctor``: the server, the schema version, and that a
+        notification reaches this process's listening connection (a NOTIFY sent now must
+        come back within ``timeout`` seconds). Raises :class:`StoreError` naming what
+        fails."""
+        sql = qualify("SELECT current_setting('server_version'), "
+                      "(SELECT max(version) FROM {s}.corral_schema)", self.schema)
+        row = await self._stmt(lambda conn: conn.execute(sql).fetchone())
+        assert row is not None
+        server, version = str(row[0]).split()[0], row[1]
+        self._listen()
+        hub = self._hub
+        assert hub is not None
+        probe = f"corral-diagnose-{_secrets.token_hex(8)}"
+        with anyio.move_on_after(timeout), self._wakeups.watch(probe):
+            while not hub.listening.is_set():  # a threading.Event: look, don't block
+                await anyio.sleep(0.02)
+            note = payload(self.schema, probe)
+            await self._stmt(lambda conn: conn.execute(self._sql["notify"], (CHANNEL, note)))
+            while not self._wakeups.notified(probe) and not self._closed:  # the probe only
+                await self._wakeups.wait(probe, self._wakeups.seen(probe), timeout)
+            if self._wakeups.notified(probe):
+                return (f"PostgreSQL {server} at {self.target.where} (schema {self.schema}), "
+                        f"schema version {version}; LISTEN/NOTIFY works")
+        raise StoreError(
+            f"PostgreSQL store {self.target.where}: LISTEN/NOTIFY did not deliver a "
+            f"notification within {timeout:g} s"
+            + (f" (the listening connection: {hub.last_error})" if hub.last_error else "")
+            + "; tails fall back to re-reading every few seconds")
+
+    # ------------------------------------------------------------------ runs
+
+    async def create(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        record = new.record(self._now(now))
+        _logic.record_to_json(record)  # refuse a non-JSON field before any I/O
+
+        def op(conn: Conn) -> RunRecord:
+            if not self._insert(conn, record):
+                raise RunExists(new.run_id)
+            return record
+
+        # a transaction, not autocommit: a retry after a lost connection must not
+        # answer RunExists for the run it created itself
+        return await self._tx(op)
+
+    async def create_or_resume(self, new: NewRun, *, now: float | None = None) -> RunRecord:
+        record = new.record(self._now(now))
+        _logic.record_to_json(record)
+
+        def op(conn: Conn) -> RunRecord:
+            if self._insert(conn, record):
+                return record
+            # Taken: a concurrent creator's row is committed by now (the insert waited).
+            row = conn.execute(self._sql["doc"], (new.run_id,)).fetchone()
+            if row is None:
+                raise StoreError(f"run {new.run_id!r} vanished while being created; retry")
+            return _logic.record_from_json(row[0])
+
+        return await self._stmt(op)
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        def op(conn: Conn) -> RunRecord | None:
+            row = conn.execute(self._sql["doc"], (run_id,)).fetchone()
+            return None if row is None else _logic.record_from_json(row[0])
+
+        return await self._stmt(op)
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        at = self._now(now)
+
+        def op(conn: Conn) -> RunRecord | None:
+            seq, old = self._load(conn, run_id)
+            new = _logic.update_transition(old, run_id, patch, expect_epoch, at)
+            if new is not None:
+                self._save(conn, seq, new)
+            return new
+
+        return await self._tx(op)
+
+    async def find_active_run(self, thread_id: str) -> RunRecord | None:
+        def op(conn: Conn) -> RunRecord | None:
+            found = _records(conn.execute(self._sql["active"], (thread_id,)).fetchall())
+            return found[0] if found else None
+
+        return await self._stmt(op)
+
+    async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
+        sql = self._sql["by_thread"]
+        return await self._stmt(lambda conn: _records(conn.execute(sql, (thread_id,)).fetchall()))
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord]:
+        limit = _logic.check_limit(limit)
+        args: tuple[object, ...]
+        if status is None:
+            sql, args = self._sql["newest"], (limit,)
+        else:
+            sql, args = self._sql["newest_status"], (RunStatus(status).value, limit)
+        return await self._stmt(lambda conn: _records(conn.execute(sql, args).fetchall()))
+
+    async def list_reclaimable(
+        self, now: float, ttl: float, *, limit: int | None = None
+    ) -> list[RunRecord]:
+        cutoff = float(now - ttl)
+        count = _logic.check_cap(limit)
+        sql = self._sql["reclaimable"]
+        return await self._stmt(
+            lambda conn: _records(conn.execute(sql, (cutoff, count)).fetchall()))
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        at = self._now(now)
+
+        def op(conn: Conn) -> RunRecord | None:
+            seq, old = self._load(conn, run_id)
+            new = _logic.cancel_transition(old, at)
+            if new is not None and new is not old:
+                self._save(conn, seq, new)
+            return new
+
+        return await self._tx(op)
+
+    # ------------------------------------------------------------------ claims
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        at = self._now(now)
+
+        def op(conn: Conn) -> Claim:
+            seq, old = self._load(conn, run_id)
+            new, claim = _logic.claim_transition(
+                old,
+                run_id,
+                owner,
+                ttl,
+                at,
+                clear_detached=clear_detached,
+                allow_cancelled=allow_cancelled,
+                break_lease_of=break_lease_of,
+            )
+            self._save(conn, seq, new)
+            return claim
+
+        return await self._tx(op)
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        at = self._now(now)
+
+        def op(conn: Conn) -> Claim:
+            seq, old = self._load(conn, claim.run_id)
+            new, renewed = _logic.renew_transition(old, claim, ttl, at)
+            self._save(conn, seq, new)
+            return renewed
+
+        return await self._tx(op)
+
+    async def release_claim(self, claim: Claim) -> None:
+        at = self._now(None)
+
+        def op(conn: Conn) -> None:
+            seq, old = self._load(conn, claim.run_id)
+            new = _logic.release_transition(old, claim, at)
+            if new is not None:
+                self._save(conn, seq, new)
+
+        await self._tx(op)
+
+    # ------------------------------------------------------------------ event log
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        encoded = _logic.encode_events(events)
+        note = payload(self.schema, run_id)
+        sql = self._sql
+
+        def op(conn: Conn) -> list[int]:
+            # The row lock serializes every appender and claimer of this run, on any host.
+            row = conn.execute(sql["lock_log"], (run_id,)).fetchone()
+            _logic.append_check(
+                None if row is None else int(row[1]), run_id, epoch, bool(row and row[3])
+            )
+            assert row is not None
+            seq, first = int(row[0]), int(row[2]) + 1
+            if not encoded:
+                return []
+            last = first + len(encoded) - 1
+            conn.execute(sql["append"], {
+                "seq": seq, "base": first - 1, "jos": [jo for _t, jo in encoded],
+                "texts": [text for text, _jo in encoded], "last": last,
+                "high": max(jo for _t, jo in encoded), "channel": CHANNEL, "note": note})
+            return list(range(first, last + 1))
+
+        return await self._tx(op)
+
+    def _listen(self) -> None:
+        """Subscribe this store to its process's listening connection (idempotent)."""
+        if self._closed:
+            raise StoreError(f"PostgreSQL store {self.target.where} is closed")
+        with self._hub_lock:
+            if self._hub is None:
+                # TCP keepalives: a connection that dies silently is noticed in ~25 s
+                dsn = self.target.dsn(application_name=LISTEN_NAME, keepalives=1,
+                                      keepalives_idle=10, keepalives_interval=5,
+                                      keepalives_count=3)
+                self._hub = subscribe(dsn, self._wakeups)
+
+    def _fetch_after(
+        self, run_id: str, position: int, conn: Conn
+    ) -> tuple[list[tuple[Any, ...]], bool, int] | None:
+        rows = conn.execute(self._sql["fetch_after"], (position, _READ_BATCH, run_id)).fetchall()
+        if not rows:
+            return None
+        events = [(r[2], r[3], r[4]) for r in rows if r[2] is not None]
+        return events, bool(rows[0][1]), int(rows[0][0])
+
+    async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
+        self._listen()
+        position = max(after, 0)
+        with self._wakeups.watch(run_id):  # before the first query: no wake-up slips by
+            while True:
+                seen = self._wakeups.seen(run_id)
+                fetched = await self._stmt(partial(self._fetch_after, run_id, position))
+                if fetched is None:
+                    raise UnknownRun(run_id)
+                rows, closed, last = fetched
+                for offset, journal_offset, text in rows:
+                    position = int(offset)
+                    yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
+                if rows:
+                    continue
+                if closed and position >= last:
+                    return
+                await self._wakeups.wait(run_id, seen, self._fallback)
+
+    async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
+        note = payload(self.schema, run_id)
+        sql = self._sql
+
+        def op(conn: Conn) -> bool:
+            row = conn.execute(sql["lock_log"], (run_id,)).fetchone()
+            if not _logic.close_allowed(None if row is None else int(row[1]), epoch):
+                return False
+            assert row is not None
+            if not row[3]:
+                conn.execute(sql["close_log"], (int(row[0]), CHANNEL, note))
+            return True
+
+        return await self._tx(op)
+
+    async def snapshot(self, run_id: str) -> list[LoggedEvent]:
+        sql = self._sql["snapshot"]
+        rows = await self._stmt(lambda conn: conn.execute(sql, (run_id,)).fetchall())
+        return [LoggedEvent(int(o), int(j), _logic.decode_event(t)) for o, j, t in rows]
+
+    async def tail(self, run_id: str) -> LogTail:
+        sql = self._sql["tail"]
+        row = await self._stmt(lambda conn: conn.execute(sql, (run_id,)).fetchone())
+        if row is None:
+            raise UnknownRun(run_id)
+        return LogTail(int(row[0]), None if row[1] is None else int(row[1]), bool(row[2]))
+
+    # ------------------------------------------------------------------ instances
+
+    async def get_instance(self, key: str) -> InstanceRecord | None:
+        sql = self._sql["get_instance"]
+        row = await self._stmt(lambda conn: conn.execute(sql, (key,)).fetchone())
+        if row is None:
+            return None
+        return InstanceRecord.from_dict(_logic.decode_event(row[0]))
+
+    async def upsert_instance(self, record: InstanceRecord) -> None:
+        doc = _logic.json_text(record.to_dict())
+        sql = self._sql["upsert_instance"]
+        await self._stmt(lambda conn: conn.execute(sql, (record.key, record.expires_at, doc)))
+
+    async def delete_instance(self, key: str) -> None:
+        sql = self._sql["delete_instance"]
+        await self._stmt(lambda conn: conn.execute(sql, (key,)))
+
+    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
+        sql = self._sql["expired_instances"]
+        rows = await self._stmt(lambda conn: conn.execute(sql, (float(now),)).fetchall())
+        return [InstanceRecord.from_dict(_logic.decode_event(row[0])) for row in rows]
+
+    # ------------------------------------------------------------------ named locks
+
+    async def try_lock(
+        self, name: str, owner: str, ttl: float, *, now: float | None = None
+    ) -> bool:
+        ttl = _logic.check_ttl(ttl)
+        at = self._now(now)
+        sql = self._sql["try_lock"]
+        row = await self._stmt(
+            lambda conn: conn.execute(sql, (name, owner, at + ttl, at)).fetchone())
+        return row is not None
+
+    async def unlock(self, name: str, owner: str) -> bool:
+        sql = self._sql["unlock"]
+        return await self._tx(lambda conn: conn.execute(sql, (name, owner)).rowcount > 0)
+
+    # ------------------------------------------------------------------ approvals
+
+    async def add_approval(self, request: ApprovalRequest) -> None:
+        args = _json(request.args, f"approval request {request.approval_id!r}: args")
+        sql = self._sql["add_approval"]
+        values = (request.run_id, request.approval_id, request.tool, args, request.call_id,
+                  float(request.created_at), float(request.expires_at))
+        row = await self._tx(lambda conn: conn.execute(sql, values).fetchone())
+        if row is None:
+            raise ApprovalExists(request.run_id, request.approval_id)
+
+    async def answer_approval(
+        self, run_id: str, approval_id: str, answer: ApprovalAnswer
+    ) -> ApprovalAnswer:
+        sql = self._sql
+
+        def op(conn: Conn) -> ApprovalAnswer:
+            # The UPDATE takes the row lock: of two concurrent answers the second finds the
+            # first one committed (decision no longer NULL) and reads it back.
+            done = conn.execute(sql["answer_approval"], (
+                answer.decision, answer.reason, float(answer.answered_at), run_id,
+                approval_id)).fetchone()
+            if done is not None:
+                return answer
+            row = conn.execute(sql["get_approval"], (run_id, approval_id)).fetchone()
+            if row is None:
+                raise UnknownApproval(run_id, approval_id)
+            return ApprovalAnswer(str(row[5]), row[6], float(row[7]))
+
+        return await self._tx(op)
+
+    async def get_approval(
+        self, run_id: str, approval_id: str
+    ) -> tuple[ApprovalRequest, ApprovalAnswer | None] | None:
+        sql = self._sql["get_approval"]
+        row = await self._stmt(lambda conn: conn.execute(sql, (run_id, approval_id)).fetchone())
+        if row is None:
+            return None
+        tool, args, call_id, created, expires, decision, reason, answered = row
+        request = ApprovalRequest(approval_id, run_id, tool, json.loads(args), float(created),
+                                  float(expires), call_id)
+        if decision is None:
+            return request, None
+        return request, ApprovalAnswer(str(decision), reason, float(answered))
+
+    async def list_pending_approvals(self, run_id: str) -> list[ApprovalRequest]:
+        sql = self._sql["pending_approvals"]
+        rows = await self._stmt(lambda conn: conn.execute(sql, (run_id,)).fetchall())
+        return [
+            ApprovalRequest(aid, run_id, tool, json.loads(args), float(created), float(expires),
+                            call_id)
+            for aid, tool, args, call_id, created, expires in rows
+        ]
+
+    # ------------------------------------------------------------------ secrets
+
+    async def shared_secret(self, name: str) -> bytes:
+        if not isinstance(name, str) or not name:
+            raise StoreError(f"a secret name must be a non-empty string, got {name!r}")
+        fresh = _secrets.token_bytes(32)
+        sql = self._sql
+
+        def op(conn: Conn) -> bytes:
+            # Insert-if-absent, then read: concurrent first callers on different hosts all
+            # read the one value that won.
+            conn.execute(sql["add_secret"], (name, fresh))
+            row = conn.execute(sql["get_secret"], (name,)).fetchone()
+            assert row is not None
+            return bytes(row[0])
+
+        return await self._tx(op)
+
