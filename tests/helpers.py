@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import json
 import os
 import secrets
 import sqlite3
@@ -196,14 +195,21 @@ def pg_database() -> Iterator[str]:
 
 
 def pg_log(url: str, run_id: str) -> list[dict[str, Any]]:
-    """A run's events as a PostgreSQL store holds them, checked gap-free."""
-    import psycopg
+    """A run's events as the store at ``url`` holds them (read through the store's own
+    API), checked gap-free."""
+    import anyio
 
-    with psycopg.connect(url) as conn:
-        rows = conn.execute('SELECT "offset", event FROM events WHERE run_id = %s '
-                            'ORDER BY "offset"', (run_id,)).fetchall()
-    assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), "offsets must be gap-free"
-    return [r[1] if isinstance(r[1], dict) else json.loads(r[1]) for r in rows]
+    async def read() -> list[Any]:
+        store = await open_store(url)
+        try:
+            return await store.snapshot(run_id)
+        finally:
+            await store.aclose()
+
+    logged = anyio.run(read)
+    assert [e.offset for e in logged] == list(range(1, len(logged) + 1)), "offsets gap-free"
+    return [e.event for e in logged]
+
 
 
 def assert_secret_only_in_secrets_table(db: Path, secret: bytes, *texts: str) -> None:
