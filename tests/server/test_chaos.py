@@ -2,7 +2,9 @@
 ``$CORRAL_HOME``. Twenty command runs go on while servers are SIGKILLed and restarted at
 random fifty times; viewers hop between servers with ``Last-Event-ID``. Every run must end
 with exactly one terminal status and a log equal to an uninterrupted run's (0 lost, 0
-duplicated), and the built-in reapers must never sweep at the same time."""
+duplicated), and the built-in reapers must never sweep at the same time. Meanwhile host-tool
+approvals held by a driver process on a fourth home are answered through whichever server is
+up: requests, answers and the key that signs their ids live in the shared store."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import json
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +24,7 @@ import httpx
 import pytest
 
 from tests.helpers import pg_database, pg_log, wait_until
-from tests.server.conftest import Home, Server, sse_events, ticker, ticker_text
+from tests.server.conftest import SRC, Home, Server, sse_events, ticker, ticker_text
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,6 +33,29 @@ RUNS = 20
 KILLS = 50
 LINES = 300
 EVERY = 0.1
+APPROVALS = 5
+
+# A driver's gate holding host-tool calls, as the MCP server of a run's driver holds them:
+# its own process and $CORRAL_HOME, only the store in common with the servers.
+GATE = """
+import json, sys, anyio
+from corral.stores import open_store
+from corral.tools import Approvals
+
+async def main():
+    store = await open_store(sys.argv[1])
+    def emit(event):
+        print(json.dumps(event.value), flush=True)
+    try:
+        for i in range(int(sys.argv[3])):
+            gate = Approvals(store, sys.argv[2], emit=emit, timeout=240)
+            decision = await gate.request("deploy", {"step": i})
+            print(json.dumps({"decision": decision}), flush=True)
+    finally:
+        await store.aclose()
+
+anyio.run(main)
+"""
 
 
 class Cluster:
@@ -68,6 +95,61 @@ class Cluster:
             yield s.log, killed
         for s in self.servers:
             yield s.log, None
+
+
+class Approver(threading.Thread):
+    """Answers each approval the gate process asks for through a random live server,
+    retrying across kills; the even ones are allowed, the odd ones denied."""
+
+    def __init__(self, cluster: Cluster, gate: subprocess.Popen[str], run_id: str) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.gate = gate
+        self.run_id = run_id
+        self.rng = random.Random(7)
+        self.decisions: list[str | None] = []
+        self.refused_again = 0
+
+    def answer(self, approval_id: str, decision: str) -> None:
+        path = f"/v1/runs/{self.run_id}/approvals/{approval_id}"
+        while True:
+            url = self.cluster.live_url(self.rng)
+            if url is None:
+                time.sleep(0.1)
+                continue
+            try:
+                r = httpx.post(url + path, json={"decision": decision}, timeout=10)
+            except httpx.HTTPError:
+                continue  # the server died under us: another one
+            if r.status_code == 200:
+                break
+            # A 409 "already answered" means an earlier try landed and its reply was lost.
+            assert r.status_code == 409 and "already answered" in r.text, r.text
+            break
+        # Once answered, any server refuses a second answer.
+        while True:
+            url = self.cluster.live_url(self.rng)
+            if url is None:
+                time.sleep(0.1)
+                continue
+            try:
+                again = httpx.post(url + path, json={"decision": "allow"}, timeout=10)
+            except httpx.HTTPError:
+                continue
+            assert again.status_code == 409, again.text
+            self.refused_again += 1
+            break
+
+    def run(self) -> None:
+        assert self.gate.stdout is not None
+        for line in self.gate.stdout:
+            message = json.loads(line)
+            if "tool" in message:  # corral.approval_request
+                time.sleep(self.rng.uniform(0.5, 3.0))  # spread over the kills
+                step = message["args"]["step"]
+                self.answer(message["approvalId"], "deny" if step % 2 else "allow")
+            elif set(message) == {"decision"}:  # what the held call was told
+                self.decisions.append(message["decision"])
 
 
 class Viewer(threading.Thread):
@@ -155,6 +237,14 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
             viewers = [Viewer(cluster, run_id, seed=i) for i, run_id in enumerate(runs)]
             for v in viewers:
                 v.start()
+            gate_home = tmp_path / "driver-home"
+            gate_home.mkdir()
+            gate = subprocess.Popen(
+                [sys.executable, "-c", GATE, url, runs[0], str(APPROVALS)],
+                env={**homes[0].env, "CORRAL_HOME": str(gate_home), "PYTHONPATH": str(SRC)},
+                stdout=subprocess.PIPE, text=True)
+            approver = Approver(cluster, gate, runs[0])
+            approver.start()
 
             rng = random.Random(1234)
             for _ in range(KILLS):
@@ -163,6 +253,12 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
             assert any(not v.ended for v in viewers), "the runs ended before the chaos did"
             for v in viewers:
                 v.join(420)
+            approver.join(240)
+            assert gate.wait(60) == 0
+            # allowed (None) and denied in turn, each answered once through some server
+            assert approver.decisions == [
+                None if i % 2 == 0 else "denied by a human" for i in range(APPROVALS)]
+            assert approver.refused_again == APPROVALS
             assert all(v.ended for v in viewers), [v.run_id for v in viewers if not v.ended]
 
             # An uninterrupted run of the same command is the reference translation.
