@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import secrets as _secrets
 import threading
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
@@ -59,6 +60,12 @@ from corral.stores._protocols import (
     UnknownRun,
 )
 from corral.stores._records import RunPatch, RunRecord, RunStatus
+
+# While the server is down the pool logs a warning per reconnect attempt, several a second;
+# the LISTEN thread already says once that PostgreSQL is unreachable. An application that
+# set this logger's level itself keeps its choice.
+if logging.getLogger("psycopg.pool").level == logging.NOTSET:
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 __all__ = ["PostgresStore"]
 
