@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         SpecTooLarge,
         Store,
         StoreError,
+        StoreUnavailable,
         UnknownRun,
     )
     from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
@@ -90,6 +91,7 @@ _EXPORTS: dict[str, str] = {
             "SpecTooLarge",
             "Store",
             "StoreError",
+            "StoreUnavailable",
             "UnknownRun",
         ),
         "corral.stores._protocols",
@@ -139,6 +141,7 @@ __all__ = [
     "SpecTooLarge",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "UNSET",
     "UnknownRun",
     "default_store_url",

@@ -5,7 +5,11 @@ ports, database, and libpq's query parameters such as ``sslmode``) plus corral's
 which are removed before the rest reaches libpq:
 
 - ``schema=NAME``: the PostgreSQL schema holding corral's tables (default ``public``),
-- ``pool_min=N`` / ``pool_max=N``: connections each store keeps open / may open (1 / 10).
+- ``pool_min=N`` / ``pool_max=N``: connections each store keeps open / may open (1 / 10),
+- ``pool_wait=S``: seconds a call waits for a free pooled connection (30),
+- ``outage_wait=S``: seconds a call keeps retrying while the server cannot be reached at all
+  (a restart, a failover) before it fails with :class:`~corral.stores.StoreUnavailable`
+  (600; 0 fails at once). Drivers wait an outage out instead of failing their runs.
 
 Nothing here imports psycopg until a URL is parsed, and the masked form (the password
 replaced by ``***``) is the only form that ever reaches a message or a log.
@@ -23,7 +27,7 @@ from corral._errors import ConfigError
 __all__ = ["PgTarget", "mask_url", "parse_postgres_url"]
 
 SCHEMES: Final = ("postgresql", "postgres")
-CORRAL_OPTIONS: Final = ("schema", "pool_min", "pool_max")
+CORRAL_OPTIONS: Final = ("schema", "pool_min", "pool_max", "pool_wait", "outage_wait")
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MASK: Final = "***"
 
@@ -41,6 +45,8 @@ class PgTarget:
     schema: str = "public"
     pool_min: int = 1
     pool_max: int = 10
+    pool_wait: int = 30
+    outage_wait: int = 600
     password: str | None = field(default=None, repr=False)
     """The password, if the URL carries one, so messages can be scrubbed of it."""
     defaults: dict[str, str] = field(default_factory=dict)
@@ -147,6 +153,9 @@ def parse_postgres_url(url: str) -> PgTarget:
     if pool_min > pool_max:
         raise ConfigError(f"store URL {shown}: pool_min ({pool_min}) is larger than pool_max "
                           f"({pool_max})")
+    pool_wait = _int_option(shown, "pool_wait", options.get("pool_wait", "30"), 1, 3600)
+    outage_wait = _int_option(shown, "outage_wait", options.get("outage_wait", "600"), 0,
+                              86400)
     conninfo = f"{scheme}://{base}" + ("?" + "&".join(passed) if passed else "")
     try:
         from psycopg.conninfo import conninfo_to_dict
@@ -168,6 +177,8 @@ def parse_postgres_url(url: str) -> PgTarget:
         schema=schema,
         pool_min=pool_min,
         pool_max=pool_max,
+        pool_wait=pool_wait,
+        outage_wait=outage_wait,
         password=str(password) if password else None,
         defaults=defaults,
     )

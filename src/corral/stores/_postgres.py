@@ -56,6 +56,7 @@ from corral.stores._protocols import (
     NewRun,
     RunExists,
     StoreError,
+    StoreUnavailable,
     UnknownApproval,
     UnknownRun,
 )
@@ -69,13 +70,22 @@ if logging.getLogger("psycopg.pool").level == logging.NOTSET:
 
 __all__ = ["PostgresStore"]
 
+log = logging.getLogger("corral.stores._postgres")
+
 _T = TypeVar("_T")
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 _READ_BATCH: Final = 1000
 FALLBACK_POLL: Final = 5.0
 """Seconds a tailer waits for a notification before re-reading anyway."""
-_POOL_WAIT: Final = 30.0
+
+
+class _CommitLost(StoreError):
+    """The connection died during COMMIT: the write may or may not have landed."""
+
+
+class _PoolTimedOut(StoreError):
+    """No pooled connection was handed out within ``pool_wait``."""
 
 
 class _Broken(Exception):
@@ -300,7 +310,7 @@ class PostgresStore:
             kwargs={"autocommit": True},
             open=False,
             name=f"corral:{target.schema}",
-            timeout=_POOL_WAIT,
+            timeout=target.pool_wait,
         )
         try:
             pool.open(wait=True, timeout=30.0)
@@ -337,10 +347,9 @@ class PostgresStore:
 
     def _error(self, exc: BaseException) -> StoreError:
         if isinstance(exc, psycopg_pool.PoolTimeout):
-            return StoreError(
-                f"PostgreSQL store {self.target.where}: no free connection within "
-                f"{_POOL_WAIT:.0f} s (pool_max={self.target.pool_max}); raise pool_max in "
-                "the store URL or check the server")
+            return _PoolTimedOut(
+                f"PostgreSQL store {self.target.where}: all {self.target.pool_max} connections "
+                f"stayed busy for {self.target.pool_wait} s; raise pool_max in the store URL")
         if isinstance(exc, psycopg_pool.PoolClosed) or self._closed:
             return StoreError(f"PostgreSQL store {self.target.where} is closed")
         if isinstance(exc, psycopg.OperationalError):
@@ -368,13 +377,55 @@ class PostgresStore:
                     # before COMMIT: the server rolls back what it got, a retry is safe
                     raise _Broken() from exc
                 if conn.broken:
-                    raise StoreError(
+                    raise _CommitLost(
                         f"lost the connection to PostgreSQL at {self.target.where} while "
                         "committing: the write may or may not have been applied") from None
                 raise
             return result
 
     def _run(self, fn: Callable[[Conn], _T], write: bool) -> _T:
+        """:meth:`_run_once`, waiting out an outage: while the server cannot be reached at
+        all (nothing was written), the call is retried with backoff for up to
+        ``outage_wait`` seconds, then fails with :class:`StoreUnavailable`. So a driver
+        pauses through a database restart instead of failing its run."""
+        started: float | None = None
+        delay = 0.1
+        while True:
+            try:
+                return self._run_once(fn, write)
+            except StoreError as exc:
+                if self._closed or not self._unreachable(exc):
+                    raise
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                    log.warning("PostgreSQL at %s cannot be reached; waiting up to %d s for "
+                                "it", self.target.where, self.target.outage_wait)
+                if now - started >= self.target.outage_wait:
+                    raise StoreUnavailable(
+                        f"PostgreSQL at {self.target.where} could not be reached for "
+                        f"{self.target.outage_wait} s; nothing was written, try again once "
+                        "it is back") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _unreachable(self, exc: StoreError) -> bool:
+        """Whether ``exc`` is an outage (no connection to the server can be made now) rather
+        than a busy pool or a failed statement: a fresh connection attempt decides."""
+        if isinstance(exc, StoreUnavailable | _CommitLost):
+            return False  # (a lost COMMIT is never retried: it may have landed)
+        if isinstance(exc, _PoolTimedOut):
+            # Fewer connections than pool_max yet none handed out: the pool cannot (re)make
+            # them, an outage (or its tail: the pool reconnects with its own backoff).
+            if self._pool.get_stats().get("pool_size", 0) < self.target.pool_max:
+                return True
+        try:
+            with psycopg.connect(self.target.dsn(connect_timeout=2), autocommit=True):
+                return False
+        except psycopg.Error:
+            return True
+
+    def _run_once(self, fn: Callable[[Conn], _T], write: bool) -> _T:
         """Run ``fn`` in one transaction (one statement, autocommit, when it only reads).
         A connection that turns out dead before anything was written (a restarted server
         leaves the whole pool dead) is replaced and the operation tried once more."""

@@ -36,6 +36,11 @@ class StoreError(CorralError):
     """A store could not do what was asked (the message says why and what to do)."""
 
 
+class StoreUnavailable(StoreError):
+    """The store could not be reached (its server is down or unreachable) for longer than the
+    store waits out an outage; nothing was written, and the same call may be retried."""
+
+
 class SpecTooLarge(StoreError, ValueError):
     """A new run's ``spec`` is larger than :data:`MAX_SPEC_BYTES`; nothing was stored."""
 
