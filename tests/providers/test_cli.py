@@ -103,3 +103,18 @@ def test_doctor_names_a_store_it_cannot_open(corral_cmd: list[str], cli_env: dic
     assert "[MISS] store" in out and "does not exist" in out
     assert "fix the URL (--store or CORRAL_STORE)" in out
     assert "cannot run isolated sandboxes here: fix store" in out
+
+
+def test_doctor_checks_a_postgres_store(corral_cmd: list[str], cli_env: dict[str, str],
+                                        need_bwrap: None) -> None:
+    from tests.helpers import drop_postgres_schema, postgres_schema
+
+    schema, url = postgres_schema()
+    try:
+        r = run([*corral_cmd, "doctor", "--store", url], cli_env)
+        out = r.stdout.decode()
+        assert r.returncode == 0, out
+        (line,) = [x for x in out.splitlines() if x.startswith("[ ok ] store")]
+        assert "PostgreSQL" in line and "schema version" in line and "NOTIFY" in line, line
+    finally:
+        drop_postgres_schema(schema)
