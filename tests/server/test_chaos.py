@@ -110,35 +110,28 @@ class Approver(threading.Thread):
         self.decisions: list[str | None] = []
         self.refused_again = 0
 
+    def post(self, path: str, decision: str) -> httpx.Response:
+        """POST to a random live server, trying another while they die under us."""
+        while True:
+            url = self.cluster.live_url(self.rng)
+            if url is None:
+                time.sleep(0.1)
+                continue
+            try:
+                return httpx.post(url + path, json={"decision": decision}, timeout=10)
+            except httpx.HTTPError:
+                continue
+
     def answer(self, approval_id: str, decision: str) -> None:
         path = f"/v1/runs/{self.run_id}/approvals/{approval_id}"
-        while True:
-            url = self.cluster.live_url(self.rng)
-            if url is None:
-                time.sleep(0.1)
-                continue
-            try:
-                r = httpx.post(url + path, json={"decision": decision}, timeout=10)
-            except httpx.HTTPError:
-                continue  # the server died under us: another one
-            if r.status_code == 200:
-                break
-            # A 409 "already answered" means an earlier try landed and its reply was lost.
-            assert r.status_code == 409 and "already answered" in r.text, r.text
-            break
+        r = self.post(path, decision)
+        # 409 "already answered": an earlier try landed, and its server died before replying.
+        assert r.status_code == 200 or (r.status_code == 409 and "already answered" in r.text), \
+            r.text
         # Once answered, any server refuses a second answer.
-        while True:
-            url = self.cluster.live_url(self.rng)
-            if url is None:
-                time.sleep(0.1)
-                continue
-            try:
-                again = httpx.post(url + path, json={"decision": "allow"}, timeout=10)
-            except httpx.HTTPError:
-                continue
-            assert again.status_code == 409, again.text
-            self.refused_again += 1
-            break
+        again = self.post(path, "allow")
+        assert again.status_code == 409, again.text
+        self.refused_again += 1
 
     def run(self) -> None:
         assert self.gate.stdout is not None

@@ -519,17 +519,13 @@ OPENER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("existing", [False, True], ids=["fresh", "older-store"])
-async def test_migrations_run_once_when_two_processes_open_at_once(
-    pg_url: str, existing: bool
-) -> None:
-    if existing:  # a store at this corral's version, which the child's corral migrates
-        async with opened(pg_url):
-            pass
+def _race(script: str, url: str, n: int) -> list[tuple[int, str, str]]:
+    """Run ``script`` in ``n`` processes released together once each printed ``ready``:
+    each one's (exit code, stdout after ``ready``, stderr)."""
     procs = [
-        subprocess.Popen([sys.executable, "-c", OPENER, pg_url], env=_env(), text=True,
+        subprocess.Popen([sys.executable, "-c", script, url], env=_env(), text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(2)
+        for _ in range(n)
     ]
     try:
         for p in procs:
@@ -542,8 +538,18 @@ async def test_migrations_run_once_when_two_processes_open_at_once(
     finally:
         for p in procs:
             p.kill()
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0 and out == "opened\n", err
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["fresh", "older-store"])
+async def test_migrations_run_once_when_two_processes_open_at_once(
+    pg_url: str, existing: bool
+) -> None:
+    if existing:  # a store at this corral's version, which the child's corral migrates
+        async with opened(pg_url):
+            pass
+    for code, out, err in _race(OPENER, pg_url, 2):
+        assert code == 0 and out == "opened\n", err
     schema = pg_url.rpartition("schema=")[2]
     assert len(_sql(f'SELECT pid FROM "{schema}".probe')) == 1
     versions = [v for (v,) in _sql(f'SELECT version FROM "{schema}".corral_schema ORDER BY 1')]
@@ -626,27 +632,12 @@ SECRET = textwrap.dedent(
 
 
 async def test_shared_secret_is_made_once_for_every_host(pg_url: str) -> None:
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SECRET, pg_url], env=_env(), text=True,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(3)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline() == "ready\n"
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        outs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    secrets = {out.strip() for out, _err in outs}
+    outs = _race(SECRET, pg_url, 3)
+    secrets = {out.strip() for _code, out, _err in outs}
     assert len(secrets) == 1 and len(bytes.fromhex(secrets.pop())) == 32, outs
     async with opened(pg_url) as store:
         again = await store.shared_secret("signing")
-        assert again.hex() == outs[0][0].strip()
+        assert again.hex() == outs[0][1].strip()
         other = await store.shared_secret("tokens")
         assert len(other) == 32 and other != again
         with pytest.raises(StoreError):
