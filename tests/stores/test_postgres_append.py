@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from corral.stores import _logic, _pg_schema
 from corral.stores._postgres import PostgresStore
-from corral.stores._protocols import NewRun, StoreError
+from corral.stores._protocols import ClaimRefused, NewRun, StoreError
 from tests.helpers import (
     drop_postgres_schema,
     postgres_database_url,
@@ -371,6 +371,23 @@ async def test_a_cancelled_append_finishes_its_statement(pg_url: str) -> None:
                 scopes[0].cancel()
         assert got == [1]
         assert await store.append("r", [({"type": "X"}, 2)], epoch=claim.epoch) == [2]
+
+
+async def test_appends_survive_psycopg_deallocating_every_prepared_statement(
+    pg_url: str,
+) -> None:
+    """psycopg answers a rollback on a connection where it prepared statements with
+    ``DEALLOCATE ALL``, the append's own statement included: the next append on that
+    connection prepares it again."""
+    async with opened(pg_url + "&pool_min=1&pool_max=1") as store:
+        await store.create(NewRun("r", "t"))
+        claim = await store.acquire_claim("r", "me", 600)
+        assert await store.append("r", [({"i": 1}, 1)], epoch=claim.epoch) == [1]
+        for _ in range(6):  # psycopg prepares a statement run five times
+            await store.get("r")
+        with pytest.raises(ClaimRefused):  # its transaction rolls back
+            await store.acquire_claim("r", "other", 600)
+        assert await store.append("r", [({"i": 2}, 2)], epoch=claim.epoch) == [2]
 
 
 async def test_appenders_share_a_pool_smaller_than_their_number(pg_url: str) -> None:

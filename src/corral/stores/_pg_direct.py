@@ -40,6 +40,8 @@ __all__ = ["LoopStatement", "MaybeRun", "NotRun", "Row", "int_array", "text_arra
 Conn = psycopg.Connection[tuple[Any, ...]]
 Row = tuple[bytes | None, ...]
 
+_NO_STATEMENT: Final = "26000"
+"""SQLSTATE invalid_sql_statement_name: the prepared statement does not exist."""
 _TAKE_IDLE: Final = 0.001
 """Seconds :meth:`psycopg_pool.ConnectionPool.getconn` may block the loop when the pool said
 a connection was idle (another thread can take it first; then the thread path waits)."""
@@ -100,32 +102,41 @@ class LoopStatement:
         values = [None if p is None else p.encode(encoding) for p in params]
         pg = conn.pgconn
         _probe(pg)
-        if conn not in self._prepared:
+        for _attempt in range(2):
+            if conn not in self._prepared:
+                await self._prepare(pg, encoding)
+                self._prepared.add(conn)
             try:
-                pg.send_prepare(self.name, self.sql)
+                pg.send_query_prepared(self.name, values)
             except psycopg.OperationalError as exc:
-                raise NotRun() from exc
+                raise NotRun() from exc  # nothing reached the server
             outcome = _Outcome(await _results(pg), pg, encoding)
-            if outcome.error is not None:
-                # PREPARE changes no data: a lost connection here needs no "maybe"
-                if outcome.lost:
+            if outcome.error is None:
+                if outcome.row is None:
+                    raise psycopg.ProgrammingError("the statement returned no row")
+                return outcome.row
+            if outcome.lost:
+                if outcome.refused_before_rows:
                     raise NotRun() from outcome.error
-                raise outcome.error
-            self._prepared.add(conn)
+                raise MaybeRun() from outcome.error
+            if not (outcome.refused_before_rows and outcome.error.sqlstate == _NO_STATEMENT):
+                raise outcome.error  # the server refused it (at commit, too): rolled back
+            # psycopg deallocates every prepared statement of a connection after a rollback
+            # (DEALLOCATE ALL, its own included): prepare ours again
+            self._prepared.discard(conn)
+        raise psycopg.ProgrammingError(f"prepared statement {self.name.decode()!r} vanished")
+
+    async def _prepare(self, pg: pq.abc.PGconn, encoding: str) -> None:
         try:
-            pg.send_query_prepared(self.name, values)
+            pg.send_prepare(self.name, self.sql)
         except psycopg.OperationalError as exc:
-            raise NotRun() from exc  # nothing reached the server
+            raise NotRun() from exc
         outcome = _Outcome(await _results(pg), pg, encoding)
-        if outcome.error is None:
-            if outcome.row is None:
-                raise psycopg.ProgrammingError("the statement returned no row")
-            return outcome.row
-        if not outcome.lost:
-            raise outcome.error  # the server refused it (at commit, too) and rolled it back
-        if outcome.refused_before_rows:
-            raise NotRun() from outcome.error
-        raise MaybeRun() from outcome.error
+        if outcome.error is not None:
+            # PREPARE changes no data: a lost connection here needs no "maybe"
+            if outcome.lost:
+                raise NotRun() from outcome.error
+            raise outcome.error
 
 
 class _Outcome:
