@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from corral.stores import _logic, _pg_schema
 from corral.stores._postgres import PostgresStore
-from corral.stores._protocols import ClaimRefused, NewRun, StoreError
+from corral.stores._protocols import ClaimRefused, InvalidEvent, NewRun, StoreError
 from tests.helpers import (
     drop_postgres_schema,
     postgres_database_url,
@@ -177,6 +177,23 @@ async def test_events_are_stored_as_the_same_json_text(pg_url: str) -> None:
         await anyio.to_thread.run_sync(same)
         snap = await store.snapshot("r")
         assert [e.offset for e in snap] == list(range(1, len(snap) + 1))
+
+
+async def test_refused_batches_land_nothing_and_leave_the_connection_usable(
+    pg_url: str,
+) -> None:
+    """Text the connection cannot carry (a lone surrogate) is refused before anything is
+    sent; a value the server refuses (a journal offset past bigint) rolls the statement
+    back. Either way nothing lands and the one pooled connection serves the next append."""
+    async with opened(pg_url + "&pool_min=1&pool_max=1") as store:
+        await store.create(NewRun("r", "t"))
+        claim = await store.acquire_claim("r", "me", 600)
+        with pytest.raises(InvalidEvent, match="not valid Unicode text"):
+            await store.append("r", [({"s": "ok"}, 1), ({"s": "\ud800"}, 2)], epoch=claim.epoch)
+        with pytest.raises(StoreError, match="out of range for type bigint"):
+            await store.append("r", [({"s": "ok"}, 1), ({"s": "big"}, 2**63)], epoch=claim.epoch)
+        assert await store.snapshot("r") == []
+        assert await store.append("r", [({"s": "ok"}, 1)], epoch=claim.epoch) == [1]
 
 
 # ------------------------------------------------------------------ schema version 1

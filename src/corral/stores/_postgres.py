@@ -1,8 +1,8 @@
 """PostgreSQL store: many hosts share runs (``postgresql://user@host:5432/dbname``).
 
-Each operation is one transaction on a connection borrowed from a sync psycopg pool, run in a
-worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and corral runs on
-trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
+Each operation but the append is one transaction on a connection borrowed from a sync psycopg
+pool, run in a worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and
+corral runs on trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
 rules of :mod:`corral.stores._logic` and write in the same transaction, so concurrent
 appenders and claimers on any number of hosts serialize on the row: offsets stay gap-free and
 nothing from a superseded epoch lands.
@@ -12,7 +12,10 @@ An append is one round trip, run from the event loop without a worker thread
 function, which locks the run's row, writes only when the fencing rule allows it, and inserts
 the batch, bumps the offsets and notifies in that one transaction. The rule stays
 :func:`corral.stores._logic.append_check`: when the function wrote nothing it returns what it
-saw, and the store asks ``append_check`` which error to raise.
+saw, and the store asks ``append_check`` which error to raise. A connection lost after the
+call was sent leaves the append undecided (it may have committed): that is reported, never
+retried; a connection found dead before, or a call the server refused before running it, is
+retried once on a fresh connection.
 
 Tails wait for ``LISTEN/NOTIFY`` wake-ups through one listening connection per process
 (:mod:`corral.stores._pg_listen`) and re-read every ``fallback`` seconds regardless.
