@@ -182,9 +182,10 @@ async def test_events_are_stored_as_the_same_json_text(pg_url: str) -> None:
 async def test_refused_batches_land_nothing_and_leave_the_connection_usable(
     pg_url: str,
 ) -> None:
-    """Text the connection cannot carry (a lone surrogate) is refused before anything is
-    sent; a value the server refuses (a journal offset past bigint) rolls the statement
-    back. Either way nothing lands and the one pooled connection serves the next append."""
+    """Text the connection cannot carry (a lone surrogate, a NUL in the run id) is refused
+    before anything is sent; a value the server refuses (a journal offset past bigint) rolls
+    the statement back. Either way nothing lands and the one pooled connection serves the
+    next append."""
     async with opened(pg_url + "&pool_min=1&pool_max=1") as store:
         await store.create(NewRun("r", "t"))
         claim = await store.acquire_claim("r", "me", 600)
@@ -192,6 +193,9 @@ async def test_refused_batches_land_nothing_and_leave_the_connection_usable(
             await store.append("r", [({"s": "ok"}, 1), ({"s": "\ud800"}, 2)], epoch=claim.epoch)
         with pytest.raises(StoreError, match="out of range for type bigint"):
             await store.append("r", [({"s": "ok"}, 1), ({"s": "big"}, 2**63)], epoch=claim.epoch)
+        # libpq would read a text parameter up to its NUL: this one would name run "r"
+        with pytest.raises(StoreError, match="cannot contain NUL"):
+            await store.append("r\0x", [({"s": "ok"}, 1)], epoch=claim.epoch)
         assert await store.snapshot("r") == []
         assert await store.append("r", [({"s": "ok"}, 1)], epoch=claim.epoch) == [1]
 

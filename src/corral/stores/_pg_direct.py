@@ -3,9 +3,10 @@
 The store's other operations run sync psycopg in a worker thread (psycopg's async API is
 asyncio-only). For its hottest statement, the append, the hop is too dear: the event loop
 wakes a worker, the worker waits on the socket, then wakes the loop (the same one-statement
-append measured ~540 µs through ``anyio.to_thread``, ~350 µs from the loop, on a 2-vCPU VM). A :class:`LoopStatement` instead sends the statement with libpq's
-non-blocking calls (``psycopg.pq``) and waits for the answer with
-:func:`anyio.wait_readable`, so it works on asyncio and trio alike. The statement is prepared
+append measured ~540 µs through ``anyio.to_thread``, ~350 µs from the loop, on a 2-vCPU
+VM). A :class:`LoopStatement` instead sends the statement with libpq's non-blocking calls
+(``psycopg.pq``) and waits for the answer with :func:`anyio.wait_readable`, so it works on
+asyncio and trio alike. The statement is prepared
 once per connection (~50 µs a call less than parsing it each time).
 
 Connections come from the store's sync pool: taken on the loop when one is idle (no
@@ -86,10 +87,10 @@ class LoopStatement:
         """The statement's first result row (text format), run with ``params`` (text).
 
         Raises :class:`NotRun`, :class:`MaybeRun`, a psycopg error the server answered with,
-        the pool's errors, or :class:`UnicodeEncodeError` for a parameter the connection's
-        encoding cannot carry (nothing sent). Not cancellable once started, like a worker
-        thread: a cancelled caller finds out after the statement ended and the connection
-        is back in the pool."""
+        the pool's errors, or (nothing sent) :class:`UnicodeEncodeError` for a parameter the
+        connection's encoding cannot carry and :class:`psycopg.DataError` for one holding a
+        NUL. Not cancellable once started, like a worker thread: a cancelled caller finds out
+        after the statement ended and the connection is back in the pool."""
         with anyio.CancelScope(shield=True):
             conn = await _checkout(pool)
             try:
@@ -100,7 +101,7 @@ class LoopStatement:
 
     async def _run(self, conn: Conn, params: Sequence[str | None]) -> Row:
         encoding = conn.info.encoding
-        values = [None if p is None else p.encode(encoding) for p in params]
+        values = [None if p is None else _text(p, encoding) for p in params]
         pg = conn.pgconn
         _probe(pg)
         for _attempt in range(2):
@@ -138,6 +139,14 @@ class LoopStatement:
             if outcome.lost:
                 raise NotRun() from outcome.error
             raise outcome.error
+
+
+def _text(value: str, encoding: str) -> bytes:
+    """A text parameter: libpq reads one up to its first NUL byte, so ``"r\\0x"`` would
+    name run ``"r"``; refused like psycopg refuses it."""
+    if "\0" in value:
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return value.encode(encoding)
 
 
 class _Outcome:

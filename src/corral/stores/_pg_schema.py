@@ -85,8 +85,8 @@ CREATE TABLE {s}.secrets (
 # function writes only when append_check would let the append land (the run exists, its
 # driver_epoch equals the writer's epoch, that epoch is >= 1, its log is not closed), and
 # returns what it saw, so that when it wrote nothing the store calls append_check with that
-# state to raise the error every backend raises. tests/stores/test_postgres.py checks that
-# the two agree on every combination. The row lock serializes appenders and claimers of the
+# state to raise the error every backend raises. tests/stores/test_postgres_append.py checks
+# that the two agree on every combination. The row lock serializes appenders and claimers of the
 # run on every host (gap-free offsets); the notification is delivered at commit.
 _V2: Final = """
 CREATE FUNCTION {s}.append_events(

@@ -1,11 +1,11 @@
 """PostgreSQL store: many hosts share runs (``postgresql://user@host:5432/dbname``).
 
-Each operation but the append is one transaction on a connection borrowed from a sync psycopg
-pool, run in a worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and
-corral runs on trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
-rules of :mod:`corral.stores._logic` and write in the same transaction, so concurrent
-appenders and claimers on any number of hosts serialize on the row: offsets stay gap-free and
-nothing from a superseded epoch lands.
+Each operation but the append is one transaction on a connection borrowed from a sync
+psycopg pool, run in a worker thread (``anyio.to_thread``): psycopg's async API is
+asyncio-only and corral runs on trio too. Fenced writes lock the run's row (``SELECT … FOR
+UPDATE``), decide with the shared rules of :mod:`corral.stores._logic` and write in the same
+transaction, so concurrent appenders and claimers on any number of hosts serialize on the
+row: offsets stay gap-free and nothing from a superseded epoch lands.
 
 An append is one round trip, run from the event loop without a worker thread
 (:mod:`corral.stores._pg_direct`): one autocommit call of the schema's ``append_events``
