@@ -129,7 +129,8 @@ def _postgres_setup(url: str) -> tuple[str, str | None, str]:
                            "current_setting('fsync')").fetchone()
     assert row is not None
     about = (f"PostgreSQL {row[0]} (synchronous_commit={row[1]}, fsync={row[2]}), "
-             f"psycopg {psycopg.__version__} sync pool via anyio.to_thread")
+             f"psycopg {psycopg.__version__} (appends from the event loop, the rest via "
+             "anyio.to_thread)")
     return url, schema, about
 
 

@@ -80,7 +80,53 @@ CREATE TABLE {s}.secrets (
 );
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1)]
+# An append in one round trip (one autocommit statement: its own transaction). The fencing
+# condition below mirrors corral.stores._logic.append_check, which stays the rule: the
+# function writes only when append_check would let the append land (the run exists, its
+# driver_epoch equals the writer's epoch, that epoch is >= 1, its log is not closed), and
+# returns what it saw, so that when it wrote nothing the store calls append_check with that
+# state to raise the error every backend raises. tests/stores/test_postgres_append.py checks
+# that the two agree on every combination. The row lock serializes appenders and claimers of the
+# run on every host (gap-free offsets); the notification is delivered at commit.
+_V2: Final = """
+CREATE FUNCTION {s}.append_events(
+    p_run_id text, p_epoch bigint, p_journal bigint[], p_events text[],
+    p_channel text, p_note text,
+    OUT o_exists boolean, OUT o_epoch bigint, OUT o_closed boolean, OUT o_first bigint
+) LANGUAGE plpgsql AS $$
+DECLARE
+    v_seq bigint;
+    v_last bigint;
+    v_count integer := coalesce(cardinality(p_events), 0);
+BEGIN
+    SELECT r.seq, r.driver_epoch, r.last_offset, r.log_closed
+        INTO v_seq, o_epoch, v_last, o_closed
+        FROM {s}.runs r WHERE r.run_id = p_run_id FOR UPDATE;
+    o_exists := FOUND;
+    -- _logic.append_check's rule: unknown run, lost claim (epoch < 1 never writes), closed
+    IF NOT o_exists OR o_epoch <> p_epoch OR p_epoch < 1 OR o_closed THEN
+        RETURN;  -- o_first stays NULL: nothing written
+    END IF;
+    o_first := v_last + 1;
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO {s}.events (run_seq, log_offset, journal_offset, event)
+        SELECT v_seq, v_last + t.n, t.j, t.e
+        FROM unnest(p_journal, p_events) WITH ORDINALITY AS t(j, e, n);
+    -- The highest journal offset, not the last: an out-of-band event (an approval request,
+    -- a file event) logged at a stale offset must not send a successor back over lines
+    -- logged.
+    UPDATE {s}.runs SET last_offset = v_last + v_count,
+        last_journal_offset = GREATEST(coalesce(last_journal_offset, 0),
+                                       (SELECT max(j) FROM unnest(p_journal) AS j))
+        WHERE seq = v_seq;
+    PERFORM pg_notify(p_channel, p_note);
+END
+$$;
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2)]
 """``(version, SQL)`` in order; ``{s}`` stands for the quoted schema name. Append, never
 edit: a store records which versions it has."""
 

@@ -1,13 +1,21 @@
 """PostgreSQL store: many hosts share runs (``postgresql://user@host:5432/dbname``).
 
-Each operation is one transaction on a connection borrowed from a sync psycopg pool, run in a
-worker thread (``anyio.to_thread``): psycopg's async API is asyncio-only and corral runs on
-trio too. Fenced writes lock the run's row (``SELECT … FOR UPDATE``), decide with the shared
-rules of :mod:`corral.stores._logic` and write in the same transaction, so concurrent
-appenders and claimers on any number of hosts serialize on the row: offsets stay gap-free and
-nothing from a superseded epoch lands. An append is four round trips: BEGIN, the locking read,
-one statement writing the events, the run's offsets and the notification, and COMMIT
-(psycopg's pipeline mode measured slower here than these small round trips).
+Each operation but the append is one transaction on a connection borrowed from a sync
+psycopg pool, run in a worker thread (``anyio.to_thread``): psycopg's async API is
+asyncio-only and corral runs on trio too. Fenced writes lock the run's row (``SELECT … FOR
+UPDATE``), decide with the shared rules of :mod:`corral.stores._logic` and write in the same
+transaction, so concurrent appenders and claimers on any number of hosts serialize on the
+row: offsets stay gap-free and nothing from a superseded epoch lands.
+
+An append is one round trip, run from the event loop without a worker thread
+(:mod:`corral.stores._pg_direct`): one autocommit call of the schema's ``append_events``
+function, which locks the run's row, writes only when the fencing rule allows it, and inserts
+the batch, bumps the offsets and notifies in that one transaction. The rule stays
+:func:`corral.stores._logic.append_check`: when the function wrote nothing it returns what it
+saw, and the store asks ``append_check`` which error to raise. A connection lost after the
+call was sent leaves the append undecided (it may have committed): that is reported, never
+retried; a connection found dead before, or a call the server refused before running it, is
+retried once on a fresh connection.
 
 Tails wait for ``LISTEN/NOTIFY`` wake-ups through one listening connection per process
 (:mod:`corral.stores._pg_listen`) and re-read every ``fallback`` seconds regardless.
@@ -40,6 +48,7 @@ import psycopg_pool
 
 from corral._errors import ConfigError
 from corral.stores import _logic
+from corral.stores._pg_direct import LoopStatement, MaybeRun, NotRun, Row, int_array, text_array
 from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
 from corral.stores._pg_listen import subscribe, unsubscribe
 from corral.stores._pg_schema import ensure_schema, qualify
@@ -78,6 +87,11 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 _READ_BATCH: Final = 1000
 FALLBACK_POLL: Final = 5.0
 """Seconds a tailer waits for a notification before re-reading anyway."""
+_BIGINT: Final = (-(2**63), 2**63 - 1)
+_APPEND: Final = (
+    "SELECT o_exists, o_epoch, o_closed, o_first "
+    "FROM {s}.append_events($1, $2::bigint, $3::bigint[], $4::text[], $5, $6)"
+)
 
 
 class _CommitLost(StoreError):
@@ -86,6 +100,32 @@ class _CommitLost(StoreError):
 
 class _PoolTimedOut(StoreError):
     """No pooled connection was handed out within ``pool_wait``."""
+
+
+class _Outage:
+    """How a call waits out an outage: while the server cannot be reached at all (nothing
+    was written), retry with backoff for up to ``outage_wait`` seconds, then fail with
+    :class:`StoreUnavailable`. So a driver pauses through a database restart instead of
+    failing its run."""
+
+    def __init__(self, target: PgTarget) -> None:
+        self.target = target
+        self.started: float | None = None
+        self.delay = 0.1
+
+    def next_wait(self) -> float:
+        """Seconds to wait before the next try; raises once the budget is spent."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            log.warning("PostgreSQL at %s cannot be reached; waiting up to %d s for it",
+                        self.target.where, self.target.outage_wait)
+        if now - self.started >= self.target.outage_wait:
+            raise StoreUnavailable(
+                f"PostgreSQL at {self.target.where} could not be reached for "
+                f"{self.target.outage_wait} s; nothing was written, try again once it is back")
+        wait, self.delay = self.delay, min(self.delay * 2, 2.0)
+        return wait
 
 
 class _Broken(Exception):
@@ -165,21 +205,6 @@ _SQL: Final = {
     "lock_log": (
         "SELECT seq, driver_epoch, last_offset, log_closed FROM {s}.runs WHERE run_id = %s "
         "FOR UPDATE"
-    ),
-    # One statement (one round trip) for every write of an append, after the locking read:
-    # the batch, the run's offsets and the notification (delivered at commit). The highest
-    # journal offset, not the last: an out-of-band event (an approval request, a file
-    # event) logged at a stale offset must not send a successor back over lines logged.
-    "append": (
-        "WITH ins AS ("
-        " INSERT INTO {s}.events (run_seq, log_offset, journal_offset, event)"
-        " SELECT %(seq)s, %(base)s + t.n, t.j, t.e"
-        " FROM unnest(%(jos)s::bigint[], %(texts)s::text[]) WITH ORDINALITY AS t(j, e, n)"
-        "), bump AS ("
-        " UPDATE {s}.runs SET last_offset = %(last)s,"
-        " last_journal_offset = GREATEST(COALESCE(last_journal_offset, 0), %(high)s)"
-        " WHERE seq = %(seq)s"
-        ") SELECT pg_notify(%(channel)s, %(note)s)"
     ),
     "notify": "SELECT pg_notify(%s, %s)",
     "close_log": (
@@ -276,6 +301,7 @@ class PostgresStore:
         self._clock = clock
         self._fallback = fallback
         self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
+        self._append = LoopStatement("corral_append", qualify(_APPEND, target.schema))
         self._wakeups = RunWakeups(target.schema)
         self._hub: Hub | None = None
         self._hub_lock = threading.Lock()
@@ -384,30 +410,15 @@ class PostgresStore:
             return result
 
     def _run(self, fn: Callable[[Conn], _T], write: bool) -> _T:
-        """:meth:`_run_once`, waiting out an outage: while the server cannot be reached at
-        all (nothing was written), the call is retried with backoff for up to
-        ``outage_wait`` seconds, then fails with :class:`StoreUnavailable`. So a driver
-        pauses through a database restart instead of failing its run."""
-        started: float | None = None
-        delay = 0.1
+        """:meth:`_run_once`, waiting out an outage (:class:`_Outage`)."""
+        outage = _Outage(self.target)
         while True:
             try:
                 return self._run_once(fn, write)
             except StoreError as exc:
                 if self._closed or not self._unreachable(exc):
                     raise
-                now = time.monotonic()
-                if started is None:
-                    started = now
-                    log.warning("PostgreSQL at %s cannot be reached; waiting up to %d s for "
-                                "it", self.target.where, self.target.outage_wait)
-                if now - started >= self.target.outage_wait:
-                    raise StoreUnavailable(
-                        f"PostgreSQL at {self.target.where} could not be reached for "
-                        f"{self.target.outage_wait} s; nothing was written, try again once "
-                        "it is back") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                time.sleep(outage.next_wait())
 
     def _unreachable(self, exc: StoreError) -> bool:
         """Whether ``exc`` is an outage (no connection to the server can be made now) rather
@@ -448,6 +459,42 @@ class PostgresStore:
     async def _tx(self, fn: Callable[[Conn], _T]) -> _T:
         """``fn`` in one transaction, in a worker thread."""
         return await anyio.to_thread.run_sync(self._run, fn, True)
+
+    async def _direct(self, statement: LoopStatement, params: Sequence[str | None]) -> Row:
+        """:meth:`_direct_once`, waiting out an outage (:class:`_Outage`)."""
+        outage = _Outage(self.target)
+        while True:
+            try:
+                return await self._direct_once(statement, params)
+            except StoreError as exc:
+                if self._closed or not await anyio.to_thread.run_sync(self._unreachable, exc):
+                    raise
+                await anyio.sleep(outage.next_wait())
+
+    async def _direct_once(self, statement: LoopStatement, params: Sequence[str | None]) -> Row:
+        """``statement`` in autocommit mode from the event loop (no worker thread): its
+        first row. A connection found dead before the statement ran (a restarted server
+        leaves the whole pool dead) is replaced and the statement tried once more; one lost
+        after it was sent is a :class:`StoreError` saying the write may or may not have been
+        applied."""
+        try:
+            try:
+                return await statement.first_row(self._pool, params)
+            except NotRun:
+                await anyio.to_thread.run_sync(self._pool.check)
+                try:
+                    return await statement.first_row(self._pool, params)
+                except NotRun as again:
+                    assert again.__cause__ is not None
+                    raise again.__cause__ from None
+        except MaybeRun:
+            raise _CommitLost(
+                f"lost the connection to PostgreSQL at {self.target.where} while "
+                "committing: the write may or may not have been applied") from None
+        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            raise self._error(exc) from None
+        except UnicodeEncodeError as exc:
+            raise InvalidEvent(f"a value is not valid Unicode text: {exc.reason}") from None
 
     async def _stmt(self, fn: Callable[[Conn], _T]) -> _T:
         """``fn`` in autocommit mode, for reads and for single statements that may run twice
@@ -659,27 +706,23 @@ class PostgresStore:
         epoch: int,
     ) -> list[int]:
         encoded = _logic.encode_events(events)
-        note = payload(self.schema, run_id)
-        sql = self._sql
-
-        def op(conn: Conn) -> list[int]:
-            # The row lock serializes every appender and claimer of this run, on any host.
-            row = conn.execute(sql["lock_log"], (run_id,)).fetchone()
-            _logic.append_check(
-                None if row is None else int(row[1]), run_id, epoch, bool(row and row[3])
-            )
-            assert row is not None
-            seq, first = int(row[0]), int(row[2]) + 1
-            if not encoded:
-                return []
-            last = first + len(encoded) - 1
-            conn.execute(sql["append"], {
-                "seq": seq, "base": first - 1, "jos": [jo for _t, jo in encoded],
-                "texts": [text for text, _jo in encoded], "last": last,
-                "high": max(jo for _t, jo in encoded), "channel": CHANNEL, "note": note})
-            return list(range(first, last + 1))
-
-        return await self._tx(op)
+        # An epoch no bigint can hold matches no run: send one that never writes (< 1), and
+        # let append_check judge the real one.
+        sent = int(epoch) if isinstance(epoch, int) and _BIGINT[0] <= epoch <= _BIGINT[1] else 0
+        params = (run_id, str(sent), int_array([jo for _t, jo in encoded]),
+                  text_array([text for text, _jo in encoded]), CHANNEL,
+                  payload(self.schema, run_id))
+        exists, current, closed, first = await self._direct(self._append, params)
+        if first is None:
+            # Nothing written: the rule says why, in the words of every other backend.
+            _logic.append_check(None if exists != b"t" or current is None else int(current),
+                                run_id, epoch, closed == b"t")
+            raise StoreError(
+                f"PostgreSQL store {self.target.where}: {self.schema}.append_events refused "
+                f"an append to {run_id!r} at epoch {epoch} that _logic.append_check allows "
+                "(a bug in corral: please report it)")
+        start = int(first)
+        return list(range(start, start + len(encoded)))
 
     def _listen(self) -> None:
         """Subscribe this store to its process's listening connection (idempotent)."""
