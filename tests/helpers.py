@@ -30,6 +30,8 @@ __all__ = [
     "drop_postgres_schema",
     "memory_store",
     "one_line_refusal",
+    "pg_opened",
+    "pg_sql",
     "pg_database",
     "pg_log",
     "postgres_database_url",
@@ -237,3 +239,24 @@ def assert_secret_only_in_secrets_table(db: Path, secret: bytes, *texts: str) ->
         conn.close()
     for text in texts:
         assert not any(f in text for f in forms), "the key is in a log or output"
+
+
+@asynccontextmanager
+async def pg_opened(url: str, **kw: Any) -> AsyncIterator[Any]:
+    """A :class:`~corral.stores.PostgresStore` on ``url``, closed afterwards."""
+    from corral.stores._postgres import PostgresStore
+
+    store = await PostgresStore.open(url, **kw)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def pg_sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """One statement on this test process's PostgreSQL database (autocommit): its rows."""
+    import psycopg
+
+    with psycopg.connect(postgres_database_url(), autocommit=True) as conn:
+        cur = conn.execute(query, args or None)
+        return cur.fetchall() if cur.description else []

@@ -14,8 +14,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,8 +49,11 @@ from tests.helpers import (
     wait_until,
     wait_until_async,
 )
+from tests.helpers import pg_opened as opened
+from tests.helpers import pg_sql as _sql
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+
 pytestmark = pytest.mark.anyio
 DEADLINE = 30.0
 HOUR = 3600.0
@@ -64,30 +65,6 @@ def _env(**extra: str) -> dict[str, str]:
     env.pop("CORRAL_STORE", None)
     env.update(extra)
     return env
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A store URL for a fresh schema, dropped afterwards."""
-    schema, url = postgres_schema()
-    yield url
-    drop_postgres_schema(schema)
-
-
-@asynccontextmanager
-async def opened(url: str, **kw: Any) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url, **kw)
-    try:
-        yield store
-    finally:
-        await store.aclose()
-
-
-def _sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """One statement on the test database (autocommit), its rows."""
-    with psycopg.connect(postgres_database_url(), autocommit=True) as conn:
-        cur = conn.execute(query, args or None)
-        return cur.fetchall() if cur.description else []
 
 
 def _backends(application_name: str) -> list[int]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,38 +30,15 @@ from corral.stores import _logic, _pg_schema
 from corral.stores._postgres import PostgresStore
 from corral.stores._protocols import ClaimRefused, InvalidEvent, NewRun, StoreError
 from tests.helpers import (
-    drop_postgres_schema,
     postgres_database_url,
-    postgres_schema,
     wait_until_async,
 )
+from tests.helpers import pg_opened as opened
+from tests.helpers import pg_sql as _sql
+
 
 pytestmark = pytest.mark.anyio
 DEADLINE = 30.0
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A store URL for a fresh schema, dropped afterwards."""
-    schema, url = postgres_schema()
-    yield url
-    drop_postgres_schema(schema)
-
-
-@asynccontextmanager
-async def opened(url: str, **kw: Any) -> AsyncIterator[PostgresStore]:
-    store = await PostgresStore.open(url, **kw)
-    try:
-        yield store
-    finally:
-        await store.aclose()
-
-
-def _sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """One statement on the test database (autocommit), its rows."""
-    with psycopg.connect(postgres_database_url(), autocommit=True) as conn:
-        cur = conn.execute(query, args or None)
-        return cur.fetchall() if cur.description else []
 
 
 def _blocked_appends() -> list[int]:
