@@ -15,6 +15,12 @@ command -v gcc >/dev/null || need_apt+=(gcc)       # the LD_PRELOAD attack test 
 PATH="$PATH:/usr/sbin:/sbin" command -v mkfs.btrfs >/dev/null || need_apt+=(btrfs-progs)  # disk quotas
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)   # the web page tests (headless)
 command -v node >/dev/null || need_apt+=(nodejs)
+# The PostgreSQL store's tests: a server on 127.0.0.1:5432 (or CORRAL_TEST_POSTGRES), and
+# pg_createcluster for the test that restarts a private cluster.
+installed_pg=0
+if [ -z "${CORRAL_TEST_POSTGRES:-}" ] && ! command -v pg_createcluster >/dev/null; then
+  need_apt+=(postgresql); installed_pg=1
+fi
 command -v npm >/dev/null || need_apt+=(npm)
 if ((${#need_apt[@]})); then
   echo "installing Debian packages: ${need_apt[*]}"
@@ -33,6 +39,16 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     done
   fi
   for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && break; sleep 1; done
+fi
+if [ "$installed_pg" = 1 ]; then
+  # Debian's fresh cluster asks TCP clients for a password; the tests connect as postgres
+  # without one, from this machine only.
+  for hba in /etc/postgresql/*/main/pg_hba.conf; do
+    [ -f "$hba" ] && sed -i '1i host all postgres 127.0.0.1/32 trust\nhost all postgres ::1/128 trust' "$hba" || true
+  done
+  for cluster in /etc/postgresql/*/main; do
+    [ -d "$cluster" ] && pg_ctlcluster "$(basename "$(dirname "$cluster")")" main reload || true
+  done
 fi
 
 VENV=${CORRAL_VENV:-.venv}
