@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import base64
 import os
-import secrets
 import sqlite3
 import subprocess
 import tempfile
@@ -31,8 +30,8 @@ __all__ = [
     "memory_store",
     "one_line_refusal",
     "pg_opened",
+    "pg_schema_url",
     "pg_sql",
-    "pg_database",
     "pg_log",
     "postgres_database_url",
     "postgres_schema",
@@ -182,18 +181,13 @@ STORE_FACTORIES = {"memory": memory_store, "sqlite": sqlite_store, "postgres": p
 
 
 @contextmanager
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for one test, dropped afterwards: its URL."""
-    import psycopg
-
-    name = f"corral_test_{secrets.token_hex(6)}"
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+def pg_schema_url() -> Iterator[str]:
+    """A store URL for a fresh schema in this test process's database, dropped afterwards."""
+    schema, url = postgres_schema()
     try:
-        yield POSTGRES_ADMIN_URL.partition("?")[0].rpartition("/")[0] + "/" + name
+        yield url
     finally:
-        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_postgres_schema(schema)
 
 
 def pg_log(url: str, run_id: str) -> list[dict[str, Any]]:

@@ -330,6 +330,22 @@ def test_proc_inside_shows_nothing_of_the_host_environment(
     assert b"CORRAL_HOME" not in r.stdout and str(tmp_path).encode() not in r.stdout
 
 
+def test_the_hosts_key_and_store_url_stay_out_of_runs(
+    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    """corral's signing key (``CORRAL_SECRET``) and a store URL that may carry a password
+    are the host's: neither reaches a run's processes nor their output."""
+    key = "corral-secret-marker-" + "k" * 24
+    env = {**cli_env, "CORRAL_SECRET": key,
+           "CORRAL_STORE": f"sqlite://{tmp_path / 'store-marker.db'}"}
+    r = run([*corral_cmd, "run", "--", "sh", "-c",
+             "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done; env"],
+            env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert key.encode() not in r.stdout and b"store-marker" not in r.stdout
+    assert b"CORRAL_SECRET" not in r.stdout and b"CORRAL_STORE" not in r.stdout
+
+
 # ----------------------------------------------------------------- 9. output outside quotas
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import pg_database, pg_log, wait_until
+from tests.helpers import pg_log, pg_schema_url, wait_until
 from tests.server.conftest import SRC, Home, Server, sse_events, ticker, ticker_text
 
 pytestmark = pytest.mark.timeout(600)
@@ -211,7 +211,7 @@ def _sweeps(cluster: Cluster) -> list[tuple[float, float]]:
 
 def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
                                                        need_bwrap_runs: None) -> None:
-    with pg_database() as url:
+    with pg_schema_url() as url:
         homes = []
         for i in range(SERVERS):
             path = tmp_path / f"host-{i}"

@@ -16,8 +16,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A PostgreSQL store URL for a fresh schema, dropped afterwards."""
-    from tests.helpers import drop_postgres_schema, postgres_schema
+    from tests.helpers import pg_schema_url
 
-    schema, url = postgres_schema()
-    yield url
-    drop_postgres_schema(schema)
+    with pg_schema_url() as url:
+        yield url
