@@ -166,7 +166,8 @@ def home(tmp_path: Path, need_bwrap_runs: None) -> Home:
 def sse_events(lines: Iterator[str], limit: int | None = None,
                on_comment: Callable[[str], None] | None = None
                ) -> Iterator[tuple[str | None, str | None, str]]:
-    """Parse an event stream into ``(event name, id, data)`` tuples."""
+    """Parse an event stream into ``(event name, id, data)`` tuples; the ``: end`` comment
+    comes out as a last ``("end", None, "")``."""
     name: str | None = None
     ident: str | None = None
     data: list[str] = []
@@ -183,6 +184,9 @@ def sse_events(lines: Iterator[str], limit: int | None = None,
         if line.startswith(":"):
             if on_comment is not None:
                 on_comment(line)
+            if line == ": end":  # the server's end of a closed log (a comment: see _sse.py)
+                yield "end", None, ""
+                return
             continue
         field, _, value = line.partition(":")
         value = value.removeprefix(" ")

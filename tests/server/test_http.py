@@ -122,6 +122,25 @@ def test_heartbeats_keep_an_idle_stream_alive(home: Home) -> None:
         assert names[-1] == "end"
 
 
+def test_every_frame_with_data_is_an_ag_ui_event(home: Home) -> None:
+    """AG-UI clients take any frame with data for an event and fail on one without a
+    ``type``: the end of a closed log must be a comment, not an ``event: end`` frame."""
+    with home.server() as server:
+        run_id = server.start(["echo", "hi"])["run_id"]
+        wait_until(lambda: server.run(run_id)["status"] == "completed", "the run's end")
+        with server.client() as c:
+            body = c.get(f"/v1/runs/{run_id}/events").text
+    frames = [f for f in body.split("\n\n") if f]
+    assert frames[-1] == ": end", frames[-3:]
+    for frame in frames:
+        fields = [line.partition(":")[0] for line in frame.splitlines()]
+        assert "event" not in fields, frame
+        data = [line[len("data: "):] for line in frame.splitlines() if line.startswith("data:")]
+        if data:
+            assert isinstance(json.loads("\n".join(data)).get("type"), str), frame
+    assert '"type":"RUN_FINISHED"' in frames[-2]
+
+
 def test_cancel(home: Home) -> None:
     with home.server() as server:
         run_id = server.start(ticker(600, 0.05), thread_id="c")["run_id"]

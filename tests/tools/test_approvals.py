@@ -141,8 +141,9 @@ async def test_call_waits_then_allowed_from_the_cli(
             listed = await anyio.run_process([*approve_cmd, "run-7", "--list",
                                               "--json"], env=cli_env)
             assert json.loads(listed.stdout) == {
-                "approvalId": approval_id, "tool": "deploy", "args": {"env": "staging"},
-                "expiresAt": ev.value["expiresAt"]}
+                "approval_id": approval_id, "run_id": "run-7", "tool": "deploy",
+                "args": {"env": "staging"}, "created_at": pending.created_at,
+                "expires_at": ev.value["expiresAt"]}
             out = await anyio.run_process([*approve_cmd, "run-7", approval_id,
                                            "--allow"], env=cli_env)
             assert out.stdout.decode().strip() == f"allowed {approval_id}"
@@ -281,7 +282,10 @@ async def test_another_home_sharing_the_store_answers(
                 listed = await anyio.run_process(
                     [*corral_cmd, "approve", "run-mh", "--list", "--json", "--store", url],
                     env=other_host)
-                assert json.loads(listed.stdout)["approvalId"] == approval_id
+                # the HTTP API's spelling (GET /v1/runs/{id}/approvals), not the event's
+                assert set(json.loads(listed.stdout)) == {
+                    "approval_id", "run_id", "tool", "args", "created_at", "expires_at"}
+                assert json.loads(listed.stdout)["approval_id"] == approval_id
                 out = await anyio.run_process(
                     [*corral_cmd, "approve", "run-mh", approval_id, "--allow", "--store",
                      url], env=other_host)

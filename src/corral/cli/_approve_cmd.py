@@ -21,7 +21,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--deny", action="store_true", help="refuse the tool call")
     g.add_argument("--list", action="store_true", help="list pending approvals of the run")
     p.add_argument("--reason", help="a note passed to the agent with a denial")
-    p.add_argument("--json", action="store_true", help="with --list: one JSON object a line")
+    p.add_argument("--json", action="store_true",
+                   help="with --list: one JSON object a line, with the HTTP API's fields "
+                   "(approval_id, run_id, tool, args, created_at, expires_at)")
     add_store_option(p)
     p.set_defaults(func=_handler)
 

@@ -39,8 +39,10 @@ async def _list(store: Store, args: argparse.Namespace) -> int:
     now = time.time()
     for a in await list_pending(store, args.run_id):
         if args.json:
-            print(json.dumps({"approvalId": a.approval_id, "tool": a.tool,
-                              "args": a.args, "expiresAt": a.expires_at}))
+            # the HTTP API's names (GET /v1/runs/{id}/approvals), one spelling for both
+            print(json.dumps({"approval_id": a.approval_id, "run_id": a.run_id,
+                              "tool": a.tool, "args": a.args,
+                              "created_at": a.created_at, "expires_at": a.expires_at}))
         else:
             print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
                   f"(expires in {max(0, a.expires_at - now):.0f}s)")

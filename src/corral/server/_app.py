@@ -64,7 +64,6 @@ _SSE_EVENT: Final = {
     "description": "one server-sent event",
     "properties": {
         "id": {"type": "string", "description": "the event's log offset"},
-        "event": {"type": "string", "enum": ["message", "end"]},
         "data": {"type": "string", "description": "the AG-UI event (JSON)"},
         "retry": {"type": "integer"},
     },

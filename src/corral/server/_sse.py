@@ -3,9 +3,11 @@
 Each event is ``id: <log offset>`` and ``data: <the AG-UI event as JSON>``; a client resumes
 by sending the last id it saw (``Last-Event-ID``, which browsers' EventSource does by itself
 on reconnect, or ``?after=``). Idle streams carry a comment line every heartbeat so proxies
-and clients keep them open. When the run's log is closed the stream sends ``event: end``
-(no id, so the resume point stays the last real event) and ends; reconnecting after the end
-gets ``204 No Content``, which tells EventSource to stop.
+and clients keep them open. When the run's log is closed the stream sends the comment
+``: end`` and ends. It is a comment, not an event: AG-UI clients (``@ag-ui/client``) take
+every frame with data for an AG-UI event and fail on one without a ``type``, while any SSE
+parser skips comments; it carries no id, so the resume point stays the last real event.
+Reconnecting after the end gets ``204 No Content``, which tells EventSource to stop.
 
 The response is a plain ASGI callable rather than a generator handed to a framework, so the
 viewer bookkeeping in its ``finally`` runs exactly once, however the client leaves.
@@ -32,7 +34,7 @@ HEADERS: Final = [
     (b"cache-control", b"no-store"),
     (b"x-accel-buffering", b"no"),
 ]
-END_FRAME: Final = b"event: end\ndata: {}\n\n"
+END_FRAME: Final = b": end\n\n"
 HEARTBEAT_FRAME: Final = b": keep-alive\n\n"
 
 

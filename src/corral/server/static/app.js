@@ -212,12 +212,15 @@ function connect() {
     let event;
     try { event = JSON.parse(msg.data); } catch (_) { event = { type: "UNPARSEABLE", data: msg.data }; }
     show(offset, event, true);
+    // A run's log ends with its terminal event; the server then closes the stream (its
+    // ": end" comment is invisible here), so stop now rather than reconnect to a 204.
+    if (event.type === "RUN_FINISHED" || event.type === "RUN_ERROR") {
+      source.close();
+      $("#conn").textContent = "";
+      refreshRuns();
+      api(`/v1/runs/${encodeURIComponent(run.id)}`).then(showRecord).catch(() => {});
+    }
   };
-  source.addEventListener("end", () => {
-    source.close();
-    $("#conn").textContent = "";
-    refreshRuns();
-  });
   source.onopen = () => { $("#conn").textContent = "live"; };
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) {
