@@ -13,22 +13,14 @@ import pytest
 from corral.testing._plugin import require
 from tests.server.conftest import TOKEN, Home, ticker_text
 
-E2E = Path(__file__).resolve().parent / "e2e"
 CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture
-def playwright(request: pytest.FixtureRequest) -> Path:
-    require(request.config, shutil.which("node") is not None, "node", "apt-get install nodejs")
+def playwright(request: pytest.FixtureRequest, e2e: Path) -> Path:
     require(request.config, CHROMIUM.exists(), "Chromium at /usr/bin/chromium",
             "apt-get install chromium")
-    if not (E2E / "node_modules" / "playwright-core").is_dir():
-        npm = shutil.which("npm")
-        require(request.config, npm is not None, "npm", "apt-get install npm")
-        assert npm is not None
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=E2E, check=True,
-                       capture_output=True, timeout=300)
-    return E2E / "page.mjs"
+    return e2e / "page.mjs"
 
 
 def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: Path) -> None:
@@ -36,7 +28,7 @@ def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: 
     shots.mkdir()
     with home.server(token=TOKEN) as server:
         done = subprocess.run(["node", str(playwright), server.url, TOKEN, str(shots)],
-                              capture_output=True, text=True, timeout=180, cwd=E2E)
+                              capture_output=True, text=True, timeout=180, cwd=playwright.parent)
         assert done.returncode == 0, done.stderr + "".join(server.log)
         out = json.loads(done.stdout.strip().splitlines()[-1])
 
