@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from corral.testing import wait_until
 from tests.server.conftest import TOKEN, Home, ticker
@@ -42,3 +45,75 @@ def test_the_official_client_follows_a_live_run_to_its_end(home: Home, e2e: Path
     events = [json.loads(line) for line in lines[:-1]]
     assert events == home.log(run_id)
     assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+
+
+def run_http_agent(e2e: Path, url: str, thread_id: str, run_id: str, prompt: str,
+                   props: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``HttpAgent.runAgent`` against ``url``: (the events it saw, its RESULT)."""
+    done = subprocess.run(
+        ["node", str(e2e / "agui_agent.mjs"), url, TOKEN, thread_id, run_id, prompt,
+         json.dumps(props)], capture_output=True, text=True, timeout=120, cwd=e2e)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines[-1].startswith("RESULT "), (
+        done.stdout[-2000:] + done.stderr[-2000:])
+    return [json.loads(line) for line in lines[:-1]], json.loads(lines[-1][len("RESULT "):])
+
+
+def test_http_agent_starts_a_durable_command_run(home: Home, e2e: Path) -> None:
+    with home.server(token=TOKEN) as server:
+        events, result = run_http_agent(
+            e2e, f"{server.url}/v1/agui", "agui-thread", "agui-run-1", "ignored for commands",
+            {"corral": {"command": ["sh", "-c", "echo hello; echo world"]}})
+        record = server.run("agui-run-1")
+    # an ordinary corral run on the input's thread, with the input's run id
+    assert record["thread_id"] == "agui-thread" and record["status"] == "completed"
+    assert events == home.log("agui-run-1")
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_FINISHED"
+    said = [m for m in result["newMessages"] if m["role"] == "assistant"]
+    assert "".join(m["content"] for m in said) == "hello\nworld\n"
+
+
+def test_a_repeated_input_resumes_the_same_run_after_last_event_id(home: Home) -> None:
+    body = {"threadId": "t-re", "runId": "r-re", "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {"corral": {"command": ["sh", "-c", "echo a; echo b"]}}}
+    with home.server(token=TOKEN) as server, server.client() as c:
+        first = c.post("/v1/agui", json=body)
+        assert first.status_code == 200, first.text
+        log = home.log("r-re")
+        again = c.post("/v1/agui", json=body, headers={"Last-Event-ID": "2"})
+        assert again.status_code == 200, again.text
+        runs = c.get("/v1/runs", params={"thread_id": "t-re"}).json()["runs"]
+    resumed = [json.loads(line[len("data: "):]) for line in again.text.splitlines()
+               if line.startswith("data: ")]
+    assert resumed == log[2:]  # no new run, nothing repeated, nothing lost
+    assert [r["run_id"] for r in runs] == ["r-re"]
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"messages": [{"id": "m", "role": "user", "content": "fix it"}]},
+     "forwardedProps.corral.harness"),
+    ({"forwardedProps": {"corral": {"harness": "claude-code"}}}, "no user message"),
+    ({"forwardedProps": {"corral": {"shell": "rm -rf /"}}}, "unknown fields (shell)"),
+    ({"tools": [{"name": "confirm", "description": "ask", "parameters": {}}],
+      "forwardedProps": {"corral": {"command": ["true"]}}}, "frontend tools (confirm)"),
+    ({"forwardedProps": {"corral": {"command": ["true"], "sandbox": {"provider": "local"}}}},
+     "provider"),
+])
+def test_an_input_corral_cannot_run_is_refused_and_records_nothing(
+        home: Home, change: dict[str, Any], says: str) -> None:
+    body = {"threadId": "t-bad", "runId": "r-bad", "messages": [], "tools": [],
+            "context": [], "state": {}, "forwardedProps": {}, **change}
+    with home.server(token=TOKEN) as server, server.client() as c:
+        r = c.post("/v1/agui", json=body)
+        assert r.status_code in (400, 403), r.text
+        assert says in r.json()["error"]["message"], r.json()
+        assert c.get("/v1/runs/r-bad").status_code == 404
+
+
+def test_a_run_id_of_another_thread_is_refused(home: Home) -> None:
+    body = {"threadId": "t-1", "runId": "r-1", "messages": [], "tools": [], "context": [],
+            "state": {}, "forwardedProps": {"corral": {"command": ["true"]}}}
+    with home.server(token=TOKEN) as server, server.client() as c:
+        assert c.post("/v1/agui", json=body).status_code == 200
+        r = c.post("/v1/agui", json={**body, "threadId": "t-2"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "run_exists"

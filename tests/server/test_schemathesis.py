@@ -47,6 +47,7 @@ OPERATIONS = [
     ("GET", "/v1/runs/{run_id}/events"),
     ("GET", "/v1/runs/{run_id}/approvals"),
     ("POST", "/v1/runs/{run_id}/approvals/{approval_id}"),
+    ("POST", "/v1/agui"),
 ]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
+from ag_ui.core import RunAgentInput
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -23,6 +24,7 @@ from corral._errors import ConfigError, CorralError
 from corral.stores._records import RunStatus
 from corral.runs._runner import RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
+from corral.server._agui import AguiInputError, start_body
 from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
 from corral.server._guard import Guard
 from corral.server._models import (
@@ -143,6 +145,17 @@ def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> 
     return SandboxDefinition(provider=provider, workspace=workspace)
 
 
+def _resume_point(last_event_id: str | None, default: int = 0) -> int:
+    """The log offset a ``Last-Event-ID`` header names (``default`` without one)."""
+    if last_event_id is None or not last_event_id.strip():
+        return default
+    raw = last_event_id.strip()
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise ApiError(400, "invalid_last_event_id",
+                       f"Last-Event-ID must be a log offset (a whole number), got {raw!r}")
+    return int(raw)
+
+
 def create_app(service: RunService) -> Any:
     """The ASGI application (FastAPI wrapped in :class:`~corral.server._guard.Guard`).
 
@@ -215,6 +228,13 @@ def create_app(service: RunService) -> Any:
         summary="Start a run; the server drives it until it ends",
     )
     async def start_run(body: StartRun, response: Response) -> RunCreated:
+        record = await service.start_run(run_request(body))
+        url = events_url(record.run_id)
+        response.headers["location"] = url.removesuffix("/events")
+        return RunCreated(run_id=record.run_id, thread_id=record.thread_id,
+                          status=record.status, events_url=url)
+
+    def run_request(body: StartRun) -> RunRequest:
         sandbox = resolve_sandbox(config, body.sandbox)
         request = RunRequest(
             command=body.command,
@@ -231,11 +251,38 @@ def create_app(service: RunService) -> Any:
         if body.file_events:
             request = replace(request, sandbox=replace(request.definition(),
                                                        file_events=body.file_events))
-        record = await service.start_run(request)
-        url = events_url(record.run_id)
-        response.headers["location"] = url.removesuffix("/events")
-        return RunCreated(run_id=record.run_id, thread_id=record.thread_id,
-                          status=record.status, events_url=url)
+        return request
+
+    @app.post(
+        "/v1/agui",
+        responses={
+            200: {
+                "description": "the run's AG-UI events as server-sent events (AG-UI's SSE "
+                "encoding; `id` is the log offset, so a reconnect resumes with "
+                "Last-Event-ID)",
+                "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+            },
+            **_responses(400, 401, 403, 409, 413, 422, 429, 500),
+        },
+        response_class=Response,
+        summary="AG-UI: start (or resume) the durable run an AG-UI RunAgentInput describes",
+    )
+    async def agui(
+        run_input: RunAgentInput,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> Any:
+        position = _resume_point(last_event_id)
+        existing = await service.store.get(run_input.run_id)
+        if existing is None:
+            try:
+                body = start_body(run_input)
+            except AguiInputError as exc:
+                raise ApiError(400, "invalid_agui_input", str(exc)) from None
+            await service.start_run(run_request(body))
+        elif existing.thread_id != run_input.thread_id:
+            raise RunExists(f"run {run_input.run_id!r} exists on another thread")
+        # else: the client retries or reconnects: the same run's stream, from where it was
+        return _Asgi(EventStream(service, run_input.run_id, position))
 
     @app.get("/v1/runs", response_model=RunList, responses=_responses(401, 422),
              summary="List runs, newest first")
@@ -309,7 +356,7 @@ def create_app(service: RunService) -> Any:
         responses={
             200: {
                 "description": "server-sent events: `id` is the log offset, `data` the AG-UI "
-                "event as JSON; a last `end` event (no id) marks the end of the log",
+                "event as JSON; a last `: end` comment marks the end of the log",
                 "content": {"text/event-stream": {"schema": _SSE_EVENT}},
             },
             204: {"description": "the run's log is closed and nothing follows `after`"},
@@ -325,13 +372,8 @@ def create_app(service: RunService) -> Any:
                                             "(which cannot send headers)")] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> Any:
-        position = after or 0
-        if last_event_id is not None and last_event_id.strip():
-            raw = last_event_id.strip()
-            if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-                raise ApiError(400, "invalid_last_event_id",
-                               f"Last-Event-ID must be a log offset (a whole number), got {raw!r}")
-            position = int(raw)  # the browser's resume point wins over the URL's
+        # the browser's resume point wins over the URL's
+        position = _resume_point(last_event_id, after or 0)
         tail = await service.store.tail(run_id)  # raises UnknownRun for a run it lacks
         if tail.closed and position >= tail.last_offset:
             return Response(status_code=204)
