@@ -48,10 +48,11 @@ def test_the_official_client_follows_a_live_run_to_its_end(home: Home, e2e: Path
 
 
 def run_http_agent(e2e: Path, url: str, thread_id: str, run_id: str, prompt: str,
-                   props: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                   props: dict[str, Any], token: str = TOKEN
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``HttpAgent.runAgent`` against ``url``: (the events it saw, its RESULT)."""
     done = subprocess.run(
-        ["node", str(e2e / "agui_agent.mjs"), url, TOKEN, thread_id, run_id, prompt,
+        ["node", str(e2e / "agui_agent.mjs"), url, token, thread_id, run_id, prompt,
          json.dumps(props)], capture_output=True, text=True, timeout=120, cwd=e2e)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0 and lines[-1].startswith("RESULT "), (

@@ -5,24 +5,24 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
 from ag_ui.core import RunAgentInput
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError
 from corral.stores._records import RunStatus
-from corral.runs._runner import RunRequest, RunStartError
+from corral.runs._runner import Runner, RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
 from corral.server._agui import AguiInputError, start_body
 from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
@@ -145,6 +145,11 @@ def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> 
     return SandboxDefinition(provider=provider, workspace=workspace)
 
 
+def _root(request: Request) -> str:
+    """The prefix the app is mounted under (``""`` when served alone)."""
+    return str(request.scope.get("root_path", ""))
+
+
 def _resume_point(last_event_id: str | None, default: int = 0) -> int:
     """The log offset a ``Last-Event-ID`` header names (``default`` without one)."""
     if last_event_id is None or not last_event_id.strip():
@@ -156,12 +161,55 @@ def _resume_point(last_event_id: str | None, default: int = 0) -> int:
     return int(raw)
 
 
-def create_app(service: RunService) -> Any:
-    """The ASGI application (FastAPI wrapped in :class:`~corral.server._guard.Guard`).
+class CorralApp(Guard):
+    """corral's ASGI application: the API, the AG-UI endpoint and the page, behind the
+    request guard. Serve it alone (its ASGI lifespan runs :meth:`running`) or mount it in
+    another Starlette/FastAPI app under a prefix; Starlette does not run a mounted app's
+    lifespan, so enter :meth:`running` from the host app's own lifespan."""
 
-    Its lifespan runs ``service.running()``: the store is opened at start-up and every drive
-    detaches at shutdown.
+    def __init__(self, app: ASGIApp, service: RunService, *, auth: bool) -> None:
+        config = service.config
+        super().__init__(app, token=config.token, max_body=config.max_body,
+                         loopback_only=not auth)
+        self.service = service
+
+    def running(self) -> AbstractAsyncContextManager[RunService]:
+        """Open the store (unless the runner brought one), start the background work (the
+        reaper loop when configured, presence), and on exit detach every drive."""
+        return self.service.running()
+
+
+def create_app(
+    service: RunService | None = None,
+    *,
+    runner: Runner | None = None,
+    auth: Callable[..., Any] | None = None,
+    config: ServerConfig | None = None,
+) -> CorralApp:
+    """corral's ASGI app. ``corral serve`` serves one; a web app mounts one::
+
+        corral_app = create_app(runner=Runner(store), auth=current_user)
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            async with corral_app.running():
+                yield
+
+        app = FastAPI(lifespan=lifespan)
+        app.mount("/corral", corral_app)
+
+    ``runner`` drives the runs (its store is the app's); without one the app opens
+    ``config.store_url`` itself. ``auth`` is the host app's authentication, as a FastAPI
+    dependency (a callable taking a ``Request``, or any dependency FastAPI can resolve): it
+    runs for every request and refuses one by raising ``HTTPException`` or by returning
+    ``False`` (401). With ``auth`` the app answers any Host name (the host app decides who
+    gets in); ``config`` holds the rest (sandboxes the API may name, limits, the reaper).
+    Nothing is global: two apps in one process share nothing but what they are given.
     """
+    if service is None:
+        service = RunService(config or ServerConfig(), encode_event, runner=runner)
+    elif runner is not None or config is not None:
+        raise TypeError("create_app: give a service, or runner/config, not both")
     config = service.config
 
     @asynccontextmanager
@@ -169,6 +217,15 @@ def create_app(service: RunService) -> Any:
         async with service.running():
             yield
 
+    dependencies = []
+    if auth is not None:
+        host_auth = auth
+
+        async def authorized(allowed: Any = Depends(host_auth)) -> None:
+            if allowed is False:
+                raise StarletteHTTPException(401, "not authorized by the application")
+
+        dependencies.append(Depends(authorized))
     app = FastAPI(
         title="corral",
         version=__version__,
@@ -176,6 +233,7 @@ def create_app(service: RunService) -> Any:
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=dependencies,
     )
 
     # ------------------------------------------------------------------ errors
@@ -227,9 +285,9 @@ def create_app(service: RunService) -> Any:
         responses=_responses(400, 401, 403, 409, 413, 422, 429, 500),
         summary="Start a run; the server drives it until it ends",
     )
-    async def start_run(body: StartRun, response: Response) -> RunCreated:
+    async def start_run(body: StartRun, response: Response, request: Request) -> RunCreated:
         record = await service.start_run(run_request(body))
-        url = events_url(record.run_id)
+        url = _root(request) + events_url(record.run_id)
         response.headers["location"] = url.removesuffix("/events")
         return RunCreated(run_id=record.run_id, thread_id=record.thread_id,
                           status=record.status, events_url=url)
@@ -287,6 +345,7 @@ def create_app(service: RunService) -> Any:
     @app.get("/v1/runs", response_model=RunList, responses=_responses(401, 422),
              summary="List runs, newest first")
     async def list_runs(
+        request: Request,
         thread_id: Annotated[str | None, Query(max_length=200)] = None,
         status: RunStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
@@ -299,20 +358,20 @@ def create_app(service: RunService) -> Any:
             records = records[:limit]
         else:
             records = await store.list_runs(status=status, limit=limit)
-        return RunList(runs=[RunOut.of(r) for r in records])
+        return RunList(runs=[RunOut.of(r, _root(request)) for r in records])
 
     @app.get("/v1/runs/{run_id}", response_model=RunOut, responses=_responses(401, 404),
              summary="One run")
-    async def get_run(run_id: str) -> RunOut:
+    async def get_run(run_id: str, request: Request) -> RunOut:
         record = await service.store.get(run_id)
         if record is None:
             raise UnknownRun(run_id)
-        return RunOut.of(record)
+        return RunOut.of(record, _root(request))
 
     @app.post("/v1/runs/{run_id}/cancel", response_model=RunOut,
               responses=_responses(401, 403, 404), summary="Cancel a run (idempotent)")
-    async def cancel_run(run_id: str) -> RunOut:
-        return RunOut.of(await service.cancel(run_id))
+    async def cancel_run(run_id: str, request: Request) -> RunOut:
+        return RunOut.of(await service.cancel(run_id), _root(request))
 
     @app.get("/v1/runs/{run_id}/approvals", response_model=ApprovalList,
              responses=_responses(401, 404), summary="A run's pending approval requests")
@@ -345,11 +404,11 @@ def create_app(service: RunService) -> Any:
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")
-    async def active_run(thread_id: str) -> RunOut:
+    async def active_run(thread_id: str, request: Request) -> RunOut:
         record = await service.store.find_active_run(thread_id)
         if record is None:
             raise ApiError(404, "no_active_run", f"thread {thread_id!r} has no running run")
-        return RunOut.of(record)
+        return RunOut.of(record, _root(request))
 
     @app.get(
         "/v1/runs/{run_id}/events",
@@ -411,7 +470,7 @@ def create_app(service: RunService) -> Any:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    return Guard(app, token=config.token, max_body=config.max_body)
+    return CorralApp(app, service, auth=auth is not None)
 
 
 class _Asgi(Response):

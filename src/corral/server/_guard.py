@@ -57,13 +57,28 @@ def _host_name(host_header: str) -> str:
     return urlsplit("//" + host_header).hostname or ""
 
 
+def route_path(scope: Scope) -> str:
+    """The request's path below the app's mount point: a mounted app's ``scope["path"]``
+    still starts with the prefix it is mounted under (``root_path``), and checks keyed on
+    ``/v1/`` must not be dodged by it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root):] or "/"
+    return path
+
+
 class Guard:
     """Wraps the app; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int,
+                 loopback_only: bool = True) -> None:
         self.app = app
         self.token = token.encode() if token else None
         self.max_body = max_body
+        self.loopback_only = loopback_only
+        """Without a token, answer loopback Host names only (``False`` when the app that
+        mounts corral authenticates requests itself)."""
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
@@ -73,7 +88,7 @@ class Guard:
             value.strip().encode("utf-8", "surrogateescape"), self.token
         ):
             return True
-        if scope["method"] == "GET" and _EVENTS_PATH.match(scope["path"]):
+        if scope["method"] == "GET" and _EVENTS_PATH.match(route_path(scope)):
             query = parse_qs(bytes(scope.get("query_string", b"")).decode("latin-1"))
             for candidate in query.get("token", []):
                 if hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"),
@@ -85,10 +100,11 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
+        path = route_path(scope)
         method: str = scope["method"]
         host = _header(scope, b"host") or ""
-        if self.token is None and host and not is_loopback(_host_name(host)):
+        if (self.token is None and self.loopback_only and host
+                and not is_loopback(_host_name(host))):
             await send_error(send, 403, "forbidden_host",
                              f"Host {host!r} is not a loopback name; this server has no token "
                              "configured and answers only http://127.0.0.1 or localhost")

@@ -181,7 +181,8 @@ class RunOut(BaseModel):
     events_url: str
 
     @classmethod
-    def of(cls, record: RunRecord) -> RunOut:
+    def of(cls, record: RunRecord, root: str = "") -> RunOut:
+        """``record`` as the API shows it; ``root`` is the app's mount prefix (``root_path``)."""
         spec = record.spec or {}
         argv = spec.get("argv")
         command = [str(a) for a in argv] if isinstance(argv, list) else None
@@ -201,7 +202,7 @@ class RunOut(BaseModel):
             cancel_requested=bool(record.cancel_requested),
             driver_epoch=record.driver_epoch,
             usage=dict(record.usage) if record.usage else None,
-            events_url=events_url(record.run_id),
+            events_url=root + events_url(record.run_id),
         )
 
 

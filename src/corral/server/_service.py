@@ -59,10 +59,12 @@ class RunService:
         encode: Callable[[LoggedEvent], bytes],
         *,
         store: Store | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.config = config
         self._encode = encode
-        self._given_store = store
+        self._given_runner = runner
+        self._given_store = runner.store if runner is not None else store
         self.driving: dict[str, anyio.Event] = {}
         """run id → the event that asks its drive to detach."""
         self.viewers: dict[str, int] = {}
@@ -96,7 +98,7 @@ class RunService:
         store = self._given_store or await open_store(self.config.store_url)
         try:
             self._store = store
-            self._runner = Runner(store, lease_ttl=self.config.lease_ttl)
+            self._runner = self._given_runner or Runner(store, lease_ttl=self.config.lease_ttl)
             if store.url.startswith("memory:"):
                 log.warning(
                     "store %s lives in this process only: runs do not survive a restart and "

@@ -20,11 +20,15 @@ let saveTimer = null;
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 
+// Where the app is mounted ("" at the root, "/corral" when a web app mounts it there): the
+// API lies beside the page.
+const BASE = location.pathname.replace(/\/[^/]*$/, "");
+
 async function api(path, options = {}) {
   const headers = { ...(options.headers || {}) };
   if (token()) headers.Authorization = `Bearer ${token()}`;
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(path, { ...options, headers });
+  const res = await fetch(BASE + path, { ...options, headers });
   if (res.status === 401) {
     askForToken();
     throw new Error("the server wants an API token");
@@ -201,7 +205,7 @@ function connect() {
   const run = current;
   let url = `/v1/runs/${encodeURIComponent(run.id)}/events?after=${run.last}`;
   if (token()) url += `&token=${encodeURIComponent(token())}`;
-  const source = new EventSource(url);
+  const source = new EventSource(BASE + url);
   run.source = source;
   source.onmessage = (msg) => {
     if (current !== run) return;
