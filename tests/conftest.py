@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from corral.stores._protocols import Store
+from corral.testing._plugin import require
 from corral.stores import open_store
 from tests.helpers import drop_postgres_database, postgres_store
 
@@ -83,6 +85,24 @@ def cli_env(corral_home: Path) -> dict[str, str]:
     return env
 
 
+E2E = Path(__file__).resolve().parent / "server" / "e2e"
+
+
+@pytest.fixture
+def e2e(request: pytest.FixtureRequest) -> Path:
+    """``tests/server/e2e`` with its pinned node packages installed (playwright-core, the
+    official ``@ag-ui/client``): ``npm ci`` once when one is missing."""
+    require(request.config, shutil.which("node") is not None, "node", "apt-get install nodejs")
+    modules = E2E / "node_modules"
+    if not all((modules / name).is_dir() for name in ("playwright-core", "@ag-ui/client")):
+        npm = shutil.which("npm")
+        require(request.config, npm is not None, "npm", "apt-get install npm")
+        assert npm is not None
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=E2E, check=True,
+                       capture_output=True, timeout=300)
+    return E2E
+
+
 @pytest.fixture
 def corral_cmd() -> list[str]:
     return [sys.executable, "-m", "corral"]
@@ -90,9 +110,6 @@ def corral_cmd() -> list[str]:
 
 def bwrap_works() -> bool:
     """Whether bubblewrap can make the namespaces corral's sandboxes need."""
-    import shutil
-    import subprocess
-
     if shutil.which("bwrap") is None:
         return False
     out = subprocess.run(
@@ -105,7 +122,5 @@ def bwrap_works() -> bool:
 
 @pytest.fixture
 def need_bwrap_runs(request: pytest.FixtureRequest) -> None:
-    from corral.testing._plugin import require
-
     require(request.config, bwrap_works(), "bubblewrap with user namespaces",
             "apt-get install bubblewrap (and allow unprivileged user namespaces)")

@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +22,6 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.testing._plugin import require
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOKEN = "test-token-0123456789abcdef"
@@ -157,24 +155,6 @@ class Home:
             yield server
         finally:
             server.stop()
-
-
-E2E = Path(__file__).resolve().parent / "e2e"
-
-
-@pytest.fixture
-def e2e(request: pytest.FixtureRequest) -> Path:
-    """``tests/server/e2e`` with its pinned node packages installed (playwright-core, the
-    official ``@ag-ui/client``): ``npm ci`` once when one is missing."""
-    require(request.config, shutil.which("node") is not None, "node", "apt-get install nodejs")
-    modules = E2E / "node_modules"
-    if not all((modules / name).is_dir() for name in ("playwright-core", "@ag-ui/client")):
-        npm = shutil.which("npm")
-        require(request.config, npm is not None, "npm", "apt-get install npm")
-        assert npm is not None
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=E2E, check=True,
-                       capture_output=True, timeout=300)
-    return E2E
 
 
 @pytest.fixture
