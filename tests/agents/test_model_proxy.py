@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral._errors import ConfigError, PrerequisiteMissing
-from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, UsageMeter
+from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, Usage, UsageMeter
 from corral.testing._model_server import Fail, Hang, ModelServer, Text, ToolCall
 
 KEY = "sk-host-only-123"
@@ -76,6 +76,11 @@ def test_credentials_are_replaced_for_anthropic(sock: Path) -> None:
     assert [e["type"] for e in sse_events(resp.text)][-1] == "message_stop"
     assert proxy.usage.requests == 1
     assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (100, 20)
+    # per model, as the response named it (what cost is computed from)
+    assert proxy.usage.models == {"claude-x": {
+        "input_tokens": 100, "output_tokens": 20, "cache_read_tokens": 0,
+        "cache_write_tokens": 0, "requests": 1}}
+    assert Usage.from_dict(proxy.usage.to_dict()) == proxy.usage
 
 
 def test_credentials_are_replaced_for_openai_and_paths_map_onto_the_base(sock: Path) -> None:
@@ -97,6 +102,8 @@ def test_credentials_are_replaced_for_openai_and_paths_map_onto_the_base(sock: P
     assert calls[0]["type"] == "function_call" and json.loads(calls[0]["arguments"]) == {
         "cmd": "ls"}
     assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (100, 20)
+    assert list(proxy.usage.models) == ["gpt-x"]
+    assert proxy.usage.models["gpt-x"]["output_tokens"] == 20
 
 
 def test_streams_pass_through_without_buffering(sock: Path) -> None:

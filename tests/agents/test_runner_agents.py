@@ -159,6 +159,16 @@ def test_corral_run_drives_the_cli_through_a_tool_call(cli: str, corral: Corral,
     # The model proxy metered exactly what the server streamed: 2 x (100 in, 20 out).
     assert rec["usage"]["requests"] == 2
     assert (rec["usage"]["input_tokens"], rec["usage"]["output_tokens"]) == (200, 40)
+    # ... per model, priced from corral's table (or listed as unpriced, never guessed)
+    models = rec["usage"]["models"]
+    assert sum(m["requests"] for m in models.values()) == 2
+    assert sum(m["input_tokens"] for m in models.values()) == 200
+    assert set(rec["usage"]["cost_by_model"]) | set(rec["usage"]["unpriced"]) == set(models)
+    assert rec["usage"]["cost_usd"] == pytest.approx(sum(rec["usage"]["cost_by_model"].values()))
+    shown = corral.run("show", "r1").stdout
+    assert "200 in, 40 out, 0 cache read, 0 cache write (2 requests)" in shown
+    assert f"${rec['usage']['cost_usd']:.4f}" in shown
+    assert all(f"  {model}" in shown for model in models)
     # The upstream got the real key; nothing corral wrote holds it.
     assert [r.api_key for r in corral.srv.model_requests] == [REAL_KEY, REAL_KEY]
     assert REAL_KEY not in out.stdout + out.stderr

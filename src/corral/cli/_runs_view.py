@@ -151,8 +151,33 @@ def show(args: argparse.Namespace) -> int:
         print(json.dumps(data))
     else:
         for key, value in data.items():
+            if key == "usage" and isinstance(value, dict):
+                for line in usage_lines(value):
+                    print(line)
+                continue
             print(f"{key:17} {'' if value is None else value}")
     return 0
+
+
+def usage_lines(usage: dict[str, Any]) -> list[str]:
+    """A run's usage as ``corral show`` prints it: totals, cost, then a line per model."""
+
+    def tokens(u: dict[str, Any]) -> str:
+        return (f"{u.get('input_tokens', 0)} in, {u.get('output_tokens', 0)} out, "
+                f"{u.get('cache_read_tokens', 0)} cache read, "
+                f"{u.get('cache_write_tokens', 0)} cache write")
+
+    lines = [f"{'tokens':17} {tokens(usage)} ({usage.get('requests', 0)} requests)"]
+    if "cost_usd" in usage:
+        unpriced = usage.get("unpriced") or []
+        lines.append(f"{'cost':17} ${usage['cost_usd']:.4f}"
+                     + (f" (unpriced: {', '.join(map(str, unpriced))})" if unpriced else ""))
+    costs = usage.get("cost_by_model") or {}
+    for model, used in sorted((usage.get("models") or {}).items()):
+        if isinstance(used, dict):
+            cost = f", ${costs[model]:.4f}" if model in costs else ""
+            lines.append(f"{'  ' + model:17} {tokens(used)}{cost}")
+    return lines
 
 
 def attach(args: argparse.Namespace) -> int:

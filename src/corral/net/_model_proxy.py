@@ -150,19 +150,28 @@ class Usage:
     cache_write_tokens: int = 0
     requests: int = 0
     refused: int = 0
+    models: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Tokens (the four kinds above) and answered ``requests`` per model, as the upstream
+    named the model in its response."""
 
     @property
     def total(self) -> int:
         return (self.input_tokens + self.output_tokens + self.cache_read_tokens
                 + self.cache_write_tokens)
 
-    def add(self, other: Usage) -> None:
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.cache_read_tokens += other.cache_read_tokens
-        self.cache_write_tokens += other.cache_write_tokens
+    def add(self, other: Usage, *, model: str | None = None) -> None:
+        """Add one response's tokens (``other``), counted under ``model`` too."""
+        for kind in TOKEN_KINDS:
+            setattr(self, kind, getattr(self, kind) + getattr(other, kind))
+        name = _model_name(model)
+        if name is None or (name not in self.models and len(self.models) >= MAX_MODELS):
+            return
+        per = self.models.setdefault(name, dict.fromkeys((*TOKEN_KINDS, "requests"), 0))
+        for kind in TOKEN_KINDS:
+            per[kind] += getattr(other, kind)
+        per["requests"] += 1
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["total"] = self.total
         return out
@@ -179,9 +188,29 @@ class Usage:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Usage:
         """The inverse of :meth:`to_dict` (unknown keys and bad values ignored)."""
-        return cls(**{k: _int(data.get(k)) for k in (
-            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
-            "requests", "refused")})
+        usage = cls()
+        for kind in (*TOKEN_KINDS, "requests", "refused"):
+            setattr(usage, kind, _int(data.get(kind)))
+        models = data.get("models")
+        if isinstance(models, dict):
+            for name, per in list(models.items())[:MAX_MODELS]:
+                if _model_name(name) == name and isinstance(per, dict):
+                    usage.models[name] = {k: _int(per.get(k))
+                                          for k in (*TOKEN_KINDS, "requests")}
+        return usage
+
+
+TOKEN_KINDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+MAX_MODELS = 32
+"""Models one run's usage names at most (a run that asks for more is still metered in the
+totals)."""
+
+
+def _model_name(model: object) -> str | None:
+    """``model`` if it is a plausible model name (printable, at most 200 characters)."""
+    if isinstance(model, str) and 0 < len(model) <= 200 and model.isprintable():
+        return model
+    return None
 
 
 @functools.cache
@@ -201,6 +230,8 @@ class UsageMeter:
         self.api = api
         self.sse = sse
         self.usage = Usage()
+        self.model: str | None = None
+        """The model the response says served it (``None`` until one is seen)."""
         self._buf = b""
         self._json = bytearray()
 
@@ -223,6 +254,7 @@ class UsageMeter:
                 data = json.loads(bytes(self._json))
                 if isinstance(data, dict):
                     self._usage(data.get("usage"), replace_output=True)
+                    self._model(data.get("model"))
         elif self._buf.startswith(b"data:"):
             self._event(self._buf[5:].strip())
         self._buf = b""
@@ -240,12 +272,18 @@ class UsageMeter:
             message = data.get("message")
             if isinstance(message, dict):
                 self._usage(message.get("usage"), replace_output=True)
+                self._model(message.get("model"))
         elif kind == "message_delta":
             self._usage(data.get("usage"), replace_output=True, only_output=True)
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
             response = data.get("response")
             if isinstance(response, dict):
                 self._usage(response.get("usage"), replace_output=True)
+                self._model(response.get("model"))
+
+    def _model(self, model: object) -> None:
+        if self.model is None:
+            self.model = _model_name(model)
 
     def _usage(self, usage: Any, *, replace_output: bool, only_output: bool = False) -> None:
         if not isinstance(usage, dict):
@@ -440,5 +478,5 @@ class ModelProxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
-            self.usage.add(meter.finish())
+            self.usage.add(meter.finish(), model=meter.model)
             self._save_usage()

@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-from corral._errors import CorralError
+from corral._errors import ConfigError, CorralError
 from corral.harness._base import NeedsAgentRuntime
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
+from corral.runs._pricing import load_prices, price_usage
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
@@ -69,12 +71,18 @@ async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths |
         log.warning("run %s: %s", record.run_id, error)
     if paths is not None and report.usage.requests:
         u = report.usage
-        await store.update(record.run_id, RunPatch(usage={
+        usage: dict[str, Any] = {
             "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
             "cache_read_tokens": u.cache_read_tokens,
             "cache_write_tokens": u.cache_write_tokens,
             "total_tokens": u.total, "requests": u.requests, "refused": u.refused,
-        }))
+            "models": u.models,
+        }
+        try:
+            usage.update(price_usage(u.models, load_prices()))
+        except ConfigError as exc:  # the operator's price file: the tokens still count
+            log.warning("run %s: no cost: %s", record.run_id, exc)
+        await store.update(record.run_id, RunPatch(usage=usage))
 
 
 async def _sandbox(record: RunRecord, provider_for: Callable[[str], Provider]

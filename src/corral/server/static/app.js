@@ -95,6 +95,18 @@ function showRecord(run) {
   if (run.command) parts.push(run.command.map((a) => (/[\s'"]/.test(a) || !a ? JSON.stringify(a) : a)).join(" "));
   if (run.exit_code !== null && run.exit_code !== undefined) parts.push(`exit ${run.exit_code}`);
   $("#run-meta").textContent = parts.join(" · ");
+  $("#run-usage").textContent = usageText(run.usage);
+}
+
+// Token usage and cost of an agent run (from the model proxy; priced on the server).
+function usageText(usage) {
+  if (!usage) return "";
+  const n = (v) => Number(v || 0).toLocaleString();
+  let text = `${n(usage.input_tokens)} tokens in · ${n(usage.output_tokens)} out · `
+    + `${n(usage.cache_read_tokens)} cache read · ${n(usage.requests)} model requests`;
+  if (usage.cost_usd !== undefined) text += ` · $${Number(usage.cost_usd).toFixed(4)}`;
+  if (usage.unpriced && usage.unpriced.length) text += ` (unpriced: ${usage.unpriced.join(", ")})`;
+  return text;
 }
 
 // ---------------------------------------------------------------- start / cancel
