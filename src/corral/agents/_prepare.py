@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from corral._telemetry import carrier
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._insandbox import command_gate as command_gate
 from corral.harness._base import AgentCommand, AgentRequest
@@ -199,6 +200,8 @@ class PreparedAgent:
             if self.egress_proxy is not None else None,
             "egress_socket": str(self.egress_socket) if self.egress_socket else None,
             "status": str(paths.status),
+            # the run's trace (the start's span): the daemon's "chat" spans join it
+            "trace": carrier(),
         }
 
     async def start_services(self, paths: JournalPaths) -> PendingServices:

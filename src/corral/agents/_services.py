@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from corral._telemetry import configure_from_env, context_of
 from corral._errors import CorralError
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import (
@@ -94,7 +95,10 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
     (The agent's forwarder waits for the sockets, so the agent may be launched meanwhile.)"""
     paths = JournalPaths(private_dir, token)
     usage_path, log_path = paths.usage, paths.services_log
-    job = {**job, "usage": str(usage_path)}
+    # The daemon's environment is fixed (child_env); OpenTelemetry's settings travel in the
+    # job's pipe (OTEL_EXPORTER_OTLP_HEADERS may hold a credential: never recorded).
+    otel = {k: v for k, v in os.environ.items() if k.startswith("OTEL_")}
+    job = {**job, "usage": str(usage_path), "otel_env": otel}
     job_r, job_w = os.pipe()
     ready_r, ready_w = os.pipe()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -136,6 +140,12 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     previous = Usage.load(job["usage"])
     if previous is not None:  # restarted: go on counting where the predecessor stopped
         proxy.usage = previous
+    otel = job.get("otel_env")
+    if isinstance(otel, dict):
+        os.environ.update({k: str(v) for k, v in otel.items() if str(k).startswith("OTEL_")})
+    configure_from_env()  # this daemon exports its own spans (OTEL_* from the driver's env)
+    trace = job.get("trace")
+    proxy.trace_parent = context_of(trace if isinstance(trace, dict) else None)
     status = Path(job["status"])
     grace = float(job.get("start_grace", 60.0))
     stop = anyio.Event()

@@ -34,6 +34,7 @@ import certifi
 import httpx
 
 from corral._errors import ConfigError, PrerequisiteMissing
+from corral._telemetry import span_at
 from corral.net._http11 import Request, Response, serve_unix
 
 __all__ = [
@@ -355,6 +356,9 @@ class ModelProxy:
         self.connect_timeout = connect_timeout
         self.usage = Usage()
         self.usage_path = Path(usage_path) if usage_path is not None else None
+        self.trace_parent: Any = None
+        """The trace context ``chat`` spans are children of (the run's, from
+        :func:`corral._telemetry.context_of`); ``None``: the current one."""
         self._client: httpx.AsyncClient | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -426,14 +430,22 @@ class ModelProxy:
         upstream_req = client.build_request(request.method, url, headers=headers,
                                             content=request.body)
         self.usage.requests += 1
+        # one "chat" span per model call (GenAI semantic conventions); it ends with the
+        # response's stream, carrying the tokens the response reported
+        chat = span_at("chat", {"gen_ai.operation.name": "chat",
+                                "gen_ai.provider.name": api, "server.address":
+                                urlsplit(self.upstream.base_url).hostname or ""},
+                       parent=self.trace_parent)
         try:
             resp = await client.send(upstream_req, stream=True)
         except httpx.TimeoutException:
+            chat.end(error="timeout")
             self._save_usage()
             return _error(api, 504, "api_error",
                           f"corral model proxy: the model API at {self.upstream.base_url} did "
                           f"not answer within {self.idle_timeout:g}s")
         except httpx.HTTPError as exc:
+            chat.end(error=exc.__class__.__name__)
             self._save_usage()
             return _error(api, 502, "api_error",
                           f"corral model proxy: cannot reach the model API at "
@@ -450,12 +462,15 @@ class ModelProxy:
             finally:
                 await resp.aclose()
             self._save_usage()
+            chat.set("error.type", str(resp.status_code))
+            chat.end(error=f"upstream status {resp.status_code}")
             out_headers.append(("content-length", str(len(data))))
             return Response(resp.status_code, out_headers, data)
         meter = UsageMeter(api, sse="text/event-stream" in ctype)
-        return Response(resp.status_code, out_headers, self._stream(resp, meter))
+        return Response(resp.status_code, out_headers, self._stream(resp, meter, chat))
 
-    async def _stream(self, resp: httpx.Response, meter: UsageMeter) -> AsyncIterator[bytes]:
+    async def _stream(self, resp: httpx.Response, meter: UsageMeter,
+                      chat: span_at) -> AsyncIterator[bytes]:
         try:
             try:
                 async for chunk in resp.aiter_bytes():
@@ -478,5 +493,13 @@ class ModelProxy:
         finally:
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
-            self.usage.add(meter.finish(), model=meter.model)
+            used = meter.finish()
+            self.usage.add(used, model=meter.model)
             self._save_usage()
+            if meter.model is not None:
+                chat.set("gen_ai.response.model", meter.model)
+                chat.rename(f"chat {meter.model}")
+            chat.set("gen_ai.usage.input_tokens", used.input_tokens + used.cache_read_tokens
+                     + used.cache_write_tokens)
+            chat.set("gen_ai.usage.output_tokens", used.output_tokens)
+            chat.end()

@@ -21,6 +21,8 @@ from typing import Any, Final, cast
 import anyio.to_thread
 
 from corral._errors import CorralError
+from corral._telemetry import enabled as telemetry_enabled
+from corral._telemetry import span_at
 from corral.harness._base import Harness, RunContext, translate_run
 from corral.harness._command import wire_twin
 from corral.journal._layout import JournalPaths
@@ -109,6 +111,7 @@ async def produce_batches(
     batches = translate_run(twin or harness, ctx, paths, nonce=nonce, after=after,
                             follow=follow)
     logged_offset = after or 0
+    tool_spans = _ToolSpans()
     try:
         async for batch in batches:
             await _step(checkpoint, "read")
@@ -118,6 +121,7 @@ async def produce_batches(
             if redactor is not None:
                 events = [redactor.redact_obj(e) for e in events]
             await _step(checkpoint, "translated")
+            tool_spans.see(events)
             exit = batch.exit
             if exit is not None and before_exit is not None:
                 first = await before_exit(logged_offset)
@@ -136,7 +140,34 @@ async def produce_batches(
             return
         raise
     finally:
+        tool_spans.close()
         await batches.aclose()  # type: ignore[attr-defined]
+
+
+class _ToolSpans:
+    """An ``execute_tool`` span per tool call, from its ``TOOL_CALL_START`` to its
+    ``TOOL_CALL_RESULT`` as this driver logs them (OpenTelemetry GenAI conventions)."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, span_at] = {}
+
+    def see(self, events: Sequence[dict[str, Any]]) -> None:
+        if not telemetry_enabled():
+            return
+        for event in events:
+            kind, call = event.get("type"), str(event.get("toolCallId", ""))
+            if kind == "TOOL_CALL_START" and call not in self.open:
+                name = str(event.get("toolCallName", ""))
+                self.open[call] = span_at(f"execute_tool {name}", {
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+                    "gen_ai.tool.call.id": call})
+            elif kind == "TOOL_CALL_RESULT" and call in self.open:
+                self.open.pop(call).end()
+
+    def close(self) -> None:
+        for pending in self.open.values():
+            pending.end(error="no result while this driver drove the run")
+        self.open.clear()
 
 
 async def continue_run(

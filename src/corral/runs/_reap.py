@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol
 
 import anyio
 
+from corral._telemetry import span
 from corral.journal._probe import ProbeResult
 from corral.runs._claims import hold_claim
 from corral.runs._owner import new_owner_id, owner_is_dead
@@ -388,6 +389,30 @@ async def reap_detached_runs(
     Never raises for a run or a store failure: every failure is logged and counted. Task
     cancellation from outside is not swallowed.
     """
+    with span("corral.reaper.sweep", {"corral.reaper.owner": owner or ""}):
+        return await _reap_detached_runs(
+            store, probe=probe, drive=drive, ttl=ttl, now=now, budget=budget,
+            max_runs=max_runs, quiet=quiet, reclaim=reclaim, stop=stop, owner=owner,
+            lease_ttl=lease_ttl, logger=logger)
+
+
+async def _reap_detached_runs(
+    store: ReapStore,
+    *,
+    probe: Probe,
+    drive: Drive,
+    ttl: float,
+    now: float | None = None,
+    budget: float = DEFAULT_BUDGET,
+    max_runs: int = DEFAULT_MAX_RUNS,
+    quiet: float = DEFAULT_QUIET,
+    reclaim: Reclaim | None = None,
+    stop: Stop | None = None,
+    owner: str | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    logger: logging.Logger | None = None,
+) -> ReapResult:
+    """The sweep itself (:func:`reap_detached_runs` wraps it in its span)."""
     logger = logger or log
     result = ReapResult()
     at = time.time() if now is None else now

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from corral._telemetry import span
 from corral._errors import ConfigError
 from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import Provider
@@ -49,6 +50,13 @@ async def release_sandbox(store: Store, record: RunRecord, outcome: str, *,
                           provider_for: Callable[[str], Provider]) -> None:
     """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
     an aborted run), or snapshot/keep it for the next run of the thread."""
+    with span("sandbox.release", {"corral.run.id": record.run_id,
+                                  "corral.run.status": outcome}):
+        await _release_sandbox(store, record, outcome, provider_for=provider_for)
+
+
+async def _release_sandbox(store: Store, record: RunRecord, outcome: str, *,
+                           provider_for: Callable[[str], Provider]) -> None:
     # here for start-up cost, as in definition_of
     from corral.sandbox._ensure import Ensured, destroy_record, release, snapshotter_of
     from corral.sandbox._key import RunContext as SandboxContext

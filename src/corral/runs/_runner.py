@@ -26,12 +26,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
 from corral._paths import corral_home
+from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
 from corral.journal._probe import JournalLocationError, JournalUnreachable, machine_id
 from corral.runs._probe import journal_location
@@ -76,6 +77,9 @@ from corral.stores._protocols import (
 from corral.stores._records import RunPatch, RunRecord
 from corral.tools._core import Toolset
 
+if TYPE_CHECKING:
+    from corral.runs._launch import StartPlan
+
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_OUTPUT",
@@ -115,6 +119,7 @@ class Runner:
         a call of an ``approval=True`` tool waits for ``corral approve``.
         ``max_file_watches``: directories a run's file events watch at most (changes in
         others are logged by a workspace walk before the run's end)."""
+        configure_from_env()  # OTEL_* ask for export and the application set up none
         self.store = store
         self.max_file_watches = check_max_watches(max_file_watches)
         self.tools = tools
@@ -195,12 +200,24 @@ class Runner:
         # Imported here for start-up cost: launching loads the agent-CLI stack (harness
         # adapters, sessions, model proxy, httpx), which a driver taking over (``corral
         # attach``) of a command run never needs.
-        from corral.runs._launch import fail_start, launch_run, plan_start
+        from corral.runs._launch import plan_start
 
         plan = plan_start(request, self.tools)  # checked before anything is recorded
-        sandbox, harness = plan.sandbox, plan.harness
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
+        # (an exception marks the span failed)
+        with span("corral.run.start", {"corral.run.id": run_id, "corral.thread.id": thread_id,
+                                       "gen_ai.agent.name": plan.harness.name}):
+            return await self._start(plan, request, run_id, thread_id)
+
+    async def _start(self, plan: StartPlan, request: RunRequest, run_id: str,
+                     thread_id: str) -> RunRecord:
+        from corral.runs._launch import fail_start, launch_run
+
+        sandbox, harness = plan.sandbox, plan.harness
+        trace = carrier()  # this start's span: drivers on any host continue its trace
+        if trace:
+            plan.spec = plan.spec.model_copy(update={"trace": trace})
         if len(sandbox.secrets):
             self._run_secrets[run_id] = sandbox.secrets
         if plan.tools is not None:
@@ -326,7 +343,10 @@ class Runner:
                 continue
             final = result.record or await self._require(run_id)
             self._forget(run_id)
-            await self._finish_sandbox(final, final.status.value)
+            with span("corral.run.end", {"corral.run.id": run_id,
+                                         "corral.run.status": final.status.value},
+                      parent=_trace_of(final)):
+                await self._finish_sandbox(final, final.status.value)
             return DriveResult(final)
 
     async def _drive_claimed(self, record: RunRecord, stop: anyio.Event | None,
@@ -346,9 +366,19 @@ class Runner:
         drive = ClaimedDrive(self.store, self.owner, self.lease_ttl, self._providers_of(record),
                              self._stop_agent, self.max_file_watches, self.approval_timeout,
                              self.checkpoint)
-        # the secrets once: finding them may rebuild the sandbox definition
-        return await drive(record, paths, nonce, self._secrets_for(record), stop=stop,
-                           clear_detached=clear_detached, tools=tools)
+        with span(f"invoke_agent {record.harness}", {
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": record.harness,
+                "corral.run.id": record.run_id, "corral.thread.id": record.thread_id,
+                "corral.driver": self.owner}, parent=_trace_of(record)) as current:
+            # the secrets once: finding them may rebuild the sandbox definition
+            result = await drive(record, paths, nonce, self._secrets_for(record), stop=stop,
+                                 clear_detached=clear_detached, tools=tools)
+            if result is not None and result.record is not None:
+                if current is not None:
+                    current.set_attribute("corral.run.status", result.record.status.value)
+                if result.record.error is not None:
+                    mark_error(current, result.record.error.message)
+            return result
 
     async def unlogged_file_events(self, record: RunRecord) -> list[dict[str, Any]]:
         """The file events of a run with ``file_events`` that its log lacks (changes made
@@ -447,6 +477,12 @@ class Runner:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
             await self._finish_sandbox(record, "aborted")
+
+
+def _trace_of(record: RunRecord) -> Any:
+    """The trace context the run's start stored (its drivers' spans join that trace)."""
+    trace = (record.spec or {}).get("trace")
+    return context_of(trace if isinstance(trace, dict) else None)
 
 
 async def _wait(stop: anyio.Event | None, seconds: float) -> None:

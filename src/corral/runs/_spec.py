@@ -62,6 +62,9 @@ class RunSpec(BaseModel):
     """The agent CLI asks corral (on the run's MCP server) before acting."""
     files: dict[str, Any] | None = None
     """File events: the baseline the agent's changes are measured against."""
+    trace: dict[str, str] | None = None
+    """The W3C trace context (``traceparent``) of the span that started the run: every
+    driver, on any host, continues that trace (OpenTelemetry, when installed)."""
     agent: dict[str, Any] | None = None
     """An agent CLI run's runtime: sockets, the services daemon (its job and pid), the
     resumed session."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from corral._telemetry import span
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore
 from corral.sandbox._bootstrap import bootstrap, read_marker
@@ -231,9 +232,14 @@ async def ensure(
         raise UnsupportedCapability(
             provider.name, "snapshots", "set lifecycle.snapshot = 'none' for this provider"
         )
-    async with _store_for(store) as st, key_lock(st, key):
-        ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st, spec_hook)
-    await call_hook(sandbox.hooks.on_ready, "on_ready", ensured.handle)
+    with span("sandbox.ensure", {"corral.sandbox.provider": provider.name,
+                                 "corral.sandbox.key": key}) as current:
+        async with _store_for(store) as st, key_lock(st, key):
+            ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st,
+                                           spec_hook)
+        if current is not None:
+            current.set_attribute("corral.sandbox.id", ensured.handle.id)
+        await call_hook(sandbox.hooks.on_ready, "on_ready", ensured.handle)
     return ensured
 
 

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from corral._telemetry import context_of, span
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError
 from corral.stores._records import RunStatus
@@ -143,6 +144,11 @@ def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> 
             raise ApiError(400, "invalid_workspace", f"workspace {workspace!r} is not a directory")
         workspace = real
     return SandboxDefinition(provider=provider, workspace=workspace)
+
+
+def _http_attrs(request: Request) -> dict[str, str]:
+    """The HTTP server span's attributes (OpenTelemetry semantic conventions)."""
+    return {"http.request.method": request.method, "url.path": request.url.path}
 
 
 def _root(request: Request) -> str:
@@ -286,7 +292,8 @@ def create_app(
         summary="Start a run; the server drives it until it ends",
     )
     async def start_run(body: StartRun, response: Response, request: Request) -> RunCreated:
-        record = await service.start_run(run_request(body))
+        with span("POST /v1/runs", _http_attrs(request), parent=context_of(request.headers)):
+            record = await service.start_run(run_request(body))
         url = _root(request) + events_url(record.run_id)
         response.headers["location"] = url.removesuffix("/events")
         return RunCreated(run_id=record.run_id, thread_id=record.thread_id,
@@ -327,6 +334,7 @@ def create_app(
     )
     async def agui(
         run_input: RunAgentInput,
+        request: Request,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> Any:
         position = _resume_point(last_event_id)
@@ -336,7 +344,9 @@ def create_app(
                 body = start_body(run_input)
             except AguiInputError as exc:
                 raise ApiError(400, "invalid_agui_input", str(exc)) from None
-            await service.start_run(run_request(body))
+            with span("POST /v1/agui", _http_attrs(request),
+                      parent=context_of(request.headers)):
+                await service.start_run(run_request(body))
         elif existing.thread_id != run_input.thread_id:
             raise RunExists(f"run {run_input.run_id!r} exists on another thread")
         # else: the client retries or reconnects: the same run's stream, from where it was
