@@ -390,57 +390,34 @@ async def reap_detached_runs(
     cancellation from outside is not swallowed.
     """
     with span("corral.reaper.sweep", {"corral.reaper.owner": owner or ""}):
-        return await _reap_detached_runs(
-            store, probe=probe, drive=drive, ttl=ttl, now=now, budget=budget,
-            max_runs=max_runs, quiet=quiet, reclaim=reclaim, stop=stop, owner=owner,
-            lease_ttl=lease_ttl, logger=logger)
-
-
-async def _reap_detached_runs(
-    store: ReapStore,
-    *,
-    probe: Probe,
-    drive: Drive,
-    ttl: float,
-    now: float | None = None,
-    budget: float = DEFAULT_BUDGET,
-    max_runs: int = DEFAULT_MAX_RUNS,
-    quiet: float = DEFAULT_QUIET,
-    reclaim: Reclaim | None = None,
-    stop: Stop | None = None,
-    owner: str | None = None,
-    lease_ttl: float = DEFAULT_LEASE_TTL,
-    logger: logging.Logger | None = None,
-) -> ReapResult:
-    """The sweep itself (:func:`reap_detached_runs` wraps it in its span)."""
-    logger = logger or log
-    result = ReapResult()
-    at = time.time() if now is None else now
-    cap = max(0, int(max_runs))
-    try:
-        batch = await store.list_reclaimable(at, 0.0, limit=cap)
-    except Exception as exc:  # noqa: BLE001 - a sweep never raises
-        logger.error("reap: listing detached runs failed: %s", exc)
+        logger = logger or log
+        result = ReapResult()
+        at = time.time() if now is None else now
+        cap = max(0, int(max_runs))
+        try:
+            batch = await store.list_reclaimable(at, 0.0, limit=cap)
+        except Exception as exc:  # noqa: BLE001 - a sweep never raises
+            logger.error("reap: listing detached runs failed: %s", exc)
+            return result
+        sweep = _Sweep(
+            store=store,
+            probe=probe,
+            drive=drive,
+            reclaim=reclaim,
+            stop=stop,
+            cutoff=at - ttl,
+            budget=budget,
+            quiet=quiet,
+            owner=owner or new_owner_id(),
+            lease_ttl=lease_ttl,
+            logger=logger,
+        )
+        result.considered = len(batch)
+        # One run at a time: each may cost a claim, a provider call and a replay; fanning out
+        # multiplies peak load for throughput the next sweep supplies anyway.
+        for record in batch:
+            entry = await sweep.reap_one(record)
+            result.outcomes[entry.outcome] += 1
+            result.runs.append(entry)
+        result.probed = sweep.probed
         return result
-    sweep = _Sweep(
-        store=store,
-        probe=probe,
-        drive=drive,
-        reclaim=reclaim,
-        stop=stop,
-        cutoff=at - ttl,
-        budget=budget,
-        quiet=quiet,
-        owner=owner or new_owner_id(),
-        lease_ttl=lease_ttl,
-        logger=logger,
-    )
-    result.considered = len(batch)
-    # One run at a time: each may cost a claim, a provider call and a replay; fanning out
-    # multiplies peak load for throughput the next sweep supplies anyway.
-    for record in batch:
-        entry = await sweep.reap_one(record)
-        result.outcomes[entry.outcome] += 1
-        result.runs.append(entry)
-    result.probed = sweep.probed
-    return result
