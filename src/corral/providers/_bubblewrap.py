@@ -16,17 +16,32 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   read-only system's root-only files (``/etc/shadow``) stay unreadable;
 * no network at all unless the spec asks for it (``--share-net``);
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
-  the sandbox joins before it enters the namespaces (the launcher writes its own pid to
-  ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
-  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force);
+  the sandbox is born in (``bwrap`` joins them before it forks the sandbox, see "How a
+  command starts" below); without usable cgroups, rlimits (per process, weaker;
+  ``corral doctor`` says which one is in force);
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
-What host processes see: the launcher chain (``sh`` joining the cgroups, ``setpriv``,
-``bwrap``) runs with a fixed environment (``PATH`` and corral's own tag), never a variable a
-user, a secret or a repository's corral.toml names: those reach the command inside the
-sandbox only, over the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the
-sandbox's pid 1 with no environment at all.
+How a command starts (``exec``/``spawn``): corral starts ``bwrap`` itself, already as the
+sandbox's host uid with no supplementary groups (``subprocess.Popen``'s ``user``/``group``/
+``extra_groups``, applied in C between fork and exec), and gives it its options over a pipe
+(``--args FD``). bwrap sets no_new_privs first thing, then reads that pipe to its end before
+it does anything else, so until corral closes it bwrap is one blocked process that has
+forked nothing: corral writes bwrap's pid to the sandbox's ``cgroup.procs`` files (or sets
+its rlimits with ``prlimit(2)``), then sends the options. The sandbox's init is forked after
+that, so it and everything it starts are born under the limits, and its cgroup namespace's
+root is the sandbox's own group (the sandbox sees ``/``, not corral's group names). bwrap
+closes the options pipe, so the command inherits none of it. Two programs per command:
+``bwrap`` and the init. ``host_command`` (a separate host process, the durable-run
+supervisor) cannot be held like that, so its argv stays a self-contained chain: ``sh``
+joining the cgroups (or ``prlimit``), ``setpriv`` dropping to the host uid with
+no_new_privs, then ``bwrap``.
+
+What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
+with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
+or a repository's corral.toml names: those reach the command inside the sandbox only, over
+the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the sandbox's pid 1 with
+no environment at all.
 
 Each command runs under corral's own init as pid 1 of a fresh pid namespace
 (``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
@@ -52,6 +67,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -442,8 +458,8 @@ class BubblewrapHandle(HostDirHandle):
         # init starts with no environment at all (the command's comes over stdin).
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
-        # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
-        # rlimits, drop to the sandbox's host uid, then bwrap.
+        # host_command's launcher chain, all exec()s in one process: join the cgroups (or
+        # apply rlimits), drop to the sandbox's host uid, then bwrap.
         launcher: list[str] = []
         if state.limit_mode == "cgroup":
             launcher = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
@@ -459,6 +475,15 @@ class BubblewrapHandle(HostDirHandle):
                 "--",
             ]
         self._launcher = launcher
+        # The in-process launch (``_start``) needs none of that chain: bwrap starts directly
+        # as the sandbox's host uid (Popen drops it) and reads its options from a pipe
+        # (``--args``), which holds it before it forks anything; meanwhile corral moves it
+        # into the cgroups (or sets its rlimits) from here. See ``_start``.
+        self._bwrap_args = b"".join(a.encode() + b"\0" for a in bwrap[1:])
+        self._procs_files = (
+            cgroups.procs_files(state.cgroups) if state.limit_mode == "cgroup" else []
+        )
+        self._rlimits = _rlimits(state.limits) if state.limit_mode == "rlimit" else []
         # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
         # repository controls (a name like LD_PRELOAD would run code on the host as root).
         self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
@@ -497,10 +522,15 @@ class BubblewrapHandle(HostDirHandle):
         # spawned it exits early (a background process outliving its creator), bwrap's
         # status writes must not fail (it would die of EPIPE and take the tree with it).
         keeper = os.dup(status_r)
-        fds = [status_w, report_w, keeper]
+        # bwrap's options come over this pipe: bwrap reads it to the end before it does
+        # anything else (it has already set no_new_privs, and it closes the pipe), so until
+        # corral closes the write end, bwrap is one blocked process that has forked nothing.
+        args_r, args_w = os.pipe2(os.O_CLOEXEC)
+        fds = [status_w, report_w, keeper, args_r]
         full = [
-            *self._launcher,
-            *self._bwrap,
+            self._provider.bwrap,
+            "--args",
+            str(args_r),
             "--json-status-fd",
             str(status_w),
             "--",
@@ -508,13 +538,30 @@ class BubblewrapHandle(HostDirHandle):
         ]
         run = _Run(self, status_r, report_r)
         try:
-            proc = popen(full, env=self._host_env, pass_fds=fds)
+            try:
+                proc = popen(full, env=self._host_env, pass_fds=fds, uid=self._state.host_uid)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            try:
+                # Limits first: the sandbox's pid-namespace init (and with it every process
+                # of the sandbox) is forked by bwrap only after this, so it is born in the
+                # cgroups (as is its cgroup namespace, whose root is the sandbox's group).
+                self._confine(proc.pid)
+                _write_all(args_w, self._bwrap_args)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()  # at once: it was blocked reading its options
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                raise
         except BaseException:
             run.close()
             raise
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(args_w)
         run.proc = proc
         sandboxed = SandboxProcess(proc, killer=run.kill, finisher=run.finish)
         try:
@@ -522,6 +569,22 @@ class BubblewrapHandle(HostDirHandle):
         except BrokenPipeError:
             pass  # bwrap failed before the init ran; its exit status says why
         return sandboxed
+
+    def _confine(self, pid: int) -> None:
+        """Put ``pid`` (a bwrap that has not forked yet) under the sandbox's limits: into
+        its cgroups, or, without cgroups, under its rlimits (inherited by all it starts)."""
+        for path in self._procs_files:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._check_alive()  # destroyed meanwhile: say so
+                raise
+            try:
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
+        for res, value in self._rlimits:
+            resource.prlimit(pid, res, (value, value))
 
     def host_command(
         self,
@@ -550,6 +613,22 @@ class BubblewrapHandle(HostDirHandle):
             cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
             stdin_prefix=launch_prefix(chdir, self._env_for(env), argv),
         )
+
+
+def _rlimits(limits: ResourceLimits) -> list[tuple[int, int]]:
+    """The rlimits of the rlimit mode, as ``prlimit --as --nproc`` sets them (soft = hard)."""
+    out = []
+    if limits.memory_bytes is not None:
+        out.append((resource.RLIMIT_AS, limits.memory_bytes))
+    if limits.pids is not None:
+        out.append((resource.RLIMIT_NPROC, limits.pids))
+    return out
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _rlimit_args(limits: ResourceLimits) -> list[str]:
