@@ -17,8 +17,8 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * no network at all unless the spec asks for it (``--share-net``);
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
   the sandbox is born in (``bwrap`` joins them before it forks the sandbox, see "How a
-  command starts" below); without usable cgroups, rlimits (per process, weaker;
-  ``corral doctor`` says which one is in force);
+  command starts" below); without usable cgroups, rlimits via ``prlimit`` (per process,
+  weaker; ``corral doctor`` says which one is in force);
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
@@ -27,12 +27,13 @@ sandbox's host uid with no supplementary groups (``subprocess.Popen``'s ``user``
 ``extra_groups``, applied in C between fork and exec), and gives it its options over a pipe
 (``--args FD``). bwrap sets no_new_privs first thing, then reads that pipe to its end before
 it does anything else, so until corral closes it bwrap is one blocked process that has
-forked nothing: corral writes bwrap's pid to the sandbox's ``cgroup.procs`` files (or sets
-its rlimits with ``prlimit(2)``), then sends the options. The sandbox's init is forked after
-that, so it and everything it starts are born under the limits, and its cgroup namespace's
-root is the sandbox's own group (the sandbox sees ``/``, not corral's group names). bwrap
-closes the options pipe, so the command inherits none of it. Two programs per command:
-``bwrap`` and the init. ``host_command`` (a separate host process, the durable-run
+forked nothing: corral writes bwrap's pid to the sandbox's ``cgroup.procs`` files, then
+sends the options. The sandbox's init is forked after that, so it and everything it starts
+are born in the cgroups, and its cgroup namespace's root is the sandbox's own group (the
+sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
+command inherits none of it. Two programs per command: ``bwrap`` and the init (three in the
+rlimit mode: ``prlimit``, running as the host uid already, lowers its own limits and execs
+bwrap; setting another uid's rlimits from corral would need CAP_SYS_RESOURCE). ``host_command`` (a separate host process, the durable-run
 supervisor) cannot be held like that, so its argv stays a self-contained chain: ``sh``
 joining the cgroups (or ``prlimit``), ``setpriv`` dropping to the host uid with
 no_new_privs, then ``bwrap``.
@@ -67,7 +68,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import shutil
 import signal
 import subprocess
@@ -478,12 +478,19 @@ class BubblewrapHandle(HostDirHandle):
         # The in-process launch (``_start``) needs none of that chain: bwrap starts directly
         # as the sandbox's host uid (Popen drops it) and reads its options from a pipe
         # (``--args``), which holds it before it forks anything; meanwhile corral moves it
-        # into the cgroups (or sets its rlimits) from here. See ``_start``.
+        # into the cgroups from here. See ``_start``.
         self._bwrap_args = b"".join(a.encode() + b"\0" for a in bwrap[1:])
         self._procs_files = (
             cgroups.procs_files(state.cgroups) if state.limit_mode == "cgroup" else []
         )
-        self._rlimits = _rlimits(state.limits) if state.limit_mode == "rlimit" else []
+        # Without cgroups, ``prlimit`` (running as the host uid already, so it only lowers
+        # its own limits) stays in front of bwrap: setting another uid's rlimits from here
+        # (prlimit(2)) needs CAP_SYS_RESOURCE, which a container's root often lacks.
+        self._start_prefix = (
+            [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
+            if state.limit_mode == "rlimit"
+            else []
+        )
         # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
         # repository controls (a name like LD_PRELOAD would run code on the host as root).
         self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
@@ -528,6 +535,7 @@ class BubblewrapHandle(HostDirHandle):
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         fds = [status_w, report_w, keeper, args_r]
         full = [
+            *self._start_prefix,
             self._provider.bwrap,
             "--args",
             str(args_r),
@@ -544,7 +552,7 @@ class BubblewrapHandle(HostDirHandle):
                 for fd in fds:
                     os.close(fd)
             try:
-                # Limits first: the sandbox's pid-namespace init (and with it every process
+                # Cgroups first: the sandbox's pid-namespace init (and with it every process
                 # of the sandbox) is forked by bwrap only after this, so it is born in the
                 # cgroups (as is its cgroup namespace, whose root is the sandbox's group).
                 self._confine(proc.pid)
@@ -571,8 +579,7 @@ class BubblewrapHandle(HostDirHandle):
         return sandboxed
 
     def _confine(self, pid: int) -> None:
-        """Put ``pid`` (a bwrap that has not forked yet) under the sandbox's limits: into
-        its cgroups, or, without cgroups, under its rlimits (inherited by all it starts)."""
+        """Put ``pid`` (a bwrap that has not forked yet) into the sandbox's cgroups."""
         for path in self._procs_files:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -583,8 +590,6 @@ class BubblewrapHandle(HostDirHandle):
                 os.write(fd, str(pid).encode())
             finally:
                 os.close(fd)
-        for res, value in self._rlimits:
-            resource.prlimit(pid, res, (value, value))
 
     def host_command(
         self,
@@ -613,16 +618,6 @@ class BubblewrapHandle(HostDirHandle):
             cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
             stdin_prefix=launch_prefix(chdir, self._env_for(env), argv),
         )
-
-
-def _rlimits(limits: ResourceLimits) -> list[tuple[int, int]]:
-    """The rlimits of the rlimit mode, as ``prlimit --as --nproc`` sets them (soft = hard)."""
-    out = []
-    if limits.memory_bytes is not None:
-        out.append((resource.RLIMIT_AS, limits.memory_bytes))
-    if limits.pids is not None:
-        out.append((resource.RLIMIT_NPROC, limits.pids))
-    return out
 
 
 def _write_all(fd: int, data: bytes) -> None:
