@@ -556,7 +556,8 @@ class BubblewrapHandle(HostDirHandle):
                 # of the sandbox) is forked by bwrap only after this, so it is born in the
                 # cgroups (as is its cgroup namespace, whose root is the sandbox's group).
                 self._confine(proc.pid)
-                _write_all(args_w, self._bwrap_args)
+                with contextlib.suppress(BrokenPipeError):  # killed meanwhile (destroy):
+                    _write_all(args_w, self._bwrap_args)  # its exit status says so
             except BaseException:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
