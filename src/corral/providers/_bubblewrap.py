@@ -22,21 +22,23 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
-How a command starts (``exec``/``spawn``): corral starts ``bwrap`` itself, already as the
-sandbox's host uid with no supplementary groups (``subprocess.Popen``'s ``user``/``group``/
-``extra_groups``, applied in C between fork and exec), and gives it its options over a pipe
-(``--args FD``). bwrap sets no_new_privs first thing, then reads that pipe to its end before
-it does anything else, so until corral closes it bwrap is one blocked process that has
-forked nothing: corral writes bwrap's pid to the sandbox's ``cgroup.procs`` files, then
-sends the options. The sandbox's init is forked after that, so it and everything it starts
-are born in the cgroups, and its cgroup namespace's root is the sandbox's own group (the
-sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
-command inherits none of it. Two programs per command: ``bwrap`` and the init (three in the
-rlimit mode: ``prlimit``, running as the host uid already, lowers its own limits and execs
-bwrap; setting another uid's rlimits from corral would need CAP_SYS_RESOURCE). ``host_command`` (a separate host process, the durable-run
-supervisor) cannot be held like that, so its argv stays a self-contained chain: ``sh``
-joining the cgroups (or ``prlimit``), ``setpriv`` dropping to the host uid with
-no_new_privs, then ``bwrap``.
+How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
+behind ``setpriv`` (when corral runs as root: the sandbox's host uid and gid, no
+supplementary groups, no_new_privs) and, in the rlimit mode, ``prlimit``; each execs the
+next, so it is one process throughout. bwrap gets its options over a pipe (``--args FD``):
+it sets no_new_privs first thing, then reads that pipe to its end before it does anything
+else, so until corral closes the pipe the launcher is one process that has forked nothing.
+Meanwhile corral writes its pid to the sandbox's ``cgroup.procs`` files, then sends the
+options. bwrap forks the sandbox's init only after that, so the init and everything it
+starts are born in the cgroups, and its cgroup namespace's root is the sandbox's own group
+(the sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
+command inherits none of it. Three programs per command: ``setpriv``, ``bwrap``, the init
+(no ``sh`` to join the cgroups any more). Popen's own ``user``/``group``/``extra_groups``
+could replace ``setpriv``, but they make CPython ``fork`` (not ``vfork``) the whole Python
+process, and that costs more than ``setpriv`` does (measured: docs/benchmarks.md, #17
+launcher chain). ``host_command`` (run by a separate host process, the durable-run
+supervisor) cannot be held like that, so its argv stays self-contained: ``sh`` joining the
+cgroups as root, then the same ``prlimit``/``setpriv``, then ``bwrap``.
 
 What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
 with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
@@ -458,15 +460,15 @@ class BubblewrapHandle(HostDirHandle):
         # init starts with no environment at all (the command's comes over stdin).
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
-        # host_command's launcher chain, all exec()s in one process: join the cgroups (or
-        # apply rlimits), drop to the sandbox's host uid, then bwrap.
-        launcher: list[str] = []
-        if state.limit_mode == "cgroup":
-            launcher = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
-        elif state.limit_mode == "rlimit":
-            launcher = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
+        # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
+        # the sandbox's host uid when corral is root (``setpriv``; see "How a command
+        # starts" in the module docstring for why not Popen's own ``user=``). All exec()s
+        # in one process.
+        prefix: list[str] = []
+        if state.limit_mode == "rlimit":
+            prefix = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
         if uid is not None:
-            launcher += [
+            prefix += [
                 provider.setpriv,
                 f"--reuid={uid}",
                 f"--regid={uid}",
@@ -474,23 +476,17 @@ class BubblewrapHandle(HostDirHandle):
                 "--no-new-privs",
                 "--",
             ]
-        self._launcher = launcher
-        # The in-process launch (``_start``) needs none of that chain: bwrap starts directly
-        # as the sandbox's host uid (Popen drops it) and reads its options from a pipe
-        # (``--args``), which holds it before it forks anything; meanwhile corral moves it
-        # into the cgroups from here. See ``_start``.
+        self._start_prefix = prefix
+        # host_command's chain also joins the cgroups itself (``sh``, as root, first): it
+        # runs in a process corral cannot hold before bwrap forks, as ``_start`` does.
+        join: list[str] = []
+        if state.limit_mode == "cgroup":
+            join = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
+        self._launcher = [*join, *prefix]
+        # ``_start`` gives bwrap its options over a pipe (``--args``) and moves it into
+        # these cgroups meanwhile; see there.
         self._bwrap_args = b"".join(a.encode() + b"\0" for a in bwrap[1:])
-        self._procs_files = (
-            cgroups.procs_files(state.cgroups) if state.limit_mode == "cgroup" else []
-        )
-        # Without cgroups, ``prlimit`` (running as the host uid already, so it only lowers
-        # its own limits) stays in front of bwrap: setting another uid's rlimits from here
-        # (prlimit(2)) needs CAP_SYS_RESOURCE, which a container's root often lacks.
-        self._start_prefix = (
-            [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
-            if state.limit_mode == "rlimit"
-            else []
-        )
+        self._procs_files = cgroups.procs_files(state.cgroups) if state.limit_mode == "cgroup" else []
         # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
         # repository controls (a name like LD_PRELOAD would run code on the host as root).
         self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
@@ -531,7 +527,8 @@ class BubblewrapHandle(HostDirHandle):
         keeper = os.dup(status_r)
         # bwrap's options come over this pipe: bwrap reads it to the end before it does
         # anything else (it has already set no_new_privs, and it closes the pipe), so until
-        # corral closes the write end, bwrap is one blocked process that has forked nothing.
+        # corral closes the write end, the launched process (``setpriv`` then bwrap, the
+        # same pid) is one process that has forked nothing.
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         fds = [status_w, report_w, keeper, args_r]
         full = [
@@ -547,7 +544,7 @@ class BubblewrapHandle(HostDirHandle):
         run = _Run(self, status_r, report_r)
         try:
             try:
-                proc = popen(full, env=self._host_env, pass_fds=fds, uid=self._state.host_uid)
+                proc = popen(full, env=self._host_env, pass_fds=fds)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -555,6 +552,7 @@ class BubblewrapHandle(HostDirHandle):
                 # Cgroups first: the sandbox's pid-namespace init (and with it every process
                 # of the sandbox) is forked by bwrap only after this, so it is born in the
                 # cgroups (as is its cgroup namespace, whose root is the sandbox's group).
+                # This replaces the ``sh`` that host_command's chain still needs.
                 self._confine(proc.pid)
                 with contextlib.suppress(BrokenPipeError):  # killed meanwhile (destroy):
                     _write_all(args_w, self._bwrap_args)  # its exit status says so

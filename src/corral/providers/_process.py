@@ -15,7 +15,7 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
 import anyio
 
@@ -254,17 +254,8 @@ def popen(
     env: Mapping[str, str],
     cwd: str | None = None,
     pass_fds: Sequence[int] = (),
-    uid: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a launcher in its own session with three pipes (vfork/posix_spawn fast path).
-
-    With ``uid``, the child drops to that uid and gid with no supplementary groups before
-    it execs (done by CPython in C between fork and exec, so safe with threads; it costs
-    the vfork fast path, still far cheaper than an extra program such as ``setpriv``).
-    """
-    creds: dict[str, Any] = {}
-    if uid is not None:
-        creds = {"user": uid, "group": uid, "extra_groups": []}
+    """Start a launcher in its own session with three pipes (vfork/posix_spawn fast path)."""
     return subprocess.Popen(
         list(argv),
         stdin=subprocess.PIPE,
@@ -275,7 +266,6 @@ def popen(
         start_new_session=True,
         pass_fds=tuple(pass_fds),
         bufsize=0,
-        **creds,
     )
 
 
