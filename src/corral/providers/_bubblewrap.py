@@ -16,8 +16,8 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   read-only system's root-only files (``/etc/shadow``) stay unreadable;
 * no network at all unless the spec asks for it (``--share-net``);
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
-  the sandbox is born in (``bwrap`` joins them before it forks the sandbox, see "How a
-  command starts" below); without usable cgroups, rlimits via ``prlimit`` (per process,
+  the sandbox is born in (corral moves the launcher into them before bwrap forks the
+  sandbox, see "How a command starts" below); without usable cgroups, rlimits via ``prlimit`` (per process,
   weaker; ``corral doctor`` says which one is in force);
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
@@ -578,7 +578,8 @@ class BubblewrapHandle(HostDirHandle):
         return sandboxed
 
     def _confine(self, pid: int) -> None:
-        """Put ``pid`` (a bwrap that has not forked yet) into the sandbox's cgroups."""
+        """Put ``pid`` (the launcher: ``setpriv`` execing bwrap, which has not forked yet)
+        into the sandbox's cgroups."""
         for path in self._procs_files:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
