@@ -1,17 +1,20 @@
 """Setup plan latency (issue #17): a plan of 5 serial ``true`` steps, and ``ensure``.
 
 Rows, per provider (local, bubblewrap):
+- ``exec true``: one ``process.exec(["true"])`` on a live sandbox (the exec round trip);
 - ``setup plan 5 serial true``: ``run_setup`` on a live sandbox (what the reference's
   ``bootstrapWorkspace`` times);
 - ``ensure (create+plan)``: ``Sandbox(..., workspace=Workspace(setup=[5 x "true"]),
   lifecycle=Lifecycle(reuse="none")).ensure()`` with a SQLite store; destroy not timed;
-plus the baseline ``bare bwrap, one sh, 5 x true``: one ``bwrap`` with the sandbox's binds
-running ``sh -c 'true; true; true; true; true'``.
+plus the baselines ``bare bwrap, one sh, 5 x true``: one ``bwrap`` with the sandbox's binds
+running ``sh -c 'true; true; true; true; true'`` (for the plan), and ``bare bwrap, true``
+(for the exec), each as the sandbox's host uid.
 
 With ``--a OLD --b NEW`` (two checkouts) a worker per checkout imports corral from its own
 ``src``, and the workers alternate sample by sample (A B B A ...), so both see the same
 load; each row prints both sides and the paired ratio B/A. With ``--b`` only, one side.
-The bare-bwrap baseline is sampled right before every bubblewrap sample (paired ratio).
+A bare-bwrap baseline is sampled right before every bubblewrap sample (paired ratio and,
+for the exec, paired difference ``side-bare``).
 
     python bench/setup_plan.py --a /tmp/old --b . [--runs 50] [--json]
 """
@@ -45,15 +48,22 @@ async def main():
     live = {n: await p.create() for n, p in providers.items()}
     bw = live["bubblewrap"]
     bare = [*bw._bwrap, "--", "sh", "-c", "true; true; true; true; true"]
+    bare_true = [*bw._bwrap, "--", "true"]
     uid = bw.state.host_uid
     sandboxes = {n: Sandbox(provider=n, workspace=Workspace(setup=["true"] * 5),
                             lifecycle=Lifecycle(reuse="none")) for n in providers}
     run = 0
     for line in sys.stdin:
         what = line.strip()
-        if what == "bare":
+        if what in ("bare", "bare-true"):
             t = time.perf_counter()
-            subprocess.run(bare, check=True, user=uid, group=uid, extra_groups=[] if uid else None)
+            subprocess.run(bare if what == "bare" else bare_true, check=True,
+                           user=uid, group=uid, extra_groups=[] if uid else None)
+        elif what.startswith("exec:"):
+            h = live[what[5:]]
+            t = time.perf_counter()
+            r = await h.process.exec(["true"])
+            assert r.ok, r
         elif what.startswith("plan:"):
             h = live[what[5:]]
             t = time.perf_counter()
@@ -79,9 +89,12 @@ anyio.run(main)
 """
 
 ROWS = (
+    ("exec true", "exec"),
     ("setup plan 5 serial true", "plan"),
     ("ensure (create+plan)", "ensure"),
 )
+# The bare-bwrap baseline sampled before each bubblewrap sample: (worker op, row name).
+BARE = {"exec": ("bare-true", "bare bwrap, true"), "plan": ("bare", "bare bwrap, one sh, 5 x true")}
 
 
 def worker(tree: Path, home: Path) -> subprocess.Popen[str]:
@@ -135,14 +148,13 @@ def main() -> None:
                     for i in range(args.warmup + args.runs):
                         sample: dict[str, float] = {}
                         for side in (order if i % 2 == 0 else order[::-1]):
-                            if provider == "bubblewrap" and op == "plan":
-                                sample[f"bare:{side}"] = ask(procs[side], "bare")
+                            if provider == "bubblewrap" and op in BARE:
+                                sample[f"bare:{side}"] = ask(procs[side], BARE[op][0])
                             sample[side] = ask(procs[side], f"{op}:{provider}")
                         if i < args.warmup:
                             continue
                         for key, v in sample.items():
-                            name = ("bare bwrap, one sh, 5 x true" if key.startswith("bare")
-                                    else row)
+                            name = BARE[op][1] if key.startswith("bare") else row
                             side = key.rsplit(":", 1)[-1]
                             results.setdefault(name, {}).setdefault(side, []).append(v)
                         if "a" in sample:
@@ -151,6 +163,9 @@ def main() -> None:
                             for side in order:
                                 results[row].setdefault(f"{side}/bare", []).append(
                                     sample[side] / sample[f"bare:{side}"])
+                                if op == "exec":
+                                    results[row].setdefault(f"{side}-bare", []).append(
+                                        sample[side] - sample[f"bare:{side}"])
         finally:
             for p in procs.values():
                 assert p.stdin is not None

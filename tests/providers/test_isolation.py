@@ -147,6 +147,58 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
                            "the sandbox's cgroups to empty", interval=0.02)
 
 
+async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
+    sandbox: BubblewrapHandle, request: pytest.FixtureRequest
+) -> None:
+    need_cgroups(request)
+    # The cgroup namespace is made when bwrap forks the init: its root being the sandbox's
+    # own group proves bwrap was already in it then (joining later would show a path).
+    r = await sandbox.process.exec(["cat", "/proc/self/cgroup"])
+    seen = {line.split(":")[1]: line.split(":", 2)[2] for line in r.stdout.decode().splitlines()}
+    assert [seen.get(c) for c in ("memory", "pids", "freezer")] == ["/", "/", "/"], seen
+    proc = await sandbox.process.spawn(["sleep", "60"])
+    try:
+        # bwrap, the init and the command, each in every one of the sandbox's groups.
+        await wait_until_async(lambda: len(cgroups.members(sandbox.state.cgroups)) >= 3,
+                               "the spawned command's processes in the cgroups", interval=0.02)
+        groups = [cgroups.members([d]) for d in sandbox.state.cgroups]
+        assert all(g == groups[0] for g in groups), groups
+        names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in groups[0])
+        assert names == ["bwrap", "perl", "sleep"], names
+    finally:
+        await proc.kill(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+
+
+async def test_the_command_holds_no_host_descriptor_and_gains_no_privileges(
+    sandbox: BubblewrapHandle,
+) -> None:
+    r = await sandbox.process.exec(["sh", "-c", "ls /proc/$$/fd; cat /proc/self/status"])
+    assert r.ok, r
+    lines = r.stdout.decode().splitlines()
+    assert lines[:3] == ["0", "1", "2"] and lines[3].startswith("Name:"), lines[:4]
+    status = dict(line.split(":", 1) for line in lines[3:])
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Groups"].split() == []  # none of corral's supplementary groups
+
+
+async def test_without_cgroups_rlimits_apply_to_the_command(
+    provider: BubblewrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cgroups, "available", lambda: (False, "no cgroups in this test"))
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(memory_bytes=256 << 20, pids=100)))
+    try:
+        assert h.state.limit_mode == "rlimit"
+        r = await h.process.exec(["cat", "/proc/self/limits"])
+        # "%-25s %-20s %-20s %-10s": the name, the soft and the hard limit, the unit.
+        rows = {line[:26].strip(): line[26:].split()[:2] for line in r.stdout.decode().splitlines()}
+        assert rows["Max address space"] == [str(256 << 20)] * 2, rows
+        assert rows["Max processes"] == ["100", "100"], rows
+    finally:
+        await provider.destroy(h.ref)
+
+
 async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider,
                                                      request: pytest.FixtureRequest) -> None:
     need_cgroups(request)

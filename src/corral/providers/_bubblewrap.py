@@ -16,17 +16,35 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   read-only system's root-only files (``/etc/shadow``) stay unreadable;
 * no network at all unless the spec asks for it (``--share-net``);
 * memory, pids and CPU limits on the sandbox's cgroup v1 groups, which every process of
-  the sandbox joins before it enters the namespaces (the launcher writes its own pid to
-  ``cgroup.procs``, then execs ``bwrap``); without usable cgroups, rlimits via
-  ``prlimit`` (per process, weaker; ``corral doctor`` says which one is in force);
+  the sandbox is born in (corral moves the launcher into them before bwrap forks the
+  sandbox, see "How a command starts" below); without usable cgroups, rlimits via ``prlimit`` (per process,
+  weaker; ``corral doctor`` says which one is in force);
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
-What host processes see: the launcher chain (``sh`` joining the cgroups, ``setpriv``,
-``bwrap``) runs with a fixed environment (``PATH`` and corral's own tag), never a variable a
-user, a secret or a repository's corral.toml names: those reach the command inside the
-sandbox only, over the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the
-sandbox's pid 1 with no environment at all.
+How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
+behind ``setpriv`` (when corral runs as root: the sandbox's host uid and gid, no
+supplementary groups, no_new_privs) and, in the rlimit mode, ``prlimit``; each execs the
+next, so it is one process throughout. bwrap gets its options over a pipe (``--args FD``):
+it sets no_new_privs first thing, then reads that pipe to its end before it does anything
+else, so until corral closes the pipe the launcher is one process that has forked nothing.
+Meanwhile corral writes its pid to the sandbox's ``cgroup.procs`` files, then sends the
+options. bwrap forks the sandbox's init only after that, so the init and everything it
+starts are born in the cgroups, and its cgroup namespace's root is the sandbox's own group
+(the sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
+command inherits none of it. Three programs per command: ``setpriv``, ``bwrap``, the init
+(no ``sh`` to join the cgroups any more). Popen's own ``user``/``group``/``extra_groups``
+could replace ``setpriv``, but they make CPython ``fork`` (not ``vfork``) the whole Python
+process, and that costs more than ``setpriv`` does (measured: docs/benchmarks.md, #17
+launcher chain). ``host_command`` (run by a separate host process, the durable-run
+supervisor) cannot be held like that, so its argv stays self-contained: ``sh`` joining the
+cgroups as root, then the same ``prlimit``/``setpriv``, then ``bwrap``.
+
+What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
+with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
+or a repository's corral.toml names: those reach the command inside the sandbox only, over
+the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the sandbox's pid 1 with
+no environment at all.
 
 Each command runs under corral's own init as pid 1 of a fresh pid namespace
 (``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
@@ -442,15 +460,15 @@ class BubblewrapHandle(HostDirHandle):
         # init starts with no environment at all (the command's comes over stdin).
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
-        # The launcher chain, all exec()s in one process: join the cgroups (as root), apply
-        # rlimits, drop to the sandbox's host uid, then bwrap.
-        launcher: list[str] = []
-        if state.limit_mode == "cgroup":
-            launcher = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
-        elif state.limit_mode == "rlimit":
-            launcher = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
+        # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
+        # the sandbox's host uid when corral is root (``setpriv``; see "How a command
+        # starts" in the module docstring for why not Popen's own ``user=``). All exec()s
+        # in one process.
+        prefix: list[str] = []
+        if state.limit_mode == "rlimit":
+            prefix = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
         if uid is not None:
-            launcher += [
+            prefix += [
                 provider.setpriv,
                 f"--reuid={uid}",
                 f"--regid={uid}",
@@ -458,7 +476,17 @@ class BubblewrapHandle(HostDirHandle):
                 "--no-new-privs",
                 "--",
             ]
-        self._launcher = launcher
+        self._start_prefix = prefix
+        # host_command's chain also joins the cgroups itself (``sh``, as root, first): it
+        # runs in a process corral cannot hold before bwrap forks, as ``_start`` does.
+        join: list[str] = []
+        if state.limit_mode == "cgroup":
+            join = ["/bin/sh", "-c", _JOIN, "corral-join", *cgroups.procs_files(state.cgroups), "--"]
+        self._launcher = [*join, *prefix]
+        # ``_start`` gives bwrap its options over a pipe (``--args``) and moves it into
+        # these cgroups meanwhile; see there.
+        self._bwrap_args = b"".join(a.encode() + b"\0" for a in bwrap[1:])
+        self._procs_files = cgroups.procs_files(state.cgroups) if state.limit_mode == "cgroup" else []
         # What host processes (the launcher chain, bwrap) get: fixed, nothing a user or a
         # repository controls (a name like LD_PRELOAD would run code on the host as root).
         self._host_env = {"PATH": BASE_ENV["PATH"], procscan.TOKEN_ENV: state.token}
@@ -497,10 +525,17 @@ class BubblewrapHandle(HostDirHandle):
         # spawned it exits early (a background process outliving its creator), bwrap's
         # status writes must not fail (it would die of EPIPE and take the tree with it).
         keeper = os.dup(status_r)
-        fds = [status_w, report_w, keeper]
+        # bwrap's options come over this pipe: bwrap reads it to the end before it does
+        # anything else (it has already set no_new_privs, and it closes the pipe), so until
+        # corral closes the write end, the launched process (``setpriv`` then bwrap, the
+        # same pid) is one process that has forked nothing.
+        args_r, args_w = os.pipe2(os.O_CLOEXEC)
+        fds = [status_w, report_w, keeper, args_r]
         full = [
-            *self._launcher,
-            *self._bwrap,
+            *self._start_prefix,
+            self._provider.bwrap,
+            "--args",
+            str(args_r),
             "--json-status-fd",
             str(status_w),
             "--",
@@ -508,13 +543,32 @@ class BubblewrapHandle(HostDirHandle):
         ]
         run = _Run(self, status_r, report_r)
         try:
-            proc = popen(full, env=self._host_env, pass_fds=fds)
+            try:
+                proc = popen(full, env=self._host_env, pass_fds=fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            try:
+                # Cgroups first: the sandbox's pid-namespace init (and with it every process
+                # of the sandbox) is forked by bwrap only after this, so it is born in the
+                # cgroups (as is its cgroup namespace, whose root is the sandbox's group).
+                # This replaces the ``sh`` that host_command's chain still needs.
+                self._confine(proc.pid)
+                with contextlib.suppress(BrokenPipeError):  # killed meanwhile (destroy):
+                    _write_all(args_w, self._bwrap_args)  # its exit status says so
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()  # at once: it was blocked reading its options
+                for stream in (proc.stdin, proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
+                raise
         except BaseException:
             run.close()
             raise
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(args_w)
         run.proc = proc
         sandboxed = SandboxProcess(proc, killer=run.kill, finisher=run.finish)
         try:
@@ -522,6 +576,20 @@ class BubblewrapHandle(HostDirHandle):
         except BrokenPipeError:
             pass  # bwrap failed before the init ran; its exit status says why
         return sandboxed
+
+    def _confine(self, pid: int) -> None:
+        """Put ``pid`` (the launcher: ``setpriv`` execing bwrap, which has not forked yet)
+        into the sandbox's cgroups."""
+        for path in self._procs_files:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                self._check_alive()  # destroyed meanwhile: say so
+                raise
+            try:
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
 
     def host_command(
         self,
@@ -550,6 +618,12 @@ class BubblewrapHandle(HostDirHandle):
             cgroup_procs=tuple(cgroups.procs_files(self._state.cgroups)),
             stdin_prefix=launch_prefix(chdir, self._env_for(env), argv),
         )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _rlimit_args(limits: ResourceLimits) -> list[str]:
