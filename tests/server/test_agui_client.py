@@ -118,3 +118,27 @@ def test_a_run_id_of_another_thread_is_refused(home: Home) -> None:
         assert c.post("/v1/agui", json=body).status_code == 200
         r = c.post("/v1/agui", json={**body, "threadId": "t-2"})
     assert r.status_code == 409 and r.json()["error"]["code"] == "run_exists"
+
+
+def test_the_operator_decides_which_harnesses_run_and_the_agui_default(
+        home: Home, tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('allowed_harnesses = ["command"]\ndefault_harness = "codex"\n')
+    prompt_only = {"threadId": "t-h", "runId": "r-h", "tools": [], "context": [], "state": {},
+                   "messages": [{"id": "m", "role": "user", "content": "fix it"}],
+                   "forwardedProps": {}}
+    with home.server("--config", str(config), token=TOKEN) as server, server.client() as c:
+        # no harness named: the operator's default (codex), which it does not allow
+        r = c.post("/v1/agui", json=prompt_only)
+        assert r.status_code == 403, r.text
+        assert r.json()["error"]["code"] == "harness_not_allowed"
+        assert "'codex'" in r.json()["error"]["message"]
+        named = {**prompt_only, "forwardedProps": {"corral": {"harness": "claude-code"}}}
+        assert c.post("/v1/agui", json=named).status_code == 403
+        r = c.post("/v1/runs", json={"thread_id": "t-h", "prompt": "x", "harness": "codex"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "harness_not_allowed"
+        assert c.get("/v1/runs", params={"thread_id": "t-h"}).json()["runs"] == []
+        # what it allows runs
+        command = {**prompt_only, "runId": "r-ok",
+                   "forwardedProps": {"corral": {"command": ["true"]}}}
+        assert c.post("/v1/agui", json=command).status_code == 200

@@ -51,9 +51,10 @@ def latest_user_text(run_input: RunAgentInput) -> str | None:
     return None
 
 
-def start_body(run_input: RunAgentInput) -> StartRun:
-    """The ``POST /v1/runs`` body that ``run_input`` stands for; raises
-    :class:`AguiInputError` naming what is missing or wrong."""
+def start_body(run_input: RunAgentInput, default_harness: str | None = None) -> StartRun:
+    """The ``POST /v1/runs`` body that ``run_input`` stands for (an agent run with
+    ``default_harness`` when the input names none); raises :class:`AguiInputError` naming
+    what is missing or wrong."""
     if run_input.tools:
         names = ", ".join(sorted(t.name for t in run_input.tools))
         raise AguiInputError(
@@ -80,6 +81,8 @@ def start_body(run_input: RunAgentInput) -> StartRun:
             raise AguiInputError("the input has no user message with text to use as the "
                                  "agent's prompt")
         fields["prompt"] = prompt
+        if "harness" not in fields and default_harness is not None:
+            fields["harness"] = default_harness
         if "harness" not in fields:
             raise AguiInputError('name the agent in forwardedProps.corral.harness (e.g. '
                                  '{"corral": {"harness": "claude-code"}})')

@@ -300,6 +300,11 @@ def create_app(
                           status=record.status, events_url=url)
 
     def run_request(body: StartRun) -> RunRequest:
+        harness = body.harness or "command"
+        if config.allowed_harnesses is not None and harness not in config.allowed_harnesses:
+            raise ApiError(403, "harness_not_allowed",
+                           f"this server does not run the {harness!r} harness; it allows "
+                           f"{', '.join(config.allowed_harnesses) or 'none'}")
         sandbox = resolve_sandbox(config, body.sandbox)
         request = RunRequest(
             command=body.command,
@@ -341,7 +346,7 @@ def create_app(
         existing = await service.store.get(run_input.run_id)
         if existing is None:
             try:
-                body = start_body(run_input)
+                body = start_body(run_input, config.default_harness)
             except AguiInputError as exc:
                 raise ApiError(400, "invalid_agui_input", str(exc)) from None
             with span("POST /v1/agui", _http_attrs(request),

@@ -6,6 +6,8 @@ by name, and decide what clients may ask for inline::
     default_sandbox = "repo"
     allowed_providers = ["bubblewrap"]      # for inline {"provider": ...}; default bubblewrap
     workspace_roots = ["/srv/workspaces"]   # inline {"workspace": dir} must lie under one
+    allowed_harnesses = ["claude-code", "command"]  # default: any harness
+    default_harness = "claude-code"         # POST /v1/agui inputs that name none
 
     [sandboxes.repo]
     provider = "bubblewrap"
@@ -60,6 +62,10 @@ class ServerConfig:
     default_sandbox: str | None = None
     allowed_providers: Sequence[str] = (DEFAULT_PROVIDER,)
     workspace_roots: Sequence[str] = ()
+    allowed_harnesses: Sequence[str] | None = None
+    """Harnesses clients may start runs with (``command`` for command runs); ``None``: any."""
+    default_harness: str | None = None
+    """The harness of an AG-UI input (``POST /v1/agui``) that names none."""
     heartbeat: float = DEFAULT_HEARTBEAT
     """Seconds between SSE comment lines on an idle stream."""
     max_body: int = DEFAULT_MAX_BODY
@@ -121,7 +127,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the TOML configuration file into :class:`ServerConfig` keyword arguments."""
     p = Path(path)
     _text, raw = read_toml(p, "config file")
-    known = {"sandboxes", "default_sandbox", "allowed_providers", "workspace_roots"}
+    known = {"sandboxes", "default_sandbox", "allowed_providers", "workspace_roots",
+             "allowed_harnesses", "default_harness"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(
@@ -151,7 +158,11 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if not isinstance(raw["default_sandbox"], str):
             raise ConfigError("config file: default_sandbox must be the name of a sandbox")
         out["default_sandbox"] = raw["default_sandbox"]
-    for key in ("allowed_providers", "workspace_roots"):
+    if "default_harness" in raw:
+        if not isinstance(raw["default_harness"], str):
+            raise ConfigError("config file: default_harness must be a harness name")
+        out["default_harness"] = raw["default_harness"]
+    for key in ("allowed_providers", "workspace_roots", "allowed_harnesses"):
         if key in raw:
             value = raw[key]
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
