@@ -11,7 +11,7 @@ import pytest
 
 from corral.providers import _cgroups as cgroups
 from corral.providers import _procscan as procscan
-from corral.providers import _state
+from corral.providers import _localdirs, _state
 from corral.providers._local import LocalProvider
 from corral.sandbox._contracts import SandboxGoneError
 from corral.testing import wait_until
@@ -167,3 +167,106 @@ def test_state_is_saved_whole_and_read_back(tmp_path: Path) -> None:
     assert os.listdir(where) == ["state.json"]  # no temporary file left
     back = _state.SandboxState.load(where)
     assert back == state
+
+
+# ------------------------------------------------------------------ lazy directories
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(str(Path(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+async def test_create_makes_one_directory_and_first_use_makes_the_rest() -> None:
+    provider = LocalProvider()
+    h = await provider.create()
+    where = Path(h.state_dir)
+    assert os.listdir(where) == ["state.json"]
+    # another process resumes a never used sandbox and runs in it
+    again = await LocalProvider().resume(h.id)
+    assert again is not None
+    r = await again.process.exec('test "$PWD" = "$CORRAL_WORKSPACE" && test -d "$HOME" '
+                                 '&& test -d "$TMPDIR" && touch "$TMPDIR/t"')
+    assert r.ok, r
+    assert "root" in os.listdir(where)  # (private/ too if the launch was marked ungrouped)
+    assert oct(os.stat(where / "root" / "tmp").st_mode & 0o7777) == "0o1777"
+    assert os.path.isdir(h.private_dir)
+    await provider.destroy(h.ref)
+    assert not where.exists()
+
+
+async def test_a_wiped_sandbox_is_not_resumed() -> None:
+    provider = LocalProvider()
+    h = await provider.create()
+    await h.fs.write("f", b"x")
+    import shutil
+
+    shutil.rmtree(Path(h.state_dir) / "root" / "workspace")
+    assert await provider.resume(h.id) is None
+    await provider.destroy(h.ref)
+
+
+async def test_a_destroyed_handle_makes_no_directories() -> None:
+    provider = LocalProvider()
+    h = await provider.create()
+    await provider.destroy(h.ref)
+    with pytest.raises(SandboxGoneError):
+        await h.process.exec("true")
+    with pytest.raises(SandboxGoneError):
+        await h.fs.write("f", b"x")
+    assert os.listdir(provider.base_dir) == []
+
+
+@pytest.mark.parametrize("plant", [
+    'echo "$SECRET" > "$TMPDIR/s"',                       # a file in an area
+    'mkdir "$CORRAL_WORKSPACE/$SECRET"',                  # a directory named by a secret
+    'rmdir "$HOME" && echo "$SECRET" > "$HOME"',         # a file by a skeleton dir's name
+    'mkdir -p "$HOME/../../private" && echo "$SECRET" > "$HOME/../../private/agent"',
+    'echo "$SECRET" > "$HOME/../../$SECRET"',             # beside state.json
+])
+async def test_what_the_agent_left_is_gone_when_destroy_returns(
+    plant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The digger holds what it is given (so a race with it cannot hide a leak).
+    handed: list[Path] = []
+    monkeypatch.setattr(_localdirs, "delete_later", handed.append)
+    provider = LocalProvider()
+    h = await provider.create()
+    secret = "s3cret" + os.urandom(6).hex()
+    r = await h.process.exec(plant, env={"SECRET": secret})
+    assert r.ok, r
+    await provider.destroy(h.ref)
+    # Only empty directories corral made may still wait for the digger: no file, and no
+    # name the agent chose.
+    left = [str(Path(d, n)) for d, dirs, files in os.walk(provider.base_dir)
+            for n in dirs + files]
+    assert not _files_under(provider.base_dir), left
+    assert not any(secret in p for p in left), left
+    assert handed == []  # not a skeleton: deleted before destroy returned
+    assert os.listdir(provider.base_dir) == []
+
+
+async def test_an_unused_skeleton_is_left_to_the_digger_and_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handed: list[Path] = []
+    monkeypatch.setattr(_localdirs, "delete_later", handed.append)
+    provider = LocalProvider()
+    h = await provider.create()
+    assert (await h.process.exec("true")).ok
+    h.private_dir  # noqa: B018 - made on first use
+    await provider.destroy(h.ref)
+    assert not Path(h.state_dir).exists()
+    assert len(handed) == 1 and not _files_under(handed[0])
+    monkeypatch.undo()
+    _state.delete_later(handed[0])
+    _state.wait_for_graves()
+    assert os.listdir(provider.base_dir) == []
+
+
+def test_a_used_local_sandbox_dir_is_not_copied() -> None:
+    from corral.sandbox._copyguard import StateGuard
+
+    guard = StateGuard(roots=(), store=None)
+    assert guard.skip_dir("/x/sb-1", ["state.json", "root"]) is not None
+    assert guard.skip_dir("/x/sb-1", ["state.json", "private"]) is not None
+    assert guard.skip_dir("/x/project", ["state.json", "src"]) is None
