@@ -137,7 +137,7 @@ async def test_destroyed_directories_are_deleted_and_left_graves_swept(
     (grave / "root").mkdir(parents=True)
     (grave / "root" / "f").write_bytes(b"x")
     monkeypatch.setattr(_state, "_made_roots", set())
-    assert provider.base_dir.is_dir()
+    assert LocalProvider().base_dir.is_dir()  # as in a new process
     _state.wait_for_graves()
     assert not grave.exists()
 

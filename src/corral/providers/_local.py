@@ -46,7 +46,7 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import CorralError
-from corral._paths import corral_home
+from corral._paths import corral_home, home_path
 from corral.providers import _cgroups as cgroups
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
@@ -322,6 +322,7 @@ class LocalProvider:
 
     def __init__(self, home: Path | str | None = None) -> None:
         self._home = Path(home) if home is not None else None
+        self._roots: dict[Path, Path] = {}
 
     @property
     def name(self) -> str:
@@ -337,7 +338,14 @@ class LocalProvider:
 
     @property
     def base_dir(self) -> Path:
-        return provider_root(self.provider_name, self._home or corral_home())
+        # Made once per home (corral_home and provider_root cost syscalls on every call);
+        # a root removed meanwhile is remade by create (make_sandbox_dir).
+        home = self._home or home_path()
+        root = self._roots.get(home)
+        if root is None:
+            root = self._roots[home] = provider_root(
+                self.provider_name, self._home or corral_home())
+        return root
 
     def fingerprint(self) -> str:
         return hashlib.sha256(f"{self.provider_name}:v1".encode()).hexdigest()
@@ -386,6 +394,7 @@ class LocalProvider:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
+        destroying = state is None or state.destroying
         if state is not None:
             group = state.kill_group
             scan = not group or os.path.exists(sandbox_dir / "private" / _UNGROUPED)
@@ -396,6 +405,7 @@ class LocalProvider:
                 # a destroy interrupted here is finished by the next one).
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+                destroying = True
                 if group:
                     await anyio.to_thread.run_sync(_kill_group, state)
                 if scan:
@@ -405,11 +415,11 @@ class LocalProvider:
         # gone from the disk. Only the empty directories corral made (fixed names, no
         # content) may be left to the background digger (see _localdirs).
         grave = bury(sandbox_dir)
-        if grave is not None and not clear_grave(grave):
+        if grave is not None and not clear_grave(grave, destroying=destroying):
             await anyio.to_thread.run_sync(partial(shutil.rmtree, grave, ignore_errors=True))
 
     async def list(self) -> list[SandboxRef]:
-        base = self.base_dir
+        base = provider_root(self.provider_name, self._home or corral_home())
         return [
             SandboxRef(self.name, p.name)
             for p in sorted(base.iterdir())

@@ -30,13 +30,9 @@ _AREAS = (("root", 0o755), ("root/home", 0o755), ("root/workspace", 0o755),
           ("root/tmp", 0o1777), ("root/home/agent", 0o755))
 # What an unused grave may still hold once its files are unlinked: dir -> allowed children.
 _SKELETON = {
-    "": {"root", "private"},
-    "root": {"workspace", "tmp", "home"},
-    "root/home": {"agent"},
-    "root/workspace": set(),
-    "root/tmp": set(),
-    "root/home/agent": set(),
-    "private": set(),
+    "": ("root", "private"),
+    "root": ("workspace", "tmp", "home"),
+    "root/home": ("agent",),
 }
 _STATE_FILES = ("state.json", "state.destroying.json")
 
@@ -61,30 +57,39 @@ def make_private(sandbox_dir: Path) -> None:
         os.mkdir(f"{sandbox_dir}/private", 0o700)
 
 
-def clear_grave(grave: Path) -> bool:
-    """Unlink the state files of a buried sandbox; when only the empty skeleton is left,
-    hand its directories to the background digger and return True. False: the grave holds
-    something else (the caller deletes it all before it returns)."""
+def clear_grave(grave: Path, *, destroying: bool = False) -> bool:
+    """Unlink the state file(s) of a buried sandbox (``destroying``: it may hold
+    ``state.destroying.json``); when only the empty skeleton is left, hand its directories
+    to the background digger and return True. False: the grave holds something else (the
+    caller deletes it all before it returns)."""
     g = str(grave)
-    for name in _STATE_FILES:
+    for name in _STATE_FILES if destroying else _STATE_FILES[:1]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{g}/{name}")
     try:
-        for rel, allowed in _SKELETON.items():
-            try:
-                with os.scandir(f"{g}/{rel}" if rel else g) as it:
-                    entries = list(it)
-            except FileNotFoundError:
-                continue  # not made (the sandbox never needed it)
-            if not rel and not entries:  # never used: one rmdir, no thread
-                os.rmdir(g)
-                return True
-            for entry in entries:
-                # Only the directories corral made, by name and type (d_type: no extra
-                # syscall); a file or a link by such a name is the agent's.
-                if entry.name not in allowed or not entry.is_dir(follow_symlinks=False):
-                    return False
-    except NotADirectoryError:
+        with os.scandir(g) as it:
+            top = list(it)
+        if not top:  # never used: one rmdir, no thread
+            os.rmdir(g)
+            return True
+        if not _skeleton(g, "", top):
+            return False
+    except (FileNotFoundError, NotADirectoryError):
         return False
     delete_later(grave)
+    return True
+
+
+def _skeleton(g: str, rel: str, entries: list[os.DirEntry[str]]) -> bool:
+    """Whether ``entries`` (of ``g/rel``) are only the empty directories corral made, by
+    name and type (``d_type``: no extra syscall); a file or link by such a name is the
+    agent's."""
+    allowed = _SKELETON.get(rel, ())
+    for entry in entries:
+        if entry.name not in allowed or not entry.is_dir(follow_symlinks=False):
+            return False
+        sub = f"{rel}/{entry.name}" if rel else entry.name
+        with os.scandir(f"{g}/{sub}") as it:
+            if not _skeleton(g, sub, list(it)):
+                return False
     return True
