@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import subprocess
 from pathlib import Path
 
@@ -270,3 +271,23 @@ def test_a_used_local_sandbox_dir_is_not_copied() -> None:
     assert guard.skip_dir("/x/sb-1", ["state.json", "root"]) is not None
     assert guard.skip_dir("/x/sb-1", ["state.json", "private"]) is not None
     assert guard.skip_dir("/x/project", ["state.json", "src"]) is None
+
+
+def test_a_process_that_destroys_and_exits_leaves_nothing(corral_home: Path) -> None:
+    code = (
+        "import anyio\n"
+        "from corral.providers._local import LocalProvider\n"
+        "async def main():\n"
+        "    p = LocalProvider()\n"
+        "    for _ in range(5):\n"
+        "        h = await p.create()\n"
+        "        assert (await h.process.exec('true')).ok\n"
+        "        await p.destroy(h.ref)\n"
+        "    print(p.base_dir)\n"
+        "anyio.run(main)\n"
+    )
+    env = dict(os.environ, CORRAL_HOME=str(corral_home))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    # The graves handed to the digger are deleted before the interpreter exits.
+    assert os.listdir(out.strip()) == []

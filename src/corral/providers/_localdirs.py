@@ -25,9 +25,10 @@ from corral.providers._state import delete_later
 
 __all__ = ["clear_grave", "make_areas", "make_private"]
 
-# (directory relative to the sandbox dir, mode), parents first.
-_AREAS = (("root", 0o755), ("root/home", 0o755), ("root/workspace", 0o755),
-          ("root/tmp", 0o1777), ("root/home/agent", 0o755))
+# (directory relative to the sandbox dir, mode), parents first; the workspace right after
+# root: resume takes a root without it for a sandbox whose files were wiped.
+_AREAS = (("root", 0o755), ("root/workspace", 0o755), ("root/tmp", 0o1777),
+          ("root/home", 0o755), ("root/home/agent", 0o755))
 # What an unused grave may still hold once its files are unlinked: dir -> allowed children.
 _SKELETON = {
     "": ("root", "private"),
