@@ -7,7 +7,8 @@ and for trusted commands only; ``corral doctor`` and the capabilities (``isolate
 
 Each sandbox is ``$CORRAL_HOME/sandboxes/local/<id>/``; its ``root/workspace``,
 ``root/tmp`` and ``root/home/agent`` stand in for ``/workspace``, ``/tmp`` and
-``/home/agent``. The agent's view is mapped as well as it can be without isolation: the
+``/home/agent``. ``create`` makes only the directory and ``state.json``; the areas and
+``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
 working directory (default ``/workspace``) is translated to the host directory, and
 ``HOME``, ``TMPDIR``, ``PWD`` and ``CORRAL_WORKSPACE`` point at the host directories.
 Literal ``/workspace/...`` paths inside commands are NOT rewritten.

@@ -8,6 +8,8 @@ Layout of one sandbox, ``$CORRAL_HOME/sandboxes/<provider>/<id>/``::
     private/     host-only files (journals, nonces); never mounted into the sandbox
     etc/         generated passwd/group (bubblewrap)
 
+(The local provider makes ``root/`` and ``private/`` on first use: ``_localdirs``.)
+
 A sandbox exists when ``state.json`` exists; ``resume`` from any process reads it.
 """
 
