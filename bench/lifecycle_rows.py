@@ -11,7 +11,8 @@ then N runs, with linearly interpolated percentiles (numpy's default). Its rows:
   sandbox (corral: ``run_setup`` of the same plan): row setup_plan;
 - ``ensure_with_setup_plan``: ``defineSandbox(...).ensure()``, create + that plan, destroy
   not timed (corral: ``Sandbox(..., Lifecycle(reuse="none")).ensure()`` with the default
-  SQLite store): row ensure;
+  SQLite store): row ensure; and corral with its ``memory://`` store against the same job:
+  row ensure_memstore (the reference keeps its sandboxes in memory);
 - ``exec_50mb_stdout``: ``exec`` of ``head -c 52428800 /dev/zero | tr '\\0' 'a'``, the whole
   output checked: row stdout_50mib;
 - ``spawn_stream_lines``: ``spawn('seq 1 200000')``, time until the last line is read:
@@ -118,19 +119,24 @@ async def main():
         await run_setup(h, PLAN, env={}, redactor=Redactor({}))
         return {"ok": True, "setup_plan": now() - a}
 
-    async def ensure():
+    async def ensure(st=store, row="ensure"):
         nonlocal run
         run += 1
         ctx = RunContext(thread_id="bench", run_id=f"r{run}")
         a = now()
-        e = await sb.ensure(ctx, store=store)
+        e = await sb.ensure(ctx, store=st)
         ms = now() - a
         ok = os.path.isdir(e.handle.state_dir)
-        await sb.destroy(ctx, store=store)
-        return {"ok": ok, "ensure": ms}
+        await sb.destroy(ctx, store=st)
+        return {"ok": ok, row: ms}
+
+    memory = await open_store("memory://")
+
+    async def ensure_mem():
+        return await ensure(memory, "ensure_memstore")
 
     jobs = {"lifecycle": lifecycle, "exec": exec_true, "big": big, "stream": stream,
-            "fs": fs_rw, "plan": plan, "ensure": ensure}
+            "fs": fs_rw, "plan": plan, "ensure": ensure, "ensure_mem": ensure_mem}
     while True:
         line = await anyio.to_thread.run_sync(sys.stdin.readline)
         if not line or line.strip() == "quit":
@@ -227,6 +233,12 @@ const jobs = {
     return { ok, ensure: ms }
   },
 }
+// corral's ensure with its in-memory store is compared with the same job (the reference
+// keeps its sandboxes in memory).
+jobs.ensure_mem = async () => {
+  const r = await jobs.ensure()
+  return { ok: r.ok, ensure_memstore: r.ensure }
+}
 
 const rl = readline.createInterface({ input: process.stdin })
 for await (const line of rl) {
@@ -239,6 +251,7 @@ await h.destroy()
 # (row, the worker job that measures it); one lifecycle sample gives three rows.
 ROWS = (("create", "lifecycle"), ("destroy", "lifecycle"), ("tti", "lifecycle"),
         ("exec", "exec"), ("setup_plan", "plan"), ("ensure", "ensure"),
+        ("ensure_memstore", "ensure_mem"),
         ("stdout_50mib", "big"), ("stream_200k", "stream"), ("fs_10mib", "fs"))
 
 
@@ -295,6 +308,7 @@ def reference_whole_run(directory: Path, n: int, warmup: int) -> dict[str, float
         "destroy": tti["destroy_ms"]["p50"], "exec": res["exec_roundtrip"]["ms"]["p50"],
         "setup_plan": res["setup_plan_5_serial"]["ms"]["p50"],
         "ensure": res["ensure_with_setup_plan"]["ms"]["p50"],
+        "ensure_memstore": res["ensure_with_setup_plan"]["ms"]["p50"],
         "stdout_50mib": res["exec_50mb_stdout"]["ms"]["p50"],
         "stream_200k": res["spawn_stream_lines"]["last_line_ms"]["p50"],
         "fs_10mib": res["fs_write_read_10mb"]["total_ms"]["p50"],
