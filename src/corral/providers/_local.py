@@ -47,7 +47,7 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import CorralError
-from corral._paths import corral_home, home_path
+from corral._paths import corral_home
 from corral.providers import _cgroups as cgroups
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
@@ -94,6 +94,8 @@ __all__ = ["LOCAL_CAPABILITIES", "LocalConfig", "LocalHandle", "LocalProvider"]
 # status 125 when the group is gone (the sandbox is being destroyed).
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 _UNGROUPED = "ungrouped"
+
+_NO_SPEC = SandboxSpec()  # frozen; create copies what it keeps
 
 LOCAL_CAPABILITIES = Capabilities(
     background_processes=True,
@@ -323,7 +325,7 @@ class LocalProvider:
 
     def __init__(self, home: Path | str | None = None) -> None:
         self._home = Path(home) if home is not None else None
-        self._roots: dict[Path, Path] = {}
+        self._roots: dict[object, Path] = {}
 
     @property
     def name(self) -> str:
@@ -341,10 +343,11 @@ class LocalProvider:
     def base_dir(self) -> Path:
         # Made once per home (corral_home and provider_root cost syscalls on every call);
         # a root removed meanwhile is remade by create (make_sandbox_dir).
-        home = self._home or home_path()
-        root = self._roots.get(home)
+        env = os.environ
+        key = self._home or (env.get("CORRAL_HOME"), env.get("HOME"))  # what names the home
+        root = self._roots.get(key)
         if root is None:
-            root = self._roots[home] = provider_root(
+            root = self._roots[key] = provider_root(
                 self.provider_name, self._home or corral_home())
         return root
 
@@ -356,7 +359,7 @@ class LocalProvider:
         return HostDirSnapshots(self, redactor=redactor)
 
     async def create(self, spec: SandboxSpec | None = None) -> LocalHandle:
-        spec = spec or SandboxSpec()
+        spec = spec or _NO_SPEC
         lim = spec.limits
         if any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus, lim.disk_bytes)):
             raise UnsupportedCapability(
@@ -373,7 +376,7 @@ class LocalProvider:
         # One mkdir and the state file: the areas and private/ are made on first use.
         sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id, private=False)
         try:
-            state.save(sandbox_dir)
+            state.save(sandbox_dir, fresh=True)
         except BaseException:
             remove_tree(sandbox_dir)
             raise  # last: the sandbox exists once state.json does

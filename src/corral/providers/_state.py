@@ -134,10 +134,12 @@ class SandboxState:
             disk_bytes=self.disk_bytes,
         )
 
-    def save(self, sandbox_dir: Path) -> None:
+    def save(self, sandbox_dir: Path, *, fresh: bool = False) -> None:
+        """Write ``state.json``; ``fresh``: ``sandbox_dir`` was just made by this process
+        (no other writer: the temporary file needs no random name)."""
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
-        tmp = f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
+        tmp = f"{sandbox_dir}/.state.tmp" if fresh else f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
         # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
         data = {name: getattr(self, name) for name in _SAVED_FIELDS}
         raw = memoryview(json.dumps(data, sort_keys=True).encode())
