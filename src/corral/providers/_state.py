@@ -292,12 +292,16 @@ def _dig() -> None:
     global _pending
     while True:
         grave = _graves.get()
-        if not remove_if_skeleton(grave):
-            shutil.rmtree(grave, ignore_errors=True)
-        with _digger_lock:
-            _pending -= 1
-            if not _pending:
-                _idle.notify_all()
+        try:
+            if not remove_if_skeleton(grave):
+                shutil.rmtree(grave, ignore_errors=True)
+        except OSError:
+            shutil.rmtree(grave, ignore_errors=True)  # whatever is left: the next process
+        finally:  # counted down whatever happened: the exit handler waits for zero
+            with _digger_lock:
+                _pending -= 1
+                if not _pending:
+                    _idle.notify_all()
 
 
 def wait_for_graves() -> None:
