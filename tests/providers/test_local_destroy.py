@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import subprocess
 from pathlib import Path
 
@@ -291,3 +292,20 @@ def test_a_process_that_destroys_and_exits_leaves_nothing(corral_home: Path) -> 
                          capture_output=True, text=True).stdout
     # The graves handed to the digger are deleted before the interpreter exits.
     assert os.listdir(out.strip()) == []
+
+
+def test_the_digger_counts_a_grave_whose_deletion_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(grave: Path) -> bool:
+        raise PermissionError(13, "refused", str(grave))
+
+    monkeypatch.setattr(_state, "remove_if_skeleton", broken)
+    grave = tmp_path / ".sb-x.deleting-0000"
+    (grave / "root").mkdir(parents=True)
+    _state.delete_later(grave)
+    waiter = threading.Thread(target=_state.wait_for_graves, daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive()  # the exit handler's wait returns (it would hang for ever)
+    assert not grave.exists()
