@@ -11,7 +11,6 @@
 const $ = (sel) => document.querySelector(sel);
 const TOKEN_KEY = "corral:token";
 const runKey = (id) => `corral:run:${id}`;
-const promptKey = (id) => `corral:prompt:${id}`;
 const TERMINAL = new Set(["RUN_FINISHED", "RUN_ERROR"]);
 const APPROVAL_REQUEST = "corral.approval_request";
 const APPROVAL_RESOLVED = "corral.approval_resolved";
@@ -187,8 +186,6 @@ $("#start-form").addEventListener("submit", async (e) => {
       if ($("#model").value.trim()) body.model = $("#model").value.trim();
     }
     const created = await api("/v1/runs", { method: "POST", body: JSON.stringify(body) });
-    // The server keeps no prompt on the run: this browser remembers the ones it sent.
-    if (body.prompt !== undefined) localStorage.setItem(promptKey(created.run_id), body.prompt);
     if (kind() === "agent") $("#prompt").value = "";
     refreshRuns();
     select(created.run_id);
@@ -334,25 +331,24 @@ function addTurn(v, record) {
   if (!turn.done && !v.detached) connect(turn);
 }
 
-// The run's prompt (an agent run) or its command, first in its turn.
+// The run's prompt (an agent run: its RUN_STARTED's AG-UI input) or its command (the
+// record's), first in its turn.
 function showPrompt(turn, event) {
-  const record = turn.record;
-  let text = localStorage.getItem(promptKey(turn.id));
-  const input = event && event.input;
-  if (text === null && input && Array.isArray(input.messages)) {
-    const users = input.messages.filter((m) => m && m.role === "user");
-    if (users.length) text = typeof users[users.length - 1].content === "string" ? users[users.length - 1].content : null;
-  }
-  if (turn.promptShown || (text === null && !record.command && !event)) return;
-  turn.promptShown = true;
+  if (turn.promptShown) return;
   const items = turn.node.querySelector(".items");
-  if (record.command) {
-    items.prepend(el("div", "msg command", `$ ${shellWords(record.command)}`));
-  } else {
+  if (turn.record.command) {
+    items.prepend(el("div", "msg command", `$ ${shellWords(turn.record.command)}`));
+  } else if (event) {
+    const messages = (event.input && Array.isArray(event.input.messages)) ? event.input.messages : [];
+    const users = messages.filter((m) => m && m.role === "user" && typeof m.content === "string");
     const msg = el("div", "msg user");
-    msg.append(el("span", "role", "prompt"), el("span", "text", text === null ? "(started elsewhere: its prompt is not shown)" : text));
+    msg.append(el("span", "role", "prompt"),
+      el("span", "text", users.length ? users[users.length - 1].content : "(the prompt is not in the run's log)"));
     items.prepend(msg);
+  } else {
+    return;
   }
+  turn.promptShown = true;
 }
 
 function showRecord(turn, record) {
@@ -413,8 +409,9 @@ function connect(turn) {
 function message(turn, id, role) {
   let node = turn.messages.get(id);
   if (!node) {
+    const output = turn.record.harness === "command";
     node = el("div", `msg ${role === "user" ? "user" : "assistant"}`);
-    node.append(el("span", "role", role || "assistant"), el("span", "text"));
+    node.append(el("span", "role", output ? "output" : role || "assistant"), el("span", "text"));
     turn.messages.set(id, node);
     turn.node.querySelector(".items").append(node);
   }
