@@ -74,7 +74,7 @@ def test_page_shows_an_agent_thread_and_answers_its_approvals(
     # the approval: shown with its args, answered (allow) after the reload, buttons gone
     (approval,) = turn["approvals"]
     assert approval["tool"] == "deploy" and HOSTILE in approval["args"]
-    assert approval["answer"].startswith("allow") and approval["buttons"] == 0
+    assert approval["answer"] == "allowed" and approval["buttons"] == 0
     # the file the shell wrote, with its patch
     (notes,) = [f for f in turn["files"] if f["path"] == "notes.html"]
     assert f"+{HOSTILE}" in notes["patch"]
@@ -92,11 +92,12 @@ def test_page_shows_an_agent_thread_and_answers_its_approvals(
     assert out["firstStats"]["received"] == list(range(out["resumedFrom"] + 1, len(log) + 1))
 
     # the second run joins the thread after the first; its approval denied
+    assert out["threadField"] == "agent-thread"
     assert out["turns"] == [first, second] and out["phoneTurns"] == [first, second]
     later = out["secondTurn"]
     assert later["prompt"] == out["secondPrompt"]
     (denied,) = later["approvals"]
-    assert denied["answer"].startswith("deny") and denied["buttons"] == 0
+    assert denied["answer"] == "denied" and denied["buttons"] == 0
     assert "denied by a human" in "".join(later["said"])
     assert out["secondStats"]["dupes"] == 0 and out["secondStats"]["gaps"] == 0
     # a fresh browser (a phone) shows the same conversation from the server alone

@@ -64,7 +64,7 @@ try {
   await page.screenshot({ path: `${shots}/command-finished.png`, fullPage: true });
 
   // A long run: detach (the page stops watching, the run goes on), watch again, cancel.
-  out.detachRunId = await start(page, { command: slowCommand });
+  out.detachRunId = await start(page, { command: slowCommand, thread: "" });
   await page.waitForFunction(() => document.querySelectorAll("#events li").length >= 5,
                              null, { timeout: 30000 });
   await page.click("#detach");
@@ -101,6 +101,7 @@ try {
   // Output is hostile: markup in it is shown as text, never run. So are the names of the
   // files a run makes (sandbox.file events).
   out.hostileRunId = await start(page, {
+    thread: "",
     command: `sh -c 'echo "${HOSTILE}"; touch "<img src=y onerror=window.pwned=1>"'`,
   });
   await waitEnded(page, out.hostileRunId);
@@ -111,7 +112,7 @@ try {
 
   // With patches: a file's patch, as text, in its collapsed card.
   await page.check("#file-diffs");
-  out.diffRunId = await start(page, { command: `sh -c 'printf "<b>bold</b>\\n" > page.html'` });
+  out.diffRunId = await start(page, { command: `sh -c 'printf "<b>bold</b>\\n" > page.html'`, thread: "" });
   await waitEnded(page, out.diffRunId);
   const card = `${turn(out.diffRunId)} details.file[data-path="page.html"]`;
   await page.waitForSelector(card, { timeout: 15000 });

@@ -74,9 +74,12 @@ try {
   await page.$$eval(`${turn(out.first)} details`, (ds) => ds.forEach((d) => { d.open = true; }));
   await page.screenshot({ path: `${shots}/agent-run.png`, fullPage: true });
 
-  // The second run on the thread: its approval is denied.
+  // The second run on the thread ("Continue thread"): its approval is denied.
+  await page.fill("#thread", "");
+  await page.click("#reply");
+  out.threadField = await page.inputValue("#thread");
   out.secondPrompt = "A second question: deploy to staging?";
-  out.second = await start(page, { prompt: out.secondPrompt, harness: "claude-code", thread: "agent-thread" });
+  out.second = await start(page, { prompt: out.secondPrompt, harness: "claude-code" });
   await page.click(await approve(page, out.second, "Deny"));
   await waitEnded(page, out.second, AGENT_TIMEOUT);
   await page.waitForFunction(() => document.querySelector("#run-status").textContent === "completed",

@@ -28,7 +28,8 @@ export async function openPage(browser, base, token, viewport = { width: 1200, h
 
 export async function title(page) { return page.textContent("#run-title"); }
 
-// Start a run from the form and wait until the page shows it; its run id.
+// Start a run from the form and wait until the page shows it; its run id. Without
+// `thread` the thread field stays as it is.
 export async function start(page, fields) {
   const before = await title(page);
   if (fields.command !== undefined) {
@@ -40,7 +41,7 @@ export async function start(page, fields) {
     await page.fill("#model", fields.model || "");
     await page.fill("#prompt", fields.prompt);
   }
-  await page.fill("#thread", fields.thread || "");
+  if (fields.thread !== undefined) await page.fill("#thread", fields.thread);
   await page.click("#start");
   await page.waitForFunction((prev) => {
     const t = document.querySelector("#run-title").textContent;

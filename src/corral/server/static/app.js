@@ -14,6 +14,7 @@ const runKey = (id) => `corral:run:${id}`;
 const TERMINAL = new Set(["RUN_FINISHED", "RUN_ERROR"]);
 const APPROVAL_REQUEST = "corral.approval_request";
 const APPROVAL_RESOLVED = "corral.approval_resolved";
+const DECIDED = { allow: "allowed", deny: "denied", timeout: "timed out" };
 
 // What tests (and curious people) can read, per run: offsets as they arrived in this page
 // load, duplicates and gaps seen, the offset a reload resumed after.
@@ -206,6 +207,13 @@ $("#cancel").addEventListener("click", async () => {
     $("#errors").append(el("div", "banner bad", errText(e)));
   }
   refreshRuns();
+});
+
+// The next run of the conversation goes to this thread.
+$("#reply").addEventListener("click", () => {
+  if (!view || !view.threadId) return;
+  $("#thread").value = view.threadId;
+  (kind() === "agent" ? $("#prompt") : $("#command")).focus();
 });
 
 // Detach stops watching (every stream of the view closes; the server keeps driving the
@@ -474,7 +482,7 @@ function approvalCard(turn, value) {
   const answer = el("p", "answer muted", "waiting for your answer");
   const buttons = el("div", "buttons");
   buttons.append(allow, deny);
-  card.append(el("strong", "", "Approval needed: "), el("span", "tool-name", value.tool), args, buttons, answer);
+  card.append(el("strong", "", "Approval: "), el("span", "tool-name", value.tool), args, buttons, answer);
   const decide = async (decision) => {
     allow.disabled = deny.disabled = true;
     try {
@@ -565,10 +573,9 @@ function show(turn, offset, event, live) {
         approvalCard(turn, value);
       } else if (event.name === APPROVAL_RESOLVED && turn.approvals.has(String(value.approvalId))) {
         resolveApproval(turn.approvals.get(String(value.approvalId)),
-          `${value.decision}${value.reason ? `: ${value.reason}` : ""}`);
-      } else if (event.name !== "corral.stdout.bytes") {
-        items.append(el("div", "custom muted", String(event.name)));
+          `${DECIDED[value.decision] || String(value.decision)}${value.reason ? `: ${value.reason}` : ""}`);
       }
+      // other CUSTOM events (sessions, byte counts, a harness's own) are in the raw list
       break;
     default:
       break;
@@ -578,6 +585,7 @@ function show(turn, offset, event, live) {
     // stop now rather than reconnect to a 204. Unanswered approvals died with the run.
     turn.done = true;
     closeStream(turn);
+    if (view && [...view.turns.values()].every((t) => !t.source)) $("#conn").textContent = "";
     for (const card of turn.approvals.values()) {
       if (!card.classList.contains("resolved")) resolveApproval(card, "no longer pending: the run ended");
     }
