@@ -57,6 +57,10 @@ def test_page_shows_an_agent_thread_and_answers_its_approvals(
     log = home.log(first)
     assert "claude-code" in out["harnesses"] and "command" not in out["harnesses"]
     assert home.raw(first)["status"] == "completed" and out["runStatus"] == "completed"
+    # the prompt is in the run's log (a fresh browser shows it too), once
+    assert log[1] == {"type": "CUSTOM", "name": "corral.prompt",
+                      "value": {"prompt": out["prompt"]}}
+    assert sum(e.get("name") == "corral.prompt" for e in log) == 1
     # the conversation, in order: the prompt, then what the agent said, as text
     turn = out["firstTurn"]
     assert turn["prompt"] == out["prompt"]

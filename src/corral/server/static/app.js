@@ -14,6 +14,7 @@ const runKey = (id) => `corral:run:${id}`;
 const TERMINAL = new Set(["RUN_FINISHED", "RUN_ERROR"]);
 const APPROVAL_REQUEST = "corral.approval_request";
 const APPROVAL_RESOLVED = "corral.approval_resolved";
+const PROMPT = "corral.prompt";
 const DECIDED = { allow: "allowed", deny: "denied", timeout: "timed out" };
 
 // What tests (and curious people) can read, per run: offsets as they arrived in this page
@@ -339,19 +340,16 @@ function addTurn(v, record) {
   if (!turn.done && !v.detached) connect(turn);
 }
 
-// The run's prompt (an agent run: its RUN_STARTED's AG-UI input) or its command (the
-// record's), first in its turn.
-function showPrompt(turn, event) {
+// The run's command (from its record) or, for an agent run, its prompt (the CUSTOM
+// corral.prompt event after RUN_STARTED), first in its turn.
+function showPrompt(turn, prompt) {
   if (turn.promptShown) return;
   const items = turn.node.querySelector(".items");
   if (turn.record.command) {
     items.prepend(el("div", "msg command", `$ ${shellWords(turn.record.command)}`));
-  } else if (event) {
-    const messages = (event.input && Array.isArray(event.input.messages)) ? event.input.messages : [];
-    const users = messages.filter((m) => m && m.role === "user" && typeof m.content === "string");
+  } else if (prompt !== null) {
     const msg = el("div", "msg user");
-    msg.append(el("span", "role", "prompt"),
-      el("span", "text", users.length ? users[users.length - 1].content : "(the prompt is not in the run's log)"));
+    msg.append(el("span", "role", "prompt"), el("span", "text", prompt));
     items.prepend(msg);
   } else {
     return;
@@ -526,9 +524,6 @@ function show(turn, offset, event, live) {
   const items = turn.node.querySelector(".items");
   const value = (event && typeof event.value === "object" && event.value) || {};
   switch (event.type) {
-    case "RUN_STARTED":
-      showPrompt(turn, event);
-      break;
     case "TEXT_MESSAGE_START":
       message(turn, event.messageId, event.role);
       break;
@@ -564,7 +559,9 @@ function show(turn, offset, event, live) {
       items.append(el("div", "banner good", "run finished"));
       break;
     case "CUSTOM":
-      if (event.name === "sandbox.file.diff" && typeof value.path === "string") {
+      if (event.name === PROMPT && typeof value.prompt === "string") {
+        showPrompt(turn, value.prompt);
+      } else if (event.name === "sandbox.file.diff" && typeof value.path === "string") {
         fileCard(turn, value.path).querySelector(".patch").textContent =
           String(value.diff ?? "") || "no changes against the start";
       } else if (event.name === "sandbox.file" && typeof value.path === "string") {
