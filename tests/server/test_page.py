@@ -49,6 +49,8 @@ def test_page_start_watch_reload_detach_cancel(home: Home, page_driver: Path,
     assert out["shownWhileDetached"] == 0 and out["receivedWhileDetached"] == 0
     assert out["detachedRecord"]["status"] == "running"
     assert out["detachedRecord"]["detachedSince"] is not None
+    assert out["serverWentOnAfterReload"] is True and out["detachLabelAfterReload"] == "Watch"
+    assert out["shownAfterDetachedReload"] == 0 and out["receivedAfterDetachedReload"] == 0
     cancelled = home.log(out["cancelRunId"])
     assert out["detachOffsets"] == list(range(1, len(cancelled) + 1))
     assert out["detachDupes"] == 0 and out["detachGaps"] == 0

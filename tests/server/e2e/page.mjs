@@ -82,10 +82,17 @@ try {
     rec = await record(out.detachRunId);
   }
   out.detachedRecord = { status: rec.status, detachedSince: rec.detached_since };
+  // A reload keeps the page detached: what it showed, nothing more.
+  await page.reload();
+  await page.waitForSelector(`${turn(out.detachRunId)} .msg.assistant`, { timeout: 15000 });
+  out.serverWentOnAfterReload = await serverHasMoreThan(out.detachRunId, shown + 20);
+  out.detachLabelAfterReload = await page.textContent("#detach");
+  out.shownAfterDetachedReload = (await shownOffsets(page)).length - shown;
+  out.receivedAfterDetachedReload = (await stats(page, out.detachRunId)).received.length;
   await page.screenshot({ path: `${shots}/command-detached.png`, fullPage: true });
   await page.click("#detach"); // Watch
   await page.waitForFunction((n) => document.querySelectorAll("#events li").length > n,
-                             shown + 10, { timeout: 30000 });
+                             shown + 20, { timeout: 30000 });
   out.cancelRunId = out.detachRunId;
   await page.click("#cancel");
   await page.waitForFunction(() => document.querySelector("#run-status").textContent === "aborted",

@@ -11,6 +11,7 @@
 const $ = (sel) => document.querySelector(sel);
 const TOKEN_KEY = "corral:token";
 const runKey = (id) => `corral:run:${id}`;
+const detachedKey = (id) => `corral:detached:${id}`;
 const TERMINAL = new Set(["RUN_FINISHED", "RUN_ERROR"]);
 const APPROVAL_REQUEST = "corral.approval_request";
 const APPROVAL_RESOLVED = "corral.approval_resolved";
@@ -222,6 +223,9 @@ $("#reply").addEventListener("click", () => {
 $("#detach").addEventListener("click", () => {
   if (!view) return;
   view.detached = !view.detached;
+  // a reload keeps the page detached, as it was
+  if (view.detached) sessionStorage.setItem(detachedKey(view.runId), "1");
+  else sessionStorage.removeItem(detachedKey(view.runId));
   for (const turn of view.turns.values()) {
     if (view.detached) closeStream(turn); else if (!turn.done) connect(turn);
   }
@@ -281,7 +285,7 @@ function watch(id) {
     save();
     for (const turn of view.turns.values()) closeStream(turn);
   }
-  view = { runId: id, threadId: null, turns: new Map(), detached: false };
+  view = { runId: id, threadId: null, turns: new Map(), detached: sessionStorage.getItem(detachedKey(id)) === "1" };
   $("#transcript").replaceChildren();
   $("#errors").replaceChildren();
   $("#events").replaceChildren();
@@ -337,7 +341,8 @@ function addTurn(v, record) {
   showPrompt(turn, null);
   for (const [offset, event] of saved.events) show(turn, offset, event, false);
   showRecord(turn, record);
-  if (!turn.done && !v.detached) connect(turn);
+  // detached: only runs that ended (nothing live) are read
+  if (!turn.done && (!v.detached || record.status !== "running")) connect(turn);
 }
 
 // The run's command (from its record) or, for an agent run, its prompt (the CUSTOM
