@@ -6,7 +6,7 @@
 // usage: node page.mjs <page url> <token> <screenshot dir>
 
 import {
-  HOSTILE, hostileChecks, launch, layoutChecks, openPage, shownOffsets, start, stats, turn,
+  HOSTILE, drive, hostileChecks, layoutChecks, onPhone, openPage, shownOffsets, start, stats, turn,
   waitEnded,
 } from "./page_lib.mjs";
 
@@ -36,9 +36,7 @@ async function record(id) {
   return (await fetch(`${base}/v1/runs/${id}`, { headers: auth })).json();
 }
 
-const browser = await launch();
-const out = {};
-try {
+await drive(async (browser, out) => {
   const { page, consoleErrors } = await openPage(browser, base, token);
 
   // Start a run, watch some of it, reload mid-run: the page continues where it was.
@@ -132,13 +130,9 @@ try {
   out.consoleErrors = consoleErrors;
 
   // A phone: the finished run, readable at 375 px.
-  const phone = await openPage(browser, base, token, { width: 375, height: 740 });
-  await phone.page.evaluate((id) => { location.hash = `#run=${id}`; }, out.runId);
+  const phone = await onPhone(browser, base, token, out.runId);
   await waitEnded(phone.page, out.runId);
   out.phone = await layoutChecks(phone.page);
   await phone.page.screenshot({ path: `${shots}/command-phone.png`, fullPage: true });
   out.phoneConsoleErrors = phone.consoleErrors;
-} finally {
-  await browser.close();
-}
-process.stdout.write(JSON.stringify(out) + "\n");
+});

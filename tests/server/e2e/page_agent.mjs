@@ -8,7 +8,7 @@
 // usage: node page_agent.mjs <page url> <token> <screenshot dir>
 
 import {
-  HOSTILE, hostileChecks, launch, layoutChecks, openPage, shownOffsets, start, stats, turn,
+  HOSTILE, drive, hostileChecks, layoutChecks, onPhone, openPage, shownOffsets, start, stats, turn,
   waitEnded,
 } from "./page_lib.mjs";
 
@@ -42,9 +42,7 @@ async function approve(page, id, button) {
   return selector;
 }
 
-const browser = await launch();
-const out = {};
-try {
+await drive(async (browser, out) => {
   const { page, consoleErrors } = await openPage(browser, base, token);
   await page.waitForSelector("#harness option", { state: "attached", timeout: 15000 });
   out.harnesses = await page.$$eval("#harness option", (os) => os.map((o) => o.value));
@@ -93,8 +91,7 @@ try {
   out.consoleErrors = consoleErrors;
 
   // The thread on a phone.
-  const phone = await openPage(browser, base, token, { width: 375, height: 740 });
-  await phone.page.evaluate((id) => { location.hash = `#run=${id}`; }, out.second);
+  const phone = await onPhone(browser, base, token, out.second);
   await waitEnded(phone.page, out.first);
   await waitEnded(phone.page, out.second);
   out.phoneTurns = await phone.page.$$eval("#transcript section.turn", (ss) => ss.map((s) => s.dataset.runId));
@@ -103,7 +100,4 @@ try {
   out.phoneHostile = await hostileChecks(phone.page);
   await phone.page.screenshot({ path: `${shots}/agent-phone.png`, fullPage: true });
   out.phoneConsoleErrors = phone.consoleErrors;
-} finally {
-  await browser.close();
-}
-process.stdout.write(JSON.stringify(out) + "\n");
+});

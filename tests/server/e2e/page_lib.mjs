@@ -5,6 +5,25 @@ import { chromium } from "playwright-core";
 
 export const HOSTILE = "<img src=x onerror=window.pwned=1></script><script>window.pwned=1</script>";
 
+// Run `body(browser, out)` in a fresh Chromium; print `out` (the JSON summary) at the end.
+export async function drive(body) {
+  const browser = await launch();
+  const out = {};
+  try {
+    await body(browser, out);
+  } finally {
+    await browser.close();
+  }
+  process.stdout.write(JSON.stringify(out) + "\n");
+}
+
+// A fresh browser the size of a phone, showing run `id` (and its thread).
+export async function onPhone(browser, base, token, id) {
+  const phone = await openPage(browser, base, token, { width: 375, height: 740 });
+  await phone.page.evaluate((i) => { location.hash = `#run=${i}`; }, id);
+  return phone;
+}
+
 export async function launch() {
   return chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
