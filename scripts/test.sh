@@ -61,5 +61,12 @@ echo "== mypy --strict"
 "$VENV/bin/mypy"
 echo "== ruff"
 "$VENV/bin/ruff" check src tests bench
+# The page tests' screenshots (headless Chromium) land here; CI keeps the directory.
+export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
 echo "== pytest"
-exec "$VENV/bin/python" -m pytest "$@"
+status=0
+"$VENV/bin/python" -m pytest "$@" || status=$?
+if [ -d "$CORRAL_ARTIFACTS/screenshots" ]; then
+  echo "== screenshots of the web page: $CORRAL_ARTIFACTS/screenshots"
+fi
+exit "$status"

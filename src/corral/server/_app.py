@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral._telemetry import context_of, span
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError
+from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
 from corral.runs._runner import Runner, RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
@@ -34,6 +35,7 @@ from corral.server._models import (
     ApprovalOut,
     ApprovalResult,
     ErrorBody,
+    HarnessList,
     RunCreated,
     RunList,
     RunOut,
@@ -416,6 +418,13 @@ def create_app(
             # a forged or foreign id, an unknown, expired or already answered request
             raise ApiError(409, "approval_refused", str(exc)) from None
         return ApprovalResult(approval_id=approval_id, decision=body.decision)
+
+    @app.get("/v1/harnesses", response_model=HarnessList, responses=_responses(401),
+             summary="The harnesses this server starts runs with (and its default)")
+    async def harnesses() -> HarnessList:
+        allowed = config.allowed_harnesses
+        names = list(allowed) if allowed is not None else harness_names()
+        return HarnessList(harnesses=names, default_harness=config.default_harness)
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")
