@@ -61,12 +61,9 @@ echo "== mypy --strict"
 "$VENV/bin/mypy"
 echo "== ruff"
 "$VENV/bin/ruff" check src tests bench
-# The page tests' screenshots (headless Chromium) land here; CI keeps the directory.
+# The page tests' screenshots (headless Chromium) land here; CI keeps the directory. Said
+# before pytest so that pytest's summary stays the last line CI prints.
 export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
+echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 echo "== pytest"
-status=0
-"$VENV/bin/python" -m pytest "$@" || status=$?
-if [ -d "$CORRAL_ARTIFACTS/screenshots" ]; then
-  echo "== screenshots of the web page: $CORRAL_ARTIFACTS/screenshots"
-fi
-exit "$status"
+exec "$VENV/bin/python" -m pytest "$@"
