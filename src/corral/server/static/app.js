@@ -88,9 +88,15 @@ function usageText(usage) {
   const usd = (v) => `$${Number(v).toFixed(4)}`;
   let text = `${n(usage.input_tokens)} tokens in · ${n(usage.output_tokens)} out · `
     + `${n(usage.cache_read_tokens)} cache read · ${n(usage.requests)} model requests`;
-  if (usage.cost_usd !== undefined) text += ` · ${usd(usage.cost_usd)}`;
-  if (usage.unpriced && usage.unpriced.length) text += ` (unpriced: ${usage.unpriced.join(", ")})`;
   const costs = usage.cost_by_model || {};
+  const unpriced = usage.unpriced || [];
+  // A model without a price is never counted as free: say the cost is unknown instead.
+  if (unpriced.length && !Object.keys(costs).length) {
+    text += ` · cost unknown (no price for ${unpriced.join(", ")})`;
+  } else if (usage.cost_usd !== undefined) {
+    text += ` · ${usd(usage.cost_usd)}`;
+    if (unpriced.length) text += ` + unpriced: ${unpriced.join(", ")}`;
+  }
   const models = Object.keys(usage.models || {}).sort();
   if (models.length > 1 || Object.keys(costs).length) {
     text += " · " + models.map((m) => {
