@@ -10,14 +10,18 @@ roots) hold for both.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ag_ui.core import RunAgentInput
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral.server._models import StartRun
+from corral.tools._frontend import check_frontend_tools
 
-__all__ = ["AguiInputError", "latest_user_text", "start_body"]
+__all__ = ["AguiInputError", "Answers", "answers_of", "frontend_descriptors",
+           "latest_user_text", "start_body"]
 
 
 class AguiInputError(ValueError):
@@ -38,6 +42,66 @@ class _Options(BaseModel):
     file_events: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """What an input answers of a run that waits for its client: frontend tool results
+    (``toolCallId`` → content, error) and approvals (interrupt id → allow, reason)."""
+
+    results: dict[str, tuple[str, str | None]]
+    approvals: dict[str, tuple[bool, str | None]]
+
+    @property
+    def ids(self) -> set[str]:
+        return set(self.results) | set(self.approvals)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = [getattr(part, "text", None) for part in content or ()]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def answers_of(run_input: RunAgentInput) -> Answers:
+    """The answers ``run_input`` carries: the ``tool`` messages ending its messages (a
+    client's results of frontend tool calls) and its ``resume`` entries (approvals: payload
+    ``{"decision": "allow"|"deny", "reason"?}``, a ``cancelled`` entry denies). Raises
+    :class:`AguiInputError` for a resume entry corral cannot read."""
+    results: dict[str, tuple[str, str | None]] = {}
+    for message in reversed(run_input.messages):
+        if message.role != "tool":
+            break
+        error = getattr(message, "error", None)
+        results[message.tool_call_id] = (_text(message.content),
+                                         error if isinstance(error, str) else None)
+    approvals: dict[str, tuple[bool, str | None]] = {}
+    for entry in run_input.resume or ():
+        if entry.status == "cancelled":
+            approvals[entry.interrupt_id] = (False, "cancelled by the client")
+            continue
+        payload = entry.payload
+        decision = payload.get("decision") if isinstance(payload, dict) else None
+        reason = payload.get("reason") if isinstance(payload, dict) else None
+        if decision not in ("allow", "deny") or not isinstance(reason, (str, type(None))):
+            raise AguiInputError(
+                f"resume entry for interrupt {entry.interrupt_id[:80]!r}: the payload must be "
+                '{"decision": "allow" or "deny", "reason": optional text}')
+        approvals[entry.interrupt_id] = (decision == "allow", reason)
+    return Answers(results, approvals)
+
+
+def frontend_descriptors(run_input: RunAgentInput, reserved: Iterable[str]
+                         ) -> list[dict[str, Any]]:
+    """The input's ``tools`` as frontend tool descriptors for the run's spec; raises
+    :class:`AguiInputError` naming a tool corral cannot offer (``reserved``: corral's own
+    tool names, which a client's tool never shadows)."""
+    try:
+        return check_frontend_tools(
+            [t.model_dump(by_alias=True) for t in run_input.tools], reserved)
+    except ValueError as exc:
+        raise AguiInputError(f"tools: {exc}") from None
+
+
 def latest_user_text(run_input: RunAgentInput) -> str | None:
     """The text of the last ``user`` message (its text parts joined), or ``None``."""
     for message in reversed(run_input.messages):
@@ -55,11 +119,6 @@ def start_body(run_input: RunAgentInput, default_harness: str | None = None) -> 
     """The ``POST /v1/runs`` body that ``run_input`` stands for (an agent run with
     ``default_harness`` when the input names none); raises :class:`AguiInputError` naming
     what is missing or wrong."""
-    if run_input.tools:
-        names = ", ".join(sorted(t.name for t in run_input.tools))
-        raise AguiInputError(
-            f"frontend tools ({names}) are not offered to corral's agents yet; send the "
-            "input without tools")
     props = run_input.forwarded_props
     raw = props.get("corral", {}) if isinstance(props, dict) else {}
     if not isinstance(raw, dict):

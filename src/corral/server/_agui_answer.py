@@ -1,0 +1,86 @@
+"""The AG-UI endpoint's answers: an input's frontend tool results and resume entries,
+applied to the corral run on its thread that waits for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.server._agui import AguiInputError, Answers
+from corral.server._agui_runs import Segments, Waiting
+from corral.stores._protocols import Store
+from corral.stores._records import RunRecord
+from corral.tools._approvals import ApprovalError, answer_approval
+from corral.tools._frontend import FrontendCallError, answer_frontend_call
+
+__all__ = ["Continuation", "apply_answers"]
+
+MAX_RUNS = 50
+"""The newest runs of a thread searched for the waits an input answers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """The corral run an input continues and the segment (AG-UI run) it gets."""
+
+    record: RunRecord
+    segment: int
+
+
+async def _waits_of(store: Store, thread_id: str, ids: set[str]
+                    ) -> tuple[RunRecord, Segments] | None:
+    runs = list(reversed(await store.list_by_thread(thread_id)))[:MAX_RUNS]
+    for record in runs:
+        segments = Segments(thread_id, record.run_id, target=None)
+        for logged in await store.snapshot(record.run_id):
+            segments.feed(logged)
+        if any(w.ids & ids for w in segments.waits()):
+            return record, segments
+    return None
+
+
+def _unknown(kind: str, ident: str, thread_id: str) -> AguiInputError:
+    return AguiInputError(
+        f"{kind} {ident[:80]!r} answers nothing corral asked on thread {thread_id[:80]!r}; "
+        "send only the results and resume entries of the run's last RUN_FINISHED")
+
+
+async def apply_answers(store: Store, thread_id: str, answers: Answers) -> Continuation:
+    """Store ``answers`` for the run of ``thread_id`` that asked for them (a repeated
+    input's answers, already stored, are left as they are) and name the segment that
+    follows. Raises :class:`AguiInputError` for an answer to something no run of the
+    thread asked, or answers to two runs."""
+    found = await _waits_of(store, thread_id, answers.ids)
+    if found is None:
+        kind, ident = (("tool message for toolCallId", next(iter(answers.results)))
+                       if answers.results else
+                       ("resume entry for interrupt", next(iter(answers.approvals))))
+        raise _unknown(kind, ident, thread_id)
+    record, segments = found
+    waits = segments.waits()
+    calls: dict[str, Waiting] = {w.tool_call_id: w for w in waits
+                                 if w.frontend and w.tool_call_id}
+    approvals: dict[str, Waiting] = {w.approval_id: w for w in waits if not w.frontend}
+    for call_id in answers.results:
+        if call_id not in calls:
+            raise _unknown("tool message for toolCallId", call_id, thread_id)
+    for interrupt_id in answers.approvals:
+        if interrupt_id not in approvals:
+            raise _unknown("resume entry for interrupt", interrupt_id, thread_id)
+    for call_id, (content, error) in answers.results.items():
+        try:
+            await answer_frontend_call(store, record.run_id, calls[call_id].approval_id,
+                                       content, error=error)
+        except FrontendCallError as exc:
+            raise AguiInputError(f"tool message for toolCallId {call_id[:80]!r}: {exc}"
+                                 ) from None
+    for interrupt_id, (allow, reason) in answers.approvals.items():
+        got = await store.get_approval(record.run_id, interrupt_id)
+        if got is not None and got[1] is not None:
+            continue  # answered already (a repeated input, or `corral approve`)
+        try:
+            await answer_approval(store, record.run_id, interrupt_id, allow, reason=reason)
+        except ApprovalError:
+            pass  # answered between the look and ours: the first answer stands
+    segment = segments.segment_after(answers.ids)
+    assert segment is not None  # every answered id ended a segment
+    return Continuation(record, segment)
