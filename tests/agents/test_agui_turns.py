@@ -20,14 +20,8 @@ from typing import Any
 
 import pytest
 
-from corral.testing._model_server import (
-    ModelRequest,
-    ModelServer,
-    Reply,
-    Text,
-    ToolCall,
-    shell_then_text,
-)
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text
+from corral.testing._model_server import ToolCall, shell_then_text
 from tests.server.conftest import TOKEN, Home
 
 from .conftest import REAL_KEY, agent_cli_env

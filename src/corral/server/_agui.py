@@ -97,7 +97,7 @@ def frontend_descriptors(run_input: RunAgentInput, reserved: Iterable[str]
     tool names, which a client's tool never shadows)."""
     try:
         return check_frontend_tools(
-            [t.model_dump(by_alias=True) for t in run_input.tools], reserved)
+            [t.model_dump(by_alias=True) for t in run_input.tools or ()], reserved)
     except ValueError as exc:
         raise AguiInputError(f"tools: {exc}") from None
 
