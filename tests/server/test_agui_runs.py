@@ -1,0 +1,112 @@
+"""The cut of one corral run's log into AG-UI runs (hypothesis over generated logs): every
+segment is a well-formed AG-UI run, the segments together show every event of the log
+exactly once (bar the agent's copies of frontend results), and a resume from any offset
+is the tail of the full segment."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral.server._agui_runs import Segments, decode_frame
+from corral.stores._protocols import LoggedEvent
+
+
+def _block(kind: str, n: int, frontend_first: bool) -> list[dict[str, Any]]:
+    tid = f"toolu_{n}"
+    if kind == "text":
+        return [{"type": "TEXT_MESSAGE_START", "messageId": f"m{n}", "role": "assistant"},
+                {"type": "TEXT_MESSAGE_CONTENT", "messageId": f"m{n}", "delta": "hi"},
+                {"type": "TEXT_MESSAGE_END", "messageId": f"m{n}"}]
+    call = [{"type": "TOOL_CALL_START", "toolCallId": tid, "toolCallName": "t"},
+            {"type": "TOOL_CALL_ARGS", "toolCallId": tid, "delta": "{}"},
+            {"type": "TOOL_CALL_END", "toolCallId": tid}]
+    result = {"type": "TOOL_CALL_RESULT", "messageId": f"r{n}", "toolCallId": tid,
+              "content": "x"}
+    if kind == "tool":
+        return [*call, result]
+    if kind == "frontend":
+        ask = {"type": "CUSTOM", "name": "corral.frontend_call",
+               "value": {"approvalId": f"a{n}", "toolCallId": tid, "tool": "t", "args": {}}}
+        done = {"type": "CUSTOM", "name": "corral.frontend_call_resolved",
+                "value": {"approvalId": f"a{n}", "decision": "allow"}}
+        # the driver may log the call's announcement before the journal's tool call
+        return [ask, *call, done, result] if frontend_first else [*call, ask, done, result]
+    ask = {"type": "CUSTOM", "name": "corral.approval_request",
+           "value": {"approvalId": f"a{n}", "tool": "Bash", "args": {}, "expiresAt": 1.0}}
+    done = {"type": "CUSTOM", "name": "corral.approval_resolved",
+            "value": {"approvalId": f"a{n}", "decision": "allow"}}
+    return [ask, done]
+
+
+logs = st.lists(st.tuples(st.sampled_from(["text", "tool", "frontend", "approval"]),
+                          st.booleans()), max_size=8).map(
+    lambda blocks: [{"type": "RUN_STARTED", "threadId": "th", "runId": "r0"},
+                    *(e for n, (k, f) in enumerate(blocks) for e in _block(k, n, f)),
+                    {"type": "RUN_FINISHED", "threadId": "th", "runId": "r0"}])
+
+
+def render(log: list[dict[str, Any]], target: int | None, after: int = 0,
+           run_id: str = "agui") -> tuple[list[tuple[int, dict[str, Any]]], Segments]:
+    seg = Segments("th", run_id if target else "r0", target=target, after=after)
+    frames: list[bytes] = []
+    for offset, event in enumerate(log, start=1):
+        frames += seg.feed(LoggedEvent(offset, offset, json.loads(json.dumps(event))))
+    decoded = [decode_frame(f) for f in frames]
+    return [(d.offset, dict(d.event)) for d in decoded], seg
+
+
+def well_formed(events: list[dict[str, Any]], run_id: str) -> None:
+    """What @ag-ui/client's verifyEvents checks of one AG-UI run, plus its run id."""
+    assert events[0]["type"] == "RUN_STARTED" and events[0]["runId"] == run_id
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["runId"] == run_id
+    open_: set[str] = set()
+    for e in events[1:-1]:
+        assert e["type"] not in ("RUN_STARTED", "RUN_FINISHED")
+        if e["type"] in ("TEXT_MESSAGE_START", "TOOL_CALL_START"):
+            open_.add(e.get("messageId") or e["toolCallId"])
+        if e["type"] in ("TEXT_MESSAGE_END", "TOOL_CALL_END"):
+            open_.discard(e.get("messageId") or e["toolCallId"])
+    assert not open_
+
+
+@settings(max_examples=300, deadline=None)
+@given(log=logs, cut=st.integers(min_value=0, max_value=60))
+def test_segments_are_ag_ui_runs_that_cover_the_log_and_resume_exactly(
+        log: list[dict[str, Any]], cut: int) -> None:
+    _, learned = render(log, None)
+    waits = sum(1 for e in log if e["type"] == "CUSTOM" and e["name"] in (
+        "corral.frontend_call", "corral.approval_request"))
+    assert len(learned.ends) == waits  # every wait ends an AG-UI run
+    shown: list[int] = []
+    for target in range(len(learned.ends) + 1):
+        run_id = "r0" if target == 0 else f"agui-{target}"
+        frames, _ = render(log, target, run_id=run_id)
+        well_formed([e for _, e in frames], run_id)
+        resumed, _ = render(log, target, after=cut, run_id=run_id)
+        assert resumed == [(i, e) for i, e in frames if i > cut]
+        shown += [i for i, e in frames if e["type"] not in ("RUN_STARTED", "RUN_FINISHED")]
+        if target < len(learned.ends):
+            end = frames[-1][1]["outcome"]
+            ended = learned.ends[target]
+            if any(not w.frontend for w in ended):
+                assert end["type"] == "interrupt"
+                assert [i["id"] for i in end["interrupts"]] == [
+                    w.approval_id for w in ended if not w.frontend]
+            else:
+                assert end == {"type": "success", "pendingToolCallIds": [
+                    w.tool_call_id for w in ended]}
+                # the client saw each pending call end before the AG-UI run did
+                ends = {e["toolCallId"] for _, e in frames if e["type"] == "TOOL_CALL_END"}
+                assert set(end["pendingToolCallIds"]) <= ends
+            assert learned.segment_after(w.approval_id for w in ended) == target + 1
+    # every event of the log shown once, except the agent's copy of a frontend result
+    frontend_results = {i for i, e in enumerate(log, start=1)
+                        if e["type"] == "TOOL_CALL_RESULT" and any(
+                            x.get("value", {}).get("toolCallId") == e["toolCallId"]
+                            for x in log if x.get("name") == "corral.frontend_call")}
+    expected = [i for i in range(2, len(log)) if i not in frontend_results]
+    assert sorted(shown) == expected and len(set(shown)) == len(shown)
