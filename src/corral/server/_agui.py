@@ -5,7 +5,12 @@ CopilotKit) sends. The run it starts is an ordinary corral run on the input's th
 the input's ``runId``: the latest user message is the prompt, and what corral needs besides
 (harness, model, sandbox, or a command) comes from ``forwardedProps.corral``, checked exactly
 as ``POST /v1/runs`` checks its body, so the operator's limits (allowed providers, workspace
-roots) hold for both.
+roots) hold for both. The input's ``tools`` become the run's frontend tools
+(:mod:`corral.tools._frontend`).
+
+An input that answers what a run of its thread waits for (:func:`answers_of`: ``tool``
+messages ending its messages, ``resume`` entries) continues that run instead
+(:mod:`corral.server._agui_answer`, :mod:`corral.server._agui_runs`).
 """
 
 from __future__ import annotations
