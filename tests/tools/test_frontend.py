@@ -43,7 +43,7 @@ def _call_and_answer(error: str | None) -> tuple[Any, list[Any], MemoryStore]:
                 # beyond the server's per-call timeout: the client's user may take longer
                 out.append(await execute_host_tool(
                     tools, {"name": "confirm", "args": {"q": "sure?"}}, timeout=0.05,
-                    context=ToolContext("confirm", "run-f", "toolu_9")))
+                    context=ToolContext("confirm", "run-f", "7", tool_use_id="toolu_9")))
             except ToolError as exc:
                 out.append(exc)
 

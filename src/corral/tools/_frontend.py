@@ -63,7 +63,9 @@ class FrontendTool:
     may take longer than a tool."""
 
     async def run(self, args: Any, context: ToolContext | None = None) -> Any:
-        call_id = context.call_id if context is not None else None
+        # Only the agent's own id of the call: the client saw the call under it. Without
+        # one (a CLI that does not name its calls) the endpoint shows corral's own.
+        call_id = context.tool_use_id if context is not None else None
         announce: dict[str, Any] = {"tool": self.name}
         if call_id is not None:
             announce["toolCallId"] = call_id

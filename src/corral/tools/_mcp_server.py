@@ -68,10 +68,9 @@ class HostToolServer:
 
         async def call_tool(ctx: ServerRequestContext[Any],
                             params: types.CallToolRequestParams) -> types.CallToolResult:
-            call_id = _tool_use_id(params.meta)
-            if call_id is None and ctx.request_id is not None:
-                call_id = str(ctx.request_id)
-            context = ToolContext(tool=params.name, run_id=self.run_id, call_id=call_id)
+            call_id = None if ctx.request_id is None else str(ctx.request_id)
+            context = ToolContext(tool=params.name, run_id=self.run_id, call_id=call_id,
+                                  tool_use_id=_tool_use_id(params.meta))
             try:
                 value = await execute_host_tool(
                     self.toolset, {"name": params.name, "args": params.arguments or {}},
