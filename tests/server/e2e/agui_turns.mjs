@@ -14,10 +14,67 @@ const [url, token, threadId, prompt, props, planJson] = process.argv.slice(2);
 const plan = JSON.parse(planJson);
 const auth = token ? { authorization: `Bearer ${token}` } : {};
 let lastBody = null;
+const cutAfter = plan.cutAfter ?? 3;
+const reconnects = [];
+
+// HttpAgent's transport, with the connection dropped after `cutAfter` events of each AG-UI
+// run and resumed with Last-Event-ID, as a resilient client does: HttpAgent parses and
+// verifies the stitched stream as one.
+function droppingFetch(u, init) {
+  lastBody = init.body;
+  return (async () => {
+    const first = await fetch(u, init);
+    if (!first.ok || !cutAfter) return first;
+    const reader = first.body.getReader();
+    const dec = new TextDecoder();
+    const enc = new TextEncoder();
+    let buf = "";
+    let frames = 0;
+    let lastId = null;
+    const body = new ReadableStream({
+      async start(controller) {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) {
+            reconnects.push(null);
+            controller.close();
+            return;
+          }
+          buf += dec.decode(value, { stream: true });
+          let i;
+          while ((i = buf.indexOf("\n\n")) >= 0) {
+            const frame = buf.slice(0, i + 2);
+            buf = buf.slice(i + 2);
+            controller.enqueue(enc.encode(frame));
+            const id = /^id: (\d+)$/m.exec(frame);
+            if (id && frame.includes("data: ")) { lastId = id[1]; frames += 1; }
+            if (frames >= cutAfter) {
+              await reader.cancel();  // the connection drops; the rest of `buf` is lost
+              const again = await fetch(u, { method: "POST", body: init.body,
+                headers: { ...init.headers, "last-event-id": lastId } });
+              if (!again.ok) throw new Error(`reconnect answered ${again.status}`);
+              reconnects.push(Number(lastId));
+              const rest = again.body.getReader();
+              for (;;) {
+                const part = await rest.read();
+                if (part.done) break;
+                controller.enqueue(part.value);
+              }
+              controller.close();
+              return;
+            }
+          }
+        }
+      },
+    });
+    return new Response(body, { status: first.status, headers: first.headers });
+  })();
+}
+
 const agent = new HttpAgent({
   url, headers: auth, threadId,
   initialMessages: [{ id: "user-1", role: "user", content: prompt }],
-  fetch: (u, init) => { lastBody = init.body; return fetch(u, init); },
+  fetch: droppingFetch,
 });
 
 async function raw(body, lastEventId) {
@@ -59,7 +116,8 @@ try {
     await verified(joined);
     const replayOk = JSON.stringify(full.map((f) => f.event.type)) === JSON.stringify(seen.map((e) => e.type));
     const tailOk = JSON.stringify(tail) === JSON.stringify(expectedTail);
-    turns.push({ runId: JSON.parse(body).runId, events: seen, outcome, replayOk, tailOk, reconnectAt: mid, tailLength: tail.length });
+    turns.push({ runId: JSON.parse(body).runId, events: seen, outcome, replayOk, tailOk,
+                 reconnectAt: mid, tailLength: tail.length, droppedAt: reconnects[n] });
     console.log(`TURN ${JSON.stringify(turns[turns.length - 1])}`);
     resume = undefined;
     if (agent.pendingInterrupts.length > 0) {
