@@ -22,6 +22,7 @@ from corral.tools._remote import ToolTimeoutError, execute_host_tool
 from corral.testing import wait_until_async
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}}
+HOSTILE = "sure?$(touch /tmp/pwned)`id`\n<script>alert(1)</script>"
 
 
 def _tool(store: MemoryStore, events: list[Any], timeout: float = 30) -> Toolset:
@@ -42,7 +43,7 @@ def _call_and_answer(error: str | None) -> tuple[Any, list[Any], MemoryStore]:
             try:
                 # beyond the server's per-call timeout: the client's user may take longer
                 out.append(await execute_host_tool(
-                    tools, {"name": "confirm", "args": {"q": "sure?"}}, timeout=0.05,
+                    tools, {"name": "confirm", "args": {"q": HOSTILE}}, timeout=0.05,
                     context=ToolContext("confirm", "run-f", "7", tool_use_id="toolu_9")))
             except ToolError as exc:
                 out.append(exc)
@@ -73,7 +74,8 @@ def test_the_clients_result_is_the_tools_result() -> None:
     assert value == "yes, <b>sure</b>"
     assert [e.name for e in events] == ["corral.frontend_call", "corral.frontend_call_resolved"]
     announced = events[0].value
-    assert announced["tool"] == "confirm" and announced["args"] == {"q": "sure?"}
+    # the agent's arguments are data: carried verbatim, never interpreted
+    assert announced["tool"] == "confirm" and announced["args"] == {"q": HOSTILE}
     assert announced["toolCallId"] == "toolu_9"
 
 

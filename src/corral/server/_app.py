@@ -345,7 +345,8 @@ def create_app(
             **_responses(400, 401, 403, 409, 413, 422, 429, 500),
         },
         response_class=Response,
-        summary="AG-UI: start (or resume) the durable run an AG-UI RunAgentInput describes",
+        summary="AG-UI: start (or resume) the durable run an AG-UI RunAgentInput describes, "
+        "or continue it with frontend tool results and resume entries",
     )
     async def agui(
         run_input: RunAgentInput,
