@@ -22,6 +22,7 @@ import pytest
 
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text
 from corral.testing._model_server import ToolCall, shell_then_text
+from corral.testing import wait_until
 from tests.server.conftest import TOKEN, Home
 
 from .conftest import REAL_KEY, agent_cli_env
@@ -145,3 +146,43 @@ def test_an_approval_is_an_interrupt_the_client_resumes(
     said = "".join(e.get("delta", "") for e in turns[1]["events"]
                    if e["type"] == "TEXT_MESSAGE_CONTENT")
     assert expect in said, said
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data: "):]) for line in text.splitlines()
+            if line.startswith("data: ")]
+
+
+def test_an_unanswered_frontend_call_ends_with_the_runs_timeout(
+        agents_env: Path, bwrap: object, cli_env: dict[str, str], bwfiles: Path,
+        corral_home: Path, model_server: ModelServer) -> None:
+    """Nobody answers: the run's own timeout stops the agent, the run fails, and a client
+    that answers late is shown the rest of that AG-UI run, ending in RUN_ERROR."""
+    model_server.script = ask_the_client
+    home = home_for(corral_home, cli_env, bwfiles, model_server)
+    user = {"id": "u", "role": "user", "content": "ask me for a color"}
+    body = {"threadId": "agui-late", "runId": "agui-late-1", "messages": [user],
+            "tools": [PICK], "context": [], "state": {},
+            "forwardedProps": {"corral": {"harness": "claude-code", "timeout": 8}}}
+    with home.server(token=TOKEN) as server, server.client() as c:
+        first = sse_events(c.post("/v1/agui", json=body).text)
+        assert first[-1]["type"] == "RUN_FINISHED", first
+        (call_id,) = first[-1]["outcome"]["pendingToolCallIds"]
+        wait_until(lambda: server.run("agui-late-1")["status"] not in ("running", "pending"),
+                   "the run's timeout", timeout=120)
+        late = {**body, "runId": "agui-late-2",
+                "messages": [user, {"id": "t", "role": "tool", "toolCallId": call_id,
+                                    "content": "too late"}]}
+        second = sse_events(c.post("/v1/agui", json=late).text)
+        record = server.run("agui-late-1")
+        log = home.log("agui-late-1")
+    assert record["status"] == "failed", record
+    assert second[0] == {"type": "RUN_STARTED", "threadId": "agui-late",
+                         "runId": "agui-late-2"}, second
+    assert second[-1]["type"] == "RUN_ERROR" and second[-1]["code"] == "timeout", second[-1]
+    assert "timeout of 8s" in second[-1]["message"]
+    # the call ended with the run (no answer was taken), and the late one reached nobody
+    assert not [e for e in log if e["type"] == "CUSTOM"
+                and e["name"] == "corral.frontend_call_resolved"]
+    assert not any("too late" in r for m in model_server.model_requests
+                   for r in m.tool_results)
