@@ -44,11 +44,26 @@ def _block(kind: str, n: int, frontend_first: bool, named: bool) -> list[dict[st
     return [ask, done]
 
 
-logs = st.lists(st.tuples(st.sampled_from(["text", "tool", "frontend", "approval"]),
-                          st.booleans(), st.booleans()), max_size=8).map(
-    lambda blocks: [{"type": "RUN_STARTED", "threadId": "th", "runId": "r0"},
-                    *(e for n, (k, f, m) in enumerate(blocks) for e in _block(k, n, f, m)),
-                    {"type": "RUN_FINISHED", "threadId": "th", "runId": "r0"}])
+def _log(blocks: list[tuple[str, bool, bool]], turns: int) -> list[dict[str, Any]]:
+    """A run's log; with ``turns``, its blocks split into that many steps (Codex's turns,
+    open across the waits in them)."""
+    events: list[dict[str, Any]] = []
+    per = -(-len(blocks) // turns) if turns else 0
+    for n, (k, f, m) in enumerate(blocks):
+        if turns and n % per == 0:
+            if n:
+                events.append({"type": "STEP_FINISHED", "stepName": f"turn-{n // per}"})
+            events.append({"type": "STEP_STARTED", "stepName": f"turn-{n // per + 1}"})
+        events += _block(k, n, f, m)
+    if turns and blocks:
+        events.append({"type": "STEP_FINISHED", "stepName": f"turn-{(len(blocks) - 1) // per + 1}"})
+    return [{"type": "RUN_STARTED", "threadId": "th", "runId": "r0"}, *events,
+            {"type": "RUN_FINISHED", "threadId": "th", "runId": "r0"}]
+
+
+logs = st.builds(_log, st.lists(st.tuples(
+    st.sampled_from(["text", "tool", "frontend", "approval"]), st.booleans(), st.booleans()),
+    max_size=8), st.integers(min_value=0, max_value=3))
 
 
 def render(log: list[dict[str, Any]], target: int | None, after: int = 0,
@@ -68,10 +83,15 @@ def well_formed(events: list[dict[str, Any]], run_id: str) -> None:
     open_: set[str] = set()
     for e in events[1:-1]:
         assert e["type"] not in ("RUN_STARTED", "RUN_FINISHED")
-        if e["type"] in ("TEXT_MESSAGE_START", "TOOL_CALL_START"):
-            open_.add(e.get("messageId") or e["toolCallId"])
-        if e["type"] in ("TEXT_MESSAGE_END", "TOOL_CALL_END"):
-            open_.discard(e.get("messageId") or e["toolCallId"])
+        key = e.get("messageId") or e.get("toolCallId") or e.get("stepName")
+        if e["type"] in ("TEXT_MESSAGE_START", "TOOL_CALL_START", "STEP_STARTED"):
+            assert key not in open_
+            open_.add(key)
+        if e["type"] in ("TEXT_MESSAGE_END", "TOOL_CALL_END", "STEP_FINISHED"):
+            assert key in open_  # nothing ends that this AG-UI run did not begin
+            open_.discard(key)
+        if e["type"] in ("TEXT_MESSAGE_CONTENT", "TOOL_CALL_ARGS"):
+            assert key in open_
     assert not open_
 
 
@@ -90,8 +110,11 @@ def test_segments_are_ag_ui_runs_that_cover_the_log_and_resume_exactly(
         well_formed([e for _, e in frames], run_id)
         resumed, _ = render(log, target, after=cut, run_id=run_id)
         assert resumed == [(i, e) for i, e in frames if i > cut]
+        # corral's own events at a cut (its tool calls, a step ended and begun again) are
+        # not the log's
         shown += [i for i, e in frames if e["type"] not in ("RUN_STARTED", "RUN_FINISHED")
-                  and not str(e.get("toolCallId")).startswith("a")]  # corral's own calls
+                  and not str(e.get("toolCallId")).startswith("a")
+                  and log[i - 1]["type"] == e["type"]]
         if target < len(learned.ends):
             end = frames[-1][1]["outcome"]
             ended = learned.ends[target]

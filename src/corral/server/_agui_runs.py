@@ -7,7 +7,8 @@ same run once answered, while an AG-UI run ends there: the client answers in a n
 
 * segment 0 is AG-UI run ``<corral run id>`` (the ``runId`` of the input that started it);
 * a segment ends at the first log offset where the run waits for the client and every
-  event begun before has ended (no text message, tool call, reasoning or step open): with
+  event begun before has ended (no text message, tool call or reasoning open; a step open
+  across the wait, such as Codex's turn, is ended there and begun again after): with
   ``RUN_FINISHED {outcome: {type: "interrupt", interrupts}}`` for approvals, or ``{type:
   "success", pendingToolCallIds}`` for frontend tool calls (AG-UI 1.0's two shapes);
 * the segment after the one a client's answers name is the AG-UI run of the input carrying
@@ -101,7 +102,8 @@ class Segments:
     ends: list[list[Waiting]] = field(default_factory=list)
     """The waits that ended each finished segment, in order."""
     done: bool = False
-    _open: set[tuple[str, str]] = field(default_factory=set)
+    _open: dict[tuple[str, str], None] = field(default_factory=dict)
+    """Begun, not yet ended (insertion order): text messages, tool calls, reasoning, steps."""
     _ended_calls: set[str] = field(default_factory=set)
     _frontend_calls: set[str] = field(default_factory=set)
     _waiting: list[Waiting] = field(default_factory=list)
@@ -150,17 +152,25 @@ class Segments:
             out.append(event)
             self._track(str(kind), event)
         frames = [_frame(offset, e) for e in out] if show and offset > self.after else []
-        if self._waiting and not self._open and not self.done and all(
+        if self._waiting and not self._blocking() and not self.done and all(
                 w.tool_call_id in self._ended_calls for w in self._waiting if w.frontend):
             frames += self._end(offset)
         return frames
 
+    def _blocking(self) -> bool:
+        """Whether something begun must end before the AG-UI run can. A step (Codex's
+        turn) spans the wait itself: it is ended at the cut and begun again after it."""
+        return any(kind != "STEP_STARTED" for kind, _ in self._open)
+
+    def _steps(self) -> list[str]:
+        return [name for kind, name in self._open if kind == "STEP_STARTED"]
+
     def _track(self, kind: str, event: dict[str, Any]) -> None:
         if kind in _OPENERS:
-            self._open.add((kind, str(event.get(_OPENERS[kind]))))
+            self._open[(kind, str(event.get(_OPENERS[kind])))] = None
         elif kind in _CLOSERS:
             opener, key = _CLOSERS[kind]
-            self._open.discard((opener, str(event.get(key))))
+            self._open.pop((opener, str(event.get(key))), None)
             if kind == "TOOL_CALL_END":
                 self._ended_calls.add(str(event.get(key)))
 
@@ -206,12 +216,16 @@ class Segments:
                  "pendingToolCallIds": [w.tool_call_id for w in waits if w.frontend]})
             finished = {"type": "RUN_FINISHED", "threadId": self.thread_id,
                         "runId": self.agui_run_id, "outcome": outcome}
+            frames += [_frame(offset, {"type": "STEP_FINISHED", "stepName": name})
+                       for name in reversed(self._steps())]
             frames.append(_frame(offset, finished))
             self.done = True
         elif self.segment == self.target:
             started = {"type": "RUN_STARTED", "threadId": self.thread_id,
                        "runId": self.agui_run_id}
             frames.append(_frame(offset, started))
+            frames += [_frame(offset, {"type": "STEP_STARTED", "stepName": name})
+                       for name in self._steps()]
         return [f for f in frames if offset > self.after]
 
     @staticmethod
