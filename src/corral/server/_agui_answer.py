@@ -60,13 +60,18 @@ async def apply_answers(store: Store, thread_id: str, answers: Answers) -> Conti
     calls: dict[str, Waiting] = {w.tool_call_id: w for w in waits
                                  if w.frontend and w.tool_call_id}
     approvals: dict[str, Waiting] = {w.approval_id: w for w in waits if not w.frontend}
+    own_calls = segments.tool_calls()
     for call_id in answers.results:
-        if call_id not in calls:
+        # the result of one of the agent's own calls (a parallel Bash call, say) is the
+        # client's copy of what the stream showed: history, not an answer
+        if call_id not in calls and call_id not in own_calls:
             raise _unknown("tool message for toolCallId", call_id, thread_id)
     for interrupt_id in answers.approvals:
         if interrupt_id not in approvals:
             raise _unknown("resume entry for interrupt", interrupt_id, thread_id)
     for call_id, (content, error) in answers.results.items():
+        if call_id not in calls:
+            continue
         try:
             await answer_frontend_call(store, record.run_id, calls[call_id].approval_id,
                                        content, error=error)
@@ -81,6 +86,7 @@ async def apply_answers(store: Store, thread_id: str, answers: Answers) -> Conti
             await answer_approval(store, record.run_id, interrupt_id, allow, reason=reason)
         except ApprovalError:
             pass  # answered between the look and ours: the first answer stands
-    segment = segments.segment_after(answers.ids)
+    segment = segments.segment_after(set(calls) & set(answers.results)
+                                     | set(answers.approvals))
     assert segment is not None  # every answered id ended a segment
     return Continuation(record, segment)

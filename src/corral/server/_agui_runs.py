@@ -114,6 +114,10 @@ class Segments:
         hits = [i for i, waits in enumerate(self.ends) if any(w.ids & wanted for w in waits)]
         return max(hits) + 1 if hits else None
 
+    def tool_calls(self) -> set[str]:
+        """The ids of the tool calls seen so far (begun and ended)."""
+        return set(self._ended_calls)
+
     def waits(self) -> list[Waiting]:
         """Every wait the segments seen so far ended with."""
         return [w for waits in self.ends for w in waits]
