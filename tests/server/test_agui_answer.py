@@ -69,6 +69,25 @@ def test_the_frontend_result_is_answered_and_the_agents_own_results_are_history(
      "resume entry for interrupt 'abc.def'"),
 ])
 def test_answers_to_what_nobody_asked_are_refused(answers: Answers, says: str) -> None:
+    _refused(answers, says)
+
+
+def test_an_answer_of_the_wrong_kind_is_refused() -> None:
+    async def main() -> None:
+        store, call_id = await _waiting_run()
+        with pytest.raises(AguiInputError, match="a frontend tool call; resume it with"):
+            await apply_answers(store, "th", Answers({}, {call_id: (True, None)}))
+        # a frontend call shown as an interrupt (beside an approval) resumes with its result
+        going_on = await apply_answers(store, "th", Answers({}, outputs={
+            call_id: ("teal", None)}))
+        got = await store.get_approval("run-a", call_id)
+        assert going_on.segment == 1 and got is not None and got[1] is not None
+        assert got[1].reason == "teal"
+
+    anyio.run(main)
+
+
+def _refused(answers: Answers, says: str) -> None:
     async def main() -> None:
         store, call_id = await _waiting_run()
         with pytest.raises(AguiInputError, match=says):

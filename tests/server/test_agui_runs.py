@@ -120,8 +120,10 @@ def test_segments_are_ag_ui_runs_that_cover_the_log_and_resume_exactly(
             ended = learned.ends[target]
             if any(not w.frontend for w in ended):
                 assert end["type"] == "interrupt"
-                assert [i["id"] for i in end["interrupts"]] == [
-                    w.approval_id for w in ended if not w.frontend]
+                # a frontend call ending the same AG-UI run is an interrupt of its own
+                assert [(i["id"], i["reason"]) for i in end["interrupts"]] == [
+                    (w.approval_id, "corral.frontend_tool" if w.frontend
+                     else "corral.approval") for w in ended]
             else:
                 assert end == {"type": "success", "pendingToolCallIds": [
                     w.tool_call_id for w in ended]}

@@ -16,7 +16,7 @@ messages ending its messages, ``resume`` entries) continues that run instead
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ag_ui.core import RunAgentInput
@@ -49,15 +49,24 @@ class _Options(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class Answers:
-    """What an input answers of a run that waits for its client: frontend tool results
-    (``toolCallId`` → content, error) and approvals (interrupt id → allow, reason)."""
+    """What an input answers of a run that waits for its client: frontend tool results in
+    ``tool`` messages (``toolCallId`` → content, error) and resume entries by interrupt id:
+    approval decisions (→ allow, reason), frontend tool results (→ content, error), and
+    cancelled interrupts."""
 
     results: dict[str, tuple[str, str | None]]
-    approvals: dict[str, tuple[bool, str | None]]
+    decisions: dict[str, tuple[bool, str | None]] = field(default_factory=dict)
+    outputs: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+
+    @property
+    def resumed(self) -> set[str]:
+        """The interrupt ids the resume entries name."""
+        return set(self.decisions) | set(self.outputs) | self.cancelled
 
     @property
     def ids(self) -> set[str]:
-        return set(self.results) | set(self.approvals)
+        return set(self.results) | self.resumed
 
 
 def _text(content: Any) -> str:
@@ -67,32 +76,41 @@ def _text(content: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
+_RESUME_SHAPES = ('{"decision": "allow" or "deny", "reason": optional text} (an approval) '
+                  'or {"content": text} / {"error": text} (a frontend tool)')
+
+
 def answers_of(run_input: RunAgentInput) -> Answers:
     """The answers ``run_input`` carries: the ``tool`` messages ending its messages (a
-    client's results of frontend tool calls) and its ``resume`` entries (approvals: payload
-    ``{"decision": "allow"|"deny", "reason"?}``, a ``cancelled`` entry denies). Raises
+    client's results of frontend tool calls) and its ``resume`` entries (payload
+    ``{"decision": "allow"|"deny", "reason"?}`` for an approval, ``{"content"}`` or
+    ``{"error"}`` for a frontend tool; a ``cancelled`` entry denies or fails it). Raises
     :class:`AguiInputError` for a resume entry corral cannot read."""
-    results: dict[str, tuple[str, str | None]] = {}
+    answers = Answers({})
     for message in reversed(run_input.messages):
         if message.role != "tool":
             break
         error = getattr(message, "error", None)
-        results[message.tool_call_id] = (_text(message.content),
-                                         error if isinstance(error, str) else None)
-    approvals: dict[str, tuple[bool, str | None]] = {}
+        answers.results[message.tool_call_id] = (_text(message.content),
+                                                 error if isinstance(error, str) else None)
     for entry in run_input.resume or ():
+        ident = entry.interrupt_id
         if entry.status == "cancelled":
-            approvals[entry.interrupt_id] = (False, "cancelled by the client")
+            answers.cancelled.add(ident)
             continue
-        payload = entry.payload
-        decision = payload.get("decision") if isinstance(payload, dict) else None
-        reason = payload.get("reason") if isinstance(payload, dict) else None
-        if decision not in ("allow", "deny") or not isinstance(reason, (str, type(None))):
-            raise AguiInputError(
-                f"resume entry for interrupt {entry.interrupt_id[:80]!r}: the payload must be "
-                '{"decision": "allow" or "deny", "reason": optional text}')
-        approvals[entry.interrupt_id] = (decision == "allow", reason)
-    return Answers(results, approvals)
+        payload = entry.payload if isinstance(entry.payload, dict) else {}
+        decision, reason = payload.get("decision"), payload.get("reason")
+        content, error = payload.get("content"), payload.get("error")
+        if decision in ("allow", "deny") and isinstance(reason, (str, type(None))):
+            answers.decisions[ident] = (decision == "allow", reason)
+        elif isinstance(content, str) and "decision" not in payload:
+            answers.outputs[ident] = (content, None)
+        elif isinstance(error, str) and "decision" not in payload:
+            answers.outputs[ident] = ("", error)
+        else:
+            raise AguiInputError(f"resume entry for interrupt {ident[:80]!r}: the payload "
+                                 f"must be {_RESUME_SHAPES}")
+    return answers
 
 
 def frontend_descriptors(run_input: RunAgentInput, reserved: Iterable[str]

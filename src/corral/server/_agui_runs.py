@@ -34,7 +34,7 @@ from corral.stores._protocols import LoggedEvent
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._frontend import FRONTEND_CALL_EVENT, FRONTEND_RESOLVED_EVENT
 
-__all__ = ["APPROVAL_SCHEMA", "Segments", "Waiting", "decode_frame"]
+__all__ = ["APPROVAL_SCHEMA", "RESULT_SCHEMA", "Segments", "Waiting", "decode_frame"]
 
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -42,6 +42,13 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "required": ["decision"],
 }
 """The ``payload`` of a resume entry answering a corral approval."""
+
+RESULT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"content": {"type": "string"}, "error": {"type": "string"}},
+}
+"""The ``payload`` of a resume entry answering a frontend tool call shown as an interrupt
+(an AG-UI run that ended on an approval and a frontend call at once)."""
 
 # Event pairs that must be closed before RUN_FINISHED (the client's verification).
 _OPENERS = {"TEXT_MESSAGE_START": "messageId", "TOOL_CALL_START": "toolCallId",
@@ -213,7 +220,10 @@ class Segments:
         ended, self.segment = self.segment, self.segment + 1
         frames: list[bytes] = []
         if ended == self.target:
-            interrupts = [self._interrupt(w) for w in waits if not w.frontend]
+            # With an approval among them the outcome is an interrupt, which cannot name
+            # pending tool calls: a frontend call there is an interrupt of its own.
+            interrupts = ([self._interrupt(w) for w in waits]
+                          if any(not w.frontend for w in waits) else [])
             outcome: dict[str, Any] = (
                 {"type": "interrupt", "interrupts": interrupts} if interrupts else
                 {"type": "success",
@@ -234,11 +244,14 @@ class Segments:
 
     @staticmethod
     def _interrupt(wait: Waiting) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": wait.approval_id, "reason": "corral.approval",
-            "message": f"The agent asks to use {wait.tool}; allow or deny it.",
-            "responseSchema": APPROVAL_SCHEMA,
-            "metadata": {"tool": wait.tool, "args": wait.args}}
+        out: dict[str, Any] = (
+            {"id": wait.approval_id, "reason": "corral.frontend_tool",
+             "message": f"Run the frontend tool {wait.tool} and resume with its result.",
+             "responseSchema": RESULT_SCHEMA} if wait.frontend else
+            {"id": wait.approval_id, "reason": "corral.approval",
+             "message": f"The agent asks to use {wait.tool}; allow or deny it.",
+             "responseSchema": APPROVAL_SCHEMA})
+        out["metadata"] = {"tool": wait.tool, "args": wait.args}
         if wait.tool_call_id:
             out["toolCallId"] = wait.tool_call_id
         expires = _iso(wait.expires_at)
