@@ -81,8 +81,10 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         agent_prerequisites(harness)
         if not (request.prompt or "").strip():
             raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
-        if tools is None and harness.policy_mapping.permission_prompt:
-            tools = Toolset()  # the server is needed for the permission prompt tool alone
+        if tools is None and (harness.policy_mapping.permission_prompt
+                              or spec.frontend_tools):
+            # the server is needed for the permission prompt or a client's tools alone
+            tools = Toolset()
     else:
         command = harness.build_command(agent_request)
         tools = None
