@@ -164,7 +164,7 @@ async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
         groups = [cgroups.members([d]) for d in sandbox.state.cgroups]
         assert all(g == groups[0] for g in groups), groups
         names = sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in groups[0])
-        assert names == ["bwrap", "perl", "sleep"], names
+        assert names == ["bwrap", "corral-init", "sleep"], names
     finally:
         await proc.kill(signal.SIGKILL)
         await proc.wait()

@@ -43,11 +43,13 @@ cgroups as root, then the same ``prlimit``/``setpriv``, then ``bwrap``.
 What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
 with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
 or a repository's corral.toml names: those reach the command inside the sandbox only, over
-the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the sandbox's pid 1 with
-no environment at all.
+the head of its stdin (see :mod:`corral.providers._bwrap_init`). ``bwrap --clearenv``
+starts the sandbox's pid 1 with no environment at all.
 
 Each command runs under corral's own init as pid 1 of a fresh pid namespace
-(``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
+(``--as-pid-1``; a small C program compiled on first use and bound read-only into the
+sandbox, or a ``perl`` script on hosts without a C compiler: see
+:mod:`corral.providers._bwrap_init`). The init makes
 itself non-dumpable before the command starts, so the command (same uid) cannot ptrace it,
 read its ``/proc`` entries or take its descriptors; as a namespace's init it cannot be
 signalled from inside. It alone reports the command's raw wait status, on a pipe whose
@@ -75,7 +77,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -88,6 +90,7 @@ from corral.providers import _cgroups as cgroups
 from corral.providers import _diskquota as diskquota
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
+from corral.providers._bwrap_init import INSIDE_PATH, PERL_INIT, InitProgram, find_init
 from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._process import (
     Outcome,
@@ -164,56 +167,8 @@ BASE_ENV = {
 # Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
-# pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
-# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER (nothing else). It first makes itself
-# non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
-# or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
-# inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
-# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads
-# what to run from the head of stdin (``launch_prefix``: the cwd, the environment and the
-# argv, none of which is ever in a host process's environment or argv), runs the command
-# there, reaps every orphan, and when the command ends writes its raw
-# wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
-# namespace, whatever state it is in.
-_INIT = r"""
-my ($fd, $keeper, $nr, $filter) = splice(@ARGV, 0, 4);
-syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
-if ($filter ne "-") {
-  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog); bwrap set no_new_privs
-  my $prog = pack("H*", $filter);
-  syscall($nr, 22, 2, pack("S x![P] P", length($prog) / 8, $prog), 0, 0) == 0 or exit 125;
-}
-if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
-my $st;
-if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
-my ($len, $c, $blob) = ("", "", "");
-while (1) { sysread(STDIN, $c, 1) == 1 or exit 125; last if $c eq "\n"; $len .= $c }
-while (length($blob) < $len) {
-  my $r = sysread(STDIN, $blob, $len - length($blob), length($blob));
-  defined($r) && $r > 0 or exit 125;
-}
-my @f = split(/\0/, $blob, -1);
-pop @f;
-my ($cwd, $n) = splice(@f, 0, 2);
-my @env = splice(@f, 0, $n);
-my @argv = @f;
-@argv or exit 125;
-my $pid = fork;
-if (!defined $pid) { print STDERR "corral: cannot start $argv[0]: fork: $!\n"; exit 126 }
-if ($pid == 0) {
-  close $st if $st;
-  chdir($cwd) or do { print STDERR "corral: cannot enter $cwd: $!\n"; exit 126 };
-  %ENV = map { split(/=/, $_, 2) } @env;
-  exec { $argv[0] } @argv;
-  my $e = $! + 0;
-  print STDERR "corral: $argv[0]: $!\n";
-  exit($e == 2 ? 127 : 126);
-}
-my $s = 255 << 8;
-while ((my $w = waitpid(-1, 0)) > 0) { if ($w == $pid) { $s = $?; last } }
-syswrite $st, "$s\n" if $st;
-exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
-"""
+# pid 1 of every command's pid namespace (``bwrap --as-pid-1``): see
+# corral.providers._bwrap_init for what it does and where its program comes from.
 
 # prctl(2)'s number per machine (perl's syscall() takes the raw number).
 _PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
@@ -458,6 +413,9 @@ class BubblewrapHandle(HostDirHandle):
             bwrap += ["--ro-bind", host, inside]
         # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
         # init starts with no environment at all (the command's comes over stdin).
+        init = provider.init.path
+        if init is not None:  # last of the binds: nothing above can hide it
+            bwrap += ["--ro-bind", str(init), INSIDE_PATH]
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
         # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
@@ -509,8 +467,10 @@ class BubblewrapHandle(HostDirHandle):
         return merged
 
     def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
-        return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
-                self._init_nr, self._filter]
+        args = [str(report_fd), str(keeper_fd), self._filter]
+        if self._provider.init.kind == "c":
+            return [INSIDE_PATH, *args]
+        return ["/usr/bin/perl", "-e", PERL_INIT, "--", *args, self._init_nr]
 
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
@@ -686,7 +646,9 @@ class BubblewrapProvider:
 
     ``limits`` are the defaults for fields a spec leaves ``None`` (a mapping, as in
     corral.toml, overrides :data:`DEFAULT_LIMITS` key by key); ``host_uid`` is the
-    unprivileged host uid sandboxes run as when corral runs as root.
+    unprivileged host uid sandboxes run as when corral runs as root; ``init="perl"`` runs
+    the perl init even where the C one can be built (see
+    :mod:`corral.providers._bwrap_init`).
 
     The default disk limit is enforced where the machine can (see
     :mod:`corral.providers._diskquota`) and otherwise only logged once; a disk limit asked
@@ -702,6 +664,7 @@ class BubblewrapProvider:
         limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
         host_uid: int = DEFAULT_HOST_UID,
         bwrap: str | None = None,
+        init: Literal["auto", "perl"] = "auto",
     ) -> None:
         found = bwrap or shutil.which("bwrap")
         if not found:
@@ -713,10 +676,12 @@ class BubblewrapProvider:
         self._home = Path(home) if home is not None else None
         self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
-        if not os.path.exists("/usr/bin/perl"):
+        self.init: InitProgram = find_init(prefer=init)
+        if self.init.kind == "perl" and not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
-                "perl is needed for the sandboxes' init process (it decides the exit status "
-                "out of the command's reach): `apt-get install perl-base`"
+                "the sandboxes' init process (it decides the exit status out of the "
+                f"command's reach) needs a C compiler or perl ({self.init.reason}): "
+                "`apt-get install gcc` or `apt-get install perl-base`"
             )
         nr = _PRCTL_NR.get(platform.machine())
         if nr is None:
