@@ -165,7 +165,7 @@ def need_cc(request: pytest.FixtureRequest) -> None:
     require(request.config, HAS_CC, "a C compiler for the C init", "apt-get install gcc")
 
 
-@pytest.mark.parametrize("plant", ["foreign owner", "group writable", "symlink"])
+@pytest.mark.parametrize("plant", ["foreign owner", "group writable", "symlink", "broken"])
 def test_a_planted_init_in_the_cache_is_never_used(
     plant: str, reachable_dir: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -178,6 +178,9 @@ def test_a_planted_init_in_the_cache_is_never_used(
     forger.chmod(0o755)
     if plant == "symlink":
         binary.symlink_to(forger)
+    elif plant == "broken":  # ours, but it does not run (a stale or half-written build)
+        binary.write_text("#!/bin/sh\nexit 1\n")
+        binary.chmod(0o755)
     else:
         binary.write_text(FORGER)
         binary.chmod(0o775 if plant == "group writable" else 0o755)

@@ -301,9 +301,11 @@ def _find(directory: Path) -> InitProgram:
     except FileNotFoundError:
         pass
     else:
-        if _safe_file(st):
+        # Checked once per process: ours, and it still runs here (a filesystem remounted
+        # noexec, a libc upgrade under a dynamic build).
+        if _safe_file(st) and _smoke(binary):
             return InitProgram("c", binary, f"compiled C init {binary}")
-        binary.unlink()  # not ours any more (another owner, writable, a link): rebuild it
+        binary.unlink()  # not ours any more (another owner, writable, a link) or broken
     error = _build(directory, binary)
     if error:
         return InitProgram("perl", None, error)
