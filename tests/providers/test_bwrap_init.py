@@ -9,8 +9,10 @@ host against hypothesis-made inputs, C and perl side by side.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import platform
 import shutil
 import stat
@@ -24,12 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.providers import _bwrap_init as bwrap_init
+from corral.providers import _cgroups as cgroups
 from corral.providers._bubblewrap import (
     _PRCTL_NR,
     BubblewrapHandle,
     BubblewrapProvider,
     launch_prefix,
 )
+from corral.testing import wait_until_async
 from corral.testing._plugin import require
 
 pytestmark = pytest.mark.anyio
@@ -111,6 +115,37 @@ async def test_pid_1_cannot_be_traced_read_or_signalled(sandbox: BubblewrapHandl
     assert (r.exit_code, r.signal, r.timed_out) == (9, None, False), r
 
 
+async def test_every_process_runs_as_the_sandboxs_host_uid(
+    provider: BubblewrapProvider, sandbox: BubblewrapHandle, request: pytest.FixtureRequest
+) -> None:
+    # The uid drop (corral's launcher with the C init, setpriv with perl): bwrap and all
+    # it starts are the host uid, real, effective, saved and filesystem, with no groups.
+    uid = sandbox.state.host_uid
+    require(request.config, uid is not None and bool(sandbox.state.cgroups),
+            "root with cgroups (sandboxes run as an unprivileged host uid)", "run as root")
+    proc = await sandbox.process.spawn(["sleep", "60"])
+    try:
+        def seen() -> list[dict[str, str]]:
+            out = []
+            for pid in sorted(cgroups.members(sandbox.state.cgroups)):
+                with contextlib.suppress(OSError):
+                    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+                    out.append({k: v.strip() for k, v in (ln.split(":", 1) for ln in lines)})
+            return out
+
+        await wait_until_async(lambda: sorted(s["Name"] for s in seen())
+                               == ["bwrap", "corral-init" if provider.init.kind == "c" else "perl",
+                                   "sleep"], "bwrap, the init and sleep", interval=0.02)
+        for status in seen():
+            assert status["Uid"].split() == [str(uid)] * 4, status
+            assert status["Gid"].split() == [str(uid)] * 4, status
+            assert status["Groups"] == "" and status["NoNewPrivs"] == "1", status
+    finally:
+        await proc.kill(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+
+
 async def test_filters_and_flags_reach_the_command(sandbox: BubblewrapHandle) -> None:
     r = await sandbox.process.exec(["cat", "/proc/self/status"])
     status = dict(line.split(":", 1) for line in r.stdout.decode().splitlines())
@@ -186,12 +221,17 @@ def test_a_planted_init_in_the_cache_is_never_used(
         binary.chmod(0o775 if plant == "group writable" else 0o755)
         if plant == "foreign owner":
             os.chown(binary, 4321, 4321)
+    # As root the launcher (run as root on the host!) is planted the same way.
+    launcher = cache / f"launch-{bwrap_init._KEY}"
+    os.link(binary, launcher, follow_symlinks=False)
     found = bwrap_init.find_init(cache)
     assert found.kind == "c" and found.path == binary, found
-    st_ = os.lstat(binary)
-    assert stat.S_ISREG(st_.st_mode) and st_.st_uid == os.geteuid()
-    assert stat.S_IMODE(st_.st_mode) == 0o755
-    assert binary.read_bytes()[:4] == b"\x7fELF"  # rebuilt, not the forger
+    assert found.launcher == (launcher if os.geteuid() == 0 else None)
+    for program in [binary, launcher] if os.geteuid() == 0 else [binary]:
+        st_ = os.lstat(program)
+        assert stat.S_ISREG(st_.st_mode) and st_.st_uid == os.geteuid()
+        assert stat.S_IMODE(st_.st_mode) == 0o755
+        assert program.read_bytes()[:4] == b"\x7fELF"  # rebuilt, not the forger
     assert forger.read_text() == FORGER
 
 

@@ -23,8 +23,10 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
 How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
-behind ``setpriv`` (when corral runs as root: the sandbox's host uid and gid, no
-supplementary groups, no_new_privs) and, in the rlimit mode, ``prlimit``; each execs the
+behind the uid drop (when corral runs as root: the sandbox's host uid and gid, no
+supplementary groups, no_new_privs; corral's own compiled launcher, built and cached with
+the init by :mod:`corral.providers._bwrap_init`, or ``setpriv`` where there is no C
+compiler) and, in the rlimit mode, ``prlimit``; each execs the
 next, so it is one process throughout. bwrap gets its options over a pipe (``--args FD``):
 it sets no_new_privs first thing, then reads that pipe to its end before it does anything
 else, so until corral closes the pipe the launcher is one process that has forked nothing.
@@ -32,13 +34,13 @@ Meanwhile corral writes its pid to the sandbox's ``cgroup.procs`` files, then se
 options. bwrap forks the sandbox's init only after that, so the init and everything it
 starts are born in the cgroups, and its cgroup namespace's root is the sandbox's own group
 (the sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
-command inherits none of it. Three programs per command: ``setpriv``, ``bwrap``, the init
-(no ``sh`` to join the cgroups any more). Popen's own ``user``/``group``/``extra_groups``
-could replace ``setpriv``, but they make CPython ``fork`` (not ``vfork``) the whole Python
-process, and that costs more than ``setpriv`` does (measured: docs/benchmarks.md, #17
-launcher chain). ``host_command`` (run by a separate host process, the durable-run
+command inherits none of it. Three programs per command: the launcher, ``bwrap``, the
+init (no ``sh`` to join the cgroups any more), the first and last small static programs.
+Popen's own ``user``/``group``/``extra_groups`` could replace the launcher, but they make
+CPython ``fork`` (not ``vfork``) the whole Python process, and that costs more than an
+exec does (measured: docs/benchmarks.md, #17 launcher chain). ``host_command`` (run by a separate host process, the durable-run
 supervisor) cannot be held like that, so its argv stays self-contained: ``sh`` joining the
-cgroups as root, then the same ``prlimit``/``setpriv``, then ``bwrap``.
+cgroups as root, then the same ``prlimit`` and launcher, then ``bwrap``.
 
 What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
 with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
@@ -419,13 +421,17 @@ class BubblewrapHandle(HostDirHandle):
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
         # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
-        # the sandbox's host uid when corral is root (``setpriv``; see "How a command
+        # the sandbox's host uid when corral is root (the launcher; see "How a command
         # starts" in the module docstring for why not Popen's own ``user=``). All exec()s
         # in one process.
         prefix: list[str] = []
         if state.limit_mode == "rlimit":
             prefix = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
-        if uid is not None:
+        if uid is not None and provider.init.launcher is not None:
+            # corral's own compiled launcher: the same drop as setpriv's below, as one
+            # static program (see corral.providers._bwrap_init).
+            prefix += [str(provider.init.launcher), str(uid), str(uid)]
+        elif uid is not None:
             prefix += [
                 provider.setpriv,
                 f"--reuid={uid}",
@@ -487,7 +493,7 @@ class BubblewrapHandle(HostDirHandle):
         keeper = os.dup(status_r)
         # bwrap's options come over this pipe: bwrap reads it to the end before it does
         # anything else (it has already set no_new_privs, and it closes the pipe), so until
-        # corral closes the write end, the launched process (``setpriv`` then bwrap, the
+        # corral closes the write end, the launched process (the launcher then bwrap, the
         # same pid) is one process that has forked nothing.
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         fds = [status_w, report_w, keeper, args_r]
@@ -538,7 +544,7 @@ class BubblewrapHandle(HostDirHandle):
         return sandboxed
 
     def _confine(self, pid: int) -> None:
-        """Put ``pid`` (the launcher: ``setpriv`` execing bwrap, which has not forked yet)
+        """Put ``pid`` (the launcher execing bwrap, which has not forked yet)
         into the sandbox's cgroups."""
         for path in self._procs_files:
             try:
@@ -559,7 +565,7 @@ class BubblewrapHandle(HostDirHandle):
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:
         """A self-contained host argv that joins the cgroups, drops to the sandbox's host
-        uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
+        uid (the launcher, when corral runs as root) and runs ``command`` in the sandbox.
 
         Its exit status is the command's (``128 + N`` for a death by signal ``N``). The
         launcher's pid stays the same through the chain (every step execs), and the
@@ -693,7 +699,7 @@ class BubblewrapProvider:
         self.seccomp = btrfs.no_subvolumes_filter()
         self.prlimit = shutil.which("prlimit")
         self.setpriv = shutil.which("setpriv") or "setpriv"
-        if self._host_uid is not None and not shutil.which("setpriv"):
+        if self._host_uid is not None and self.init.launcher is None and not shutil.which("setpriv"):
             raise PrerequisiteMissing(
                 "setpriv is needed to run sandboxes as an unprivileged uid: install util-linux"
             )

@@ -56,8 +56,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from collections.abc import Callable
 
-__all__ = ["C_SOURCE", "INSIDE_PATH", "PERL_INIT", "InitProgram", "cache_dir", "find_init"]
+__all__ = ["C_SOURCE", "INSIDE_PATH", "LAUNCH_SOURCE", "PERL_INIT", "InitProgram", "cache_dir", "find_init"]
 
 INSIDE_PATH = "/run/corral-init"
 """Where the C init is bound (read-only) in every sandbox."""
@@ -249,18 +250,60 @@ syswrite $st, "$s\n" if $st;
 exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
 """
 
-_KEY = hashlib.sha256(C_SOURCE.encode()).hexdigest()[:16]
+LAUNCH_SOURCE = r"""/* corral's launcher (see corral.providers._bwrap_init): as root, drop to the sandbox's
+   host uid and gid, no supplementary groups, no_new_privs, then exec the program.
+   argv: UID GID PROGRAM [ARG...] (PROGRAM an absolute path). Replaces setpriv. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+static int id(const char *s, unsigned long *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || end == s || *end || *s == '-' || v == 0 || v >= 0xFFFFFFFFul) return -1;
+  *out = v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  unsigned long uid, gid;
+  if (argc < 4 || id(argv[1], &uid) || id(argv[2], &gid) || argv[3][0] != '/') {
+    fprintf(stderr, "corral-launch: usage: UID GID /PROGRAM [ARG...]\n");
+    return 125;
+  }
+  /* Groups first (needs root), then the gid, then the uid: after that, no way back. */
+  if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
+      setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) {
+    fprintf(stderr, "corral-launch: cannot drop to uid %lu: %s\n", uid, strerror(errno));
+    return 125;
+  }
+  if (setresuid(0, 0, 0) == 0 || getgroups(0, NULL) != 0) return 125; /* really dropped */
+  execv(argv[3], argv + 3);
+  fprintf(stderr, "corral-launch: %s: %s\n", argv[3], strerror(errno));
+  return errno == ENOENT ? 127 : 126;
+}
+"""
+
+_KEY = hashlib.sha256((C_SOURCE + LAUNCH_SOURCE).encode()).hexdigest()[:16]
 _FIXED_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 @dataclass(frozen=True)
 class InitProgram:
     """Which init a provider runs: ``kind`` ``"c"`` (``path`` is the cached binary on the
-    host) or ``"perl"``; ``reason`` says why, for ``corral doctor``."""
+    host) or ``"perl"``; ``reason`` says why, for ``corral doctor``. ``launcher`` (as root,
+    with the C init) is the cached program that replaces ``setpriv``."""
 
     kind: Literal["c", "perl"]
     path: Path | None
     reason: str
+    launcher: Path | None = None
 
 
 def cache_dir() -> Path:
@@ -295,21 +338,28 @@ def _find(directory: Path) -> InitProgram:
     problem = untrusted(directory, reachable=root)
     if problem:
         return InitProgram("perl", None, f"the init cache is not safe to use: {problem}")
-    binary = directory / f"init-{_KEY}"
-    try:
-        st = os.lstat(binary)
-    except FileNotFoundError:
-        pass
-    else:
-        # Checked once per process: ours, and it still runs here (a filesystem remounted
-        # noexec, a libc upgrade under a dynamic build).
-        if _safe_file(st) and _smoke(binary):
-            return InitProgram("c", binary, f"compiled C init {binary}")
-        binary.unlink()  # not ours any more (another owner, writable, a link) or broken
-    error = _build(directory, binary)
+    binary, launcher = directory / f"init-{_KEY}", directory / f"launch-{_KEY}"
+    # Checked once per process, before anything of it runs: ours, and it still works here
+    # (a filesystem remounted noexec, a libc upgrade under a dynamic build).
+    if _usable(binary, _smoke) and (not root or _usable(launcher, _smoke_launcher)):
+        return InitProgram("c", binary, f"compiled C init {binary}", launcher if root else None)
+    error = _build(directory, binary, launcher if root else None)
     if error:
         return InitProgram("perl", None, error)
-    return InitProgram("c", binary, f"compiled C init {binary} (built now)")
+    return InitProgram("c", binary, f"compiled C init {binary} (built now)",
+                       launcher if root else None)
+
+
+def _usable(path: Path, smoke: Callable[[Path], bool]) -> bool:
+    """Whether the cached ``path`` can be run; anything else there is removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if _safe_file(st) and smoke(path):  # never run a file that is not ours
+        return True
+    path.unlink()  # not ours any more (another owner, writable, a link) or broken
+    return False
 
 
 def _safe_file(st: os.stat_result) -> bool:
@@ -341,32 +391,55 @@ def untrusted(path: Path, *, reachable: bool) -> str | None:
     return None
 
 
-def _build(directory: Path, binary: Path) -> str | None:
+def _build(directory: Path, binary: Path, launcher: Path | None) -> str | None:
     cc = next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
     if cc is None:
         return "no C compiler on PATH (apt-get install gcc): using the perl init"
+    wanted = [(C_SOURCE, binary, _smoke)]
+    if launcher is not None:
+        wanted.append((LAUNCH_SOURCE, launcher, _smoke_launcher))
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
-        src = Path(tmp) / "init.c"
-        src.write_text(C_SOURCE)
-        out = Path(tmp) / "init"
-        why = ""
-        for extra in (["-static"], []):  # static starts faster; not every host has libc.a
-            try:
-                done = subprocess.run(
-                    [cc, "-O2", *extra, "-o", str(out), str(src)],
-                    cwd=tmp, env=_FIXED_ENV, capture_output=True, timeout=120, check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                why = str(exc)
-                continue
-            if done.returncode == 0 and _smoke(out):
-                break
-            why = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        else:
-            return f"could not compile the C init with {cc} ({why}): using the perl init"
-        os.chmod(out, 0o755)
-        os.rename(out, binary)
+        built = []
+        for source, dest, smoke in wanted:
+            src = Path(tmp) / f"{dest.name}.c"
+            src.write_text(source)
+            out = Path(tmp) / dest.name
+            why = ""
+            for extra in (["-static"], []):  # static starts faster; not every host has libc.a
+                try:
+                    done = subprocess.run(
+                        [cc, "-O2", *extra, "-o", str(out), str(src)],
+                        cwd=tmp, env=_FIXED_ENV, capture_output=True, timeout=120, check=False,
+                    )
+                except (OSError, subprocess.TimeoutExpired) as exc:
+                    why = str(exc)
+                    continue
+                if done.returncode == 0:
+                    os.chmod(out, 0o755)
+                    if smoke(out):
+                        break
+                    why = "the program it built does not work"
+                else:
+                    why = (done.stderr.decode(errors="replace").strip().splitlines()
+                           or ["no output"])[-1]
+            else:
+                return f"could not compile the C init with {cc} ({why}): using the perl init"
+            built.append((out, dest))
+        for out, dest in built:  # the launcher last: it is only used with its init
+            os.rename(out, dest)
     return None
+
+
+def _smoke_launcher(program: Path) -> bool:
+    """The fresh launcher must drop to another uid (no groups, no_new_privs) and exec."""
+    script = ('[ "$(id -u):$(id -g):$(id -G)" = "65534:65534:65534" ] && '
+              'grep -q "^NoNewPrivs:.*1" /proc/self/status && exit 7')
+    try:
+        done = subprocess.run([str(program), "65534", "65534", "/bin/sh", "-c", script],
+                              env=_FIXED_ENV, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 7
 
 
 def _smoke(program: Path) -> bool:
