@@ -13,7 +13,9 @@ round-robin (the machine is shared), and each prints its p50 and its p50 differe
 - ``Popen(user=) + bwrap --args + C init``: bwrap started as the host uid by CPython (fork,
   no vfork), held on ``--args`` while corral writes its pid to the cgroups;
 - ``setpriv + bwrap --args + C init`` / ``+ perl init``: the same, with ``setpriv``
-  dropping the uid (vfork): what ``exec``/``spawn`` do, with each init;
+  dropping the uid (vfork); with perl, what ``exec``/``spawn`` did before the C init;
+- ``launcher + bwrap --args + C init``: corral's own static launcher instead of
+  ``setpriv``: what ``exec``/``spawn`` do now;
 - ``exec(["true"]), C init`` / ``perl init``: the provider's own exec (two sandboxes, one
   provider per init), for reference.
 
@@ -46,7 +48,8 @@ def variants(h: BubblewrapHandle, hp: BubblewrapHandle) -> dict[str, Callable[[]
     """``h`` runs the C init, ``hp`` (the same kind of sandbox) the perl one."""
     uid = h.state.host_uid
     assert uid is not None and h.state.limit_mode == "cgroup", "run as root, with cgroup v1"
-    assert h._provider.init.kind == "c", h._provider.init.reason
+    assert h._provider.init.launcher is not None, h._provider.init.reason
+    assert hp._start_prefix[0].endswith("setpriv"), hp._start_prefix
     prefix = launch_prefix("/workspace", h._env, ["true"])
 
     def bare(handle: BubblewrapHandle, argv: list[str], stdin: bytes | None) -> None:
@@ -76,7 +79,8 @@ def variants(h: BubblewrapHandle, hp: BubblewrapHandle) -> dict[str, Callable[[]
         "bare bwrap + C init": lambda: bare(h, h._init(-1, -1), prefix),
         "bare bwrap + perl init": lambda: bare(hp, hp._init(-1, -1), prefix),
         "Popen(user=) + bwrap --args + C init": lambda: held(h, [], uid),
-        "setpriv + bwrap --args + C init": lambda: held(h, h._start_prefix, None),
+        "setpriv + bwrap --args + C init": lambda: held(h, hp._start_prefix, None),
+        "launcher + bwrap --args + C init": lambda: held(h, h._start_prefix, None),
         "setpriv + bwrap --args + perl init": lambda: held(hp, hp._start_prefix, None),
     }
 
