@@ -315,3 +315,24 @@ def test_a_malformed_prefix_runs_nothing(junk: bytes) -> None:
     if done.returncode != 125:
         # Only a well-formed prefix runs anything, and then whatever it names ran or failed.
         assert done.returncode in (0, 1, 126, 127) or done.stderr.startswith(b"corral: "), done
+
+
+@pytest.mark.parametrize("args", [["0", "0"], ["1000", "0"], ["-1", "5"], ["4294967295", "5"],
+                                  ["12x", "5"], ["", "5"]])
+def test_the_launcher_never_runs_a_program_as_root(
+    args: list[str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    need_cc(request)
+    launcher = bwrap_init.find_init().launcher
+    require(request.config, launcher is not None, "root (the launcher drops root to the host uid)",
+            "run the tests as root")
+    marker = tmp_path / "ran"
+    for program in (["/bin/sh", "-c", f"touch {marker}"], ["sh", "-c", f"touch {marker}"]):
+        done = subprocess.run([str(launcher), *args, *program], capture_output=True, check=False,
+                              timeout=30)
+        assert done.returncode == 125 and done.stderr.startswith(b"corral-launch: "), done
+        assert not marker.exists()
+    # A good uid and a relative program: refused too (no PATH search as root).
+    done = subprocess.run([str(launcher), "65534", "65534", "sh", "-c", "exit 0"],
+                          capture_output=True, check=False, timeout=30)
+    assert done.returncode == 125, done
