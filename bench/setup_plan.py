@@ -8,7 +8,8 @@ Rows, per provider (local, bubblewrap):
   lifecycle=Lifecycle(reuse="none")).ensure()`` with a SQLite store; destroy not timed;
 plus the baselines ``bare bwrap, one sh, 5 x true``: one ``bwrap`` with the sandbox's binds
 running ``sh -c 'true; true; true; true; true'`` (for the plan), and ``bare bwrap, true``
-(for the exec), each as the sandbox's host uid.
+(for the exec), each as the sandbox's host uid (without the C init's bind, where a
+checkout has one: bare bwrap runs no init).
 
 With ``--a OLD --b NEW`` (two checkouts) a worker per checkout imports corral from its own
 ``src``, and the workers alternate sample by sample (A B B A ...), so both see the same
