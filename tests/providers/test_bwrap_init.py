@@ -336,3 +336,13 @@ def test_the_launcher_never_runs_a_program_as_root(
     done = subprocess.run([str(launcher), "65534", "65534", "sh", "-c", "exit 0"],
                           capture_output=True, check=False, timeout=30)
     assert done.returncode == 125, done
+
+
+def test_a_removed_cache_entry_is_built_again(reachable_dir: Path, request: pytest.FixtureRequest) -> None:
+    need_cc(request)
+    cache = reachable_dir / "init"
+    first = bwrap_init.find_init(cache)
+    assert first.path is not None and first.kind == "c"
+    first.path.unlink()  # e.g. /var/lib cleaned under a long-running server
+    again = bwrap_init.find_init(cache)
+    assert again.path == first.path and again.path.read_bytes()[:4] == b"\x7fELF"

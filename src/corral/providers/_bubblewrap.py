@@ -415,7 +415,8 @@ class BubblewrapHandle(HostDirHandle):
             bwrap += ["--ro-bind", host, inside]
         # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
         # init starts with no environment at all (the command's comes over stdin).
-        init = provider.init.path
+        self._init_program = provider.init
+        init = self._init_program.path
         if init is not None:  # last of the binds: nothing above can hide it
             bwrap += ["--ro-bind", str(init), INSIDE_PATH]
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
@@ -427,10 +428,11 @@ class BubblewrapHandle(HostDirHandle):
         prefix: list[str] = []
         if state.limit_mode == "rlimit":
             prefix = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
-        if uid is not None and provider.init.launcher is not None:
+        launcher = self._init_program.launcher
+        if uid is not None and launcher is not None:
             # corral's own compiled launcher: the same drop as setpriv's below, as one
             # static program (see corral.providers._bwrap_init).
-            prefix += [str(provider.init.launcher), str(uid), str(uid)]
+            prefix += [str(launcher), str(uid), str(uid)]
         elif uid is not None:
             prefix += [
                 provider.setpriv,
@@ -474,7 +476,7 @@ class BubblewrapHandle(HostDirHandle):
 
     def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
         args = [str(report_fd), str(keeper_fd), self._filter]
-        if self._provider.init.kind == "c":
+        if self._init_program.kind == "c":
             return [INSIDE_PATH, *args]
         return ["/usr/bin/perl", "-e", PERL_INIT, "--", *args, self._init_nr]
 
@@ -482,6 +484,7 @@ class BubblewrapHandle(HostDirHandle):
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
     ) -> SandboxProcess:
         self._check_alive()
+        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
         prefix = launch_prefix(chdir, self._env_for(env), argv)
@@ -682,7 +685,7 @@ class BubblewrapProvider:
         self._home = Path(home) if home is not None else None
         self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
-        self.init: InitProgram = find_init(prefer=init)
+        self._init_prefer: Literal["auto", "perl"] = init
         if self.init.kind == "perl" and not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
                 "the sandboxes' init process (it decides the exit status out of the "
@@ -704,6 +707,12 @@ class BubblewrapProvider:
                 "setpriv is needed to run sandboxes as an unprivileged uid: install util-linux"
             )
         self.system_binds = _system_binds()
+
+    @property
+    def init(self) -> InitProgram:
+        """The sandboxes' init (and, as root, the launcher): see
+        :mod:`corral.providers._bwrap_init`."""
+        return find_init(prefer=self._init_prefer)
 
     @property
     def name(self) -> str:

@@ -323,9 +323,12 @@ def find_init(directory: Path | None = None, *, prefer: Literal["auto", "perl"] 
     if prefer == "perl":
         return InitProgram("perl", None, "perl asked for")
     directory = directory or cache_dir()
-    if directory not in _found:
-        _found[directory] = _find(directory)
-    return _found[directory]
+    found = _found.get(directory)
+    # Built or checked once per process; found again if removed meanwhile (a cleaned
+    # /var/lib under a long-running server): a stat per call, no more.
+    if found is None or any(p is not None and not p.exists() for p in (found.path, found.launcher)):
+        found = _found[directory] = _find(directory)
+    return found
 
 
 def _find(directory: Path) -> InitProgram:
