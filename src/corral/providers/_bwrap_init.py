@@ -39,6 +39,13 @@ Two programs implement this, with the same argv and behaviour:
   compiler or the cache cannot be trusted. ``corral doctor`` says which one is in force
   and why.
 
+As root, a second program is built and checked with the init (:data:`LAUNCH_SOURCE`,
+``launch-<hash>``): the launcher that drops from root to the sandbox's host uid before
+``bwrap`` (``setgroups(0)``, ``setresgid``, ``setresuid``, no_new_privs, a check that root
+cannot be regained, then ``execv`` of an absolute path; uid or gid 0 refused). It replaces
+``setpriv``, a dynamically linked program whose start cost more than the whole C init;
+without a compiler ``setpriv`` is used as before.
+
 Compiling at first use rather than at install time: corral is a pure-Python package
 (wheels carry no binaries, and a wheel built elsewhere could not be checked against the
 host's libc anyway); the host's own compiler and libc make a program that matches the
