@@ -43,7 +43,7 @@ As root, a second program is built and checked with the init (:data:`LAUNCH_SOUR
 ``launch-<hash>``): the launcher that drops from root to the sandbox's host uid before
 ``bwrap`` (``setgroups(0)``, ``setresgid``, ``setresuid``, no_new_privs, a check that root
 cannot be regained, then ``execv`` of an absolute path; uid or gid 0 refused). It replaces
-``setpriv``, a dynamically linked program whose start cost more than the whole C init;
+``setpriv``, a dynamically linked program that is slower to start (bench/launcher_chain.py);
 without a compiler ``setpriv`` is used as before.
 
 Compiling at first use rather than at install time: corral is a pure-Python package
