@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -68,6 +69,8 @@ DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
 }
 GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
 """The Gemini API methods the proxy forwards (``/v1beta/models/<model>:<method>``)."""
+_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}:(generateContent|"
+                          r"streamGenerateContent|countTokens)")
 _DEFAULTS: dict[str, tuple[str, str, str]] = {
     # api: (base URL variable, default base URL, key variable)
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
@@ -131,10 +134,9 @@ class Upstream:
         prefixes = self.allowed_paths if self.allowed_paths is not None else DEFAULT_PATHS[
             self.api]
         if self.api == "gemini" and self.allowed_paths is None:
-            # <prefix>/<model>:<method>, one model segment, one of the model-call methods
-            return any(path.startswith(p + "/") and "/" not in path[len(p) + 1:]
-                       and path.endswith(GEMINI_METHODS)
-                       and path[len(p) + 1:].count(":") == 1 for p in prefixes)
+            # <prefix>/<model>:<method>: one plain model name, one model-call method
+            return any(path.startswith(p + "/") and _GEMINI_CALL.fullmatch(path[len(p) + 1:])
+                       is not None for p in prefixes)
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
     def url_for(self, target: str) -> str:

@@ -485,7 +485,7 @@ def _gemini_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iterato
     if reply.reasoning:
         yield frame([{"text": reply.reasoning, "thought": True}])
     if isinstance(reply, Text):
-        *head, tail = _halves(reply.text)
+        *head, tail = [q for h in _halves(reply.text) for q in _halves(h)]
         for part_text in head:
             yield frame([{"text": part_text}])
         yield frame([{"text": tail}], last=True)
@@ -512,7 +512,11 @@ def _gemini_json(req: ModelRequest, reply: Text | ToolCall) -> dict[str, Any]:
                   for k, v in (schema.get("properties") or {}).items() if isinstance(v, dict)}
         frames[-1]["candidates"][0]["content"]["parts"] = [{"text": json.dumps(filled)}]
         return dict(frames[-1])
-    parts = [p for f in frames for p in f["candidates"][0]["content"]["parts"]]
+    parts = [p for f in frames for p in f["candidates"][0]["content"]["parts"]
+             if "text" not in p or p.get("thought")]
+    text = "".join(p["text"] for f in frames for p in f["candidates"][0]["content"]["parts"]
+                   if "text" in p and not p.get("thought"))
+    parts = [*([{"text": text}] if text else []), *parts]
     last = dict(frames[-1])
     last["candidates"][0]["content"]["parts"] = parts
     return last
