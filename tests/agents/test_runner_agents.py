@@ -99,8 +99,10 @@ def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
 
 
 def model_args(cli: str) -> list[str]:
-    # Codex's default model sends tools in a shape the scripted server does not script.
-    return ["--model", "gpt-fake"] if cli == "codex" else []
+    # Codex's default model sends tools in a shape the scripted server does not script;
+    # gemini-cli without a model first makes a routing call (test_gemini_cli covers it).
+    return {"codex": ["--model", "gpt-fake"], "gemini-cli": ["--model", "gemini-fake"]
+            }.get(cli, [])
 
 
 def ndjson(stdout: str) -> list[dict[str, Any]]:
