@@ -111,12 +111,13 @@ def test_network_deny_removes_the_web_tools_and_settings_hold_no_secret() -> Non
     assert settings["security"]["folderTrust"]["enabled"] is False
     assert settings["general"]["maxAttempts"] == 1
     server = settings["mcpServers"]["corral"]
-    assert server["httpUrl"] == "http://127.0.0.1:{corral.port.tools}/mcp"
+    assert server["httpUrl"] == "${CORRAL_MCP_URL_CORRAL}"  # the entry fills the port in
     assert server["headers"] == {"Authorization": "Bearer ${CORRAL_TOOLS_TOKEN}"}
     assert "tools" not in json.loads(GeminiCliHarness().home_files(opts)[
         ".gemini/settings.json"])
     env = h.cli_env(opts, "http://127.0.0.1:1")
     assert env["GEMINI_API_KEY"] == PLACEHOLDER_KEY
+    assert env["CORRAL_MCP_URL_CORRAL"] == "http://127.0.0.1:{corral.port.tools}/mcp"
 
 
 def test_proxy_forwards_gemini_with_the_real_key_and_meters_per_model(sock: Path) -> None:

@@ -130,11 +130,15 @@ class GeminiCliHarness(CliHarness):
         return [*argv, *opts.extra_args]
 
     def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
-        return {
+        env = {
             "GOOGLE_GEMINI_BASE_URL": base_url,
             "GEMINI_API_KEY": opts.api_key,
             "GEMINI_TELEMETRY_ENABLED": "false",
         }
+        for name, server in opts.mcp_servers.items():
+            if isinstance(server.get("url"), str) and "{corral.port." in server["url"]:
+                env[url_var(name)] = server["url"]
+        return env
 
     def session_id(self, obj: Mapping[str, Any]) -> str | None:
         if obj.get("type") == "init" and isinstance(obj.get("session_id"), str):
@@ -149,7 +153,9 @@ class GeminiCliHarness(CliHarness):
         return GeminiCliTranslator(ctx)
 
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+def url_var(server: str) -> str:
+    """The variable carrying MCP server ``server``'s URL to the CLI."""
+    return "CORRAL_MCP_URL_" + server.upper().replace("-", "_")
 
 
 def gemini_settings(opts: CliOptions, *, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -163,7 +169,11 @@ def gemini_settings(opts: CliOptions, *, exclude: tuple[str, ...] = ()) -> dict[
             raise ConfigError(f"MCP server name {name!r}: gemini-cli needs letters, digits, "
                               "'_' or '-' only")
         if isinstance(server.get("url"), str):
-            entry: dict[str, Any] = {"httpUrl": server["url"], "trust": True}
+            # A URL with a forwarder port comes through the environment, where the
+            # in-sandbox entry fills the port in (it never rewrites files).
+            url = f"${{{url_var(name)}}}" if "{corral.port." in server["url"] \
+                else server["url"]
+            entry: dict[str, Any] = {"httpUrl": url, "trust": True}
             headers = {str(k): str(v) for k, v in dict(server.get("headers") or {}).items()}
             if headers:
                 entry["headers"] = headers
