@@ -1,12 +1,10 @@
 """gemini-cli specifics: its stream-json translation, its settings, the policies it refuses,
-and Gemini's wire format in the model proxy (the real CLI runs in test_e2e.py)."""
+(Gemini in the model proxy: test_model_proxy.py; the real CLI: test_e2e.py and others)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import httpx
 import pytest
 from ag_ui.core import EventType
 
@@ -14,16 +12,10 @@ from corral._errors import ConfigError
 from corral.harness._cli_base import NO_RESULT, SESSION_EVENT, CliOptions
 from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._registry import build_harness
-from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream
+from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.sandbox._policy import Policy
-from corral.testing._model_server import ModelServer, Text, ToolCall
 
-from .test_model_proxy import KEY, sock, with_proxy  # noqa: F401 - the fixture
 from .test_translators import GEMINI_OK, check_well_formed, kinds, translate
-
-GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-               "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}]}
-
 
 def test_gemini_success_run() -> None:
     evs = translate(GeminiCliHarness(), GEMINI_OK)
@@ -118,60 +110,3 @@ def test_network_deny_removes_the_web_tools_and_settings_hold_no_secret() -> Non
     env = h.cli_env(opts, "http://127.0.0.1:1")
     assert env["GEMINI_API_KEY"] == PLACEHOLDER_KEY
     assert env["CORRAL_MCP_URL_CORRAL"] == "http://127.0.0.1:{corral.port.tools}/mcp"
-
-
-def test_proxy_forwards_gemini_with_the_real_key_and_meters_per_model(sock: Path) -> None:
-    with ModelServer([ToolCall("ls", input_tokens=300, output_tokens=30),
-                      Text("ok", input_tokens=7, output_tokens=3)]) as srv:
-        proxy = ModelProxy(Upstream("gemini", srv.gemini_url, KEY))
-
-        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
-            hdr = {"x-goog-api-key": PLACEHOLDER_KEY}
-            return [await c.post("/v1beta/models/gem-a:streamGenerateContent?alt=sse",
-                                 json=GEMINI_BODY, headers=hdr),
-                    await c.post("/v1beta/models/gem-b:generateContent", json=GEMINI_BODY,
-                                 headers=hdr)]
-
-        stream, plain = with_proxy(proxy, sock, body)
-        reqs = srv.model_requests
-    assert [r.status_code for r in (stream, plain)] == [200, 200]
-    assert [r.headers["x-goog-api-key"] for r in reqs] == [KEY, KEY]
-    frames = [json.loads(x[5:]) for x in stream.text.split("\r\n\r\n") if x.startswith("data:")]
-    call = frames[-1]["candidates"][0]["content"]["parts"][0]["functionCall"]
-    assert call["name"] == "run_shell_command" and call["args"]["command"] == "ls"
-    assert plain.json()["candidates"][0]["content"]["parts"] == [{"text": "ok"}]
-    assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (307, 33)
-    assert proxy.usage.models["gem-a"]["input_tokens"] == 300
-    assert proxy.usage.models["gem-b"]["output_tokens"] == 3
-
-
-def test_proxy_forwards_only_gemini_model_calls(sock: Path) -> None:
-    with ModelServer([Text("ok")]) as srv:
-        proxy = ModelProxy(Upstream("gemini", srv.gemini_url, KEY))
-        refused = ["/v1beta/models", "/v1beta/models/g:embedContent", "/v1beta/files",
-                   "/v1beta/models/g%2F..%2Fx:generateContent", "/v1beta/models/a/b:countTokens",
-                   "/v1beta/cachedContents", "/v1beta/models/g:generateContent:x"]
-
-        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
-            out = [await c.post(p, json={}) for p in refused]
-            out.append(await c.post("/v1beta/models/g:countTokens", json=GEMINI_BODY))
-            return out
-
-        *bad, ok = with_proxy(proxy, sock, body)
-        seen = [r.path for r in srv.requests]
-    assert [r.status_code for r in bad] == [403] * len(refused)
-    assert bad[0].json()["error"]["status"] == "PERMISSION_DENIED"
-    assert ok.status_code == 200 and ok.json() == {"totalTokens": 10}
-    assert seen == ["/v1beta/models/g:countTokens"]
-
-
-def test_upstream_from_the_gemini_variables() -> None:
-    up = Upstream.from_env("gemini", {"GEMINI_API_KEY": "g1"})
-    assert (up.base_url, up.api_key) == ("https://generativelanguage.googleapis.com", "g1")
-    up = Upstream.from_env("gemini", {"GEMINI_API_KEY": "g1",
-                                      "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"})
-    assert up.url_for("/v1beta/models/m:generateContent") == \
-        "http://127.0.0.1:9/v1beta/models/m:generateContent"
-    assert up.auth_headers() == [("x-goog-api-key", "g1")]
-
-
