@@ -113,11 +113,13 @@ def check_host_tool_round_trip(
     *, harness: str, options: dict[str, Any], host_env: ModelServer, corral_home: Path,
     tmp_path: Path,
     call_then_answer: Callable[[str, dict[str, Any]], Callable[[ModelRequest], Reply]],
+    sandbox: Any = None,
 ) -> dict[str, Any]:
     """A Runner run of ``harness`` whose model calls the host tool ``read_host_state`` (the
     script from ``call_then_answer(tool, args)``), checked end to end: the tool ran on the
     host, its result reached the model and the events (under the tool's own name), and the
-    tools token is not in the run spec. Returns the spec."""
+    tools token is not in the run spec; without network (the default) no egress forwarder.
+    Returns the spec."""
     secret = "host-only-" + secrets.token_hex(8)
     secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
     secret_file.write_text(secret)
@@ -137,7 +139,7 @@ def check_host_tool_round_trip(
             runner = Runner(store)
             rec = await runner.start(RunRequest(
                 prompt="What does the host say?", harness=harness, options=options,
-                tools=Toolset([read_host_state])))
+                tools=Toolset([read_host_state]), sandbox=sandbox))
             with anyio.fail_after(DEADLINE):
                 result = await runner.drive(rec.run_id)
             return (await logged(store, rec.run_id), result.record.spec or {},
@@ -160,6 +162,9 @@ def check_host_tool_round_trip(
     results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert any(secret in r for r in results)
     text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
-    assert text.startswith("Host said:") and f"answer={secret}" in text
+    assert "Host said:" in text and f"answer={secret}" in text.split("Host said:", 1)[1]
+    info = spec["agent"]
+    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
+    # The tool server's token is stored nowhere in the record.
     assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
     return spec

@@ -63,12 +63,9 @@ def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
 
 def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
                                                   tmp_path: Path) -> None:
-    spec = check_host_tool_round_trip(
+    check_host_tool_round_trip(
         harness="codex", options={"max_retries": 0, "model": "gpt-fake"}, host_env=host_env,
         corral_home=corral_home, tmp_path=tmp_path, call_then_answer=call_then_answer)
-    # No network in the sandbox (the default): no egress forwarder was set up.
-    info = spec["agent"]
-    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
 
 
 @pytest.mark.parametrize("answer", ["allow", "deny"])
