@@ -1,10 +1,15 @@
-"""gemini-cli specifics: its stream-json translation, its settings, the policies it refuses,
-(Gemini in the model proxy: test_model_proxy.py; the real CLI: test_e2e.py and others)."""
+"""gemini-cli specifics: its stream-json translation, its settings, the policies it refuses
+and the routing call (Gemini in the model proxy: test_model_proxy.py; the real CLI in the
+shared suites: test_e2e.py, test_runner_agents.py, test_host_tools_gemini.py)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from ag_ui.core import EventType
 
@@ -14,8 +19,11 @@ from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.sandbox._policy import Policy
+from corral.testing._model_server import ModelServer, Text
 
+from .conftest import REAL_KEY, agent_cli_env, run_agent
 from .test_translators import GEMINI_OK, check_well_formed, kinds, translate
+
 
 def test_gemini_success_run() -> None:
     evs = translate(GeminiCliHarness(), GEMINI_OK)
@@ -110,3 +118,45 @@ def test_network_deny_removes_the_web_tools_and_settings_hold_no_secret() -> Non
     env = h.cli_env(opts, "http://127.0.0.1:1")
     assert env["GEMINI_API_KEY"] == PLACEHOLDER_KEY
     assert env["CORRAL_MCP_URL_CORRAL"] == "http://127.0.0.1:{corral.port.tools}/mcp"
+
+
+def test_corral_run_refuses_a_deny_rule_in_one_line(corral_cmd: list[str],
+                                                    cli_env: dict[str, str],
+                                                    model_server: ModelServer,
+                                                    agents_env: Path, bwfiles: Path,
+                                                    tmp_path: Path) -> None:
+    """A denied command gemini-cli cannot be made to refuse: the run is refused before
+    anything starts (never run with the rule silently dropped)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        'id = "gpol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
+    out = subprocess.run([*corral_cmd, "run", "--harness", "gemini-cli", "--model",
+                          "gemini-fake", "--workspace", str(ws), "remove everything"],
+                         env=agent_cli_env(cli_env, bwfiles, model_server),
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "deny rules ['rm -rf *']" in out.stderr and "gemini-cli" in out.stderr
+    assert model_server.model_requests == []
+
+
+def test_without_a_model_the_routing_call_goes_through_the_proxy(
+        sandbox_factory: Any, model_server: ModelServer) -> None:
+    """gemini-cli without ``--model`` first asks a router model (a non-streamed, JSON-mode
+    ``:generateContent``), then streams from the model it picked; both carry the real key
+    and both are metered."""
+    model_server.script = lambda req: Text("routed answer")
+
+    async def go() -> Any:
+        handle = await sandbox_factory()
+        return await run_agent(GeminiCliHarness(), handle, "hello", model_server,
+                               options={"model": None})
+
+    run = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr)
+    reqs = model_server.model_requests
+    assert reqs[0].path.split("?")[0].endswith(":generateContent")  # the router
+    assert reqs[-1].path.split("?")[0].endswith(":streamGenerateContent")
+    assert all(r.api_key == REAL_KEY for r in reqs)
+    assert run.report.usage.requests == len(reqs) >= 2
+    assert "routed answer" in "".join(run.texts())
