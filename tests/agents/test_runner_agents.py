@@ -173,7 +173,10 @@ def test_corral_run_drives_the_cli_through_a_tool_call(cli: str, corral: Corral,
     assert rec["usage"]["cost_usd"] == pytest.approx(sum(rec["usage"]["cost_by_model"].values()))
     shown = corral.run("show", "r1").stdout
     assert "200 in, 40 out, 0 cache read, 0 cache write (2 requests)" in shown
-    assert f"${rec['usage']['cost_usd']:.4f}" in shown
+    if rec["usage"]["cost_by_model"]:
+        assert f"${rec['usage']['cost_usd']:.4f}" in shown
+    else:  # the scripted models (gpt-fake, gemini-fake) have no price: never shown as $0
+        assert "cost              unknown (no price for" in shown
     assert all(f"  {model}" in shown for model in models)
     # The upstream got the real key; nothing corral wrote holds it.
     assert [r.api_key for r in corral.srv.model_requests] == [REAL_KEY, REAL_KEY]
