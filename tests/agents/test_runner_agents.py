@@ -412,8 +412,9 @@ def two_hosts() -> Iterator[tuple[str, HelloServer, HelloServer]]:
         srv.stop()
 
 
+@pytest.mark.parametrize("cli", ["claude-code", "gemini-cli"])
 def test_policy_allow_hosts_is_the_runs_only_way_out(
-        corral: Corral, tmp_path: Path,
+        cli: str, corral: Corral, tmp_path: Path,
         two_hosts: tuple[str, HelloServer, HelloServer]) -> None:
     host, a, b = two_hosts
     pa, pb = a.server_address[1], b.server_address[1]
@@ -427,7 +428,7 @@ def test_policy_allow_hosts_is_the_runs_only_way_out(
         f"curl -s -m 3 --noproxy '*' http://{host}:{pa}/ || echo direct-failed",
         "Fetched: {output}")
     # the test's hosts are loopback addresses: only a config the user names may allow them
-    out = corral.agent("claude-code", "e1", "fetch both", "--workspace", str(ws),
+    out = corral.agent(cli, "e1", "fetch both", "--workspace", str(ws),
                        "--config", str(ws / "corral.toml"))
     assert out.returncode == 0, out.stderr[-3000:]
     events = corral.log("e1")

@@ -36,8 +36,12 @@ Policy mapping: only "allow everything" (no command rules, file writes allowed) 
 expressed (``--approval-mode yolo``; the sandbox is the boundary); network ``deny`` or an
 egress allowlist also removes the tools that reach the web from the model provider's side
 (``google_web_search``, ``web_fetch``). Command rules and a non-``allow`` default raise
-:class:`~corral._errors.ConfigError` at definition time: gemini-cli's own policy engine
-is not wired to corral's policy yet.
+:class:`~corral._errors.ConfigError` at definition time. gemini-cli 0.61 has ``BeforeTool``
+hooks that could carry corral's command gate, but a repository's ``.gemini/settings.json``
+outranks the user settings and can switch hooks off (``hooksConfig.enabled``,
+``hooksConfig.disabled``); only system settings outrank it, and gemini-cli reads those only
+from a directory owned by uid 0, which nothing in a user-namespace sandbox is. A gate the
+workspace can turn off would be a silently unenforced policy, so none is offered.
 """
 
 from __future__ import annotations
