@@ -8,8 +8,8 @@ retries (``general.maxAttempts``) and lists the MCP servers. (A *system* setting
 would be out of the agent's reach, but gemini-cli 0.61 skips one whose directory is not
 owned by uid 0, which nothing in a user-namespace sandbox is.) With folder trust off a
 repository's ``.gemini/settings.json`` applies too; it runs inside the sandbox like the
-agent, and since corral gives gemini-cli no command rules, there is nothing it could
-loosen.
+agent, corral gives gemini-cli no command rules to loosen, and ``tools.exclude`` merges as a
+union, so a repository cannot take the policy's exclusions back.
 
 Model traffic: ``GOOGLE_GEMINI_BASE_URL`` is the in-sandbox model endpoint and
 ``GEMINI_API_KEY`` a placeholder; the host proxy sends the real key as ``x-goog-api-key``.
