@@ -11,7 +11,8 @@ direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh H
 RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
-    PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex]
+    PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
+        gemini-cli]
         [--services inprocess|detached]
 """
 
@@ -32,8 +33,9 @@ import anyio
 from corral.agents._prepare import prepare_agent, with_agent_binds
 from corral.harness._base import AgentRequest, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
-from corral.harness._cli_base import CliHarness
+from corral.harness._cli_base import CliHarness, CliOptions
 from corral.harness._codex import CodexHarness
+from corral.harness._gemini_cli import GeminiCliHarness
 from corral.agents._installs import find_installed, install_agent
 from corral.net._model_proxy import Upstream
 from corral.providers._bubblewrap import BubblewrapProvider
@@ -50,26 +52,37 @@ def options(name: str) -> dict[str, object]:
     opts: dict[str, object] = {"max_retries": 0}
     if name == "codex":
         opts["model"] = "gpt-fake"
+    if name == "gemini-cli":
+        opts["model"] = "gemini-fake"
     return opts
 
 
 def harness_for(name: str) -> CliHarness:
-    return ClaudeCodeHarness() if name == "claude-code" else CodexHarness()
+    kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
+                                          "codex": CodexHarness,
+                                          "gemini-cli": GeminiCliHarness}
+    return kinds[name]()
+
+
+def base_url(h: CliHarness, srv: ModelServer) -> str:
+    return {"anthropic": srv.url, "gemini": srv.gemini_url}.get(h.model_api, srv.openai_url)
 
 
 def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
-    return Upstream(h.model_api, srv.url if h.model_api == "anthropic" else srv.openai_url,
-                    "bench-key")
+    return Upstream(h.model_api, base_url(h, srv), "bench-key")
 
 
 def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
     install = find_installed(h.name)
     assert install is not None
-    base = srv.url if h.model_api == "anthropic" else srv.openai_url
-    opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base,
+    opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base_url(h, srv),
             "api_key": "bench-key"}
     cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
     home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
+    for rel, data in h.home_files(CliOptions.parse(opts)).items():  # gemini's settings
+        os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
+        with open(os.path.join(home, rel), "wb") as f:
+            f.write(data)
     work = tempfile.mkdtemp(prefix="bench-ws-", dir="/var/tmp")
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", **cmd.env}
     try:

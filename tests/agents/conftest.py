@@ -21,6 +21,7 @@ from corral.harness._base import AgentRequest, Batch, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import CliHarness
 from corral.harness._codex import CodexHarness
+from corral.harness._gemini_cli import GeminiCliHarness
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.net._model_proxy import Upstream
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
@@ -33,7 +34,7 @@ from corral.testing._plugin import require
 from tests.conftest import bwrap_works
 
 REAL_KEY = "sk-corral-REAL-7f3a9c2e-never-in-sandbox"
-CLIS = ("claude-code", "codex")
+CLIS = ("claude-code", "codex", "gemini-cli")
 
 
 def agent_cache() -> Path:
@@ -77,7 +78,10 @@ def model_server() -> Iterator[ModelServer]:
 
 
 def make_harness(name: str, **kw: Any) -> CliHarness:
-    return ClaudeCodeHarness(**kw) if name == "claude-code" else CodexHarness(**kw)
+    kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
+                                          "codex": CodexHarness,
+                                          "gemini-cli": GeminiCliHarness}
+    return kinds[name](**kw)
 
 
 def agent_cli_env(cli_env: dict[str, str], bwfiles: Path, srv: ModelServer) -> dict[str, str]:
@@ -92,12 +96,15 @@ def agent_cli_env(cli_env: dict[str, str], bwfiles: Path, srv: ModelServer) -> d
         "ANTHROPIC_API_KEY": REAL_KEY,
         "OPENAI_BASE_URL": srv.openai_url,
         "OPENAI_API_KEY": REAL_KEY,
+        "GOOGLE_GEMINI_BASE_URL": srv.gemini_url,
+        "GEMINI_API_KEY": REAL_KEY,
     })
     return env
 
 
 def upstream_for(harness: CliHarness, srv: ModelServer, key: str = REAL_KEY) -> Upstream:
-    url = srv.url if harness.model_api == "anthropic" else srv.openai_url
+    url = {"anthropic": srv.url, "gemini": srv.gemini_url}.get(harness.model_api,
+                                                               srv.openai_url)
     return Upstream(harness.model_api, url, key)
 
 
@@ -107,6 +114,8 @@ def base_options(name: str) -> dict[str, Any]:
     opts: dict[str, Any] = {"max_retries": 0}
     if name == "codex":
         opts["model"] = "gpt-fake"
+    if name == "gemini-cli":  # a model of its own: no routing request first
+        opts["model"] = "gemini-fake"
     return opts
 
 

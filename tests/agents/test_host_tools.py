@@ -25,9 +25,14 @@ from corral.sandbox._policy import Policy
 from corral.stores import open_store
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools._projection import TOKEN_ENV, run_tools_token
+from corral.tools._projection import TOKEN_ENV
 
-from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
+from .host_tools_flow import (
+    DEADLINE,
+    check_host_tool_round_trip,
+    logged,
+    run_approval_flow,
+)
 from .conftest import REAL_KEY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
@@ -68,53 +73,12 @@ async def _store(home: Path) -> Store:
 @pytest.mark.parametrize("policy", [None, Policy(default="deny")], ids=["bypass", "policy"])
 def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: ModelServer,
                                             corral_home: Path, tmp_path: Path) -> None:
-    secret = "host-only-" + secrets.token_hex(8)
-    secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
-    secret_file.write_text(secret)
-    seen: list[str] = []
-
-    @tool
-    def read_host_state(key: str) -> str:
-        """Read a value that only the host has."""
-        seen.append(key)
-        return f"{key}={secret_file.read_text()}"
-
-    host_env.script = call_then_answer("read_host_state", {"key": "answer"})
-
-    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str, str]:
-        store = await _store(corral_home)
-        try:
-            runner = Runner(store)
-            rec = await runner.start(RunRequest(
-                prompt="What does the host say?", harness="claude-code",
-                options={"max_retries": 0}, tools=Toolset([read_host_state]),
-                # under a policy only listed tools run: host tools must be among them
-                sandbox=None if policy is None else Sandbox(
-                    provider="bubblewrap", lifecycle=Lifecycle(reuse="none"), policy=policy)))
-            with anyio.fail_after(DEADLINE):
-                result = await runner.drive(rec.run_id)
-            spec = result.record.spec or {}
-            return (await logged(store, rec.run_id), spec, result.record.status.value,
-                    await run_tools_token(store, rec.run_id))
-        finally:
-            await store.aclose()
-
-    events, spec, status, token = anyio.run(main)
-    assert status == "completed", events[-3:]
-    assert seen == ["answer"]
-    # The tool's result went back to the model in the CLI's next request.
-    assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
-    # The events name the host tool by its own name; no CLI prefix leaks through.
-    assert tool_names(events) == ["read_host_state"]
-    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
-    assert any(secret in r for r in results)
-    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
-    assert f"Host said: answer={secret}" in text
-    # The sandbox had no network (the default): no egress forwarder was set up.
-    info = spec["agent"]
-    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
-    # The tool server's token is stored nowhere in the record.
-    assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
+    check_host_tool_round_trip(
+        harness="claude-code", options={"max_retries": 0}, host_env=host_env,
+        corral_home=corral_home, tmp_path=tmp_path, call_then_answer=call_then_answer,
+        # under a policy only listed tools run: host tools must be among them
+        sandbox=None if policy is None else Sandbox(
+            provider="bubblewrap", lifecycle=Lifecycle(reuse="none"), policy=policy))
 
 
 @pytest.mark.parametrize("answer", ["allow", "deny"])

@@ -18,13 +18,15 @@ import anyio
 import pytest
 
 from corral.harness._codex import mcp_server_config
-from corral.runs._runner import Runner, RunRequest
-from corral.stores import open_store
+from corral.runs._runner import RunRequest
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools._projection import TOKEN_ENV, run_tools_token
+from corral.tools._projection import TOKEN_ENV
 
-from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
+from .host_tools_flow import (
+    check_host_tool_round_trip,
+    run_approval_flow,
+)
 from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
@@ -61,54 +63,9 @@ def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
 
 def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
                                                   tmp_path: Path) -> None:
-    secret = "host-only-" + secrets.token_hex(8)
-    secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
-    secret_file.write_text(secret)
-    seen: list[str] = []
-
-    @tool
-    def read_host_state(key: str) -> str:
-        """Read a value that only the host has."""
-        seen.append(key)
-        return f"{key}={secret_file.read_text()}"
-
-    host_env.script = call_then_answer("read_host_state", {"key": "answer"})
-
-    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str, str]:
-        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
-        try:
-            runner = Runner(store)
-            rec = await runner.start(RunRequest(
-                prompt="What does the host say?", harness="codex",
-                options={"max_retries": 0, "model": "gpt-fake"},
-                tools=Toolset([read_host_state])))
-            with anyio.fail_after(DEADLINE):
-                result = await runner.drive(rec.run_id)
-            return (await logged(store, rec.run_id), result.record.spec or {},
-                    result.record.status.value, await run_tools_token(store, rec.run_id))
-        finally:
-            await store.aclose()
-
-    events, spec, status, token = anyio.run(main)
-    offered = [r.tools for r in host_env.model_requests]
-    assert status == "completed", (events[-3:], offered)
-    assert seen == ["answer"], offered
-    # The tool's result went back to the model in Codex's next request.
-    assert any(secret in r for req in host_env.model_requests for r in req.tool_results)
-    # The events name the host tool by its own name; no server prefix leaks through.
-    assert tool_names(events) == ["read_host_state"]
-    start = next(e for e in events if e["type"] == "TOOL_CALL_START")
-    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"
-                   and e["toolCallId"] == start["toolCallId"])
-    assert json.loads(args) == {"key": "answer"}
-    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
-    assert any(secret in r for r in results)
-    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
-    assert text.startswith("Host said:") and f"answer={secret}" in text
-    # No network in the sandbox (the default): no egress forwarder was set up.
-    info = spec["agent"]
-    assert info["tools_socket"] and not any("egress" in s for s in info["sockets"])
-    assert token not in json.dumps(spec) and TOKEN_ENV not in json.dumps(spec)
+    check_host_tool_round_trip(
+        harness="codex", options={"max_retries": 0, "model": "gpt-fake"}, host_env=host_env,
+        corral_home=corral_home, tmp_path=tmp_path, call_then_answer=call_then_answer)
 
 
 @pytest.mark.parametrize("answer", ["allow", "deny"])

@@ -71,7 +71,6 @@ def test_incomplete_installs_are_ignored(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name, version, fragment", [
     ("opencode", None, "not yet supported"),
-    ("gemini-cli", None, "not yet supported"),
     ("aider", None, "unknown agent"),
     ("claude-code", "latest", "invalid version"),
     ("claude-code", "^2.1.0", "invalid version"),
@@ -87,13 +86,15 @@ def test_cli_ls_and_install(agents_env: Path, capsys: pytest.CaptureFixture[str]
     assert cli("agents", "ls", "--json") == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {(r["name"], r["version"]) for r in rows} >= {("claude-code", "2.1.332"),
-                                                        ("codex", "0.171.0")}
+                                                        ("codex", "0.171.0"),
+                                                        ("gemini-cli", "0.61.0")}
     assert cli("agents", "install", "codex") == 0  # already there: reused
     assert "codex 0.171.0 installed at" in capsys.readouterr().out
     assert cli("agents", "install", "opencode") == 2
     assert "not yet supported" in capsys.readouterr().out
     assert cli("agents", "ls") == 0
-    assert "claude-code" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "claude-code" in listing and "gemini-cli" in listing
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="relocation only happens for root")

@@ -21,6 +21,8 @@ from corral.testing._model_server import Fail, Hang, ModelServer, Text, ToolCall
 KEY = "sk-host-only-123"
 ANTHROPIC_BODY = {"model": "claude-x", "stream": True, "max_tokens": 10,
                   "messages": [{"role": "user", "content": "hi"}]}
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+               "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}]}
 OPENAI_BODY = {"model": "gpt-x", "stream": True, "input": [
     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
 
@@ -304,3 +306,63 @@ def test_only_model_api_paths_are_forwarded(sock: Path) -> None:
     assert up.allows("/v1/messages?beta=true") and up.allows("/v1/messages/count_tokens")
     assert not up.allows("/v1/messagesX") and not up.allows("/v1/files")
     assert Upstream("anthropic", "http://x", "k", allowed_paths=("/",)).allows("/anything")
+
+
+# ---------------------------------------------------------------- gemini
+
+
+def test_proxy_forwards_gemini_with_the_real_key_and_meters_per_model(sock: Path) -> None:
+    with ModelServer([ToolCall("ls", input_tokens=300, output_tokens=30),
+                      Text("ok", input_tokens=7, output_tokens=3)]) as srv:
+        proxy = ModelProxy(Upstream("gemini", srv.gemini_url, KEY))
+
+        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
+            hdr = {"x-goog-api-key": PLACEHOLDER_KEY}
+            return [await c.post("/v1beta/models/gem-a:streamGenerateContent?alt=sse",
+                                 json=GEMINI_BODY, headers=hdr),
+                    await c.post("/v1beta/models/gem-b:generateContent", json=GEMINI_BODY,
+                                 headers=hdr)]
+
+        stream, plain = with_proxy(proxy, sock, body)
+        reqs = srv.model_requests
+    assert [r.status_code for r in (stream, plain)] == [200, 200]
+    assert [r.headers["x-goog-api-key"] for r in reqs] == [KEY, KEY]
+    frames = [json.loads(x[5:]) for x in stream.text.split("\r\n\r\n") if x.startswith("data:")]
+    call = frames[-1]["candidates"][0]["content"]["parts"][0]["functionCall"]
+    assert call["name"] == "run_shell_command" and call["args"]["command"] == "ls"
+    assert plain.json()["candidates"][0]["content"]["parts"] == [{"text": "ok"}]
+    assert (proxy.usage.input_tokens, proxy.usage.output_tokens) == (307, 33)
+    assert proxy.usage.models["gem-a"]["input_tokens"] == 300
+    assert proxy.usage.models["gem-b"]["output_tokens"] == 3
+
+
+def test_proxy_forwards_only_gemini_model_calls(sock: Path) -> None:
+    with ModelServer([Text("ok")]) as srv:
+        proxy = ModelProxy(Upstream("gemini", srv.gemini_url, KEY))
+        refused = ["/v1beta/models", "/v1beta/models/g:embedContent", "/v1beta/files",
+                   "/v1beta/models/g%2F..%2Fx:generateContent", "/v1beta/models/a/b:countTokens",
+                   "/v1beta/cachedContents", "/v1beta/models/g:generateContent:x"]
+
+        async def body(c: httpx.AsyncClient) -> list[httpx.Response]:
+            out = [await c.post(p, json={}) for p in refused]
+            out.append(await c.post("/v1beta/models/g:countTokens", json=GEMINI_BODY))
+            return out
+
+        *bad, ok = with_proxy(proxy, sock, body)
+        seen = [r.path for r in srv.requests]
+    assert [r.status_code for r in bad] == [403] * len(refused)
+    assert bad[0].json()["error"]["status"] == "PERMISSION_DENIED"
+    assert ok.status_code == 200 and ok.json() == {"totalTokens": 10}
+    assert seen == ["/v1beta/models/g:countTokens"]
+
+
+def test_upstream_from_the_gemini_variables() -> None:
+    up = Upstream.from_env("gemini", {"GEMINI_API_KEY": "g1"})
+    assert (up.base_url, up.api_key) == ("https://generativelanguage.googleapis.com", "g1")
+    up = Upstream.from_env("gemini", {"GEMINI_API_KEY": "g1",
+                                      "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:9"})
+    assert up.url_for("/v1beta/models/m:generateContent") == \
+        "http://127.0.0.1:9/v1beta/models/m:generateContent"
+    assert up.auth_headers() == [("x-goog-api-key", "g1")]
+
+

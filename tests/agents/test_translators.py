@@ -20,11 +20,26 @@ from corral.harness._base import Batch, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import NO_RESULT, SESSION_EVENT, CliHarness
 from corral.harness._codex import CodexHarness
+from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._events import event_to_dict
 from corral.journal._reader import Exit, Line
 from corral.journal._sentinel import format_trailer, new_nonce
 
 CTX = RunContext("run-7", "thread-7")
+GEMINI_OK = [  # gemini-cli 0.61.0 --output-format stream-json against the scripted server
+    '{"type":"init","timestamp":"t","session_id":"8c8c4464-709f","model":"gemini-fake"}',
+    '{"type":"message","timestamp":"t","role":"user","content":"do the thing\\n"}',
+    '{"type":"message","timestamp":"t","role":"assistant","content":"I\'ll run it.","delta":true}',
+    '{"type":"tool_use","timestamp":"t","tool_name":"run_shell_command","tool_id":"rsc_1",'
+    '"parameters":{"command":"echo hi > out.txt && ls","description":"scripted"}}',
+    '{"type":"tool_result","timestamp":"t","tool_id":"rsc_1","status":"success",'
+    '"output":"out.txt"}',
+    '{"type":"message","timestamp":"t","role":"assistant","content":"Done. ","delta":true}',
+    '{"type":"message","timestamp":"t","role":"assistant","content":"out.txt","delta":true}',
+    '{"type":"result","timestamp":"t","status":"success","stats":{"total_tokens":240,'
+    '"input_tokens":200,"output_tokens":40,"cached":0,"input":200,"duration_ms":2010,'
+    '"tool_calls":1}}',
+]
 NONCE = new_nonce()
 SID = "e45a0c1d-6a7b-4c8d-9e0f-112233445566"
 
@@ -342,7 +357,7 @@ def test_translators_ignore_items_after_exit_and_refuse_offset_resume() -> None:
 known_types = st.sampled_from([
     "system", "assistant", "user", "result", "stream_event", "thread.started",
     "turn.started", "turn.completed", "turn.failed", "item.started", "item.updated",
-    "item.completed", "error", "x"])
+    "item.completed", "error", "x", "init", "message", "tool_use", "tool_result"])
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=8),
                       st.sampled_from(["text", "tool_use", "tool_result", "thinking",
                                        "command_execution", "agent_message", "reasoning",
@@ -356,7 +371,9 @@ json_value = st.recursive(
                                          "input", "tool_use_id", "session_id", "thread_id",
                                          "usage", "is_error", "result", "subtype", "error",
                                          "name", "aggregated_output", "exit_code",
-                                         "input_tokens", "output_tokens", "thinking"]),
+                                         "input_tokens", "output_tokens", "thinking",
+                                         "role", "delta", "tool_id", "tool_name",
+                                         "parameters", "status", "output", "stats"]),
                         children, max_size=6)),
     max_leaves=25)
 event_obj = st.builds(lambda t, rest: {**rest, "type": t} if isinstance(rest, dict) else rest,
@@ -364,9 +381,10 @@ event_obj = st.builds(lambda t, rest: {**rest, "type": t} if isinstance(rest, di
 line_st = st.one_of(
     event_obj.map(lambda o: json.dumps(o).encode()),
     st.binary(max_size=40).filter(lambda b: b"\n" not in b),
-    st.sampled_from([x.encode() for x in CLAUDE_OK + CODEX_OK + CLAUDE_API_ERROR]),
+    st.sampled_from([x.encode() for x in CLAUDE_OK + CODEX_OK + CLAUDE_API_ERROR
+                     + GEMINI_OK]),
 )
-harnesses = st.sampled_from([ClaudeCodeHarness(), CodexHarness()])
+harnesses = st.sampled_from([ClaudeCodeHarness(), CodexHarness(), GeminiCliHarness()])
 
 
 @settings(max_examples=150, deadline=None)

@@ -42,7 +42,7 @@ from corral._telemetry import carrier
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._insandbox import command_gate as command_gate
 from corral.harness._base import AgentCommand, AgentRequest
-from corral.harness._cli_base import CliHarness
+from corral.harness._cli_base import CliHarness, CliOptions
 from corral.agents._installs import (
     AGENTS_MOUNT,
     InstalledAgent,
@@ -454,6 +454,8 @@ async def prepare_agent(
     if instructions is not None and harness.instructions_file:
         await handle.fs.write(f"{SANDBOX_HOME}/{harness.instructions_file}",
                               instructions.encode("utf-8"))
+    for rel, data in harness.home_files(CliOptions.parse(options)).items():
+        await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
     command = harness.build_command(dataclasses.replace(request, options=options))
     proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout)
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,

@@ -237,7 +237,7 @@ def collect(store_url: str | None = None) -> list[Check]:
     checks.append(_python_in_sandbox())
     checks.append(_tool("npm", "corral agents install fetches the agent CLIs from npm",
                         "apt-get install npm"))
-    checks.append(_tool("node", "Codex's launcher runs on Node.js", "apt-get install nodejs"))
+    checks.append(_tool("node", "Codex's launcher and gemini-cli run on Node.js", "apt-get install nodejs"))
     checks += _agents()
     checks.append(Check("local provider", "warn",
                         "gives NO isolation: commands run on the host as you, with your files "
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
     print("not in this version: Docker and Kubernetes providers, the Redis store, "
-          "the opencode/gemini-cli/ACP harnesses")
+          "the opencode/ACP harnesses")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:
         print(f"\ncorral cannot run isolated sandboxes here: fix {', '.join(c.name for c in failed)}")

@@ -1,6 +1,7 @@
 """Harnesses: how to launch each agent CLI and translate its output to AG-UI events.
 
-Adapters (:class:`CommandHarness`, :class:`ClaudeCodeHarness`, :class:`CodexHarness`) are
+Adapters (:class:`CommandHarness`, :class:`ClaudeCodeHarness`, :class:`CodexHarness`,
+:class:`GeminiCliHarness`) are
 pure: argv, env, session paths, policy projection, and a translator from journal lines to
 events. :func:`register_harness` adds one by name; :func:`build_harness` builds one.
 """
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from corral.harness._claude_code import ClaudeCodeHarness
     from corral.harness._codex import CodexHarness
     from corral.harness._command import CommandHarness
+    from corral.harness._gemini_cli import GeminiCliHarness
     from corral.harness._events import (
         EventParseError,
         event_from_dict,
@@ -46,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "ClaudeCodeHarness": "corral.harness._claude_code",
     "CodexHarness": "corral.harness._codex",
     "CommandHarness": "corral.harness._command",
+    "GeminiCliHarness": "corral.harness._gemini_cli",
     "EventParseError": "corral.harness._events",
     "event_from_dict": "corral.harness._events",
     "event_from_json": "corral.harness._events",
@@ -67,6 +70,7 @@ __all__ = [
     "CodexHarness",
     "CommandHarness",
     "EventParseError",
+    "GeminiCliHarness",
     "Harness",
     "RunContext",
     "Translator",

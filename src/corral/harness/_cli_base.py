@@ -340,6 +340,11 @@ class CliHarness:
         """The CLI's session id if this output event carries it."""
         raise NotImplementedError
 
+    def home_files(self, opts: CliOptions) -> dict[str, bytes]:
+        """Files (home-relative path → content) written into the sandbox home before each
+        run (the CLI's configuration, for CLIs that take it from a file only)."""
+        return {}
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> JsonlTranslator:
         raise NotImplementedError
 

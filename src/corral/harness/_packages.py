@@ -33,7 +33,7 @@ KNOWN_AGENTS: dict[str, AgentPackage] = {
         AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
         AgentPackage("codex", "@openai/codex", "0.171.0", "codex"),
         AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode", supported=False),
-        AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini", supported=False),
+        AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
     )
 }
 

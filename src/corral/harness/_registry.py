@@ -38,10 +38,17 @@ def _codex(config: Mapping[str, Any]) -> Harness:
     return CodexHarness.from_spec(config)
 
 
+def _gemini_cli(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._gemini_cli import GeminiCliHarness
+
+    return GeminiCliHarness.from_spec(config)
+
+
 _FACTORIES: dict[str, HarnessFactory] = {
     "command": _command,
     "claude-code": _claude_code,
     "codex": _codex,
+    "gemini-cli": _gemini_cli,
 }
 
 

@@ -7,7 +7,7 @@ credential the CLI sent (the sandbox only has a placeholder), adds the real one,
 to the upstream and streams the answer back chunk by chunk (SSE passes through unbuffered).
 
 It also meters tokens per run (from the streamed ``usage`` of Anthropic Messages and
-OpenAI Responses events, or a JSON body's ``usage``) and can enforce a budget: once a
+OpenAI Responses events, Gemini's ``usageMetadata``, or a JSON body's ``usage``) and can enforce a budget: once a
 run's total reaches ``budget`` tokens, further requests are refused with a 403 whose
 message says so (the request that crosses the budget completes). An upstream that does
 not answer within ``idle_timeout`` seconds (before the headers, or between two chunks)
@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,7 @@ __all__ = [
     "shared_ssl_context",
 ]
 
-ModelApi = Literal["anthropic", "openai"]
+ModelApi = Literal["anthropic", "openai", "gemini"]
 PLACEHOLDER_KEY = "corral-placeholder-no-real-key-in-sandbox"
 """The credential agent CLIs get inside the sandbox (the proxy replaces it)."""
 
@@ -63,11 +64,19 @@ DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
     # that an agent cannot spend or read through the key beyond model calls.
     "anthropic": ("/v1/messages", "/v1/models"),
     "openai": ("/v1/responses", "/v1/chat/completions", "/v1/models"),
+    # Gemini: only the three model-call methods (see GEMINI_METHODS), never a listing.
+    "gemini": ("/v1beta/models", "/v1/models"),
 }
+GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
+"""The Gemini API methods the proxy forwards (``/v1beta/models/<model>:<method>``)."""
+_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}:(generateContent|"
+                          r"streamGenerateContent|countTokens)")
 _DEFAULTS: dict[str, tuple[str, str, str]] = {
     # api: (base URL variable, default base URL, key variable)
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
     "openai": ("OPENAI_BASE_URL", "https://api.openai.com/v1", "OPENAI_API_KEY"),
+    "gemini": ("GOOGLE_GEMINI_BASE_URL", "https://generativelanguage.googleapis.com",
+               "GEMINI_API_KEY"),
 }
 
 
@@ -90,7 +99,8 @@ class Upstream:
 
     def __post_init__(self) -> None:
         if self.api not in _DEFAULTS:
-            raise ConfigError(f"unknown model API {self.api!r}: use 'anthropic' or 'openai'")
+            raise ConfigError(f"unknown model API {self.api!r}: use 'anthropic', 'openai' or "
+                              "'gemini'")
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -102,9 +112,10 @@ class Upstream:
     @classmethod
     def from_env(cls, api: ModelApi, env: Mapping[str, str] | None = None) -> Upstream:
         """From the host's standard variables (``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``,
-        ``OPENAI_BASE_URL``/``OPENAI_API_KEY``)."""
+        ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, ``GOOGLE_GEMINI_BASE_URL``/``GEMINI_API_KEY``)."""
         if api not in _DEFAULTS:
-            raise ConfigError(f"unknown model API {api!r}: use 'anthropic' or 'openai'")
+            raise ConfigError(f"unknown model API {api!r}: use 'anthropic', 'openai' or "
+                              "'gemini'")
         env = os.environ if env is None else env
         url_var, default_url, key_var = _DEFAULTS[api]
         key = env.get(key_var, "")
@@ -122,6 +133,10 @@ class Upstream:
             return False
         prefixes = self.allowed_paths if self.allowed_paths is not None else DEFAULT_PATHS[
             self.api]
+        if self.api == "gemini" and self.allowed_paths is None:
+            # <prefix>/<model>:<method>: one plain model name, one model-call method
+            return any(path.startswith(p + "/") and _GEMINI_CALL.fullmatch(path[len(p) + 1:])
+                       is not None for p in prefixes)
         return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
     def url_for(self, target: str) -> str:
@@ -138,6 +153,8 @@ class Upstream:
     def auth_headers(self) -> list[tuple[str, str]]:
         if self.api == "anthropic":
             return [("x-api-key", self.api_key)]
+        if self.api == "gemini":
+            return [("x-goog-api-key", self.api_key)]
         return [("authorization", f"Bearer {self.api_key}")]
 
 
@@ -253,7 +270,9 @@ class UsageMeter:
         if not self.sse and self._json:
             with contextlib.suppress(ValueError):
                 data = json.loads(bytes(self._json))
-                if isinstance(data, dict):
+                if isinstance(data, dict) and self.api == "gemini":
+                    self._gemini(data)
+                elif isinstance(data, dict):
                     self._usage(data.get("usage"), replace_output=True)
                     self._model(data.get("model"))
         elif self._buf.startswith(b"data:"):
@@ -268,6 +287,9 @@ class UsageMeter:
             return
         if not isinstance(data, dict):
             return
+        if self.api == "gemini":
+            self._gemini(data)
+            return
         kind = data.get("type")
         if kind == "message_start":  # anthropic
             message = data.get("message")
@@ -281,6 +303,20 @@ class UsageMeter:
             if isinstance(response, dict):
                 self._usage(response.get("usage"), replace_output=True)
                 self._model(response.get("model"))
+
+    def _gemini(self, data: dict[str, Any]) -> None:
+        """A GenerateContentResponse (one SSE frame or a whole body): ``usageMetadata`` is
+        cumulative, so the latest one wins."""
+        self._model(data.get("modelVersion"))
+        meta = data.get("usageMetadata")
+        if not isinstance(meta, dict):
+            return
+        u = self.usage
+        cached = _int(meta.get("cachedContentTokenCount"))
+        u.input_tokens = max(_int(meta.get("promptTokenCount")) - cached, 0)
+        u.cache_read_tokens = cached
+        u.output_tokens = _int(meta.get("candidatesTokenCount")) + _int(
+            meta.get("thoughtsTokenCount"))
 
     def _model(self, model: object) -> None:
         if self.model is None:
@@ -305,9 +341,17 @@ class UsageMeter:
             u.cache_read_tokens = cached
 
 
+_GEMINI_STATUS = {"permission_error": "PERMISSION_DENIED", "api_error": "UNAVAILABLE",
+                  "invalid_request_error": "INVALID_ARGUMENT"}
+
+
 def _error_body(api: ModelApi, kind: str, message: str) -> bytes:
-    if api == "anthropic":
-        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    if api == "gemini":
+        code = {"permission_error": 403, "invalid_request_error": 400}.get(kind, 503)
+        body: dict[str, Any] = {"error": {"code": code, "message": message,
+                                          "status": _GEMINI_STATUS.get(kind, "UNAVAILABLE")}}
+    elif api == "anthropic":
+        body = {"type": "error", "error": {"type": kind, "message": message}}
     else:
         body = {"error": {"message": message, "type": kind, "code": kind, "param": None}}
     return json.dumps(body).encode()
@@ -320,6 +364,8 @@ def _error(api: ModelApi, status: int, kind: str, message: str) -> Response:
 
 
 def _stream_error_frame(api: ModelApi, message: str) -> bytes:
+    if api == "gemini":
+        return b"data: " + _error_body(api, "api_error", message) + b"\r\n\r\n"
     if api == "anthropic":
         data = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"

@@ -1,4 +1,5 @@
-"""A scripted model server for tests: Anthropic Messages and OpenAI Responses, streamed.
+"""A scripted model server for tests: Anthropic Messages, OpenAI Responses and Gemini
+``generateContent``, streamed.
 
 It runs on ``127.0.0.1`` (an ephemeral port) or a unix socket in a background thread, so
 sync tests, async tests and benchmarks can all use it. Every request is recorded
@@ -51,8 +52,8 @@ __all__ = [
     "shell_then_text",
 ]
 
-Protocol = Literal["anthropic", "openai-responses", "other"]
-SHELL_TOOLS = ("Bash", "bash", "exec_command", "shell_command", "shell")
+Protocol = Literal["anthropic", "openai-responses", "gemini", "other"]
+SHELL_TOOLS = ("Bash", "bash", "exec_command", "shell_command", "shell", "run_shell_command")
 
 
 # ---------------------------------------------------------------- replies
@@ -128,14 +129,18 @@ class ModelRequest:
 
     @property
     def api_key(self) -> str | None:
-        """The credential the client sent (``x-api-key`` or ``Authorization: Bearer``)."""
-        if "x-api-key" in self.headers:
-            return self.headers["x-api-key"]
+        """The credential the client sent (``x-api-key``, ``x-goog-api-key`` or
+        ``Authorization: Bearer``)."""
+        for header in ("x-api-key", "x-goog-api-key"):
+            if header in self.headers:
+                return self.headers[header]
         auth = self.headers.get("authorization", "")
         return auth[7:] if auth.lower().startswith("bearer ") else (auth or None)
 
     @property
     def model(self) -> str:
+        if self.protocol == "gemini":  # /v1beta/models/<model>:<method>
+            return self.path.split("?", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
         return str(self.body.get("model", "")) if isinstance(self.body, dict) else ""
 
     @property
@@ -145,7 +150,10 @@ class ModelRequest:
             return []
         out: list[str] = []
         for tool in self.body.get("tools") or []:
-            if isinstance(tool, dict):
+            if isinstance(tool, dict) and isinstance(tool.get("functionDeclarations"), list):
+                out += [str(d.get("name")) for d in tool["functionDeclarations"]
+                        if isinstance(d, dict) and isinstance(d.get("name"), str)]
+            elif isinstance(tool, dict):
                 name = tool.get("name") or (tool.get("function") or {}).get("name")
                 if isinstance(name, str):
                     out.append(name)
@@ -180,6 +188,8 @@ class ModelRequest:
                 for m in self.body.get("messages") or []
                 if isinstance(m, dict)
             ]
+        if self.protocol == "gemini":
+            return _gemini_turns(self.body.get("contents"))
         items = self.body.get("input")
         if isinstance(items, str):
             return [("user", items)]
@@ -229,6 +239,30 @@ class ModelRequest:
                 if texts:
                     last = "\n".join(texts)
         return last
+
+
+def _gemini_turns(contents: Any) -> list[tuple[str, Any]]:
+    """Gemini ``contents``: a user turn of ``functionResponse`` parts is a tool turn."""
+    turns: list[tuple[str, Any]] = []
+    for c in contents if isinstance(contents, list) else []:
+        if not isinstance(c, dict):
+            continue
+        parts = [p for p in c.get("parts") or [] if isinstance(p, dict)]
+        responses = [p["functionResponse"] for p in parts
+                     if isinstance(p.get("functionResponse"), dict)]
+        if responses:
+            for r in responses:
+                resp = r.get("response")
+                out = resp.get("output", resp) if isinstance(resp, dict) else resp
+                turns.append(("tool", out if isinstance(out, str) else json.dumps(out)))
+            continue
+        role = "assistant" if c.get("role") == "model" else str(c.get("role"))
+        texts = [p["text"] for p in parts if isinstance(p.get("text"), str)]
+        if texts:
+            turns.append((role, texts))
+        if any(isinstance(p.get("functionCall"), dict) for p in parts):
+            turns.append(("assistant-tool", None))
+    return turns
 
 
 def _texts(content: Any) -> list[str]:
@@ -432,7 +466,65 @@ def _responses_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iter
                                                 "output": output, "usage": usage})
 
 
+def _gemini_frames(reply: Text | ToolCall, req: ModelRequest, n: int) -> Iterator[bytes]:
+    """``streamGenerateContent?alt=sse``: unnamed ``data:`` frames of
+    GenerateContentResponse; the last carries ``finishReason`` and ``usageMetadata``."""
+
+    def frame(parts: list[dict[str, Any]], last: bool = False) -> bytes:
+        cand: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+        data: dict[str, Any] = {"candidates": [cand], "modelVersion": req.model or "gemini-fake",
+                                "responseId": f"corral{n:04d}"}
+        if last:
+            cand["finishReason"] = "STOP"
+            data["usageMetadata"] = {
+                "promptTokenCount": reply.input_tokens,
+                "candidatesTokenCount": reply.output_tokens,
+                "totalTokenCount": reply.input_tokens + reply.output_tokens}
+        return f"data: {json.dumps(data, separators=(',', ':'))}\r\n\r\n".encode()
+
+    if reply.reasoning:
+        yield frame([{"text": reply.reasoning, "thought": True}])
+    if isinstance(reply, Text):
+        *head, tail = [q for h in _halves(reply.text) for q in _halves(h)]
+        for part_text in head:
+            yield frame([{"text": part_text}])
+        yield frame([{"text": tail}], last=True)
+        return
+    if reply.text:
+        yield frame([{"text": reply.text}])
+    tool = reply.tool or req.shell_tool or "run_shell_command"
+    args = reply.args if reply.args is not None else {"command": reply.command,
+                                                      "description": "scripted"}
+    yield frame([{"functionCall": {"name": tool, "args": args}}], last=True)
+
+
+def _gemini_json(req: ModelRequest, reply: Text | ToolCall) -> dict[str, Any]:
+    """A non-streamed ``generateContent``/``countTokens`` answer. JSON-mode requests (the
+    CLI's model router) get an object filled from their schema (numbers are 1)."""
+    if req.path.split("?", 1)[0].endswith(":countTokens"):
+        return {"totalTokens": 10}
+    frames = [json.loads(f[5:]) for f in _gemini_frames(reply, req, 0)]
+    config = req.body.get("generationConfig") if isinstance(req.body, dict) else None
+    schema = config.get("responseJsonSchema") or config.get("responseSchema") \
+        if isinstance(config, dict) else None
+    if isinstance(schema, dict):
+        filled = {k: (1 if str(v.get("type", "")).lower() in ("integer", "number") else "x")
+                  for k, v in (schema.get("properties") or {}).items() if isinstance(v, dict)}
+        frames[-1]["candidates"][0]["content"]["parts"] = [{"text": json.dumps(filled)}]
+        return dict(frames[-1])
+    parts = [p for f in frames for p in f["candidates"][0]["content"]["parts"]
+             if "text" not in p or p.get("thought")]
+    text = "".join(p["text"] for f in frames for p in f["candidates"][0]["content"]["parts"]
+                   if "text" in p and not p.get("thought"))
+    parts = [*([{"text": text}] if text else []), *parts]
+    last = dict(frames[-1])
+    last["candidates"][0]["content"]["parts"] = parts
+    return last
+
+
 def _error_body(protocol: Protocol, fail: Fail) -> dict[str, Any]:
+    if protocol == "gemini":
+        return {"error": {"code": fail.status, "message": fail.message, "status": fail.kind}}
     if protocol == "anthropic":
         return {"type": "error", "error": {"type": fail.kind, "message": fail.message}}
     return {"error": {"message": fail.message, "type": fail.kind, "code": fail.kind,
@@ -448,6 +540,8 @@ def _protocol(path: str) -> Protocol:
         return "anthropic"
     if bare.endswith("/responses"):
         return "openai-responses"
+    if bare.endswith((":streamGenerateContent", ":generateContent", ":countTokens")):
+        return "gemini"
     return "other"
 
 
@@ -497,7 +591,8 @@ class _Handler(BaseHTTPRequestHandler):
             req.reply = "hang"
             owner._stopping.wait()
             return
-        frames_of = _anthropic_frames if req.protocol == "anthropic" else _responses_frames
+        frames_of = {"anthropic": _anthropic_frames,
+                     "gemini": _gemini_frames}.get(req.protocol, _responses_frames)
         stall_after: int | None = None
         if isinstance(reply, Hang):
             stall_after = reply.after_frames
@@ -506,6 +601,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             inner = reply
             req.reply = "tool_call" if isinstance(reply, ToolCall) else "text"
+        if req.protocol == "gemini" and ":streamGenerateContent" not in self.path:
+            self._send_json(200, _gemini_json(req, inner))
+            return
         wants_stream = not isinstance(body, dict) or body.get("stream", True)
         if not wants_stream:
             self._send_json(200, {"error": "the scripted model server only streams"})
@@ -646,6 +744,12 @@ class ModelServer:
         """``http://127.0.0.1:<port>/v1`` (an OpenAI-style base URL)."""
         return f"{self.url}/v1"
 
+    @property
+    def gemini_url(self) -> str:
+        """``http://127.0.0.1:<port>`` (a ``GOOGLE_GEMINI_BASE_URL``; requests keep their
+        ``/v1beta/...`` path)."""
+        return self.url
+
     # -- scripting
     def _next_reply(self, req: ModelRequest) -> Reply | None:
         if req.protocol == "other":
@@ -666,7 +770,8 @@ class ModelServer:
 
     @property
     def model_requests(self) -> list[ModelRequest]:
-        """Recorded requests that were model calls (``/messages`` or ``/responses``)."""
+        """Recorded requests that were model calls (``/messages``, ``/responses`` or
+        Gemini's ``:generateContent`` family)."""
         with self._lock:
             return [r for r in self.requests if r.protocol != "other"]
 
