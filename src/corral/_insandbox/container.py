@@ -296,6 +296,27 @@ def fs() -> None:
         sys.exit(3)
 
 
+_COUNTERS = {  # which limit a counter of the container's cgroup counts hits of (v1, v2)
+    "memory": (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+               ("/sys/fs/cgroup/memory.events", "oom_kill")),
+    "pids": (("/sys/fs/cgroup/pids/pids.events", "max"), ("/sys/fs/cgroup/pids.events", "max")),
+}
+
+
+def _counters() -> dict[str, int]:
+    out = {}
+    for limit, places in _COUNTERS.items():
+        for path, key in places:
+            try:
+                with open(path) as fh:
+                    rows = dict(line.split() for line in fh if len(line.split()) == 2)
+                out[limit] = int(rows[key])
+                break
+            except (OSError, KeyError, ValueError):
+                continue
+    return out
+
+
 def run() -> None:
     h = _header()
     nonce = h["nonce"].encode()
@@ -303,8 +324,9 @@ def run() -> None:
     env["CORRAL_EXEC"] = h["token"]
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
-    def trailer(kind: bytes, n: int) -> None:
-        os.write(2, b"\0corral-exit:" + nonce + b":" + kind + str(n).encode() + b"\0")
+    def trailer(kind: bytes, n: int, limit: str = "") -> None:
+        os.write(2, b"\0corral-exit:" + nonce + b":" + kind + str(n).encode()
+                 + (b":" + limit.encode() if limit else b"") + b"\0")
 
     cwd = h["cwd"]
     if not os.path.isdir(cwd):
@@ -323,13 +345,19 @@ def run() -> None:
         return
     # the child has its own stdin now: ours must not keep it open
     os.close(0)
+    before = _counters()
     rc = child.wait()
-    trailer(b"s" if rc < 0 else b"e", -rc if rc < 0 else rc)
+    after = _counters()
+    # what the command left running ends with it (background processes are spawned)
+    _sweep(h["token"], signal.SIGKILL)
+    # a limit hit while the command ran (another command's hit would be counted too)
+    hit = next((k for k in ("memory", "pids") if after.get(k, 0) > before.get(k, 0)), "")
+    trailer(b"s" if rc < 0 else b"e", -rc if rc < 0 else rc, hit)
 
 
-def kill() -> None:
-    h = _header()
-    mark = f"CORRAL_EXEC={h['token']}".encode()
+def _sweep(token: str, sig: int) -> None:
+    """Signal every process whose environment carries ``CORRAL_EXEC=<token>``."""
+    mark = f"CORRAL_EXEC={token}".encode()
     me = os.getpid()
     for _ in range(3):  # a forking tree: sweep until nothing carrying the mark is left
         hit = 0
@@ -340,12 +368,17 @@ def kill() -> None:
                 with open(f"/proc/{pid}/environ", "rb") as fh:
                     if mark not in fh.read().split(b"\0"):
                         continue
-                os.kill(int(pid), h["signal"])
+                os.kill(int(pid), sig)
                 hit += 1
             except OSError:
                 continue
-        if not hit or h["signal"] != signal.SIGKILL:
+        if not hit or sig != signal.SIGKILL:
             return
+
+
+def kill() -> None:
+    h = _header()
+    _sweep(h["token"], h["signal"])
 
 
 if __name__ == "__main__":

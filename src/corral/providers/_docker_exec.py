@@ -53,6 +53,7 @@ class _Demux:
             1: collections.deque(), 2: collections.deque()}
         self._pending = b""  # stderr held back: it may be the start of the trailer
         self.status: tuple[str, int] | None = None
+        self.limit: str | None = None
         self.eof = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="corral-docker-exec")
         self._thread.start()
@@ -116,9 +117,11 @@ class _Demux:
                 out += buf[:i]
                 buf = buf[i:]
                 break
-            code = buf[i + len(self._prefix):end].decode("ascii", "replace")
+            code, _, limit = buf[i + len(self._prefix):end].decode("ascii", "replace") \
+                .partition(":")
             with contextlib.suppress(ValueError, IndexError):
                 self.status = (code[0], int(code[1:]))
+                self.limit = limit or None
             out += buf[:i]
             buf = buf[end + 1:]
         self._pending = bytes(buf)
@@ -232,9 +235,10 @@ class DockerProcess(Process):
             raise ConfigError(f"working directory {self._cwd!r} does not exist in the sandbox")
         if status[0] == "s":
             res = ExecResult(128 + status[1], b"", b"", signal=status[1],
-                             timed_out=self.timed_out)
+                             timed_out=self.timed_out, limit_hit=self._demux.limit)
         else:
-            res = ExecResult(status[1], b"", b"", timed_out=self.timed_out)
+            res = ExecResult(status[1], b"", b"", timed_out=self.timed_out,
+                             limit_hit=self._demux.limit)
         self._result = res
         return res
 
@@ -308,5 +312,5 @@ async def collect(proc: DockerProcess, *, stdin: bytes | None,
     return ExecResult(
         exit_code=TIMEOUT_EXIT_CODE if res.timed_out else res.exit_code,
         stdout=b"".join(out), stderr=b"".join(err), signal=None if res.timed_out else res.signal,
-        timed_out=res.timed_out,
+        timed_out=res.timed_out, limit_hit=res.limit_hit,
     )
