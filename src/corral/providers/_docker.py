@@ -22,6 +22,7 @@ travel on the exec's stdin, never in a container's or an exec's configuration.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
@@ -63,6 +64,7 @@ from corral.sandbox._contracts import (
     UnsupportedCapability,
     check_env_name,
 )
+from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._registry import ProviderConfig
 
 __all__ = ["DOCKER_CAPABILITIES", "DockerConfig", "DockerHandle", "DockerProvider"]
@@ -682,6 +684,20 @@ class DockerProvider:
             raise self.translate(exc, "?") from None
         return [SandboxRef("docker", c["Labels"]["corral.sandbox"]) for c in found
                 if (c.get("Labels") or {}).get("corral.sandbox")]
+
+    async def labelled(self) -> builtins.list[LabelledSandbox]:
+        """Every corral container with its labels (orphan collection, :mod:`corral.sandbox._gc`)."""
+        try:
+            found = await anyio.to_thread.run_sync(self._labelled)
+        except Exception as exc:
+            raise self.translate(exc, "?") from None
+        out = []
+        for c in found:
+            labels = dict(c.get("Labels") or {})
+            if labels.get("corral.sandbox"):
+                created = labels.get("corral.created-at") or c.get("Created") or 0
+                out.append(LabelledSandbox(labels["corral.sandbox"], labels, float(created)))
+        return out
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
         raise UnsupportedCapability("docker", "snapshots", "not implemented yet")
