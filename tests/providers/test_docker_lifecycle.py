@@ -124,3 +124,47 @@ async def test_an_env_given_per_exec_is_in_no_container_or_exec_config() -> None
         await p.aclose()
     finally:
         await provider.destroy(h.ref)
+
+
+async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
+    from corral.providers._snapshots import SecretInSnapshotError
+    from corral.sandbox._redact import Redactor
+
+    provider = DockerProvider()
+    secret = "tok-" + "9f3a" * 8
+    snaps = provider.snapshotter(redactor=Redactor({"API_TOKEN": secret}))
+    h = await provider.create(SandboxSpec(env={"PLAIN": "spec-env"}))
+    restored = None
+    snap = None
+    try:
+        await h.fs.write("kept.txt", b"workspace file")
+        await h.fs.write("/home/agent/.config/tool.json", b"{}")
+        # the secret is in a live process's environment (given per exec), not in a file
+        p = await h.process.spawn(["sh", "-c", 'echo "$API_TOKEN" >/dev/null; sleep 60'],
+                                  env={"API_TOKEN": secret})
+        snap = await snaps.snapshot(h, "after-setup")
+        image = f"corral-snapshot:{snap.id}"
+        info = provider.api.inspect_image(image)
+        assert secret not in json.dumps(info) and "spec-env" not in json.dumps(info)
+        layers = b"".join(provider.api.get_image(image))  # every layer, as `docker save`
+        assert secret.encode() not in layers
+        assert b"workspace file" in layers  # the scan looked at the real contents
+        restored = await snaps.restore(snap, SandboxSpec())
+        assert await restored.fs.read("kept.txt") == b"workspace file"
+        assert await restored.fs.read("/home/agent/.config/tool.json") == b"{}"
+        assert (await restored.process.exec("touch new && id -u")).stdout == b"1000\n"
+        await p.kill()
+        await p.aclose()
+        # a secret written into a file refuses the snapshot, naming the secret
+        await h.fs.write("leak.txt", f"token={secret}".encode())
+        with pytest.raises(SecretInSnapshotError, match="API_TOKEN"):
+            await snaps.snapshot(h)
+        assert await snaps.exists(snap)
+        await snaps.delete(snap)
+        assert not await snaps.exists(snap)
+    finally:
+        await provider.destroy(h.ref)
+        if restored is not None:
+            await provider.destroy(restored.ref)
+        if snap is not None:
+            await snaps.delete(snap)

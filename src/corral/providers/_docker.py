@@ -29,7 +29,7 @@ import json
 import posixpath
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -65,7 +65,11 @@ from corral.sandbox._contracts import (
     check_env_name,
 )
 from corral.sandbox._gc import LabelledSandbox
+from corral.sandbox._redact import Redactor
 from corral.sandbox._registry import ProviderConfig
+
+if TYPE_CHECKING:
+    from corral.providers._docker_snapshots import DockerSnapshots
 
 __all__ = ["DOCKER_CAPABILITIES", "DockerConfig", "DockerHandle", "DockerProvider"]
 
@@ -84,6 +88,8 @@ DOCKER_CAPABILITIES = Capabilities(
 WORKDIR = "/workspace"
 HOME = "/home/agent"
 AREAS = (WORKDIR, "/tmp", HOME)
+AREAS_SNAPSHOT = (WORKDIR, HOME)
+"""What a snapshot keeps (``/tmp`` is a tmpfs: scratch, as after a reboot)."""
 PRIVATE = "/run/corral"
 """Root-only tmpfs: the durable-run supervisor's journal and nonce."""
 ROOT_CAPS = ["CHOWN", "SETUID", "SETGID", "KILL"]
@@ -332,6 +338,11 @@ class DockerHandle:
         return dict(self._info.get("Config", {}).get("Labels") or {})
 
     @property
+    def image(self) -> str:
+        """The image the container was made from."""
+        return str(self._info.get("Config", {}).get("Image") or self._provider.image)
+
+    @property
     def created_at(self) -> float:
         return float(self.labels.get("corral.created-at", "0") or 0)
 
@@ -560,10 +571,18 @@ class DockerProvider:
             "hostname": "sandbox",
         }
 
-    async def create(self, spec: SandboxSpec | None = None) -> DockerHandle:
+    async def create(self, spec: SandboxSpec | None = None, *,
+                     image: str | None = None) -> DockerHandle:
+        """A new sandbox (``image``: another than the provider's, e.g. a snapshot's)."""
         spec = spec or SandboxSpec()
         sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
-        return await self._create(sandbox_id, spec, self.image)
+        return await self._create(sandbox_id, spec, image or self.image)
+
+    def snapshotter(self, *, redactor: Redactor | None = None) -> DockerSnapshots:
+        """Snapshots are committed images without secrets (:mod:`._docker_snapshots`)."""
+        from corral.providers._docker_snapshots import DockerSnapshots
+
+        return DockerSnapshots(self, redactor=redactor)
 
     async def _create(self, sandbox_id: str, spec: SandboxSpec, image: str) -> DockerHandle:
         config = self.container_config(sandbox_id, spec, image)
@@ -700,8 +719,10 @@ class DockerProvider:
         return out
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
-        raise UnsupportedCapability("docker", "snapshots", "not implemented yet")
+        raise UnsupportedCapability("docker", "snapshots",
+                                    "use the provider's snapshotter() (they need a redactor)")
 
     async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> DockerHandle:
-        raise UnsupportedCapability("docker", "snapshots", "not implemented yet")
+        raise UnsupportedCapability("docker", "snapshots",
+                                    "use the provider's snapshotter() (they need a redactor)")
 
