@@ -1,27 +1,18 @@
-"""In-container helper of the Docker provider: run a command, confined file operations, kill.
+"""In-container helper of the Docker provider: confined file operations.
 
-Run inside the container as ``python3 -c <this file's source> <mode>`` (stdlib only, no
-corral import; keep it Python 3.8 compatible). Everything the host side says travels on
-stdin as a header (8 ASCII digits giving the length of a JSON object, then the object), so
-no argv or exec configuration ever holds a command's environment (secrets included).
+Run inside the container as ``python3 -I -S -c <this file's source> fs`` (stdlib only, no
+corral import; keep it Python 3.8 compatible). The operation comes on stdin as a header (8
+ASCII digits giving the length of a JSON object, then the object), then a write's bytes.
 
-Modes:
-
-* ``run`` — header ``{"argv", "env", "cwd", "nonce", "token"}``: start ``argv`` in its own
-  session with exactly ``env`` (plus ``CORRAL_EXEC=<token>``, by which ``kill`` finds the
-  whole tree), inheriting the rest of stdin, stdout and stderr; wait; then append to stderr
-  the trailer ``\\0corral-exit:<nonce>:e<code>\\0`` (or ``s<signal>`` for a death by signal).
-  The nonce never reaches the command (it is in this process's memory only, and the command,
-  a descendant, cannot ptrace its ancestor), so the command cannot forge how it ended.
-* ``fs`` — header ``{"op", "path", ...}``: one file operation confined to the writable areas
-  (``/workspace``, ``/tmp``, ``/home/agent``): every path is opened by the kernel
-  (``O_PATH``, symlinks followed) and the opened descriptor's real path must lie in an area;
-  names are then created, removed or renamed relative to that descriptor without following
-  the final component. Errors: exit status 3, ``{"errno", "msg", "escape"}`` on stderr.
-* ``kill`` — header ``{"token", "signal"}``: signal every process whose environment carries
-  ``CORRAL_EXEC=<token>``.
+``{"op", "path", ...}``: one file operation confined to the writable areas (``/workspace``,
+``/tmp``, ``/home/agent``): every path is opened by the kernel (``O_PATH``, symlinks
+followed) and the opened descriptor's real path must lie in an area; names are then created,
+removed or renamed relative to that descriptor without following the final component.
+Errors: exit status 3, ``{"errno", "msg", "escape"}`` on stderr. (``chown``, run as root at
+set-up, gives the agent its areas.)
 
 This runs with the agent's uid, so nothing it does exceeds what the agent could do itself.
+(Commands run under :mod:`corral._insandbox.container_exec`.)
 """
 
 from __future__ import annotations
@@ -31,11 +22,10 @@ import json
 import os
 import posixpath
 import shutil
-import signal
 import stat as st
-import subprocess
 import sys
 from typing import Any
+
 
 AREAS = ("/workspace", "/tmp", "/home/agent")
 CHUNK = 1 << 20
@@ -296,91 +286,6 @@ def fs() -> None:
         sys.exit(3)
 
 
-_COUNTERS = {  # which limit a counter of the container's cgroup counts hits of (v1, v2)
-    "memory": (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
-               ("/sys/fs/cgroup/memory.events", "oom_kill")),
-    "pids": (("/sys/fs/cgroup/pids/pids.events", "max"), ("/sys/fs/cgroup/pids.events", "max")),
-}
-
-
-def _counters() -> dict[str, int]:
-    out = {}
-    for limit, places in _COUNTERS.items():
-        for path, key in places:
-            try:
-                with open(path) as fh:
-                    rows = dict(line.split() for line in fh if len(line.split()) == 2)
-                out[limit] = int(rows[key])
-                break
-            except (OSError, KeyError, ValueError):
-                continue
-    return out
-
-
-def run() -> None:
-    h = _header()
-    nonce = h["nonce"].encode()
-    env = dict(h["env"])
-    env["CORRAL_EXEC"] = h["token"]
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-
-    def trailer(kind: bytes, n: int, limit: str = "") -> None:
-        os.write(2, b"\0corral-exit:" + nonce + b":" + kind + str(n).encode()
-                 + (b":" + limit.encode() if limit else b"") + b"\0")
-
-    cwd = h["cwd"]
-    if not os.path.isdir(cwd):
-        trailer(b"c", 0)
-        return
-    try:
-        child = subprocess.Popen(h["argv"], env=env, cwd=cwd, start_new_session=True,
-                                 restore_signals=True)
-    except FileNotFoundError:
-        os.write(2, f"corral: command not found: {h['argv'][0]}\n".encode())
-        trailer(b"e", 127)
-        return
-    except PermissionError:
-        os.write(2, f"corral: permission denied: {h['argv'][0]}\n".encode())
-        trailer(b"e", 126)
-        return
-    # the child has its own stdin now: ours must not keep it open
-    os.close(0)
-    before = _counters()
-    rc = child.wait()
-    after = _counters()
-    # what the command left running ends with it (background processes are spawned)
-    _sweep(h["token"], signal.SIGKILL)
-    # a limit hit while the command ran (another command's hit would be counted too)
-    hit = next((k for k in ("memory", "pids") if after.get(k, 0) > before.get(k, 0)), "")
-    trailer(b"s" if rc < 0 else b"e", -rc if rc < 0 else rc, hit)
-
-
-def _sweep(token: str, sig: int) -> None:
-    """Signal every process whose environment carries ``CORRAL_EXEC=<token>``."""
-    mark = f"CORRAL_EXEC={token}".encode()
-    me = os.getpid()
-    for _ in range(3):  # a forking tree: sweep until nothing carrying the mark is left
-        hit = 0
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) == me:
-                continue
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if mark not in fh.read().split(b"\0"):
-                        continue
-                os.kill(int(pid), sig)
-                hit += 1
-            except OSError:
-                continue
-        if not hit or sig != signal.SIGKILL:
-            return
-
-
-def kill() -> None:
-    h = _header()
-    _sweep(h["token"], h["signal"])
-
-
 if __name__ == "__main__":
-    MODES = {"run": run, "fs": fs, "kill": kill}
+    MODES = {"fs": fs}
     MODES[sys.argv[1]]()

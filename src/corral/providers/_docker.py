@@ -43,7 +43,14 @@ from corral.providers._docker_client import (
     docker_errors,
     unavailable,
 )
-from corral.providers._docker_exec import HELPER_SOURCE, DockerProcess, collect, header, start_exec
+from corral.providers._docker_exec import (
+    DockerProcess,
+    collect,
+    fields,
+    header,
+    helper_argv,
+    start_exec,
+)
 from corral.providers._process import to_argv
 from corral.providers._state import new_id, validate_id
 from corral.sandbox import _validate as validate
@@ -394,7 +401,7 @@ class DockerHandle:
         def go() -> DockerProcess:
             from corral.providers._docker_exec import _Demux
 
-            exec_id = p.api.exec_create(self.container, ["python3", "-c", HELPER_SOURCE, mode],
+            exec_id = p.api.exec_create(self.container, helper_argv(mode),
                                         stdin=True, stdout=True, stderr=True, tty=False,
                                         user=user or p.user)["Id"]
             raw = p.api.exec_start(exec_id, socket=True)
@@ -413,11 +420,11 @@ class DockerHandle:
         """Signal every process carrying ``token`` (blocking; the helper's ``kill`` mode)."""
         p = self._provider
         with contextlib.suppress(Exception):
-            exec_id = p.api.exec_create(self.container, ["python3", "-c", HELPER_SOURCE, "kill"],
+            exec_id = p.api.exec_create(self.container, helper_argv("kill"),
                                         stdin=True, stdout=True, stderr=True, user=p.user)["Id"]
             raw = p.api.exec_start(exec_id, socket=True)
             sock = getattr(raw, "_sock", raw)
-            sock.sendall(header({"token": token, "signal": sig}))
+            sock.sendall(fields(token, str(sig)))
             sock.shutdown(1)
             while sock.recv(65536):
                 pass
@@ -621,7 +628,7 @@ class DockerProvider:
 
     def _own_areas(self, container: str) -> None:
         """Give the agent its writable areas (an image without them, or root-owned)."""
-        exec_id = self.api.exec_create(container, ["python3", "-c", HELPER_SOURCE, "fs"],
+        exec_id = self.api.exec_create(container, helper_argv("fs"),
                                        stdin=True, stdout=True, stderr=True, user="0:0")["Id"]
         raw = self.api.exec_start(exec_id, socket=True)
         sock = getattr(raw, "_sock", raw)

@@ -1,8 +1,8 @@
 """Commands in a Docker container through the Engine API's exec endpoints.
 
-Every command runs under the in-container helper (:mod:`corral._insandbox.container`), which
-gets the argv, environment and cwd on stdin (never in the exec's configuration, which the
-daemon keeps and ``docker inspect`` shows) and reports how the command ended in a trailer
+Every command runs under the in-container helper (:mod:`corral._insandbox.container_exec`),
+which gets the argv, environment and cwd on stdin (never in the exec's configuration, which
+the daemon keeps and ``docker inspect`` shows) and reports how the command ended in a trailer
 on stderr, keyed by a nonce the command never sees, so a death by signal is told apart from
 ``exit 143``. The attach stream is the daemon's multiplexed format (8-byte frame headers);
 one reader thread per process demultiplexes it, since the SDK's calls block.
@@ -27,19 +27,35 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import ConfigError
-from corral._insandbox import container as helper
+from corral._insandbox import container as fs_helper
+from corral._insandbox import container_exec as exec_helper
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult, Process, SandboxGoneError
 
-__all__ = ["HELPER_SOURCE", "DockerProcess", "collect", "header", "start_exec"]
+__all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "start_exec"]
 
-HELPER_SOURCE = inspect.getsource(helper)
+_SOURCES = {"fs": inspect.getsource(fs_helper), "run": inspect.getsource(exec_helper),
+            "kill": inspect.getsource(exec_helper)}
 _MARK = b"\0corral-exit:"
 
 
 def header(obj: Mapping[str, Any]) -> bytes:
-    """The helper's stdin header for ``obj``."""
+    """The helper's stdin header for ``obj`` (its ``fs`` mode)."""
     body = json.dumps(obj).encode()
     return b"%08d" % len(body) + body
+
+
+def fields(*items: str | bytes) -> bytes:
+    """The helper's stdin header of NUL-separated fields (its ``run`` and ``kill`` modes)."""
+    parts = [i.encode() if isinstance(i, str) else i for i in items]
+    if any(b"\0" in p for p in parts):
+        raise ConfigError("a command, its environment and its cwd cannot contain NUL bytes")
+    body = b"\0".join(parts)
+    return b"%08d" % len(body) + body
+
+
+def helper_argv(mode: str) -> list[str]:
+    """How the helper runs in the container (``-I -S``: no site, no user environment)."""
+    return ["python3", "-I", "-S", "-c", _SOURCES[mode], mode]
 
 
 class _Demux:
@@ -255,12 +271,12 @@ def start_exec(api: Any, container: str, *, user: str, argv: Sequence[str], env:
     """Start ``argv`` in ``container`` as ``user`` (blocking: call in a worker thread)."""
     nonce = secrets.token_hex(16)
     token = secrets.token_hex(12)
-    exec_id = api.exec_create(container, ["python3", "-c", HELPER_SOURCE, "run"], stdin=True,
+    exec_id = api.exec_create(container, helper_argv("run"), stdin=True,
                               stdout=True, stderr=True, tty=False, user=user)["Id"]
     raw = api.exec_start(exec_id, socket=True)
     sock: socket.socket = getattr(raw, "_sock", raw)
-    sock.sendall(header({"argv": list(argv), "env": dict(env), "cwd": cwd, "nonce": nonce,
-                         "token": token}))
+    sock.sendall(fields(nonce, token, cwd, str(len(argv)), *argv,
+                        *(f"{k}={v}" for k, v in env.items())))
     demux = _Demux(sock, nonce.encode())
     return DockerProcess(demux, exec_id, inspect_exec, lambda sig: killer(token, sig),
                          cwd=cwd_name or cwd)
