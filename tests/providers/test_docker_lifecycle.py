@@ -17,7 +17,7 @@ from corral.sandbox._ensure import store_id
 from corral.stores import open_store
 from corral.stores._protocols import InstanceRecord
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("corral_home", "need_docker")]
+pytestmark = pytest.mark.usefixtures("corral_home", "need_docker")
 
 
 def _exists(name: str) -> bool:
@@ -25,6 +25,7 @@ def _exists(name: str) -> bool:
     return bool(api.containers(all=True, filters={"name": f"^/{name}$"}))
 
 
+@pytest.mark.anyio
 async def test_gc_collects_orphans_of_its_store_only(
     tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
 ) -> None:
@@ -78,6 +79,7 @@ async def test_gc_collects_orphans_of_its_store_only(
         await store.aclose()
 
 
+@pytest.mark.anyio
 async def test_container_is_locked_down_and_labelled() -> None:
     provider = DockerProvider()
     h = await provider.create(SandboxSpec(env={"PLAIN": "yes"},
@@ -107,6 +109,7 @@ async def test_container_is_locked_down_and_labelled() -> None:
     assert not _exists(container_name(h.id))
 
 
+@pytest.mark.anyio
 async def test_an_env_given_per_exec_is_in_no_container_or_exec_config() -> None:
     provider = DockerProvider()
     h = await provider.create()
@@ -126,6 +129,7 @@ async def test_an_env_given_per_exec_is_in_no_container_or_exec_config() -> None
         await provider.destroy(h.ref)
 
 
+@pytest.mark.anyio
 async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
     from corral.providers._snapshots import SecretInSnapshotError
     from corral.sandbox._redact import Redactor
@@ -168,3 +172,13 @@ async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
             await provider.destroy(restored.ref)
         if snap is not None:
             await snaps.delete(snap)
+
+
+def test_corral_exec_on_docker(corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    r = subprocess.run([*corral_cmd, "exec", "--provider", "docker", "--env", "X=given", "--",
+                        "sh", "-c", 'id -u; echo "$X"; cat; exit 3'], input=b"from stdin",
+                       env=cli_env, capture_output=True, timeout=120)
+    assert (r.returncode, r.stdout) == (3, b"1000\ngiven\nfrom stdin"), r.stderr
+    killed = subprocess.run([*corral_cmd, "exec", "--provider", "docker", "--", "sh", "-c",
+                             "kill -TERM $$"], env=cli_env, capture_output=True, timeout=120)
+    assert killed.returncode == 143 and b"killed by SIGTERM" in killed.stderr
