@@ -28,7 +28,7 @@ import hashlib
 import json
 import posixpath
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -90,6 +90,7 @@ DOCKER_CAPABILITIES = Capabilities(
     ports=False,
     isolated=True,
     host_processes=False,
+    supervisor_inside=True,
 )
 
 WORKDIR = "/workspace"
@@ -415,6 +416,50 @@ class DockerHandle:
             return await anyio.to_thread.run_sync(go)
         except Exception as exc:
             raise self._provider.translate(exc, self._id) from None
+
+    # ------------------------------------------------------------ durable runs (inside)
+
+    async def _root(self, mode: str, obj: Mapping[str, Any]) -> Any:
+        """Run the in-container supervisor script's ``mode`` as root; its result."""
+        proc = await self.start_helper(mode, obj, user="0:0")
+        return await collect(proc, stdin=None, timeout=120)
+
+    async def launch_supervised(
+        self, run: str, *, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
+        nonce: str, stdin: bytes | None, timeout: float | None, max_output: int | None,
+        redact: Mapping[str, str],
+    ) -> int:
+        """Start the run's supervisor as root in the container (see
+        :mod:`corral._insandbox.container_supervisor`); the agent runs as the agent's uid."""
+        res = await self._root("start", {
+            "run": run, "argv": list(argv), "env": self._env(env),
+            "cwd": confine(cwd or WORKDIR), "uid": self._provider.uid, "nonce": nonce,
+            "stdin": (stdin or b"").decode("latin-1"), "timeout": timeout,
+            "max_output": max_output, "redact": dict(redact)})
+        if not res.ok:
+            raise ConfigError(f"starting the run's supervisor in sandbox {self._id!r} failed "
+                              f"({res.describe()}): {res.stderr.decode(errors='replace')[-300:]}")
+        return int(json.loads(res.stdout)["pid"])
+
+    async def read_journal(self, run: str, name: str, offset: int,
+                           limit: int = 4 << 20) -> bytes | None:
+        res = await self._root("read", {"run": run, "name": name, "offset": offset,
+                                        "limit": limit})
+        if res.exit_code == 4:
+            return None
+        if not res.ok:
+            raise OSError(5, f"reading the journal in sandbox {self._id!r} failed: "
+                             f"{res.describe()}")
+        data: bytes = res.stdout
+        return data
+
+    async def supervisor_status(self, run: str) -> Mapping[str, Any]:
+        res = await self._root("status", {"run": run})
+        doc: Mapping[str, Any] = json.loads(res.stdout or b"{}") if res.ok else {}
+        return doc
+
+    async def stop_supervised(self, run: str, grace: float = 2.0) -> None:
+        await self._root("stop", {"run": run, "grace": grace})
 
     def _kill_tagged(self, token: str, sig: int) -> None:
         """Signal every process carrying ``token`` (blocking; the helper's ``kill`` mode)."""

@@ -29,12 +29,14 @@ import anyio.to_thread
 from corral._errors import ConfigError
 from corral._insandbox import container as fs_helper
 from corral._insandbox import container_exec as exec_helper
+from corral._insandbox import container_supervisor as supervisor
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult, Process, SandboxGoneError
 
 __all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "start_exec"]
 
 _SOURCES = {"fs": inspect.getsource(fs_helper), "run": inspect.getsource(exec_helper),
-            "kill": inspect.getsource(exec_helper)}
+            "kill": inspect.getsource(exec_helper),
+            **dict.fromkeys(("start", "read", "status", "stop"), inspect.getsource(supervisor))}
 _MARK = b"\0corral-exit:"
 
 
