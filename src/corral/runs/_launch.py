@@ -22,7 +22,7 @@ from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
-from corral.journal._layout import JournalPaths
+from corral.journal._layout import JournalPaths, encode_run_id
 from corral.journal._supervisor import AgentSpec, SupervisedRun, launch_supervised_async
 from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
@@ -31,6 +31,7 @@ from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured
+from corral.sandbox._inside import InsideSupervisor
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._watch import GitBaseline
 from corral.stores._protocols import Store
@@ -86,7 +87,13 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         command = harness.build_command(agent_request)
         tools = None
     provider = sandbox.get_provider()
-    if not provider.capabilities.host_processes:
+    caps = provider.capabilities
+    if caps.supervisor_inside and isinstance(harness, CliHarness):
+        raise ConfigError(
+            f"agent CLIs on the {provider.name} provider need corral's host services (the "
+            "model proxy), which do not reach its sandboxes yet; command runs work "
+            f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
+    if not caps.host_processes and not caps.supervisor_inside:
         raise ConfigError(
             f"provider {provider.name!r} cannot host a supervised agent yet; "
             "use --provider bubblewrap or local"
@@ -167,6 +174,14 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, store: Store, run_id:
                                        paths, nonce)
     agent = plan.command
     assert agent is not None  # plan_start built it for every non-CLI harness
+    handle = ensured.handle
+    if handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor):
+        # the supervisor runs inside the sandbox; its journal is read through the API
+        pid = await handle.launch_supervised(
+            encode_run_id(run_id), argv=agent.argv, env=ensured.exec_env(agent.env),
+            cwd=agent.cwd, nonce=nonce, stdin=agent.stdin, timeout=request.timeout,
+            max_output=request.max_output, redact=ensured.redactor.table())
+        return SupervisedRun(paths, pid, None)
     # Secrets reach the agent only here: through the supervisor's pipe into the agent's
     # environment; never the store, the journal or a file.
     host = ensured.handle.host_command(agent.argv, cwd=agent.cwd,
