@@ -1,0 +1,142 @@
+"""Two hosts, one Docker daemon, one store: durable runs on the docker provider survive the
+death of the host that started them.
+
+Each "host" is its own ``$CORRAL_HOME`` (journals, mirrors, everything host-local); they
+share a SQLite store and the daemon. The run's supervisor and journal live in its container,
+read only through the Docker API, so host B finishes, reaps and reclaims runs of host A with
+nothing of A's: A's home is deleted before B acts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from corral.journal._layout import encode_run_id
+from corral.providers._docker import DockerProvider, container_name
+from tests.corral_cli import CliHome
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.usefixtures("need_docker")
+
+# Prints two lines, waits for the test's go-ahead (a file in the sandbox), prints a third.
+SCRIPT = "echo one; echo two; while [ ! -e go ]; do sleep 0.05; done; echo three"
+
+
+class Host(CliHome):
+    pass
+
+
+@pytest.fixture
+def hosts(tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> tuple[Host, Host]:
+    store = f"sqlite://{tmp_path / 'shared' / 'corral.db'}"
+    (tmp_path / "shared").mkdir()
+    made = []
+    for name in ("a", "b"):
+        home = tmp_path / f"home-{name}"
+        home.mkdir()
+        env = {**cli_env, "CORRAL_HOME": str(home), "CORRAL_STORE": store,
+               "CORRAL_LEASE_TTL": "5"}
+        host = Host(corral_cmd, env, home)
+        host.db = tmp_path / "shared" / "corral.db"
+        made.append(host)
+    return made[0], made[1]
+
+
+def _read_until(proc: subprocess.Popen[str], text: str) -> list[dict[str, Any]]:
+    assert proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the process ended before printing {text!r}: {seen}"
+        seen.append(json.loads(line))
+        if text in seen[-1]["event"].get("delta", ""):
+            return seen
+
+
+def _sandbox_do(sandbox_id: str, action: str) -> Any:
+    async def go() -> Any:
+        handle = await DockerProvider().resume(sandbox_id)
+        assert handle is not None
+        if action == "go":
+            await handle.fs.write("go", b"")
+            return None
+        return await handle.supervisor_status(action)
+
+    return anyio.run(go)
+
+
+def _container_exists(sandbox_id: str) -> bool:
+    api = DockerProvider().api
+    return bool(api.containers(all=True, filters={"name": f"^/{container_name(sandbox_id)}$"}))
+
+
+def test_host_b_finishes_a_run_whose_host_a_was_killed(hosts: tuple[Host, Host]) -> None:
+    a, b = hosts
+    first = a.popen("run", "--provider", "docker", "--run-id", "mh", "--json", "--",
+                    "sh", "-c", SCRIPT)
+    _read_until(first, "one")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    record = a.raw("mh")
+    assert record is not None and record["status"] == "running" and record["journal"]["inside"]
+    sandbox_id = record["sandbox_ref"]["id"]
+    epoch = int(record["driver_epoch"])
+    shutil.rmtree(a.home)  # host A is gone, its journals directory with it
+
+    second = b.popen("attach", "mh", "--json")
+    printed = _read_until(second, "two")
+    wait_until(lambda: int(b.raw("mh")["driver_epoch"]) == epoch + 1,
+               "host B to hold the claim", timeout=60)
+    _sandbox_do(sandbox_id, "go")
+    rest, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    printed += [json.loads(line) for line in rest.splitlines() if line.strip()]
+    # B printed the whole log once, in order: nothing lost, nothing twice
+    assert [p["offset"] for p in printed] == list(range(1, len(printed) + 1))
+    log = b.log("mh")  # gap-free offsets, checked by the helper
+    assert [p["event"] for p in printed] == log
+    assert b.text("mh") == "one\ntwo\nthree\n"
+    assert [e["type"] for e in log].count("RUN_FINISHED") == 1 and b.closed("mh")
+    assert b.raw("mh")["status"] == "completed"
+    # B read its own mirror, made through the API
+    assert b.journal("mh").journal.read_bytes().startswith(b"one\ntwo\nthree\n")
+    assert not a.home.exists()
+    wait_until(lambda: not _container_exists(sandbox_id), "the sandbox to be destroyed",
+               timeout=60)
+
+
+def test_host_b_reaps_a_run_detached_on_host_a_and_reclaims_its_container(
+    hosts: tuple[Host, Host]
+) -> None:
+    a, b = hosts
+    out = a.run("run", "--provider", "docker", "--run-id", "mr", "--detach", "--",
+                "sh", "-c", SCRIPT)
+    assert out.returncode == 0, out.stderr
+    record = a.raw("mr")
+    assert record is not None and record["detached_since"] is not None
+    sandbox_id = record["sandbox_ref"]["id"]
+    shutil.rmtree(a.home)
+    # still running: B's reaper touches nothing
+    out = b.run("reap", "--json")
+    assert out.returncode == 0, out.stderr
+    (entry,) = json.loads(out.stdout)["runs"]
+    assert entry["outcome"] == "producing", entry
+    assert _container_exists(sandbox_id)
+    _sandbox_do(sandbox_id, "go")
+    wait_until(lambda: _sandbox_do(sandbox_id, encode_run_id("mr")).get("state") == "exited",
+               "the agent to exit", timeout=60)
+    out = b.run("reap", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["runs"] == [
+        {"run_id": "mr", "outcome": "finalized", "status": "completed", "exit_code": 0}]
+    assert b.text("mr") == "one\ntwo\nthree\n"
+    assert b.raw("mr")["status"] == "completed" and b.closed("mr")
+    assert not _container_exists(sandbox_id)  # reclaimed
