@@ -5,19 +5,21 @@ only, Python 3.8 compatible). It is on every command's round trip, so it imports
 ``os`` and ``sys`` (its start-up is most of the round trip). The header comes on stdin: 8
 ASCII digits giving the length of NUL-separated fields.
 
-* ``run`` — fields ``nonce, token, cwd, argc, argv..., KEY=VALUE...``: start ``argv`` in its
-  own session with exactly that environment (plus ``CORRAL_EXEC=<token>``, by which ``kill``
+* ``run`` (as root) — fields ``nonce, token, uid, cwd, argc, argv..., KEY=VALUE...``: start
+  ``argv`` as ``uid`` (no groups, no capabilities) in its own session with exactly that
+  environment (plus ``CORRAL_EXEC=<token>``, by which ``kill``
   finds the whole tree), inheriting the rest of stdin, stdout and stderr; wait; kill what it
   left running; then append to stderr the trailer ``\\0corral-exit:<nonce>:e<code>\\0``
   (``s<signal>`` for a death by signal; ``:memory``/``:pids`` when the container's cgroup
-  counted a limit hit meanwhile). The nonce never reaches the command (it is in this
-  process's memory only, and the command, a descendant, cannot ptrace its ancestor), so the
-  command cannot forge how it ended. The environment never appears in an argv or in the
+  counted a limit hit meanwhile). The nonce never reaches the command: it is in the memory
+  of this process only, which stays root, so the command (another uid, no capabilities) can
+  neither ptrace it, read its ``/proc`` files nor signal it; it cannot forge or suppress
+  how it ended. The environment never appears in an argv or in the
   exec's configuration (which the daemon keeps and ``docker inspect`` shows).
 * ``kill`` — fields ``token, signal``: signal every process whose environment carries
   ``CORRAL_EXEC=<token>``.
 
-It runs with the agent's uid, so nothing it does exceeds what the agent could do itself.
+``kill`` runs with the agent's uid, so it can do nothing the agent could not do itself.
 """
 
 from __future__ import annotations
@@ -68,11 +70,11 @@ def _counters() -> dict[str, int]:
 
 
 def run() -> None:
-    # nonce, token, cwd, argc, argv..., then KEY=VALUE environment entries
+    # nonce, token, uid, cwd, argc, argv..., then KEY=VALUE environment entries
     f = _fields()
-    nonce, token, cwd, argc = f[0], f[1].decode(), f[2], int(f[3])
-    argv = f[4:4 + argc]
-    env = dict(e.split(b"=", 1) for e in f[4 + argc:] if b"=" in e)
+    nonce, token, uid, cwd, argc = f[0], f[1].decode(), int(f[2]), f[3], int(f[4])
+    argv = f[5:5 + argc]
+    env = dict(e.split(b"=", 1) for e in f[5 + argc:] if b"=" in e)
     env[b"CORRAL_EXEC"] = token.encode()
     import _signal  # type: ignore[import-not-found]  # the C module: no enum
 
@@ -87,10 +89,11 @@ def run() -> None:
         return
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
-    if pid == 0:  # the command: own session, the given cwd and environment, fds 0-2 only
+    if pid == 0:  # the command: the agent's uid, own session, the given cwd and environment
         try:
             os.close(err_r)
             os.setsid()
+            _become(uid)
             os.chdir(cwd)
             os.execvpe(argv[0], argv, env)
         except OSError as exc:
@@ -105,7 +108,7 @@ def run() -> None:
     _, status = os.waitpid(pid, 0)
     after = _counters()
     # what the command left running ends with it (background processes are spawned)
-    _sweep(token, SIGKILL)
+    _sweep_as(uid, token)
     if failed:
         code = 126 if int(failed) in (1, 13) else 127  # EPERM, EACCES: found, not runnable
         what = "permission denied" if code == 126 else "command not found"
@@ -118,6 +121,27 @@ def run() -> None:
         trailer(b"s", os.WTERMSIG(status), hit)
     else:
         trailer(b"e", os.WEXITSTATUS(status), hit)
+
+
+def _become(uid: int) -> None:
+    """Drop from root to the agent's uid (no groups; no capabilities are left)."""
+    if os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+
+def _sweep_as(uid: int, token: str) -> None:
+    """Kill the command's leftovers with the agent's uid: only a process of the same uid
+    may read their environments (this one, root without CAP_SYS_PTRACE, may not)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _become(uid)
+            _sweep(token, SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _sweep(token: str, sig: int) -> None:

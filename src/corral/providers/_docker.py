@@ -383,14 +383,14 @@ class DockerHandle:
         return merged
 
     async def start(self, argv: list[str], *, cwd: str | None,
-                    env: Mapping[str, str] | None, user: str | None = None) -> DockerProcess:
+                    env: Mapping[str, str] | None) -> DockerProcess:
         want = cwd or WORKDIR
         full = confine(want)
         merged = self._env(env)
         p = self._provider
         try:
             return await anyio.to_thread.run_sync(lambda: start_exec(
-                p.api, self.container, user=user or p.user, argv=argv, env=merged, cwd=full,
+                p.api, self.container, uid=p.uid, argv=argv, env=merged, cwd=full,
                 killer=self._kill_tagged, inspect_exec=p.inspect_exec, cwd_name=want))
         except Exception as exc:
             raise self._provider.translate(exc, self._id) from None

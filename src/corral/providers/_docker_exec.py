@@ -267,17 +267,18 @@ class DockerProcess(Process):
         self._demux.close()
 
 
-def start_exec(api: Any, container: str, *, user: str, argv: Sequence[str], env: Mapping[str, str],
+def start_exec(api: Any, container: str, *, uid: int, argv: Sequence[str], env: Mapping[str, str],
                cwd: str, killer: Callable[[str, int], None],
                inspect_exec: Callable[[str], Any], cwd_name: str = "") -> DockerProcess:
-    """Start ``argv`` in ``container`` as ``user`` (blocking: call in a worker thread)."""
+    """Start ``argv`` in ``container`` as ``uid`` (blocking: call in a worker thread). The
+    helper runs as root, out of the command's reach; the command as ``uid``."""
     nonce = secrets.token_hex(16)
     token = secrets.token_hex(12)
     exec_id = api.exec_create(container, helper_argv("run"), stdin=True,
-                              stdout=True, stderr=True, tty=False, user=user)["Id"]
+                              stdout=True, stderr=True, tty=False, user="0:0")["Id"]
     raw = api.exec_start(exec_id, socket=True)
     sock: socket.socket = getattr(raw, "_sock", raw)
-    sock.sendall(fields(nonce, token, cwd, str(len(argv)), *argv,
+    sock.sendall(fields(nonce, token, str(uid), cwd, str(len(argv)), *argv,
                         *(f"{k}={v}" for k, v in env.items())))
     demux = _Demux(sock, nonce.encode())
     return DockerProcess(demux, exec_id, inspect_exec, lambda sig: killer(token, sig),
