@@ -140,3 +140,16 @@ def test_host_b_reaps_a_run_detached_on_host_a_and_reclaims_its_container(
     assert b.text("mr") == "one\ntwo\nthree\n"
     assert b.raw("mr")["status"] == "completed" and b.closed("mr")
     assert not _container_exists(sandbox_id)  # reclaimed
+
+
+def test_agent_runs_on_a_remote_daemon_fail_at_start_in_one_line(
+    hosts: tuple[Host, Host], tmp_path: Path
+) -> None:
+    a, _ = hosts
+    config = tmp_path / "remote.toml"
+    config.write_text('[provider]\nname = "docker"\ndocker_host = "tcp://192.0.2.1:2375"\n')
+    out = a.run("run", "--config", str(config), "--harness", "claude-code", "hello")
+    assert out.returncode != 0
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "host services" in lines[0] and "command runs work" in lines[0], \
+        out.stderr

@@ -40,6 +40,7 @@ from corral.providers._docker_client import (
     BASE_IMAGE,
     LABEL,
     connect,
+    daemon_is_local,
     docker_errors,
     unavailable,
 )
@@ -523,7 +524,9 @@ class DockerProvider:
 
     @property
     def host_route(self) -> HostRoute:
-        return "unix-socket"
+        """Unix sockets bound in from this host when the daemon is local; none when it is
+        remote (host services cannot reach its containers)."""
+        return "unix-socket" if daemon_is_local(self.docker_host) else "none"
 
     @property
     def default_limits(self) -> ResourceLimits:

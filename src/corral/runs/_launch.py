@@ -73,6 +73,24 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         prompt=request.prompt, env=dict(request.env), options=request.options
     )
     tools = request.tools if request.tools is not None else default_tools
+    # where the agent runs first: what it cannot host is the clearest error
+    provider = sandbox.get_provider()
+    caps = provider.capabilities
+    if provider.host_route == "none" and isinstance(harness, CliHarness):
+        raise ConfigError(
+            f"agent runs need corral's host services (model proxy, host tools), which cannot "
+            f"reach the {provider.name} provider's sandboxes (a remote daemon); command runs "
+            f"work (corral run --provider {provider.name} -- CMD)")
+    if caps.supervisor_inside and isinstance(harness, CliHarness):
+        raise ConfigError(
+            f"agent CLIs on the {provider.name} provider need corral's host services (the "
+            "model proxy), which do not reach its sandboxes yet; command runs work "
+            f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
+    if not caps.host_processes and not caps.supervisor_inside:
+        raise ConfigError(
+            f"provider {provider.name!r} cannot host a supervised agent yet; "
+            "use --provider bubblewrap or local"
+        )
     command = None
     if request.tools is not None and not isinstance(harness, CliHarness):
         raise ConfigError(f"host tools need an agent-CLI harness (claude-code, codex); "
@@ -86,18 +104,6 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     else:
         command = harness.build_command(agent_request)
         tools = None
-    provider = sandbox.get_provider()
-    caps = provider.capabilities
-    if caps.supervisor_inside and isinstance(harness, CliHarness):
-        raise ConfigError(
-            f"agent CLIs on the {provider.name} provider need corral's host services (the "
-            "model proxy), which do not reach its sandboxes yet; command runs work "
-            f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
-    if not caps.host_processes and not caps.supervisor_inside:
-        raise ConfigError(
-            f"provider {provider.name!r} cannot host a supervised agent yet; "
-            "use --provider bubblewrap or local"
-        )
     return StartPlan(request, sandbox, spec, harness, agent_request, provider, tools, command)
 
 
