@@ -172,6 +172,9 @@ async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
             await provider.destroy(restored.ref)
         if snap is not None:
             await snaps.delete(snap)
+    # the deleted snapshot's image went with the last sandbox restored from it
+    dangling = provider.api.images(filters={"dangling": True, "label": "corral.snapshot"})
+    assert dangling == []
 
 
 def test_corral_exec_on_docker(corral_cmd: list[str], cli_env: dict[str, str]) -> None:

@@ -721,8 +721,12 @@ class DockerProvider:
 
     def _remove(self, sandbox_id: str) -> None:
         errors = docker_errors()
+        image = None
         with contextlib.suppress(errors.NotFound):
+            image = self.api.inspect_container(container_name(sandbox_id)).get("Image")
             self.api.remove_container(container_name(sandbox_id), force=True, v=True)
+        if image:
+            self._drop_deleted_snapshot(image)
         for name in volume_names(sandbox_id).values():
             for _ in range(20):
                 try:
@@ -734,6 +738,16 @@ class DockerProvider:
                     if exc.status_code != 409:  # in use: the container is still going away
                         raise
                     time.sleep(0.1)
+
+    def _drop_deleted_snapshot(self, image: str) -> None:
+        """A snapshot image deleted while a sandbox restored from it lived is only untagged;
+        remove it with its last sandbox."""
+        errors = docker_errors()
+        with contextlib.suppress(errors.APIError):
+            info = self.api.inspect_image(image)
+            if ((info.get("Config") or {}).get("Labels") or {}).get("corral.snapshot") and \
+                    not info.get("RepoTags"):
+                self.api.remove_image(image)
 
     async def destroy(self, ref: SandboxRef | str) -> None:
         sandbox_id = ref.id if isinstance(ref, SandboxRef) else ref
