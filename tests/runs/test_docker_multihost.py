@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from corral.journal._layout import encode_run_id
 from corral.providers._docker import DockerProvider, container_name
 from tests.corral_cli import CliHome
+from tests.providers.test_plugin_provider import _read_until
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.usefixtures("need_docker")
@@ -48,17 +48,6 @@ def hosts(tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> tup
         host.db = tmp_path / "shared" / "corral.db"
         made.append(host)
     return made[0], made[1]
-
-
-def _read_until(proc: subprocess.Popen[str], text: str) -> list[dict[str, Any]]:
-    assert proc.stdout is not None
-    seen: list[dict[str, Any]] = []
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the process ended before printing {text!r}: {seen}"
-        seen.append(json.loads(line))
-        if text in seen[-1]["event"].get("delta", ""):
-            return seen
 
 
 def _sandbox_do(sandbox_id: str, action: str) -> Any:
@@ -153,3 +142,18 @@ def test_agent_runs_on_a_remote_daemon_fail_at_start_in_one_line(
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "host services" in lines[0] and "command runs work" in lines[0], \
         out.stderr
+
+
+def test_host_b_cancels_a_run_of_host_a(hosts: tuple[Host, Host]) -> None:
+    a, b = hosts
+    out = a.run("run", "--provider", "docker", "--run-id", "mc", "--detach", "--",
+                "sh", "-c", SCRIPT)
+    assert out.returncode == 0, out.stderr
+    sandbox_id = a.raw("mc")["sandbox_ref"]["id"]
+    shutil.rmtree(a.home)
+    out = b.run("cancel", "mc")
+    assert out.returncode == 0, out.stderr
+    record = b.raw("mc")
+    assert record["status"] == "aborted" and b.closed("mc")
+    assert [e["type"] for e in b.log("mc")][-1] == "RUN_ERROR"
+    assert not _container_exists(sandbox_id)  # the agent stopped, its sandbox destroyed

@@ -30,6 +30,7 @@ from corral._errors import ConfigError
 from corral._insandbox import container as fs_helper
 from corral._insandbox import container_exec as exec_helper
 from corral._insandbox import container_supervisor as supervisor
+from corral.providers._process import drain, feed_stdin
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult, Process, SandboxGoneError
 
 __all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "start_exec"]
@@ -285,21 +286,6 @@ def start_exec(api: Any, container: str, *, uid: int, argv: Sequence[str], env: 
                          cwd=cwd_name or cwd)
 
 
-async def _drain(it: AsyncIterator[bytes], into: list[bytes]) -> None:
-    async for chunk in it:
-        into.append(chunk)
-
-
-async def _feed(proc: DockerProcess, data: bytes | None) -> None:
-    try:
-        if data:
-            await proc.write_stdin(data)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the command did not read all of its stdin; that is its business
-    finally:
-        await proc.close_stdin()
-
-
 async def collect(proc: DockerProcess, *, stdin: bytes | None,
                   timeout: float | None) -> ExecResult:
     """Feed stdin, drain both streams, wait; on timeout kill the whole tree."""
@@ -308,17 +294,17 @@ async def collect(proc: DockerProcess, *, stdin: bytes | None,
     try:
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_feed, proc, stdin)
-                tg.start_soon(_drain, proc.stdout, out)
-                tg.start_soon(_drain, proc.stderr, err)
+                tg.start_soon(feed_stdin, proc, stdin)
+                tg.start_soon(drain, proc.stdout, out)
+                tg.start_soon(drain, proc.stderr, err)
         if scope.cancelled_caught:
             proc.timed_out = True
             with anyio.CancelScope(shield=True):
                 await proc.kill(signal.SIGKILL)
                 with anyio.move_on_after(10):
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(_drain, proc.stdout, out)
-                        tg.start_soon(_drain, proc.stderr, err)
+                        tg.start_soon(drain, proc.stdout, out)
+                        tg.start_soon(drain, proc.stderr, err)
         res = await proc.wait()
     except BaseException:
         with anyio.CancelScope(shield=True):
