@@ -76,17 +76,18 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     # where the agent runs first: what it cannot host is the clearest error
     provider = sandbox.get_provider()
     caps = provider.capabilities
-    if provider.host_route == "none" and isinstance(harness, CliHarness):
+    hosts_runs = caps.host_processes or caps.supervisor_inside
+    if hosts_runs and provider.host_route == "none" and isinstance(harness, CliHarness):
         raise ConfigError(
             f"agent runs need corral's host services (model proxy, host tools), which cannot "
-            f"reach the {provider.name} provider's sandboxes (a remote daemon); command runs "
-            f"work (corral run --provider {provider.name} -- CMD)")
+            f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
+            f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
     if caps.supervisor_inside and isinstance(harness, CliHarness):
         raise ConfigError(
             f"agent CLIs on the {provider.name} provider need corral's host services (the "
             "model proxy), which do not reach its sandboxes yet; command runs work "
             f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
-    if not caps.host_processes and not caps.supervisor_inside:
+    if not hosts_runs:
         raise ConfigError(
             f"provider {provider.name!r} cannot host a supervised agent yet; "
             "use --provider bubblewrap or local"
