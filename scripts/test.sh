@@ -22,7 +22,7 @@ if [ -z "${CORRAL_TEST_POSTGRES:-}" ] && ! command -v pg_createcluster >/dev/nul
   need_apt+=(postgresql); installed_pg=1
 fi
 command -v npm >/dev/null || need_apt+=(npm)
-command -v dockerd >/dev/null || need_apt+=(docker.io)   # the docker provider's tests
+PATH="$PATH:/usr/sbin:/sbin" command -v dockerd >/dev/null || need_apt+=(docker.io)  # the docker provider's tests
 command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)  # corral's base image
 if ((${#need_apt[@]})); then
   echo "installing Debian packages: ${need_apt[*]}"
@@ -57,7 +57,7 @@ fi
 if ! docker info >/dev/null 2>&1; then
   echo "starting dockerd"
   (PATH="$PATH:/usr/sbin:/sbin" setsid dockerd >/var/log/corral-dockerd.log 2>&1 &)
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
 fi
 
 VENV=${CORRAL_VENV:-.venv}
