@@ -1,23 +1,27 @@
 """Bubblewrap launcher chain (issue #17): what each way of starting a sandboxed command costs.
 
-Raw process level, no asyncio: each variant starts the sandbox's init (the same ``perl``
-script, command ``true``, its environment over stdin) in one live bubblewrap sandbox, and
-waits for it. The variants are sampled round-robin (the machine is shared), and each
-prints its p50 and its p50 difference to the bare sample of the same round:
+Raw process level, no asyncio: each variant starts a command (``true``, its environment
+over stdin) in one live bubblewrap sandbox, and waits for it. The variants are sampled
+round-robin (the machine is shared), and each prints its p50 and its p50 difference to the
+``bare bwrap, true`` sample of the same round (paired):
 
-- ``bare bwrap + init``: ``bwrap`` with the sandbox's options, started as the host uid by
-  Popen's ``user=`` (no cgroups joined: the floor);
-- ``sh + setpriv + bwrap`` (before #17's launcher change; still ``host_command``'s chain):
-  ``sh`` joins the cgroups, ``setpriv`` drops to the host uid, then ``bwrap``;
-- ``Popen(user=) + bwrap --args``: bwrap started as the host uid by CPython (fork, no vfork),
-  held on ``--args`` while corral writes its pid to the cgroups;
-- ``setpriv + bwrap --args`` (what ``exec``/``spawn`` do now): the same, with ``setpriv``
-  dropping the uid (vfork);
-- ``exec(["true"])``: the provider's own exec, for reference.
+- ``bare bwrap, true``: ``bwrap`` with the sandbox's options running ``true``, started as
+  the host uid by Popen's ``user=`` (no cgroups joined, no init: the floor, and the
+  baseline of #17's "+3 ms over bare bwrap" target);
+- ``bare bwrap + C init`` / ``bare bwrap + perl init``: the same running the sandbox's init
+  (which then runs ``true``): what each init costs;
+- ``Popen(user=) + bwrap --args + C init``: bwrap started as the host uid by CPython (fork,
+  no vfork), held on ``--args`` while corral writes its pid to the cgroups;
+- ``setpriv + bwrap --args + C init`` / ``+ perl init``: the same, with ``setpriv``
+  dropping the uid (vfork); with perl, what ``exec``/``spawn`` did before the C init;
+- ``launcher + bwrap --args + C init``: corral's own static launcher instead of
+  ``setpriv``: what ``exec``/``spawn`` do now;
+- ``exec(["true"]), C init`` / ``perl init``: the provider's own exec (two sandboxes, one
+  provider per init), for reference.
 
     PYTHONPATH=src python bench/launcher_chain.py [--runs 60]
 
-Needs root and cgroup v1 (the sandbox must be in the cgroup limit mode).
+Needs root and cgroup v1 (the sandbox must be in the cgroup limit mode), and a C compiler.
 """
 
 from __future__ import annotations
@@ -38,77 +42,81 @@ from corral.providers._bubblewrap import (
     _write_all,
     launch_prefix,
 )
-from corral.providers._process import popen
 
 
-def variants(p: BubblewrapProvider, h: BubblewrapHandle) -> dict[str, Callable[[], object]]:
+def variants(h: BubblewrapHandle, hp: BubblewrapHandle) -> dict[str, Callable[[], object]]:
+    """``h`` runs the C init, ``hp`` (the same kind of sandbox) the perl one."""
     uid = h.state.host_uid
     assert uid is not None and h.state.limit_mode == "cgroup", "run as root, with cgroup v1"
+    assert h._provider.init.launcher is not None, h._provider.init.reason
+    assert hp._start_prefix[0].endswith("setpriv"), hp._start_prefix
     prefix = launch_prefix("/workspace", h._env, ["true"])
-    init = h._init(-1, -1)
 
-    def bare() -> None:
-        subprocess.run([*h._bwrap, "--", *init], input=prefix, check=True,
+    def bare(handle: BubblewrapHandle, argv: list[str], stdin: bytes | None) -> None:
+        subprocess.run([*handle._bwrap, "--", *argv], input=stdin, check=True,
                        user=uid, group=uid, extra_groups=[])
 
-    def old_chain() -> None:
-        proc = popen([*h._launcher, *h._bwrap, "--", *init], env=h._host_env)
-        proc.communicate(prefix)
-
-    def held(front: list[str], as_uid: int | None) -> None:
+    def held(handle: BubblewrapHandle, front: list[str], as_uid: int | None) -> None:
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
-            argv = [*front, p.bwrap, "--args", str(r), "--", *init]
+            argv = [*front, handle._provider.bwrap, "--args", str(r), "--",
+                    *handle._init(-1, -1)]
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=h._host_env,
+                                    stderr=subprocess.PIPE, env=handle._host_env,
                                     start_new_session=True, pass_fds=(r,), user=as_uid,
                                     group=as_uid, extra_groups=None if as_uid is None else [])
         finally:
             os.close(r)
         try:
-            h._confine(proc.pid)
-            _write_all(w, h._bwrap_args)
+            handle._confine(proc.pid)
+            _write_all(w, handle._bwrap_args)
         finally:
             os.close(w)
         proc.communicate(prefix)
 
     return {
-        "bare bwrap + init": bare,
-        "sh + setpriv + bwrap": old_chain,
-        "Popen(user=) + bwrap --args": lambda: held([], uid),
-        "setpriv + bwrap --args": lambda: held(h._start_prefix, None),
+        "bare bwrap, true": lambda: bare(h, ["true"], None),
+        "bare bwrap + C init": lambda: bare(h, h._init(-1, -1), prefix),
+        "bare bwrap + perl init": lambda: bare(hp, hp._init(-1, -1), prefix),
+        "Popen(user=) + bwrap --args + C init": lambda: held(h, [], uid),
+        "setpriv + bwrap --args + C init": lambda: held(h, hp._start_prefix, None),
+        "launcher + bwrap --args + C init": lambda: held(h, h._start_prefix, None),
+        "setpriv + bwrap --args + perl init": lambda: held(hp, hp._start_prefix, None),
     }
 
 
 async def main(runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as home:
         os.environ["CORRAL_HOME"] = home
-        p = BubblewrapProvider()
-        h = await p.create()
+        p, pp = BubblewrapProvider(), BubblewrapProvider(init="perl")
+        h, hp = await p.create(), await pp.create()
         try:
-            fns = variants(p, h)
-            samples: dict[str, list[float]] = {k: [] for k in [*fns, 'exec(["true"])']}
+            fns = variants(h, hp)
+            execs = {'exec(["true"]), C init': h, 'exec(["true"]), perl init': hp}
+            samples: dict[str, list[float]] = {k: [] for k in [*fns, *execs]}
             for i in range(runs + 3):
                 got: dict[str, float] = {}
                 for name, fn in fns.items():
                     t = time.perf_counter()
                     fn()
                     got[name] = time.perf_counter() - t
-                t = time.perf_counter()
-                r = await h.process.exec(["true"])
-                got['exec(["true"])'] = time.perf_counter() - t
-                assert r.ok, r
+                for name, handle in execs.items():
+                    t = time.perf_counter()
+                    r = await handle.process.exec(["true"])
+                    got[name] = time.perf_counter() - t
+                    assert r.ok, r
                 if i >= 3:  # warm-up
                     for k, dt in got.items():
                         samples[k].append(dt)
-            bare = samples["bare bwrap + init"]
+            bare = samples["bare bwrap, true"]
             print(f"runs {runs}, load {os.getloadavg()[0]:.2f}")
             for k, v in samples.items():
                 diff = statistics.median([a - b for a, b in zip(v, bare, strict=True)])
-                print(f"  {k:<30} p50 {statistics.median(v) * 1000:6.2f} ms   "
-                      f"minus bare (paired) p50 {diff * 1000:+6.2f} ms")
+                print(f"  {k:<38} p50 {statistics.median(v) * 1000:6.2f} ms   "
+                      f"minus bare true (paired) p50 {diff * 1000:+6.2f} ms")
         finally:
             await p.destroy(h.ref)
+            await pp.destroy(hp.ref)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Rows, per provider (local, bubblewrap):
   lifecycle=Lifecycle(reuse="none")).ensure()`` with a SQLite store; destroy not timed;
 plus the baselines ``bare bwrap, one sh, 5 x true``: one ``bwrap`` with the sandbox's binds
 running ``sh -c 'true; true; true; true; true'`` (for the plan), and ``bare bwrap, true``
-(for the exec), each as the sandbox's host uid.
+(for the exec), each as the sandbox's host uid (without the C init's bind, where a
+checkout has one: bare bwrap runs no init).
 
 With ``--a OLD --b NEW`` (two checkouts) a worker per checkout imports corral from its own
 ``src``, and the workers alternate sample by sample (A B B A ...), so both see the same
@@ -47,8 +48,14 @@ async def main():
     providers = {"local": LocalProvider(), "bubblewrap": BubblewrapProvider()}
     live = {n: await p.create() for n, p in providers.items()}
     bw = live["bubblewrap"]
-    bare = [*bw._bwrap, "--", "sh", "-c", "true; true; true; true; true"]
-    bare_true = [*bw._bwrap, "--", "true"]
+    # The sandbox's options without the C init's bind (bare bwrap runs no init).
+    opts = list(bw._bwrap)
+    for i in range(len(opts) - 2):
+        if opts[i] == "--ro-bind" and opts[i + 2] == "/run/corral-init":
+            del opts[i:i + 3]
+            break
+    bare = [*opts, "--", "sh", "-c", "true; true; true; true; true"]
+    bare_true = [*opts, "--", "true"]
     uid = bw.state.host_uid
     sandboxes = {n: Sandbox(provider=n, workspace=Workspace(setup=["true"] * 5),
                             lifecycle=Lifecycle(reuse="none")) for n in providers}
@@ -136,6 +143,7 @@ def main() -> None:
     args = ap.parse_args()
     sides = {"b": args.b.resolve()} | ({"a": args.a.resolve()} if args.a else {})
     results: dict[str, dict[str, list[float]]] = {}
+    load0 = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
         procs = {k: worker(tree, Path(tmp) / k) for k, tree in sides.items()}
         for d in sides:
@@ -174,10 +182,12 @@ def main() -> None:
                 p.wait(timeout=60)
     out = {row: {k: stats(v, 1.0 if "/" in k else 1000.0) for k, v in by.items()}
            for row, by in results.items()}
+    load1 = round(os.getloadavg()[0], 2)
     if args.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps({**out, "load average (1 min) at start, end": [load0, load1]}, indent=1))
         return
-    print(f"runs {args.runs} (+{args.warmup} warm-up); a = {sides.get('a')}, b = {sides['b']}")
+    print(f"runs {args.runs} (+{args.warmup} warm-up); a = {sides.get('a')}, b = {sides['b']}; "
+          f"load {load0} -> {load1}")
     for row, by in out.items():
         print(row)
         for k, s in by.items():

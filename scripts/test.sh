@@ -10,8 +10,8 @@ command -v curl >/dev/null || need_apt+=(curl)     # agents' tool calls inside s
 [ -x /usr/bin/python3 ] || need_apt+=(python3)     # agent runs: the in-sandbox entry and command gate
 python3 -c 'import ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
-command -v perl >/dev/null || need_apt+=(perl-base)
-command -v gcc >/dev/null || need_apt+=(gcc)       # the LD_PRELOAD attack test builds a .so
+command -v perl >/dev/null || need_apt+=(perl-base)  # the sandboxes' init where no C compiler is
+command -v gcc >/dev/null || need_apt+=(gcc)       # the sandboxes' C init; the LD_PRELOAD attack test's .so
 PATH="$PATH:/usr/sbin:/sbin" command -v mkfs.btrfs >/dev/null || need_apt+=(btrfs-progs)  # disk quotas
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)   # the web page tests (headless)
 command -v node >/dev/null || need_apt+=(nodejs)
@@ -75,5 +75,9 @@ echo "== mypy --strict"
 "$VENV/bin/mypy"
 echo "== ruff"
 "$VENV/bin/ruff" check src tests bench
+# The page tests' screenshots (headless Chromium) land here; CI keeps the directory. Said
+# before pytest so that pytest's summary stays the last line CI prints.
+export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
+echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 echo "== pytest"
 exec "$VENV/bin/python" -m pytest "$@"

@@ -104,6 +104,28 @@ def e2e(request: pytest.FixtureRequest) -> Path:
     return E2E
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture
+def page_driver(request: pytest.FixtureRequest, e2e: Path) -> Path:
+    """``tests/server/e2e`` ready to drive the web page in headless Chromium."""
+    require(request.config, CHROMIUM.exists(), "Chromium at /usr/bin/chromium",
+            "apt-get install chromium")
+    return e2e
+
+
+@pytest.fixture
+def screenshots(request: pytest.FixtureRequest) -> Path:
+    """Where a page test keeps its screenshots: ``$CORRAL_ARTIFACTS/screenshots/<test>``
+    (default ``<repo>/artifacts``, git-ignored; CI keeps the directory)."""
+    root = Path(os.environ.get("CORRAL_ARTIFACTS") or SRC.parent / "artifacts")
+    path = root / "screenshots" / request.node.name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
 @pytest.fixture
 def corral_cmd() -> list[str]:
     return [sys.executable, "-m", "corral"]

@@ -126,3 +126,24 @@ def test_forwarder_waits_for_a_late_host_service(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert out == b"served:late\n"
 
+
+
+def test_an_awaited_service_is_up_before_the_agent_starts(tmp_path: Path) -> None:
+    # Codex lists an MCP server's tools once, when it starts: the agent must not start
+    # before a driver serves them (a race that left Codex without corral's host tools).
+    path = str(tmp_path / "tools.sock")
+    proc = subprocess.Popen(
+        entry_argv(PY, ["sh", "-c", "echo started"],
+                   forward=[{"name": "tools", "port": 0, "unix": path, "await": True}]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)  # no service yet: the agent has not started
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        srv.listen(8)
+        out, _ = proc.communicate(timeout=15)
+        srv.close()
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (0, b"started\n")

@@ -26,6 +26,8 @@ import pytest
 from corral.harness._base import RunContext, translate_run
 from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
+from corral.runs._launch import with_prompt
+from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
 from corral.journal._layout import JournalPaths, read_status
 from corral.testing._leaks import assert_no_secrets, find_secrets
@@ -109,19 +111,21 @@ def texts(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
 
 
-def retranslated(c: Corral, run_id: str) -> list[dict[str, Any]]:
-    """The run's whole journal translated afresh in one go (what an uninterrupted driver
-    would have logged from this journal)."""
+def retranslated(c: Corral, run_id: str, prompt: str) -> list[dict[str, Any]]:
+    """The run's whole journal translated afresh in one go, after the start batch the run's
+    first driver logs (``RUN_STARTED``, the prompt): what an uninterrupted driver would have
+    logged from this journal."""
     rec = c.raw_record(run_id)
     paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
     harness = build_harness(rec["harness"], RunSpec.parse(rec["spec"]).harness_config())
 
     async def go() -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+        out: list[Any] = []
         async for batch in translate_run(harness, RunContext(run_id, rec["thread_id"]), paths,
                                          nonce=rec["journal"]["nonce"]):
-            out += [event_to_dict(e) for e in batch.events]
-        return out
+            out += batch.events
+        request = RunRequest(prompt=prompt, harness=rec["harness"])
+        return [event_to_dict(e) for e in with_prompt(out, request)]
 
     return anyio.run(go)
 
@@ -272,7 +276,7 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(corral: Corral) -> 
     assert att.returncode == 0, att.stderr[-3000:]
     log = corral.log("k1")
     assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, "k1")  # no duplicate, no gap
+    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
     assert _normalized(log, "k1") == _normalized(reference, "ref")
     assert "Finished: step-one\nstep-two" in texts(log)
     rec = corral.raw_record("k1")

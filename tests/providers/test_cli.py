@@ -129,3 +129,14 @@ def test_doctor_checks_a_postgres_store(corral_cmd: list[str], cli_env: dict[str
         assert "PostgreSQL" in line and "schema version" in line and "NOTIFY" in line, line
     finally:
         drop_postgres_schema(schema)
+
+
+def test_doctor_names_the_cgroup_mount_option_that_makes_moves_quick() -> None:
+    from corral.cli._doctor_impl import _cgroup_migrations
+
+    slow = _cgroup_migrations("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,relatime 0 0\n")
+    assert slow is not None and slow.status == "warn"
+    assert slow.fix.startswith("mount -o remount,favordynmods /sys/fs/cgroup ")
+    quick = _cgroup_migrations("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,favordynmods 0 0\n")
+    assert quick is not None and quick.status == "ok"
+    assert _cgroup_migrations("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n") is None

@@ -84,3 +84,17 @@ def test_property_the_total_is_the_sum_of_the_priced_models(
     assert not set(priced["cost_by_model"]) & set(priced["unpriced"])
     assert priced["cost_usd"] == pytest.approx(sum(priced["cost_by_model"].values()), abs=1e-5)
     assert all(v >= 0 for v in priced["cost_by_model"].values())
+
+
+def test_show_never_prints_an_unpriced_model_as_free() -> None:
+    from corral.cli._runs_view import usage_lines
+
+    usage = {"input_tokens": 10, "output_tokens": 5, "requests": 1, "cost_usd": 0.0,
+             "cost_by_model": {}, "unpriced": ["house-model"],
+             "models": {"house-model": {"input_tokens": 10, "output_tokens": 5}}}
+    cost = [line for line in usage_lines(usage) if line.startswith("cost")]
+    assert cost == [f"{'cost':17} unknown (no price for house-model)"]
+
+    usage.update(cost_usd=0.25, cost_by_model={"claude-x": 0.25})
+    cost = [line for line in usage_lines(usage) if line.startswith("cost")]
+    assert cost == [f"{'cost':17} $0.2500 + unpriced: house-model"]

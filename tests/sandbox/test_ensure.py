@@ -344,3 +344,50 @@ async def test_spec_hook_shapes_a_new_sandbox_and_not_a_resumed_one(store: Store
     finally:
         await sb.destroy(ctx("r1"), store=store)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+async def test_the_bootstrapping_record_is_written_with_the_setup_and_its_failure_is_raised(
+    tmp_path: Path,
+) -> None:
+    """The record is written while setup runs; a store that fails that write fails ensure
+    with the store's own error (not a group of them), and the new sandbox is destroyed."""
+    from corral.stores._memory import MemoryStore
+    from corral.stores._protocols import InstanceRecord, StoreError
+
+    seen: list[str] = []
+
+    class Failing(MemoryStore):
+        async def upsert_instance(self, record: InstanceRecord) -> None:
+            seen.append(str(record.meta["state"]))
+            if record.meta["state"] == "bootstrapping":
+                raise StoreError("the store is down")
+            await super().upsert_instance(record)
+
+    store = Failing()
+    flag = tmp_path / "setup-ran"
+    sb = Sandbox(provider="local", workspace=Workspace(setup=[f"sleep 0.2; touch {flag}"]),
+                 lifecycle=Lifecycle(reuse="none"))
+    provider = sb.get_provider()
+    before = await provider.list()
+    with pytest.raises(StoreError, match="the store is down"):
+        await sb.ensure(ctx(), store=store)
+    assert seen == ["bootstrapping"]
+    assert not flag.exists()  # the setup was stopped with it
+    assert await provider.list() == before
+    assert await store.get_instance(sb.key(ctx())) is None
+
+    # A working store: the bootstrapping record, then the ready one.
+    seen.clear()
+    ok = MemoryStore()
+    states: list[str] = []
+    orig = ok.upsert_instance
+
+    async def record(rec: InstanceRecord) -> None:
+        states.append(str(rec.meta["state"]))
+        await orig(rec)
+
+    ok.upsert_instance = record  # type: ignore[method-assign]
+    ensured = await sb.ensure(ctx(), store=ok)
+    assert states == ["bootstrapping", "ready"] and flag.exists()
+    await sb.destroy(ctx(), store=ok)
+    assert ensured.origin == "created"

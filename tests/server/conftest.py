@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -155,6 +156,39 @@ class Home:
             yield server
         finally:
             server.stop()
+
+
+@contextmanager
+def uvicorn_server(target: str, env: dict[str, str], prefix: str, token: str | None,
+                   app_dir: Path | None = None) -> Iterator[Server]:
+    """An ASGI app (``module:attribute``) under uvicorn on 127.0.0.1, once it started;
+    ``url`` is its address plus ``prefix`` (where corral is mounted)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    argv = [sys.executable, "-m", "uvicorn", target, "--fd", str(sock.fileno()),
+            "--log-level", "info", *(["--app-dir", str(app_dir)] if app_dir else [])]
+    proc = subprocess.Popen(argv, env=env, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=SRC.parent)
+    sock.close()
+    server = Server(proc, f"http://127.0.0.1:{port}{prefix}", Path(env["CORRAL_HOME"]), token,
+                    [])
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            server.log.append(line)
+            if "Application startup complete" in line:
+                server.ready.set()
+        server.ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert server.wait_ready(60) and proc.poll() is None, "".join(server.log)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -49,11 +49,17 @@ def test_config_mistakes(tmp_path: Path) -> None:
         "[sandboxes.x]\nworkspace = '/does/not/exist'\n": "not a directory",
         "allowed_providers = 'local'\n": "list of strings",
         "= broken": "invalid TOML",
+        "[sandboxes.x]\npolicy = 'ask'\n": r"\[sandboxes.x.policy\] must be a table",
+        "[sandboxes.x.policy]\nshell = 'yes'\n": r"\[sandboxes.x.policy\]: .*shell",
+        "[sandboxes.x.policy]\ndefault = 'maybe'\n": r"\[sandboxes.x.policy\]: .*maybe",
     }
     for text, words in cases.items():
         bad.write_text(text)
         with pytest.raises(ConfigError, match=words):
             load_config_file(bad)
+    bad.write_text("[sandboxes.x.policy]\nask = ['git push *']\ndefault = 'deny'\n")
+    policy = load_config_file(bad)["sandboxes"]["x"].policy
+    assert list(policy["ask"]) == ["git push *"] and policy["default"] == "deny"
     with pytest.raises(ConfigError, match="no such file"):
         load_config_file(tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="default_sandbox"):

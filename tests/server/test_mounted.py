@@ -5,10 +5,6 @@ corral's drives, and AG-UI's HttpAgent works against the mounted endpoint."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +15,7 @@ from starlette.routing import Mount
 
 from corral.server import ServerConfig, create_app
 from corral.testing import wait_until
-from tests.server.conftest import Home, Server, ticker
+from tests.server.conftest import Home, Server, ticker, uvicorn_server
 from tests.server.test_agui_client import run_http_agent
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
@@ -29,32 +25,9 @@ ALICE = "alice-token-0123456789"  # the example app's own user
 @pytest.fixture
 def mounted(home: Home) -> Iterator[Server]:
     """The example app under uvicorn; ``url`` is corral's prefix, the token alice's."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     env = {**home.env, "CORRAL_STORE": f"sqlite:///{home.db}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--app-dir", str(EXAMPLE),
-         "--fd", str(sock.fileno()), "--log-level", "info"],
-        env=env, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    sock.close()
-    server = Server(proc, f"http://127.0.0.1:{port}/corral", home.path, ALICE, [])
-
-    def drain() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            server.log.append(line)
-            if "Application startup complete" in line:
-                server.ready.set()
-        server.ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        assert server.wait_ready(60) and proc.poll() is None, "".join(server.log)
+    with uvicorn_server("app:app", env, "/corral", ALICE, app_dir=EXAMPLE) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_the_host_apps_authentication_guards_every_corral_route(mounted: Server) -> None:

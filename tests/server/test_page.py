@@ -1,36 +1,31 @@
-"""The web page in headless Chromium (playwright-core, driven by tests/server/e2e/page.mjs):
-token, start a run, watch it, reload mid-run and see the rest exactly once, cancel."""
+"""The web page in headless Chromium (playwright-core, driven by tests/server/e2e/page.mjs)
+with command runs: token, start a run, reload mid-run and see the rest exactly once, detach
+and watch again, cancel, hostile output, file patches, a phone's viewport. Agent runs (a
+tool call, an approval) are in tests/agents/test_page_agent.py."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
-import pytest
-
-from corral.testing._plugin import require
 from tests.server.conftest import TOKEN, Home, ticker_text
 
-CHROMIUM = Path("/usr/bin/chromium")
+
+def drive_page(script: Path, url: str, shots: Path, log: list[str]) -> dict[str, Any]:
+    """Run a page driver against the page at ``url``; its JSON summary."""
+    done = subprocess.run(["node", str(script), url, TOKEN, str(shots)],
+                          capture_output=True, text=True, timeout=300, cwd=script.parent)
+    assert done.returncode == 0, done.stderr + "".join(log)
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
-@pytest.fixture
-def playwright(request: pytest.FixtureRequest, e2e: Path) -> Path:
-    require(request.config, CHROMIUM.exists(), "Chromium at /usr/bin/chromium",
-            "apt-get install chromium")
-    return e2e / "page.mjs"
-
-
-def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: Path) -> None:
-    shots = tmp_path / "shots"
-    shots.mkdir()
+def test_page_start_watch_reload_detach_cancel(home: Home, page_driver: Path,
+                                               screenshots: Path) -> None:
     with home.server(token=TOKEN) as server:
-        done = subprocess.run(["node", str(playwright), server.url, TOKEN, str(shots)],
-                              capture_output=True, text=True, timeout=180, cwd=playwright.parent)
-        assert done.returncode == 0, done.stderr + "".join(server.log)
-        out = json.loads(done.stdout.strip().splitlines()[-1])
+        out = drive_page(page_driver / "page.mjs", server.url, screenshots, server.log)
 
     run_id = out["runId"]
     stored = home.log(run_id)
@@ -43,25 +38,41 @@ def test_page_start_watch_reload_cancel(home: Home, playwright: Path, tmp_path: 
     assert out["receivedAfterReload"] == list(range(out["resumedFrom"] + 1, n + 1))
     assert out["receivedBeforeReload"][:10] == list(range(1, 11))
     assert out["transcript"] == ticker_text(40)
+    assert out["commandShown"].startswith("$ sh -c ")
     assert "run finished" in out["finishedBanner"]
     assert stored[-1]["type"] == "RUN_FINISHED"
 
+    # Detached: the page stopped watching while the run went on; watching again showed the
+    # rest with nothing lost or repeated; then it was cancelled from the page.
+    assert out["detachLabel"] == "Watch"
+    assert out["serverWentOn"] is True
+    assert out["shownWhileDetached"] == 0 and out["receivedWhileDetached"] == 0
+    assert out["detachedRecord"]["status"] == "running"
+    assert out["detachedRecord"]["detachedSince"] is not None
+    assert out["serverWentOnAfterReload"] is True and out["detachLabelAfterReload"] == "Watch"
+    assert out["shownAfterDetachedReload"] == 0 and out["receivedAfterDetachedReload"] == 0
     cancelled = home.log(out["cancelRunId"])
+    assert out["detachOffsets"] == list(range(1, len(cancelled) + 1))
+    assert out["detachDupes"] == 0 and out["detachGaps"] == 0
     assert cancelled[-1]["type"] == "RUN_ERROR"
     assert home.raw(out["cancelRunId"])["status"] == "aborted"
     assert "run error" in out["cancelBanner"]
-    assert out["hostileText"] == "<img src=x onerror=window.pwned=1>\n"
-    assert out["hostileImages"] == 0 and out["pwned"] is False
-    # the page starts runs with file events on: the file the agent made is listed, as text
-    assert "<img src=y onerror=window.pwned=1>" in out["filesShown"], out["filesShown"]
-    # ... and with diffs, its patch on click, as text (no markup made of it)
+
+    # Hostile output and file names are text; nothing they spell was made or ran.
+    assert out["hostileText"] == \
+        "<img src=x onerror=window.pwned=1></script><script>window.pwned=1</script>\n"
+    assert any("<img src=y onerror=window.pwned=1>" in f for f in out["filesShown"]), out
+    assert out["diffOpenBefore"] is False  # patches start folded
     assert "+<b>bold</b>" in out["diffShown"], out["diffShown"]
     assert out["diffBold"] == 0
+    assert out["hostile"] == {"images": 0, "scripts": 0, "pwned": False}
+
+    # Labelled controls, no sideways scrolling, on a desktop and a phone.
+    for layout in (out["desktop"], out["phone"]):
+        assert layout["unnamed"] == []
+        assert layout["scrollWidth"] <= layout["width"], layout
+    assert out["phone"]["width"] == 375
     # Only the API's 401 before the token was given.
-    assert [e for e in out["consoleErrors"] if "401" not in e] == []
-    for name in ("page-finished.png", "page-cancelled.png"):
-        assert (shots / name).stat().st_size > 10_000
-    keep = Path("/tmp/corral-page-shots")
-    keep.mkdir(exist_ok=True)
-    for shot in shots.iterdir():
-        shutil.copy(shot, keep / shot.name)
+    assert [e for e in out["consoleErrors"] + out["phoneConsoleErrors"] if "401" not in e] == []
+    for name in ("command-finished", "command-detached", "command-cancelled", "command-phone"):
+        assert (screenshots / f"{name}.png").stat().st_size > 10_000

@@ -48,6 +48,7 @@ OPERATIONS = [
     ("GET", "/v1/runs/{run_id}/approvals"),
     ("POST", "/v1/runs/{run_id}/approvals/{approval_id}"),
     ("POST", "/v1/agui"),
+    ("GET", "/v1/harnesses"),
 ]
 
 

@@ -130,7 +130,10 @@ async def test_call_waits_then_allowed_from_the_cli(
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
             ev = await run.request_event()
-            assert set(ev.value) == {"approvalId", "runId", "tool", "args", "expiresAt"}
+            # toolCallId: the call's id (the agent's own when its CLI names it), which
+            # the AG-UI endpoint's interrupt carries
+            assert set(ev.value) == {"approvalId", "runId", "tool", "args", "expiresAt",
+                                     "toolCallId"}
             assert ev.value["tool"] == "deploy" and ev.value["args"] == {"env": "staging"}
             assert ev.value["runId"] == "run-7"
             approval_id = ev.value["approvalId"]

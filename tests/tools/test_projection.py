@@ -16,7 +16,7 @@ def test_projection_into_claude_code_command(tmp_path: Path) -> None:
     assert proj.socket == again.socket and proj.socket.parent == tmp_path  # stable per run
     assert proj.token != again.token and len(proj.token) >= 32
     assert proj.forward == {"name": "tools", "port": 0,
-                            "unix": f"/run/corral/{proj.socket.name}"}
+                            "unix": f"/run/corral/{proj.socket.name}", "await": True}
     model = {"name": "model", "port": 0, "unix": "/run/corral/model-x.sock"}
     cmd = ClaudeCodeHarness().build_command(AgentRequest(
         prompt="hi", options={"forward": [model, proj.forward], "bin": "/bin/claude",

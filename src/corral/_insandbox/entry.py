@@ -3,13 +3,15 @@
 Run inside the sandbox as ``python3 -c <this file's source> <config json> -- <argv...>``
 (stdlib only, no corral import: the sandbox has the system Python, not corral). The config::
 
-    {"forward": [{"name": "model", "port": 41000, "unix": "/run/corral/model.sock"}],
+    {"forward": [{"name": "model", "port": 41000, "unix": "/run/corral/model.sock"},
+                 {"name": "tools", "port": 0, "unix": "/run/corral/t.sock", "await": true}],
      "connect_patience": 10}
 
 For each forward it listens on ``127.0.0.1:<port>`` (``0`` = any free port) and pipes
 every accepted connection to a new connection to the unix socket (bound into the sandbox
 from the host, where the model or egress proxy serves; a socket that is missing or refuses
-is retried for ``connect_patience`` seconds, so the host side may start late or restart). ``{corral.port.<name>}`` in the
+is retried for ``connect_patience`` seconds, so the host side may start late or restart;
+an ``await`` socket is waited for, as long, before the agent starts). ``{corral.port.<name>}`` in the
 agent's argv and environment is replaced by the port actually bound. Then it runs the
 agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
 never writes to it), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
@@ -119,6 +121,14 @@ def main(argv: list[str]) -> int:
         patience = float(config.get("connect_patience", 10))
         threading.Thread(target=_accept_loop, args=(listener, fw["unix"], patience),
                          daemon=True).start()
+    # A service the agent lists at start-up (an MCP server: some CLIs list its tools once
+    # and go on without them when the first try fails) is waited for before the agent starts.
+    for fw in config.get("forward", []):
+        if fw.get("await"):
+            try:
+                _connect(fw["unix"], float(config.get("connect_patience", 10))).close()
+            except OSError:
+                pass  # no host serves it yet: the agent starts anyway, its calls fail
     env = {k: _substitute(v, ports) for k, v in os.environ.items()}
     command = [_substitute(a, ports) for a in command]
     child: subprocess.Popen[bytes] | None = None

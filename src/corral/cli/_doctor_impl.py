@@ -97,6 +97,30 @@ def _cgroups() -> Check:
                  "mount cgroup v1 memory,pids,cpu,freezer hierarchies (cgroup v2 is not supported yet)")
 
 
+def _cgroup_migrations(mounts: str | None = None) -> Check | None:
+    """Whether moving a command into its sandbox's cgroup is quick. Without the cgroup2
+    mount option ``favordynmods`` (Linux 6.1+) the kernel waits for an RCU grace period
+    (~10 ms here) before a move that follows an idle moment: every sandboxed command
+    started after a pause pays it (docs/benchmarks.md, bench/exec_after_idle.py)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    v2 = [fields for fields in (line.split() for line in mounts.splitlines())
+          if len(fields) >= 4 and fields[2] == "cgroup2"]
+    if not v2:
+        return None
+    slow = [f[1] for f in v2 if "favordynmods" not in f[3].split(",")]
+    if not slow:
+        return Check("cgroup moves", "ok", "cgroup2 is mounted with favordynmods")
+    return Check("cgroup moves", "warn",
+                 "cgroup2 is mounted without favordynmods: a command started after an idle "
+                 "moment waits ~10 ms for its move into the sandbox's cgroup",
+                 f"mount -o remount,favordynmods {slow[0]}  (host-wide, Linux 6.1+; makes "
+                 "fork and exit slightly slower); add it to the mount's options to keep it")
+
+
 def _disk_quota() -> Check:
     """Which disk-quota mode bubblewrap sandboxes get here (sets up the pool if it can)."""
     from corral.providers import _diskquota as diskquota
@@ -118,6 +142,21 @@ def _disk_quota() -> Check:
     return Check("disk quota", "ok", f"btrfs pool at {pool.root} "
                  f"({diskquota.format_size(st.f_blocks * st.f_frsize // (1 << 30) << 30)}, "
                  f"sparse): each sandbox is a subvolume limited to {default} by default")
+
+
+def _sandbox_init() -> Check:
+    """Which program is the bubblewrap sandboxes' pid 1 (it decides the exit status out of
+    the command's reach): the compiled C init, or the slower perl one, and why."""
+    from corral.providers._bwrap_init import find_init
+
+    found = find_init()
+    if found.kind == "c":
+        return Check("sandbox init", "ok", found.reason)
+    if _which("perl"):
+        return Check("sandbox init", "warn", f"perl (about 3 ms more per command): {found.reason}",
+                     "apt-get install gcc, then run corral doctor again")
+    return Check("sandbox init", "missing", f"neither a C compiler nor perl: {found.reason}",
+                 "apt-get install gcc (or perl-base)", True)
 
 
 def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
@@ -213,10 +252,10 @@ def _docker() -> list[Check]:
 def collect(store_url: str | None = None) -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
+    if (moves := _cgroup_migrations()) is not None:
+        checks.append(moves)
     checks.append(_disk_quota())
-    checks.append(_tool("perl", "the bubblewrap sandboxes' init, which decides the exit "
-                        "status out of the command's reach", "apt-get install perl-base",
-                        required=True))
+    checks.append(_sandbox_init())
     if os.geteuid() == 0:
         checks.append(_tool("setpriv", "drops sandboxes to an unprivileged uid when run as root",
                             "apt-get install util-linux", required=True))

@@ -169,9 +169,13 @@ def usage_lines(usage: dict[str, Any]) -> list[str]:
 
     lines = [f"{'tokens':17} {tokens(usage)} ({usage.get('requests', 0)} requests)"]
     if "cost_usd" in usage:
-        unpriced = usage.get("unpriced") or []
-        lines.append(f"{'cost':17} ${usage['cost_usd']:.4f}"
-                     + (f" (unpriced: {', '.join(map(str, unpriced))})" if unpriced else ""))
+        unpriced = ", ".join(map(str, usage.get("unpriced") or []))
+        if unpriced and not usage.get("cost_by_model"):
+            # never shown as $0: a model without a price is not free
+            lines.append(f"{'cost':17} unknown (no price for {unpriced})")
+        else:
+            lines.append(f"{'cost':17} ${usage['cost_usd']:.4f}"
+                         + (f" + unpriced: {unpriced}" if unpriced else ""))
     costs = usage.get("cost_by_model") or {}
     for model, used in sorted((usage.get("models") or {}).items()):
         if isinstance(used, dict):

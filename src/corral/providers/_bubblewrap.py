@@ -23,8 +23,10 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
 How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
-behind ``setpriv`` (when corral runs as root: the sandbox's host uid and gid, no
-supplementary groups, no_new_privs) and, in the rlimit mode, ``prlimit``; each execs the
+behind the uid drop (when corral runs as root: the sandbox's host uid and gid, no
+supplementary groups, no_new_privs; corral's own compiled launcher, built and cached with
+the init by :mod:`corral.providers._bwrap_init`, or ``setpriv`` where there is no C
+compiler) and, in the rlimit mode, ``prlimit``; each execs the
 next, so it is one process throughout. bwrap gets its options over a pipe (``--args FD``):
 it sets no_new_privs first thing, then reads that pipe to its end before it does anything
 else, so until corral closes the pipe the launcher is one process that has forked nothing.
@@ -32,22 +34,24 @@ Meanwhile corral writes its pid to the sandbox's ``cgroup.procs`` files, then se
 options. bwrap forks the sandbox's init only after that, so the init and everything it
 starts are born in the cgroups, and its cgroup namespace's root is the sandbox's own group
 (the sandbox sees ``/``, not corral's group names). bwrap closes the options pipe, so the
-command inherits none of it. Three programs per command: ``setpriv``, ``bwrap``, the init
-(no ``sh`` to join the cgroups any more). Popen's own ``user``/``group``/``extra_groups``
-could replace ``setpriv``, but they make CPython ``fork`` (not ``vfork``) the whole Python
-process, and that costs more than ``setpriv`` does (measured: docs/benchmarks.md, #17
-launcher chain). ``host_command`` (run by a separate host process, the durable-run
+command inherits none of it. Three programs per command: the launcher, ``bwrap``, the
+init (no ``sh`` to join the cgroups any more), the first and last small static programs.
+Popen's own ``user``/``group``/``extra_groups`` could replace the launcher, but they make
+CPython ``fork`` (not ``vfork``) the whole Python process, and that costs more than an
+exec does (measured: docs/benchmarks.md, #17 launcher chain). ``host_command`` (run by a separate host process, the durable-run
 supervisor) cannot be held like that, so its argv stays self-contained: ``sh`` joining the
-cgroups as root, then the same ``prlimit``/``setpriv``, then ``bwrap``.
+cgroups as root, then the same ``prlimit`` and launcher, then ``bwrap``.
 
 What host processes see: ``bwrap`` (and, for ``host_command``, its launcher chain) runs
 with a fixed environment (``PATH`` and corral's own tag), never a variable a user, a secret
 or a repository's corral.toml names: those reach the command inside the sandbox only, over
-the head of its stdin (see ``_INIT``). ``bwrap --clearenv`` starts the sandbox's pid 1 with
-no environment at all.
+the head of its stdin (see :mod:`corral.providers._bwrap_init`). ``bwrap --clearenv``
+starts the sandbox's pid 1 with no environment at all.
 
 Each command runs under corral's own init as pid 1 of a fresh pid namespace
-(``--as-pid-1``; a ``perl`` script, as the host's ``/usr`` is bound in). The init makes
+(``--as-pid-1``; a small C program compiled on first use and bound read-only into the
+sandbox, or a ``perl`` script on hosts without a C compiler: see
+:mod:`corral.providers._bwrap_init`). The init makes
 itself non-dumpable before the command starts, so the command (same uid) cannot ptrace it,
 read its ``/proc`` entries or take its descriptors; as a namespace's init it cannot be
 signalled from inside. It alone reports the command's raw wait status, on a pipe whose
@@ -75,7 +79,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -88,6 +92,7 @@ from corral.providers import _cgroups as cgroups
 from corral.providers import _diskquota as diskquota
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
+from corral.providers._bwrap_init import INSIDE_PATH, PERL_INIT, InitProgram, find_init
 from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._process import (
     Outcome,
@@ -164,56 +169,8 @@ BASE_ENV = {
 # Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
-# pid 1 of every command's pid namespace (``bwrap --as-pid-1``), started with an empty
-# environment. argv: REPORT_FD KEEPER_FD PRCTL_NR FILTER (nothing else). It first makes itself
-# non-dumpable, so the command (same uid) can neither ptrace it nor open its /proc files
-# or take its descriptors (pidfd_getfd); as a namespace's init it cannot be signalled from
-# inside either. FILTER (hex, or "-") is a seccomp program it installs for itself and
-# everything it starts: no btrfs subvolumes (see btrfs.no_subvolumes_filter). It reads
-# what to run from the head of stdin (``launch_prefix``: the cwd, the environment and the
-# argv, none of which is ever in a host process's environment or argv), runs the command
-# there, reaps every orphan, and when the command ends writes its raw
-# wait status on REPORT_FD and exits; the kernel then kills whatever is left in the
-# namespace, whatever state it is in.
-_INIT = r"""
-my ($fd, $keeper, $nr, $filter) = splice(@ARGV, 0, 4);
-syscall($nr, 4, 0, 0, 0, 0) == 0 or exit 125;
-if ($filter ne "-") {
-  # prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog); bwrap set no_new_privs
-  my $prog = pack("H*", $filter);
-  syscall($nr, 22, 2, pack("S x![P] P", length($prog) / 8, $prog), 0, 0) == 0 or exit 125;
-}
-if ($keeper >= 0) { open(my $k, "<&=", $keeper) and close($k) }
-my $st;
-if ($fd >= 0) { open($st, ">&=", $fd) or exit 125 }
-my ($len, $c, $blob) = ("", "", "");
-while (1) { sysread(STDIN, $c, 1) == 1 or exit 125; last if $c eq "\n"; $len .= $c }
-while (length($blob) < $len) {
-  my $r = sysread(STDIN, $blob, $len - length($blob), length($blob));
-  defined($r) && $r > 0 or exit 125;
-}
-my @f = split(/\0/, $blob, -1);
-pop @f;
-my ($cwd, $n) = splice(@f, 0, 2);
-my @env = splice(@f, 0, $n);
-my @argv = @f;
-@argv or exit 125;
-my $pid = fork;
-if (!defined $pid) { print STDERR "corral: cannot start $argv[0]: fork: $!\n"; exit 126 }
-if ($pid == 0) {
-  close $st if $st;
-  chdir($cwd) or do { print STDERR "corral: cannot enter $cwd: $!\n"; exit 126 };
-  %ENV = map { split(/=/, $_, 2) } @env;
-  exec { $argv[0] } @argv;
-  my $e = $! + 0;
-  print STDERR "corral: $argv[0]: $!\n";
-  exit($e == 2 ? 127 : 126);
-}
-my $s = 255 << 8;
-while ((my $w = waitpid(-1, 0)) > 0) { if ($w == $pid) { $s = $?; last } }
-syswrite $st, "$s\n" if $st;
-exit(($s & 127) ? 128 + ($s & 127) : $s >> 8);
-"""
+# pid 1 of every command's pid namespace (``bwrap --as-pid-1``): see
+# corral.providers._bwrap_init for what it does and where its program comes from.
 
 # prctl(2)'s number per machine (perl's syscall() takes the raw number).
 _PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
@@ -458,16 +415,25 @@ class BubblewrapHandle(HostDirHandle):
             bwrap += ["--ro-bind", host, inside]
         # The sandbox's own root (a tmpfs) read-only too: only the areas are writable. The
         # init starts with no environment at all (the command's comes over stdin).
+        self._init_program = provider.init
+        init = self._init_program.path
+        if init is not None:  # last of the binds: nothing above can hide it
+            bwrap += ["--ro-bind", str(init), INSIDE_PATH]
         bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
         self._bwrap = bwrap
         # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
-        # the sandbox's host uid when corral is root (``setpriv``; see "How a command
+        # the sandbox's host uid when corral is root (the launcher; see "How a command
         # starts" in the module docstring for why not Popen's own ``user=``). All exec()s
         # in one process.
         prefix: list[str] = []
         if state.limit_mode == "rlimit":
             prefix = [provider.prlimit or "prlimit", *_rlimit_args(state.limits), "--"]
-        if uid is not None:
+        launcher = self._init_program.launcher
+        if uid is not None and launcher is not None:
+            # corral's own compiled launcher: the same drop as setpriv's below, as one
+            # static program (see corral.providers._bwrap_init).
+            prefix += [str(launcher), str(uid), str(uid)]
+        elif uid is not None:
             prefix += [
                 provider.setpriv,
                 f"--reuid={uid}",
@@ -509,13 +475,16 @@ class BubblewrapHandle(HostDirHandle):
         return merged
 
     def _init(self, report_fd: int, keeper_fd: int) -> list[str]:
-        return ["/usr/bin/perl", "-e", _INIT, "--", str(report_fd), str(keeper_fd),
-                self._init_nr, self._filter]
+        args = [str(report_fd), str(keeper_fd), self._filter]
+        if self._init_program.kind == "c":
+            return [INSIDE_PATH, *args]
+        return ["/usr/bin/perl", "-e", PERL_INIT, "--", *args, self._init_nr]
 
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
     ) -> SandboxProcess:
         self._check_alive()
+        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
         prefix = launch_prefix(chdir, self._env_for(env), argv)
@@ -527,7 +496,7 @@ class BubblewrapHandle(HostDirHandle):
         keeper = os.dup(status_r)
         # bwrap's options come over this pipe: bwrap reads it to the end before it does
         # anything else (it has already set no_new_privs, and it closes the pipe), so until
-        # corral closes the write end, the launched process (``setpriv`` then bwrap, the
+        # corral closes the write end, the launched process (the launcher then bwrap, the
         # same pid) is one process that has forked nothing.
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         fds = [status_w, report_w, keeper, args_r]
@@ -578,7 +547,7 @@ class BubblewrapHandle(HostDirHandle):
         return sandboxed
 
     def _confine(self, pid: int) -> None:
-        """Put ``pid`` (the launcher: ``setpriv`` execing bwrap, which has not forked yet)
+        """Put ``pid`` (the launcher execing bwrap, which has not forked yet)
         into the sandbox's cgroups."""
         for path in self._procs_files:
             try:
@@ -599,7 +568,7 @@ class BubblewrapHandle(HostDirHandle):
         env: Mapping[str, str] | None = None,
     ) -> HostCommand:
         """A self-contained host argv that joins the cgroups, drops to the sandbox's host
-        uid (``setpriv``, when corral runs as root) and runs ``command`` in the sandbox.
+        uid (the launcher, when corral runs as root) and runs ``command`` in the sandbox.
 
         Its exit status is the command's (``128 + N`` for a death by signal ``N``). The
         launcher's pid stays the same through the chain (every step execs), and the
@@ -686,7 +655,9 @@ class BubblewrapProvider:
 
     ``limits`` are the defaults for fields a spec leaves ``None`` (a mapping, as in
     corral.toml, overrides :data:`DEFAULT_LIMITS` key by key); ``host_uid`` is the
-    unprivileged host uid sandboxes run as when corral runs as root.
+    unprivileged host uid sandboxes run as when corral runs as root; ``init="perl"`` runs
+    the perl init even where the C one can be built (see
+    :mod:`corral.providers._bwrap_init`).
 
     The default disk limit is enforced where the machine can (see
     :mod:`corral.providers._diskquota`) and otherwise only logged once; a disk limit asked
@@ -702,6 +673,7 @@ class BubblewrapProvider:
         limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
         host_uid: int = DEFAULT_HOST_UID,
         bwrap: str | None = None,
+        init: Literal["auto", "perl"] = "auto",
     ) -> None:
         found = bwrap or shutil.which("bwrap")
         if not found:
@@ -713,10 +685,12 @@ class BubblewrapProvider:
         self._home = Path(home) if home is not None else None
         self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
-        if not os.path.exists("/usr/bin/perl"):
+        self._init_prefer: Literal["auto", "perl"] = init
+        if self.init.kind == "perl" and not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
-                "perl is needed for the sandboxes' init process (it decides the exit status "
-                "out of the command's reach): `apt-get install perl-base`"
+                "the sandboxes' init process (it decides the exit status out of the "
+                f"command's reach) needs a C compiler or perl ({self.init.reason}): "
+                "`apt-get install gcc` or `apt-get install perl-base`"
             )
         nr = _PRCTL_NR.get(platform.machine())
         if nr is None:
@@ -728,11 +702,17 @@ class BubblewrapProvider:
         self.seccomp = btrfs.no_subvolumes_filter()
         self.prlimit = shutil.which("prlimit")
         self.setpriv = shutil.which("setpriv") or "setpriv"
-        if self._host_uid is not None and not shutil.which("setpriv"):
+        if self._host_uid is not None and self.init.launcher is None and not shutil.which("setpriv"):
             raise PrerequisiteMissing(
                 "setpriv is needed to run sandboxes as an unprivileged uid: install util-linux"
             )
         self.system_binds = _system_binds()
+
+    @property
+    def init(self) -> InitProgram:
+        """The sandboxes' init (and, as root, the launcher): see
+        :mod:`corral.providers._bwrap_init`."""
+        return find_init(prefer=self._init_prefer)
 
     @property
     def name(self) -> str:

@@ -376,6 +376,11 @@ class HostFS:
 
     async def write(self, path: str, data: bytes, *, mode: int | None = None) -> None:
         """Create or replace a file; missing parent directories are created."""
+        if len(data) <= _INLINE_BYTES:
+            # A few syscalls that cannot block (the open is O_NONBLOCK): cheaper here than
+            # a hop to a worker thread, which costs milliseconds on a loaded host.
+            self._write(path, bytes(data), mode)
+            return
         await anyio.to_thread.run_sync(self._write, path, bytes(data), mode)
 
     async def read_stream(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
@@ -403,15 +408,18 @@ class HostFS:
         """List a directory (entries are not followed: a symlink is ``type="symlink"``)."""
         return await anyio.to_thread.run_sync(self._list, path)
 
+    # stat, exists and mkdir are a few metadata syscalls (O_PATH opens never block on a
+    # planted pipe): run here, not in a worker thread.
+
     async def stat(self, path: str) -> FileInfo:
         """Describe a path without following a final symlink (like ``lstat``)."""
-        return await anyio.to_thread.run_sync(self._stat, path)
+        return self._stat(path)
 
     async def exists(self, path: str) -> bool:
-        return await anyio.to_thread.run_sync(self._exists, path)
+        return self._exists(path)
 
     async def mkdir(self, path: str, *, parents: bool = True) -> None:
-        await anyio.to_thread.run_sync(self._mkdir, path, parents)
+        self._mkdir(path, parents)
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file, symlink (not its target) or directory (``recursive`` for trees)."""
@@ -419,6 +427,10 @@ class HostFS:
 
     async def rename(self, src: str, dst: str) -> None:
         await anyio.to_thread.run_sync(self._rename, src, dst)
+
+
+_INLINE_BYTES = 64 * 1024
+"""Writes up to this size run in the caller's thread (a page-cache copy)."""
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -7,7 +7,8 @@ and for trusted commands only; ``corral doctor`` and the capabilities (``isolate
 
 Each sandbox is ``$CORRAL_HOME/sandboxes/local/<id>/``; its ``root/workspace``,
 ``root/tmp`` and ``root/home/agent`` stand in for ``/workspace``, ``/tmp`` and
-``/home/agent``. The agent's view is mapped as well as it can be without isolation: the
+``/home/agent``. ``create`` makes only the directory and ``state.json``; the areas and
+``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
 working directory (default ``/workspace``) is translated to the host directory, and
 ``HOME``, ``TMPDIR``, ``PWD`` and ``CORRAL_WORKSPACE`` point at the host directories.
 Literal ``/workspace/...`` paths inside commands are NOT rewritten.
@@ -50,6 +51,8 @@ from corral._paths import corral_home
 from corral.providers import _cgroups as cgroups
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
+from corral.providers._hostfs import HostFS
+from corral.providers._localdirs import clear_grave, make_areas, make_private
 from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._process import (
     Outcome,
@@ -63,11 +66,9 @@ from corral.providers._state import (
     SandboxState,
     bury,
     check_env,
-    make_files_dir,
     make_sandbox_dir,
     new_id,
     provider_root,
-    remove_if_skeleton,
     remove_tree,
     validate_id,
 )
@@ -93,6 +94,8 @@ __all__ = ["LOCAL_CAPABILITIES", "LocalConfig", "LocalHandle", "LocalProvider"]
 # status 125 when the group is gone (the sandbox is being destroyed).
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 _UNGROUPED = "ungrouped"
+
+_NO_SPEC = SandboxSpec()  # frozen; create copies what it keeps
 
 LOCAL_CAPABILITIES = Capabilities(
     background_processes=True,
@@ -178,6 +181,48 @@ class LocalHandle(HostDirHandle):
         super().__init__(sandbox_dir, state, LOCAL_CAPABILITIES)
         self._process = _LocalProcessApi(self)
         self._group_made = False
+        self._areas_made = False
+        self._private_made = False
+
+    def _areas(self) -> None:
+        """Make the writable areas on first use (create made only the state file)."""
+        if self._areas_made:
+            return
+        try:
+            make_areas(self._dir)
+        except (FileNotFoundError, NotADirectoryError):
+            raise SandboxGoneError(
+                f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
+            ) from None
+        self._areas_made = True
+
+    @property
+    def fs(self) -> HostFS:
+        self._areas()
+        return self._fs
+
+    @property
+    def host_root(self) -> str:
+        self._areas()
+        return super().host_root
+
+    def host_path(self, sandbox_path: str) -> str:
+        self._areas()
+        return super().host_path(sandbox_path)
+
+    @property
+    def private_dir(self) -> str:
+        """Host-only directory of this sandbox (made on first use), never visible inside it."""
+        if not self._private_made:
+            try:
+                make_private(self._dir)
+            except (FileNotFoundError, NotADirectoryError):
+                raise SandboxGoneError(
+                    f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a "
+                    "new one"
+                ) from None
+            self._private_made = True
+        return super().private_dir
 
     def _kill_group(self) -> str | None:
         """The sandbox's cgroup (made on first use), or None: then destroy must scan."""
@@ -194,7 +239,7 @@ class LocalHandle(HostDirHandle):
     def _mark_ungrouped(self) -> None:
         # A process outside the group: destroy must fall back to the tag scan.
         with contextlib.suppress(OSError):
-            os.close(os.open(self._dir / "private" / _UNGROUPED, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.close(os.open(Path(self.private_dir, _UNGROUPED), os.O_WRONLY | os.O_CREAT, 0o600))
 
     def _join(self, group: str, proc: subprocess.Popen[bytes]) -> None:
         try:
@@ -224,6 +269,7 @@ class LocalHandle(HostDirHandle):
         self._check_alive()
         check_env(dict(env or {}))
         argv = to_argv(command)
+        self._areas()
         sandbox_cwd = self._check_cwd(cwd)
         root = self._files / "root"
         host_cwd = str(root / sandbox_cwd.lstrip("/"))
@@ -279,6 +325,7 @@ class LocalProvider:
 
     def __init__(self, home: Path | str | None = None) -> None:
         self._home = Path(home) if home is not None else None
+        self._roots: dict[object, Path] = {}
 
     @property
     def name(self) -> str:
@@ -294,7 +341,15 @@ class LocalProvider:
 
     @property
     def base_dir(self) -> Path:
-        return provider_root(self.provider_name, self._home or corral_home())
+        # Made once per home (corral_home and provider_root cost syscalls on every call);
+        # a root removed meanwhile is remade by create (make_sandbox_dir).
+        env = os.environ
+        key = self._home or (env.get("CORRAL_HOME"), env.get("HOME"))  # what names the home
+        root = self._roots.get(key)
+        if root is None:
+            root = self._roots[key] = provider_root(
+                self.provider_name, self._home or corral_home())
+        return root
 
     def fingerprint(self) -> str:
         return hashlib.sha256(f"{self.provider_name}:v1".encode()).hexdigest()
@@ -304,7 +359,7 @@ class LocalProvider:
         return HostDirSnapshots(self, redactor=redactor)
 
     async def create(self, spec: SandboxSpec | None = None) -> LocalHandle:
-        spec = spec or SandboxSpec()
+        spec = spec or _NO_SPEC
         lim = spec.limits
         if any(v is not None for v in (lim.memory_bytes, lim.pids, lim.cpus, lim.disk_bytes)):
             raise UnsupportedCapability(
@@ -318,10 +373,10 @@ class LocalProvider:
         state = SandboxState.from_spec(sandbox_id, self.name, spec)
         state.limit_mode = "none"
         state.kill_group = cgroups.kill_group_for(f"{self.name}.{sandbox_id}.{state.token}")
-        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id)
+        # One mkdir and the state file: the areas and private/ are made on first use.
+        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id, private=False)
         try:
-            make_files_dir(sandbox_dir, None, exists=True)
-            state.save(sandbox_dir)
+            state.save(sandbox_dir, fresh=True)
         except BaseException:
             remove_tree(sandbox_dir)
             raise  # last: the sandbox exists once state.json does
@@ -333,8 +388,9 @@ class LocalProvider:
         state = SandboxState.load(sandbox_dir)
         if state is None or state.destroying:
             return None
-        if not (Path(state.files_dir or sandbox_dir) / "root" / "workspace").is_dir():
-            return None
+        root = Path(state.files_dir or sandbox_dir) / "root"
+        if root.is_dir() and not (root / "workspace").is_dir():
+            return None  # its files were wiped underneath (a never used one has no root/)
         return self.handle_class(sandbox_dir, state)
 
     async def destroy(self, ref: SandboxRef | str) -> None:
@@ -342,25 +398,32 @@ class LocalProvider:
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
         sandbox_dir = self.base_dir / sandbox_id
         state = SandboxState.load(sandbox_dir)
+        destroying = state is None or state.destroying
         if state is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
             group = state.kill_group
             scan = not group or os.path.exists(sandbox_dir / "private" / _UNGROUPED)
-            # The common case costs no thread: a group with nothing left in it is one rmdir.
-            if group and not cgroups.remove_kill_group_if_empty(group):
-                await anyio.to_thread.run_sync(_kill_group, state)
-            if scan:
-                await anyio.to_thread.run_sync(_kill_tagged, state.token)
+            # The common case costs no thread and no state rename: a group with nothing
+            # left in it is one rmdir, and the directory is buried right after.
+            if scan or (group and not cgroups.remove_kill_group_if_empty(group)):
+                # Killing takes a while: mark the destroy as begun (resume refuses it, and
+                # a destroy interrupted here is finished by the next one).
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+                destroying = True
+                if group:
+                    await anyio.to_thread.run_sync(_kill_group, state)
+                if scan:
+                    await anyio.to_thread.run_sync(_kill_tagged, state.token)
         # Gone for everyone once moved aside; its files are deleted before destroy returns:
         # they may hold what the agent wrote (secrets included), and "destroyed" must mean
-        # gone from the disk. A sandbox holding only what create made takes a few rmdirs.
+        # gone from the disk. Only the empty directories corral made (fixed names, no
+        # content) may be left to the background digger (see _localdirs).
         grave = bury(sandbox_dir)
-        if grave is not None and not remove_if_skeleton(grave):
+        if grave is not None and not clear_grave(grave, destroying=destroying):
             await anyio.to_thread.run_sync(partial(shutil.rmtree, grave, ignore_errors=True))
 
     async def list(self) -> list[SandboxRef]:
-        base = self.base_dir
+        base = provider_root(self.provider_name, self._home or corral_home())
         return [
             SandboxRef(self.name, p.name)
             for p in sorted(base.iterdir())

@@ -8,11 +8,14 @@ Layout of one sandbox, ``$CORRAL_HOME/sandboxes/<provider>/<id>/``::
     private/     host-only files (journals, nonces); never mounted into the sandbox
     etc/         generated passwd/group (bubblewrap)
 
+(The local provider makes ``root/`` and ``private/`` on first use: ``_localdirs``.)
+
 A sandbox exists when ``state.json`` exists; ``resume`` from any process reads it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -131,10 +134,12 @@ class SandboxState:
             disk_bytes=self.disk_bytes,
         )
 
-    def save(self, sandbox_dir: Path) -> None:
+    def save(self, sandbox_dir: Path, *, fresh: bool = False) -> None:
+        """Write ``state.json``; ``fresh``: ``sandbox_dir`` was just made by this process
+        (no other writer: the temporary file needs no random name)."""
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
-        tmp = f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
+        tmp = f"{sandbox_dir}/.state.tmp" if fresh else f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
         # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
         data = {name: getattr(self, name) for name in _SAVED_FIELDS}
         raw = memoryview(json.dumps(data, sort_keys=True).encode())
@@ -178,8 +183,9 @@ def check_env(env: dict[str, str] | None) -> None:
         _check_env(key, value)
 
 
-def make_sandbox_dir(parent: Path, sandbox_id: str) -> Path:
-    """Create ``<parent>/<id>`` with its private dir; raise when the id is taken."""
+def make_sandbox_dir(parent: Path, sandbox_id: str, *, private: bool = True) -> Path:
+    """Create ``<parent>/<id>`` (with its private dir unless ``private`` is False); raise
+    when the id is taken."""
     path = f"{parent}/{sandbox_id}"
     try:
         os.mkdir(path, 0o700)
@@ -190,8 +196,9 @@ def make_sandbox_dir(parent: Path, sandbox_id: str) -> Path:
         ) from None
     except FileNotFoundError:  # the provider root went away since it was made: remake it
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return make_sandbox_dir(parent, sandbox_id)
-    os.mkdir(f"{path}/private", 0o700)
+        return make_sandbox_dir(parent, sandbox_id, private=private)
+    if private:
+        os.mkdir(f"{path}/private", 0o700)
     return Path(path)
 
 
@@ -251,47 +258,70 @@ def remove_if_skeleton(grave: Path) -> bool:
     return True
 
 
-# Graves are deleted by one background thread per process. It is not a daemon: the
-# interpreter waits for it at exit, so a process that destroys and exits leaves nothing.
-# A grave left by a killed process is queued by the next process that opens the provider
-# root (``provider_root``).
+# Graves are deleted by one background thread per process, started on first use and kept
+# (a thread start costs more than the rmdirs it saves). It is a daemon, and an exit handler
+# waits until every grave queued so far is deleted, so a process that destroys and exits
+# leaves nothing. A grave left by a killed process is queued by the next process that
+# opens the provider root (``provider_root``).
 _graves: queue.SimpleQueue[Path] = queue.SimpleQueue()
-_digger: threading.Thread | None = None
+_digger_pid = 0  # the process whose digger runs (a forked child starts its own)
 _digger_lock = threading.Lock()
+_pending = 0
+_idle = threading.Condition(_digger_lock)
 
 
 def delete_later(grave: Path) -> None:
     """Delete ``grave`` (a buried directory) in the background."""
-    global _digger
+    global _digger_pid, _pending
     with _digger_lock:
-        _graves.put(grave)
-        if _digger is None:
+        _pending += 1
+        if _digger_pid != os.getpid():
             try:
-                _digger = threading.Thread(target=_dig, name="corral-graves")
-                _digger.start()
+                threading.Thread(target=_dig, name="corral-graves", daemon=True).start()
             except RuntimeError:  # interpreter shutting down: no new threads
-                _digger = None
+                _pending -= 1
                 shutil.rmtree(grave, ignore_errors=True)
+                return
+            if _digger_pid == 0:
+                atexit.register(wait_for_graves)
+            _digger_pid = os.getpid()
+    _graves.put(grave)
 
 
 def _dig() -> None:
-    global _digger
+    global _pending
     while True:
-        with _digger_lock:
-            try:
-                grave = _graves.get_nowait()
-            except queue.Empty:
-                _digger = None
-                return
-        shutil.rmtree(grave, ignore_errors=True)
+        grave = _graves.get()
+        try:
+            if not remove_if_skeleton(grave):
+                shutil.rmtree(grave, ignore_errors=True)
+        except OSError:
+            shutil.rmtree(grave, ignore_errors=True)  # whatever is left: the next process
+        finally:  # counted down whatever happened: the exit handler waits for zero
+            with _digger_lock:
+                _pending -= 1
+                if not _pending:
+                    _idle.notify_all()
 
 
 def wait_for_graves() -> None:
-    """Block until every grave queued so far is deleted (for tests and benchmarks)."""
-    digger = _digger
-    while digger is not None:
-        digger.join()
-        digger = _digger
+    """Block until every grave queued so far is deleted (at exit; tests, benchmarks)."""
+    with _digger_lock:
+        if _digger_pid == os.getpid():
+            _idle.wait_for(lambda: not _pending)
+
+
+def _forked() -> None:
+    global _graves, _digger_lock, _idle, _pending
+    # The parent's digger is not in this process: start afresh (graves queued by the
+    # parent are the parent's to delete).
+    _graves = queue.SimpleQueue()
+    _digger_lock = threading.Lock()
+    _idle = threading.Condition(_digger_lock)
+    _pending = 0
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _queue_left_graves(root: Path) -> None:

@@ -44,8 +44,8 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     if not isinstance(socket_path, str):
         return
     prompt = spec.permission_prompt and spec.policy is not None
-    if tools is None and prompt:
-        tools = Toolset()  # the permission prompt needs only the run's policy
+    if tools is None and (prompt or spec.frontend_tools):
+        tools = Toolset()  # the permission prompt and a client's tools need no toolset
     if tools is None:
         log.warning("run %s was started with host tools, and this driver has none: its "
                     "tool calls fail until a driver with the toolset takes it",
@@ -73,6 +73,13 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     gate = Approvals(store, run_id, emit=emit, timeout=approval_timeout)
     if prompt and spec.policy is not None:
         tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate)])
+    if spec.frontend_tools:
+        from corral.tools._frontend import frontend_tools
+
+        # the endpoint refused names that shadow corral's own; a tool added to the
+        # application since is kept and the client's of that name is not offered
+        tools = Toolset([*tools, *(t for t in frontend_tools(spec.frontend_tools, gate)
+                                   if t.name not in tools)])
     server = HostToolServer(tools, token=await run_tools_token(store, run_id), run_id=run_id,
                             approvals=gate)
     await tg.start(server.serve, socket_path)

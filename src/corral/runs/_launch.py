@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from ag_ui.core import CustomEvent, RunStartedEvent
 
 from corral._errors import ConfigError, CorralError
 from corral.agents._prepare import agent_prerequisites, prepare_agent, with_agent_binds
@@ -100,8 +101,10 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         agent_prerequisites(harness)
         if not (request.prompt or "").strip():
             raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
-        if tools is None and harness.policy_mapping.permission_prompt:
-            tools = Toolset()  # the server is needed for the permission prompt tool alone
+        if tools is None and (harness.policy_mapping.permission_prompt
+                              or spec.frontend_tools):
+            # the server is needed for the permission prompt or a client's tools alone
+            tools = Toolset()
     else:
         command = harness.build_command(agent_request)
         tools = None
@@ -127,13 +130,31 @@ async def file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> d
     return out
 
 
+PROMPT_EVENT = "corral.prompt"
+"""The CUSTOM event after an agent run's ``RUN_STARTED``: ``{"prompt": text}``, the prompt
+that started the run, so a viewer shows the conversation from the log alone. (Not AG-UI's
+``RUN_STARTED.input``: AG-UI clients add its messages to their own by id, and the client
+that started a run already holds its prompt under an id corral never sees.)"""
+
+
+def with_prompt(start: list[Any], request: RunRequest) -> list[Any]:
+    """The start batch of a run, with its prompt (:data:`PROMPT_EVENT`) after
+    ``RUN_STARTED``."""
+    if request.prompt is None:
+        return start
+    at = 1 if start and isinstance(start[0], RunStartedEvent) else len(start)
+    return [*start[:at], CustomEvent(name=PROMPT_EVENT, value={"prompt": request.prompt}),
+            *start[at:]]
+
+
 async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
                      paths: JournalPaths, nonce: str, epoch: int) -> None:
     """Under the run's first claim (``epoch``): log the harness's start batch, make the
     sandbox (``plan.ensured``: a failure after it must destroy it), record the file events'
     baseline, launch the agent."""
     sandbox, provider = plan.sandbox, plan.provider
-    start = plan.harness.translator(RunContext(run_id, thread_id)).start()
+    start = with_prompt(plan.harness.translator(RunContext(run_id, thread_id)).start(),
+                        plan.request)
     if start:
         await store.append(run_id, [(event_to_dict(e), 0) for e in start], epoch=epoch)
     cli = isinstance(plan.harness, CliHarness)

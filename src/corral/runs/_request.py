@@ -82,6 +82,11 @@ class RunRequest:
     """Host tools for an agent CLI (the MCP server ``corral``), served by the process that
     drives the run: pass the same toolset to :meth:`Runner.drive` (or to the
     :class:`Runner`) in every process that may drive it. Never stored."""
+    frontend_tools: Sequence[Mapping[str, Any]] | None = None
+    """Tools an AG-UI client runs itself (``{"name", "description", "parameters"}``,
+    checked with :func:`corral.tools._frontend.check_frontend_tools`): offered to an agent
+    CLI as host tools whose calls wait for the client's result. Stored in the run's spec,
+    so every driver offers them."""
     timeout: float | None = None
     """Seconds the agent may run; then its supervisor, on the host and out of the agent's
     reach, stops it (SIGTERM, SIGKILL 5 s later) and the run fails with exit code 124.
@@ -146,6 +151,8 @@ class RunRequest:
             secret_names=list(sandbox.secrets),
             policy=policy,
             permission_prompt=prompt,
+            frontend_tools=([dict(t) for t in self.frontend_tools]
+                            if self.frontend_tools and self.harness != "command" else None),
         )
 
 

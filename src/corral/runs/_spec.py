@@ -65,6 +65,9 @@ class RunSpec(BaseModel):
     trace: dict[str, str] | None = None
     """The W3C trace context (``traceparent``) of the span that started the run: every
     driver, on any host, continues that trace (OpenTelemetry, when installed)."""
+    frontend_tools: list[dict[str, Any]] | None = None
+    """Tools an AG-UI client runs itself (:mod:`corral.tools._frontend`), offered to the
+    agent by every driver of the run."""
     agent: dict[str, Any] | None = None
     """An agent CLI run's runtime: sockets, the services daemon (its job and pid), the
     resumed session."""

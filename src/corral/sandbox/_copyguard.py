@@ -105,7 +105,8 @@ class StateGuard:
             return f"it is a CORRAL_HOME (it holds {HOME_MARKER})"
         if _STORE_NAME in names and ("sandboxes" in names or "journals" in names):
             return "it looks like a CORRAL_HOME (corral.db with sandboxes/ or journals/)"
-        if "state.json" in names and "private" in names:
+        # A local sandbox makes private/ and root/ on first use: either one marks it.
+        if "state.json" in names and ("private" in names or "root" in names):
             return "it looks like a corral sandbox's state directory"
         if any(n.endswith(".journal") and n[:-8] + ".status.json" in names for n in names):
             return "it looks like a corral journal directory"

@@ -209,6 +209,28 @@ async def _bootstrap(sandbox: Sandbox, handle: Handle) -> dict[str, Any]:
     return {"bootstrapped_at": result.bootstrapped_at, "commit": result.commit}
 
 
+async def _bootstrap_recorded(
+    sandbox: Sandbox, handle: Handle, store: InstanceStore, record: InstanceRecord
+) -> dict[str, Any]:
+    """Bootstrap while the ``bootstrapping`` record is written. The record is begun right
+    after create, as before, and both are done when this returns; the setup need not wait
+    for the store's round trip (a hop to a worker thread, milliseconds on a loaded host)."""
+    failure: BaseException | None = None
+    extra: dict[str, Any] = {}
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.upsert_instance, record)
+            try:
+                extra = await _bootstrap(sandbox, handle)
+            except BaseException as exc:  # carried past the task group, unwrapped
+                failure = exc
+    except BaseExceptionGroup as group:  # the record's write failed (the setup was stopped)
+        raise group.exceptions[0] from None
+    if failure is not None:
+        raise failure
+    return extra
+
+
 async def _marker_ok(sandbox: Sandbox, handle: Handle) -> bool:
     marker = await read_marker(handle)
     return marker is not None and marker.get("workspace_hash") == sandbox.workspace.hash()
@@ -307,10 +329,10 @@ async def _ensure_locked(
     handle = await provider.create(await spec())
     now = time.time()
     try:
-        await store.upsert_instance(
-            _record(sandbox, ctx, key, handle, snapshot=None, state="bootstrapping", now=now)
+        extra = await _bootstrap_recorded(
+            sandbox, handle, store,
+            _record(sandbox, ctx, key, handle, snapshot=None, state="bootstrapping", now=now),
         )
-        extra = await _bootstrap(sandbox, handle)
         snap_id: str | None = None
         if sandbox.lifecycle.snapshot == "after-setup":
             assert snapshots is not None

@@ -22,10 +22,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral._telemetry import context_of, span
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError
+from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
 from corral.runs._runner import Runner, RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
-from corral.server._agui import AguiInputError, start_body
+from corral.server._agui import AguiInputError, answers_of, frontend_descriptors, start_body
+from corral.server._agui_answer import apply_answers
+from corral.server._agui_runs import Segments
 from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
 from corral.server._guard import Guard
 from corral.server._models import (
@@ -34,6 +37,7 @@ from corral.server._models import (
     ApprovalOut,
     ApprovalResult,
     ErrorBody,
+    HarnessList,
     RunCreated,
     RunList,
     RunOut,
@@ -44,6 +48,7 @@ from corral.server._models import (
 from corral.server._service import RunService, TooManyRuns
 from corral.server._sse import EventStream, encode_event
 from corral.tools._approvals import ApprovalError, answer_approval, list_pending
+from corral.tools._permission import PERMISSION_TOOL
 
 log = logging.getLogger("corral.server._app")
 
@@ -321,6 +326,11 @@ def create_app(
         if body.file_events:
             request = replace(request, sandbox=replace(request.definition(),
                                                        file_events=body.file_events))
+        if sandbox.policy is not None:
+            from corral.sandbox._policy import Policy  # start-up cost: only when used
+
+            request = replace(request, sandbox=replace(request.definition(),
+                                                       policy=Policy(**sandbox.policy)))
         return request
 
     @app.post(
@@ -335,7 +345,8 @@ def create_app(
             **_responses(400, 401, 403, 409, 413, 422, 429, 500),
         },
         response_class=Response,
-        summary="AG-UI: start (or resume) the durable run an AG-UI RunAgentInput describes",
+        summary="AG-UI: start (or resume) the durable run an AG-UI RunAgentInput describes, "
+        "or continue it with frontend tool results and resume entries",
     )
     async def agui(
         run_input: RunAgentInput,
@@ -343,19 +354,37 @@ def create_app(
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> Any:
         position = _resume_point(last_event_id)
-        existing = await service.store.get(run_input.run_id)
-        if existing is None:
-            try:
+        try:
+            answers = answers_of(run_input)
+            if answers.ids:
+                # the client answers what a run of the thread waits for: the same corral
+                # run goes on, shown as the AG-UI run of this input
+                going_on = await apply_answers(service.store, run_input.thread_id, answers)
+                return _Asgi(EventStream(
+                    service, going_on.record.run_id, 0,
+                    project=Segments(run_input.thread_id, run_input.run_id,
+                                     going_on.segment, position).feed_frames))
+            existing = await service.store.get(run_input.run_id)
+            if existing is None:
                 body = start_body(run_input, config.default_harness)
-            except AguiInputError as exc:
-                raise ApiError(400, "invalid_agui_input", str(exc)) from None
+                frontend = frontend_descriptors(run_input, reserved_tool_names())
+            elif existing.thread_id != run_input.thread_id:
+                raise RunExists(f"run {run_input.run_id!r} exists on another thread")
+        except AguiInputError as exc:
+            raise ApiError(400, "invalid_agui_input", str(exc)) from None
+        if existing is None:
             with span("POST /v1/agui", _http_attrs(request),
                       parent=context_of(request.headers)):
-                await service.start_run(run_request(body))
-        elif existing.thread_id != run_input.thread_id:
-            raise RunExists(f"run {run_input.run_id!r} exists on another thread")
+                await service.start_run(replace(run_request(body), frontend_tools=frontend
+                                                or None))
         # else: the client retries or reconnects: the same run's stream, from where it was
-        return _Asgi(EventStream(service, run_input.run_id, position))
+        return _Asgi(EventStream(service, run_input.run_id, 0, project=Segments(
+            run_input.thread_id, run_input.run_id, 0, position).feed_frames))
+
+    def reserved_tool_names() -> set[str]:
+        """corral's own host tool names: a client's tool never shadows one."""
+        own = service.runner.tools
+        return {PERMISSION_TOOL, *(t.name for t in own or ())}
 
     @app.get("/v1/runs", response_model=RunList, responses=_responses(401, 422),
              summary="List runs, newest first")
@@ -416,6 +445,13 @@ def create_app(
             # a forged or foreign id, an unknown, expired or already answered request
             raise ApiError(409, "approval_refused", str(exc)) from None
         return ApprovalResult(approval_id=approval_id, decision=body.decision)
+
+    @app.get("/v1/harnesses", response_model=HarnessList, responses=_responses(401),
+             summary="The harnesses this server starts runs with (and its default)")
+    async def harnesses() -> HarnessList:
+        allowed = config.allowed_harnesses
+        names = list(allowed) if allowed is not None else harness_names()
+        return HarnessList(harnesses=names, default_harness=config.default_harness)
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")

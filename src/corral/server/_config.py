@@ -13,6 +13,10 @@ by name, and decide what clients may ask for inline::
     provider = "bubblewrap"
     workspace = "/srv/workspaces/repo"
 
+    [sandboxes.repo.policy]                 # optional: agent runs ask before "git push *"
+    allow = ["*"]
+    ask = ["git push *"]
+
 Inline workspaces are refused unless ``workspace_roots`` allows them: a workspace is a host
 directory copied into the sandbox, so letting any client name one would let it read any
 file the server can read.
@@ -47,6 +51,10 @@ class SandboxDefinition:
 
     provider: str = DEFAULT_PROVIDER
     workspace: str | None = None
+    policy: Mapping[str, Any] | None = None
+    """The operator's policy for agent runs in it (``[sandboxes.NAME.policy]``, the
+    keys of a corral.toml ``[policy]``): ``ask`` verdicts become approvals, which the AG-UI
+    endpoint shows as interrupts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +147,15 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     for name, body in (raw.get("sandboxes") or {}).items():
         if not isinstance(body, dict):
             raise ConfigError(f"config file: [sandboxes.{name}] must be a table")
-        extra = set(body) - {"provider", "workspace"}
+        extra = set(body) - {"provider", "workspace", "policy"}
         if extra:
             raise ConfigError(
                 f"config file: [sandboxes.{name}] has unknown key(s) {sorted(extra)}; "
-                "use provider and workspace"
+                "use provider, workspace and policy"
             )
+        policy = body.get("policy")
+        if policy is not None:
+            policy = _policy(name, policy)
         provider = body.get("provider", DEFAULT_PROVIDER)
         workspace = body.get("workspace")
         if not isinstance(provider, str) or (workspace is not None and not isinstance(workspace, str)):
@@ -152,7 +163,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         if workspace is not None and not Path(workspace).is_dir():
             raise ConfigError(f"config file: [sandboxes.{name}] workspace {workspace!r} is not a "
                               "directory")
-        sandboxes[name] = SandboxDefinition(provider=provider, workspace=workspace)
+        sandboxes[name] = SandboxDefinition(provider=provider, workspace=workspace,
+                                            policy=policy)
     out["sandboxes"] = sandboxes
     if "default_sandbox" in raw:
         if not isinstance(raw["default_sandbox"], str):
@@ -169,3 +181,16 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
                 raise ConfigError(f"config file: {key} must be a list of strings")
             out[key] = tuple(value)
     return out
+
+
+def _policy(name: str, body: Any) -> dict[str, Any]:
+    """A configured sandbox's policy table, checked as corral.toml's ``[policy]`` is."""
+    from corral.sandbox._definition import Sandbox  # the sandbox machinery: only when used
+
+    if not isinstance(body, dict):
+        raise ConfigError(f"config file: [sandboxes.{name}.policy] must be a table")
+    try:
+        checked = Sandbox.from_dict({"policy": body}).policy
+    except ConfigError as exc:
+        raise ConfigError(f"config file: [sandboxes.{name}.policy]: {exc}") from None
+    return dict(checked.to_dict())

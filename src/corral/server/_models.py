@@ -156,6 +156,15 @@ class ApprovalResult(BaseModel):
     decision: Literal["allow", "deny"]
 
 
+class HarnessList(BaseModel):
+    """``GET /v1/harnesses``: the harnesses this server starts runs with."""
+
+    harnesses: list[str] = Field(description="names `POST /v1/runs` accepts as `harness` "
+                                 "(`command` for command runs)")
+    default_harness: str | None = Field(
+        None, description="the harness of an AG-UI input that names none")
+
+
 class RunErrorOut(BaseModel):
     message: str
     code: str | None = None

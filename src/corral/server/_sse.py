@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
@@ -47,10 +48,15 @@ def encode_event(logged: LoggedEvent) -> bytes:
 class EventStream:
     """The ASGI response streaming ``run_id``'s log after offset ``after``."""
 
-    def __init__(self, service: RunService, run_id: str, after: int) -> None:
+    def __init__(self, service: RunService, run_id: str, after: int,
+                 project: Callable[[list[bytes]], tuple[list[bytes], bool]] | None = None
+                 ) -> None:
         self.service = service
         self.run_id = run_id
         self.after = after
+        self.project = project
+        """Rewrites each batch of frames (the AG-UI endpoint's view of the log); its
+        ``True`` ends the stream."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service = self.service
@@ -78,7 +84,14 @@ class EventStream:
                 )
                 async with closing(events):
                     async for frames in events:
+                        done = False
+                        if self.project is not None and frames:
+                            frames, done = self.project(frames)
+                            if not frames and not done:
+                                continue
                         await _body(send, b"".join(frames) if frames else HEARTBEAT_FRAME)
+                        if done:
+                            break
                 if not service.closing.is_set():
                     await _body(send, END_FRAME)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -52,6 +52,7 @@ from corral.tools._keys import b64, corral_key
 __all__ = [
     "APPROVAL_REQUEST_EVENT",
     "APPROVAL_RESOLVED_EVENT",
+    "FRONTEND_PREFIX",
     "ApprovalChannel",
     "ApprovalError",
     "ApprovalSigner",
@@ -62,6 +63,10 @@ __all__ = [
 
 APPROVAL_REQUEST_EVENT = "corral.approval_request"
 APPROVAL_RESOLVED_EVENT = "corral.approval_resolved"
+FRONTEND_PREFIX = "frontend:"
+"""The stored ``tool`` of a frontend tool call (an AG-UI client runs the tool): kept with
+the approvals (any host can answer it) but never listed or answered as one. Host tool names
+have no ``:``."""
 Decision = Literal["allow", "deny", "timeout"]
 Emit = Callable[[BaseEvent], Awaitable[None] | None]
 POLL = 0.1
@@ -146,18 +151,21 @@ class Approvals:
                 return got[1]
             await anyio.sleep(self.poll)
 
-    async def request(self, tool: str, args: Any, *, call_id: str | None = None
-                      ) -> str | None:
-        """Ask, wait, and return ``None`` when allowed or the denial reason."""
+    async def hold(self, tool: str, args: Any, *, call_id: str | None = None,
+                   events: tuple[str, str] = (APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT),
+                   announce: dict[str, Any] | None = None) -> tuple[str, ApprovalAnswer]:
+        """Store a request, emit ``events[0]``, wait for its answer (or the timeout), emit
+        ``events[1]``; returns the request's id and the answer that stands. ``announce``
+        adds fields to the request event (a frontend call's ``toolCallId``)."""
         if self.signer is None:
             self.signer = await ApprovalSigner.for_store(self.store)
         approval_id = self.signer.new_id(self.run_id)
         now = time.time()
         await self.store.add_approval(ApprovalRequest(
             approval_id, self.run_id, tool, args, now, now + self.timeout, call_id=call_id))
-        await self._emit(APPROVAL_REQUEST_EVENT, {
+        await self._emit(events[0], {
             "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
-            "expiresAt": now + self.timeout})
+            "expiresAt": now + self.timeout, **(announce or {})})
         answer: ApprovalAnswer | None = None
         try:
             with anyio.move_on_after(self.timeout):
@@ -177,9 +185,16 @@ class Approvals:
                         ApprovalAnswer("timeout", "the tool call ended before an answer",
                                        time.time()))
         assert answer is not None  # set unless the block above raised
-        await self._emit(APPROVAL_RESOLVED_EVENT, {"approvalId": approval_id,
-                                                   "decision": answer.decision,
-                                                   "reason": answer.reason})
+        await self._emit(events[1], {"approvalId": approval_id, "decision": answer.decision,
+                                     "reason": answer.reason if events[1] ==
+                                     APPROVAL_RESOLVED_EVENT else _short(answer.reason)})
+        return approval_id, answer
+
+    async def request(self, tool: str, args: Any, *, call_id: str | None = None
+                      ) -> str | None:
+        """Ask, wait, and return ``None`` when allowed or the denial reason."""
+        announce = {"toolCallId": call_id} if call_id is not None else None
+        _id, answer = await self.hold(tool, args, call_id=call_id, announce=announce)
         if answer.decision == "allow":
             return None
         if answer.decision == "timeout":
@@ -188,10 +203,20 @@ class Approvals:
         return f"denied by a human{': ' + reason if reason else ''}"
 
 
+def _short(text: str | None, limit: int = 200) -> str | None:
+    """A frontend tool's result in its resolved event: the start only (the agent's tool
+    result event carries it whole)."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[:limit] + "..."
+
+
 async def list_pending(store: ApprovalStore, run_id: str) -> list[ApprovalRequest]:
     """Pending approval requests of a run, oldest first (:class:`corral.stores.ApprovalRequest`:
-    id, run, tool, args, created and expiry times, the tool call's id)."""
-    return await store.list_pending_approvals(run_id)
+    id, run, tool, args, created and expiry times, the tool call's id). Frontend tool
+    calls waiting for an AG-UI client's result (kept alongside) are not approvals."""
+    return [r for r in await store.list_pending_approvals(run_id)
+            if not r.tool.startswith(FRONTEND_PREFIX)]
 
 
 async def answer_approval(store: ApprovalChannel, run_id: str, approval_id: str, allow: bool,
@@ -209,6 +234,9 @@ async def answer_approval(store: ApprovalChannel, run_id: str, approval_id: str,
     got = await store.get_approval(run_id, approval_id)
     if got is None:
         raise missing
+    if got[0].tool.startswith(FRONTEND_PREFIX):
+        raise ApprovalError(f"{approval_id} is a frontend tool call, not an approval: the "
+                            "AG-UI client answers it with the tool's result (POST /v1/agui)")
     if got[1] is not None:
         raise ApprovalError(f"approval {approval_id} was already answered: {got[1].decision}")
     ours = ApprovalAnswer("allow" if allow else "deny", reason, time.time())

@@ -60,6 +60,9 @@ class ToolContext:
     tool: str
     run_id: str | None = None
     call_id: str | None = None
+    tool_use_id: str | None = None
+    """The agent's own id of the call (its journal's tool call id), when its CLI names it
+    (Claude Code does); ``None`` otherwise."""
 
 
 class _Args(BaseModel):

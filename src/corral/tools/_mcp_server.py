@@ -69,7 +69,8 @@ class HostToolServer:
         async def call_tool(ctx: ServerRequestContext[Any],
                             params: types.CallToolRequestParams) -> types.CallToolResult:
             call_id = None if ctx.request_id is None else str(ctx.request_id)
-            context = ToolContext(tool=params.name, run_id=self.run_id, call_id=call_id)
+            context = ToolContext(tool=params.name, run_id=self.run_id, call_id=call_id,
+                                  tool_use_id=_tool_use_id(params.meta))
             try:
                 value = await execute_host_tool(
                     self.toolset, {"name": params.name, "args": params.arguments or {}},
@@ -103,6 +104,18 @@ class HostToolServer:
         """Serve on a unix socket until cancelled; ``task_status.started()`` once it
         listens. Use with ``await task_group.start(server.serve, path)``."""
         await serve_unix(self.asgi_app(), socket_path, task_status=task_status)
+
+
+def _tool_use_id(meta: Any) -> str | None:
+    """The agent's own id of the call, when its CLI sends one (Claude Code:
+    ``_meta["claudecode/toolUseId"]``): the id its journal's tool call carries, so an
+    approval or a frontend call names the call the client saw. Data only, bounded."""
+    if not isinstance(meta, dict):
+        return None
+    value = meta.get("claudecode/toolUseId")
+    if isinstance(value, str) and 0 < len(value) <= 200 and value.isprintable():
+        return value
+    return None
 
 
 def _error(text: str) -> types.CallToolResult:

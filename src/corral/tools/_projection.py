@@ -72,7 +72,9 @@ def host_tools_projection(net_host_dir: Path, sock_dir_inside: str, run_id: str,
     name = f"tools-{tag}.sock"
     return HostToolsProjection(
         socket=net_host_dir / name,
-        forward={"name": FORWARD_NAME, "port": 0, "unix": f"{sock_dir_inside}/{name}"},
+        forward={"name": FORWARD_NAME, "port": 0, "unix": f"{sock_dir_inside}/{name}",
+                 # the CLI lists the server's tools once, at its start: a driver must serve
+                 "await": True},
         mcp_servers={SERVER_NAME: {
             "type": "http",
             "url": "http://127.0.0.1:{corral.port." + FORWARD_NAME + "}" + MCP_PATH,

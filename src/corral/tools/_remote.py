@@ -295,7 +295,8 @@ async def execute_host_tool(toolset: Toolset, body: Any, *, approvals: ApprovalG
         if approvals is None:
             raise ToolDeniedError(f"tool {name!r} needs approval and this run has no "
                                   "approval channel")
-        call_id = context.call_id if context is not None else None
+        # the agent's own id names the call the client saw (an AG-UI interrupt's toolCallId)
+        call_id = (context.tool_use_id or context.call_id) if context is not None else None
         reason = await approvals.request(name, args, call_id=call_id)
         if reason is not None:
             raise ToolDeniedError(f"tool {name!r} was denied: {reason}")

@@ -1,19 +1,29 @@
-// corral web page: list runs, start one, watch its events live, cancel.
+// corral web page: start an agent or command run, watch a thread as a conversation (each
+// run's prompt, the assistant's messages, tool calls, reasoning, approvals, file changes,
+// usage), detach, cancel.
 //
 // Reloading mid-run continues where the page was: the events shown so far and the offset
-// of the last one are kept in sessionStorage (per run), the page re-renders them, and the
+// of the last one are kept in sessionStorage (per run), the page re-renders them, and each
 // stream resumes with ?after=<that offset> (EventSource itself resends Last-Event-ID on
-// reconnects). Agent output is hostile: everything is rendered with textContent.
+// reconnects). Agent output, tool arguments, file names and prompts are hostile: the page
+// only ever sets textContent, never HTML.
 
 const $ = (sel) => document.querySelector(sel);
 const TOKEN_KEY = "corral:token";
 const runKey = (id) => `corral:run:${id}`;
+const detachedKey = (id) => `corral:detached:${id}`;
+const TERMINAL = new Set(["RUN_FINISHED", "RUN_ERROR"]);
+const APPROVAL_REQUEST = "corral.approval_request";
+const APPROVAL_RESOLVED = "corral.approval_resolved";
+const PROMPT = "corral.prompt";
+const DECIDED = { allow: "allowed", deny: "denied", timeout: "timed out" };
 
-// What tests (and curious people) can read: offsets as they arrived in this page load.
-const stats = { received: [], dupes: 0, gaps: 0, resumedFrom: null };
+// What tests (and curious people) can read, per run: offsets as they arrived in this page
+// load, duplicates and gaps seen, the offset a reload resumed after.
+const stats = { runs: {} };
 window.corral = stats;
 
-let current = null; // { id, last, events: [[offset, event]], source, view }
+let view = null; // { runId, threadId, turns: Map<run id, Turn>, detached }
 let saveTimer = null;
 
 // ---------------------------------------------------------------- HTTP
@@ -23,6 +33,7 @@ function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 // Where the app is mounted ("" at the root, "/corral" when a web app mounts it there): the
 // API lies beside the page.
 const BASE = location.pathname.replace(/\/[^/]*$/, "");
+const enc = encodeURIComponent;
 
 async function api(path, options = {}) {
   const headers = { ...(options.headers || {}) };
@@ -49,67 +60,89 @@ $("#token-form").addEventListener("submit", (e) => {
   e.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, $("#token").value.trim());
   $("#token-form").hidden = true;
+  loadHarnesses();
   refreshRuns();
-  if (current) watch(current.id);
+  if (view) watch(view.runId);
 });
 
-// ---------------------------------------------------------------- runs list
+// ---------------------------------------------------------------- small helpers
 
-function fmtTime(t) { return t ? new Date(t * 1000).toLocaleTimeString() : ""; }
-
-async function refreshRuns() {
-  let data;
-  try {
-    data = await api("/v1/runs?limit=50");
-  } catch (err) {
-    $("#conn").textContent = String(err.message || err);
-    return;
-  }
-  $("#conn").textContent = "";
-  const body = $("#runs tbody");
-  body.replaceChildren();
-  for (const run of data.runs) {
-    const tr = document.createElement("tr");
-    tr.dataset.runId = run.run_id;
-    if (current && current.id === run.run_id) tr.classList.add("selected");
-    const id = document.createElement("td");
-    id.className = "id";
-    id.textContent = run.run_id;
-    const status = document.createElement("td");
-    status.textContent = run.status + (run.cancel_requested && run.status === "running" ? " (cancelling)" : "");
-    const started = document.createElement("td");
-    started.textContent = fmtTime(run.started_at);
-    tr.append(id, status, started);
-    tr.addEventListener("click", () => select(run.run_id));
-    body.append(tr);
-    if (current && current.id === run.run_id) showRecord(run);
-  }
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined) node.textContent = String(text);
+  return node;
 }
 
-function showRecord(run) {
-  const status = $("#run-status");
-  status.textContent = run.status;
-  status.className = `status ${run.status}`;
-  $("#cancel").disabled = run.status !== "running" || run.cancel_requested;
-  const parts = [`thread ${run.thread_id}`];
-  if (run.command) parts.push(run.command.map((a) => (/[\s'"]/.test(a) || !a ? JSON.stringify(a) : a)).join(" "));
-  if (run.exit_code !== null && run.exit_code !== undefined) parts.push(`exit ${run.exit_code}`);
-  $("#run-meta").textContent = parts.join(" · ");
-  $("#run-usage").textContent = usageText(run.usage);
+function fmtTime(t) { return t ? new Date(t * 1000).toLocaleTimeString() : ""; }
+const errText = (e) => String((e && e.message) || e);
+
+function shellWords(argv) {
+  return argv.map((a) => (/[\s'"]/.test(a) || !a ? JSON.stringify(a) : a)).join(" ");
 }
 
 // Token usage and cost of an agent run (from the model proxy; priced on the server).
 function usageText(usage) {
   if (!usage) return "";
   const n = (v) => Number(v || 0).toLocaleString();
+  const usd = (v) => `$${Number(v).toFixed(4)}`;
   let text = `${n(usage.input_tokens)} tokens in · ${n(usage.output_tokens)} out · `
     + `${n(usage.cache_read_tokens)} cache read · ${n(usage.requests)} model requests`;
-  if (usage.cost_usd !== undefined) text += ` · $${Number(usage.cost_usd).toFixed(4)}`;
-  if (usage.unpriced && usage.unpriced.length) text += ` (unpriced: ${usage.unpriced.join(", ")})`;
+  const costs = usage.cost_by_model || {};
+  const unpriced = usage.unpriced || [];
+  // A model without a price is never counted as free: say the cost is unknown instead.
+  if (unpriced.length && !Object.keys(costs).length) {
+    text += ` · cost unknown (no price for ${unpriced.join(", ")})`;
+  } else if (usage.cost_usd !== undefined) {
+    text += ` · ${usd(usage.cost_usd)}`;
+    if (unpriced.length) text += ` + unpriced: ${unpriced.join(", ")}`;
+  }
+  const models = Object.keys(usage.models || {}).sort();
+  if (models.length > 1 || Object.keys(costs).length) {
+    text += " · " + models.map((m) => {
+      const used = usage.models[m] || {};
+      return `${m}: ${n(used.input_tokens)} in, ${n(used.output_tokens)} out`
+        + (m in costs ? `, ${usd(costs[m])}` : "");
+    }).join("; ");
+  }
   return text;
 }
 
-// ---------------------------------------------------------------- start / cancel
+// ---------------------------------------------------------------- runs list
+
+async function refreshRuns() {
+  let data;
+  try {
+    data = await api("/v1/runs?limit=50");
+  } catch (err) {
+    $("#conn").textContent = errText(err);
+    return;
+  }
+  if ($("#conn").textContent === "token required") $("#conn").textContent = "";
+  const body = $("#runs tbody");
+  body.replaceChildren();
+  for (const run of data.runs) {
+    const tr = document.createElement("tr");
+    tr.dataset.runId = run.run_id;
+    tr.tabIndex = 0;
+    tr.setAttribute("aria-label", `run ${run.run_id}, ${run.status}`);
+    if (view && view.runId === run.run_id) tr.classList.add("selected");
+    tr.append(el("td", "id", run.run_id),
+      el("td", "", run.status + (run.cancel_requested && run.status === "running" ? " (cancelling)" : "")),
+      el("td", "", fmtTime(run.started_at)));
+    tr.addEventListener("click", () => select(run.run_id));
+    tr.addEventListener("keydown", (e) => { if (e.key === "Enter") select(run.run_id); });
+    body.append(tr);
+    const turn = view && view.turns.get(run.run_id);
+    if (turn) showRecord(turn, run);
+  }
+  // A run started elsewhere on the thread being watched joins the conversation.
+  if (view && data.runs.some((r) => r.thread_id === view.threadId && !view.turns.has(r.run_id))) {
+    loadThread(view);
+  }
+}
+
+// ---------------------------------------------------------------- start / cancel / detach
 
 function splitCommand(text) {
   const trimmed = text.trim();
@@ -123,40 +156,96 @@ function splitCommand(text) {
   return out;
 }
 
+function kind() { return $("#kind-command").checked ? "command" : "agent"; }
+
+function showKind() {
+  $("#agent-fields").hidden = kind() !== "agent";
+  $("#command-fields").hidden = kind() !== "command";
+}
+for (const radio of document.querySelectorAll('input[name="kind"]')) radio.addEventListener("change", showKind);
+
+async function loadHarnesses() {
+  let data;
+  try { data = await api("/v1/harnesses"); } catch (_) { return; }
+  const agents = data.harnesses.filter((h) => h !== "command");
+  const select = $("#harness");
+  const chosen = select.value || data.default_harness || (agents.includes("claude-code") ? "claude-code" : agents[0]);
+  select.replaceChildren(...agents.map((h) => { const o = el("option", "", h); o.value = h; return o; }));
+  if (agents.includes(chosen)) select.value = chosen;
+  $("#kind-agent").disabled = agents.length === 0;
+  $("#kind-command").disabled = !data.harnesses.includes("command");
+  if (agents.length === 0) $("#kind-command").checked = true;
+  showKind();
+}
+
 $("#start-form").addEventListener("submit", async (e) => {
   e.preventDefault();
   const err = $("#start-error");
   err.hidden = true;
   try {
-    const command = splitCommand($("#command").value);
     const thread = $("#thread").value.trim() || `thread-${crypto.randomUUID().slice(0, 8)}`;
-    const created = await api("/v1/runs", {
-      method: "POST",
-      body: JSON.stringify({
-        thread_id: thread, command,
-        file_events: $("#file-diffs").checked ? "diff" : $("#file-events").checked,
-      }),
-    });
-    await refreshRuns();
+    const body = { thread_id: thread, file_events: $("#file-diffs").checked ? "diff" : $("#file-events").checked };
+    if (kind() === "command") {
+      body.command = splitCommand($("#command").value);
+      if (!body.command.length) throw new Error("type a command to run");
+    } else {
+      body.prompt = $("#prompt").value;
+      if (!body.prompt.trim()) throw new Error("type a prompt for the agent");
+      body.harness = $("#harness").value;
+      if ($("#model").value.trim()) body.model = $("#model").value.trim();
+    }
+    const created = await api("/v1/runs", { method: "POST", body: JSON.stringify(body) });
+    if (kind() === "agent") $("#prompt").value = "";
+    refreshRuns();
     select(created.run_id);
   } catch (e2) {
-    err.textContent = String(e2.message || e2);
+    err.textContent = errText(e2);
     err.hidden = false;
   }
 });
 
 $("#cancel").addEventListener("click", async () => {
-  if (!current) return;
+  if (!view) return;
+  const turn = view.turns.get(view.runId);
   $("#cancel").disabled = true;
   try {
-    showRecord(await api(`/v1/runs/${encodeURIComponent(current.id)}/cancel`, { method: "POST" }));
+    const record = await api(`/v1/runs/${enc(view.runId)}/cancel`, { method: "POST" });
+    if (turn) showRecord(turn, record);
   } catch (e) {
-    banner(String(e.message || e), "bad");
+    $("#errors").append(el("div", "banner bad", errText(e)));
   }
   refreshRuns();
 });
 
-// ---------------------------------------------------------------- watching
+// The next run of the conversation goes to this thread.
+$("#reply").addEventListener("click", () => {
+  if (!view || !view.threadId) return;
+  $("#thread").value = view.threadId;
+  (kind() === "agent" ? $("#prompt") : $("#command")).focus();
+});
+
+// Detach stops watching (every stream of the view closes; the server keeps driving the
+// run); Watch picks up after the last event shown.
+$("#detach").addEventListener("click", () => {
+  if (!view) return;
+  view.detached = !view.detached;
+  // a reload keeps the page detached, as it was
+  if (view.detached) sessionStorage.setItem(detachedKey(view.runId), "1");
+  else sessionStorage.removeItem(detachedKey(view.runId));
+  for (const turn of view.turns.values()) {
+    if (view.detached) closeStream(turn); else if (!turn.done) connect(turn);
+  }
+  showDetached();
+});
+
+function showDetached() {
+  const button = $("#detach");
+  button.textContent = view.detached ? "Watch" : "Detach";
+  button.setAttribute("aria-label", view.detached ? "Watch again" : "Detach: stop watching (the run keeps going)");
+  $("#conn").textContent = view.detached ? "detached: the run keeps going" : $("#conn").textContent;
+}
+
+// ---------------------------------------------------------------- saving
 
 function loadSaved(id) {
   try {
@@ -168,200 +257,347 @@ function loadSaved(id) {
 
 function save() {
   saveTimer = null;
-  if (!current) return;
-  try {
-    sessionStorage.setItem(runKey(current.id), JSON.stringify({ last: current.last, events: current.events }));
-  } catch (_) {
-    // Too big for sessionStorage: forget it, so a reload replays from the start instead of
-    // showing a transcript with a hole.
-    sessionStorage.removeItem(runKey(current.id));
+  if (!view) return;
+  for (const turn of view.turns.values()) {
+    if (!turn.dirty) continue;
+    turn.dirty = false;
+    try {
+      sessionStorage.setItem(runKey(turn.id), JSON.stringify({ last: turn.last, events: turn.events }));
+    } catch (_) {
+      // Too big for sessionStorage: forget it, so a reload replays from the start instead
+      // of showing a conversation with a hole.
+      sessionStorage.removeItem(runKey(turn.id));
+    }
   }
 }
 
 function scheduleSave() { if (saveTimer === null) saveTimer = setTimeout(save, 200); }
 window.addEventListener("pagehide", save);
 
+// ---------------------------------------------------------------- the thread view
+
 function select(id) {
-  if (location.hash !== `#run=${encodeURIComponent(id)}`) {
-    history.replaceState(null, "", `#run=${encodeURIComponent(id)}`);
-  }
+  if (location.hash !== `#run=${enc(id)}`) history.replaceState(null, "", `#run=${enc(id)}`);
   watch(id);
 }
 
-function resetView() {
-  for (const sel of ["#transcript", "#errors", "#events", "#files-list"]) $(sel).replaceChildren();
-  $("#files").hidden = true;
-  $("#file-diff").hidden = true;
-  $("#file-diff").textContent = "";
-  $("#event-count").textContent = "0";
-  return { messages: new Map(), tools: new Map(), files: new Set(), diffs: new Map() };
+function closeStream(turn) {
+  if (turn.source) turn.source.close();
+  turn.source = null;
 }
 
 function watch(id) {
-  if (current && current.source) current.source.close();
-  if (current && current.id !== id) save();
-  const saved = loadSaved(id);
-  current = { id, last: saved.last, events: [], source: null, view: resetView() };
+  if (view) {
+    save();
+    for (const turn of view.turns.values()) closeStream(turn);
+  }
+  view = { runId: id, threadId: null, turns: new Map(), detached: sessionStorage.getItem(detachedKey(id)) === "1" };
+  $("#transcript").replaceChildren();
+  $("#errors").replaceChildren();
+  $("#events").replaceChildren();
+  $("#event-count").textContent = "0";
+  $("#run-title").textContent = id;
+  $("#run-status").textContent = "";
+  $("#run-meta").textContent = "";
+  $("#run-usage").textContent = "";
+  showDetached();
   $("#empty").hidden = true;
   $("#run").hidden = false;
-  $("#run-title").textContent = id;
-  for (const [offset, event] of saved.events) show(offset, event, false);
-  stats.resumedFrom = current.last;
   document.querySelectorAll("#runs tbody tr").forEach((tr) =>
     tr.classList.toggle("selected", tr.dataset.runId === id));
-  api(`/v1/runs/${encodeURIComponent(id)}`).then(showRecord).catch((e) => banner(String(e.message || e), "bad"));
-  connect();
+  const mine = view;
+  api(`/v1/runs/${enc(id)}`).then((record) => {
+    if (view !== mine) return;
+    mine.threadId = record.thread_id;
+    addTurn(mine, record);
+    return loadThread(mine);
+  }).catch((e) => $("#errors").append(el("div", "banner bad", errText(e))));
 }
 
-function connect() {
-  const run = current;
-  let url = `/v1/runs/${encodeURIComponent(run.id)}/events?after=${run.last}`;
-  if (token()) url += `&token=${encodeURIComponent(token())}`;
+// Every run of the thread, oldest first, each a turn of the conversation.
+async function loadThread(v) {
+  const data = await api(`/v1/runs?thread_id=${enc(v.threadId)}&limit=100`);
+  if (view !== v) return;
+  for (const record of data.runs.slice().reverse()) addTurn(v, record);
+}
+
+function addTurn(v, record) {
+  let turn = v.turns.get(record.run_id);
+  if (turn) { showRecord(turn, record); return; }
+  const saved = loadSaved(record.run_id);
+  const node = el("section", "turn");
+  node.dataset.runId = record.run_id;
+  node.setAttribute("aria-label", `run ${record.run_id}`);
+  if (record.run_id === v.runId) node.classList.add("selected");
+  const head = el("div", "turn-head");
+  const link = el("a", "id", record.run_id);
+  link.href = `#run=${enc(record.run_id)}`;
+  head.append(link, el("span", "status"), el("span", "when muted", fmtTime(record.started_at)));
+  node.append(head, el("div", "items"), el("p", "usage muted"));
+  turn = { id: record.run_id, record, node, last: 0, events: [], source: null, done: false, dirty: false,
+    messages: new Map(), tools: new Map(), files: new Map(), approvals: new Map(), promptShown: false };
+  stats.runs[turn.id] = { received: [], dupes: 0, gaps: 0, resumedFrom: saved.last };
+  v.turns.set(turn.id, turn);
+  // in start order, whatever order the records came in
+  const later = [...$("#transcript").children].find((s) => {
+    const other = v.turns.get(s.dataset.runId);
+    return other && other.record.started_at > record.started_at;
+  });
+  $("#transcript").insertBefore(node, later || null);
+  showPrompt(turn, null);
+  for (const [offset, event] of saved.events) show(turn, offset, event, false);
+  showRecord(turn, record);
+  // detached: only runs that ended (nothing live) are read
+  if (!turn.done && (!v.detached || record.status !== "running")) connect(turn);
+}
+
+// The run's command (from its record) or, for an agent run, its prompt (the CUSTOM
+// corral.prompt event after RUN_STARTED), first in its turn.
+function showPrompt(turn, prompt) {
+  if (turn.promptShown) return;
+  const items = turn.node.querySelector(".items");
+  if (turn.record.command) {
+    items.prepend(el("div", "msg command", `$ ${shellWords(turn.record.command)}`));
+  } else if (prompt !== null) {
+    const msg = el("div", "msg user");
+    msg.append(el("span", "role", "prompt"), el("span", "text", prompt));
+    items.prepend(msg);
+  } else {
+    return;
+  }
+  turn.promptShown = true;
+}
+
+function showRecord(turn, record) {
+  turn.record = record;
+  const status = turn.node.querySelector(".turn-head .status");
+  status.textContent = record.status;
+  status.className = `status ${record.status}`;
+  turn.node.querySelector(".usage").textContent = usageText(record.usage);
+  if (!view || turn.id !== view.runId) return;
+  const top = $("#run-status");
+  top.textContent = record.status + (record.cancel_requested && record.status === "running" ? " (cancelling)" : "");
+  top.className = `status ${record.status}`;
+  $("#cancel").disabled = record.status !== "running" || record.cancel_requested;
+  $("#detach").disabled = record.status !== "running" && !view.detached;
+  const parts = [`thread ${record.thread_id}`, record.harness || "command"];
+  if (record.command) parts.push(shellWords(record.command));
+  if (record.exit_code !== null && record.exit_code !== undefined) parts.push(`exit ${record.exit_code}`);
+  if (record.error) parts.push(record.error.message);
+  $("#run-meta").textContent = parts.join(" · ");
+  $("#run-usage").textContent = usageText(record.usage);
+}
+
+function refreshRecord(turn) {
+  api(`/v1/runs/${enc(turn.id)}`).then((r) => showRecord(turn, r)).catch(() => {});
+}
+
+function connect(turn) {
+  closeStream(turn);
+  let url = `/v1/runs/${enc(turn.id)}/events?after=${turn.last}`;
+  if (token()) url += `&token=${enc(token())}`;
   const source = new EventSource(BASE + url);
-  run.source = source;
+  const mine = stats.runs[turn.id];
+  turn.source = source;
   source.onmessage = (msg) => {
-    if (current !== run) return;
+    if (turn.source !== source) return;
     const offset = Number(msg.lastEventId);
-    stats.received.push(offset);
-    if (offset <= run.last) { stats.dupes += 1; return; }
-    if (offset !== run.last + 1) stats.gaps += 1;
+    mine.received.push(offset);
+    if (offset <= turn.last) { mine.dupes += 1; return; }
+    if (offset !== turn.last + 1) mine.gaps += 1;
     let event;
     try { event = JSON.parse(msg.data); } catch (_) { event = { type: "UNPARSEABLE", data: msg.data }; }
-    show(offset, event, true);
-    // A run's log ends with its terminal event; the server then closes the stream (its
-    // ": end" comment is invisible here), so stop now rather than reconnect to a 204.
-    if (event.type === "RUN_FINISHED" || event.type === "RUN_ERROR") {
-      source.close();
-      $("#conn").textContent = "";
-      refreshRuns();
-      api(`/v1/runs/${encodeURIComponent(run.id)}`).then(showRecord).catch(() => {});
-    }
+    show(turn, offset, event, true);
   };
-  source.onopen = () => { $("#conn").textContent = "live"; };
+  source.onopen = () => { if (!view.detached) $("#conn").textContent = "live"; };
   source.onerror = () => {
     if (source.readyState === EventSource.CLOSED) {
-      $("#conn").textContent = "";
       // 204 (nothing more) or a refusal; the record says which.
-      api(`/v1/runs/${encodeURIComponent(run.id)}`).then(showRecord).catch(() => {});
+      closeStream(turn);
+      refreshRecord(turn);
     } else {
       $("#conn").textContent = "reconnecting…";
     }
   };
 }
 
-// ---------------------------------------------------------------- rendering
+// ---------------------------------------------------------------- rendering one event
 
-function el(tag, cls, text) {
-  const node = document.createElement(tag);
-  if (cls) node.className = cls;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-
-function banner(text, kind) { $("#errors").append(el("div", `banner ${kind}`, text)); }
-
-function message(view, id, role) {
-  let node = view.messages.get(id);
+function message(turn, id, role) {
+  let node = turn.messages.get(id);
   if (!node) {
-    node = el("div", "msg");
-    node.append(el("span", "role", role || "assistant"), el("span", "text"));
-    view.messages.set(id, node);
-    $("#transcript").append(node);
+    const output = turn.record.harness === "command";
+    node = el("div", `msg ${role === "user" ? "user" : "assistant"}`);
+    node.append(el("span", "role", output ? "output" : role || "assistant"), el("span", "text"));
+    turn.messages.set(id, node);
+    turn.node.querySelector(".items").append(node);
   }
   return node.querySelector(".text");
 }
 
-function tool(view, id, name) {
-  let card = view.tools.get(id);
+function reasoning(turn, id) {
+  const key = `reasoning:${id || ""}`;
+  let node = turn.messages.get(key);
+  if (!node) {
+    node = el("details", "reasoning");
+    node.append(el("summary", "", "Reasoning"), el("div", "text"));
+    turn.messages.set(key, node);
+    turn.node.querySelector(".items").append(node);
+  }
+  return node.querySelector(".text");
+}
+
+function tool(turn, id, name) {
+  let card = turn.tools.get(id);
   if (!card) {
-    card = el("div", "tool");
-    card.append(el("strong", "name", name || "tool"), el("pre", "args"), el("pre", "result"));
-    view.tools.set(id, card);
-    $("#transcript").append(card);
+    card = el("details", "tool");
+    card.dataset.toolCallId = String(id);
+    const summary = el("summary");
+    summary.append(el("span", "name", name || "tool"), el("span", "state muted", "running"));
+    card.append(summary, el("div", "label", "Arguments"), el("pre", "args"),
+      el("div", "label", "Result"), el("pre", "result"));
+    turn.tools.set(id, card);
+    turn.node.querySelector(".items").append(card);
   }
   return card;
 }
 
-const FILE_TOOLS = /edit|write|patch|create|str_replace|multiedit|apply/i;
-
-function fileChanged(view, path) {
-  if (typeof path !== "string" || !path || view.files.has(path)) return;
-  view.files.add(path);
-  $("#files").hidden = false;
-  const item = el("li", "", path);
-  item.dataset.path = path;
-  // A file's latest patch (sandbox.file.diff), shown as text on click.
-  item.addEventListener("click", () => {
-    const diff = view.diffs.get(path);
-    $("#file-diff").textContent = diff === undefined ? `${path}: no patch (start the run with diffs)` : diff || `${path}: no changes against the start`;
-    $("#file-diff").hidden = false;
-  });
-  $("#files-list").append(item);
+function fileCard(turn, path) {
+  let card = turn.files.get(path);
+  if (!card) {
+    card = el("details", "file");
+    card.dataset.path = path;
+    const summary = el("summary");
+    summary.append(el("span", "change"), el("span", "path", path));
+    card.append(summary, el("pre", "patch", "no patch (start the run with patches)"));
+    turn.files.set(path, card);
+    turn.node.querySelector(".items").append(card);
+  }
+  return card;
 }
 
-function filesFromArgs(view, card) {
-  if (!FILE_TOOLS.test(card.querySelector(".name").textContent)) return;
-  try {
-    const args = JSON.parse(card.querySelector(".args").textContent);
-    for (const key of ["file_path", "path", "filename", "file"]) fileChanged(view, args[key]);
-  } catch (_) { /* arguments are not JSON */ }
+function approvalCard(turn, value) {
+  const id = String(value.approvalId);
+  const card = el("div", "approval");
+  card.dataset.approvalId = id;
+  card.setAttribute("role", "group");
+  card.setAttribute("aria-label", `approval for ${value.tool}`);
+  const args = el("pre", "args", JSON.stringify(value.args ?? null, null, 2));
+  const allow = el("button", "allow", "Allow");
+  const deny = el("button", "deny", "Deny");
+  allow.type = deny.type = "button";
+  allow.setAttribute("aria-label", `Allow ${value.tool}`);
+  deny.setAttribute("aria-label", `Deny ${value.tool}`);
+  const answer = el("p", "answer muted", "waiting for your answer");
+  const buttons = el("div", "buttons");
+  buttons.append(allow, deny);
+  card.append(el("strong", "", "Approval: "), el("span", "tool-name", value.tool), args, buttons, answer);
+  const decide = async (decision) => {
+    allow.disabled = deny.disabled = true;
+    try {
+      await api(`/v1/runs/${enc(turn.id)}/approvals/${enc(id)}`, {
+        method: "POST", body: JSON.stringify({ decision }) });
+      answer.textContent = `${decision === "allow" ? "allowed" : "denied"}; waiting for the run`;
+    } catch (e) {
+      answer.textContent = errText(e);
+      answer.className = "answer error";
+    }
+  };
+  allow.addEventListener("click", () => decide("allow"));
+  deny.addEventListener("click", () => decide("deny"));
+  turn.approvals.set(id, card);
+  turn.node.querySelector(".items").append(card);
 }
 
-function show(offset, event, live) {
-  const run = current;
-  const view = run.view;
-  run.events.push([offset, event]);
-  run.last = offset;
-  if (live) scheduleSave();
-  const item = el("li", "", `${offset} ${JSON.stringify(event)}`);
-  item.dataset.offset = String(offset);
-  item.dataset.type = String(event.type);
-  $("#events").append(item);
-  $("#event-count").textContent = String(run.events.length);
+function resolveApproval(card, text) {
+  card.classList.add("resolved");
+  card.querySelector(".buttons").remove();
+  const answer = card.querySelector(".answer");
+  answer.textContent = text;
+  answer.className = "answer muted";
+}
+
+function prettyArgs(pre) {
+  try { pre.textContent = JSON.stringify(JSON.parse(pre.textContent), null, 2); } catch (_) { /* not JSON */ }
+}
+
+function show(turn, offset, event, live) {
+  turn.events.push([offset, event]);
+  turn.last = offset;
+  if (live) { turn.dirty = true; scheduleSave(); }
+  if (view && turn.id === view.runId) {
+    const item = el("li", "", `${offset} ${JSON.stringify(event)}`);
+    item.dataset.offset = String(offset);
+    item.dataset.type = String(event.type);
+    $("#events").append(item);
+    $("#event-count").textContent = String(turn.events.length);
+  }
+  const items = turn.node.querySelector(".items");
+  const value = (event && typeof event.value === "object" && event.value) || {};
   switch (event.type) {
     case "TEXT_MESSAGE_START":
-      message(view, event.messageId, event.role);
+      message(turn, event.messageId, event.role);
       break;
     case "TEXT_MESSAGE_CONTENT":
     case "TEXT_MESSAGE_CHUNK":
-      message(view, event.messageId).textContent += event.delta || "";
+      message(turn, event.messageId, event.role).textContent += event.delta || "";
       break;
     case "REASONING_MESSAGE_CONTENT":
+    case "REASONING_MESSAGE_CHUNK":
     case "THINKING_TEXT_MESSAGE_CONTENT":
-      message(view, `reasoning-${event.messageId || ""}`, "reasoning").textContent += event.delta || "";
+      reasoning(turn, event.messageId).textContent += event.delta || "";
       break;
     case "TOOL_CALL_START":
-      tool(view, event.toolCallId, event.toolCallName);
+      tool(turn, event.toolCallId, event.toolCallName);
       break;
     case "TOOL_CALL_ARGS":
-      tool(view, event.toolCallId).querySelector(".args").textContent += event.delta || "";
+    case "TOOL_CALL_CHUNK":
+      tool(turn, event.toolCallId, event.toolCallName).querySelector(".args").textContent += event.delta || "";
       break;
     case "TOOL_CALL_END":
-      filesFromArgs(view, tool(view, event.toolCallId));
+      prettyArgs(tool(turn, event.toolCallId).querySelector(".args"));
       break;
-    case "TOOL_CALL_RESULT":
-      tool(view, event.toolCallId).querySelector(".result").textContent = String(event.content ?? "");
+    case "TOOL_CALL_RESULT": {
+      const card = tool(turn, event.toolCallId);
+      card.querySelector(".result").textContent = String(event.content ?? "");
+      card.querySelector(".state").textContent = "done";
       break;
+    }
     case "RUN_ERROR":
-      banner(`run error: ${event.message || ""}${event.code ? ` (${event.code})` : ""}`, "bad");
+      items.append(el("div", "banner bad", `run error: ${event.message || ""}${event.code ? ` (${event.code})` : ""}`));
       break;
     case "RUN_FINISHED":
-      banner("run finished", "good");
+      items.append(el("div", "banner good", "run finished"));
       break;
     case "CUSTOM":
-      if (event.name === "sandbox.file.diff" && event.value && typeof event.value.path === "string") {
-        view.diffs.set(event.value.path, String(event.value.diff ?? ""));
-        fileChanged(view, event.value.path);
-      } else if (/file/i.test(event.name || "")) {
-        const value = event.value || {};
-        fileChanged(view, value.path);
-        for (const change of value.changes || []) fileChanged(view, change && change.path);
-      } else if (event.name !== "corral.stdout.bytes") {
-        $("#transcript").append(el("div", "custom", `${event.name}`));
+      if (event.name === PROMPT && typeof value.prompt === "string") {
+        showPrompt(turn, value.prompt);
+      } else if (event.name === "sandbox.file.diff" && typeof value.path === "string") {
+        fileCard(turn, value.path).querySelector(".patch").textContent =
+          String(value.diff ?? "") || "no changes against the start";
+      } else if (event.name === "sandbox.file" && typeof value.path === "string") {
+        fileCard(turn, value.path).querySelector(".change").textContent = `${value.type || "changed"} `;
+      } else if (event.name === APPROVAL_REQUEST && value.approvalId) {
+        approvalCard(turn, value);
+      } else if (event.name === APPROVAL_RESOLVED && turn.approvals.has(String(value.approvalId))) {
+        resolveApproval(turn.approvals.get(String(value.approvalId)),
+          `${DECIDED[value.decision] || String(value.decision)}${value.reason ? `: ${value.reason}` : ""}`);
       }
+      // other CUSTOM events (sessions, byte counts, a harness's own) are in the raw list
       break;
     default:
       break;
+  }
+  if (TERMINAL.has(event.type)) {
+    // A run's log ends with its terminal event; the server then closes the stream, so
+    // stop now rather than reconnect to a 204. Unanswered approvals died with the run.
+    turn.done = true;
+    closeStream(turn);
+    if (view && [...view.turns.values()].every((t) => !t.source)) $("#conn").textContent = "";
+    for (const card of turn.approvals.values()) {
+      if (!card.classList.contains("resolved")) resolveApproval(card, "no longer pending: the run ended");
+    }
+    if (live) { refreshRuns(); refreshRecord(turn); }
   }
 }
 
@@ -372,7 +608,12 @@ function runFromHash() {
   return m ? decodeURIComponent(m[1]) : null;
 }
 
-window.addEventListener("hashchange", () => { const id = runFromHash(); if (id) watch(id); });
+window.addEventListener("hashchange", () => {
+  const id = runFromHash();
+  if (id && (!view || view.runId !== id)) watch(id);
+});
+showKind();
+loadHarnesses();
 refreshRuns();
 setInterval(refreshRuns, 3000);
 const initial = runFromHash();

@@ -1,0 +1,74 @@
+"""Exec round trip of ``true`` on a live local sandbox after an idle gap.
+
+The local provider moves each command into its sandbox's cgroup v2 group (a write to
+``cgroup.procs``). The kernel takes a global lock for that migration which, when no
+migration happened recently, first waits for an RCU grace period; a tight loop of execs
+(as in the reference's bench) pays it once, an exec after a pause pays it every time. This
+script shows the exec round trip p50 per gap, and the bare write to ``cgroup.procs`` of a
+just started ``sleep`` (no corral code), alternating gaps per sample:
+
+    python bench/exec_after_idle.py [--n 30] [--gaps 0,5,20,100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import anyio
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=30)
+    ap.add_argument("--gaps", default="0,5,20,100", help="idle gaps in ms, comma-separated")
+    args = ap.parse_args()
+    gaps = [float(g) / 1e3 for g in args.gaps.split(",")]
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["CORRAL_HOME"] = home
+        from corral.providers import _cgroups as cgroups
+        from corral.providers._local import LocalProvider
+
+        p = LocalProvider()
+        h = await p.create()
+        parent = cgroups.v2_parent()
+        bare = f"{parent}/bench-idle-{os.getpid()}" if parent else None
+        if bare:
+            os.mkdir(bare)
+        exec_ms: dict[float, list[float]] = {g: [] for g in gaps}
+        join_ms: dict[float, list[float]] = {g: [] for g in gaps}
+        try:
+            for i in range(args.n):
+                for gap in gaps[i % len(gaps):] + gaps[:i % len(gaps)]:
+                    await anyio.sleep(gap)
+                    a = time.perf_counter()
+                    r = await h.process.exec("true")
+                    exec_ms[gap].append((time.perf_counter() - a) * 1e3)
+                    assert r.ok, r
+                    if bare:
+                        sleeper = subprocess.Popen(["sleep", "1"])
+                        await anyio.sleep(gap)
+                        a = time.perf_counter()
+                        with open(f"{bare}/cgroup.procs", "w") as fh:
+                            fh.write(str(sleeper.pid))
+                        join_ms[gap].append((time.perf_counter() - a) * 1e3)
+                        sleeper.kill()
+                        sleeper.wait()
+        finally:
+            await p.destroy(h.ref)
+            if bare:
+                os.rmdir(bare)
+        print(f"p50 over {args.n} samples per gap (gaps alternate); load average "
+              f"{os.getloadavg()[0]:.2f}")
+        for gap in gaps:
+            join = f"{statistics.median(join_ms[gap]):7.2f} ms" if bare else "n/a"
+            print(f"  idle {gap * 1e3:5.0f} ms: exec('true') {statistics.median(exec_ms[gap]):7.2f}"
+                  f" ms   bare cgroup.procs write {join}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
