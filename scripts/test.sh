@@ -22,6 +22,8 @@ if [ -z "${CORRAL_TEST_POSTGRES:-}" ] && ! command -v pg_createcluster >/dev/nul
   need_apt+=(postgresql); installed_pg=1
 fi
 command -v npm >/dev/null || need_apt+=(npm)
+PATH="$PATH:/usr/sbin:/sbin" command -v dockerd >/dev/null || need_apt+=(docker.io)  # the docker provider's tests
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)  # corral's base image
 if ((${#need_apt[@]})); then
   echo "installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -51,11 +53,23 @@ if [ "$installed_pg" = 1 ]; then
   done
 fi
 
+# The docker provider's tests need a daemon: start one when none answers.
+if ! docker info >/dev/null 2>&1; then
+  echo "starting dockerd"
+  (PATH="$PATH:/usr/sbin:/sbin" setsid dockerd >/var/log/corral-dockerd.log 2>&1 &)
+  for _ in $(seq 1 120); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+fi
+
 VENV=${CORRAL_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/pip" install -q --disable-pip-version-check -e '.[test]'
+
+# corral's base image for the docker provider, built once (skipped when the tag exists)
+if docker info >/dev/null 2>&1; then
+  "$VENV/bin/python" -m corral images build >/dev/null
+fi
 
 echo "== mypy --strict"
 "$VENV/bin/mypy"

@@ -15,6 +15,7 @@ import pytest
 from corral.stores._protocols import Store
 from corral.testing._plugin import require
 from corral.stores import open_store
+from tests.docker_support import need_docker  # noqa: F401 - a fixture, found by name
 from tests.helpers import drop_postgres_database, postgres_store
 
 SRC = Path(__file__).resolve().parent.parent / "src"

@@ -91,7 +91,18 @@ def test_doctor(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None
         assert name in out
     assert "[ ok ] store" in out and "SQLite" in out and "schema version 2" in out
     # what does not exist yet is said once, not offered as a check that passes
-    assert "not in this version: Docker" in out and "[ ok ] redis" not in out
+    assert "not in this version: the Kubernetes" in out and "[ ok ] redis" not in out
+
+
+def test_doctor_checks_the_docker_daemon_and_image(corral_cmd: list[str],
+                                                   cli_env: dict[str, str],
+                                                   need_docker: None) -> None:
+    r = run([*corral_cmd, "doctor"], cli_env)
+    out = r.stdout.decode()
+    assert "[ ok ] docker " in out and "daemon " in out
+    assert "[ ok ] docker image" in out and "corral-base:" in out
+    gone = run([*corral_cmd, "doctor"], {**cli_env, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert "[warn] docker " in gone.stdout.decode() and "start dockerd" in gone.stdout.decode()
 
 
 def test_doctor_names_a_store_it_cannot_open(corral_cmd: list[str], cli_env: dict[str, str],

@@ -1,4 +1,6 @@
-"""Attacks on the bubblewrap sandbox. Each must fail, and the failure is checked."""
+"""Attacks on the isolated providers' sandboxes (bubblewrap and docker). Each must fail, and
+the failure is checked. Checks of one provider's machinery (bubblewrap's cgroups, rlimits and
+host commands) skip on the other, saying so."""
 
 # ruff: noqa: ASYNC220
 
@@ -18,6 +20,7 @@ import pytest
 from corral.testing._plugin import require
 from corral.providers import _cgroups as cgroups
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.providers._docker import DockerProvider
 from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
 from corral.testing._providers import start_host_command
 from corral.testing import wait_until_async
@@ -27,9 +30,19 @@ pytestmark = pytest.mark.anyio
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def provider(corral_home: Path, need_bwrap: None) -> BubblewrapProvider:
+@pytest.fixture(params=["bubblewrap", "docker"])
+def provider(request: pytest.FixtureRequest, corral_home: Path) -> BubblewrapProvider:
+    if request.param == "docker":
+        request.getfixturevalue("need_docker")
+        return DockerProvider()  # type: ignore[return-value]
+    request.getfixturevalue("need_bwrap")
     return BubblewrapProvider()
+
+
+def bwrap_only(provider: object, why: str) -> None:
+    """Skip a check of bubblewrap's own machinery on another provider."""
+    if not isinstance(provider, BubblewrapProvider | BubblewrapHandle):
+        pytest.skip(f"bubblewrap-specific: {why}")
 
 
 @pytest.fixture
@@ -42,8 +55,10 @@ async def sandbox(provider: BubblewrapProvider) -> AsyncIterator[BubblewrapHandl
 
 
 async def test_host_files_outside_the_sandbox_are_invisible(sandbox: BubblewrapHandle) -> None:
-    targets = [str(CHECKOUT / "pyproject.toml"), "/root", sandbox.private_dir, sandbox.state_dir,
-               os.environ["CORRAL_HOME"], "/etc/shadow"]
+    targets = [str(CHECKOUT / "pyproject.toml"), "/root", os.environ["CORRAL_HOME"],
+               "/etc/shadow", "/run/corral"]
+    if isinstance(sandbox, BubblewrapHandle):
+        targets += [sandbox.private_dir, sandbox.state_dir]
     for target in targets:
         r = await sandbox.process.exec(["sh", "-c", 'ls -la "$1" && cat "$1"', "sh", target])
         assert not r.ok, f"{target} is readable inside the sandbox: {r.stdout[:200]!r}"
@@ -143,6 +158,13 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
     r = await sandbox.process.exec("setsid sleep 60 & sleep 60 & echo started", timeout=30)
     assert r.ok and r.stdout == b"started\n" and not r.timed_out
     assert anyio.current_time() - start < 10
+    if not isinstance(sandbox, BubblewrapHandle):
+        # A command's background processes end with it (its exec's tree is killed).
+        async def no_sleepers() -> bool:
+            ps = await sandbox.process.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            return b"sleep 60" not in ps.stdout
+        await wait_until_async(no_sleepers, "the command's sleepers to end", interval=0.1)
+        return
     await wait_until_async(lambda: not cgroups.members(sandbox.state.cgroups),
                            "the sandbox's cgroups to empty", interval=0.02)
 
@@ -150,6 +172,7 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
 async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
     sandbox: BubblewrapHandle, request: pytest.FixtureRequest
 ) -> None:
+    bwrap_only(sandbox, "the sandbox's own cgroups")
     need_cgroups(request)
     # The cgroup namespace is made when bwrap forks the init: its root being the sandbox's
     # own group proves bwrap was already in it then (joining later would show a path).
@@ -189,6 +212,7 @@ async def test_the_command_holds_no_host_descriptor_and_gains_no_privileges(
 async def test_without_cgroups_rlimits_apply_to_the_command(
     provider: BubblewrapProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    bwrap_only(provider, "rlimits when cgroups are missing")
     monkeypatch.setattr(cgroups, "available", lambda: (False, "no cgroups in this test"))
     h = await provider.create(SandboxSpec(limits=ResourceLimits(memory_bytes=256 << 20, pids=100)))
     try:
@@ -204,7 +228,9 @@ async def test_without_cgroups_rlimits_apply_to_the_command(
 
 async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvider,
                                                      request: pytest.FixtureRequest) -> None:
-    need_cgroups(request)
+    bwrap = isinstance(provider, BubblewrapProvider)
+    if bwrap:
+        need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=40)))
     try:
         # Bounded: at most 200 attempts, each a sleeper that would live 30 s (they are
@@ -216,6 +242,10 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         assert r.limit_hit == "pids", r
         assert "pids limit was reached" in r.describe()  # not only "sh: Cannot fork"
         assert b"fork" in r.stderr.lower(), r.stderr[-300:]  # the shell saw refused forks
+        if not bwrap:
+            after = await h.process.exec(["true"])
+            assert after.ok and after.limit_hit is None
+            return
         # The sandbox never held more than its limit, and nothing of it is left running.
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
@@ -230,7 +260,8 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
 
 async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvider,
                                                     request: pytest.FixtureRequest) -> None:
-    need_cgroups(request)
+    if isinstance(provider, BubblewrapProvider):
+        need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(memory_bytes=64 << 20)))
     try:
         r = await h.process.exec(["python3", "-c", "x = b'\\x01' * (400 << 20); print('survived')"],
@@ -246,6 +277,7 @@ async def test_memory_limit_is_enforced_and_reported(provider: BubblewrapProvide
 
 async def test_cpu_limit_throttles(provider: BubblewrapProvider,
                                   request: pytest.FixtureRequest) -> None:
+    bwrap_only(provider, "reads the cgroup's cpu.stat from the host")
     need_cgroups(request)
     h = await provider.create(SandboxSpec(limits=ResourceLimits(cpus=0.2)))
     try:
@@ -272,6 +304,7 @@ def _launcher_group_kill(hc: HostCommand) -> Iterator[subprocess.Popen[bytes]]:
 async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
     sandbox: BubblewrapHandle,
 ) -> None:
+    bwrap_only(sandbox, "host commands (docker has no host_processes)")
     from corral.testing._providers import assert_beating, assert_stopped, heartbeat_cmd
 
     hc = sandbox.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
@@ -289,6 +322,7 @@ async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
 
 
 async def test_destroy_frees_cgroups_and_files(provider: BubblewrapProvider) -> None:
+    bwrap_only(provider, "host cgroups and files")
     h = await provider.create()
     dirs = list(h.state.cgroups)
     files = h.host_root
@@ -301,6 +335,7 @@ async def test_destroy_frees_cgroups_and_files(provider: BubblewrapProvider) -> 
 async def test_prune_orphans_after_corral_home_is_deleted(
     provider: BubblewrapProvider, corral_home: Path
 ) -> None:
+    bwrap_only(provider, "host state directories")
     import shutil
 
     h = await provider.create()

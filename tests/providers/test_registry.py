@@ -70,7 +70,7 @@ def test_an_unknown_provider_says_how_to_get_one() -> None:
     msg = str(caught.value)
     assert "\n" not in msg
     assert "unknown provider 'warp'" in msg and f"group {GROUP!r}" in msg
-    assert "register_provider('warp', factory)" in msg and "bubblewrap, local" in msg
+    assert "register_provider('warp', factory)" in msg and "bubblewrap, docker, local" in msg
 
 
 def test_a_registered_provider_is_built_with_its_typed_config(plug: None) -> None:

@@ -222,6 +222,33 @@ def _agents() -> list[Check]:
     return out
 
 
+def _docker() -> list[Check]:
+    """The docker provider (optional): the SDK, a daemon that answers, corral's image."""
+    try:
+        from corral.providers._docker_client import BASE_IMAGE, connect, docker_errors
+
+        docker_errors()
+    except Exception as exc:  # noqa: BLE001 - reported
+        return [Check("docker", "warn", f"the docker provider is unavailable: {exc}",
+                      "pip install 'corral[docker]'")]
+    try:
+        api = connect().api
+        version = api.version().get("Version", "?")
+    except Exception as exc:  # noqa: BLE001 - reported
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        return [Check("docker", "warn", f"no Docker daemon answers ({first})",
+                      "start dockerd (or set DOCKER_HOST) to use --provider docker")]
+    checks = [Check("docker", "ok", f"daemon {version}, runtimes: "
+                    f"{', '.join(sorted(api.info().get('Runtimes') or {}))}")]
+    try:
+        api.inspect_image(BASE_IMAGE)
+        checks.append(Check("docker image", "ok", f"{BASE_IMAGE} is built"))
+    except Exception:  # noqa: BLE001 - reported
+        checks.append(Check("docker image", "warn", f"{BASE_IMAGE} is not built",
+                            "corral images build (needs mmdebstrap; or set [provider] image)"))
+    return checks
+
+
 def collect(store_url: str | None = None) -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
@@ -239,6 +266,7 @@ def collect(store_url: str | None = None) -> list[Check]:
                         "apt-get install npm"))
     checks.append(_tool("node", "Codex's launcher and gemini-cli run on Node.js", "apt-get install nodejs"))
     checks += _agents()
+    checks += _docker()
     checks.append(Check("local provider", "warn",
                         "gives NO isolation: commands run on the host as you, with your files "
                         "and network; use it only for trusted commands",
@@ -254,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{label}] {c.name:<{width}}  {c.detail}")
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
-    print("not in this version: Docker and Kubernetes providers, the Redis store, "
+    print("not in this version: the Kubernetes provider, the Redis store, "
           "the opencode/ACP harnesses")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:

@@ -15,10 +15,10 @@ import anyio
 
 from corral._errors import ConfigError
 from corral.providers import get_provider
-from corral.providers._process import SandboxProcess
 from corral.sandbox._contracts import (
     TIMEOUT_EXIT_CODE,
     Handle,
+    Process,
     Provider,
     ResourceLimits,
     SandboxSpec,
@@ -93,7 +93,7 @@ async def _pump(src: AsyncIterator[bytes], dst: BinaryIO) -> None:
         dst.flush()
 
 
-async def _feed_stdin(proc: SandboxProcess) -> None:
+async def _feed_stdin(proc: Process) -> None:
     """Forward our stdin when it is a pipe or a file; a terminal is not forwarded."""
     try:
         fd = sys.stdin.fileno()
@@ -126,7 +126,6 @@ async def _stream(
     handle: Handle, command: list[str], cwd: str | None, env: dict[str, str], timeout: float | None
 ) -> int:
     proc = await handle.process.spawn(command, cwd=cwd, env=env)
-    assert isinstance(proc, SandboxProcess)
     timed_out = False
     try:
         with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
@@ -153,7 +152,9 @@ async def _stream(
         raise
     finally:
         with anyio.CancelScope(shield=True):
-            await proc.aclose()
+            aclose = getattr(proc, "aclose", None)  # the pipes (every provider's process)
+            if aclose is not None:
+                await aclose()
     if timed_out:
         print(f"corral: command timed out after {timeout:g}s and was killed (exit "
               f"{TIMEOUT_EXIT_CODE})", file=sys.stderr)

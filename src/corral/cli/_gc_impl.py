@@ -15,7 +15,8 @@ __all__ = ["handler"]
 
 def handler(args: argparse.Namespace) -> int:
     async def collect(store: Store) -> GcReport:
-        return await collect_idle(store, dry_run=args.dry_run, limit=args.limit)
+        return await collect_idle(store, dry_run=args.dry_run, limit=args.limit,
+                                  orphan_grace=args.orphan_grace)
 
     report = with_store(args, collect)
     if args.json:

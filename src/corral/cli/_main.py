@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli._serve_cmd",  # corral serve
     "corral.cli._agents_cmd",  # corral agents install|ls
     "corral.cli._approve_cmd",  # corral approve
+    "corral.cli._images_cmd",  # corral images build
 )
 
 

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "a second Ctrl-C within 2 s cancels it."
         ),
     )
-    run.add_argument("--provider", help="sandbox provider: bubblewrap (default) or local")
+    run.add_argument("--provider", help="sandbox provider: bubblewrap (default), docker or local")
     run.add_argument("--workspace", metavar="DIR", help="directory copied into /workspace")
     run.add_argument("--max-copy-size", metavar="SIZE",
                      help="most file contents to copy into /workspace, e.g. 4GiB (default: "

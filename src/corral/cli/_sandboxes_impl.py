@@ -42,11 +42,28 @@ def _providers(only: str | None) -> list[Provider]:
     return out
 
 
+async def _resume(provider: Provider, sandbox_id: str, only: str | None) -> object:
+    """The sandbox, ``None`` when absent; a provider that cannot answer (no Docker daemon)
+    has none, unless it is the one asked for."""
+    try:
+        return await provider.resume(sandbox_id)
+    except CorralError:
+        if only:
+            raise
+        return None
+
+
 def run_ls(args: argparse.Namespace) -> int:
     async def main() -> int:
         rows: list[dict[str, Any]] = []
         for provider in _providers(args.provider):
-            for ref in await provider.list():
+            try:
+                refs = await provider.list()
+            except CorralError:
+                if args.provider:
+                    raise
+                continue  # e.g. no Docker daemon here: it has no sandboxes to list
+            for ref in refs:
                 handle = await provider.resume(ref)
                 info = handle if isinstance(handle, Described) else None
                 rows.append({
@@ -77,9 +94,10 @@ def run_rm(args: argparse.Namespace) -> int:
             validate_id(sandbox_id)
             found = False
             for provider in providers:
-                if await provider.resume(sandbox_id) is not None or (
-                    provider.base_dir / sandbox_id  # type: ignore[attr-defined]
-                ).exists():
+                base = getattr(provider, "base_dir", None)  # host-directory providers
+                if await _resume(provider, sandbox_id, args.provider) is not None or (
+                    base is not None and (base / sandbox_id).exists()
+                ):
                     await provider.destroy(sandbox_id)
                     print(f"removed {provider.name} sandbox {sandbox_id}")
                     found = True

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import anyio.to_thread
 
 from corral._errors import CorralError
+from corral._paths import corral_home
 from corral.journal._layout import JournalPaths
 from corral.journal._reader import probe_journal_tail
 from corral.journal._sentinel import normalize_nonce
@@ -125,6 +126,10 @@ def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[Journal
         normalize_nonce(nonce)
     except ValueError as exc:
         raise JournalLocationError(f"run {run_id!r}: journal.nonce: {exc}") from None
+    if info.get("inside"):
+        # The journal lives in the run's sandbox; every host reads its own mirror of it
+        # (corral.runs._inside), never the starting host's directory.
+        return JournalPaths.for_run(corral_home() / "journals", run_id), nonce
     paths = JournalPaths.for_run(directory, run_id)
     host = info.get("host")
     if (isinstance(host, str) and host != machine_id()

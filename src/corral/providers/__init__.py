@@ -37,7 +37,7 @@ __all__ = [
     "unregister_provider",
 ]
 
-PROVIDER_NAMES = ("local", "bubblewrap")
+PROVIDER_NAMES = ("local", "bubblewrap", "docker")
 """corral's own providers (every registered one: :func:`provider_names`)."""
 
 

@@ -22,7 +22,8 @@ import anyio
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, Command, ExecResult, Process
 from corral._errors import ConfigError
 
-__all__ = ["Outcome", "SandboxProcess", "collect", "merge_env", "popen", "to_argv"]
+__all__ = ["Outcome", "SandboxProcess", "collect", "drain", "feed_stdin", "merge_env", "popen",
+           "to_argv"]
 
 
 def to_argv(command: Command) -> list[str]:
@@ -184,12 +185,15 @@ class SandboxProcess(Process):
         self._stderr.close()
 
 
-async def _drain(it: AsyncIterator[bytes], into: list[bytes]) -> None:
+async def drain(it: AsyncIterator[bytes], into: list[bytes]) -> None:
+    """Collect a stream's chunks into ``into``."""
     async for chunk in it:
         into.append(chunk)
 
 
-async def _feed(proc: SandboxProcess, data: bytes | None) -> None:
+async def feed_stdin(proc: Process, data: bytes | None) -> None:
+    """Write ``data`` to the process's stdin, then close it (a command that stops reading
+    early is not an error)."""
     try:
         if data:
             await proc.write_stdin(data)
@@ -211,9 +215,9 @@ async def collect(
     try:
         with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_feed, proc, stdin)
-                tg.start_soon(_drain, proc.stdout, out)
-                tg.start_soon(_drain, proc.stderr, err)
+                tg.start_soon(feed_stdin, proc, stdin)
+                tg.start_soon(drain, proc.stdout, out)
+                tg.start_soon(drain, proc.stderr, err)
                 await proc.wait()
         if scope.cancelled_caught:
             proc.timed_out = True
@@ -222,8 +226,8 @@ async def collect(
                 # Output written before the kill is still in the pipes; keep it.
                 with anyio.move_on_after(5):
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(_drain, proc.stdout, out)
-                        tg.start_soon(_drain, proc.stderr, err)
+                        tg.start_soon(drain, proc.stdout, out)
+                        tg.start_soon(drain, proc.stderr, err)
                 proc._result = None
                 res = await proc.wait()
         else:

@@ -17,6 +17,7 @@ from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
 from corral.runs._host_tools import serve_tools
+from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
@@ -65,6 +66,9 @@ class ClaimedDrive:
                        secrets: Secrets | None, epoch: int, stop: anyio.Event | None,
                        tools: Toolset | None) -> PipeResult:
         run_id, store = record.run_id, self.store
+        inside = await inside_handle(record, self.provider_for) if is_inside(record) else None
+        if inside is not None:
+            await refresh_mirror(record, paths, inside)  # before anything reads the mirror
         # Appends from any predecessor are fenced from here on, so the tail is final.
         end = await logged_end(store, record)
         if end is not None:
@@ -99,6 +103,8 @@ class ClaimedDrive:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
+            if inside is not None:
+                tg.start_soon(mirror_loop, record, paths, inside)
             if isinstance(harness, NeedsAgentRuntime):
                 # Imported here for start-up cost: the services daemon's keeper loads the
                 # model proxy and httpx, which only agent-CLI runs need.

@@ -23,7 +23,7 @@ from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
-from corral.journal._layout import JournalPaths
+from corral.journal._layout import JournalPaths, encode_run_id
 from corral.journal._supervisor import AgentSpec, SupervisedRun, launch_supervised_async
 from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
@@ -32,6 +32,7 @@ from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured
+from corral.sandbox._inside import InsideSupervisor
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._watch import GitBaseline
 from corral.stores._protocols import Store
@@ -73,6 +74,25 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         prompt=request.prompt, env=dict(request.env), options=request.options
     )
     tools = request.tools if request.tools is not None else default_tools
+    # where the agent runs first: what it cannot host is the clearest error
+    provider = sandbox.get_provider()
+    caps = provider.capabilities
+    hosts_runs = caps.host_processes or caps.supervisor_inside
+    if hosts_runs and provider.host_route == "none" and isinstance(harness, CliHarness):
+        raise ConfigError(
+            f"agent runs need corral's host services (model proxy, host tools), which cannot "
+            f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
+            f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
+    if caps.supervisor_inside and isinstance(harness, CliHarness):
+        raise ConfigError(
+            f"agent CLIs on the {provider.name} provider need corral's host services (the "
+            "model proxy), which do not reach its sandboxes yet; command runs work "
+            f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
+    if not hosts_runs:
+        raise ConfigError(
+            f"provider {provider.name!r} cannot host a supervised agent yet; "
+            "use --provider bubblewrap or local"
+        )
     command = None
     if request.tools is not None and not isinstance(harness, CliHarness):
         raise ConfigError("host tools need an agent-CLI harness (claude-code, codex, "
@@ -88,12 +108,6 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     else:
         command = harness.build_command(agent_request)
         tools = None
-    provider = sandbox.get_provider()
-    if not provider.capabilities.host_processes:
-        raise ConfigError(
-            f"provider {provider.name!r} cannot host a supervised agent yet; "
-            "use --provider bubblewrap or local"
-        )
     return StartPlan(request, sandbox, spec, harness, agent_request, provider, tools, command)
 
 
@@ -188,6 +202,14 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, store: Store, run_id:
                                        paths, nonce)
     agent = plan.command
     assert agent is not None  # plan_start built it for every non-CLI harness
+    handle = ensured.handle
+    if handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor):
+        # the supervisor runs inside the sandbox; its journal is read through the API
+        pid = await handle.launch_supervised(
+            encode_run_id(run_id), argv=agent.argv, env=ensured.exec_env(agent.env),
+            cwd=agent.cwd, nonce=nonce, stdin=agent.stdin, timeout=request.timeout,
+            max_output=request.max_output, redact=ensured.redactor.table())
+        return SupervisedRun(paths, pid, None)
     # Secrets reach the agent only here: through the supervisor's pipe into the agent's
     # environment; never the store, the journal or a file.
     host = ensured.handle.host_command(agent.argv, cwd=agent.cwd,

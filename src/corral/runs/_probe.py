@@ -4,7 +4,7 @@ record's ``journal`` mapping, which the Runner writes when it starts the run."""
 
 from __future__ import annotations
 
-from corral.journal._layout import JournalPaths
+from corral.journal._layout import JournalPaths, encode_run_id
 from corral.journal._probe import (
     JournalLocationError,
     JournalUnreachable,
@@ -12,6 +12,7 @@ from corral.journal._probe import (
     locate_journal,
     probe_exit,
 )
+from corral.runs._inside import inside_handle, is_inside, refresh_mirror
 from corral.stores._records import RunRecord
 
 __all__ = ["JournalLocationError", "journal_location", "probe_run_exit"]
@@ -40,4 +41,15 @@ async def probe_run_exit(
         return ProbeResult.elsewhere(str(exc))
     except JournalLocationError as exc:
         return ProbeResult.unknown(str(exc))
+    if is_inside(record):
+        # through the provider's API: copy the journal's end, ask the supervisor
+        try:
+            handle = await inside_handle(record)
+            await refresh_mirror(record, paths, handle)
+            if handle is not None:
+                status = await handle.supervisor_status(encode_run_id(record.run_id))
+                if status.get("state") == "running":
+                    return ProbeResult.producing()
+        except Exception as exc:  # noqa: BLE001 - a probe never raises
+            return ProbeResult.unknown(f"the sandbox's journal is unreachable: {exc}")
     return await probe_exit(paths, nonce, max_bytes=max_bytes, recent=recent)

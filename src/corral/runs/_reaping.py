@@ -30,6 +30,7 @@ from corral.runs._produce import (
     continue_run,
     logged_end,
 )
+from corral.runs._inside import inside_handle, is_inside, refresh_mirror, stop_inside
 from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
 from corral.runs._quiesce import DEFAULT_QUIET
@@ -85,6 +86,8 @@ async def probe_runner_run(record: RunRecord) -> ProbeResult:
     if record.detached_since is None and owner_is_dead(record.claim_owner):
         try:
             paths, _ = journal_location(record)
+            if is_inside(record):
+                await refresh_mirror(record, paths, await inside_handle(record))
         except JournalLocationError:
             pass
         else:
@@ -148,6 +151,9 @@ def journal_drive(
 async def journal_stop(record: RunRecord) -> None:
     """Stop the run's agent (SIGTERM, then SIGKILL) and its supervisor."""
     paths, _ = journal_location(record)
+    if is_inside(record):
+        await stop_inside(record, paths, STOP_GRACE)
+        return
     await kill_supervised_async(paths, grace=STOP_GRACE, include_supervisor=True)
 
 

@@ -34,6 +34,7 @@ import anyio.abc
 from corral._paths import corral_home
 from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
+from corral.runs._inside import is_inside, mirror_paths, stop_inside
 from corral.journal._probe import JournalLocationError, JournalUnreachable, machine_id
 from corral.runs._probe import journal_location
 from corral.journal._sentinel import new_nonce
@@ -147,8 +148,9 @@ class Runner:
     def _providers_of(self, record: RunRecord) -> Callable[[str], Provider]:
         return self._providers.for_record(record)
 
-    @staticmethod
-    def _paths(record: RunRecord) -> JournalPaths | None:
+    def _paths(self, record: RunRecord) -> JournalPaths | None:
+        if is_inside(record):
+            return mirror_paths(record.run_id, self.journals_dir)  # this host's own copy
         directory = (record.journal or {}).get("dir")
         return JournalPaths.for_run(directory, record.run_id) if isinstance(directory, str) \
             else None
@@ -231,7 +233,10 @@ class Runner:
                 thread_id=thread_id,
                 harness=harness.name,
                 spec=plan.spec.to_json(),
-                journal={"dir": str(self.journals_dir), "nonce": nonce, "host": machine_id()},
+                journal={"dir": str(self.journals_dir), "nonce": nonce, "host": machine_id(),
+                         # the supervisor and journal live in the sandbox (docker)
+                         **({"inside": True} if plan.provider.capabilities.supervisor_inside
+                            else {})},
                 # Recorded before the sandbox exists: ensure writes its instance record as
                 # soon as the sandbox does, so if this process dies mid-bootstrap (the
                 # workspace copy) whoever ends the run (the reaper) still finds and
@@ -471,7 +476,12 @@ class Runner:
     async def _stop_agent(self, record: RunRecord) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
             paths = self._paths(record)
-            if paths is not None:
+            if is_inside(record):
+                try:
+                    await stop_inside(record, paths, 0.5, self._providers_of(record))
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("stopping the agent of run %s: %s", record.run_id, exc)
+            elif paths is not None:
                 try:
                     await kill_supervised_async(paths, grace=0.5)
                 except Exception as exc:  # noqa: BLE001

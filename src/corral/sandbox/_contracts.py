@@ -119,6 +119,10 @@ class Capabilities:
     child of this Python process) can run a command inside the sandbox, and the handle has a
     host-side directory the sandbox cannot see (for journals and nonces). Container and cloud
     providers say no."""
+    supervisor_inside: bool = False
+    """Durable runs' supervisors run inside the sandbox, reached through the provider's API
+    (the handle is a :class:`corral.sandbox._inside.InsideSupervisor`): container providers,
+    whose sandboxes outlive every host."""
 
 
 @dataclass(frozen=True, slots=True)

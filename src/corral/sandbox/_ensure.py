@@ -12,6 +12,7 @@ passed as environment on each exec: :meth:`Ensured.exec_env`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets as _secrets
 import socket
@@ -25,7 +26,7 @@ import anyio
 
 from corral._telemetry import span
 from corral._errors import CorralError
-from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore
+from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, SecretStore
 from corral.sandbox._bootstrap import bootstrap, read_marker
 from corral.sandbox._contracts import Handle, Provider, SandboxSpec, SnapshotRef, UnsupportedCapability
 from corral.sandbox._hooks import call_hook
@@ -274,8 +275,9 @@ async def _ensure_locked(
     store: InstanceStore,
     spec_hook: SpecHook | None = None,
 ) -> Ensured:
-    def spec() -> SandboxSpec:
-        base = _spec(sandbox, key)
+    async def spec() -> SandboxSpec:
+        # only for a new sandbox (restore or create): a resume pays no store round trip
+        base = _spec(sandbox, key, ctx, await store_id(store))
         return spec_hook(base) if spec_hook is not None else base
 
     existing = await store.get_instance(key)
@@ -289,7 +291,7 @@ async def _ensure_locked(
             ref = SnapshotRef(provider.name, existing.latest_snapshot_id)
             try:
                 if await snapshots.exists(ref):
-                    handle = await snapshots.restore(ref, spec())
+                    handle = await snapshots.restore(ref, await spec())
                     origin = "restored"
             except CorralError as exc:
                 log.warning("restoring snapshot %s failed, creating anew: %s", ref.id, exc)
@@ -324,7 +326,7 @@ async def _ensure_locked(
             return Ensured(handle, key, record, origin, sandbox.secrets)
 
     # create + bootstrap
-    handle = await provider.create(spec())
+    handle = await provider.create(await spec())
     now = time.time()
     try:
         extra = await _bootstrap_recorded(
@@ -352,11 +354,27 @@ async def _ensure_locked(
     return Ensured(handle, key, record, "created", sandbox.secrets)
 
 
-def _spec(sandbox: Sandbox, key: str) -> SandboxSpec:
+async def store_id(store: object) -> str | None:
+    """A label naming the store a sandbox's instance record lives in (a digest of its shared
+    secret; every host sharing the store agrees), so that orphan collection only ever
+    judges sandboxes of its own store. ``None`` for a store without shared secrets."""
+    if not isinstance(store, SecretStore):
+        return None
+    secret = await store.shared_secret("sandbox-labels")
+    return hashlib.sha256(secret).hexdigest()[:16]
+
+
+def _spec(sandbox: Sandbox, key: str, ctx: RunContext | None = None,
+          store_label: str | None = None) -> SandboxSpec:
     # No secrets here: providers persist the spec (state files, image config).
+    labels = {"corral.key": key, "corral.definition": sandbox.id}
+    if ctx is not None and ctx.run_id:
+        labels["corral.run"] = ctx.run_id
+    if store_label:
+        labels["corral.store"] = store_label
     return SandboxSpec(
         network=sandbox.policy.direct_network,  # allow_hosts: the egress proxy, per run
-        labels={"corral.key": key, "corral.definition": sandbox.id},
+        labels=labels,
     )
 
 

@@ -1,31 +1,66 @@
-"""Collect idle sandboxes: destroy every instance whose ``keep_alive`` has run out.
+"""Collect idle sandboxes: destroy every instance whose ``keep_alive`` has run out, and
+orphans: sandboxes a provider lists by label that no instance record points to.
 
-``collect_idle`` is what ``corral gc`` runs and what a reaper sweep can call. An instance
+``collect_idle`` is what ``corral gc`` runs and what a reaper sweep calls. An instance
 is skipped while its latest run is still running (the run keeps it alive), or while
 another process holds its key lock (it is being ensured right now).
+
+Orphans (``collect_orphans``) come from providers whose sandboxes outlive every host
+process and carry labels (:class:`ListsLabelled`, e.g. docker containers): a sandbox made
+for an instance key of *this* store (label ``corral.store``) whose record is gone or names
+another sandbox, older than a grace period (a sandbox is made before its record is
+written), is destroyed under the key's lock. Sandboxes of other stores, and sandboxes made
+without a key (``corral exec --keep``), are never touched.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, RunStore
-from corral.sandbox._contracts import Provider
+from corral.sandbox._contracts import Provider, SandboxRef
 from corral.sandbox._ensure import destroy_record
 from corral.sandbox._redact import get_logger
-from corral.sandbox._registry import build_provider, config_key, recorded_config
+from corral.sandbox._registry import build_provider, config_key, provider_names, recorded_config
 from corral.sandbox._snapshots import snapshots_for
 
-__all__ = ["GcEntry", "GcReport", "collect_idle"]
+__all__ = ["ORPHAN_GRACE", "GcEntry", "GcReport", "LabelledSandbox", "ListsLabelled",
+           "collect_idle", "collect_orphans"]
 
 log = get_logger("corral.sandbox._gc")
 
-Outcome = Literal["destroyed", "would-destroy", "active", "busy", "destroy-failed", "unknown-provider"]
+Outcome = Literal["destroyed", "would-destroy", "active", "busy", "destroy-failed",
+                  "unknown-provider", "orphan-destroyed", "orphan-would-destroy"]
+
+ORPHAN_GRACE = 600.0
+"""Seconds a labelled sandbox without a record is left alone (it may be being made)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledSandbox:
+    """One sandbox as a provider lists it with its labels."""
+
+    id: str
+    labels: Mapping[str, str]
+    created_at: float
+
+
+@runtime_checkable
+class ListsLabelled(Protocol):
+    """Optional provider capability: list its sandboxes with their labels, from any
+    process (the labels are the state: docker containers)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def labelled(self) -> list[LabelledSandbox]: ...
+
+    async def destroy(self, ref: SandboxRef | str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +85,8 @@ async def collect_idle(
     providers: Mapping[str, Provider] | None = None,
     dry_run: bool = False,
     limit: int = 100,
+    orphans: bool = True,
+    orphan_grace: float = ORPHAN_GRACE,
 ) -> GcReport:
     """Destroy idle sandboxes past their ``keep_alive``; never raises for one sandbox.
 
@@ -100,7 +137,89 @@ async def collect_idle(
         finally:
             if isinstance(store, LockStore):
                 await store.unlock(name, owner)
+    if orphans:
+        listing = [p for p in {**_labelling_providers(), **given}.values()
+                   if isinstance(p, ListsLabelled)]
+        entries += await collect_orphans(store, listing, now=now, dry_run=dry_run,
+                                         grace=orphan_grace, limit=limit)
     return GcReport(tuple(entries), dict(Counter(e.outcome for e in entries)))
+
+
+def _labelling_providers() -> dict[str, Provider]:
+    """Every registered provider, with its default configuration, that lists its sandboxes
+    by label (one that cannot be built here is left out: it has nothing here to collect)."""
+    out: dict[str, Provider] = {}
+    for name in provider_names():
+        try:
+            provider = build_provider(name)
+        except Exception:  # noqa: BLE001 - a missing prerequisite means nothing to collect
+            continue
+        if isinstance(provider, ListsLabelled):
+            out[name] = provider
+    return out
+
+
+async def collect_orphans(
+    store: InstanceStore,
+    providers: Sequence[ListsLabelled],
+    *,
+    now: float | None = None,
+    dry_run: bool = False,
+    grace: float = ORPHAN_GRACE,
+    limit: int = 100,
+) -> list[GcEntry]:
+    """Destroy the sandboxes of ``providers`` labelled with an instance key of this store
+    that no instance record points to, older than ``grace`` seconds; never raises for one
+    sandbox (a provider that cannot list, e.g. no Docker daemon, has none)."""
+    # Imported here: the ensure machinery is not needed to list.
+    from corral.sandbox._ensure import store_id
+
+    now = time.time() if now is None else now
+    ours = await store_id(store)
+    if ours is None:
+        return []
+    entries: list[GcEntry] = []
+    for provider in providers:
+        try:
+            found = await provider.labelled()
+        except CorralError as exc:
+            log.info("gc: %s lists no sandboxes here: %s", provider.name, exc)
+            continue
+        for sb in found:
+            if len(entries) >= limit:
+                return entries
+            key = sb.labels.get("corral.key")
+            if not key or sb.labels.get("corral.store") != ours or now - sb.created_at < grace:
+                continue
+            if await _points_to(store, key, provider.name, sb.id):
+                continue
+            entry = GcEntry(key, provider.name, sb.id, "orphan-would-destroy",
+                            "no instance record points to it")
+            if dry_run:
+                entries.append(entry)
+                continue
+            owner, name = f"gc:{time.time_ns()}", f"sandbox:{key}"
+            if isinstance(store, LockStore) and not await store.try_lock(name, owner, 60.0):
+                continue  # being ensured right now
+            try:
+                if await _points_to(store, key, provider.name, sb.id):
+                    continue  # recorded since the listing
+                await provider.destroy(SandboxRef(provider.name, sb.id))
+                entries.append(GcEntry(key, provider.name, sb.id, "orphan-destroyed",
+                                       entry.detail))
+            except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
+                log.error("gc of orphan sandbox %s failed: %s", sb.id, exc)
+                entries.append(GcEntry(key, provider.name, sb.id, "destroy-failed", str(exc)))
+            finally:
+                if isinstance(store, LockStore):
+                    await store.unlock(name, owner)
+    return entries
+
+
+async def _points_to(store: InstanceStore, key: str, provider: str, sandbox_id: str) -> bool:
+    record = await store.get_instance(key)
+    return record is not None and record.provider == provider and \
+        record.provider_sandbox_id == sandbox_id
 
 
 async def _run_active(store: InstanceStore, record: InstanceRecord) -> bool:

@@ -58,6 +58,7 @@ GROUP = "corral.providers"
 BUILTIN: Mapping[str, str] = {
     "local": "corral.providers._local:LocalProvider",
     "bubblewrap": "corral.providers._bubblewrap:BubblewrapProvider",
+    "docker": "corral.providers._docker:DockerProvider",
 }
 """corral's own providers, as declared in its ``pyproject.toml`` (used when the install
 metadata is missing, e.g. ``PYTHONPATH=src``)."""

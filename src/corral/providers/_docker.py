@@ -1,0 +1,797 @@
+"""The Docker provider: one container per sandbox, through the Docker Engine API.
+
+A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sandbox``,
+``corral.created-by``, and the spec's labels, e.g. the run id) with:
+
+* the agent as an unprivileged uid (1000 by default) with no capabilities at all; every
+  capability of the container is dropped but the four root needs to run the durable-run
+  supervisor and set the sandbox up (``CHOWN``, ``SETUID``, ``SETGID``, ``KILL``), which a
+  process of the agent's uid never holds; ``no-new-privileges``;
+* a read-only root filesystem; writable ``/workspace`` and ``/home/agent`` are named volumes
+  (``corral-<id>-workspace``, ``corral-<id>-home``, labelled like the container), ``/tmp``
+  a tmpfs, ``/run/corral`` a root-only tmpfs;
+* pids, memory and CPU limits; no network (``network_mode=none``); the gVisor runtime when
+  configured (``runtime = "runsc"``); ``docker-init`` as pid 1 (it reaps orphans).
+
+Everything goes through the API (the official SDK, blocking, in worker threads), so a
+process with another ``$CORRAL_HOME`` on another machine finds, drives and destroys the
+same sandboxes: the container is the state. Commands and file operations run under the
+in-container helper (:mod:`corral._insandbox.container`) as the agent's uid; environments
+travel on the exec's stdin, never in a container's or an exec's configuration.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import json
+import posixpath
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+from pydantic import field_validator
+
+from corral._errors import ConfigError
+from corral.providers._docker_client import (
+    BASE_IMAGE,
+    LABEL,
+    connect,
+    daemon_is_local,
+    docker_errors,
+    unavailable,
+)
+from corral.providers._docker_exec import (
+    DockerProcess,
+    collect,
+    fields,
+    header,
+    helper_argv,
+    start_exec,
+)
+from corral.providers._process import to_argv
+from corral.providers._state import new_id, validate_id
+from corral.sandbox import _validate as validate
+from corral.sandbox._contracts import (
+    Capabilities,
+    Command,
+    FileInfo,
+    HostCommand,
+    HostRoute,
+    PathEscapeError,
+    Process,
+    ProcessApi,
+    ResourceLimits,
+    SandboxGoneError,
+    SandboxRef,
+    SandboxSpec,
+    SnapshotRef,
+    UnsupportedCapability,
+    check_env_name,
+)
+from corral.sandbox._gc import LabelledSandbox
+from corral.sandbox._redact import Redactor
+from corral.sandbox._registry import ProviderConfig
+
+if TYPE_CHECKING:
+    from corral.providers._docker_snapshots import DockerSnapshots
+
+__all__ = ["DOCKER_CAPABILITIES", "DockerConfig", "DockerHandle", "DockerProvider"]
+
+DOCKER_CAPABILITIES = Capabilities(
+    background_processes=True,
+    killable_processes=True,
+    writable_stdin=True,
+    snapshots=False,
+    network_policy=True,
+    durable_filesystem=True,
+    ports=False,
+    isolated=True,
+    host_processes=False,
+    supervisor_inside=True,
+)
+
+WORKDIR = "/workspace"
+HOME = "/home/agent"
+AREAS = (WORKDIR, "/tmp", HOME)
+AREAS_SNAPSHOT = (WORKDIR, HOME)
+"""What a snapshot keeps (``/tmp`` is a tmpfs: scratch, as after a reboot)."""
+PRIVATE = "/run/corral"
+"""Root-only tmpfs: the durable-run supervisor's journal and nonce."""
+ROOT_CAPS = ["CHOWN", "SETUID", "SETGID", "KILL"]
+DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": HOME,
+    "USER": "agent",
+    "LOGNAME": "agent",
+    "SHELL": "/bin/sh",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+CREATED_BY = "corral"
+
+
+def container_name(sandbox_id: str) -> str:
+    return f"corral-{sandbox_id}"
+
+
+def volume_names(sandbox_id: str) -> dict[str, str]:
+    """The sandbox's named volumes by mount point."""
+    return {WORKDIR: f"corral-{sandbox_id}-workspace", HOME: f"corral-{sandbox_id}-home"}
+
+
+def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> ResourceLimits:
+    if isinstance(value, ResourceLimits):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError("provider.limits: expected a table such as { memory = \"4G\" }")
+    validate.no_unknown(value, ("memory", "pids", "cpus"), "provider.limits")
+    cpus = value.get("cpus", DEFAULT_LIMITS.cpus)
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise ConfigError(f"provider.limits.cpus: expected a number, got {cpus!r}")
+    d = DEFAULT_LIMITS
+    return ResourceLimits(
+        memory_bytes=(validate.size(value["memory"], "provider.limits.memory")
+                      if "memory" in value else d.memory_bytes),
+        pids=(validate.positive_int(value["pids"], "provider.limits.pids")
+              if "pids" in value else d.pids),
+        cpus=float(cpus) if cpus is not None else None,
+    )
+
+
+class DockerConfig(ProviderConfig):
+    """``[provider]`` settings of the docker provider (see :class:`DockerProvider`)."""
+
+    image: str | None = None
+    """The image (default: corral's base image, made by ``corral images build``)."""
+    runtime: str | None = None
+    """An OCI runtime registered with the daemon, e.g. ``"runsc"`` (gVisor)."""
+    limits: dict[str, Any] | None = None
+    """Default limits, ``{ memory = "4G", pids = 2048, cpus = 2 }``."""
+    docker_host: str | None = None
+    """The daemon (default: ``$DOCKER_HOST``, else the local socket)."""
+    uid: int = 1000
+    """The agent's uid (and gid) inside the container."""
+
+    @field_validator("limits")
+    @classmethod
+    def _check_limits(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            _limits_from(value)
+        return value
+
+
+# ---------------------------------------------------------------------- paths
+
+
+def confine(path: str, workdir: str = WORKDIR) -> str:
+    """The normalized sandbox path of ``path`` if it lies in a writable area, else raise
+    (lexically: the helper in the container re-checks after resolving symlinks)."""
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise PathEscapeError(f"invalid sandbox path {path!r}")
+    full = posixpath.normpath(path if path.startswith("/") else posixpath.join(workdir, path))
+    if not any(full == a or full.startswith(a + "/") for a in AREAS):
+        raise PathEscapeError(
+            f"path {path!r} is outside the sandbox's writable areas ({', '.join(AREAS)})")
+    return full
+
+
+def _not_area(path: str) -> str:
+    if path in AREAS:
+        raise PathEscapeError(f"{path!r} is one of the sandbox's areas: it cannot be removed "
+                              "or renamed")
+    return path
+
+
+# ---------------------------------------------------------------------- handle
+
+
+class _DockerProcessApi:
+    def __init__(self, handle: DockerHandle) -> None:
+        self._h = handle
+
+    async def spawn(self, command: Command, *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> Process:
+        return await self._h.start(to_argv(command), cwd=cwd, env=env)
+
+    async def exec(self, command: Command, *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+                   timeout: float | None = None) -> Any:
+        proc = await self._h.start(to_argv(command), cwd=cwd, env=env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+
+class _DockerFS:
+    """The sandbox's files, through the in-container helper (as the agent's uid)."""
+
+    def __init__(self, handle: DockerHandle) -> None:
+        self._h = handle
+
+    async def _op(self, op: str, path: str, *, data: bytes | None = None,
+                  **extra: Any) -> bytes:
+        full = confine(path)
+        proc = await self._h.start_helper("fs", {"op": op, "path": full, **extra})
+        res = await collect(proc, stdin=data, timeout=None)
+        if res.exit_code == 3:
+            try:
+                err = json.loads(res.stderr)
+            except ValueError:
+                err = {"errno": 5, "msg": res.stderr.decode(errors="replace"), "escape": False}
+            if err.get("escape"):
+                raise PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
+                                      f"areas ({', '.join(AREAS)})")
+            raise OSError(int(err["errno"]), str(err["msg"]), path)
+        if not res.ok:
+            raise OSError(5, f"file operation {op} failed: {res.describe()}: "
+                             f"{res.stderr.decode(errors='replace').strip()[:200]}", path)
+        return res.stdout
+
+    async def read(self, path: str) -> bytes:
+        return await self._op("read", path)
+
+    async def write(self, path: str, data: bytes, *, mode: int | None = None) -> None:
+        await self._op("write", path, data=bytes(data), mode=mode)
+
+    async def read_stream(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        full = confine(path)
+        proc = await self._h.start_helper("fs", {"op": "read", "path": full})
+        await proc.close_stdin()
+        buf = bytearray()
+        try:
+            async for chunk in proc.stdout:
+                buf += chunk
+                while len(buf) >= chunk_size:
+                    yield bytes(buf[:chunk_size])
+                    del buf[:chunk_size]
+            err = b"".join([c async for c in proc.stderr])
+            res = await proc.wait()
+            if res.exit_code == 3:
+                info = json.loads(err)
+                if info.get("escape"):
+                    raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
+                raise OSError(int(info["errno"]), str(info["msg"]), path)
+            if buf:
+                yield bytes(buf)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await proc.aclose()
+
+    async def write_stream(self, path: str, chunks: AsyncIterator[bytes]) -> int:
+        full = confine(path)
+        proc = await self._h.start_helper("fs", {"op": "write", "path": full})
+        total = 0
+        try:
+            async for chunk in chunks:
+                await proc.write_stdin(chunk)
+                total += len(chunk)
+            await proc.close_stdin()
+            err = b"".join([c async for c in proc.stderr])
+            res = await proc.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await proc.aclose()
+        if res.exit_code == 3:
+            info = json.loads(err)
+            if info.get("escape"):
+                raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
+            raise OSError(int(info["errno"]), str(info["msg"]), path)
+        return total
+
+    async def list(self, path: str = ".") -> list[FileInfo]:
+        out = json.loads(await self._op("list", path))
+        return [FileInfo(**item) for item in out]
+
+    async def stat(self, path: str) -> FileInfo:
+        return FileInfo(**json.loads(await self._op("stat", path)))
+
+    async def exists(self, path: str) -> bool:
+        return bool(json.loads(await self._op("exists", path)))
+
+    async def mkdir(self, path: str, *, parents: bool = True) -> None:
+        await self._op("mkdir", path, parents=parents)
+
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        _not_area(confine(path))
+        await self._op("remove", path, recursive=recursive)
+
+    async def rename(self, src: str, dst: str) -> None:
+        _not_area(confine(src))
+        await self._op("rename", src, dst=_not_area(confine(dst)))
+
+
+class DockerHandle:
+    """A live Docker sandbox (its container)."""
+
+    def __init__(self, provider: DockerProvider, sandbox_id: str, info: Mapping[str, Any]) -> None:
+        self._provider = provider
+        self._id = sandbox_id
+        self._info = info
+        self._fs = _DockerFS(self)
+        self._process = _DockerProcessApi(self)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def ref(self) -> SandboxRef:
+        return SandboxRef("docker", self._id)
+
+    @property
+    def container(self) -> str:
+        """The container's name."""
+        return container_name(self._id)
+
+    @property
+    def workdir(self) -> str:
+        return WORKDIR
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return DOCKER_CAPABILITIES
+
+    @property
+    def process(self) -> ProcessApi:
+        return self._process
+
+    @property
+    def fs(self) -> _DockerFS:
+        return self._fs
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return dict(self._info.get("Config", {}).get("Labels") or {})
+
+    @property
+    def image(self) -> str:
+        """The image the container was made from."""
+        return str(self._info.get("Config", {}).get("Image") or self._provider.image)
+
+    @property
+    def created_at(self) -> float:
+        return float(self.labels.get("corral.created-at", "0") or 0)
+
+    async def connect_port(self, port: int) -> str:
+        raise UnsupportedCapability("docker", "ports",
+                                    "expose the service over a unix socket bind instead")
+
+    @property
+    def private_dir(self) -> str:
+        raise UnsupportedCapability("docker", "host_processes",
+                                    "the container's private state is read through the API")
+
+    def host_command(self, command: Command, *, cwd: str | None = None,
+                     env: Mapping[str, str] | None = None) -> HostCommand:
+        raise UnsupportedCapability("docker", "host_processes",
+                                    "commands run through the Docker API, not a host process")
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(BASE_ENV)
+        spec_env = self._info.get("Config", {}).get("Env") or []
+        for item in spec_env:
+            key, _, value = item.partition("=")
+            merged[key] = value
+        for key, value in (env or {}).items():
+            check_env_name(key)
+            if not isinstance(value, str) or "\x00" in value:
+                raise ConfigError(f"environment variable {key!r}: the value must be a string "
+                                  "without NUL")
+            merged[key] = value
+        return merged
+
+    async def start(self, argv: list[str], *, cwd: str | None,
+                    env: Mapping[str, str] | None) -> DockerProcess:
+        want = cwd or WORKDIR
+        full = confine(want)
+        merged = self._env(env)
+        p = self._provider
+        try:
+            return await anyio.to_thread.run_sync(lambda: start_exec(
+                p.api, self.container, uid=p.uid, argv=argv, env=merged, cwd=full,
+                killer=self._kill_tagged, inspect_exec=p.inspect_exec, cwd_name=want))
+        except Exception as exc:
+            raise self._provider.translate(exc, self._id) from None
+
+    async def start_helper(self, mode: str, obj: Mapping[str, Any],
+                           user: str | None = None) -> DockerProcess:
+        p = self._provider
+
+        def go() -> DockerProcess:
+            from corral.providers._docker_exec import _Demux
+
+            exec_id = p.api.exec_create(self.container, helper_argv(mode),
+                                        stdin=True, stdout=True, stderr=True, tty=False,
+                                        user=user or p.user)["Id"]
+            raw = p.api.exec_start(exec_id, socket=True)
+            sock = getattr(raw, "_sock", raw)
+            sock.sendall(header(obj))
+            # no trailer: the helper's own exit status is the outcome
+            return DockerProcess(_Demux(sock, b"-"), exec_id, p.inspect_exec, lambda sig: None,
+                                 trailer=False)
+
+        try:
+            return await anyio.to_thread.run_sync(go)
+        except Exception as exc:
+            raise self._provider.translate(exc, self._id) from None
+
+    # ------------------------------------------------------------ durable runs (inside)
+
+    async def _root(self, mode: str, obj: Mapping[str, Any]) -> Any:
+        """Run the in-container supervisor script's ``mode`` as root; its result."""
+        proc = await self.start_helper(mode, obj, user="0:0")
+        return await collect(proc, stdin=None, timeout=120)
+
+    async def launch_supervised(
+        self, run: str, *, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
+        nonce: str, stdin: bytes | None, timeout: float | None, max_output: int | None,
+        redact: Mapping[str, str],
+    ) -> int:
+        """Start the run's supervisor as root in the container (see
+        :mod:`corral._insandbox.container_supervisor`); the agent runs as the agent's uid."""
+        res = await self._root("start", {
+            "run": run, "argv": list(argv), "env": self._env(env),
+            "cwd": confine(cwd or WORKDIR), "uid": self._provider.uid, "nonce": nonce,
+            "stdin": (stdin or b"").decode("latin-1"), "timeout": timeout,
+            "max_output": max_output, "redact": dict(redact)})
+        if not res.ok:
+            raise ConfigError(f"starting the run's supervisor in sandbox {self._id!r} failed "
+                              f"({res.describe()}): {res.stderr.decode(errors='replace')[-300:]}")
+        return int(json.loads(res.stdout)["pid"])
+
+    async def read_journal(self, run: str, name: str, offset: int,
+                           limit: int = 4 << 20) -> bytes | None:
+        res = await self._root("read", {"run": run, "name": name, "offset": offset,
+                                        "limit": limit})
+        if res.exit_code == 4:
+            return None
+        if not res.ok:
+            raise OSError(5, f"reading the journal in sandbox {self._id!r} failed: "
+                             f"{res.describe()}")
+        data: bytes = res.stdout
+        return data
+
+    async def supervisor_status(self, run: str) -> Mapping[str, Any]:
+        res = await self._root("status", {"run": run})
+        doc: Mapping[str, Any] = json.loads(res.stdout or b"{}") if res.ok else {}
+        return doc
+
+    async def stop_supervised(self, run: str, grace: float = 2.0) -> None:
+        await self._root("stop", {"run": run, "grace": grace})
+
+    def _kill_tagged(self, token: str, sig: int) -> None:
+        """Signal every process carrying ``token`` (blocking; the helper's ``kill`` mode)."""
+        p = self._provider
+        with contextlib.suppress(Exception):
+            exec_id = p.api.exec_create(self.container, helper_argv("kill"),
+                                        stdin=True, stdout=True, stderr=True, user=p.user)["Id"]
+            raw = p.api.exec_start(exec_id, socket=True)
+            sock = getattr(raw, "_sock", raw)
+            sock.sendall(fields(token, str(sig)))
+            sock.shutdown(1)
+            while sock.recv(65536):
+                pass
+            sock.close()
+
+
+# ---------------------------------------------------------------------- provider
+
+
+class DockerProvider:
+    """Sandboxes as Docker containers (see the module docstring for the isolation).
+
+    ``image`` is any image with ``/bin/sh`` and ``python3`` (corral's helpers are stdlib
+    Python; default: corral's base image from ``corral images build``); ``runtime`` an OCI
+    runtime the daemon knows (``"runsc"`` for gVisor); ``limits`` the defaults for fields
+    a spec leaves ``None``; ``docker_host`` the daemon (default ``$DOCKER_HOST`` or the local
+    socket); ``uid`` the agent's uid.
+    """
+
+    config_model: type[ProviderConfig] = DockerConfig
+
+    def __init__(self, image: str | None = None, *, runtime: str | None = None,
+                 limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
+                 docker_host: str | None = None, uid: int = 1000) -> None:
+        docker_errors()  # the SDK is installed, or a one-line error naming the extra
+        self.image = image or BASE_IMAGE
+        self.runtime = runtime
+        self._limits = _limits_from(limits)
+        self.docker_host = docker_host
+        self.uid = uid
+        self.user = f"{uid}:{uid}"
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = connect(self.docker_host)
+        return self._client
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    @property
+    def name(self) -> str:
+        return "docker"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return DOCKER_CAPABILITIES
+
+    @property
+    def host_route(self) -> HostRoute:
+        """Unix sockets bound in from this host when the daemon is local; none when it is
+        remote (host services cannot reach its containers)."""
+        return "unix-socket" if daemon_is_local(self.docker_host) else "none"
+
+    @property
+    def default_limits(self) -> ResourceLimits:
+        return self._limits
+
+    def fingerprint(self) -> str:
+        lim = self._limits
+        raw = json.dumps({"v": 1, "image": self.image, "runtime": self.runtime, "uid": self.uid,
+                          "limits": [lim.memory_bytes, lim.pids, lim.cpus]}, sort_keys=True)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def translate(self, exc: BaseException, sandbox_id: str) -> BaseException:
+        """A Docker SDK error as corral's."""
+        errors = docker_errors()
+        if isinstance(exc, errors.NotFound):
+            return SandboxGoneError(
+                f"sandbox {sandbox_id!r} (docker) no longer exists; create a new one")
+        if isinstance(exc, errors.APIError):
+            text = str(exc.explanation or exc)
+            if "is not running" in text:
+                return SandboxGoneError(f"sandbox {sandbox_id!r} (docker) is not running")
+            return ConfigError(f"docker: {text.splitlines()[0]}")
+        if isinstance(exc, errors.DockerException | OSError):
+            return unavailable(exc, self.docker_host)
+        return exc
+
+    def inspect_exec(self, exec_id: str) -> Any:
+        try:
+            return self.api.exec_inspect(exec_id)
+        except Exception as exc:
+            raise self.translate(exc, "?") from None
+
+    def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
+        d, s = self._limits, spec.limits
+        if s.disk_bytes is not None:
+            raise UnsupportedCapability("docker", "disk limit",
+                                        "the docker provider cannot enforce a disk limit; "
+                                        "leave limits.disk unset")
+        lim = ResourceLimits(
+            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
+            pids=s.pids if s.pids is not None else d.pids,
+            cpus=s.cpus if s.cpus is not None else d.cpus,
+        )
+        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
+            raise ConfigError("memory limit must be at least 8 MiB")
+        if lim.pids is not None and lim.pids < 8:
+            raise ConfigError("pids limit must be at least 8")
+        if lim.cpus is not None and lim.cpus <= 0:
+            raise ConfigError("cpus limit must be positive")
+        return lim
+
+    def container_config(self, sandbox_id: str, spec: SandboxSpec,
+                         image: str | None = None) -> dict[str, Any]:
+        """The create call's arguments (what ``docker inspect`` will show: no secret)."""
+        from docker.types import Mount
+
+        lim = self._limits_for(spec)
+        for key, value in spec.env.items():
+            check_env_name(key)
+            if not isinstance(value, str) or "\x00" in value:
+                raise ConfigError(f"environment variable {key!r}: the value must be a string "
+                                  "without NUL")
+        labels = {str(k): str(v) for k, v in spec.labels.items()}
+        labels.update({LABEL: "1", "corral.sandbox": sandbox_id,
+                       "corral.created-by": CREATED_BY,
+                       "corral.created-at": f"{time.time():.3f}",
+                       "corral.home-agent": self.user})
+        mounts = [Mount(target, name, type="volume", labels={LABEL: "1",
+                                                             "corral.sandbox": sandbox_id})
+                  for target, name in volume_names(sandbox_id).items()]
+        for host, inside in spec.binds:
+            mounts.append(Mount(inside, host, type="bind", read_only=True))
+        host_config = self.api.create_host_config(
+            mounts=mounts,
+            tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777", PRIVATE: "rw,nosuid,nodev,mode=0700"},
+            read_only=True,
+            cap_drop=["ALL"],
+            cap_add=ROOT_CAPS,
+            security_opt=["no-new-privileges"],
+            network_mode="bridge" if spec.network else "none",
+            pids_limit=lim.pids,
+            mem_limit=lim.memory_bytes,
+            memswap_limit=lim.memory_bytes,
+            nano_cpus=int(lim.cpus * 1e9) if lim.cpus else None,
+            init=True,
+            runtime=self.runtime,
+            ipc_mode="private",
+        )
+        return {
+            "image": image or self.image,
+            "command": ["sleep", "infinity"],
+            "name": container_name(sandbox_id),
+            "labels": labels,
+            "environment": [f"{k}={v}" for k, v in spec.env.items()],
+            "working_dir": WORKDIR,
+            "host_config": host_config,
+            "hostname": "sandbox",
+        }
+
+    async def create(self, spec: SandboxSpec | None = None, *,
+                     image: str | None = None) -> DockerHandle:
+        """A new sandbox (``image``: another than the provider's, e.g. a snapshot's)."""
+        spec = spec or SandboxSpec()
+        sandbox_id = validate_id(spec.name) if spec.name is not None else new_id()
+        return await self._create(sandbox_id, spec, image or self.image)
+
+    def snapshotter(self, *, redactor: Redactor | None = None) -> DockerSnapshots:
+        """Snapshots are committed images without secrets (:mod:`._docker_snapshots`)."""
+        from corral.providers._docker_snapshots import DockerSnapshots
+
+        return DockerSnapshots(self, redactor=redactor)
+
+    async def _create(self, sandbox_id: str, spec: SandboxSpec, image: str) -> DockerHandle:
+        config = self.container_config(sandbox_id, spec, image)
+        errors = docker_errors()
+
+        def make() -> Any:
+            api = self.api
+            try:
+                api.create_container(**config)
+            except errors.APIError as exc:
+                if exc.status_code == 409:
+                    raise ConfigError(
+                        f"sandbox {sandbox_id!r} already exists: pick another name or remove "
+                        f"it with `corral sandboxes rm {sandbox_id}`") from None
+                if exc.status_code == 404 and "image" in str(exc.explanation).lower():
+                    raise ConfigError(
+                        f"docker image {image!r} not found: build corral's base image with "
+                        "`corral images build`, or set [provider] image") from None
+                raise
+            try:
+                api.start(config["name"])
+                if image != self.image or self.image != BASE_IMAGE:
+                    self._own_areas(config["name"])
+                return api.inspect_container(config["name"])
+            except BaseException:
+                self._remove(sandbox_id)
+                raise
+
+        try:
+            info = await anyio.to_thread.run_sync(make)
+        except (ConfigError, UnsupportedCapability):
+            raise
+        except Exception as exc:
+            raise self.translate(exc, sandbox_id) from None
+        return DockerHandle(self, sandbox_id, info)
+
+    def _own_areas(self, container: str) -> None:
+        """Give the agent its writable areas (an image without them, or root-owned)."""
+        exec_id = self.api.exec_create(container, helper_argv("fs"),
+                                       stdin=True, stdout=True, stderr=True, user="0:0")["Id"]
+        raw = self.api.exec_start(exec_id, socket=True)
+        sock = getattr(raw, "_sock", raw)
+        sock.sendall(header({"op": "chown", "path": WORKDIR, "paths": [WORKDIR, HOME],
+                             "uid": self.uid, "gid": self.uid}))
+        sock.shutdown(1)
+        while sock.recv(65536):
+            pass
+        sock.close()
+        code = self.api.exec_inspect(exec_id).get("ExitCode")
+        if code != 0:
+            raise ConfigError(f"docker image {self.image!r}: setting up the sandbox failed "
+                              f"(exit {code}); the image needs /bin/sh and python3")
+
+    async def resume(self, ref: SandboxRef | str) -> DockerHandle | None:
+        sandbox_id = ref.id if isinstance(ref, SandboxRef) else ref
+        try:
+            validate_id(sandbox_id)
+        except ConfigError:
+            return None
+        errors = docker_errors()
+
+        def find() -> Any:
+            try:
+                info = self.api.inspect_container(container_name(sandbox_id))
+            except errors.NotFound:
+                return None
+            if (info.get("Config", {}).get("Labels") or {}).get(LABEL) != "1":
+                return None
+            if not info.get("State", {}).get("Running"):
+                if info.get("State", {}).get("Status") in ("removing", "dead"):
+                    return None
+                self.api.start(container_name(sandbox_id))  # e.g. after a daemon restart
+                info = self.api.inspect_container(container_name(sandbox_id))
+            return info
+
+        try:
+            info = await anyio.to_thread.run_sync(find)
+        except Exception as exc:
+            raise self.translate(exc, sandbox_id) from None
+        return DockerHandle(self, sandbox_id, info) if info is not None else None
+
+    def _remove(self, sandbox_id: str) -> None:
+        errors = docker_errors()
+        image = None
+        with contextlib.suppress(errors.NotFound):
+            image = self.api.inspect_container(container_name(sandbox_id)).get("Image")
+            self.api.remove_container(container_name(sandbox_id), force=True, v=True)
+        if image:
+            self._drop_deleted_snapshot(image)
+        for name in volume_names(sandbox_id).values():
+            for _ in range(20):
+                try:
+                    self.api.remove_volume(name, force=True)
+                    break
+                except errors.NotFound:
+                    break
+                except errors.APIError as exc:
+                    if exc.status_code != 409:  # in use: the container is still going away
+                        raise
+                    time.sleep(0.1)
+
+    def _drop_deleted_snapshot(self, image: str) -> None:
+        """A snapshot image deleted while a sandbox restored from it lived is only untagged;
+        remove it with its last sandbox."""
+        errors = docker_errors()
+        with contextlib.suppress(errors.APIError):
+            info = self.api.inspect_image(image)
+            if ((info.get("Config") or {}).get("Labels") or {}).get("corral.snapshot") and \
+                    not info.get("RepoTags"):
+                self.api.remove_image(image)
+
+    async def destroy(self, ref: SandboxRef | str) -> None:
+        sandbox_id = ref.id if isinstance(ref, SandboxRef) else ref
+        try:
+            validate_id(sandbox_id)
+        except ConfigError:
+            return
+        try:
+            await anyio.to_thread.run_sync(self._remove, sandbox_id)
+        except Exception as exc:
+            raise self.translate(exc, sandbox_id) from None
+
+    def _labelled(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.api.containers(all=True,
+                                                          filters={"label": f"{LABEL}=1"})
+        return found
+
+    async def list(self) -> list[SandboxRef]:
+        try:
+            found = await anyio.to_thread.run_sync(self._labelled)
+        except Exception as exc:
+            raise self.translate(exc, "?") from None
+        return [SandboxRef("docker", c["Labels"]["corral.sandbox"]) for c in found
+                if (c.get("Labels") or {}).get("corral.sandbox")]
+
+    async def labelled(self) -> builtins.list[LabelledSandbox]:
+        """Every corral container with its labels (orphan collection, :mod:`corral.sandbox._gc`)."""
+        try:
+            found = await anyio.to_thread.run_sync(self._labelled)
+        except Exception as exc:
+            raise self.translate(exc, "?") from None
+        out = []
+        for c in found:
+            labels = dict(c.get("Labels") or {})
+            if labels.get("corral.sandbox"):
+                created = labels.get("corral.created-at") or c.get("Created") or 0
+                out.append(LabelledSandbox(labels["corral.sandbox"], labels, float(created)))
+        return out
+
+    async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
+        raise UnsupportedCapability("docker", "snapshots",
+                                    "use the provider's snapshotter() (they need a redactor)")
+
+    async def restore(self, snapshot: SnapshotRef, spec: SandboxSpec | None = None) -> DockerHandle:
+        raise UnsupportedCapability("docker", "snapshots",
+                                    "use the provider's snapshotter() (they need a redactor)")
+

@@ -1,0 +1,74 @@
+"""The Docker SDK, imported on use, and what its errors mean to corral.
+
+The official ``docker`` package (``pip install 'corral[docker]'``) is an optional extra:
+this module names it when missing, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from corral._errors import CorralError, PrerequisiteMissing
+
+__all__ = ["BASE_IMAGE", "connect", "daemon_is_local", "docker_errors", "is_not_found"]
+
+LABEL = "corral"
+"""Every container and volume corral makes carries ``corral=1``."""
+
+
+def _base_image() -> str:
+    from corral._version import __version__
+
+    return f"corral-base:{__version__}"
+
+
+BASE_IMAGE = _base_image()
+"""corral's own image (``corral images build`` makes it)."""
+
+
+def docker_errors() -> Any:
+    """The SDK's ``docker.errors`` module (a one-line error when the SDK is missing)."""
+    try:
+        import docker.errors
+    except ImportError:
+        raise PrerequisiteMissing(
+            "the docker provider needs the Docker SDK: pip install 'corral[docker]'"
+        ) from None
+    return docker.errors
+
+
+def connect(docker_host: str | None = None) -> Any:
+    """A ``docker.DockerClient`` for ``docker_host`` (default: ``$DOCKER_HOST`` or the
+    local socket). Connecting is lazy; a daemon that does not answer fails the first call."""
+    docker_errors()
+    import docker
+
+    if docker_host:
+        return docker.DockerClient(base_url=docker_host, timeout=120)
+    return docker.from_env(timeout=120)
+
+
+def daemon_is_local(docker_host: str | None = None) -> bool:
+    """Whether the daemon is on this machine (a unix socket): only then can host unix
+    sockets be bound into its containers."""
+    url = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    return url.startswith(("unix://", "npipe://"))
+
+
+def is_not_found(exc: BaseException) -> bool:
+    errors = docker_errors()
+    return isinstance(exc, errors.NotFound)
+
+
+class DockerUnavailable(CorralError):
+    """The Docker daemon did not answer."""
+
+
+def unavailable(exc: BaseException, docker_host: str | None) -> DockerUnavailable:
+    where = docker_host or os.environ.get("DOCKER_HOST") or "the local socket"
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return DockerUnavailable(
+        f"the Docker daemon at {where} did not answer ({first}): start dockerd, or set "
+        "DOCKER_HOST / [provider] docker_host"
+    )

@@ -1,0 +1,131 @@
+"""Runs whose supervisor lives inside the sandbox (``Capabilities.supervisor_inside``: the
+docker provider), seen from any host.
+
+Such a run's record says ``journal.inside``. Its journal is never read from the host that
+started it: every host keeps its own mirror of the journal in ``$CORRAL_HOME/journals`` (the
+same file names as a host-side journal, so the reader, the probe and the translation are
+the ones every run uses) and copies the bytes it lacks from the sandbox through the
+provider's API (:class:`corral.sandbox._inside.InsideSupervisor`), from the mirror's length
+on. The mirror holds the journal and its stderr sidecar only: never the supervisor's
+status (its pids are the container's, not this host's). Probing the exit, stopping the
+agent and reading go through the API too, so a host with another ``$CORRAL_HOME`` (another
+machine) takes over, cancels or reaps the run with nothing from the first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from corral._errors import CorralError
+from corral._paths import corral_home
+from corral.journal._layout import JournalPaths, encode_run_id
+from corral.sandbox._contracts import Provider
+from corral.sandbox._inside import InsideSupervisor
+from corral.stores._records import RunRecord
+
+__all__ = ["MIRROR_POLL", "inside_handle", "is_inside", "mirror_loop", "mirror_paths",
+           "refresh_mirror", "stop_inside"]
+
+log = logging.getLogger("corral.runs._runner")
+
+MIRROR_POLL = 0.1
+"""How often a driver copies new journal bytes from the sandbox."""
+
+
+def is_inside(record: RunRecord) -> bool:
+    """Whether the run's supervisor and journal live inside its sandbox."""
+    return bool((record.journal or {}).get("inside"))
+
+
+def mirror_paths(run_id: str, journals_dir: Path | None = None) -> JournalPaths:
+    """This host's mirror of the run's journal."""
+    return JournalPaths.for_run(journals_dir or corral_home() / "journals", run_id)
+
+
+async def inside_handle(record: RunRecord,
+                        provider_for: Callable[[str], Provider] | None = None
+                        ) -> InsideSupervisor | None:
+    """The run's sandbox (``None`` when it is gone or names no sandbox)."""
+    ref = record.sandbox_ref or {}
+    name, sandbox_id = ref.get("provider"), ref.get("id")
+    if not isinstance(name, str) or not isinstance(sandbox_id, str):
+        return None
+    if provider_for is None:
+        from corral.runs._providers import ProviderCache
+
+        provider_for = ProviderCache().for_record(record)
+    handle = await provider_for(name).resume(sandbox_id)
+    return handle if isinstance(handle, InsideSupervisor) else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _append(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "ab") as fh:
+        fh.write(data)
+
+
+async def refresh_mirror(record: RunRecord, paths: JournalPaths,
+                         handle: InsideSupervisor | None) -> bool:
+    """Copy the bytes the mirror lacks from the sandbox; return whether the sandbox holds
+    a journal (``False``: the agent was never launched, or the sandbox is gone)."""
+    if handle is None:
+        return False
+    token = encode_run_id(record.run_id)
+    found = False
+    for name, local in (("journal", paths.journal), ("journal.err", paths.stderr)):
+        while True:
+            have = max(0, await anyio.to_thread.run_sync(_size, local))
+            data = await handle.read_journal(token, name, have)
+            if data is None:
+                break
+            if name == "journal":
+                found = True
+            if not data and _size(local) >= 0:
+                break
+            await anyio.to_thread.run_sync(_append, local, data)
+            if len(data) < (4 << 20):
+                break
+    return found
+
+
+async def mirror_loop(record: RunRecord, paths: JournalPaths,
+                      handle: InsideSupervisor) -> None:
+    """Keep the mirror up to date while a driver follows it (until cancelled, or until the
+    supervisor has exited and its last bytes are copied)."""
+    token = encode_run_id(record.run_id)
+    while True:
+        try:
+            await refresh_mirror(record, paths, handle)
+            status = await handle.supervisor_status(token)
+            if status.get("state") == "exited":
+                await refresh_mirror(record, paths, handle)
+                return
+        except (CorralError, OSError) as exc:
+            # the sandbox went away (a cancel destroys it): the reader's follow decides
+            log.info("run %s: journal mirror stopped: %s", record.run_id, exc)
+            return
+        await anyio.sleep(MIRROR_POLL)
+
+
+async def stop_inside(record: RunRecord, paths: JournalPaths | None, grace: float,
+                      provider_for: Callable[[str], Provider] | None = None) -> None:
+    """Stop the run's agent through the provider's API (the supervisor writes the exit
+    trailer) and copy the journal's end into the mirror."""
+    handle = await inside_handle(record, provider_for)
+    if handle is None:
+        return
+    await handle.stop_supervised(encode_run_id(record.run_id), grace)
+    if paths is not None:
+        await refresh_mirror(record, paths, handle)
