@@ -138,3 +138,35 @@ def test_an_http_callers_trace_is_carried_into_the_run(tmp_path: Path) -> None:
         (doc,) = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     carried = json.loads(doc)["spec"]["trace"]["traceparent"]
     assert carried.split("-")[1] == trace_id
+
+
+def test_sandbox_create_exec_and_destroy_are_spans_of_their_caller(
+        spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    from corral import RunContext, Sandbox, Workspace
+
+    sandbox = Sandbox(provider="local", workspace=Workspace(setup=["true", "echo set up"]))
+    ctx = RunContext(thread_id="t-trace", run_id="r-trace")
+
+    async def go() -> str:
+        store = await open_store(f"sqlite:///{tmp_path / 'corral.db'}")
+        try:
+            ensured = await sandbox.ensure(ctx, store=store)
+            with trace.get_tracer("the-app").start_as_current_span("teardown"):
+                assert await sandbox.destroy(ctx, store=store)
+            return ensured.handle.id
+        finally:
+            await store.aclose()
+
+    sandbox_id = anyio.run(go)
+    [ensure] = named(spans, "sandbox.ensure")
+    [create] = named(spans, "sandbox.create")
+    [setup] = named(spans, "sandbox.exec")
+    [destroy] = named(spans, "sandbox.destroy")
+    [teardown] = named(spans, "teardown")
+    assert parent_id(create) == parent_id(setup) == ensure.context.span_id
+    assert parent_id(destroy) == teardown.context.span_id
+    assert create.attributes is not None and create.attributes["corral.sandbox.id"] == sandbox_id
+    assert setup.attributes is not None and setup.attributes["corral.sandbox.exec"] == "setup"
+    assert setup.attributes["corral.sandbox.steps"] == 2
+    assert destroy.attributes is not None and destroy.attributes["corral.sandbox.id"] == sandbox_id
+    assert destroy.attributes["corral.sandbox.provider"] == "local"

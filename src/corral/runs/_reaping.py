@@ -57,6 +57,7 @@ from corral.journal._supervisor import kill_supervised_async
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
 from corral.sandbox._registry import recorded_config
+from corral.sandbox import _traced as traced
 
 __all__ = [
     "NOT_STARTED",
@@ -198,7 +199,8 @@ def record_reclaimer(
             return ReclaimOutcome.NO_SANDBOX_KEY
         try:
             with anyio.fail_after(destroy_timeout):
-                await provider_for(name, None, None).destroy(SandboxRef(name, sandbox_id))
+                await traced.destroy(provider_for(name, None, None), SandboxRef(name, sandbox_id),
+                                     reason="reaper")
         except TimeoutError:
             cause = f"destroy did not finish within {destroy_timeout:g}s"
         except Exception as exc:  # noqa: BLE001 - reported as reclaim-failed

@@ -29,6 +29,7 @@ from corral._errors import CorralError
 from corral.stores._records import RunRecord
 from corral.stores._protocols import InstanceStore
 from corral.sandbox._contracts import SandboxRef
+from corral.sandbox import _traced as traced
 
 __all__ = [
     "DEFAULT_DESTROY_TIMEOUT",
@@ -109,7 +110,8 @@ async def _reclaim(
     cause = ""
     try:
         with anyio.fail_after(destroy_timeout):
-            await provider.destroy(SandboxRef(provider.name, instance.provider_sandbox_id))
+            await traced.destroy(provider, SandboxRef(provider.name, instance.provider_sandbox_id),
+                                 reason="reclaim")
     except TimeoutError:
         cause = f"destroy did not finish within {destroy_timeout:g}s"
     except Exception as exc:  # noqa: BLE001 - reported as destroy-failed, record still deleted

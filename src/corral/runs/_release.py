@@ -13,6 +13,7 @@ from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import Provider
 from corral.stores._protocols import Store
 from corral.stores._records import RunRecord
+from corral.sandbox import _traced as traced
 
 if TYPE_CHECKING:
     from corral.sandbox._definition import Sandbox
@@ -70,7 +71,7 @@ async def _release_sandbox(store: Store, record: RunRecord, outcome: str, *,
         ref = record.sandbox_ref or {}
         name, sandbox_id = ref.get("provider"), ref.get("id")
         if isinstance(name, str) and isinstance(sandbox_id, str):
-            await provider_for(name).destroy(sandbox_id)
+            await traced.destroy(provider_for(name), sandbox_id, reason="release")
         return
     instance = await store.get_instance(key)
     if instance is None:

@@ -35,6 +35,7 @@ from corral.sandbox._redact import Redactor, get_logger
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._snapshots import Snapshotter, snapshots_for
 from corral.stores import open_store
+from corral.sandbox import _traced as traced
 
 if TYPE_CHECKING:
     from corral.sandbox._definition import Sandbox
@@ -198,7 +199,7 @@ async def _destroy_quietly(provider: Provider, handle_id: str) -> None:
     even when the caller is being cancelled)."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(DESTROY_TIMEOUT):
         try:
-            await provider.destroy(handle_id)
+            await traced.destroy(provider, handle_id, reason="ensure failed")
         except Exception as exc:  # noqa: BLE001 - reported, and the original error wins
             log.error("destroying sandbox %s failed: %s", handle_id, exc)
 
@@ -326,7 +327,7 @@ async def _ensure_locked(
             return Ensured(handle, key, record, origin, sandbox.secrets)
 
     # create + bootstrap
-    handle = await provider.create(await spec())
+    handle = await traced.create(provider, await spec())
     now = time.time()
     try:
         extra = await _bootstrap_recorded(
@@ -421,7 +422,7 @@ async def destroy_record(
     """Destroy a recorded sandbox (raising if that fails), then delete snapshot and record."""
     with anyio.CancelScope(shield=True):
         with anyio.fail_after(DESTROY_TIMEOUT):
-            await provider.destroy(record.provider_sandbox_id)
+            await traced.destroy(provider, record.provider_sandbox_id, reason="discard")
         if record.latest_snapshot_id and snapshots is not None:
             await snapshots.delete(SnapshotRef(provider.name, record.latest_snapshot_id))
         await store.delete_instance(record.key)

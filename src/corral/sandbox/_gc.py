@@ -28,6 +28,7 @@ from corral.sandbox._ensure import destroy_record
 from corral.sandbox._redact import get_logger
 from corral.sandbox._registry import build_provider, config_key, provider_names, recorded_config
 from corral.sandbox._snapshots import snapshots_for
+from corral.sandbox import _traced as traced
 
 __all__ = ["ORPHAN_GRACE", "GcEntry", "GcReport", "LabelledSandbox", "ListsLabelled",
            "collect_idle", "collect_orphans"]
@@ -204,7 +205,7 @@ async def collect_orphans(
             try:
                 if await _points_to(store, key, provider.name, sb.id):
                     continue  # recorded since the listing
-                await provider.destroy(SandboxRef(provider.name, sb.id))
+                await traced.destroy(provider, SandboxRef(provider.name, sb.id), reason="gc")
                 entries.append(GcEntry(key, provider.name, sb.id, "orphan-destroyed",
                                        entry.detail))
             except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep

@@ -43,6 +43,7 @@ from corral._errors import CorralError
 from corral.sandbox._contracts import ExecResult, Handle, Process
 from corral.sandbox._redact import Redactor, live_redactor
 from corral.sandbox._workspace import Parallel, SetupItem, Step
+from corral.sandbox._traced import exec_span
 
 __all__ = ["SetupError", "ShellState", "run_setup"]
 
@@ -297,18 +298,19 @@ async def _run_segment(
         argv.append("prelude")
     records = _Records(nonce)
     output = _Output(nonce)
-    proc = await handle.process.spawn(argv, env=env)
-    timed_out = False
-    try:
-        stdin = nonce + b"\n"
-        if prelude is not None:  # bash reads it up to a NUL; sh up to EOF
-            stdin += prelude + (b"\0" if shell.bash else b"")
-        result, timed_out = await _watch(proc, stdin, steps, records, output)
-    finally:
-        aclose = getattr(proc, "aclose", None)
-        if aclose is not None:
-            with anyio.CancelScope(shield=True):
-                await aclose()
+    with exec_span(handle, "setup", steps=len(steps)):
+        proc = await handle.process.spawn(argv, env=env)
+        timed_out = False
+        try:
+            stdin = nonce + b"\n"
+            if prelude is not None:  # bash reads it up to a NUL; sh up to EOF
+                stdin += prelude + (b"\0" if shell.bash else b"")
+            result, timed_out = await _watch(proc, stdin, steps, records, output)
+        finally:
+            aclose = getattr(proc, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
     step_no = records.started
     if step_no == 0 and result.exit_code == _NO_BASH and shell.bash and not timed_out:
         return _Segment(no_shell=True)
