@@ -27,8 +27,9 @@ def test_exec_streams_and_exits_with_the_command_status(
     r = run([*corral_cmd, "exec", "--provider", provider_name, "--",
              "sh", "-c", "echo out; echo err >&2; exit 7"], cli_env)
     assert (r.returncode, r.stdout, r.stderr) == (7, b"out\n", b"err\n")
-    # A fresh sandbox is destroyed afterwards.
-    ls = run([*corral_cmd, "sandboxes", "ls", "--json"], cli_env)
+    # A fresh sandbox is destroyed afterwards. (This provider's only: the docker daemon is
+    # shared by every corral home on the machine, and lists their containers too.)
+    ls = run([*corral_cmd, "sandboxes", "ls", "--json", "--provider", provider_name], cli_env)
     assert ls.returncode == 0 and ls.stdout == b""
 
 
