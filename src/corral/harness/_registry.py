@@ -38,10 +38,17 @@ def _codex(config: Mapping[str, Any]) -> Harness:
     return CodexHarness.from_spec(config)
 
 
+def _opencode(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._opencode import OpencodeHarness
+
+    return OpencodeHarness.from_spec(config)
+
+
 _FACTORIES: dict[str, HarnessFactory] = {
     "command": _command,
     "claude-code": _claude_code,
     "codex": _codex,
+    "opencode": _opencode,
 }
 
 

@@ -1,0 +1,178 @@
+"""`--harness opencode`: the real opencode CLI from npm (opencode-ai, pinned) in bubblewrap
+against the scripted model server on 127.0.0.1 (Anthropic Messages through the model proxy,
+which holds the real key)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from ag_ui.core import EventType
+
+from corral._errors import ConfigError
+from corral.agents._installs import InstalledAgent, install_agent
+from corral.harness._opencode import OpencodeHarness
+from corral.net._model_proxy import PLACEHOLDER_KEY
+from corral.sandbox._policy import Policy
+from corral.testing._model_server import Hang, ModelRequest, ModelServer, Reply, Text, ToolCall
+
+from .conftest import REAL_KEY, agent_cache, files_containing, run_agent
+from .test_e2e import KEY_PATTERN
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="session")
+def opencode_install() -> InstalledAgent:
+    return install_agent("opencode", root=agent_cache())
+
+
+@pytest.fixture
+def sandbox(opencode_install: InstalledAgent, sandbox_factory: Any) -> Any:
+    return sandbox_factory
+
+
+def check_tool_events(events: list[Any]) -> None:
+    """Every tool call has START, END and exactly one RESULT."""
+    starts = [e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_START]
+    ends = [e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_END]
+    results = [e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_RESULT]
+    assert sorted(starts) == sorted(ends) == sorted(results), (starts, ends, results)
+
+
+def leak_script(req: ModelRequest) -> Reply:
+    probe = ("echo hi > out.txt && ls; env; echo ---; cat /proc/*/environ 2>/dev/null | "
+             "tr '\\0' '\\n' | grep -i key; echo ---; timeout 60 grep -rIl --exclude-dir=proc "
+             "--exclude-dir=sys --exclude-dir=dev --exclude-dir=usr --exclude-dir=opt -e '"
+             + KEY_PATTERN + "' / 2>/dev/null; echo grep-exit=$?")
+    if req.tool_results:
+        return Text("Done. Output: " + "\n".join(req.tool_results).strip())
+    if req.shell_tool is None:
+        return Text("a title")  # opencode's tool-less title request
+    return ToolCall(probe, text="I'll run a command.")
+
+
+def test_a_shell_tool_call_round_trip_and_the_key_stays_on_the_host(
+        sandbox: Any, model_server: ModelServer) -> None:
+    model_server.script = leak_script
+    harness = OpencodeHarness(model="anthropic/claude-fake")
+
+    async def go() -> Any:
+        handle = await sandbox()
+        return await run_agent(harness, handle, "make out.txt", model_server), handle
+
+    run, handle = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr[-2000:])
+    starts = run.of(EventType.TOOL_CALL_START)
+    assert [s.tool_call_name for s in starts] == ["shell"]
+    check_tool_events(run.events)
+    (out,) = run.tool_results()
+    assert out.startswith("out.txt\n"), out  # the command really ran in the workspace
+    assert (Path(handle.host_root) / handle.workdir.lstrip("/") / "out.txt").exists() or \
+        "out.txt" in out
+    assert "PATH=" in out and PLACEHOLDER_KEY in out  # the CLI holds a placeholder
+    assert out.rsplit("---\n", 1)[1].strip() in ("grep-exit=1", "grep-exit=2"), out
+    assert "Done. Output: out.txt" in "".join(run.texts())  # the model saw the result
+    # The title request (no tools) came first and was answered; every request had the key.
+    reqs = model_server.model_requests
+    assert reqs[0].tools == [] and len(reqs) == 3
+    assert all(r.path == "/v1/messages" and r.api_key == REAL_KEY for r in reqs)
+    assert REAL_KEY not in out
+    assert all(REAL_KEY not in json.dumps(e.model_dump(mode="json")) for e in run.events)
+    assert files_containing(Path(handle.host_root), REAL_KEY.encode()) == []
+    net_dir = next(h for h, i in handle.state.binds if i == "/run/corral")
+    assert files_containing(Path(net_dir), REAL_KEY.encode()) == []
+    assert REAL_KEY.encode() not in run.paths.journal.read_bytes()
+    assert REAL_KEY not in json.dumps(run.prepared.command.env)
+    # usage: the proxy metered 3 x (100 in, 20 out); the session id was reported
+    assert (run.report.usage.requests, run.report.usage.output_tokens) == (3, 60)
+    assert run.report.session_id and run.report.session_id.startswith("ses_")
+
+
+def test_a_denied_command_is_refused_by_opencode(sandbox: Any,
+                                                 model_server: ModelServer) -> None:
+    model_server.script = lambda req: (
+        Text("after: " + "\n".join(req.tool_results)) if req.tool_results
+        else Text("title") if req.shell_tool is None
+        else ToolCall("rm -rf precious", text="removing"))
+    policy = Policy(default="allow", deny=("rm *",))
+    harness = OpencodeHarness(model="anthropic/claude-fake", policy=policy)
+    assert harness.permission["bash"] == {"*": "allow", "rm *": "deny"}
+
+    async def go() -> Any:
+        handle = await sandbox()
+        ws = Path(handle.host_root) / handle.workdir.lstrip("/")
+        (ws / "precious").write_text("keep me")
+        run = await run_agent(harness, handle, "clean up", model_server)
+        return run, ws
+
+    run, ws = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr[-2000:])
+    check_tool_events(run.events)
+    (result,) = run.tool_results()
+    assert "prevents you from using this specific tool call" in result, result
+    assert (ws / "precious").read_text() == "keep me"
+
+
+def test_ask_rules_are_refused_at_definition_time() -> None:
+    with pytest.raises(ConfigError, match="ask rules .*no approval channel"):
+        OpencodeHarness(policy=Policy(default="allow", ask=("git push *",)))
+    with pytest.raises(ConfigError, match="default: ask"):
+        OpencodeHarness(policy=Policy(default="ask"))
+    with pytest.raises(ConfigError, match="provider/model"):
+        OpencodeHarness(model="claude-fake")
+
+
+def test_a_second_prompt_on_the_thread_resumes_the_session_in_a_fresh_sandbox(
+        sandbox: Any, bwrap: Any, model_server: ModelServer) -> None:
+    def script(req: ModelRequest) -> Reply:
+        if not req.tools:
+            return Text("title")
+        if "second" in req.last_user_text:
+            return Text("second answer")
+        return Text("FIRST-ANSWER-42")
+
+    model_server.script = script
+    harness = OpencodeHarness(model="anthropic/claude-fake")
+
+    async def go() -> Any:
+        first = await sandbox()
+        run1 = await run_agent(harness, first, "first prompt XYZZY-7", model_server,
+                               thread_id="t-oc", run_id="r1")
+        await bwrap.destroy(first.ref)
+        second = await sandbox()
+        run2 = await run_agent(harness, second, "second prompt", model_server,
+                               thread_id="t-oc", run_id="r2")
+        return run1, run2
+
+    run1, run2 = anyio.run(go)
+    assert run1.terminal.type == EventType.RUN_FINISHED, run1.stderr[-2000:]
+    assert run2.terminal.type == EventType.RUN_FINISHED, run2.stderr[-2000:]
+    sid = run1.report.session_id
+    assert sid and run2.prepared.resumed is not None and run2.prepared.resumed.session_id == sid
+    assert run2.report.session_id == sid
+    last = model_server.model_requests[-1]
+    assert "second prompt" in last.last_user_text
+    history = "\n".join(last.texts)
+    assert "XYZZY-7" in history and "FIRST-ANSWER-42" in history
+
+
+def test_a_hanging_model_endpoint_ends_the_run_with_run_error(
+        sandbox: Any, model_server: ModelServer) -> None:
+    model_server.script = lambda req: Hang()
+    harness = OpencodeHarness(model="anthropic/claude-fake")
+
+    async def go() -> Any:
+        handle = await sandbox()
+        # no run timeout: the proxy's failure limit alone must end it
+        return await run_agent(harness, handle, "hello", model_server, deadline=120,
+                               timeout=None, model_idle_timeout=2.0)
+
+    run = anyio.run(go)
+    term = run.terminal
+    assert term.type == EventType.RUN_ERROR, term
+    assert "failed 3 times in a row" in term.message, term
+    assert run.prepared.model_proxy.usage.refused >= 1
