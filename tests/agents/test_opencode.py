@@ -5,6 +5,8 @@ which holds the real key)."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +17,15 @@ from ag_ui.core import EventType
 from corral._errors import ConfigError
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._opencode import OpencodeHarness
-from corral.net._model_proxy import PLACEHOLDER_KEY
+from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.sandbox._policy import Policy
 from corral.testing._model_server import Hang, ModelRequest, ModelServer, Reply, Text, ToolCall
 
 from .conftest import REAL_KEY, agent_cache, files_containing, run_agent
+from corral.testing._leaks import assert_no_secrets
+
 from .test_e2e import KEY_PATTERN
+from .test_runner_agents import Corral, corral, ndjson, texts  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -160,19 +165,102 @@ def test_a_second_prompt_on_the_thread_resumes_the_session_in_a_fresh_sandbox(
     assert "XYZZY-7" in history and "FIRST-ANSWER-42" in history
 
 
-def test_a_hanging_model_endpoint_ends_the_run_with_run_error(
-        sandbox: Any, model_server: ModelServer) -> None:
+@pytest.mark.parametrize("endpoint", ["hanging", "dead"])
+def test_a_hanging_or_dead_model_endpoint_ends_the_run_with_run_error(
+        endpoint: str, sandbox: Any, model_server: ModelServer) -> None:
     model_server.script = lambda req: Hang()
     harness = OpencodeHarness(model="anthropic/claude-fake")
+    # a port nothing listens on: the listener is closed before the run
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    upstream = Upstream("anthropic", model_server.url if endpoint == "hanging" else dead,
+                        REAL_KEY)
 
     async def go() -> Any:
         handle = await sandbox()
-        # no run timeout: the proxy's failure limit alone must end it
+        # no run timeout: the proxy's failure limit alone must end it (opencode retries
+        # a failing endpoint forever, silently)
         return await run_agent(harness, handle, "hello", model_server, deadline=120,
-                               timeout=None, model_idle_timeout=2.0)
+                               timeout=None, model_idle_timeout=2.0, upstream=upstream)
 
     run = anyio.run(go)
     term = run.terminal
     assert term.type == EventType.RUN_ERROR, term
-    assert "failed 3 times in a row" in term.message, term
+    last = "no answer within 2s" if endpoint == "hanging" else "cannot reach it"
+    assert re.search(rf"failed \d+ times in a row \(last: {last}", term.message), term
+    assert term.code == "opencode:APIError"
     assert run.prepared.model_proxy.usage.refused >= 1
+
+
+# ------------------------------------------------------------ `corral run --harness opencode`
+
+EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt"
+
+
+def oc_script(final: str = "All done: ") -> Any:
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text(final + "\n".join(req.tool_results).strip())
+        if req.shell_tool is None:
+            return Text("a title")
+        return ToolCall(EDIT, text="I'll edit the file.")
+
+    return script
+
+
+def oc_run(c: Corral, run_id: str, prompt: str, *extra: str) -> Any:
+    return c.run("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
+                 "--run-id", run_id, "--json", *extra, prompt)
+
+
+def test_corral_run_harness_opencode_with_file_events_and_resume(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:
+    corral.srv.script = oc_script()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "note.txt").write_text("original\n")
+    (ws / "corral.toml").write_text('id = "oc"\n[lifecycle]\nreuse = "thread"\n')
+    out = oc_run(corral, "r1", "please edit note.txt", "--workspace", str(ws), "--thread", "T",
+                 "--file-events", "diff")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("r1")
+    assert [p["event"] for p in ndjson(out.stdout)] == events
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED", kinds
+    for kind in ("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT"):
+        assert kinds.count(kind) == 1, (kind, kinds)
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    assert "edited by the agent" in result["content"]
+    assert "All done: edited by the agent" in texts(events)
+    files = [(e["value"]["type"], e["value"]["path"]) for e in events
+             if e["type"] == "CUSTOM" and e["name"] == "sandbox.file"]
+    assert files == [("change", "note.txt")], files
+    rec = corral.raw_record("r1")
+    assert rec["status"] == "completed" and rec["harness"] == "opencode"
+    assert rec["usage"]["requests"] == 3  # the title request, the tool call, the answer
+    assert all(r.api_key == REAL_KEY for r in corral.srv.model_requests)
+    assert_no_secrets([corral.home, Path(corral.env["CORRAL_BWRAP_FILES"])],
+                      {"MODEL_KEY": REAL_KEY})
+    corral.srv.script = lambda req: Text("title" if not req.tools else "second answer")
+    second = oc_run(corral, "r2", "second prompt", "--workspace", str(ws), "--thread", "T")
+    assert second.returncode == 0, second.stderr[-3000:]
+    last = corral.srv.model_requests[-1]
+    assert "second prompt" in last.last_user_text
+    assert "please edit note.txt" in "\n".join(last.texts)
+    sessions = [e["value"]["sessionId"] for r in ("r1", "r2") for e in corral.log(r)
+                if e["type"] == "CUSTOM" and e["name"] == "corral.session"]
+    assert len(sessions) == 2 and sessions[0] == sessions[1]
+
+
+def test_corral_run_opencode_token_budget(opencode_install: InstalledAgent,
+                                          corral: Corral) -> None:
+    # 120 tokens a call: the title call and the tool call use 240 > 150, so the third
+    # call is refused (a 403 opencode does not retry) and the run fails.
+    corral.srv.script = oc_script()
+    out = oc_run(corral, "b1", "run it", "--token-budget", "150")
+    assert out.returncode != 0
+    events = corral.log("b1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    assert "token budget" in events[-1]["message"], events[-1]
+    assert len(corral.srv.model_requests) == 2
