@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,13 @@ from corral.sandbox._policy import Policy
 from corral.testing._model_server import Hang, ModelRequest, ModelServer, Reply, Text, ToolCall
 
 from .conftest import REAL_KEY, agent_cache, files_containing, run_agent
+from corral.runs._runner import Runner, RunRequest
+from corral.stores import open_store
 from corral.testing._leaks import assert_no_secrets
+from corral.tools import Toolset, tool
+from corral.tools._projection import run_tools_token
 
+from .host_tools_flow import DEADLINE, logged, tool_names
 from .test_e2e import KEY_PATTERN
 from .test_runner_agents import Corral, corral, ndjson, texts  # noqa: F401 - fixture
 
@@ -264,3 +270,91 @@ def test_corral_run_opencode_token_budget(opencode_install: InstalledAgent,
     assert events[-1]["type"] == "RUN_ERROR", events[-3:]
     assert "token budget" in events[-1]["message"], events[-1]
     assert len(corral.srv.model_requests) == 2
+
+
+# ------------------------------------------------------------ host tools over MCP
+
+
+def test_opencode_host_tool_result_reaches_the_model(
+        opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
+        corral_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+    secret = "host-only-" + secrets.token_hex(8)
+    seen: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        seen.append(key)
+        return f"{key}={secret}"
+
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("Host said: " + "\n".join(req.tool_results).strip())
+        if not req.tools:
+            return Text("a title")
+        if "corral_read_host_state" not in req.tools:
+            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
+        return ToolCall("", tool="corral_read_host_state", args={"key": "answer"})
+
+    model_server.script = script
+
+    async def main() -> tuple[list[dict[str, Any]], str, str]:
+        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
+        try:
+            runner = Runner(store)
+            rec = await runner.start(RunRequest(
+                prompt="What does the host say?", harness="opencode",
+                options={"model": "anthropic/claude-fake"},
+                tools=Toolset([read_host_state])))
+            with anyio.fail_after(DEADLINE):
+                result = await runner.drive(rec.run_id)
+            return (await logged(store, rec.run_id), result.record.status.value,
+                    await run_tools_token(store, rec.run_id))
+        finally:
+            await store.aclose()
+
+    events, status, token = anyio.run(main)
+    offered = [r.tools for r in model_server.model_requests]
+    assert status == "completed", (events[-3:], offered)
+    assert seen == ["answer"], offered
+    assert tool_names(events) == ["read_host_state"]
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1 and f"answer={secret}" in results[0]
+    text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert f"Host said: answer={secret}" in text
+    # the bearer token reached the CLI as {env:...} in its config, never the event log
+    assert token not in json.dumps(events)
+
+
+def test_corral_run_opencode_enforces_the_toml_policy_and_refuses_ask(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "precious").write_text("keep me")
+    (ws / "corral.toml").write_text(
+        'id = "pol"\n[policy]\ndefault = "allow"\ndeny = ["rm *"]\n')
+    corral.srv.script = lambda req: (
+        Text("after: " + "\n".join(req.tool_results)) if req.tool_results
+        else Text("title") if req.shell_tool is None
+        else ToolCall("rm -f precious", text="removing"))
+    out = oc_run(corral, "p1", "clean up", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("p1")
+    (result,) = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert "prevents you from using this specific tool call" in result, result
+    rec = corral.raw_record("p1")
+    assert rec["spec"]["policy"]["deny"] == ["rm *"]
+    box = Path(corral.env["CORRAL_BWRAP_FILES"])
+    assert [p for p in box.rglob("precious") if p.read_text() == "keep me"], "file was removed"
+    # ask cannot be enforced by `opencode run`: refused before anything runs, in one line
+    ws2 = tmp_path / "ws2"
+    ws2.mkdir()
+    (ws2 / "corral.toml").write_text(
+        'id = "pol2"\n[policy]\ndefault = "allow"\nask = ["git push *"]\n')
+    before = len(corral.srv.model_requests)
+    out = oc_run(corral, "p2", "hello", "--workspace", str(ws2))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "ask rules" in out.stderr and "opencode" in out.stderr
+    assert len(corral.srv.model_requests) == before
