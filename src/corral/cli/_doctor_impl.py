@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
     print("not in this version: Docker and Kubernetes providers, the Redis store, "
-          "the opencode/gemini-cli/ACP harnesses")
+          "the gemini-cli/ACP harnesses")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:
         print(f"\ncorral cannot run isolated sandboxes here: fix {', '.join(c.name for c in failed)}")
