@@ -18,13 +18,12 @@ from corral._errors import ConfigError
 from corral.harness._cli_base import SESSION_EVENT
 from corral.harness._opencode import OpencodeHarness, opencode_config
 from corral.harness._registry import build_harness
-from corral.journal._reader import Exit, Line
 from corral.net._model_proxy import ModelProxy, Upstream
 from corral.sandbox._policy import Policy
 from corral.testing._model_server import Fail, ModelServer, Text
 
 from .test_model_proxy import ANTHROPIC_BODY, KEY, sock, with_proxy  # noqa: F401 - fixture
-from .test_translators import CTX, check_well_formed, j, json_value, kinds, translate
+from .test_translators import check_well_formed, j, json_value, kinds, translate
 
 SES = "ses_dca310e3fffeEEjU1eJTkUWJKy"
 
@@ -141,13 +140,7 @@ oc_line = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(lines=st.lists(oc_line, max_size=12), code=st.sampled_from([0, 1, 137]))
 def test_property_any_output_gives_a_well_formed_run(lines: list[bytes], code: int) -> None:
-    t = OpencodeHarness().translator(CTX)
-    events = t.start()
-    offset = 0
-    for raw in lines:
-        offset += len(raw) + 1
-        events += t.feed(Line(raw, offset))
-    events += t.feed(Exit(code, None, offset + 10))
+    events = translate(OpencodeHarness(), list(lines), code)
     check_well_formed(events)
     if code != 0:
         assert events[-1].type == EventType.RUN_ERROR

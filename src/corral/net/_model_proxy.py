@@ -419,20 +419,18 @@ class ModelProxy:
     async def handle(self, request: Request) -> Response:
         """Forward one request (see the module docstring)."""
         api = self.upstream.api
+        refusal = None
         if self.budget is not None and self.usage.total >= self.budget:
+            refusal = (f"this run's token budget of {self.budget} tokens is used up "
+                       f"({self.usage.total} used); no further model requests are allowed")
+        elif self.max_failures is not None and self._failures >= self.max_failures:
+            refusal = (f"the model API failed {self._failures} times in a row (last: "
+                       f"{self._last_failure}); no further model requests are allowed in "
+                       "this run")
+        if refusal is not None:
             self.usage.refused += 1
             self._save_usage()
-            return _error(api, 403, "permission_error",
-                          f"corral model proxy: this run's token budget of {self.budget} tokens "
-                          f"is used up ({self.usage.total} used); no further model requests "
-                          "are allowed")
-        if self.max_failures is not None and self._failures >= self.max_failures:
-            self.usage.refused += 1
-            self._save_usage()
-            return _error(api, 403, "permission_error",
-                          f"corral model proxy: the model API failed {self._failures} times "
-                          f"in a row (last: {self._last_failure}); no further model requests "
-                          "are allowed in this run")
+            return _error(api, 403, "permission_error", f"corral model proxy: {refusal}")
         try:
             url = self.upstream.url_for(request.target)
         except ConfigError as exc:
