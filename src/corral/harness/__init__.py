@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     )
     from corral.harness._claude_code import ClaudeCodeHarness
     from corral.harness._codex import CodexHarness
+    from corral.harness._opencode import OpencodeHarness
     from corral.harness._command import CommandHarness
     from corral.harness._events import (
         EventParseError,
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "translate_run": "corral.harness._base",
     "ClaudeCodeHarness": "corral.harness._claude_code",
     "CodexHarness": "corral.harness._codex",
+    "OpencodeHarness": "corral.harness._opencode",
     "CommandHarness": "corral.harness._command",
     "EventParseError": "corral.harness._events",
     "event_from_dict": "corral.harness._events",
@@ -65,6 +67,7 @@ __all__ = [
     "Batch",
     "ClaudeCodeHarness",
     "CodexHarness",
+    "OpencodeHarness",
     "CommandHarness",
     "EventParseError",
     "Harness",
