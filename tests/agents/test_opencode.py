@@ -20,7 +20,15 @@ from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._opencode import OpencodeHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.sandbox._policy import Policy
-from corral.testing._model_server import Hang, ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import (
+    Hang,
+    ModelRequest,
+    ModelServer,
+    Reply,
+    Text,
+    ToolCall,
+    shell_then_text,
+)
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from corral.runs._runner import Runner, RunRequest
@@ -355,3 +363,23 @@ def test_corral_run_opencode_enforces_the_toml_policy_and_refuses_ask(
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "ask rules" in out.stderr and "opencode" in out.stderr
     assert len(corral.srv.model_requests) == before
+
+
+def test_an_openai_model_goes_through_the_responses_api(sandbox: Any,
+                                                        model_server: ModelServer) -> None:
+    model_server.script = shell_then_text("echo hi > out.txt && ls", "Done: {output}")
+    harness = OpencodeHarness(model="openai/gpt-fake")
+    assert harness.upstream_api() == "openai"
+
+    async def go() -> Any:
+        handle = await sandbox()
+        return await run_agent(harness, handle, "make out.txt", model_server,
+                               upstream=Upstream("openai", model_server.openai_url, REAL_KEY))
+
+    run = anyio.run(go)
+    assert run.terminal.type == EventType.RUN_FINISHED, (run.terminal, run.stderr[-2000:])
+    check_tool_events(run.events)
+    assert run.tool_results() == ["out.txt\n"]
+    reqs = model_server.model_requests
+    assert {r.path for r in reqs} == {"/v1/responses"} and len(reqs) == 3
+    assert all(r.api_key == REAL_KEY for r in reqs)
