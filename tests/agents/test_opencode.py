@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -31,15 +32,26 @@ from corral.testing._model_server import (
 )
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from corral.journal._layout import JournalPaths, read_status
 from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
 from corral.testing._leaks import assert_no_secrets
 from corral.tools import Toolset, tool
 from corral.tools._projection import run_tools_token
 
+from tests.helpers import wait_until
+
 from .host_tools_flow import DEADLINE, logged, tool_names
 from .test_e2e import KEY_PATTERN
-from .test_runner_agents import Corral, corral, ndjson, texts  # noqa: F401 - fixture
+from .test_runner_agents import (  # noqa: F401 - the corral fixture
+    Corral,
+    Gate,
+    _normalized,
+    corral,
+    ndjson,
+    retranslated,
+    texts,
+)
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -383,3 +395,58 @@ def test_an_openai_model_goes_through_the_responses_api(sandbox: Any,
     reqs = model_server.model_requests
     assert {r.path for r in reqs} == {"/v1/responses"} and len(reqs) == 3
     assert all(r.api_key == REAL_KEY for r in reqs)
+
+
+class TitledGate(Gate):
+    """:class:`Gate` that answers opencode's tool-less title request first."""
+
+    def __call__(self, req: ModelRequest) -> Reply:
+        return Text("a title") if not req.tools else super().__call__(req)
+
+
+def test_sigkill_of_the_driver_then_attach_delivers_the_rest(
+        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811 - the fixture
+    gate = TitledGate()
+    gate.open.set()
+    corral.srv.script = gate
+    ref = oc_run(corral, "ref", "run the two steps")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = corral.log("ref")
+
+    gate = TitledGate()
+    corral.srv.script = gate
+    proc = corral.popen("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
+                        "--run-id", "k1", "--json", "run the two steps")
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "TOOL_CALL_RESULT" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        seen.append(json.loads(line)["event"]["type"])
+    assert gate.waiting.wait(60), "the last model call never came"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert corral.raw_record("k1")["status"] == "running"
+    gate.open.set()  # nobody drives the run; the model proxy daemon still answers
+    rec = corral.raw_record("k1")
+    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
+
+    def exited() -> bool:
+        status = read_status(paths.status)
+        return status is not None and status.state == "exited"
+
+    wait_until(exited, "opencode to finish without a driver", timeout=60)
+    att = corral.run("attach", "k1", "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log("k1")
+    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
+    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
+
+    def normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
+        # opencode's own part and session ids differ between the two runs
+        return [re.sub(r"(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", e)
+                for e in _normalized(events, run_id)]
+
+    assert normalized(log, "k1") == normalized(reference, "ref")
+    assert "Finished: step-one\nstep-two" in texts(log)
+    assert corral.raw_record("k1")["status"] == "completed"
