@@ -50,6 +50,7 @@ from .test_runner_agents import (  # noqa: F401 - the corral fixture
     corral,
     ndjson,
     retranslated,
+    two_hosts,
     texts,
 )
 
@@ -450,3 +451,34 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(
     assert normalized(log, "k1") == normalized(reference, "ref")
     assert "Finished: step-one\nstep-two" in texts(log)
     assert corral.raw_record("k1")["status"] == "completed"
+
+
+def test_policy_allow_hosts_is_the_runs_only_way_out(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path,  # noqa: F811
+        two_hosts: tuple[str, Any, Any]) -> None:  # noqa: F811 - the fixtures
+    """opencode's own model calls stay on the sandbox's loopback (not the egress proxy);
+    its commands reach only the allowed host, through the proxy."""
+    host, a, b = two_hosts
+    pa, pb = a.server_address[1], b.server_address[1]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        f'id = "egress"\n[policy]\ndefault = "allow"\nnetwork = "allow"\n'
+        f'allow_hosts = ["{host}:{pa}"]\n')
+    fetch = (f"curl -s -m 5 http://{host}:{pa}/; echo; curl -s -m 5 http://{host}:{pb}/; "
+             f"echo; curl -s -m 3 --noproxy '*' http://{host}:{pa}/ || echo direct-failed")
+    corral.srv.script = lambda req: (
+        Text("Fetched: " + "\n".join(req.tool_results)) if req.tool_results
+        else Text("a title") if not req.tools else ToolCall(fetch, text="fetching"))
+    out = oc_run(corral, "e1", "fetch both", "--workspace", str(ws),
+                 "--config", str(ws / "corral.toml"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("e1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    (result,) = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert f"hello from {pa}" in result, result
+    assert f"corral egress proxy: connections to {host}:{pb} are not allowed" in result
+    assert "direct-failed" in result
+    assert (a.hits, b.hits) == (1, 0)
+    spec = corral.raw_record("e1")["spec"]
+    assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]
