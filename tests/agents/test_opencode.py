@@ -41,7 +41,7 @@ from corral.tools._projection import run_tools_token
 
 from tests.helpers import wait_until
 
-from .host_tools_flow import DEADLINE, logged, tool_names
+from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .test_e2e import KEY_PATTERN
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
@@ -482,3 +482,30 @@ def test_policy_allow_hosts_is_the_runs_only_way_out(
     assert (a.hits, b.hits) == (1, 0)
     spec = corral.raw_record("e1")["spec"]
     assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]
+
+
+@pytest.mark.parametrize("answer", ["allow", "deny"])
+def test_opencode_approval_tool_waits_for_corral_approve(
+        answer: str, opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
+        corral_home: Path, corral_cmd: list[str], cli_env: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Approvals live in the MCP server: opencode's call is held until `corral approve`."""
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+    flags: list[str] = []
+
+    @tool(approval=True)
+    def set_host_flag(value: str) -> str:
+        """Set a flag on the host (needs a human's approval)."""
+        flags.append(value)
+        return f"flag set to {value}"
+
+    model_server.script = lambda req: (
+        Text("Host said: " + "\n".join(req.tool_results)) if req.tool_results
+        else Text("a title") if not req.tools
+        else ToolCall("", tool="corral_set_host_flag", args={"value": "on"}))
+    run_approval_flow(
+        request=RunRequest(prompt="Set the flag.", harness="opencode",
+                           options={"model": "anthropic/claude-fake"}),
+        toolset=Toolset([set_host_flag]), answer=answer, flags=flags, host_env=model_server,
+        corral_home=corral_home, corral_cmd=corral_cmd, cli_env=cli_env)
