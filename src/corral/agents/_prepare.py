@@ -447,12 +447,14 @@ async def prepare_agent(
         resumed = await restore_session(handle, thread_id, harness.name)
         if resumed is not None:
             options["resume"] = resumed.session_id
+    cleared = list(harness.cleared_home_files)
     if harness.policy_mapping.permission_prompt:
-        for rel in harness.gated_home_files:
-            try:
-                await handle.fs.remove(f"{SANDBOX_HOME}/{rel}", recursive=True)
-            except FileNotFoundError:
-                pass
+        cleared += harness.gated_home_files
+    for rel in cleared:
+        try:
+            await handle.fs.remove(f"{SANDBOX_HOME}/{rel}", recursive=True)
+        except FileNotFoundError:
+            pass
     if instructions is not None and harness.instructions_file:
         await handle.fs.write(f"{SANDBOX_HOME}/{harness.instructions_file}",
                               instructions.encode("utf-8"))

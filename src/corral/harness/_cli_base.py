@@ -289,6 +289,10 @@ class CliHarness:
     gated_home_files: ClassVar[tuple[str, ...]] = ()
     """Home-relative files removed before a run under corral's command gate: CLI
     configuration (hooks above all) something in the sandbox may have planted for it."""
+    cleared_home_files: ClassVar[tuple[str, ...]] = ()
+    """Home-relative files removed before every run: CLI configuration that would run
+    code outside the CLI's permission checks (plugins, local MCP servers) if something in
+    the sandbox planted it."""
     resume: Literal["offset", "replay"] = "replay"
     max_model_failures: ClassVar[int | None] = None
     """Model requests that may fail in a row (upstream unreachable, timed out, 5xx) before

@@ -6,7 +6,9 @@ Anthropic Messages (``/v1/messages``), ``openai/*`` the OpenAI Responses API
 (``/v1/responses``); the host proxy for that API adds the real key. The configuration
 comes in ``OPENCODE_CONFIG_CONTENT`` (in the CLI's environment, out of the agent's reach;
 it outranks any ``opencode.json`` planted in the home, and project configuration is off
-with ``OPENCODE_DISABLE_PROJECT_CONFIG``): the provider's ``options.baseURL`` is the
+with ``OPENCODE_DISABLE_PROJECT_CONFIG``; external plugins, which would run code outside
+its permission checks, are off with ``OPENCODE_PURE``, and ``~/.config/opencode`` is removed
+before every run, since its local MCP servers would too): the provider's ``options.baseURL`` is the
 in-sandbox forwarder, its ``apiKey`` a placeholder, and the model is declared in the
 provider's ``models`` (the models catalogue is never fetched). Autoupdate, sharing, LSP
 downloads, default plugins and Claude Code compatibility are off.
@@ -78,6 +80,9 @@ MODEL_LIMITS = {"context": 200000, "output": 8192}
 ``max_tokens``, low enough for every current model."""
 
 ENV = {
+    # Plugins are code opencode runs as it starts, outside its permission checks: ones
+    # planted in the sandbox home (by an earlier run's agent) would bypass the policy.
+    "OPENCODE_PURE": "1",
     "OPENCODE_DISABLE_PROJECT_CONFIG": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -105,6 +110,9 @@ class OpencodeHarness(CliHarness):
     session_dirs: ClassVar[tuple[str, ...]] = (".local/share/opencode",)
     instructions_file: ClassVar[str] = ".config/opencode/AGENTS.md"
     max_model_failures: ClassVar[int | None] = 3
+    # opencode's global configuration can start commands of its own (local MCP servers)
+    # that no permission rule checks; corral's comes in the environment instead.
+    cleared_home_files: ClassVar[tuple[str, ...]] = (".config/opencode", ".opencode")
 
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
                  permission_prompt: bool = False, model: str | None = None) -> None:
