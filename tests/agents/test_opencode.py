@@ -34,6 +34,7 @@ from corral.testing._model_server import (
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from corral.journal._layout import JournalPaths, read_status
+from corral.journal._supervisor import process_alive
 from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
 from corral.testing._leaks import assert_no_secrets
@@ -551,3 +552,29 @@ def test_config_and_plugins_planted_in_the_sandbox_do_not_loosen_the_policy(
     assert "prevents you from using this specific tool call" in result, result
     assert not (ws / "PLUGIN-RAN").exists() and not (ws / "MCP-RAN").exists()
     assert (ws / "precious").read_text() == "keep me"
+
+
+def test_cancel_of_an_opencode_run_stops_it_and_its_model_proxy(
+        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811 - the fixture
+    gate = TitledGate()
+    corral.srv.script = gate
+    try:
+        out = corral.run("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
+                         "--run-id", "c1", "--detach", "run the two steps")
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert gate.waiting.wait(60), "the last model call never came"
+        rec = corral.raw_record("c1")
+        services = rec["spec"]["agent"]["services_pid"]
+        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
+        assert status is not None and status.agent_pid is not None
+        assert process_alive(services)
+        cancelled = corral.run("cancel", "c1")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert corral.raw_record("c1")["status"] == "aborted"
+        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
+        wait_until(lambda: not process_alive(services),
+                   "the model proxy daemon to stop", timeout=10)
+        wait_until(lambda: not process_alive(status.agent_pid), "opencode to stop",
+                   timeout=10)
+    finally:
+        gate.open.set()
