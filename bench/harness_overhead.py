@@ -11,7 +11,7 @@ direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh H
 RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
-    PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex]
+    PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex opencode]
         [--services inprocess|detached]
 """
 
@@ -34,6 +34,7 @@ from corral.harness._base import AgentRequest, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import CliHarness
 from corral.harness._codex import CodexHarness
+from corral.harness._opencode import OpencodeHarness
 from corral.agents._installs import find_installed, install_agent
 from corral.net._model_proxy import Upstream
 from corral.providers._bubblewrap import BubblewrapProvider
@@ -54,18 +55,22 @@ def options(name: str) -> dict[str, object]:
 
 
 def harness_for(name: str) -> CliHarness:
+    if name == "opencode":
+        return OpencodeHarness(model="anthropic/claude-fake")
     return ClaudeCodeHarness() if name == "claude-code" else CodexHarness()
 
 
 def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
-    return Upstream(h.model_api, srv.url if h.model_api == "anthropic" else srv.openai_url,
-                    "bench-key")
+    api = h.upstream_api()
+    return Upstream(api, srv.url if api == "anthropic" else srv.openai_url, "bench-key")
 
 
 def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
     install = find_installed(h.name)
     assert install is not None
-    base = srv.url if h.model_api == "anthropic" else srv.openai_url
+    base = srv.url if h.upstream_api() == "anthropic" else srv.openai_url
+    if h.name == "opencode" and not base.rstrip("/").endswith("/v1"):
+        base = base.rstrip("/") + "/v1"  # opencode's providers take the API's /v1 base
     opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base,
             "api_key": "bench-key"}
     cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
