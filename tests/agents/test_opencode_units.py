@@ -5,6 +5,7 @@ failure limit that stops opencode's endless retries."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from corral._errors import ConfigError
 from corral.harness._cli_base import SESSION_EVENT
+from corral.harness._events import event_to_dict
 from corral.harness._opencode import OpencodeHarness, opencode_config
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import ModelProxy, Upstream
@@ -23,7 +25,7 @@ from corral.sandbox._policy import Policy
 from corral.testing._model_server import Fail, ModelServer, Text
 
 from .test_model_proxy import ANTHROPIC_BODY, KEY, sock, with_proxy  # noqa: F401 - fixture
-from .test_translators import check_well_formed, j, json_value, kinds, translate
+from .test_translators import batches, check_well_formed, journal, j, json_value, kinds, translate
 
 SES = "ses_dca310e3fffeEEjU1eJTkUWJKy"
 
@@ -187,3 +189,23 @@ def test_proxy_failure_limit_refuses_after_failures_in_a_row(sock: Path) -> None
     assert proxy.usage.refused == 1
     with pytest.raises(ConfigError, match="max_failures"):
         ModelProxy(Upstream("anthropic", "http://x", KEY), max_failures=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(oc_line, min_size=1, max_size=10), code=st.sampled_from([0, 1]),
+       data=st.data())
+def test_property_resume_at_any_logged_offset_equals_the_full_tail(
+        lines: list[bytes], code: int, data: st.DataObject) -> None:
+    """A successor driver translating after the last logged batch logs exactly what an
+    uninterrupted one would have."""
+    harness = OpencodeHarness()
+    with tempfile.TemporaryDirectory() as d:
+        path = journal(d, list(lines), code)
+        full = batches(harness, path)
+        k = data.draw(st.integers(0, len(full) - 1), label="last logged batch")
+        resumed = batches(harness, path, after=full[k].journal_offset)
+
+    def wire(bs: list[Any]) -> list[tuple[int, list[dict[str, Any]]]]:
+        return [(b.journal_offset, [event_to_dict(e) for e in b.events]) for b in bs]
+
+    assert wire(resumed) == wire(full[k + 1:])
