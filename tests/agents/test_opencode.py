@@ -18,10 +18,11 @@ from ag_ui.core import EventType
 
 from corral._errors import ConfigError
 from corral.agents._installs import InstalledAgent, install_agent
-from corral.agents._sessions import SANDBOX_HOME
+from corral.agents._sessions import SANDBOX_HOME, thread_dir
 from corral.harness._opencode import OpencodeHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.sandbox._policy import Policy
+from corral.sandbox._redact import Redactor
 from corral.testing._model_server import (
     Hang,
     ModelRequest,
@@ -32,7 +33,7 @@ from corral.testing._model_server import (
     shell_then_text,
 )
 
-from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from .conftest import REAL_KEY, agent_cache, assert_key_outside, files_containing, run_agent
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
 from corral.runs._runner import Runner, RunRequest
@@ -578,3 +579,47 @@ def test_cancel_of_an_opencode_run_stops_it_and_its_model_proxy(
                    timeout=10)
     finally:
         gate.open.set()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known limitation: the session is sqlite (with a WAL); redacting a secret byte-wise "
+    "changes lengths and breaks the WAL's checksums, so the resumed history loses what "
+    "followed the secret (the secret itself never leaves the sandbox)"))
+def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
+        sandbox: Any, bwrap: Any, model_server: ModelServer) -> None:
+    """The session is sqlite, not JSON lines: the saved copy must hold no secret and
+    still open in the next sandbox with its whole history."""
+    value = "tok-" + secrets.token_hex(12)
+
+    def script(req: ModelRequest) -> Reply:
+        if not req.tools:
+            return Text("title")
+        if "second" in req.last_user_text:
+            return Text("second answer")
+        if req.tool_results:
+            return Text("printed it")
+        return ToolCall(f"echo {value}", text="printing")
+
+    model_server.script = script
+    harness = OpencodeHarness(model="anthropic/claude-fake")
+    redactor = Redactor({"TOKEN": value})
+
+    async def go() -> Any:
+        first = await sandbox()
+        run1 = await run_agent(harness, first, "print the token", model_server,
+                               thread_id="t-sec", run_id="r1", redactor=redactor)
+        await bwrap.destroy(first.ref)
+        second = await sandbox()
+        run2 = await run_agent(harness, second, "second prompt", model_server,
+                               thread_id="t-sec", run_id="r2", redactor=redactor)
+        return run1, run2
+
+    run1, run2 = anyio.run(go)
+    assert run1.terminal.type == EventType.RUN_FINISHED, run1.stderr[-2000:]
+    saved = thread_dir("t-sec")
+    assert files_containing(saved, value.encode()) == []
+    assert run2.terminal.type == EventType.RUN_FINISHED, (run2.terminal, run2.stderr[-2000:])
+    assert run2.report.session_id == run1.report.session_id
+    history = "\n".join(model_server.model_requests[-1].texts)
+    assert "print the token" in history and "printed it" in history, history
+    assert value not in history
