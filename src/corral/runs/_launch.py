@@ -75,7 +75,7 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     tools = request.tools if request.tools is not None else default_tools
     command = None
     if request.tools is not None and not isinstance(harness, CliHarness):
-        raise ConfigError(f"host tools need an agent-CLI harness (claude-code, codex); "
+        raise ConfigError(f"host tools need an agent-CLI harness (claude-code, codex, opencode); "
                           f"the {harness.name} harness cannot call them")
     if isinstance(harness, CliHarness):
         agent_prerequisites(harness)
