@@ -12,7 +12,7 @@ RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corr
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
-        gemini-cli]
+        gemini-cli opencode]
         [--services inprocess|detached]
 """
 
@@ -36,6 +36,7 @@ from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import CliHarness, CliOptions
 from corral.harness._codex import CodexHarness
 from corral.harness._gemini_cli import GeminiCliHarness
+from corral.harness._opencode import OpencodeHarness
 from corral.agents._installs import find_installed, install_agent
 from corral.net._model_proxy import Upstream
 from corral.providers._bubblewrap import BubblewrapProvider
@@ -58,6 +59,8 @@ def options(name: str) -> dict[str, object]:
 
 
 def harness_for(name: str) -> CliHarness:
+    if name == "opencode":
+        return OpencodeHarness(model="anthropic/claude-fake")
     kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
                                           "codex": CodexHarness,
                                           "gemini-cli": GeminiCliHarness}
@@ -65,17 +68,21 @@ def harness_for(name: str) -> CliHarness:
 
 
 def base_url(h: CliHarness, srv: ModelServer) -> str:
-    return {"anthropic": srv.url, "gemini": srv.gemini_url}.get(h.model_api, srv.openai_url)
+    api = h.upstream_api()
+    return {"anthropic": srv.url, "gemini": srv.gemini_url}.get(api, srv.openai_url)
 
 
 def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
-    return Upstream(h.model_api, base_url(h, srv), "bench-key")
+    return Upstream(h.upstream_api(), base_url(h, srv), "bench-key")
 
 
 def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
     install = find_installed(h.name)
     assert install is not None
-    opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base_url(h, srv),
+    base = base_url(h, srv)
+    if h.name == "opencode" and not base.rstrip("/").endswith("/v1"):
+        base = base.rstrip("/") + "/v1"  # opencode's providers take the API's /v1 base
+    opts = {**options(h.name), "bin": str(install.bin_path), "base_url": base,
             "api_key": "bench-key"}
     cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
     home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")

@@ -66,11 +66,11 @@ def test_incomplete_installs_are_ignored(tmp_path: Path) -> None:
     report = {s.name: s for s in agents_report(tmp_path)}
     assert not report["claude-code"].ok and "corral agents install claude-code" in \
         report["claude-code"].message
-    assert report["opencode"].ok and not report["opencode"].supported
+    assert not report["opencode"].ok and report["opencode"].supported
+    assert "corral agents install opencode" in report["opencode"].message
 
 
 @pytest.mark.parametrize("name, version, fragment", [
-    ("opencode", None, "not yet supported"),
     ("aider", None, "unknown agent"),
     ("claude-code", "latest", "invalid version"),
     ("claude-code", "^2.1.0", "invalid version"),
@@ -90,11 +90,12 @@ def test_cli_ls_and_install(agents_env: Path, capsys: pytest.CaptureFixture[str]
                                                         ("gemini-cli", "0.61.0")}
     assert cli("agents", "install", "codex") == 0  # already there: reused
     assert "codex 0.171.0 installed at" in capsys.readouterr().out
-    assert cli("agents", "install", "opencode") == 2
-    assert "not yet supported" in capsys.readouterr().out
+    assert cli("agents", "install", "opencode") == 0  # opencode-ai, its binary from npm
+    assert "opencode 1.18.33 installed at" in capsys.readouterr().out
     assert cli("agents", "ls") == 0
-    listing = capsys.readouterr().out
-    assert "claude-code" in listing and "gemini-cli" in listing
+    listed = capsys.readouterr().out
+    assert "claude-code" in listed and "gemini-cli" in listed
+    assert "opencode     1.18.33" in listed
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="relocation only happens for root")

@@ -195,6 +195,7 @@ class PreparedAgent:
                          if up.allowed_paths is not None else None},
             "budget": self.model_proxy.budget,
             "idle_timeout": self.model_proxy.idle_timeout,
+            "max_failures": self.model_proxy.max_failures,
             "model_socket": str(self.model_socket),
             "egress": [r.source for r in self.egress_proxy.rules]
             if self.egress_proxy is not None else None,
@@ -301,9 +302,10 @@ def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
             f"{harness.name}" + (f" --version {harness.version}`"
                                  if harness.version != harness.package.version else "`")
         )
-    upstream = upstream or Upstream.from_env(harness.model_api)
-    if upstream.api != harness.model_api:
-        raise ConfigError(f"{harness.name} speaks the {harness.model_api} API; the upstream "
+    api = harness.upstream_api()
+    upstream = upstream or Upstream.from_env(api)
+    if upstream.api != api:
+        raise ConfigError(f"{harness.name} speaks the {api} API; the upstream "
                           f"given is {upstream.api}")
     return install, upstream
 
@@ -317,7 +319,7 @@ async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce:
     try:
         async for item in reader:
             if not isinstance(item, Line) or b"session_id" not in item.data \
-                    and b"thread_id" not in item.data:
+                    and b"thread_id" not in item.data and b"sessionID" not in item.data:
                 continue
             try:
                 obj = json.loads(item.data)
@@ -445,19 +447,22 @@ async def prepare_agent(
         resumed = await restore_session(handle, thread_id, harness.name)
         if resumed is not None:
             options["resume"] = resumed.session_id
+    cleared = list(harness.cleared_home_files)
     if harness.policy_mapping.permission_prompt:
-        for rel in harness.gated_home_files:
-            try:
-                await handle.fs.remove(f"{SANDBOX_HOME}/{rel}", recursive=True)
-            except FileNotFoundError:
-                pass
+        cleared += harness.gated_home_files
+    for rel in cleared:
+        try:
+            await handle.fs.remove(f"{SANDBOX_HOME}/{rel}", recursive=True)
+        except FileNotFoundError:
+            pass
     if instructions is not None and harness.instructions_file:
         await handle.fs.write(f"{SANDBOX_HOME}/{harness.instructions_file}",
                               instructions.encode("utf-8"))
     for rel, data in harness.home_files(CliOptions.parse(options)).items():
         await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
     command = harness.build_command(dataclasses.replace(request, options=options))
-    proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout)
+    proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout,
+                       max_failures=harness.max_model_failures)
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
                          run_id=run_id, install=install, model_proxy=proxy,
                          model_socket=model_socket, egress_proxy=egress_proxy,

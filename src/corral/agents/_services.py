@@ -136,7 +136,7 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     proxy = ModelProxy(Upstream(up["api"], up["base_url"], up["api_key"],
                                 tuple(paths) if paths is not None else None),
                        budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
-                       usage_path=job["usage"])
+                       usage_path=job["usage"], max_failures=job.get("max_failures"))
     previous = Usage.load(job["usage"])
     if previous is not None:  # restarted: go on counting where the predecessor stopped
         proxy.usage = previous

@@ -14,7 +14,7 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     """Add the ``agents`` command group."""
     p = subparsers.add_parser(
-        "agents", help="install and list agent CLIs (claude-code, codex, gemini-cli)")
+        "agents", help="install and list agent CLIs (claude-code, codex, gemini-cli, opencode)")
     sub = p.add_subparsers(dest="agents_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda args: (p.print_help(sys.stderr), 2)[1])
 

@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         if c.fix and c.status != "ok":
             print(f"       {'':<{width}}  fix: {c.fix}")
     print("not in this version: the Kubernetes provider, the Redis store, "
-          "the opencode/ACP harnesses")
+          "the ACP harness")
     failed = [c for c in checks if c.required and c.status == "missing"]
     if failed:
         print(f"\ncorral cannot run isolated sandboxes here: fix {', '.join(c.name for c in failed)}")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from corral.harness._claude_code import ClaudeCodeHarness
     from corral.harness._codex import CodexHarness
+    from corral.harness._opencode import OpencodeHarness
     from corral.harness._command import CommandHarness
     from corral.harness._gemini_cli import GeminiCliHarness
     from corral.harness._events import (
@@ -47,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "translate_run": "corral.harness._base",
     "ClaudeCodeHarness": "corral.harness._claude_code",
     "CodexHarness": "corral.harness._codex",
+    "OpencodeHarness": "corral.harness._opencode",
     "CommandHarness": "corral.harness._command",
     "GeminiCliHarness": "corral.harness._gemini_cli",
     "EventParseError": "corral.harness._events",
@@ -68,6 +70,7 @@ __all__ = [
     "Batch",
     "ClaudeCodeHarness",
     "CodexHarness",
+    "OpencodeHarness",
     "CommandHarness",
     "EventParseError",
     "GeminiCliHarness",

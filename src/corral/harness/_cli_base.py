@@ -289,7 +289,19 @@ class CliHarness:
     gated_home_files: ClassVar[tuple[str, ...]] = ()
     """Home-relative files removed before a run under corral's command gate: CLI
     configuration (hooks above all) something in the sandbox may have planted for it."""
+    cleared_home_files: ClassVar[tuple[str, ...]] = ()
+    """Home-relative files removed before every run: CLI configuration that would run
+    code outside the CLI's permission checks (plugins, local MCP servers) if something in
+    the sandbox planted it."""
     resume: Literal["offset", "replay"] = "replay"
+    max_model_failures: ClassVar[int | None] = None
+    """Model requests that may fail in a row (upstream unreachable, timed out, 5xx) before
+    the model proxy refuses the run's further requests with a 403: for CLIs that would
+    otherwise retry a dead endpoint forever. ``None``: no limit."""
+
+    def upstream_api(self) -> ModelApi:
+        """The model API this harness's runs call (the proxy's upstream)."""
+        return self.model_api
 
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
                  permission_prompt: bool = False) -> None:

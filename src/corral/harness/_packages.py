@@ -32,7 +32,7 @@ KNOWN_AGENTS: dict[str, AgentPackage] = {
     for p in (
         AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
         AgentPackage("codex", "@openai/codex", "0.171.0", "codex"),
-        AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode", supported=False),
+        AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode"),
         AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),
     )
 }

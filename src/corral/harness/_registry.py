@@ -44,11 +44,18 @@ def _gemini_cli(config: Mapping[str, Any]) -> Harness:
     return GeminiCliHarness.from_spec(config)
 
 
+def _opencode(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._opencode import OpencodeHarness
+
+    return OpencodeHarness.from_spec(config)
+
+
 _FACTORIES: dict[str, HarnessFactory] = {
     "command": _command,
     "claude-code": _claude_code,
     "codex": _codex,
     "gemini-cli": _gemini_cli,
+    "opencode": _opencode,
 }
 
 

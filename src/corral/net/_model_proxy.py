@@ -380,7 +380,10 @@ class ModelProxy:
 
     ``budget``: total tokens (input + output + cache) the run may use; ``None`` = no limit.
     ``usage_path``: a JSON file rewritten (atomically) after every request with the usage
-    so far, for other processes to read.
+    so far, for other processes to read. ``max_failures``: after that many requests in a
+    row that failed (upstream unreachable or timed out, or a 5xx), further requests get a
+    403 naming the last failure (for CLIs that retry a dead endpoint forever); a request
+    that succeeds resets the count. ``None``: no limit.
     """
 
     def __init__(
@@ -391,7 +394,11 @@ class ModelProxy:
         idle_timeout: float = 300.0,
         connect_timeout: float = 10.0,
         usage_path: str | os.PathLike[str] | None = None,
+        max_failures: int | None = None,
     ) -> None:
+        if max_failures is not None and (not isinstance(max_failures, int)
+                                         or isinstance(max_failures, bool) or max_failures < 1):
+            raise ConfigError("max_failures must be a positive integer (or None)")
         if budget is not None and (not isinstance(budget, int) or budget < 1):
             raise ConfigError("a token budget must be a positive integer (or None)")
         if idle_timeout <= 0 or connect_timeout <= 0:
@@ -405,6 +412,9 @@ class ModelProxy:
         self.trace_parent: Any = None
         """The trace context ``chat`` spans are children of (the run's, from
         :func:`corral._telemetry.context_of`); ``None``: the current one."""
+        self.max_failures = max_failures
+        self._failures = 0
+        self._last_failure = ""
         self._client: httpx.AsyncClient | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -448,16 +458,25 @@ class ModelProxy:
     def _scrub(self, data: bytes) -> bytes:
         return data.replace(self.upstream.api_key.encode(), b"[redacted]")
 
+    def _failed(self, what: str) -> None:
+        self._failures += 1
+        self._last_failure = what
+
     async def handle(self, request: Request) -> Response:
         """Forward one request (see the module docstring)."""
         api = self.upstream.api
+        refusal = None
         if self.budget is not None and self.usage.total >= self.budget:
+            refusal = (f"this run's token budget of {self.budget} tokens is used up "
+                       f"({self.usage.total} used); no further model requests are allowed")
+        elif self.max_failures is not None and self._failures >= self.max_failures:
+            refusal = (f"the model API failed {self._failures} times in a row (last: "
+                       f"{self._last_failure}); no further model requests are allowed in "
+                       "this run")
+        if refusal is not None:
             self.usage.refused += 1
             self._save_usage()
-            return _error(api, 403, "permission_error",
-                          f"corral model proxy: this run's token budget of {self.budget} tokens "
-                          f"is used up ({self.usage.total} used); no further model requests "
-                          "are allowed")
+            return _error(api, 403, "permission_error", f"corral model proxy: {refusal}")
         try:
             url = self.upstream.url_for(request.target)
         except ConfigError as exc:
@@ -485,12 +504,14 @@ class ModelProxy:
         try:
             resp = await client.send(upstream_req, stream=True)
         except httpx.TimeoutException:
+            self._failed(f"no answer within {self.idle_timeout:g}s")
             chat.end(error="timeout")
             self._save_usage()
             return _error(api, 504, "api_error",
                           f"corral model proxy: the model API at {self.upstream.base_url} did "
                           f"not answer within {self.idle_timeout:g}s")
         except httpx.HTTPError as exc:
+            self._failed(f"cannot reach it: {exc.__class__.__name__}")
             chat.end(error=exc.__class__.__name__)
             self._save_usage()
             return _error(api, 502, "api_error",
@@ -499,6 +520,10 @@ class ModelProxy:
         out_headers = [(k, v) for k, v in resp.headers.multi_items()
                        if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"]
         ctype = resp.headers.get("content-type", "")
+        if resp.status_code >= 500:
+            self._failed(f"status {resp.status_code}")
+        else:
+            self._failures = 0
         if resp.status_code >= 400:
             try:
                 data = self._scrub(await resp.aread())

@@ -96,7 +96,7 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     command = None
     if request.tools is not None and not isinstance(harness, CliHarness):
         raise ConfigError("host tools need an agent-CLI harness (claude-code, codex, "
-                          f"gemini-cli); the {harness.name} harness cannot call them")
+                          f"gemini-cli, opencode); the {harness.name} harness cannot call them")
     if isinstance(harness, CliHarness):
         agent_prerequisites(harness)
         if not (request.prompt or "").strip():
