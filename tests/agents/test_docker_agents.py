@@ -1,0 +1,180 @@
+"""Agent CLIs on the docker provider with a local daemon: the real Claude Code in a
+container, its model calls through the host's model proxy over the unix socket bound in at
+``/run/corral``, the CLI and ``node`` bound read-only, the supervisor inside the container.
+
+The real key reaches the scripted upstream only: a root scan of the live container (every
+process's environment and argv, its writable areas, the socket directory and the container's
+configuration) finds none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.providers._docker import DockerProvider, container_name
+from corral.testing._leaks import assert_no_secrets
+from corral.testing._model_server import ModelServer, Text, ToolCall
+
+from .conftest import REAL_KEY, agent_cli_env
+from .test_runner_agents import (
+    TOOL_EVENTS,
+    Corral,
+    Gate,
+    _normalized,
+    ndjson,
+    texts,
+)
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("need_docker")]
+
+EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt && id -u"
+# Run as root in the live container: any file or process environment holding the key.
+SCAN = ("grep -rlaF \"$1\" /proc/[0-9]*/environ /proc/[0-9]*/cmdline /workspace "
+        "/home/agent /tmp /run/corral 2>/dev/null; true")
+
+
+@pytest.fixture
+def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
+           model_server: ModelServer, bwfiles: Path,
+           agent_installs: dict[str, Any]) -> Iterator[Corral]:
+    env = agent_cli_env(cli_env, bwfiles, model_server)
+    c = Corral(corral_cmd, env, corral_home, model_server)
+    yield c
+    listed = c.run("sandboxes", "ls", "--json", timeout=60)
+    ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
+    if ids:
+        c.run("sandboxes", "rm", *ids, timeout=60)
+
+
+def _sandbox_of(c: Corral, run_id: str) -> str:
+    ref = c.raw_record(run_id)["sandbox_ref"]
+    assert ref["provider"] == "docker", ref
+    return str(ref["id"])
+
+
+def _scan_container(sandbox_id: str) -> tuple[str, dict[str, Any]]:
+    """The paths in the container holding the key (as root), and its inspect document."""
+    api = DockerProvider().api
+    name = container_name(sandbox_id)
+    exec_id = api.exec_create(name, ["sh", "-c", SCAN, "scan", REAL_KEY], user="0:0")["Id"]
+    found = api.exec_start(exec_id).decode(errors="replace")
+    # the scan's own process holds the key in its argv: it must find exactly itself
+    own = {line for line in found.splitlines() if line.startswith("/proc/")
+           and line.endswith("/cmdline")}
+    assert len(own) <= 1, found
+    rest = "\n".join(line for line in found.splitlines() if line not in own)
+    return rest, api.inspect_container(name)
+
+
+def test_claude_code_on_docker_runs_a_tool_call_with_the_key_outside(
+        corral: Corral) -> None:
+    gate = Gate()
+    corral.srv.script = lambda req: (
+        gate(req) if req.tool_results else ToolCall(EDIT, text="I'll edit the file."))
+    proc = corral.popen("run", "--provider", "docker", "--harness", "claude-code",
+                        "--run-id", "d1", "--json", "please edit note.txt")
+    assert proc.stdout is not None
+    assert gate.waiting.wait(120), proc.communicate(timeout=30)[1][-3000:]
+    # The agent is live (its second model call is held): scan the container as root.
+    found, info = _scan_container(_sandbox_of(corral, "d1"))
+    assert found.strip() == "", f"the real key is inside the container: {found}"
+    assert REAL_KEY not in json.dumps(info)  # not in its configuration either
+    mounts = {m["Destination"]: m for m in info["Mounts"]}
+    assert mounts["/run/corral"]["RW"] is False and mounts["/opt/corral/agents"]["RW"] is False
+    assert mounts["/opt/corral/node/bin/node"]["RW"] is False
+    gate.open.set()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    events = [p["event"] for p in ndjson(out)]
+    assert events == corral.log("d1")
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED"
+    for kind in TOOL_EVENTS:
+        assert kinds.count(kind) == 1, (kind, kinds)
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
+    # the Bash tool ran in the container, as the agent's uid
+    assert "edited by the agent\n1000" in result["content"], result
+    assert "edited by the agent" in texts(events).split("Finished:", 1)[1]
+    rec = corral.raw_record("d1")
+    assert rec["status"] == "completed" and rec["journal"].get("inside") is True
+    assert rec["usage"]["requests"] == 2  # metered by the host's model proxy
+    assert [r.api_key for r in corral.srv.model_requests] == [REAL_KEY, REAL_KEY]
+    assert REAL_KEY not in out + err
+    assert_no_secrets([corral.home], {"MODEL_KEY": REAL_KEY})
+
+
+def test_the_agent_cannot_replace_the_host_sockets(corral: Corral) -> None:
+    # The socket directory is a read-only bind: the agent can use the sockets, never swap
+    # one for its own listener (which would see the next run's model traffic).
+    probe = ("ls -ld /run/corral; touch /run/corral/x 2>&1; "
+             "for s in /run/corral/*.sock; do rm -f \"$s\" 2>&1; mv \"$s\" /tmp/ 2>&1; done; "
+             "ls /run/corral")
+    corral.srv.script = lambda req: (
+        Text("Done: " + "\n".join(req.tool_results).strip()) if req.tool_results
+        else ToolCall(probe, text="Probing."))
+    out = corral.run("run", "--provider", "docker", "--harness", "claude-code",
+                     "--run-id", "d2", "--json", "probe the sockets")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = [p["event"] for p in ndjson(out.stdout)]
+    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")["content"]
+    assert "Read-only file system" in result, result
+    assert "model-" in result.rsplit("\n", 3)[-1] or "model-" in result, result
+    assert corral.raw_record("d2")["usage"]["requests"] == 2  # the socket still served
+
+
+def test_sigkill_of_the_driver_then_attach_on_docker(corral: Corral) -> None:
+    gate = Gate()
+    gate.open.set()
+    corral.srv.script = gate
+    ref = corral.run("run", "--provider", "docker", "--harness", "claude-code",
+                     "--run-id", "ref", "--json", "run the two steps")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = corral.log("ref")
+
+    gate = Gate()
+    corral.srv.script = gate
+    proc = corral.popen("run", "--provider", "docker", "--harness", "claude-code",
+                        "--run-id", "k1", "--json", "run the two steps")
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "TOOL_CALL_RESULT" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        seen.append(json.loads(line)["event"]["type"])
+    assert gate.waiting.wait(60), "the second model call never came"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert corral.raw_record("k1")["status"] == "running"
+    # Nobody drives the run; the services daemon still answers the agent in the container.
+    gate.open.set()
+    sandbox_id = _sandbox_of(corral, "k1")
+
+    def exited() -> bool:
+        async def status() -> Any:
+            handle = await DockerProvider().resume(sandbox_id)
+            assert handle is not None
+            from corral.journal._layout import encode_run_id
+
+            return await handle.supervisor_status(encode_run_id("k1"))
+
+        import anyio
+
+        return bool(anyio.run(status).get("state") == "exited")
+
+    wait_until(exited, "the agent to finish without a driver", timeout=60)
+    att = corral.run("attach", "k1", "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log("k1")
+    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
+    assert _normalized(log, "k1") == _normalized(reference, "ref")  # no gap, no duplicate
+    assert "step-one\nstep-two" in texts(log).split("Finished: ", 1)[1]
+    rec = corral.raw_record("k1")
+    assert rec["status"] == "completed"
+    assert rec["usage"]["requests"] == 2  # metered by the daemon while nobody drove
