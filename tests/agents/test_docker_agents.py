@@ -1,5 +1,5 @@
-"""Agent CLIs on the docker provider with a local daemon: the real Claude Code in a
-container, its model calls through the host's model proxy over the unix socket bound in at
+"""Agent CLIs on the docker provider with a local daemon: the real CLIs in a container,
+their model calls through the host's model proxy over the unix socket bound in at
 ``/run/corral``, the CLI and ``node`` bound read-only, the supervisor inside the container.
 
 The real key reaches the scripted upstream only: a root scan of the live container (every
@@ -26,13 +26,14 @@ from corral.providers._docker import DockerProvider, container_name
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import ModelServer, Text, ToolCall
 
-from .conftest import REAL_KEY, agent_cli_env
+from .conftest import CLIS, REAL_KEY, agent_cli_env
 from .test_runner_agents import (
     TOOL_EVENTS,
     Corral,
     Gate,
     _normalized,
     _remembering,
+    model_args,
     ndjson,
     texts,
 )
@@ -79,12 +80,13 @@ def _scan_container(sandbox_id: str) -> tuple[str, dict[str, Any]]:
     return rest, api.inspect_container(name)
 
 
-def test_claude_code_on_docker_runs_a_tool_call_with_the_key_outside(
-        corral: Corral) -> None:
+@pytest.mark.parametrize("cli", CLIS)
+def test_an_agent_cli_on_docker_runs_a_tool_call_with_the_key_outside(
+        cli: str, corral: Corral) -> None:
     gate = Gate()
     corral.srv.script = lambda req: (
         gate(req) if req.tool_results else ToolCall(EDIT, text="I'll edit the file."))
-    proc = corral.popen("run", "--provider", "docker", "--harness", "claude-code",
+    proc = corral.popen("run", "--provider", "docker", "--harness", cli, *model_args(cli),
                         "--run-id", "d1", "--json", "please edit note.txt")
     assert proc.stdout is not None
     assert gate.waiting.wait(120), proc.communicate(timeout=30)[1][-3000:]
@@ -92,6 +94,8 @@ def test_claude_code_on_docker_runs_a_tool_call_with_the_key_outside(
     found, info = _scan_container(_sandbox_of(corral, "d1"))
     assert found.strip() == "", f"the real key is inside the container: {found}"
     assert REAL_KEY not in json.dumps(info)  # not in its configuration either
+    _plant(_sandbox_of(corral, "d1"))  # the scan does find a copy
+    assert _scan_container(_sandbox_of(corral, "d1"))[0].strip() == "/tmp/planted"
     mounts = {m["Destination"]: m for m in info["Mounts"]}
     assert mounts["/run/corral"]["RW"] is False and mounts["/opt/corral/agents"]["RW"] is False
     assert mounts["/opt/corral/node/bin/node"]["RW"] is False
@@ -114,6 +118,14 @@ def test_claude_code_on_docker_runs_a_tool_call_with_the_key_outside(
     assert [r.api_key for r in corral.srv.model_requests] == [REAL_KEY, REAL_KEY]
     assert REAL_KEY not in out + err
     assert_no_secrets([corral.home], {"MODEL_KEY": REAL_KEY})
+
+
+def _plant(sandbox_id: str) -> None:
+    api = DockerProvider().api
+    exec_id = api.exec_create(container_name(sandbox_id),
+                              ["sh", "-c", 'printf %s "$1" > /tmp/planted', "plant", REAL_KEY],
+                              user="0:0")["Id"]
+    api.exec_start(exec_id)
 
 
 def test_the_agent_cannot_replace_the_host_sockets(corral: Corral) -> None:
