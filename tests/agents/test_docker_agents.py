@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,40 +21,31 @@ from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name
 from corral.testing._leaks import assert_no_secrets
-from corral.testing._model_server import ModelServer, Text, ToolCall
+from corral.testing._model_server import Text, ToolCall
 
-from .conftest import CLIS, REAL_KEY, agent_cli_env
+from .conftest import CLIS, REAL_KEY
+from . import test_runner_agents
 from .test_runner_agents import (
     TOOL_EVENTS,
     Corral,
     Gate,
     _normalized,
     _remembering,
+    kill_after_tool_result,
     model_args,
     ndjson,
     texts,
 )
 from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("need_docker")]
+corral = test_runner_agents.corral  # the fixture, found by this name
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("need_docker", "agent_installs")]
 
 EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt && id -u"
 # Run as root in the live container: any file or process environment holding the key.
 SCAN = ("grep -rlaF \"$1\" /proc/[0-9]*/environ /proc/[0-9]*/cmdline /workspace "
         "/home/agent /tmp /run/corral 2>/dev/null; true")
-
-
-@pytest.fixture
-def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
-           model_server: ModelServer, bwfiles: Path,
-           agent_installs: dict[str, Any]) -> Iterator[Corral]:
-    env = agent_cli_env(cli_env, bwfiles, model_server)
-    c = Corral(corral_cmd, env, corral_home, model_server)
-    yield c
-    listed = c.run("sandboxes", "ls", "--json", timeout=60)
-    ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
-    if ids:
-        c.run("sandboxes", "rm", *ids, timeout=60)
 
 
 def _sandbox_of(c: Corral, run_id: str) -> str:
@@ -161,15 +149,7 @@ def test_sigkill_of_the_driver_then_attach_on_docker(corral: Corral) -> None:
     corral.srv.script = gate
     proc = corral.popen("run", "--provider", "docker", "--harness", "claude-code",
                         "--run-id", "k1", "--json", "run the two steps")
-    assert proc.stdout is not None
-    seen: list[str] = []
-    while "TOOL_CALL_RESULT" not in seen:
-        line = proc.stdout.readline()
-        assert line, proc.communicate()[1][-3000:]
-        seen.append(json.loads(line)["event"]["type"])
-    assert gate.waiting.wait(60), "the second model call never came"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_tool_result(proc, gate)
     assert corral.raw_record("k1")["status"] == "running"
     # Nobody drives the run; the services daemon still answers the agent in the container.
     gate.open.set()
