@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import sqlite3
 from typing import Any
 
 import anyio
@@ -108,12 +111,15 @@ def test_an_agent_cli_on_docker_runs_a_tool_call_with_the_key_outside(
     assert_no_secrets([corral.home], {"MODEL_KEY": REAL_KEY})
 
 
-def _plant(sandbox_id: str) -> None:
+def _exec_root(sandbox_id: str, script: str, *args: str) -> None:
     api = DockerProvider().api
-    exec_id = api.exec_create(container_name(sandbox_id),
-                              ["sh", "-c", 'printf %s "$1" > /tmp/planted', "plant", REAL_KEY],
+    exec_id = api.exec_create(container_name(sandbox_id), ["sh", "-c", script, "sh", *args],
                               user="0:0")["Id"]
     api.exec_start(exec_id)
+
+
+def _plant(sandbox_id: str) -> None:
+    _exec_root(sandbox_id, 'printf %s "$1" > /tmp/planted', REAL_KEY)
 
 
 def test_the_agent_cannot_replace_the_host_sockets(corral: Corral) -> None:
@@ -202,3 +208,38 @@ def _assert_services_stop(rec: dict[str, Any]) -> None:
     assert isinstance(pid, int), rec["spec"]
     wait_until(lambda: not is_services_daemon(pid), "the services daemon to stop",
                timeout=30)
+
+
+def test_a_dead_services_daemon_is_restarted_for_a_docker_run(corral: Corral) -> None:
+    """The services daemon is SIGKILLed between the two model calls (the tool waits for the
+    test's go-ahead): the driver starts another, watching this host's note of the agent's
+    state, and the agent's next call goes through it."""
+    corral.srv.script = lambda req: (
+        Text("done: " + "\n".join(req.tool_results)) if req.tool_results
+        else ToolCall("while [ ! -e /tmp/go ]; do sleep 0.05; done; echo released"))
+    driver = corral.popen("run", "--provider", "docker", "--harness", "claude-code",
+                          "--run-id", "sv1", "--json", "go")
+
+    def services_pid() -> int | None:
+        try:
+            pid = (corral.raw_record("sv1")["spec"].get("agent") or {}).get("services_pid")
+        except (TypeError, sqlite3.OperationalError):  # no store or no record yet
+            return None
+        return pid if isinstance(pid, int) else None
+
+    wait_until(lambda: services_pid() is not None and len(corral.srv.model_requests) == 1,
+               "the first model call", timeout=60)
+    first = services_pid()
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: services_pid() not in (None, first), "the daemon's restart",
+               timeout=30)
+    _exec_root(_sandbox_of(corral, "sv1"), "touch /tmp/go")
+    out, err = driver.communicate(timeout=180)
+    assert driver.returncode == 0, err[-3000:]
+    rec = corral.raw_record("sv1")
+    assert rec["status"] == "completed"
+    assert len(corral.srv.model_requests) == 2
+    assert rec["usage"]["requests"] == 2  # counted across the restart
+    assert "released" in texts(corral.log("sv1"))
+    _assert_services_stop(rec)
