@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name
 from corral.testing._leaks import assert_no_secrets
-from corral.testing._model_server import Text, ToolCall
+from corral.testing._model_server import Text, ToolCall, shell_then_text
 
 from .conftest import CLIS, REAL_KEY
 from . import test_runner_agents
@@ -39,9 +40,11 @@ from .test_runner_agents import (
     ndjson,
     texts,
 )
-from tests.helpers import wait_until
+from tests.helpers import HelloServer, wait_until
 
-corral = test_runner_agents.corral  # the fixture, found by this name
+# the fixtures, found by these names
+corral = test_runner_agents.corral
+two_hosts = test_runner_agents.two_hosts
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("need_docker", "agent_installs")]
 
@@ -243,3 +246,43 @@ def test_a_dead_services_daemon_is_restarted_for_a_docker_run(corral: Corral) ->
     assert rec["usage"]["requests"] == 2  # counted across the restart
     assert "released" in texts(corral.log("sv1"))
     _assert_services_stop(rec)
+
+
+FETCH = ("import sys, urllib.request\n"
+         "for url in sys.argv[1:]:\n"
+         "    try:\n"
+         "        print(urllib.request.urlopen(url, timeout=5).read().decode())\n"
+         "    except Exception as exc:\n"
+         "        print('refused:', getattr(exc, 'read', lambda: b'')().decode() or exc)\n"
+         "try:  # no proxy: straight to the host\n"
+         "    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))\n"
+         "    print('direct:', direct.open(sys.argv[1], timeout=3).read().decode())\n"
+         "except Exception:\n"
+         "    print('direct-failed')\n")
+
+
+def test_policy_allow_hosts_is_a_docker_runs_only_way_out(
+        corral: Corral, tmp_path: Path,
+        two_hosts: tuple[str, HelloServer, HelloServer]) -> None:
+    host, a, b = two_hosts
+    pa, pb = a.server_address[1], b.server_address[1]
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "fetch.py").write_text(FETCH)
+    (ws / "corral.toml").write_text(
+        f'id = "egress"\n[policy]\ndefault = "allow"\nnetwork = "allow"\n'
+        f'allow_hosts = ["{host}:{pa}"]\n')
+    corral.srv.script = shell_then_text(
+        f"python3 fetch.py http://{host}:{pa}/ http://{host}:{pb}/", "Fetched: {output}")
+    out = corral.run("run", "--provider", "docker", "--harness", "claude-code",
+                     "--run-id", "e1", "--json", "--workspace", str(ws),
+                     "--config", str(ws / "corral.toml"), "fetch both")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("e1")
+    results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1, results
+    # the allowed host answered through the host's egress proxy; the other was refused
+    assert f"hello from {pa}" in results[0], results
+    assert f"connections to {host}:{pb} are not allowed" in results[0], results
+    assert "direct-failed" in results[0]  # the container has no network of its own
+    assert (a.hits, b.hits) == (1, 0)  # type: ignore[attr-defined]
