@@ -21,6 +21,7 @@ import anyio
 import pytest
 
 from corral.journal._layout import encode_run_id
+from corral.runs._inside import mirror_paths
 from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name
@@ -230,8 +231,16 @@ def test_a_dead_services_daemon_is_restarted_for_a_docker_run(corral: Corral) ->
             return None
         return pid if isinstance(pid, int) else None
 
-    wait_until(lambda: services_pid() is not None and len(corral.srv.model_requests) == 1,
-               "the first model call", timeout=60)
+    usage = mirror_paths("sv1", corral.home / "journals").usage
+
+    def first_call_counted() -> bool:  # answered in full, not only received
+        try:
+            return bool(json.loads(usage.read_text())["requests"] >= 1)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wait_until(lambda: services_pid() is not None and first_call_counted(),
+               "the first model call to be metered", timeout=60)
     first = services_pid()
     assert first is not None
     os.kill(first, signal.SIGKILL)
