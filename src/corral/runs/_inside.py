@@ -69,7 +69,7 @@ def agent_state(paths: JournalPaths) -> Path:
     """This host's note of the agent's state (``{"state": "running" | "exited"}``) next to
     the mirror: what the run's services daemon on this host watches to stop with the agent
     (the supervisor's own status is in the sandbox)."""
-    return paths.directory / f"{paths.token}.agent-state.json"
+    return paths.agent_state
 
 
 def mark_agent_state(paths: JournalPaths, state: str) -> None:
