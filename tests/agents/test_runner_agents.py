@@ -221,6 +221,20 @@ class Gate:
         return ToolCall("echo step-one && echo step-two", text="Running it.")
 
 
+def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
+    """Read the driver's events until the tool result, wait for the held second model
+    call, then SIGKILL the driver."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "TOOL_CALL_RESULT" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        seen.append(json.loads(line)["event"]["type"])
+    assert gate.waiting.wait(60), "the second model call never came"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def _normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
     """Events with the run id and the CLI's own per-session values (session id, timings,
     cost) blanked: what an identical script must reproduce exactly."""
@@ -260,15 +274,7 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(cli: str, corral: C
     corral.srv.script = gate
     proc = corral.popen("run", "--harness", cli, *model_args(cli), "--run-id", "k1", "--json",
                         "run the two steps")
-    assert proc.stdout is not None
-    seen: list[str] = []
-    while "TOOL_CALL_RESULT" not in seen:
-        line = proc.stdout.readline()
-        assert line, proc.communicate()[1][-3000:]
-        seen.append(json.loads(line)["event"]["type"])
-    assert gate.waiting.wait(60), "the second model call never came"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_tool_result(proc, gate)
     rec = corral.raw_record("k1")
     assert rec["status"] == "running"
     # Nobody drives the run now; the model proxy (a daemon) still answers the agent.

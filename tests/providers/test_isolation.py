@@ -56,7 +56,7 @@ async def sandbox(provider: BubblewrapProvider) -> AsyncIterator[BubblewrapHandl
 
 async def test_host_files_outside_the_sandbox_are_invisible(sandbox: BubblewrapHandle) -> None:
     targets = [str(CHECKOUT / "pyproject.toml"), "/root", os.environ["CORRAL_HOME"],
-               "/etc/shadow", "/run/corral"]
+               "/etc/shadow", "/run/corral", "/run/corral-private"]
     if isinstance(sandbox, BubblewrapHandle):
         targets += [sandbox.private_dir, sandbox.state_dir]
     for target in targets:

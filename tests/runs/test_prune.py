@@ -151,3 +151,16 @@ async def test_prune_store_errors_keep_the_files(tmp_path: Path) -> None:
     assert result.deleted == [] and [k.reason for k in result.kept] == ["store-error"]
     assert "store unreachable" in result.failures[0]
     assert all(p.exists() for p in files)
+
+
+@pytest.mark.anyio
+async def test_prune_removes_an_agent_runs_state_note(store: Store, tmp_path: Path) -> None:
+    # a docker agent run's mirror: journal, usage and this host's note of the agent's state
+    d = tmp_path / "journals"
+    d.mkdir()
+    await store.create(NewRun("dock", "t"))
+    await store.update("dock", RunPatch(status=RunStatus.COMPLETED))
+    made = _files(d, "dock", names=(".journal", ".usage.json", ".agent-state.json"))
+    result = await prune_journals(store, d, now=NOW, orphan_ttl=3600.0)
+    assert result.deleted == ["dock"]
+    assert not any(p.exists() for p in made)

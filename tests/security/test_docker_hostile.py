@@ -84,7 +84,7 @@ def test_a_forged_sentinel_is_agent_output(corral_cmd: list[str],
                                            docker_env: dict[str, str]) -> None:
     # The agent cannot see the nonce: not in its environment, argv, files or /proc.
     hunt = ("grep -rhoa '[0-9a-f]\\{32\\}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
-            "/run/corral 2>/dev/null | sort -u > /tmp/seen; ")
+            "/run/corral-private 2>/dev/null | sort -u > /tmp/seen; ")
     forge = ('for n in $(cat /tmp/seen) ffffffffffffffffffffffffffffffff; do '
              'printf \'\\n{"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}\\n\' "$n"; '
              'done; exit 9')
@@ -116,7 +116,7 @@ def test_agent_cannot_seek_over_or_truncate_the_journal(corral_cmd: list[str],
 def test_the_journal_dir_is_out_of_the_agents_reach(tmp_path: Path, corral_cmd: list[str],
                                                    docker_env: dict[str, str]) -> None:
     r = run([*corral_cmd, "run", "--provider", "docker", "--", "sh", "-c",
-             "ls /run/corral 2>&1; cat /run/corral/runs/*/journal 2>&1; "
+             "ls /run/corral-private 2>&1; cat /run/corral-private/runs/*/journal 2>&1; "
              "ls -l /proc/*/fd 2>/dev/null | grep -c journal; exit 0"], docker_env, timeout=90)
     assert r.returncode == 0, r.stderr
     record = last_run(corral_cmd, docker_env)

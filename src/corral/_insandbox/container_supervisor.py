@@ -2,8 +2,8 @@
 
 Run as root in the container as ``python3 -I -S -c <this file's source> <mode>`` (stdlib
 only, Python 3.8 compatible), the job as a JSON header on stdin (8 ASCII digits giving its
-length, then the object). The run's files live in ``/run/corral/runs/<run>/`` (a root-only
-tmpfs; ``<run>`` is the host's encoding of the run id, ``[A-Za-z0-9_.-]``): ``journal``
+length, then the object). The run's files live in ``/run/corral-private/runs/<run>/`` (a
+root-only tmpfs; ``<run>`` is the host's encoding of the run id, ``[A-Za-z0-9_.-]``): ``journal``
 (the agent's stdout, then the exit trailer), ``journal.err`` (its stderr) and ``status``.
 
 * ``start`` — ``{"run", "argv", "env", "cwd", "uid", "nonce", "stdin", "timeout",
@@ -33,7 +33,7 @@ import select
 import sys
 import time
 
-ROOT = "/run/corral/runs"
+ROOT = "/run/corral-private/runs"
 SIGTERM = 15
 SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124

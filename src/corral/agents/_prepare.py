@@ -185,9 +185,12 @@ class PreparedAgent:
             finally:
                 tg.cancel_scope.cancel()
 
-    def services_job(self, paths: JournalPaths) -> dict[str, Any]:
+    def services_job(self, paths: JournalPaths, status: Path | None = None
+                     ) -> dict[str, Any]:
         """The services daemon's job, *without* the upstream key (safe to record: a
-        driver restarting a dead daemon adds the key from its own environment)."""
+        driver restarting a dead daemon adds the key from its own environment).
+        ``status``: the file whose ``state`` turning ``exited`` stops the daemon (default:
+        the run's supervisor status, ``paths.status``)."""
         up = self.model_proxy.upstream
         return {
             "upstream": {"api": up.api, "base_url": up.base_url,
@@ -200,17 +203,19 @@ class PreparedAgent:
             "egress": [r.source for r in self.egress_proxy.rules]
             if self.egress_proxy is not None else None,
             "egress_socket": str(self.egress_socket) if self.egress_socket else None,
-            "status": str(paths.status),
+            "status": str(status or paths.status),
             # the run's trace (the start's span): the daemon's "chat" spans join it
             "trace": carrier(),
         }
 
-    async def start_services(self, paths: JournalPaths) -> PendingServices:
+    async def start_services(self, paths: JournalPaths, status: Path | None = None
+                             ) -> PendingServices:
         """Start the services as a detached daemon instead of :meth:`services` (they
         outlive this process and stop when the run's supervisor records the agent's exit).
         Launch the agent, then call ``ready()`` on the result (the daemon's ~0.2 s
-        start-up overlaps the CLI's). ``paths`` are the run's journal paths."""
-        job = self.services_job(paths)
+        start-up overlaps the CLI's). ``paths`` are the run's journal paths; ``status`` as
+        for :meth:`services_job`."""
+        job = self.services_job(paths, status)
         job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
         paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         return await anyio.to_thread.run_sync(

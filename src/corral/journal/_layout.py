@@ -98,10 +98,16 @@ class JournalPaths:
         """The run's services daemon's own log."""
         return self.directory / f"{self.token}.services.log"
 
+    @property
+    def agent_state(self) -> Path:
+        """A supervisor-inside run's agent state as this host last saw it, which its
+        services daemon watches (:func:`corral.runs._inside.agent_state`)."""
+        return self.directory / f"{self.token}.agent-state.json"
+
     def all(self) -> tuple[Path, ...]:
         """Every file a run may have here (what journal pruning removes)."""
         return (self.journal, self.stderr, self.status, self.supervisor_log, self.files,
-                self.baseline_git, self.usage, self.services_log)
+                self.baseline_git, self.usage, self.services_log, self.agent_state)
 
 
 @dataclass(frozen=True, slots=True)

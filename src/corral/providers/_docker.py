@@ -9,7 +9,10 @@ A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sa
   process of the agent's uid never holds; ``no-new-privileges``;
 * a read-only root filesystem; writable ``/workspace`` and ``/home/agent`` are named volumes
   (``corral-<id>-workspace``, ``corral-<id>-home``, labelled like the container), ``/tmp``
-  a tmpfs, ``/run/corral`` a root-only tmpfs;
+  a tmpfs, ``/run/corral-private`` a root-only tmpfs (the durable-run supervisor's state);
+* for agent runs (a spec binding corral's agents root), the host's agents root and the
+  run's socket directory bound read-only (``/opt/corral/agents``, ``/run/corral``) and the
+  host's ``node`` bound read-only at ``/opt/corral/node/bin/node``, first on ``PATH``;
 * pids, memory and CPU limits; no network (``network_mode=none``); the gVisor runtime when
   configured (``runtime = "runsc"``); ``docker-init`` as pid 1 (it reaps orphans).
 
@@ -26,7 +29,9 @@ import builtins
 import contextlib
 import hashlib
 import json
+import os
 import posixpath
+import shutil
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -99,8 +104,14 @@ HOME = "/home/agent"
 AREAS = (WORKDIR, "/tmp", HOME)
 AREAS_SNAPSHOT = (WORKDIR, HOME)
 """What a snapshot keeps (``/tmp`` is a tmpfs: scratch, as after a reboot)."""
-PRIVATE = "/run/corral"
-"""Root-only tmpfs: the durable-run supervisor's journal and nonce."""
+PRIVATE = "/run/corral-private"
+"""Root-only tmpfs: the durable-run supervisor's journal and nonce (not ``/run/corral``:
+that is where agent runs get their socket directory)."""
+AGENTS_TARGET = "/opt/corral/agents"
+"""Where corral's agents root is bound (``corral.agents`` ``AGENTS_MOUNT``: the providers
+sit below the harness layer, so the value is repeated here)."""
+NODE_DIR = "/opt/corral/node/bin"
+"""Where the host's ``node`` is bound for agent CLIs (they are npm packages)."""
 ROOT_CAPS = ["CHOWN", "SETUID", "SETGID", "KILL"]
 DEFAULT_LIMITS = ResourceLimits(memory_bytes=4 << 30, pids=2048, cpus=None)
 BASE_ENV = {
@@ -178,6 +189,13 @@ def confine(path: str, workdir: str = WORKDIR) -> str:
         raise PathEscapeError(
             f"path {path!r} is outside the sandbox's writable areas ({', '.join(AREAS)})")
     return full
+
+
+def host_node() -> str | None:
+    """The host's ``node`` executable (resolved), the runtime the agent CLIs were installed
+    and checked with, or ``None``."""
+    found = shutil.which("node")
+    return os.path.realpath(found) if found else None
 
 
 def _not_area(path: str) -> str:
@@ -354,6 +372,12 @@ class DockerHandle:
     @property
     def created_at(self) -> float:
         return float(self.labels.get("corral.created-at", "0") or 0)
+
+    @property
+    def binds(self) -> builtins.list[tuple[str, str]]:
+        """The read-only host path -> container path binds it was created with."""
+        return [(str(m.get("Source")), str(m.get("Destination")))
+                for m in self._info.get("Mounts") or [] if m.get("Type") == "bind"]
 
     async def connect_port(self, port: int) -> str:
         raise UnsupportedCapability("docker", "ports",
@@ -597,8 +621,16 @@ class DockerProvider:
         mounts = [Mount(target, name, type="volume", labels={LABEL: "1",
                                                              "corral.sandbox": sandbox_id})
                   for target, name in volume_names(sandbox_id).items()]
+        env = dict(spec.env)
         for host, inside in spec.binds:
             mounts.append(Mount(inside, host, type="bind", read_only=True))
+        node = host_node()
+        if node is not None and any(inside == AGENTS_TARGET for _h, inside in spec.binds):
+            # Agent CLIs are npm packages: they run on the host's node (a single executable
+            # needing glibc and libstdc++), the one `corral agents install` checked them
+            # with, whatever the image brings (bubblewrap sees the host's /usr likewise).
+            mounts.append(Mount(f"{NODE_DIR}/node", node, type="bind", read_only=True))
+            env["PATH"] = f"{NODE_DIR}:{env.get('PATH', BASE_ENV['PATH'])}"
         host_config = self.api.create_host_config(
             mounts=mounts,
             tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777", PRIVATE: "rw,nosuid,nodev,mode=0700"},
@@ -620,7 +652,7 @@ class DockerProvider:
             "command": ["sleep", "infinity"],
             "name": container_name(sandbox_id),
             "labels": labels,
-            "environment": [f"{k}={v}" for k, v in spec.env.items()],
+            "environment": [f"{k}={v}" for k, v in env.items()],
             "working_dir": WORKDIR,
             "host_config": host_config,
             "hostname": "sandbox",

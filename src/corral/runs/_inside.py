@@ -14,7 +14,9 @@ machine) takes over, cancels or reaps the run with nothing from the first.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,8 +30,8 @@ from corral.sandbox._contracts import Provider
 from corral.sandbox._inside import InsideSupervisor
 from corral.stores._records import RunRecord
 
-__all__ = ["MIRROR_POLL", "inside_handle", "is_inside", "mirror_loop", "mirror_paths",
-           "refresh_mirror", "stop_inside"]
+__all__ = ["MIRROR_POLL", "agent_state", "inside_handle", "is_inside", "mark_agent_state",
+           "mirror_loop", "mirror_paths", "refresh_mirror", "stop_inside"]
 
 log = logging.getLogger("corral.runs._runner")
 
@@ -61,6 +63,22 @@ async def inside_handle(record: RunRecord,
         provider_for = ProviderCache().for_record(record)
     handle = await provider_for(name).resume(sandbox_id)
     return handle if isinstance(handle, InsideSupervisor) else None
+
+
+def agent_state(paths: JournalPaths) -> Path:
+    """This host's note of the agent's state (``{"state": "running" | "exited"}``) next to
+    the mirror: what the run's services daemon on this host watches to stop with the agent
+    (the supervisor's own status is in the sandbox)."""
+    return paths.agent_state
+
+
+def mark_agent_state(paths: JournalPaths, state: str) -> None:
+    """Atomically write :func:`agent_state`."""
+    paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    target = agent_state(paths)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps({"state": state}))
+    os.replace(tmp, target)
 
 
 def _size(path: Path) -> int:
@@ -111,6 +129,8 @@ async def mirror_loop(record: RunRecord, paths: JournalPaths,
             status = await handle.supervisor_status(token)
             if status.get("state") == "exited":
                 await refresh_mirror(record, paths, handle)
+                if agent_state(paths).exists():  # an agent CLI's services stop now
+                    await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
                 return
         except (CorralError, OSError) as exc:
             # the sandbox went away (a cancel destroys it): the reader's follow decides
@@ -129,3 +149,5 @@ async def stop_inside(record: RunRecord, paths: JournalPaths | None, grace: floa
     await handle.stop_supervised(encode_run_id(record.run_id), grace)
     if paths is not None:
         await refresh_mirror(record, paths, handle)
+        if agent_state(paths).exists():
+            await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")

@@ -3,6 +3,7 @@ driver holds the run."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +17,7 @@ from corral.agents._services import start_services
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
 from corral.net._model_proxy import Upstream
+from corral.runs._inside import agent_state, is_inside, mark_agent_state
 from corral.runs._spec import run_spec_of
 from corral.stores._protocols import RunStore, UnknownRun
 from corral.stores._records import RunPatch, RunRecord
@@ -42,22 +44,42 @@ async def keep_services(store: RunStore, record: RunRecord, paths: JournalPaths,
         await anyio.sleep(SERVICES_CHECK)
         if is_services_daemon(pid):
             continue
-        status = read_status(paths.status)
-        if status is None or status.state != "running":
-            return  # the agent is done: the daemon exited as it should
+        watch: Path | None = None
+        if is_inside(record):
+            # the supervisor's status is in the sandbox; this host's note of it (absent:
+            # another host started the run, so assume it runs: every driver's end of the
+            # run marks it exited)
+            watch = agent_state(paths)
+            if _noted_state(watch) == "exited":
+                return
+            await anyio.to_thread.run_sync(mark_agent_state, paths, "running")
+        else:
+            status = read_status(paths.status)
+            if status is None or status.state != "running":
+                return  # the agent is done: the daemon exited as it should
         try:
-            pid = await _restart(store, record, paths, job, epoch)
+            pid = await _restart(store, record, paths, job, epoch, watch)
         except CorralError as exc:
             log.error("run %s: its services daemon died and could not be restarted: %s",
                       record.run_id, exc)
             return
 
 
+def _noted_state(path: Path) -> str | None:
+    try:
+        state = json.loads(path.read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return state if isinstance(state, str) else None
+
+
 async def _restart(store: RunStore, record: RunRecord, paths: JournalPaths,
-                   job: Mapping[str, Any], epoch: int) -> int:
+                   job: Mapping[str, Any], epoch: int, watch: Path | None = None) -> int:
     up = dict(job["upstream"])
     key = Upstream.from_env(up["api"]).api_key  # this host's key for the same API
     full = {**job, "upstream": {**up, "api_key": key}}
+    if watch is not None:  # this host's note, not the one of the host that recorded the job
+        full["status"] = str(watch)
     pending = await anyio.to_thread.run_sync(
         lambda: start_services(full, paths.directory, paths.token))
     services = await anyio.to_thread.run_sync(pending.ready)

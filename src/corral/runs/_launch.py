@@ -25,6 +25,7 @@ from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
 from corral.journal._layout import JournalPaths, encode_run_id
 from corral.journal._supervisor import AgentSpec, SupervisedRun, launch_supervised_async
+from corral.runs._inside import agent_state, mark_agent_state
 from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
 from corral.runs._request import RunRequest, RunStartError
@@ -83,11 +84,6 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
             f"agent runs need corral's host services (model proxy, host tools), which cannot "
             f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
             f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
-    if caps.supervisor_inside and isinstance(harness, CliHarness):
-        raise ConfigError(
-            f"agent CLIs on the {provider.name} provider need corral's host services (the "
-            "model proxy), which do not reach its sandboxes yet; command runs work "
-            f"(corral run --provider {provider.name} -- CMD), or use --provider bubblewrap")
     if not hosts_runs:
         raise ConfigError(
             f"provider {provider.name!r} cannot host a supervised agent yet; "
@@ -164,7 +160,9 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         # agent CLIs need their install and the model proxy's socket directory; a thread's
         # sandbox gets them whatever runs first, since an agent run of the thread may come
         # next
+        # (not where the host's paths mean nothing: a remote daemon)
         spec_hook=with_agent_binds if provider.capabilities.isolated
+        and provider.host_route != "none"
         and (cli or sandbox.lifecycle.reuse == "thread") else None,
     )
     handle = ensured.handle
@@ -249,6 +247,11 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
     )
     tools_socket = prepared.host_tools.socket if prepared.host_tools else None
+    handle = ensured.handle
+    inside = handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor)
+    # the supervisor's status lives in the sandbox: the services daemon watches this host's
+    # note of it instead (corral.runs._inside.agent_state)
+    state = agent_state(paths) if inside else None
     plan.spec = plan.spec.with_agent(
         resumed_session=prepared.resumed.session_id if prepared.resumed else None,
         sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
@@ -257,15 +260,26 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         # where a driver serves the host tools (the token is derived, never stored)
         tools_socket=str(tools_socket) if tools_socket else None,
         # what a driver needs to restart a dead services daemon (no key in it)
-        services=prepared.services_job(paths),
+        services=prepared.services_job(paths, state),
     )
     await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    pending = await prepared.start_services(paths)
+    if inside:
+        await anyio.to_thread.run_sync(mark_agent_state, paths, "running")
+    pending = await prepared.start_services(paths, state)
     try:
-        launched = await launch_supervised_async(
-            replace(prepared.agent_spec(), redact=ensured.redactor.table(),
-                    max_output=request.max_output), paths, nonce
-        )
+        if inside:
+            assert isinstance(handle, InsideSupervisor)
+            cmd = prepared.command
+            pid = await handle.launch_supervised(
+                encode_run_id(run_id), argv=cmd.argv, env=cmd.env, cwd=cmd.cwd, nonce=nonce,
+                stdin=cmd.stdin, timeout=cmd.timeout, max_output=request.max_output,
+                redact=ensured.redactor.table())
+            launched = SupervisedRun(paths, pid, None)
+        else:
+            launched = await launch_supervised_async(
+                replace(prepared.agent_spec(), redact=ensured.redactor.table(),
+                        max_output=request.max_output), paths, nonce
+            )
     except BaseException:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: _stop_pending(pending))
