@@ -24,7 +24,7 @@ from typing import Literal, Protocol, runtime_checkable
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, RunStore
 from corral.sandbox._contracts import Provider, SandboxRef
-from corral.sandbox._ensure import destroy_record
+from corral.sandbox._ensure import destroy_record, store_id
 from corral.sandbox._redact import get_logger
 from corral.sandbox._registry import build_provider, config_key, provider_names, recorded_config
 from corral.sandbox._snapshots import snapshots_for
@@ -172,9 +172,6 @@ async def collect_orphans(
     """Destroy the sandboxes of ``providers`` labelled with an instance key of this store
     that no instance record points to, older than ``grace`` seconds; never raises for one
     sandbox (a provider that cannot list, e.g. no Docker daemon, has none)."""
-    # Imported here: the ensure machinery is not needed to list.
-    from corral.sandbox._ensure import store_id
-
     now = time.time() if now is None else now
     ours = await store_id(store)
     if ours is None:
