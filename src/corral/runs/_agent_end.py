@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
 
 from corral._errors import ConfigError, CorralError
 from corral.harness._base import NeedsAgentRuntime
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
 from corral.runs._pricing import load_prices, price_usage
-from corral.runs._inside import agent_state, is_inside, mark_agent_state
+from corral.runs._inside import is_inside, note_exited
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
@@ -54,10 +53,10 @@ async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths |
     spec = run_spec_of(record)
     info = spec.agent or {}
     pid = info.get("services_pid")
-    if paths is not None and is_inside(record) and agent_state(paths).exists():
+    if paths is not None and is_inside(record):
         # the agent's end as this host's services daemon learns it (its supervisor's
         # status is in the sandbox)
-        await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
+        await note_exited(paths)
     if isinstance(pid, int):
         # The daemon writes its last usage as the agent exits, then stops.
         with anyio.move_on_after(3):

@@ -31,7 +31,7 @@ from corral.sandbox._inside import InsideSupervisor
 from corral.stores._records import RunRecord
 
 __all__ = ["MIRROR_POLL", "agent_state", "inside_handle", "is_inside", "mark_agent_state",
-           "mirror_loop", "mirror_paths", "refresh_mirror", "stop_inside"]
+           "mirror_loop", "mirror_paths", "note_exited", "refresh_mirror", "stop_inside"]
 
 log = logging.getLogger("corral.runs._runner")
 
@@ -81,6 +81,13 @@ def mark_agent_state(paths: JournalPaths, state: str) -> None:
     os.replace(tmp, target)
 
 
+async def note_exited(paths: JournalPaths) -> None:
+    """Mark this host's note ``exited`` when there is one: the run's services daemon on this
+    host (if any) stops with the agent."""
+    if agent_state(paths).exists():
+        await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -104,13 +111,13 @@ async def refresh_mirror(record: RunRecord, paths: JournalPaths,
     found = False
     for name, local in (("journal", paths.journal), ("journal.err", paths.stderr)):
         while True:
-            have = max(0, await anyio.to_thread.run_sync(_size, local))
-            data = await handle.read_journal(token, name, have)
+            size = await anyio.to_thread.run_sync(_size, local)  # -1: no mirror file yet
+            data = await handle.read_journal(token, name, max(0, size))
             if data is None:
                 break
             if name == "journal":
                 found = True
-            if not data and _size(local) >= 0:
+            if not data and size >= 0:
                 break
             await anyio.to_thread.run_sync(_append, local, data)
             if len(data) < (4 << 20):
@@ -129,8 +136,7 @@ async def mirror_loop(record: RunRecord, paths: JournalPaths,
             status = await handle.supervisor_status(token)
             if status.get("state") == "exited":
                 await refresh_mirror(record, paths, handle)
-                if agent_state(paths).exists():  # an agent CLI's services stop now
-                    await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
+                await note_exited(paths)  # an agent CLI's services stop now
                 return
         except (CorralError, OSError) as exc:
             # the sandbox went away (a cancel destroys it): the reader's follow decides
@@ -149,5 +155,4 @@ async def stop_inside(record: RunRecord, paths: JournalPaths | None, grace: floa
     await handle.stop_supervised(encode_run_id(record.run_id), grace)
     if paths is not None:
         await refresh_mirror(record, paths, handle)
-        if agent_state(paths).exists():
-            await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
+        await note_exited(paths)

@@ -4,9 +4,6 @@ record's ``journal`` mapping, which the Runner writes when it starts the run."""
 
 from __future__ import annotations
 
-import anyio
-import anyio.to_thread
-
 from corral.journal._layout import JournalPaths, encode_run_id
 from corral.journal._probe import (
     JournalLocationError,
@@ -15,13 +12,7 @@ from corral.journal._probe import (
     locate_journal,
     probe_exit,
 )
-from corral.runs._inside import (
-    agent_state,
-    inside_handle,
-    is_inside,
-    mark_agent_state,
-    refresh_mirror,
-)
+from corral.runs._inside import inside_handle, is_inside, note_exited, refresh_mirror
 from corral.stores._records import RunRecord
 
 __all__ = ["JournalLocationError", "journal_location", "probe_run_exit"]
@@ -59,8 +50,7 @@ async def probe_run_exit(
                 status = await handle.supervisor_status(encode_run_id(record.run_id))
                 if status.get("state") == "running":
                     return ProbeResult.producing()
-            if agent_state(paths).exists():  # this host's services daemon stops with it
-                await anyio.to_thread.run_sync(mark_agent_state, paths, "exited")
+            await note_exited(paths)
         except Exception as exc:  # noqa: BLE001 - a probe never raises
             return ProbeResult.unknown(f"the sandbox's journal is unreachable: {exc}")
     return await probe_exit(paths, nonce, max_bytes=max_bytes, recent=recent)

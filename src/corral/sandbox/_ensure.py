@@ -95,6 +95,11 @@ class Ensured:
 _local_locks: dict[str, anyio.Lock] = {}
 
 
+def key_lock_name(key: str) -> str:
+    """The store lock that guards instance ``key`` (:func:`key_lock`; gc takes it too)."""
+    return f"sandbox:{key}"
+
+
 @asynccontextmanager
 async def key_lock(store: object, key: str) -> AsyncIterator[None]:
     """Hold the per-key lock: in this process, and across processes and hosts when the
@@ -104,7 +109,7 @@ async def key_lock(store: object, key: str) -> AsyncIterator[None]:
         if not isinstance(store, LockStore):
             yield
             return
-        name = f"sandbox:{key}"
+        name = key_lock_name(key)
         owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
         delay = 0.02
         with anyio.fail_after(LOCK_WAIT):

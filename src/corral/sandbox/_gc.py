@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, RunStore
 from corral.sandbox._contracts import Provider, SandboxRef
-from corral.sandbox._ensure import destroy_record
+from corral.sandbox._ensure import destroy_record, key_lock_name, store_id
 from corral.sandbox._redact import get_logger
 from corral.sandbox._registry import build_provider, config_key, provider_names, recorded_config
 from corral.sandbox._snapshots import snapshots_for
@@ -121,23 +122,19 @@ async def collect_idle(
         if dry_run:
             entries.append(entry("would-destroy"))
             continue
-        owner = f"gc:{time.time_ns()}"
-        name = f"sandbox:{record.key}"
-        if isinstance(store, LockStore) and not await store.try_lock(name, owner, 60.0):
-            entries.append(entry("busy", "being ensured by another process"))
-            continue
-        try:
-            fresh = await store.get_instance(record.key)
-            if fresh is None or fresh.expires_at is None or fresh.expires_at > now:
-                continue  # used again since the listing
-            await destroy_record(provider, fresh, store, snapshots=snapshots_for(provider))
-            entries.append(entry("destroyed"))
-        except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the sweep
-            log.error("gc of sandbox %s failed: %s", record.provider_sandbox_id, exc)
-            entries.append(entry("destroy-failed", str(exc)))
-        finally:
-            if isinstance(store, LockStore):
-                await store.unlock(name, owner)
+        async with _try_key_lock(store, record.key) as held:
+            if not held:
+                entries.append(entry("busy", "being ensured by another process"))
+                continue
+            try:
+                fresh = await store.get_instance(record.key)
+                if fresh is None or fresh.expires_at is None or fresh.expires_at > now:
+                    continue  # used again since the listing
+                await destroy_record(provider, fresh, store, snapshots=snapshots_for(provider))
+                entries.append(entry("destroyed"))
+            except Exception as exc:  # noqa: BLE001 - one sandbox's failure must not stop the sweep
+                log.error("gc of sandbox %s failed: %s", record.provider_sandbox_id, exc)
+                entries.append(entry("destroy-failed", str(exc)))
     if orphans:
         listing = [p for p in {**_labelling_providers(), **given}.values()
                    if isinstance(p, ListsLabelled)]
@@ -172,9 +169,6 @@ async def collect_orphans(
     """Destroy the sandboxes of ``providers`` labelled with an instance key of this store
     that no instance record points to, older than ``grace`` seconds; never raises for one
     sandbox (a provider that cannot list, e.g. no Docker daemon, has none)."""
-    # Imported here: the ensure machinery is not needed to list.
-    from corral.sandbox._ensure import store_id
-
     now = time.time() if now is None else now
     ours = await store_id(store)
     if ours is None:
@@ -199,22 +193,38 @@ async def collect_orphans(
             if dry_run:
                 entries.append(entry)
                 continue
-            owner, name = f"gc:{time.time_ns()}", f"sandbox:{key}"
-            if isinstance(store, LockStore) and not await store.try_lock(name, owner, 60.0):
-                continue  # being ensured right now
-            try:
-                if await _points_to(store, key, provider.name, sb.id):
-                    continue  # recorded since the listing
-                await traced.destroy(provider, SandboxRef(provider.name, sb.id), reason="gc")
-                entries.append(GcEntry(key, provider.name, sb.id, "orphan-destroyed",
-                                       entry.detail))
-            except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
-                log.error("gc of orphan sandbox %s failed: %s", sb.id, exc)
-                entries.append(GcEntry(key, provider.name, sb.id, "destroy-failed", str(exc)))
-            finally:
-                if isinstance(store, LockStore):
-                    await store.unlock(name, owner)
+            async with _try_key_lock(store, key) as held:
+                if not held:
+                    continue  # being ensured right now
+                try:
+                    if await _points_to(store, key, provider.name, sb.id):
+                        continue  # recorded since the listing
+                    await traced.destroy(provider, SandboxRef(provider.name, sb.id),
+                                         reason="gc")
+                    entries.append(GcEntry(key, provider.name, sb.id, "orphan-destroyed",
+                                           entry.detail))
+                except Exception as exc:  # noqa: BLE001 - one failure must not stop the sweep
+                    log.error("gc of orphan sandbox %s failed: %s", sb.id, exc)
+                    entries.append(GcEntry(key, provider.name, sb.id, "destroy-failed",
+                                           str(exc)))
     return entries
+
+
+@asynccontextmanager
+async def _try_key_lock(store: InstanceStore, key: str) -> AsyncIterator[bool]:
+    """Take instance ``key``'s lock (the one ensure holds) without waiting: yields whether
+    it is held (always, for a store without locks), and releases it after."""
+    if not isinstance(store, LockStore):
+        yield True
+        return
+    name, owner = key_lock_name(key), f"gc:{time.time_ns()}"
+    if not await store.try_lock(name, owner, 60.0):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        await store.unlock(name, owner)
 
 
 async def _points_to(store: InstanceStore, key: str, provider: str, sandbox_id: str) -> bool:

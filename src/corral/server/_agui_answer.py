@@ -89,13 +89,13 @@ async def apply_answers(store: Store, thread_id: str, answers: Answers) -> Conti
     decisions.update({i: (False, "cancelled by the client") for i in answers.cancelled
                       if not by_id[i].frontend})
     for interrupt_id, (allow, reason) in decisions.items():
-        got = await store.get_approval(record.run_id, interrupt_id)
-        if got is not None and got[1] is not None:
-            continue  # answered already (a repeated input, or `corral approve`)
         try:
             await answer_approval(store, record.run_id, interrupt_id, allow, reason=reason)
         except ApprovalError:
-            pass  # answered between the look and ours: the first answer stands
+            # answered already (a repeated input, `corral approve`, or a race with
+            # either: the first answer stands) or no longer pending (the call ended);
+            # every id was checked above to be an approval this run announced
+            pass
     segment = segments.segment_after(set(results) | set(decisions))
     assert segment is not None  # every answered id ended a segment
     return Continuation(record, segment)

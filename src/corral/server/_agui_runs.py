@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from corral.server._sse import encode_event
 from corral.stores._protocols import LoggedEvent
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._frontend import FRONTEND_CALL_EVENT, FRONTEND_RESOLVED_EVENT
@@ -85,8 +86,7 @@ def decode_frame(frame: bytes) -> LoggedEvent:
 
 
 def _frame(offset: int, event: dict[str, Any]) -> bytes:
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"id: {offset}\ndata: {data}\n\n".encode()
+    return encode_event(LoggedEvent(offset, 0, event))  # the frame every stream sends
 
 
 def _iso(ts: Any) -> str | None:
