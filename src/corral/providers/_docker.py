@@ -57,6 +57,7 @@ from corral.providers._docker_exec import (
     helper_argv,
     start_exec,
 )
+from corral.providers._limits import merged_limits
 from corral.providers._process import to_argv
 from corral.providers._state import new_id, validate_id
 from corral.sandbox import _validate as validate
@@ -584,23 +585,11 @@ class DockerProvider:
             raise self.translate(exc, "?") from None
 
     def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        d, s = self._limits, spec.limits
-        if s.disk_bytes is not None:
+        if spec.limits.disk_bytes is not None:
             raise UnsupportedCapability("docker", "disk limit",
                                         "the docker provider cannot enforce a disk limit; "
                                         "leave limits.disk unset")
-        lim = ResourceLimits(
-            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
-            pids=s.pids if s.pids is not None else d.pids,
-            cpus=s.cpus if s.cpus is not None else d.cpus,
-        )
-        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
-            raise ConfigError("memory limit must be at least 8 MiB")
-        if lim.pids is not None and lim.pids < 8:
-            raise ConfigError("pids limit must be at least 8")
-        if lim.cpus is not None and lim.cpus <= 0:
-            raise ConfigError("cpus limit must be positive")
-        return lim
+        return merged_limits(self._limits, spec.limits)
 
     def container_config(self, sandbox_id: str, spec: SandboxSpec,
                          image: str | None = None) -> dict[str, Any]:
