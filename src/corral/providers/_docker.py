@@ -224,6 +224,18 @@ class _DockerProcessApi:
         return await collect(proc, stdin=stdin, timeout=timeout)
 
 
+def _fs_error(path: str, stderr: bytes) -> OSError:
+    """The error the helper reported (exit 3: a JSON line on stderr) for ``path``."""
+    try:
+        err = json.loads(stderr)
+    except ValueError:
+        err = {"errno": 5, "msg": stderr.decode(errors="replace"), "escape": False}
+    if err.get("escape"):
+        return PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
+                               f"areas ({', '.join(AREAS)})")
+    return OSError(int(err["errno"]), str(err["msg"]), path)
+
+
 class _DockerFS:
     """The sandbox's files, through the in-container helper (as the agent's uid)."""
 
@@ -236,14 +248,7 @@ class _DockerFS:
         proc = await self._h.start_helper("fs", {"op": op, "path": full, **extra})
         res = await collect(proc, stdin=data, timeout=None)
         if res.exit_code == 3:
-            try:
-                err = json.loads(res.stderr)
-            except ValueError:
-                err = {"errno": 5, "msg": res.stderr.decode(errors="replace"), "escape": False}
-            if err.get("escape"):
-                raise PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
-                                      f"areas ({', '.join(AREAS)})")
-            raise OSError(int(err["errno"]), str(err["msg"]), path)
+            raise _fs_error(path, res.stderr)
         if not res.ok:
             raise OSError(5, f"file operation {op} failed: {res.describe()}: "
                              f"{res.stderr.decode(errors='replace').strip()[:200]}", path)
@@ -269,10 +274,7 @@ class _DockerFS:
             err = b"".join([c async for c in proc.stderr])
             res = await proc.wait()
             if res.exit_code == 3:
-                info = json.loads(err)
-                if info.get("escape"):
-                    raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
-                raise OSError(int(info["errno"]), str(info["msg"]), path)
+                raise _fs_error(path, err)
             if buf:
                 yield bytes(buf)
         finally:
@@ -294,10 +296,7 @@ class _DockerFS:
             with anyio.CancelScope(shield=True):
                 await proc.aclose()
         if res.exit_code == 3:
-            info = json.loads(err)
-            if info.get("escape"):
-                raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
-            raise OSError(int(info["errno"]), str(info["msg"]), path)
+            raise _fs_error(path, err)
         return total
 
     async def list(self, path: str = ".") -> list[FileInfo]:
