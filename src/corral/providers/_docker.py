@@ -54,8 +54,10 @@ from corral.providers._docker_exec import (
     collect,
     fields,
     header,
-    helper_argv,
+    open_exec,
+    run_to_end,
     start_exec,
+    start_helper,
 )
 from corral.providers._limits import merged_limits
 from corral.providers._process import to_argv
@@ -423,22 +425,10 @@ class DockerHandle:
     async def start_helper(self, mode: str, obj: Mapping[str, Any],
                            user: str | None = None) -> DockerProcess:
         p = self._provider
-
-        def go() -> DockerProcess:
-            from corral.providers._docker_exec import _Demux
-
-            exec_id = p.api.exec_create(self.container, helper_argv(mode),
-                                        stdin=True, stdout=True, stderr=True, tty=False,
-                                        user=user or p.user)["Id"]
-            raw = p.api.exec_start(exec_id, socket=True)
-            sock = getattr(raw, "_sock", raw)
-            sock.sendall(header(obj))
-            # no trailer: the helper's own exit status is the outcome
-            return DockerProcess(_Demux(sock, b"-"), exec_id, p.inspect_exec, lambda sig: None,
-                                 trailer=False)
-
         try:
-            return await anyio.to_thread.run_sync(go)
+            return await anyio.to_thread.run_sync(lambda: start_helper(
+                p.api, self.container, mode, obj, user=user or p.user,
+                inspect_exec=p.inspect_exec))
         except Exception as exc:
             raise self._provider.translate(exc, self._id) from None
 
@@ -490,15 +480,9 @@ class DockerHandle:
         """Signal every process carrying ``token`` (blocking; the helper's ``kill`` mode)."""
         p = self._provider
         with contextlib.suppress(Exception):
-            exec_id = p.api.exec_create(self.container, helper_argv("kill"),
-                                        stdin=True, stdout=True, stderr=True, user=p.user)["Id"]
-            raw = p.api.exec_start(exec_id, socket=True)
-            sock = getattr(raw, "_sock", raw)
-            sock.sendall(fields(token, str(sig)))
-            sock.shutdown(1)
-            while sock.recv(65536):
-                pass
-            sock.close()
+            _exec_id, sock = open_exec(p.api, self.container, "kill", user=p.user,
+                                       head=fields(token, str(sig)))
+            run_to_end(sock)
 
 
 # ---------------------------------------------------------------------- provider
@@ -696,16 +680,10 @@ class DockerProvider:
 
     def _own_areas(self, container: str) -> None:
         """Give the agent its writable areas (an image without them, or root-owned)."""
-        exec_id = self.api.exec_create(container, helper_argv("fs"),
-                                       stdin=True, stdout=True, stderr=True, user="0:0")["Id"]
-        raw = self.api.exec_start(exec_id, socket=True)
-        sock = getattr(raw, "_sock", raw)
-        sock.sendall(header({"op": "chown", "path": WORKDIR, "paths": [WORKDIR, HOME],
-                             "uid": self.uid, "gid": self.uid}))
-        sock.shutdown(1)
-        while sock.recv(65536):
-            pass
-        sock.close()
+        exec_id, sock = open_exec(self.api, container, "fs", user="0:0", head=header(
+            {"op": "chown", "path": WORKDIR, "paths": [WORKDIR, HOME],
+             "uid": self.uid, "gid": self.uid}))
+        run_to_end(sock)
         code = self.api.exec_inspect(exec_id).get("ExitCode")
         if code != 0:
             raise ConfigError(f"docker image {self.image!r}: setting up the sandbox failed "
