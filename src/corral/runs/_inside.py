@@ -104,13 +104,13 @@ async def refresh_mirror(record: RunRecord, paths: JournalPaths,
     found = False
     for name, local in (("journal", paths.journal), ("journal.err", paths.stderr)):
         while True:
-            have = max(0, await anyio.to_thread.run_sync(_size, local))
-            data = await handle.read_journal(token, name, have)
+            size = await anyio.to_thread.run_sync(_size, local)
+            data = await handle.read_journal(token, name, max(0, size))
             if data is None:
                 break
             if name == "journal":
                 found = True
-            if not data and _size(local) >= 0:
+            if not data and size >= 0:  # nothing new, and the mirror file exists
                 break
             await anyio.to_thread.run_sync(_append, local, data)
             if len(data) < (4 << 20):
