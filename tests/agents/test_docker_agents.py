@@ -70,7 +70,7 @@ def _scan_container(sandbox_id: str) -> tuple[str, dict[str, Any]]:
     # the scan's own process holds the key in its argv: it must find exactly itself
     own = {line for line in found.splitlines() if line.startswith("/proc/")
            and line.endswith("/cmdline")}
-    assert len(own) <= 1, found
+    assert len(own) == 1, found  # none: the scan could not read /proc, and proves nothing
     rest = "\n".join(line for line in found.splitlines() if line not in own)
     return rest, api.inspect_container(name)
 

@@ -94,6 +94,7 @@ from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
 from corral.providers._bwrap_init import INSIDE_PATH, PERL_INIT, InitProgram, find_init
 from corral.providers._snapshots import HostDirSnapshots
+from corral.providers._limits import merged_limits
 from corral.providers._process import (
     Outcome,
     SandboxProcess,
@@ -790,19 +791,7 @@ class BubblewrapProvider:
         return HostDirSnapshots(self, redactor=redactor)
 
     def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        d, s = self._limits, spec.limits
-        lim = ResourceLimits(
-            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
-            pids=s.pids if s.pids is not None else d.pids,
-            cpus=s.cpus if s.cpus is not None else d.cpus,
-            disk_bytes=s.disk_bytes if s.disk_bytes is not None else d.disk_bytes,
-        )
-        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
-            raise ConfigError("memory limit must be at least 8 MiB")
-        if lim.pids is not None and lim.pids < 8:
-            raise ConfigError("pids limit must be at least 8")
-        if lim.cpus is not None and lim.cpus <= 0:
-            raise ConfigError("cpus limit must be positive")
+        lim = merged_limits(self._limits, spec.limits)
         if lim.disk_bytes is not None and lim.disk_bytes < MIN_DISK_BYTES:
             raise ConfigError(f"disk limit must be at least {diskquota.format_size(MIN_DISK_BYTES)}")
         return lim

@@ -54,9 +54,12 @@ from corral.providers._docker_exec import (
     collect,
     fields,
     header,
-    helper_argv,
+    open_exec,
+    run_to_end,
     start_exec,
+    start_helper,
 )
+from corral.providers._limits import merged_limits
 from corral.providers._process import to_argv
 from corral.providers._state import new_id, validate_id
 from corral.sandbox import _validate as validate
@@ -223,6 +226,18 @@ class _DockerProcessApi:
         return await collect(proc, stdin=stdin, timeout=timeout)
 
 
+def _fs_error(path: str, stderr: bytes) -> OSError:
+    """The error the helper reported (exit 3: a JSON line on stderr) for ``path``."""
+    try:
+        err = json.loads(stderr)
+    except ValueError:
+        err = {"errno": 5, "msg": stderr.decode(errors="replace"), "escape": False}
+    if err.get("escape"):
+        return PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
+                               f"areas ({', '.join(AREAS)})")
+    return OSError(int(err["errno"]), str(err["msg"]), path)
+
+
 class _DockerFS:
     """The sandbox's files, through the in-container helper (as the agent's uid)."""
 
@@ -235,14 +250,7 @@ class _DockerFS:
         proc = await self._h.start_helper("fs", {"op": op, "path": full, **extra})
         res = await collect(proc, stdin=data, timeout=None)
         if res.exit_code == 3:
-            try:
-                err = json.loads(res.stderr)
-            except ValueError:
-                err = {"errno": 5, "msg": res.stderr.decode(errors="replace"), "escape": False}
-            if err.get("escape"):
-                raise PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
-                                      f"areas ({', '.join(AREAS)})")
-            raise OSError(int(err["errno"]), str(err["msg"]), path)
+            raise _fs_error(path, res.stderr)
         if not res.ok:
             raise OSError(5, f"file operation {op} failed: {res.describe()}: "
                              f"{res.stderr.decode(errors='replace').strip()[:200]}", path)
@@ -268,10 +276,7 @@ class _DockerFS:
             err = b"".join([c async for c in proc.stderr])
             res = await proc.wait()
             if res.exit_code == 3:
-                info = json.loads(err)
-                if info.get("escape"):
-                    raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
-                raise OSError(int(info["errno"]), str(info["msg"]), path)
+                raise _fs_error(path, err)
             if buf:
                 yield bytes(buf)
         finally:
@@ -293,10 +298,7 @@ class _DockerFS:
             with anyio.CancelScope(shield=True):
                 await proc.aclose()
         if res.exit_code == 3:
-            info = json.loads(err)
-            if info.get("escape"):
-                raise PathEscapeError(f"path {path!r} resolves outside the sandbox")
-            raise OSError(int(info["errno"]), str(info["msg"]), path)
+            raise _fs_error(path, err)
         return total
 
     async def list(self, path: str = ".") -> list[FileInfo]:
@@ -423,22 +425,10 @@ class DockerHandle:
     async def start_helper(self, mode: str, obj: Mapping[str, Any],
                            user: str | None = None) -> DockerProcess:
         p = self._provider
-
-        def go() -> DockerProcess:
-            from corral.providers._docker_exec import _Demux
-
-            exec_id = p.api.exec_create(self.container, helper_argv(mode),
-                                        stdin=True, stdout=True, stderr=True, tty=False,
-                                        user=user or p.user)["Id"]
-            raw = p.api.exec_start(exec_id, socket=True)
-            sock = getattr(raw, "_sock", raw)
-            sock.sendall(header(obj))
-            # no trailer: the helper's own exit status is the outcome
-            return DockerProcess(_Demux(sock, b"-"), exec_id, p.inspect_exec, lambda sig: None,
-                                 trailer=False)
-
         try:
-            return await anyio.to_thread.run_sync(go)
+            return await anyio.to_thread.run_sync(lambda: start_helper(
+                p.api, self.container, mode, obj, user=user or p.user,
+                inspect_exec=p.inspect_exec))
         except Exception as exc:
             raise self._provider.translate(exc, self._id) from None
 
@@ -490,15 +480,9 @@ class DockerHandle:
         """Signal every process carrying ``token`` (blocking; the helper's ``kill`` mode)."""
         p = self._provider
         with contextlib.suppress(Exception):
-            exec_id = p.api.exec_create(self.container, helper_argv("kill"),
-                                        stdin=True, stdout=True, stderr=True, user=p.user)["Id"]
-            raw = p.api.exec_start(exec_id, socket=True)
-            sock = getattr(raw, "_sock", raw)
-            sock.sendall(fields(token, str(sig)))
-            sock.shutdown(1)
-            while sock.recv(65536):
-                pass
-            sock.close()
+            _exec_id, sock = open_exec(p.api, self.container, "kill", user=p.user,
+                                       head=fields(token, str(sig)))
+            run_to_end(sock)
 
 
 # ---------------------------------------------------------------------- provider
@@ -584,23 +568,11 @@ class DockerProvider:
             raise self.translate(exc, "?") from None
 
     def _limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        d, s = self._limits, spec.limits
-        if s.disk_bytes is not None:
+        if spec.limits.disk_bytes is not None:
             raise UnsupportedCapability("docker", "disk limit",
                                         "the docker provider cannot enforce a disk limit; "
                                         "leave limits.disk unset")
-        lim = ResourceLimits(
-            memory_bytes=s.memory_bytes if s.memory_bytes is not None else d.memory_bytes,
-            pids=s.pids if s.pids is not None else d.pids,
-            cpus=s.cpus if s.cpus is not None else d.cpus,
-        )
-        if lim.memory_bytes is not None and lim.memory_bytes < (8 << 20):
-            raise ConfigError("memory limit must be at least 8 MiB")
-        if lim.pids is not None and lim.pids < 8:
-            raise ConfigError("pids limit must be at least 8")
-        if lim.cpus is not None and lim.cpus <= 0:
-            raise ConfigError("cpus limit must be positive")
-        return lim
+        return merged_limits(self._limits, spec.limits)
 
     def container_config(self, sandbox_id: str, spec: SandboxSpec,
                          image: str | None = None) -> dict[str, Any]:
@@ -708,16 +680,10 @@ class DockerProvider:
 
     def _own_areas(self, container: str) -> None:
         """Give the agent its writable areas (an image without them, or root-owned)."""
-        exec_id = self.api.exec_create(container, helper_argv("fs"),
-                                       stdin=True, stdout=True, stderr=True, user="0:0")["Id"]
-        raw = self.api.exec_start(exec_id, socket=True)
-        sock = getattr(raw, "_sock", raw)
-        sock.sendall(header({"op": "chown", "path": WORKDIR, "paths": [WORKDIR, HOME],
-                             "uid": self.uid, "gid": self.uid}))
-        sock.shutdown(1)
-        while sock.recv(65536):
-            pass
-        sock.close()
+        exec_id, sock = open_exec(self.api, container, "fs", user="0:0", head=header(
+            {"op": "chown", "path": WORKDIR, "paths": [WORKDIR, HOME],
+             "uid": self.uid, "gid": self.uid}))
+        run_to_end(sock)
         code = self.api.exec_inspect(exec_id).get("ExitCode")
         if code != 0:
             raise ConfigError(f"docker image {self.image!r}: setting up the sandbox failed "

@@ -11,7 +11,8 @@ from typing import Any
 
 from corral._errors import CorralError, PrerequisiteMissing
 
-__all__ = ["BASE_IMAGE", "connect", "daemon_is_local", "docker_errors", "is_not_found"]
+__all__ = ["BASE_IMAGE", "DockerUnavailable", "connect", "daemon_is_local", "docker_errors",
+           "unavailable"]
 
 LABEL = "corral"
 """Every container and volume corral makes carries ``corral=1``."""
@@ -54,11 +55,6 @@ def daemon_is_local(docker_host: str | None = None) -> bool:
     sockets be bound into its containers."""
     url = docker_host or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     return url.startswith(("unix://", "npipe://"))
-
-
-def is_not_found(exc: BaseException) -> bool:
-    errors = docker_errors()
-    return isinstance(exc, errors.NotFound)
 
 
 class DockerUnavailable(CorralError):

@@ -33,7 +33,8 @@ from corral._insandbox import container_supervisor as supervisor
 from corral.providers._process import drain, feed_stdin
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult, Process, SandboxGoneError
 
-__all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "start_exec"]
+__all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "open_exec",
+           "run_to_end", "start_exec", "start_helper"]
 
 _SOURCES = {"fs": inspect.getsource(fs_helper), "run": inspect.getsource(exec_helper),
             "kill": inspect.getsource(exec_helper),
@@ -59,6 +60,32 @@ def fields(*items: str | bytes) -> bytes:
 def helper_argv(mode: str) -> list[str]:
     """How the helper runs in the container (``-I -S``: no site, no user environment)."""
     return ["python3", "-I", "-S", "-c", _SOURCES[mode], mode]
+
+
+def open_exec(api: Any, container: str, mode: str, *, user: str,
+              head: bytes) -> tuple[str, socket.socket]:
+    """Start the helper's ``mode`` in ``container`` as ``user`` and send it ``head``: the
+    exec's id and its attached socket (blocking: call in a worker thread)."""
+    exec_id = api.exec_create(container, helper_argv(mode), stdin=True,
+                              stdout=True, stderr=True, tty=False, user=user)["Id"]
+    raw = api.exec_start(exec_id, socket=True)
+    sock: socket.socket = getattr(raw, "_sock", raw)
+    try:
+        sock.sendall(head)
+    except BaseException:
+        sock.close()
+        raise
+    return exec_id, sock
+
+
+def run_to_end(sock: socket.socket) -> None:
+    """Close the exec's stdin, read its output away until it ends, close the socket."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    finally:
+        sock.close()
 
 
 class _Demux:
@@ -181,9 +208,6 @@ class _Stream:
                                            abandon_on_cancel=True)
 
 
-Killer = Callable[[int], Any]
-
-
 class DockerProcess(Process):
     """A command started with :func:`start_exec`."""
 
@@ -268,6 +292,15 @@ class DockerProcess(Process):
         self._demux.close()
 
 
+def start_helper(api: Any, container: str, mode: str, obj: Mapping[str, Any], *, user: str,
+                 inspect_exec: Callable[[str], Any]) -> DockerProcess:
+    """Start the helper's ``mode`` with ``obj`` as its header (blocking: call in a worker
+    thread); no trailer: the helper's own exit status is the outcome."""
+    exec_id, sock = open_exec(api, container, mode, user=user, head=header(obj))
+    return DockerProcess(_Demux(sock, b"-"), exec_id, inspect_exec, lambda sig: None,
+                         trailer=False)
+
+
 def start_exec(api: Any, container: str, *, uid: int, argv: Sequence[str], env: Mapping[str, str],
                cwd: str, killer: Callable[[str, int], None],
                inspect_exec: Callable[[str], Any], cwd_name: str = "") -> DockerProcess:
@@ -275,12 +308,9 @@ def start_exec(api: Any, container: str, *, uid: int, argv: Sequence[str], env: 
     helper runs as root, out of the command's reach; the command as ``uid``."""
     nonce = secrets.token_hex(16)
     token = secrets.token_hex(12)
-    exec_id = api.exec_create(container, helper_argv("run"), stdin=True,
-                              stdout=True, stderr=True, tty=False, user="0:0")["Id"]
-    raw = api.exec_start(exec_id, socket=True)
-    sock: socket.socket = getattr(raw, "_sock", raw)
-    sock.sendall(fields(nonce, token, str(uid), cwd, str(len(argv)), *argv,
-                        *(f"{k}={v}" for k, v in env.items())))
+    head = fields(nonce, token, str(uid), cwd, str(len(argv)), *argv,
+                  *(f"{k}={v}" for k, v in env.items()))
+    exec_id, sock = open_exec(api, container, "run", user="0:0", head=head)
     demux = _Demux(sock, nonce.encode())
     return DockerProcess(demux, exec_id, inspect_exec, lambda sig: killer(token, sig),
                          cwd=cwd_name or cwd)

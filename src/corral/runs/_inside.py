@@ -95,10 +95,18 @@ def _size(path: Path) -> int:
         return -1
 
 
-def _append(path: Path, data: bytes) -> None:
+def _write_at(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset`` (where it sits in the sandbox's journal), not at the end:
+    another process of this host (a probe, the reaper) may copy the same bytes at the same
+    time, and the journal only grows, so both writes put the same bytes in the same place."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(path, "ab") as fh:
-        fh.write(data)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.pwrite(fd, view[done:], offset + done)
+    finally:
+        os.close(fd)
 
 
 async def refresh_mirror(record: RunRecord, paths: JournalPaths,
@@ -112,14 +120,15 @@ async def refresh_mirror(record: RunRecord, paths: JournalPaths,
     for name, local in (("journal", paths.journal), ("journal.err", paths.stderr)):
         while True:
             size = await anyio.to_thread.run_sync(_size, local)  # -1: no mirror file yet
-            data = await handle.read_journal(token, name, max(0, size))
+            have = max(0, size)
+            data = await handle.read_journal(token, name, have)
             if data is None:
                 break
             if name == "journal":
                 found = True
-            if not data and size >= 0:
+            if not data and size >= 0:  # nothing new, and the mirror file exists
                 break
-            await anyio.to_thread.run_sync(_append, local, data)
+            await anyio.to_thread.run_sync(_write_at, local, have, data)
             if len(data) < (4 << 20):
                 break
     return found
