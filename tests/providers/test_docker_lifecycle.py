@@ -185,3 +185,22 @@ def test_corral_exec_on_docker(corral_cmd: list[str], cli_env: dict[str, str]) -
     killed = subprocess.run([*corral_cmd, "exec", "--provider", "docker", "--", "sh", "-c",
                              "kill -TERM $$"], env=cli_env, capture_output=True, timeout=120)
     assert killed.returncode == 143 and b"killed by SIGTERM" in killed.stderr
+
+
+@pytest.mark.anyio
+async def test_a_junk_created_at_label_does_not_stop_the_listing() -> None:
+    # Anyone who can reach the daemon can label a container; one bad label must not stop
+    # corral gc and the reaper from listing (and collecting) every other sandbox.
+    provider = DockerProvider()
+    name = f"corral-junk-{time.time_ns()}"
+    subprocess.run(["docker", "create", "--name", name, "--label", "corral=1",
+                    "--label", f"corral.sandbox={name}", "--label", "corral.created-at=junk",
+                    provider.image, "true"], check=True, capture_output=True, timeout=60)
+    good = await provider.create(SandboxSpec())
+    try:
+        listed = {sb.id: sb for sb in await provider.labelled()}
+        assert good.id in listed and name in listed
+        assert listed[name].created_at > 0  # the daemon's own creation time instead
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        await provider.destroy(good.id)

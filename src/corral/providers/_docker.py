@@ -157,6 +157,16 @@ def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> ResourceLimits:
     )
 
 
+
+def _epoch(*values: object) -> float:
+    """The first of ``values`` that is a number of seconds, else 0."""
+    for value in values:
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return 0.0
+
 class DockerConfig(ProviderConfig):
     """``[provider]`` settings of the docker provider (see :class:`DockerProvider`)."""
 
@@ -373,7 +383,7 @@ class DockerHandle:
 
     @property
     def created_at(self) -> float:
-        return float(self.labels.get("corral.created-at", "0") or 0)
+        return _epoch(self.labels.get("corral.created-at"))
 
     @property
     def binds(self) -> builtins.list[tuple[str, str]]:
@@ -781,8 +791,10 @@ class DockerProvider:
         for c in found:
             labels = dict(c.get("Labels") or {})
             if labels.get("corral.sandbox"):
-                created = labels.get("corral.created-at") or c.get("Created") or 0
-                out.append(LabelledSandbox(labels["corral.sandbox"], labels, float(created)))
+                # a label anyone with the daemon can set: a bad one falls back to the
+                # daemon's own creation time, and never stops the listing
+                created = _epoch(labels.get("corral.created-at"), c.get("Created"))
+                out.append(LabelledSandbox(labels["corral.sandbox"], labels, created))
         return out
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:
