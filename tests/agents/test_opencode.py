@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,9 @@ from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
     Gate,
     _normalized,
+    attach_after_driverless_finish,
     corral,
+    kill_after_tool_result,
     ndjson,
     retranslated,
     two_hosts,
@@ -421,30 +422,8 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(
     corral.srv.script = gate
     proc = corral.popen("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
                         "--run-id", "k1", "--json", "run the two steps")
-    assert proc.stdout is not None
-    seen: list[str] = []
-    while "TOOL_CALL_RESULT" not in seen:
-        line = proc.stdout.readline()
-        assert line, proc.communicate()[1][-3000:]
-        seen.append(json.loads(line)["event"]["type"])
-    assert gate.waiting.wait(60), "the last model call never came"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert corral.raw_record("k1")["status"] == "running"
-    gate.open.set()  # nobody drives the run; the model proxy daemon still answers
-    rec = corral.raw_record("k1")
-    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
-
-    def exited() -> bool:
-        status = read_status(paths.status)
-        return status is not None and status.state == "exited"
-
-    wait_until(exited, "opencode to finish without a driver", timeout=60)
-    att = corral.run("attach", "k1", "--json")
-    assert att.returncode == 0, att.stderr[-3000:]
-    log = corral.log("k1")
-    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
+    kill_after_tool_result(proc, gate)
+    log = attach_after_driverless_finish(corral, "k1", gate, "run the two steps", "opencode")
 
     def normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
         # opencode's own part and session ids differ between the two runs

@@ -235,6 +235,30 @@ def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
     proc.wait()
 
 
+def attach_after_driverless_finish(corral: Corral, run_id: str, gate: Gate, prompt: str,
+                                   what: str) -> list[dict[str, Any]]:
+    """After :func:`kill_after_tool_result`: the run is still ``running``; open ``gate``
+    (nobody drives the run now, the model proxy daemon still answers the agent), wait for
+    the agent to exit, then check ``corral attach`` prints the whole log once and that log
+    is the journal translated afresh (no duplicate, no gap). Returns the log."""
+    rec = corral.raw_record(run_id)
+    assert rec["status"] == "running"
+    gate.open.set()
+    paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
+
+    def exited() -> bool:
+        status = read_status(paths.status)
+        return status is not None and status.state == "exited"
+
+    wait_until(exited, f"{what} to finish without a driver", timeout=60)
+    att = corral.run("attach", run_id, "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log(run_id)
+    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
+    assert log == retranslated(corral, run_id, prompt)  # no duplicate, no gap
+    return log
+
+
 def _normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
     """Events with the run id and the CLI's own per-session values (session id, timings,
     cost) blanked: what an identical script must reproduce exactly."""
@@ -275,22 +299,7 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(cli: str, corral: C
     proc = corral.popen("run", "--harness", cli, *model_args(cli), "--run-id", "k1", "--json",
                         "run the two steps")
     kill_after_tool_result(proc, gate)
-    rec = corral.raw_record("k1")
-    assert rec["status"] == "running"
-    # Nobody drives the run now; the model proxy (a daemon) still answers the agent.
-    gate.open.set()
-    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
-
-    def exited() -> bool:
-        status = read_status(paths.status)
-        return status is not None and status.state == "exited"
-
-    wait_until(exited, "the agent to finish without a driver", timeout=60)
-    att = corral.run("attach", "k1", "--json")
-    assert att.returncode == 0, att.stderr[-3000:]
-    log = corral.log("k1")
-    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
+    log = attach_after_driverless_finish(corral, "k1", gate, "run the two steps", "the agent")
     assert _normalized(log, "k1") == _normalized(reference, "ref")
     assert "step-one\nstep-two" in texts(log).split("Finished: ", 1)[1]
     rec = corral.raw_record("k1")
