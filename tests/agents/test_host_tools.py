@@ -33,7 +33,6 @@ from .host_tools_flow import (
     logged,
     run_approval_flow,
 )
-from .conftest import REAL_KEY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
@@ -53,15 +52,6 @@ def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelReq
                         text="Asking the host.")
 
     return script
-
-
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
-    return model_server
 
 
 async def _store(home: Path) -> Store:

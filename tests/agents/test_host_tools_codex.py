@@ -27,7 +27,7 @@ from .host_tools_flow import (
     check_host_tool_round_trip,
     run_approval_flow,
 )
-from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
+from .conftest import files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
@@ -48,17 +48,6 @@ def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelReq
         return ToolCall("", tool=tool_name, namespace=CODEX_NAMESPACE, args=args)
 
     return script
-
-
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's OpenAI upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("OPENAI_BASE_URL", model_server.openai_url)
-    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
-    return model_server
-
-
 
 
 def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,

@@ -17,7 +17,6 @@ import pytest
 
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 
-from .conftest import REAL_KEY
 from .host_tools_flow import check_host_tool_round_trip
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
@@ -37,15 +36,6 @@ def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelReq
         return ToolCall("", tool=offered[0], args=args)
 
     return script
-
-
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's Gemini upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", model_server.gemini_url)
-    monkeypatch.setenv("GEMINI_API_KEY", REAL_KEY)
-    return model_server
 
 
 def test_gemini_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,

@@ -297,11 +297,10 @@ def test_corral_run_opencode_token_budget(opencode_install: InstalledAgent,
 # ------------------------------------------------------------ host tools over MCP
 
 
+@pytest.mark.usefixtures("host_env")
 def test_opencode_host_tool_result_reaches_the_model(
         opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
-        corral_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+        corral_home: Path, tmp_path: Path) -> None:
     secret = "host-only-" + secrets.token_hex(8)
     seen: list[str] = []
 
@@ -466,14 +465,12 @@ def test_policy_allow_hosts_is_the_runs_only_way_out(
     assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]
 
 
+@pytest.mark.usefixtures("host_env")
 @pytest.mark.parametrize("answer", ["allow", "deny"])
 def test_opencode_approval_tool_waits_for_corral_approve(
         answer: str, opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
-        corral_home: Path, corral_cmd: list[str], cli_env: dict[str, str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        corral_home: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
     """Approvals live in the MCP server: opencode's call is held until `corral approve`."""
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
     flags: list[str] = []
 
     @tool(approval=True)
