@@ -117,7 +117,7 @@ class OpencodeHarness(CliHarness):
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
                  permission_prompt: bool = False, model: str | None = None) -> None:
         self.model = model or DEFAULT_MODEL
-        self.provider, self.model_name = split_model(self.model)
+        split_model(self.model)  # a bad model is refused here, not at the first run
         super().__init__(version=version, policy=policy, permission_prompt=permission_prompt)
 
     @classmethod
@@ -129,9 +129,14 @@ class OpencodeHarness(CliHarness):
         harness = super().from_spec(spec)
         assert isinstance(harness, OpencodeHarness)
         if model:
+            split_model(model)
             harness.model = model
-            harness.provider, harness.model_name = split_model(model)
         return harness
+
+    @property
+    def provider(self) -> str:
+        """The model's provider (``anthropic`` of ``anthropic/claude-sonnet-4-5``)."""
+        return split_model(self.model)[0]
 
     def upstream_api(self) -> ModelApi:
         return _PROVIDERS[self.provider]
@@ -270,7 +275,6 @@ class OpencodeTranslator(JsonlTranslator):
         self.steps = 0
         self.in_step = False
         self.tokens = {"input": 0, "output": 0, "reasoning": 0, "read": 0, "write": 0}
-        self.text_so_far = ""
 
     def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
         out: list[BaseEvent] = []
@@ -293,7 +297,6 @@ class OpencodeTranslator(JsonlTranslator):
             out += self._end_step()
         elif kind == "text":
             text = as_str(part.get("text")) or ""
-            self.text_so_far = text
             self.result = {"text": text, "sessionId": self.session} if self.session else {
                 "text": text}
             out += self.text(self._part_id(part, "m"), text)
