@@ -69,8 +69,8 @@ DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
 }
 GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
 """The Gemini API methods the proxy forwards (``/v1beta/models/<model>:<method>``)."""
-_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}:(generateContent|"
-                          r"streamGenerateContent|countTokens)")
+_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}("
+                          + "|".join(map(re.escape, GEMINI_METHODS)) + ")")
 _DEFAULTS: dict[str, tuple[str, str, str]] = {
     # api: (base URL variable, default base URL, key variable)
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
