@@ -110,6 +110,7 @@ class OpencodeHarness(CliHarness):
     session_dirs: ClassVar[tuple[str, ...]] = (".local/share/opencode",)
     instructions_file: ClassVar[str] = ".config/opencode/AGENTS.md"
     max_model_failures: ClassVar[int | None] = 3
+    session_markers: ClassVar[tuple[bytes, ...]] = (b"sessionID",)
     # opencode's global configuration can start commands of its own (local MCP servers)
     # that no permission rule checks; corral's comes in the environment instead.
     cleared_home_files: ClassVar[tuple[str, ...]] = (".config/opencode", ".opencode")
