@@ -33,15 +33,12 @@ from corral.testing._model_server import (
 )
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, files_containing, run_agent
-from corral.journal._layout import JournalPaths, read_status
-from corral.journal._supervisor import process_alive
 from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
 from corral.testing._leaks import assert_no_secrets
 from corral.tools import Toolset, tool
 from corral.tools._projection import run_tools_token
 
-from tests.helpers import wait_until
 
 from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .test_e2e import KEY_PATTERN
@@ -50,6 +47,7 @@ from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Gate,
     _normalized,
     attach_after_driverless_finish,
+    check_cancel_stops_the_agent_and_its_model_proxy,
     corral,
     kill_after_tool_result,
     ndjson,
@@ -533,28 +531,8 @@ def test_config_and_plugins_planted_in_the_sandbox_do_not_loosen_the_policy(
 
 def test_cancel_of_an_opencode_run_stops_it_and_its_model_proxy(
         opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811 - the fixture
-    gate = TitledGate()
-    corral.srv.script = gate
-    try:
-        out = corral.run("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
-                         "--run-id", "c1", "--detach", "run the two steps")
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert gate.waiting.wait(60), "the last model call never came"
-        rec = corral.raw_record("c1")
-        services = rec["spec"]["agent"]["services_pid"]
-        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
-        assert status is not None and status.agent_pid is not None
-        assert process_alive(services)
-        cancelled = corral.run("cancel", "c1")
-        assert cancelled.returncode == 0, cancelled.stderr
-        assert corral.raw_record("c1")["status"] == "aborted"
-        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
-        wait_until(lambda: not process_alive(services),
-                   "the model proxy daemon to stop", timeout=10)
-        wait_until(lambda: not process_alive(status.agent_pid), "opencode to stop",
-                   timeout=10)
-    finally:
-        gate.open.set()
+    check_cancel_stops_the_agent_and_its_model_proxy(
+        corral, TitledGate(), ["--harness", "opencode", "--model", "anthropic/claude-fake"])
 
 
 SQLITE_REDACTION_LIMIT = (

@@ -396,11 +396,14 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
     assert "policy" not in corral.raw_record("p2")["spec"]
 
 
-def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
-    gate = Gate()
+def check_cancel_stops_the_agent_and_its_model_proxy(corral: Corral, gate: Gate,
+                                                     harness_args: list[str]) -> None:
+    """A detached run (``harness_args``: ``--harness`` and its options) held at its second
+    model call by ``gate`` is cancelled: the run is aborted with ``RUN_ERROR`` last, and
+    the model proxy daemon and the agent stop."""
     corral.srv.script = gate
     try:
-        out = corral.run("run", "--harness", "claude-code", "--run-id", "c1", "--detach",
+        out = corral.run("run", *harness_args, "--run-id", "c1", "--detach",
                          "run the two steps")
         assert out.returncode == 0, out.stderr[-3000:]
         assert gate.waiting.wait(60), "the second model call never came"
@@ -408,6 +411,7 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         services = rec["spec"]["agent"]["services_pid"]
         status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
         assert status is not None and status.agent_pid is not None
+        agent = status.agent_pid
         assert process_alive(services)
         cancelled = corral.run("cancel", "c1")
         assert cancelled.returncode == 0, cancelled.stderr
@@ -416,8 +420,14 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
         wait_until(lambda: not process_alive(services),
                    "the model proxy daemon to stop", timeout=10)
+        wait_until(lambda: not process_alive(agent), "the agent to stop", timeout=10)
     finally:
         gate.open.set()
+
+
+def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
+    check_cancel_stops_the_agent_and_its_model_proxy(corral, Gate(),
+                                                     ["--harness", "claude-code"])
 
 
 @pytest.fixture
