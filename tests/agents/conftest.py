@@ -84,6 +84,28 @@ def make_harness(name: str, **kw: Any) -> CliHarness:
     return kinds[name](**kw)
 
 
+def upstream_env(srv: ModelServer) -> dict[str, str]:
+    """The host's model upstream variables, every API at ``srv`` with the real key."""
+    return {
+        "ANTHROPIC_BASE_URL": srv.url,
+        "ANTHROPIC_API_KEY": REAL_KEY,
+        "OPENAI_BASE_URL": srv.openai_url,
+        "OPENAI_API_KEY": REAL_KEY,
+        "GOOGLE_GEMINI_BASE_URL": srv.gemini_url,
+        "GEMINI_API_KEY": REAL_KEY,
+    }
+
+
+@pytest.fixture
+def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
+             corral_home: Path) -> ModelServer:
+    """The model server as the host's upstream for every model API (the Runner's model
+    proxy uses it)."""
+    for name, value in upstream_env(model_server).items():
+        monkeypatch.setenv(name, value)
+    return model_server
+
+
 def agent_cli_env(cli_env: dict[str, str], bwfiles: Path, srv: ModelServer) -> dict[str, str]:
     """The environment of a ``corral`` CLI that runs real agent CLIs against ``srv`` (the
     real key on the host side only), with sandboxes under ``bwfiles``."""
@@ -92,12 +114,7 @@ def agent_cli_env(cli_env: dict[str, str], bwfiles: Path, srv: ModelServer) -> d
         "CORRAL_AGENTS_DIR": str(agent_cache()),
         "CORRAL_BWRAP_FILES": str(bwfiles),
         "CORRAL_LEASE_TTL": "3",
-        "ANTHROPIC_BASE_URL": srv.url,
-        "ANTHROPIC_API_KEY": REAL_KEY,
-        "OPENAI_BASE_URL": srv.openai_url,
-        "OPENAI_API_KEY": REAL_KEY,
-        "GOOGLE_GEMINI_BASE_URL": srv.gemini_url,
-        "GEMINI_API_KEY": REAL_KEY,
+        **upstream_env(srv),
     })
     return env
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import anyio
 from corral.runs._runner import Runner, RunRequest
 from corral.stores._protocols import Store
 from corral.stores import open_store
-from corral.testing._model_server import ModelRequest, ModelServer, Reply
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._projection import TOKEN_ENV, run_tools_token
@@ -46,6 +46,32 @@ async def approval_request(store: Store, run_id: str, done: list[Any]) -> dict[s
     return found[0]
 
 
+Script = Callable[[ModelRequest], Reply]
+
+
+def host_tool_script(
+    offered: Callable[[ModelRequest, str, dict[str, Any]], ToolCall | None],
+) -> Callable[[str, dict[str, Any]], Script]:
+    """``call_then_answer(tool_name, args)`` for one CLI: a model script that asks for host
+    tool ``tool_name`` (the call ``offered(req, tool_name, args)`` gives, under the name the
+    CLI offers it by), then answers with what it returned. Without the tool on offer
+    (``offered`` gives ``None``) the answer says so (and the test fails on it)."""
+
+    def call_then_answer(tool_name: str, args: dict[str, Any]) -> Script:
+        def script(req: ModelRequest) -> Reply:
+            results = req.tool_results
+            if results:
+                return Text("Host said: " + "\n".join(results).strip())
+            call = offered(req, tool_name, args)
+            if call is None:
+                return Text(f"NO HOST TOOL offered; tools: {req.tools}")
+            return call
+
+        return script
+
+    return call_then_answer
+
+
 def tool_names(events: list[dict[str, Any]]) -> list[str]:
     return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
@@ -65,7 +91,8 @@ def run_approval_flow(
     request is in the run's log (the call held: nothing ran yet), answer it with
     ``corral approve --allow|--deny``, and check what the tool and the model saw."""
 
-    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str]]:
+    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str],
+                              bytes]:
         store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
         try:
             runner = Runner(store, tools=toolset, approval_timeout=120)
@@ -112,9 +139,9 @@ def run_approval_flow(
 def check_host_tool_round_trip(
     *, harness: str, options: dict[str, Any], host_env: ModelServer, corral_home: Path,
     tmp_path: Path,
-    call_then_answer: Callable[[str, dict[str, Any]], Callable[[ModelRequest], Reply]],
+    call_then_answer: Callable[[str, dict[str, Any]], Script],
     sandbox: Any = None,
-) -> dict[str, Any]:
+) -> Mapping[str, Any]:
     """A Runner run of ``harness`` whose model calls the host tool ``read_host_state`` (the
     script from ``call_then_answer(tool, args)``), checked end to end: the tool ran on the
     host, its result reached the model and the events (under the tool's own name), and the
@@ -133,7 +160,7 @@ def check_host_tool_round_trip(
 
     host_env.script = call_then_answer("read_host_state", {"key": "answer"})
 
-    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], str, str]:
+    async def main() -> tuple[list[dict[str, Any]], Mapping[str, Any], str, str]:
         store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
         try:
             runner = Runner(store)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,45 +22,30 @@ from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import Lifecycle
 from corral.sandbox._policy import Policy
 from corral.stores import open_store
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import ModelRequest, ModelServer, ToolCall
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
 from .host_tools_flow import (
     DEADLINE,
     check_host_tool_round_trip,
+    host_tool_script,
     logged,
     run_approval_flow,
 )
-from .conftest import REAL_KEY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
 
 
-def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
-    """Ask for host tool ``tool_name`` (as Claude Code names it), then answer with what it
-    returned. Without the tool on offer the answer says so (and the test fails on it)."""
-
-    def script(req: ModelRequest) -> Reply:
-        results = req.tool_results
-        if results:
-            return Text("Host said: " + "\n".join(results).strip())
-        if f"mcp__corral__{tool_name}" not in req.tools:
-            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
-        return ToolCall("", tool=f"mcp__corral__{tool_name}", args=args,
-                        text="Asking the host.")
-
-    return script
+def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
+    """The call of host tool ``tool_name`` as Claude Code names it, if on offer."""
+    name = f"mcp__corral__{tool_name}"
+    return ToolCall("", tool=name, args=args, text="Asking the host.") \
+        if name in req.tools else None
 
 
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
-    return model_server
+call_then_answer = host_tool_script(_offered)
 
 
 async def _store(home: Path) -> Store:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,16 @@ import pytest
 
 from corral.harness._codex import mcp_server_config
 from corral.runs._runner import RunRequest
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import ModelRequest, ModelServer, ToolCall
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
 from .host_tools_flow import (
     check_host_tool_round_trip,
+    host_tool_script,
     run_approval_flow,
 )
-from .conftest import REAL_KEY, files_containing, make_harness, upstream_for
+from .conftest import files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
@@ -35,30 +35,14 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 CODEX_NAMESPACE = "mcp__corral"
 
 
-def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
-    """Ask for host tool ``tool_name`` (as Codex names it), then answer with its result.
-    Without the tool on offer the answer says so (and the test fails on it)."""
-
-    def script(req: ModelRequest) -> Reply:
-        results = req.tool_results
-        if results:
-            return Text("Host said: " + "\n".join(results).strip())
-        if tool_name not in req.namespaced_tools.get(CODEX_NAMESPACE, []):
-            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
-        return ToolCall("", tool=tool_name, namespace=CODEX_NAMESPACE, args=args)
-
-    return script
+def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
+    """The call of host tool ``tool_name`` in Codex's namespace, if on offer."""
+    if tool_name not in req.namespaced_tools.get(CODEX_NAMESPACE, []):
+        return None
+    return ToolCall("", tool=tool_name, namespace=CODEX_NAMESPACE, args=args)
 
 
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's OpenAI upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("OPENAI_BASE_URL", model_server.openai_url)
-    monkeypatch.setenv("OPENAI_API_KEY", REAL_KEY)
-    return model_server
-
-
+call_then_answer = host_tool_script(_offered)
 
 
 def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,

@@ -9,43 +9,26 @@ asks for the host tool under the name gemini-cli offers it, and records what com
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_server import ModelRequest, ModelServer, ToolCall
 
-from .conftest import REAL_KEY
-from .host_tools_flow import check_host_tool_round_trip
+from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
 
-def call_then_answer(tool_name: str, args: dict[str, Any]) -> Callable[[ModelRequest], Reply]:
-    """Ask for host tool ``tool_name`` (under whatever prefix gemini-cli gives MCP tools),
-    then answer with its result; without it on offer the answer says so."""
-
-    def script(req: ModelRequest) -> Reply:
-        results = req.tool_results
-        if results:
-            return Text("Host said: " + "\n".join(results).strip())
-        offered = [t for t in req.tools if t.endswith(tool_name)]
-        if not offered:
-            return Text(f"NO HOST TOOL offered; tools: {req.tools}")
-        return ToolCall("", tool=offered[0], args=args)
-
-    return script
+def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
+    """The call of host tool ``tool_name`` under whatever prefix gemini-cli gives MCP
+    tools, if on offer."""
+    offered = [t for t in req.tools if t.endswith(tool_name)]
+    return ToolCall("", tool=offered[0], args=args) if offered else None
 
 
-@pytest.fixture
-def host_env(monkeypatch: pytest.MonkeyPatch, model_server: ModelServer,
-             corral_home: Path) -> ModelServer:
-    """The model server as the host's Gemini upstream (the Runner's model proxy uses it)."""
-    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", model_server.gemini_url)
-    monkeypatch.setenv("GEMINI_API_KEY", REAL_KEY)
-    return model_server
+call_then_answer = host_tool_script(_offered)
 
 
 def test_gemini_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,

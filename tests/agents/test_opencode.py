@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,12 @@ from corral.testing._model_server import (
 )
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, files_containing, run_agent
-from corral.journal._layout import JournalPaths, read_status
-from corral.journal._supervisor import process_alive
 from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
 from corral.testing._leaks import assert_no_secrets
 from corral.tools import Toolset, tool
 from corral.tools._projection import run_tools_token
 
-from tests.helpers import wait_until
 
 from .host_tools_flow import DEADLINE, logged, run_approval_flow, tool_names
 from .test_e2e import KEY_PATTERN
@@ -50,7 +46,10 @@ from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
     Gate,
     _normalized,
+    attach_after_driverless_finish,
+    check_cancel_stops_the_agent_and_its_model_proxy,
     corral,
+    kill_after_tool_result,
     ndjson,
     retranslated,
     two_hosts,
@@ -296,11 +295,10 @@ def test_corral_run_opencode_token_budget(opencode_install: InstalledAgent,
 # ------------------------------------------------------------ host tools over MCP
 
 
+@pytest.mark.usefixtures("host_env")
 def test_opencode_host_tool_result_reaches_the_model(
         opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
-        corral_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
+        corral_home: Path, tmp_path: Path) -> None:
     secret = "host-only-" + secrets.token_hex(8)
     seen: list[str] = []
 
@@ -421,30 +419,8 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(
     corral.srv.script = gate
     proc = corral.popen("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
                         "--run-id", "k1", "--json", "run the two steps")
-    assert proc.stdout is not None
-    seen: list[str] = []
-    while "TOOL_CALL_RESULT" not in seen:
-        line = proc.stdout.readline()
-        assert line, proc.communicate()[1][-3000:]
-        seen.append(json.loads(line)["event"]["type"])
-    assert gate.waiting.wait(60), "the last model call never came"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert corral.raw_record("k1")["status"] == "running"
-    gate.open.set()  # nobody drives the run; the model proxy daemon still answers
-    rec = corral.raw_record("k1")
-    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
-
-    def exited() -> bool:
-        status = read_status(paths.status)
-        return status is not None and status.state == "exited"
-
-    wait_until(exited, "opencode to finish without a driver", timeout=60)
-    att = corral.run("attach", "k1", "--json")
-    assert att.returncode == 0, att.stderr[-3000:]
-    log = corral.log("k1")
-    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
+    kill_after_tool_result(proc, gate)
+    log = attach_after_driverless_finish(corral, "k1", gate, "run the two steps", "opencode")
 
     def normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
         # opencode's own part and session ids differ between the two runs
@@ -487,14 +463,12 @@ def test_policy_allow_hosts_is_the_runs_only_way_out(
     assert any("/egress-" in s for s in spec["agent"]["sockets"]), spec["agent"]
 
 
+@pytest.mark.usefixtures("host_env")
 @pytest.mark.parametrize("answer", ["allow", "deny"])
 def test_opencode_approval_tool_waits_for_corral_approve(
         answer: str, opencode_install: InstalledAgent, bwrap: Any, model_server: ModelServer,
-        corral_home: Path, corral_cmd: list[str], cli_env: dict[str, str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        corral_home: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
     """Approvals live in the MCP server: opencode's call is held until `corral approve`."""
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", model_server.url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", REAL_KEY)
     flags: list[str] = []
 
     @tool(approval=True)
@@ -557,34 +531,16 @@ def test_config_and_plugins_planted_in_the_sandbox_do_not_loosen_the_policy(
 
 def test_cancel_of_an_opencode_run_stops_it_and_its_model_proxy(
         opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811 - the fixture
-    gate = TitledGate()
-    corral.srv.script = gate
-    try:
-        out = corral.run("run", "--harness", "opencode", "--model", "anthropic/claude-fake",
-                         "--run-id", "c1", "--detach", "run the two steps")
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert gate.waiting.wait(60), "the last model call never came"
-        rec = corral.raw_record("c1")
-        services = rec["spec"]["agent"]["services_pid"]
-        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
-        assert status is not None and status.agent_pid is not None
-        assert process_alive(services)
-        cancelled = corral.run("cancel", "c1")
-        assert cancelled.returncode == 0, cancelled.stderr
-        assert corral.raw_record("c1")["status"] == "aborted"
-        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
-        wait_until(lambda: not process_alive(services),
-                   "the model proxy daemon to stop", timeout=10)
-        wait_until(lambda: not process_alive(status.agent_pid), "opencode to stop",
-                   timeout=10)
-    finally:
-        gate.open.set()
+    check_cancel_stops_the_agent_and_its_model_proxy(
+        corral, TitledGate(), ["--harness", "opencode", "--model", "anthropic/claude-fake"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
+SQLITE_REDACTION_LIMIT = (
     "known limitation: the session is sqlite (with a WAL); redacting a secret byte-wise "
     "changes lengths and breaks the WAL's checksums, so the resumed history loses what "
-    "followed the secret (the secret itself never leaves the sandbox)"))
+    "followed the secret (the secret itself never leaves the sandbox)")
+
+
 def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
         sandbox: Any, bwrap: Any, model_server: ModelServer) -> None:
     """The session is sqlite, not JSON lines: the saved copy must hold no secret and
@@ -621,5 +577,10 @@ def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
     assert run2.terminal.type == EventType.RUN_FINISHED, (run2.terminal, run2.stderr[-2000:])
     assert run2.report.session_id == run1.report.session_id
     history = "\n".join(model_server.model_requests[-1].texts)
-    assert "print the token" in history and "printed it" in history, history
+    assert "print the token" in history, history
+    # Only this part is the known limitation (a marker on the whole test would also hide
+    # a secret left in the saved session); once it holds, make it a plain assertion.
+    if "printed it" not in history:
+        pytest.xfail(SQLITE_REDACTION_LIMIT)
+    pytest.fail("the resumed history is whole now: assert it and drop the xfail")
     assert value not in history

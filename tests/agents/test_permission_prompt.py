@@ -27,7 +27,7 @@ from corral.tools._approvals import APPROVAL_RESOLVED_EVENT
 
 from .host_tools_flow import approval_request, logged
 from .conftest import REAL_KEY
-from .test_host_tools import _store, host_env  # noqa: F401
+from .test_host_tools import _store
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
@@ -85,7 +85,7 @@ def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Pa
 
 
 def test_policy_decides_claude_code_commands_live(
-        host_env: ModelServer, corral_home: Path, corral_cmd: list[str],  # noqa: F811
+        host_env: ModelServer, corral_home: Path, corral_cmd: list[str],
         cli_env: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="corral.tools._permission")
     host_env.script = bash_steps

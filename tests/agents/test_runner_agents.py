@@ -235,6 +235,30 @@ def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
     proc.wait()
 
 
+def attach_after_driverless_finish(corral: Corral, run_id: str, gate: Gate, prompt: str,
+                                   what: str) -> list[dict[str, Any]]:
+    """After :func:`kill_after_tool_result`: the run is still ``running``; open ``gate``
+    (nobody drives the run now, the model proxy daemon still answers the agent), wait for
+    the agent to exit, then check ``corral attach`` prints the whole log once and that log
+    is the journal translated afresh (no duplicate, no gap). Returns the log."""
+    rec = corral.raw_record(run_id)
+    assert rec["status"] == "running"
+    gate.open.set()
+    paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
+
+    def exited() -> bool:
+        status = read_status(paths.status)
+        return status is not None and status.state == "exited"
+
+    wait_until(exited, f"{what} to finish without a driver", timeout=60)
+    att = corral.run("attach", run_id, "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log(run_id)
+    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
+    assert log == retranslated(corral, run_id, prompt)  # no duplicate, no gap
+    return log
+
+
 def _normalized(events: list[dict[str, Any]], run_id: str) -> list[str]:
     """Events with the run id and the CLI's own per-session values (session id, timings,
     cost) blanked: what an identical script must reproduce exactly."""
@@ -275,22 +299,7 @@ def test_sigkill_of_the_driver_then_attach_delivers_the_rest(cli: str, corral: C
     proc = corral.popen("run", "--harness", cli, *model_args(cli), "--run-id", "k1", "--json",
                         "run the two steps")
     kill_after_tool_result(proc, gate)
-    rec = corral.raw_record("k1")
-    assert rec["status"] == "running"
-    # Nobody drives the run now; the model proxy (a daemon) still answers the agent.
-    gate.open.set()
-    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
-
-    def exited() -> bool:
-        status = read_status(paths.status)
-        return status is not None and status.state == "exited"
-
-    wait_until(exited, "the agent to finish without a driver", timeout=60)
-    att = corral.run("attach", "k1", "--json")
-    assert att.returncode == 0, att.stderr[-3000:]
-    log = corral.log("k1")
-    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, "k1", "run the two steps")  # no duplicate, no gap
+    log = attach_after_driverless_finish(corral, "k1", gate, "run the two steps", "the agent")
     assert _normalized(log, "k1") == _normalized(reference, "ref")
     assert "step-one\nstep-two" in texts(log).split("Finished: ", 1)[1]
     rec = corral.raw_record("k1")
@@ -387,11 +396,14 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
     assert "policy" not in corral.raw_record("p2")["spec"]
 
 
-def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
-    gate = Gate()
+def check_cancel_stops_the_agent_and_its_model_proxy(corral: Corral, gate: Gate,
+                                                     harness_args: list[str]) -> None:
+    """A detached run (``harness_args``: ``--harness`` and its options) held at its second
+    model call by ``gate`` is cancelled: the run is aborted with ``RUN_ERROR`` last, and
+    the model proxy daemon and the agent stop."""
     corral.srv.script = gate
     try:
-        out = corral.run("run", "--harness", "claude-code", "--run-id", "c1", "--detach",
+        out = corral.run("run", *harness_args, "--run-id", "c1", "--detach",
                          "run the two steps")
         assert out.returncode == 0, out.stderr[-3000:]
         assert gate.waiting.wait(60), "the second model call never came"
@@ -399,6 +411,7 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         services = rec["spec"]["agent"]["services_pid"]
         status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
         assert status is not None and status.agent_pid is not None
+        agent = status.agent_pid
         assert process_alive(services)
         cancelled = corral.run("cancel", "c1")
         assert cancelled.returncode == 0, cancelled.stderr
@@ -407,8 +420,14 @@ def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corr
         assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
         wait_until(lambda: not process_alive(services),
                    "the model proxy daemon to stop", timeout=10)
+        wait_until(lambda: not process_alive(agent), "the agent to stop", timeout=10)
     finally:
         gate.open.set()
+
+
+def test_cancel_of_an_agent_run_stops_the_agent_and_its_model_proxy(corral: Corral) -> None:
+    check_cancel_stops_the_agent_and_its_model_proxy(corral, Gate(),
+                                                     ["--harness", "claude-code"])
 
 
 @pytest.fixture

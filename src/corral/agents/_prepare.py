@@ -323,8 +323,8 @@ async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce:
     reader = read_journal(paths, nonce=nonce, follow=False)
     try:
         async for item in reader:
-            if not isinstance(item, Line) or b"session_id" not in item.data \
-                    and b"thread_id" not in item.data and b"sessionID" not in item.data:
+            if not isinstance(item, Line) or not any(
+                    m in item.data for m in harness.session_markers):
                 continue
             try:
                 obj = json.loads(item.data)

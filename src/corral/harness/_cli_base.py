@@ -294,6 +294,9 @@ class CliHarness:
     code outside the CLI's permission checks (plugins, local MCP servers) if something in
     the sandbox planted it."""
     resume: Literal["offset", "replay"] = "replay"
+    session_markers: ClassVar[tuple[bytes, ...]] = (b"session_id", b"thread_id")
+    """Bytes an output line carrying the session id contains (a cheap filter before
+    :meth:`session_id` parses a line)."""
     max_model_failures: ClassVar[int | None] = None
     """Model requests that may fail in a row (upstream unreachable, timed out, 5xx) before
     the model proxy refuses the run's further requests with a 403: for CLIs that would

@@ -118,7 +118,7 @@ class GeminiCliHarness(CliHarness):
 
     # -- configuration
     def settings(self, opts: CliOptions) -> dict[str, Any]:
-        """The system settings for one run (see :func:`gemini_settings`)."""
+        """The user settings for one run (see :func:`gemini_settings`)."""
         return gemini_settings(opts, exclude=self.excluded_tools)
 
     def home_files(self, opts: CliOptions) -> dict[str, bytes]:

@@ -110,6 +110,7 @@ class OpencodeHarness(CliHarness):
     session_dirs: ClassVar[tuple[str, ...]] = (".local/share/opencode",)
     instructions_file: ClassVar[str] = ".config/opencode/AGENTS.md"
     max_model_failures: ClassVar[int | None] = 3
+    session_markers: ClassVar[tuple[bytes, ...]] = (b"sessionID",)
     # opencode's global configuration can start commands of its own (local MCP servers)
     # that no permission rule checks; corral's comes in the environment instead.
     cleared_home_files: ClassVar[tuple[str, ...]] = (".config/opencode", ".opencode")
@@ -117,7 +118,7 @@ class OpencodeHarness(CliHarness):
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
                  permission_prompt: bool = False, model: str | None = None) -> None:
         self.model = model or DEFAULT_MODEL
-        self.provider, self.model_name = split_model(self.model)
+        split_model(self.model)  # a bad model is refused here, not at the first run
         super().__init__(version=version, policy=policy, permission_prompt=permission_prompt)
 
     @classmethod
@@ -129,9 +130,14 @@ class OpencodeHarness(CliHarness):
         harness = super().from_spec(spec)
         assert isinstance(harness, OpencodeHarness)
         if model:
+            split_model(model)
             harness.model = model
-            harness.provider, harness.model_name = split_model(model)
         return harness
+
+    @property
+    def provider(self) -> str:
+        """The model's provider (``anthropic`` of ``anthropic/claude-sonnet-4-5``)."""
+        return split_model(self.model)[0]
 
     def upstream_api(self) -> ModelApi:
         return _PROVIDERS[self.provider]
@@ -270,7 +276,6 @@ class OpencodeTranslator(JsonlTranslator):
         self.steps = 0
         self.in_step = False
         self.tokens = {"input": 0, "output": 0, "reasoning": 0, "read": 0, "write": 0}
-        self.text_so_far = ""
 
     def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
         out: list[BaseEvent] = []
@@ -293,7 +298,6 @@ class OpencodeTranslator(JsonlTranslator):
             out += self._end_step()
         elif kind == "text":
             text = as_str(part.get("text")) or ""
-            self.text_so_far = text
             self.result = {"text": text, "sessionId": self.session} if self.session else {
                 "text": text}
             out += self.text(self._part_id(part, "m"), text)

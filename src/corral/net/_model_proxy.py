@@ -69,8 +69,8 @@ DEFAULT_PATHS: dict[str, tuple[str, ...]] = {
 }
 GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
 """The Gemini API methods the proxy forwards (``/v1beta/models/<model>:<method>``)."""
-_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}:(generateContent|"
-                          r"streamGenerateContent|countTokens)")
+_GEMINI_CALL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}("
+                          + "|".join(map(re.escape, GEMINI_METHODS)) + ")")
 _DEFAULTS: dict[str, tuple[str, str, str]] = {
     # api: (base URL variable, default base URL, key variable)
     "anthropic": ("ANTHROPIC_BASE_URL", "https://api.anthropic.com", "ANTHROPIC_API_KEY"),
@@ -341,15 +341,15 @@ class UsageMeter:
             u.cache_read_tokens = cached
 
 
-_GEMINI_STATUS = {"permission_error": "PERMISSION_DENIED", "api_error": "UNAVAILABLE",
-                  "invalid_request_error": "INVALID_ARGUMENT"}
+_GEMINI_STATUS = {"permission_error": (403, "PERMISSION_DENIED"),
+                  "invalid_request_error": (400, "INVALID_ARGUMENT")}
+"""An error kind → Gemini's ``code`` and ``status`` (anything else: 503 ``UNAVAILABLE``)."""
 
 
 def _error_body(api: ModelApi, kind: str, message: str) -> bytes:
     if api == "gemini":
-        code = {"permission_error": 403, "invalid_request_error": 400}.get(kind, 503)
-        body: dict[str, Any] = {"error": {"code": code, "message": message,
-                                          "status": _GEMINI_STATUS.get(kind, "UNAVAILABLE")}}
+        code, status = _GEMINI_STATUS.get(kind, (503, "UNAVAILABLE"))
+        body: dict[str, Any] = {"error": {"code": code, "message": message, "status": status}}
     elif api == "anthropic":
         body = {"type": "error", "error": {"type": kind, "message": message}}
     else:
