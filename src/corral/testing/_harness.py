@@ -262,9 +262,12 @@ async def check_denied_command(w: HarnessWorld) -> None:
     events = w.log("d1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
     _every_call_has_one_result(events)
-    results = _results(events)
-    assert len(results) == 2, results
-    assert "keep me" in results[1], results  # the rm never ran
+    # what the model saw after each step (a CLI may log no tool call for a command its
+    # hook refused: codex)
+    seen = w.server.model_requests[-1].tool_results
+    assert len(seen) == 2, seen
+    assert "keep me" in seen[1], seen  # the rm never ran
+    assert any("keep me" in r for r in _results(events))
     assert w.record("d1")["spec"]["policy"]["deny"] == ["rm *"]
 
 
@@ -348,7 +351,7 @@ async def check_host_tool(w: HarnessWorld) -> None:
                    and e["toolCallId"] == start["toolCallId"])
     assert json.loads(args) == {"key": "answer"}
     assert any(secret in r for r in _results(events))
-    assert f"Host said: answer={secret}" in _texts(events)
+    assert f"answer={secret}" in _texts(events).split("Host said:", 1)[-1]
     assert token not in json.dumps(spec) + json.dumps(events)
     assert TOKEN_ENV not in json.dumps(spec)
 
@@ -367,7 +370,8 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
     call = w.case.host_tool_call
 
     def script(req: ModelRequest) -> Reply:
-        done = len(req.tool_results)
+        # by what came back (a CLI may send more than one result part for one call)
+        done = len([r for r in req.tool_results if "flag set to" in r or "denied" in r])
         if done >= 2:
             return Text("Host said: " + "\n".join(req.tool_results).strip())
         made = call(req, "set_host_flag", {"value": ("on", "off")[done]})
@@ -528,8 +532,9 @@ async def check_cancel(w: HarnessWorld) -> None:
     RUN_ERROR last, and the agent, its tool's processes and the run's model proxy
     daemon all stop."""
     marker = f"corral-kit-cancel-{secrets.token_hex(4)}"
-    # the marker is the shell's $0: it stays in a process's command line
-    w.script(_steps([f"sh -c 'sleep 300; echo woke' {marker}"], "Woke: "))
+    # the tool's shell keeps the marker in its command line (not a long sleep: Claude Code
+    # refuses those)
+    w.script(_steps([f"tail -f /dev/null # {marker}"], "Woke: "))
     args = ["run", "--harness", w.case.harness, *w.case.corral_run_args(), "--run-id", "c1",
             "--detach", "wait a while"]
     _ok(await w.acorral(*args))
@@ -543,7 +548,9 @@ async def check_cancel(w: HarnessWorld) -> None:
     assert process_alive(services) and process_alive(agent)
     _ok(await w.acorral("cancel", "c1", timeout=60))
     assert w.record("c1")["status"] == "aborted"
-    assert w.log("c1")[-1]["type"] == "RUN_ERROR"
+    events = w.log("c1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    _every_call_has_one_result(events)  # the cut-short call too
     await wait_until_async(lambda: not process_alive(services),
                            "the model proxy daemon to stop", timeout=10)
     await wait_until_async(lambda: not process_alive(agent), "the agent to stop", timeout=10)

@@ -287,6 +287,9 @@ class HarnessWorld:
             text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
                           r"run_shell_command_)\w+", renumber, text)
             text = re.sub(r"PGID: \d+", "PGID: *", text)
+            # codex's exec output: a chunk id of its own, the wall time
+            text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
+            text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
             text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
             if self.case.normalize is not None:
                 text = self.case.normalize(text)
