@@ -54,6 +54,9 @@ from corral.journal._supervisor import process_alive
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.runs._runner import Runner
 from corral.runs._request import RunRequest
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._policy import Policy
 from corral.stores._protocols import Store
 from corral.testing._harness_world import (
     FEATURES,
@@ -61,6 +64,7 @@ from corral.testing._harness_world import (
     HarnessWorld,
     LoopbackHello,
     host_tool_by_suffix,
+    normalized,
     world,
 )
 from corral.testing._kit import Factory, Kit, KitReport, check, run_kit
@@ -77,6 +81,7 @@ from corral.tools._projection import TOKEN_ENV, run_tools_token
 
 __all__ = [
     "FEATURES",
+    "Gate",
     "HARNESS_KIT",
     "HarnessCase",
     "HarnessWorld",
@@ -94,6 +99,8 @@ __all__ = [
     "check_token_budget",
     "check_tool_round_trip",
     "host_tool_by_suffix",
+    "kill_after_tool_result",
+    "normalized",
 ]
 
 EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt"
@@ -311,8 +318,9 @@ async def check_approval(w: HarnessWorld) -> None:
 
 async def check_host_tool(w: HarnessWorld) -> None:
     """A host tool (a Python function of the driving process, served over MCP) called by
-    the model runs on the host; its result reaches the model and the events under the
-    tool's own name; its bearer token is in no record or event."""
+    the model runs on the host, also under a policy denying every command; its result
+    reaches the model and the events under the tool's own name; its bearer token is in no
+    record or event."""
     secret = "host-only-" + secrets.token_hex(8)
     seen: list[str] = []
 
@@ -331,11 +339,16 @@ async def check_host_tool(w: HarnessWorld) -> None:
         return made if made is not None else Text(f"NO HOST TOOL offered: {req.tools}")
 
     w.script(script)
+    # host tools are corral's own, not commands: a policy denying every command (where
+    # the harness enforces one) still lets them run
+    sandbox = Sandbox(provider=w.case.provider, lifecycle=Lifecycle(reuse="none"),
+                      policy=Policy(default="deny")) if "deny" in w.case.enforces else None
     async with w.store() as store:
         runner = Runner(store)
         rec = await runner.start(RunRequest(
             prompt="What does the host say?", harness=w.case.harness,
-            options=dict(w.case.options), tools=Toolset([read_host_state])))
+            options=dict(w.case.options), tools=Toolset([read_host_state]),
+            provider=w.case.provider, sandbox=sandbox))
         with anyio.fail_after(w.case.deadline):
             result = await runner.drive(rec.run_id)
         events = await _logged(store, rec.run_id)
@@ -382,7 +395,7 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
         runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
         run_id = (await runner.start(RunRequest(
             prompt="Set the flag on, then off.", harness=w.case.harness,
-            options=dict(w.case.options)))).run_id
+            options=dict(w.case.options), provider=w.case.provider))).run_id
         done: list[Any] = []
 
         async def drive() -> None:
@@ -558,7 +571,7 @@ async def check_cancel(w: HarnessWorld) -> None:
                            "the tool's processes to stop", timeout=10)
 
 
-class _Gate:
+class Gate:
     """A script whose model call after the tool result waits until the gate opens."""
 
     def __init__(self) -> None:
@@ -573,7 +586,7 @@ class _Gate:
         return ToolCall("echo step-one && echo step-two", text="Running it.")
 
 
-def _kill_after_tool_result(proc: subprocess.Popen[str], gate: _Gate) -> None:
+def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
     """Read the driver's events until the tool result, wait for the held model call,
     then SIGKILL the driver."""
     assert proc.stdout is not None
@@ -593,17 +606,17 @@ async def check_sigkill_then_attach(w: HarnessWorld) -> None:
     log once, which equals both the journal translated afresh (no lost or repeated event)
     and an uninterrupted run of the same script (ids and timings aside)."""
     prompt = "run the two steps"
-    gate = _Gate()
+    gate = Gate()
     gate.open.set()
     w.script(gate)
     _ok(await w.agent("ref", prompt))
     reference = w.log("ref")
 
-    gate = _Gate()
+    gate = Gate()
     w.script(gate)
     proc = w.popen(*w.run_args("k1"), prompt)
     try:
-        await anyio.to_thread.run_sync(lambda: _kill_after_tool_result(proc, gate))
+        await anyio.to_thread.run_sync(lambda: kill_after_tool_result(proc, gate))
     finally:
         gate.open.set()  # nobody drives now; the model proxy daemon still answers
         if proc.poll() is None:

@@ -52,6 +52,7 @@ __all__ = [
     "HarnessWorld",
     "LoopbackHello",
     "host_tool_by_suffix",
+    "normalized",
     "world",
 ]
 
@@ -98,6 +99,8 @@ class HarnessCase:
     normalize: Callable[[str], str] | None = None
     """Blanks this CLI's own per-session values in one JSON-encoded event (ids the kit's
     comparison of a killed run with an uninterrupted one does not know of)."""
+    provider: str = "bubblewrap"
+    """The sandbox provider (``--provider``); the checks are verified with bubblewrap."""
     agents_dir: str | None = None
     """``$CORRAL_AGENTS_DIR`` where the CLI is installed (``None``: the environment's)."""
     deadline: float = 150.0
@@ -106,7 +109,7 @@ class HarnessCase:
     def corral_run_args(self) -> list[str]:
         if self.run_args is not None:
             return list(self.run_args)
-        out: list[str] = []
+        out: list[str] = [] if self.provider == "bubblewrap" else ["--provider", self.provider]
         for key, flag in (("model", "--model"), ("agent", "--agent")):
             if self.options.get(key) is not None:
                 out += [flag, str(self.options[key])]
@@ -270,31 +273,8 @@ class HarnessWorld:
         return [event_to_dict(e) for e in with_prompt(out, request)]
 
     def normalized(self, events: list[dict[str, Any]], run_id: str) -> list[str]:
-        """Events with what differs between two runs of one script blanked: the run id,
-        the CLI's per-session values (ids, timings, cost), the scripted server's numbering,
-        and what the case's :attr:`~HarnessCase.normalize` names."""
-        ids: dict[str, str] = {}
-
-        def renumber(m: re.Match[str]) -> str:
-            return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
-
-        out = []
-        for e in events:
-            text = json.dumps(_blank(e), sort_keys=True).replace(run_id, "RUN")
-            # the server numbers its message and tool ids over its lifetime; gemini-cli's
-            # tool ids carry a timestamp, shell results a process group id; opencode's
-            # part, session and message ids are its own
-            text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
-                          r"run_shell_command_)\w+", renumber, text)
-            text = re.sub(r"PGID: \d+", "PGID: *", text)
-            # codex's exec output: a chunk id of its own, the wall time
-            text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
-            text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
-            text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
-            if self.case.normalize is not None:
-                text = self.case.normalize(text)
-            out.append(text)
-        return out
+        """:func:`normalized` with the case's own :attr:`~HarnessCase.normalize`."""
+        return normalized(events, run_id, self.case.normalize)
 
 
 _VOLATILE = {"sessionId", "session_id", "duration_ms", "duration_api_ms", "total_cost_usd",
@@ -307,6 +287,35 @@ def _blank(v: Any) -> Any:
     if isinstance(v, list):
         return [_blank(x) for x in v]
     return v
+
+
+def normalized(events: list[dict[str, Any]], run_id: str,
+               extra: Callable[[str], str] | None = None) -> list[str]:
+    """Events JSON-encoded with what differs between two runs of one script blanked: the
+    run id, the CLI's per-session values (ids, timings, cost), the scripted server's
+    numbering, and what ``extra`` (applied to each encoded event) blanks."""
+    ids: dict[str, str] = {}
+
+    def renumber(m: re.Match[str]) -> str:
+        return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
+
+    out = []
+    for e in events:
+        text = json.dumps(_blank(e), sort_keys=True).replace(run_id, "RUN")
+        # the server numbers its message and tool ids over its lifetime; gemini-cli's
+        # tool ids carry a timestamp, shell results a process group id; opencode's
+        # part, session and message ids are its own
+        text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
+                      r"run_shell_command_)\w+", renumber, text)
+        text = re.sub(r"PGID: \d+", "PGID: *", text)
+        # codex's exec output: a chunk id of its own, the wall time
+        text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
+        text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
+        text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
+        if extra is not None:
+            text = extra(text)
+        out.append(text)
+    return out
 
 
 def _upstream_env(srv: ModelServer, key: str) -> dict[str, str]:
