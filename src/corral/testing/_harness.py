@@ -61,6 +61,7 @@ from corral.stores._protocols import Store
 from corral.testing._harness_world import (
     FEATURES,
     HarnessCase,
+    HostToolCall,
     HarnessWorld,
     LoopbackHello,
     host_tool_by_suffix,
@@ -85,6 +86,8 @@ __all__ = [
     "HARNESS_KIT",
     "HarnessCase",
     "HarnessWorld",
+    "approval_request",
+    "call_then_answer",
     "check_approval",
     "check_cancel",
     "check_denied_command",
@@ -100,6 +103,7 @@ __all__ = [
     "check_tool_round_trip",
     "host_tool_by_suffix",
     "kill_after_tool_result",
+    "logged_events",
     "normalized",
 ]
 
@@ -141,6 +145,22 @@ def _ok(out: subprocess.CompletedProcess[str]) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def call_then_answer(offered: HostToolCall, tool_name: str, args: dict[str, Any]
+                     ) -> Callable[[ModelRequest], Reply]:
+    """A model script that calls host tool ``tool_name`` with ``args`` (as ``offered``
+    finds it on offer, see :attr:`HarnessCase.host_tool_call`), then answers ``Host said:``
+    and what it returned; without the tool on offer it answers saying so (and a check
+    fails on it)."""
+
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("Host said: " + "\n".join(req.tool_results).strip())
+        call = offered(req, tool_name, args)
+        return call if call is not None else Text(f"NO HOST TOOL offered: {req.tools}")
+
+    return script
+
+
 def _steps(commands: Sequence[str], final: str) -> Callable[[ModelRequest], Reply]:
     """One shell command per model turn (the results so far say which), then ``final``
     followed by every result."""
@@ -166,18 +186,19 @@ async def _refused(w: HarnessWorld, feature: str, toml: str) -> None:
     assert w.server.model_requests == []
 
 
-async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+async def logged_events(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The run's log as the store holds it now (event dicts)."""
     return [dict(e.event) for e in await store.snapshot(run_id)]
 
 
-async def _nth_approval(store: Store, run_id: str, n: int, ended: Callable[[], bool],
+async def approval_request(store: Store, run_id: str, n: int, ended: Callable[[], bool],
                         timeout: float) -> dict[str, Any]:
     """The run's ``n``-th approval request (0-based), once its log holds it; fails if the
     run ends first (``ended``)."""
     found: list[dict[str, Any]] = []
 
     async def requested() -> bool:
-        events = await _logged(store, run_id)
+        events = await logged_events(store, run_id)
         found[:] = _customs(events, APPROVAL_REQUEST_EVENT)
         if len(found) <= n and ended():
             raise AssertionError(f"the run ended without approval request #{n + 1}: "
@@ -294,11 +315,11 @@ async def check_approval(w: HarnessWorld) -> None:
             def ended() -> bool:
                 return proc.poll() is not None
 
-            allow = await _nth_approval(store, "a1", 0, ended, w.case.deadline)
+            allow = await approval_request(store, "a1", 0, ended, w.case.deadline)
             assert "touch allowed-file" in json.dumps(allow["args"]), allow
-            assert _results(await _logged(store, "a1")) == []  # held until answered
+            assert _results(await logged_events(store, "a1")) == []  # held until answered
             await answer_approval(store, "a1", allow["approvalId"], True)
-            deny = await _nth_approval(store, "a1", 1, ended, w.case.deadline)
+            deny = await approval_request(store, "a1", 1, ended, w.case.deadline)
             assert "touch denied-file" in json.dumps(deny["args"]), deny
             await answer_approval(store, "a1", deny["approvalId"], False, reason="not today")
         _out, err = await anyio.to_thread.run_sync(
@@ -330,15 +351,7 @@ async def check_host_tool(w: HarnessWorld) -> None:
         seen.append(key)
         return f"{key}={secret}"
 
-    call = w.case.host_tool_call
-
-    def script(req: ModelRequest) -> Reply:
-        if req.tool_results:
-            return Text("Host said: " + "\n".join(req.tool_results).strip())
-        made = call(req, "read_host_state", {"key": "answer"})
-        return made if made is not None else Text(f"NO HOST TOOL offered: {req.tools}")
-
-    w.script(script)
+    w.script(call_then_answer(w.case.host_tool_call, "read_host_state", {"key": "answer"}))
     # host tools are corral's own, not commands: a policy denying every command (where
     # the harness enforces one) still lets them run
     sandbox = Sandbox(provider=w.case.provider, lifecycle=Lifecycle(reuse="none"),
@@ -351,7 +364,7 @@ async def check_host_tool(w: HarnessWorld) -> None:
             provider=w.case.provider, sandbox=sandbox))
         with anyio.fail_after(w.case.deadline):
             result = await runner.drive(rec.run_id)
-        events = await _logged(store, rec.run_id)
+        events = await logged_events(store, rec.run_id)
         token = await run_tools_token(store, rec.run_id)
         spec = result.record.spec or {}
     offered = [r.tools for r in w.server.model_requests]
@@ -404,17 +417,17 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
         with anyio.fail_after(w.case.deadline * 2):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive)
-                first = await _nth_approval(store, run_id, 0, lambda: bool(done),
+                first = await approval_request(store, run_id, 0, lambda: bool(done),
                                             w.case.deadline)
                 assert flags == []  # held until answered
                 assert first["tool"] == "set_host_flag" and first["args"] == {"value": "on"}
                 await answer_approval(store, run_id, first["approvalId"], True)
-                second = await _nth_approval(store, run_id, 1, lambda: bool(done),
+                second = await approval_request(store, run_id, 1, lambda: bool(done),
                                              w.case.deadline)
                 assert second["args"] == {"value": "off"}
                 await answer_approval(store, run_id, second["approvalId"], False,
                                       reason="not today")
-        events = await _logged(store, run_id)
+        events = await logged_events(store, run_id)
     assert done[0].record.status.value == "completed", events[-3:]
     assert flags == ["on"]
     assert [r["decision"] for r in _customs(events, APPROVAL_RESOLVED_EVENT)] == \

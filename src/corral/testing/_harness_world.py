@@ -50,6 +50,7 @@ __all__ = [
     "FEATURES",
     "HarnessCase",
     "HarnessWorld",
+    "HostToolCall",
     "LoopbackHello",
     "host_tool_by_suffix",
     "normalized",
