@@ -8,7 +8,10 @@ journal. The sandbox exists already (thread reuse); its creation is timed separa
 direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh HOME.
 
 "first event" = first line of CLI output (direct) / first translated journal event after
-RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
+RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral). Besides
+the difference of the medians, the paired overhead is the median over the runs of each
+corral run minus the direct run just before it, and the corral phases say when
+``prepare_agent``, the model proxy and ``launch_supervised`` were done.
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
@@ -114,7 +117,7 @@ def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
 
 
 async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int,
-                     detached: bool) -> tuple[float, float, float]:
+                     detached: bool) -> tuple[float, float, float, dict[str, float]]:
     t_create = time.perf_counter()
     handle = await provider.create(with_agent_binds(SandboxSpec()))
     create = time.perf_counter() - t_create
@@ -129,12 +132,15 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
         nonce = new_nonce()
         first = None
         last = None
+        phases = {"prepare": time.perf_counter() - t0}
         async with contextlib.AsyncExitStack() as stack:
             if detached:
                 pending = await prepared.start_services(paths)
             else:
                 await stack.enter_async_context(prepared.services())
+            phases["services"] = time.perf_counter() - t0
             await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+            phases["launched"] = time.perf_counter() - t0
             if detached:
                 await anyio.to_thread.run_sync(pending.ready)
             async for batch in translate_run(h, RunContext(run_id, run_id), paths,
@@ -148,7 +154,7 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
             raise SystemExit(f"corral {h.name} run failed: {last}")
         if not await handle.fs.exists("/workspace/out.txt"):
             raise SystemExit(f"corral {h.name} run did not create out.txt")
-        return first or total, total, create
+        return first or total, total, create, phases
     finally:
         await provider.destroy(handle.ref)
 
@@ -178,17 +184,20 @@ def main() -> int:
         c_first: list[float] = []
         c_total: list[float] = []
         creates: list[float] = []
+        phases: dict[str, list[float]] = {}
         with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
             direct_run(h, srv)  # warm the page cache for both modes
             for i in range(args.runs):
                 f, t = direct_run(h, srv)
                 direct_first.append(f)
                 direct_total.append(t)
-                f, t, c = anyio.run(corral_run, h, srv, provider, i,
-                                    args.services == "detached")
+                f, t, c, ph = anyio.run(corral_run, h, srv, provider, i,
+                                        args.services == "detached")
                 c_first.append(f)
                 c_total.append(t)
                 creates.append(c)
+                for k, v in ph.items():
+                    phases.setdefault(k, []).append(v)
 
         def row(label: str, xs: list[float]) -> str:
             return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
@@ -202,7 +211,15 @@ def main() -> int:
         over_total = statistics.median(c_total) - statistics.median(direct_total)
         print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
               f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
+        # each corral run against the direct run just before it: drift on a shared
+        # machine cancels out
+        paired_first = statistics.median(c - d for c, d in zip(c_first, direct_first, strict=True))
+        paired_total = statistics.median(c - d for c, d in zip(c_total, direct_total, strict=True))
+        print(f"  paired overhead (median of corral - direct per pair): first event "
+              f"{paired_first * 1e3:+.0f} ms, total {paired_total * 1e3:+.0f} ms")
         print(row("(sandbox create, not included)", creates))
+        for k, xs in phases.items():
+            print(row(f"(corral: {k} done at)", xs))
     return 0
 
 

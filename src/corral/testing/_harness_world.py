@@ -349,6 +349,7 @@ async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
     """The kit's subject: a fresh :class:`HarnessWorld` around the case ``factory`` makes;
     its sandboxes, model server and directories are gone afterwards."""
     from corral.providers import _diskquota as diskquota
+    from corral.providers import get_provider
 
     async with opened(factory) as case:
         if not isinstance(case, HarnessCase):
@@ -370,14 +371,14 @@ async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
         w = HarnessWorld(case, srv, home, files, scratch, key, env)
         try:
             with _environ(values):
-                yield w
+                try:
+                    yield w
+                finally:  # the world's sandboxes (its own files root): every one
+                    provider = get_provider(case.provider)
+                    for ref in await provider.list():
+                        await provider.destroy(ref)
         finally:
             srv.stop()
-            listed = await w.acorral("sandboxes", "ls", "--json", timeout=60)
-            ids = [json.loads(line)["id"] for line in listed.stdout.splitlines()
-                   if line.strip()]
-            if ids:
-                await w.acorral("sandboxes", "rm", *ids, timeout=60)
             diskquota.release(files)
             shutil.rmtree(files, ignore_errors=True)
             shutil.rmtree(scratch, ignore_errors=True)
