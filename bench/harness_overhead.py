@@ -16,7 +16,7 @@ corral run minus the direct run just before it, and the corral phases say when
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
         gemini-cli opencode]
-        [--services inprocess|detached]
+        [--services inprocess|detached] [--direct-cgroup]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._opencode import OpencodeHarness
 from corral.agents._installs import find_installed, install_agent
 from corral.net._model_proxy import Upstream
+from corral.providers._cgroups import CGROUP_ROOT
 from corral.providers._bubblewrap import BubblewrapProvider
 from corral.journal._layout import JournalPaths
 from corral.journal._sentinel import new_nonce
@@ -79,7 +80,21 @@ def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
     return Upstream(h.upstream_api(), base_url(h, srv), "bench-key")
 
 
-def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
+def direct_cgroup() -> str | None:
+    """A cpu cgroup beside the sandboxes' (under ``corral/``), or ``None`` without cgroup
+    v1: the direct run placed there competes for the CPU as a sandbox does (all sandboxes
+    of the host share the ``corral`` group's weight, while a host process competes alone;
+    on a busy machine that alone slows a sandboxed CLI by seconds)."""
+    parent = CGROUP_ROOT / "cpu" / "corral"
+    if not (parent / "cgroup.procs").exists():
+        return None
+    path = parent / f"bench-direct-{os.getpid()}"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
+               ) -> tuple[float, float]:
     install = find_installed(h.name)
     assert install is not None
     base = base_url(h, srv)
@@ -97,8 +112,14 @@ def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", **cmd.env}
     try:
         t0 = time.perf_counter()
+        def join() -> None:
+            if cgroup is not None:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+
         proc = subprocess.Popen(list(cmd.argv), env=env, cwd=work, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                preexec_fn=join if cgroup else None)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(cmd.stdin or b"")
         proc.stdin.close()
@@ -171,55 +192,66 @@ def main() -> int:
     ap.add_argument("--cli", nargs="+", default=["claude-code", "codex"])
     ap.add_argument("--services", choices=["inprocess", "detached"], default="inprocess",
                     help="model proxy in the driving process, or the detached daemon")
+    ap.add_argument("--direct-cgroup", action="store_true",
+                    help="run the direct CLI in a cpu cgroup beside the sandboxes' (equal "
+                         "CPU weight on a busy machine)")
     args = ap.parse_args()
+    cgroup = direct_cgroup() if args.direct_cgroup else None
+    if args.direct_cgroup and cgroup is None:
+        raise SystemExit("--direct-cgroup needs the cgroup v1 cpu hierarchy with corral/")
     for name in args.cli:
         install_agent(name)
     provider = BubblewrapProvider()
     print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
-          "times in ms (p50 / p90)")
-    for name in args.cli:
-        h = harness_for(name)
-        direct_first: list[float] = []
-        direct_total: list[float] = []
-        c_first: list[float] = []
-        c_total: list[float] = []
-        creates: list[float] = []
-        phases: dict[str, list[float]] = {}
-        with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
-            direct_run(h, srv)  # warm the page cache for both modes
-            for i in range(args.runs):
-                f, t = direct_run(h, srv)
-                direct_first.append(f)
-                direct_total.append(t)
-                f, t, c, ph = anyio.run(corral_run, h, srv, provider, i,
-                                        args.services == "detached")
-                c_first.append(f)
-                c_total.append(t)
-                creates.append(c)
-                for k, v in ph.items():
-                    phases.setdefault(k, []).append(v)
+          f"direct run {'in a cgroup beside the sandboxes' if cgroup else 'at the root cgroup'}"
+          "; times in ms (p50 / p90)")
+    try:
+        for name in args.cli:
+            h = harness_for(name)
+            direct_first: list[float] = []
+            direct_total: list[float] = []
+            c_first: list[float] = []
+            c_total: list[float] = []
+            creates: list[float] = []
+            phases: dict[str, list[float]] = {}
+            with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
+                direct_run(h, srv, cgroup)  # warm the page cache for both modes
+                for i in range(args.runs):
+                    f, t = direct_run(h, srv, cgroup)
+                    direct_first.append(f)
+                    direct_total.append(t)
+                    f, t, c, ph = anyio.run(corral_run, h, srv, provider, i,
+                                            args.services == "detached")
+                    c_first.append(f)
+                    c_total.append(t)
+                    creates.append(c)
+                    for k, v in ph.items():
+                        phases.setdefault(k, []).append(v)
 
-        def row(label: str, xs: list[float]) -> str:
-            return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
+            def row(label: str, xs: list[float]) -> str:
+                return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
 
-        print(f"{name} {h.version}")
-        print(row("direct: first event", direct_first))
-        print(row("corral bwrap: first event", c_first))
-        print(row("direct: total", direct_total))
-        print(row("corral bwrap: total", c_total))
-        over_first = statistics.median(c_first) - statistics.median(direct_first)
-        over_total = statistics.median(c_total) - statistics.median(direct_total)
-        print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
-              f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
-        # each corral run against the direct run just before it: drift on a shared
-        # machine cancels out
-        paired_first = statistics.median(c - d for c, d in zip(c_first, direct_first, strict=True))
-        paired_total = statistics.median(c - d for c, d in zip(c_total, direct_total, strict=True))
-        print(f"  paired overhead (median of corral - direct per pair): first event "
-              f"{paired_first * 1e3:+.0f} ms, total {paired_total * 1e3:+.0f} ms")
-        print(row("(sandbox create, not included)", creates))
-        for k, xs in phases.items():
-            print(row(f"(corral: {k} done at)", xs))
+            print(f"{name} {h.version}")
+            print(row("direct: first event", direct_first))
+            print(row("corral bwrap: first event", c_first))
+            print(row("direct: total", direct_total))
+            print(row("corral bwrap: total", c_total))
+            over_first = statistics.median(c_first) - statistics.median(direct_first)
+            over_total = statistics.median(c_total) - statistics.median(direct_total)
+            print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
+                  f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
+            # each corral run against the direct run just before it: drift on a shared
+            # machine cancels out
+            paired_first = statistics.median(c - d for c, d in zip(c_first, direct_first, strict=True))
+            paired_total = statistics.median(c - d for c, d in zip(c_total, direct_total, strict=True))
+            print(f"  paired overhead (median of corral - direct per pair): first event "
+                  f"{paired_first * 1e3:+.0f} ms, total {paired_total * 1e3:+.0f} ms")
+            print(row("(sandbox create, not included)", creates))
+            for k, xs in phases.items():
+                print(row(f"(corral: {k} done at)", xs))
+    finally:
+        if cgroup is not None:
+            os.rmdir(cgroup)
     return 0
 
 
