@@ -6,6 +6,10 @@ plain checks run against the real CLI in a real sandbox.
     await check_harness(lambda: HarnessCase("gemini-cli", {"model": "gemini-fake"},
                                             enforces=frozenset()))
 
+An ACP agent plugs in the same way, e.g. ``HarnessCase("acp", {"agent": "gemini", "model":
+"gemini-fake"}, enforces=frozenset({...}))`` (``run_args`` default to ``--agent gemini
+--model gemini-fake``); see ``tests/agents/test_harness_kit.py`` for the four CLIs' cases.
+
 How a harness plugs in: give a factory of a :class:`HarnessCase` naming the harness as
 ``corral run --harness`` knows it (registered in :mod:`corral.harness._registry`), the
 options a :class:`~corral.runs._request.RunRequest` takes for it (``model``, ``agent`` …),
@@ -63,11 +67,11 @@ from corral.testing._harness_world import (
     HarnessCase,
     HostToolCall,
     HarnessWorld,
-    LoopbackHello,
     host_tool_by_suffix,
     normalized,
     world,
 )
+from corral.testing._hello import LoopbackHello
 from corral.testing._kit import Factory, Kit, KitReport, check, run_kit
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import Hang, ModelRequest, Reply, Text, ToolCall

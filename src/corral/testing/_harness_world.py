@@ -24,11 +24,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +49,6 @@ __all__ = [
     "HarnessCase",
     "HarnessWorld",
     "HostToolCall",
-    "LoopbackHello",
     "host_tool_by_suffix",
     "normalized",
     "world",
@@ -129,37 +126,6 @@ class HarnessCase:
             return script(req)
 
         return answer
-
-
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        server: Any = self.server
-        server.hits += 1
-        body = f"hello from {server.server_address[1]}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class LoopbackHello(ThreadingHTTPServer):
-    """An HTTP service on ``host`` answering ``hello from <port>``, counting ``hits``."""
-
-    def __init__(self, host: str) -> None:
-        super().__init__((host, 0), _Hello)
-        self.hits = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 @dataclass
