@@ -19,8 +19,10 @@ A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sa
 Everything goes through the API (the official SDK, blocking, in worker threads), so a
 process with another ``$CORRAL_HOME`` on another machine finds, drives and destroys the
 same sandboxes: the container is the state. Commands and file operations run under the
-in-container helper (:mod:`corral._insandbox.container`) as the agent's uid; environments
-travel on the exec's stdin, never in a container's or an exec's configuration.
+in-container helper (:mod:`corral._insandbox.container`) as the agent's uid. The sandbox's
+own environment (``SandboxSpec.env``, which never holds a secret) is the container's; a
+command's environment, secrets included, travels on the exec's stdin, never in a container's
+or an exec's configuration.
 """
 
 from __future__ import annotations
