@@ -66,7 +66,7 @@ from corral.providers._state import (
     SandboxState,
     bury,
     check_env,
-    make_sandbox_dir,
+    make_sandbox_dir_name,
     new_id,
     provider_root,
     remove_tree,
@@ -177,7 +177,7 @@ class LocalHandle(HostDirHandle):
 
     provider_name = "local"
 
-    def __init__(self, sandbox_dir: Path, state: SandboxState) -> None:
+    def __init__(self, sandbox_dir: Path | str, state: SandboxState) -> None:
         super().__init__(sandbox_dir, state, LOCAL_CAPABILITIES)
         self._process = _LocalProcessApi(self)
         self._group_made = False
@@ -189,7 +189,7 @@ class LocalHandle(HostDirHandle):
         if self._areas_made:
             return
         try:
-            make_areas(self._dir)
+            make_areas(self._dir_name)
         except (FileNotFoundError, NotADirectoryError):
             raise SandboxGoneError(
                 f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
@@ -215,7 +215,7 @@ class LocalHandle(HostDirHandle):
         """Host-only directory of this sandbox (made on first use), never visible inside it."""
         if not self._private_made:
             try:
-                make_private(self._dir)
+                make_private(self._dir_name)
             except (FileNotFoundError, NotADirectoryError):
                 raise SandboxGoneError(
                     f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a "
@@ -374,11 +374,11 @@ class LocalProvider:
         state.limit_mode = "none"
         state.kill_group = cgroups.kill_group_for(f"{self.name}.{sandbox_id}.{state.token}")
         # One mkdir and the state file: the areas and private/ are made on first use.
-        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id, private=False)
+        sandbox_dir = make_sandbox_dir_name(self.base_dir, sandbox_id, private=False)
         try:
             state.save(sandbox_dir, fresh=True)
         except BaseException:
-            remove_tree(sandbox_dir)
+            remove_tree(Path(sandbox_dir))
             raise  # last: the sandbox exists once state.json does
         return self.handle_class(sandbox_dir, state)
 

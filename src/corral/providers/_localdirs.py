@@ -38,7 +38,7 @@ _SKELETON = {
 _STATE_FILES = ("state.json", "state.destroying.json")
 
 
-def make_areas(sandbox_dir: Path) -> None:
+def make_areas(sandbox_dir: Path | str) -> None:
     """Make the missing writable areas under ``sandbox_dir/root``. Raises
     FileNotFoundError when ``sandbox_dir`` itself is gone (destroyed)."""
     base = str(sandbox_dir)
@@ -52,7 +52,7 @@ def make_areas(sandbox_dir: Path) -> None:
             os.chmod(where, mode)  # mkdir's mode passes through the umask
 
 
-def make_private(sandbox_dir: Path) -> None:
+def make_private(sandbox_dir: Path | str) -> None:
     """Make ``sandbox_dir/private`` (host-only files) if it is missing."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(f"{sandbox_dir}/private", 0o700)

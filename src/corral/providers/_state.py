@@ -50,7 +50,7 @@ def validate_id(sandbox_id: str) -> str:
 
 
 def new_id() -> str:
-    return "sb-" + secrets.token_hex(6)
+    return "sb-" + os.urandom(6).hex()  # secrets.token_hex(6), without its two calls
 
 
 _made_roots: set[Path] = set()
@@ -117,7 +117,7 @@ class SandboxState:
         return cls(
             id=sandbox_id,
             provider=provider,
-            token=secrets.token_hex(8),
+            token=os.urandom(8).hex(),  # as secrets.token_hex(8)
             env=dict(spec.env),
             memory_bytes=lim.memory_bytes,
             pids=lim.pids,
@@ -134,15 +134,16 @@ class SandboxState:
             disk_bytes=self.disk_bytes,
         )
 
-    def save(self, sandbox_dir: Path, *, fresh: bool = False) -> None:
+    def save(self, sandbox_dir: Path | str, *, fresh: bool = False) -> None:
         """Write ``state.json``; ``fresh``: ``sandbox_dir`` was just made by this process
         (no other writer: the temporary file needs no random name)."""
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
         tmp = f"{sandbox_dir}/.state.tmp" if fresh else f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
-        # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
+        # A shallow dict in field order (json copies nothing) through json's shared C
+        # encoder: no encoder object is built per call, as one would be for any option.
         data = {name: getattr(self, name) for name in _SAVED_FIELDS}
-        raw = memoryview(json.dumps(data, sort_keys=True).encode())
+        raw = memoryview(json.dumps(data).encode())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             while raw:
@@ -186,6 +187,11 @@ def check_env(env: dict[str, str] | None) -> None:
 def make_sandbox_dir(parent: Path, sandbox_id: str, *, private: bool = True) -> Path:
     """Create ``<parent>/<id>`` (with its private dir unless ``private`` is False); raise
     when the id is taken."""
+    return Path(make_sandbox_dir_name(parent, sandbox_id, private=private))
+
+
+def make_sandbox_dir_name(parent: Path, sandbox_id: str, *, private: bool = True) -> str:
+    """:func:`make_sandbox_dir`, returning the path as a string (no Path object made)."""
     path = f"{parent}/{sandbox_id}"
     try:
         os.mkdir(path, 0o700)
@@ -196,10 +202,10 @@ def make_sandbox_dir(parent: Path, sandbox_id: str, *, private: bool = True) -> 
         ) from None
     except FileNotFoundError:  # the provider root went away since it was made: remake it
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return make_sandbox_dir(parent, sandbox_id, private=private)
+        return make_sandbox_dir_name(parent, sandbox_id, private=private)
     if private:
         os.mkdir(f"{path}/private", 0o700)
-    return Path(path)
+    return path
 
 
 def make_files_dir(path: Path, owner: tuple[int, int] | None, *, exists: bool = False) -> None:
