@@ -254,6 +254,9 @@ class SQLiteStore:
         """The schema version this object migrated the file from (0: it created the
         file's tables), ``None`` when the file was current."""
         self._clock = clock
+        self._secrets: dict[str, bytes] = {}
+        """Shared secrets read so far: a stored secret never changes (insert-if-absent),
+        so each is read once per store object, not once per use (every ensure uses one)."""
         try:
             self._writer = _Conn(self.path, synchronous)
         except sqlite3.Error as exc:
@@ -742,6 +745,9 @@ class SQLiteStore:
 
     async def shared_secret(self, name: str) -> bytes:
         _logic.check_secret_name(name)
+        known = self._secrets.get(name)
+        if known is not None:
+            return known
         fresh = secrets.token_bytes(_logic.SECRET_BYTES)
 
         def op(conn: sqlite3.Connection) -> Any:
@@ -756,4 +762,5 @@ class SQLiteStore:
         if not isinstance(value, bytes) or len(value) != _logic.SECRET_BYTES:
             raise CorruptRecord(f"SQLite store {self.path}: the stored secret {name!r} is not "
                                 f"{_logic.SECRET_BYTES} bytes; the store is corrupt")
+        self._secrets[name] = value
         return value
