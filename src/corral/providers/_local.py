@@ -7,8 +7,9 @@ and for trusted commands only; ``corral doctor`` and the capabilities (``isolate
 
 Each sandbox is ``$CORRAL_HOME/sandboxes/local/<id>/``; its ``root/workspace``,
 ``root/tmp`` and ``root/home/agent`` stand in for ``/workspace``, ``/tmp`` and
-``/home/agent``. ``create`` makes only the directory and ``state.json``; the areas and
-``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
+``/home/agent``. ``create`` makes only the directory, with the sandbox's state in its
+``user.corral.state`` attribute (``state.json`` where the filesystem has no such
+attributes); the areas and ``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
 working directory (default ``/workspace``) is translated to the host directory, and
 ``HOME``, ``TMPDIR``, ``PWD`` and ``CORRAL_WORKSPACE`` point at the host directories.
 Literal ``/workspace/...`` paths inside commands are NOT rewritten.
@@ -67,9 +68,11 @@ from corral.providers._state import (
     bury,
     check_env,
     make_sandbox_dir_name,
+    mark_destroying,
     new_id,
     provider_root,
     remove_tree,
+    state_exists,
     validate_id,
 )
 from corral.sandbox._redact import Redactor
@@ -183,6 +186,12 @@ class LocalHandle(HostDirHandle):
         self._group_made = False
         self._areas_made = False
         self._private_made = False
+
+    def _check_alive(self) -> None:
+        if not state_exists(self._dir_name):
+            raise SandboxGoneError(
+                f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
+            )
 
     def _areas(self) -> None:
         """Make the writable areas on first use (create made only the state file)."""
@@ -373,13 +382,14 @@ class LocalProvider:
         state = SandboxState.from_spec(sandbox_id, self.name, spec)
         state.limit_mode = "none"
         state.kill_group = cgroups.kill_group_for(f"{self.name}.{sandbox_id}.{state.token}")
-        # One mkdir and the state file: the areas and private/ are made on first use.
+        # One mkdir and one setxattr (the state): the areas and private/ are made on first
+        # use.
         sandbox_dir = make_sandbox_dir_name(self.base_dir, sandbox_id, private=False)
         try:
-            state.save(sandbox_dir, fresh=True)
+            state.save_new(sandbox_dir)
         except BaseException:
             remove_tree(Path(sandbox_dir))
-            raise  # last: the sandbox exists once state.json does
+            raise  # last: the sandbox exists once its state does
         return self.handle_class(sandbox_dir, state)
 
     async def resume(self, ref: SandboxRef | str) -> LocalHandle | None:
@@ -407,8 +417,7 @@ class LocalProvider:
             if scan or (group and not cgroups.remove_kill_group_if_empty(group)):
                 # Killing takes a while: mark the destroy as begun (resume refuses it, and
                 # a destroy interrupted here is finished by the next one).
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+                mark_destroying(sandbox_dir)
                 destroying = True
                 if group:
                     await anyio.to_thread.run_sync(_kill_group, state)
@@ -427,7 +436,7 @@ class LocalProvider:
         return [
             SandboxRef(self.name, p.name)
             for p in sorted(base.iterdir())
-            if not p.name.startswith(".") and (p / "state.json").exists()
+            if not p.name.startswith(".") and state_exists(p)
         ]
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:

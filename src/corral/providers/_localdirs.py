@@ -1,7 +1,8 @@
 """The local provider's directories, made when first used and deleted without a walk.
 
-A local sandbox starts as ``<id>/`` holding ``state.json`` only: ``create`` is one
-``mkdir`` and the atomic state write. Its writable areas (``root/workspace``, ``root/tmp``,
+A local sandbox starts as an empty ``<id>/`` whose state is in its ``user.corral.state``
+attribute (``state.json`` in it where the filesystem keeps no such attributes): ``create``
+is one ``mkdir`` and one ``setxattr``. Its writable areas (``root/workspace``, ``root/tmp``,
 ``root/home/agent``) are made by the first launch or file operation that needs them, and
 ``private/`` by the first use of the handle's private directory; any process may make
 them (``mkdir`` that tolerates a racing maker).
