@@ -672,6 +672,32 @@ class SQLiteStore:
 
         return await self._write(op)
 
+    async def try_lock_reading_instance(
+        self, name: str, owner: str, ttl: float, key: str, *, now: float | None = None
+    ) -> tuple[bool, InstanceRecord | None]:
+        """:meth:`try_lock`, and when it is taken, the instance record ``key`` as it is
+        under the lock, in the same transaction (one round trip for ``ensure``)."""
+        ttl = _logic.check_ttl(ttl)
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> tuple[bool, Any]:
+            row = conn.execute(
+                "SELECT owner, expires_at FROM locks WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] != owner and float(row[1]) > at:
+                return False, None
+            conn.execute(
+                "INSERT OR REPLACE INTO locks (name, owner, expires_at) VALUES (?, ?, ?)",
+                (name, owner, at + ttl),
+            )
+            return True, conn.execute(
+                "SELECT doc FROM instances WHERE key = ?", (key,)).fetchone()
+
+        taken, row = await self._write(op)
+        if not taken or row is None:
+            return taken, None
+        return True, InstanceRecord.from_dict(_logic.decode_event(row[0]))
+
     async def unlock(self, name: str, owner: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
