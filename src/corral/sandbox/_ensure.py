@@ -12,6 +12,7 @@ passed as environment on each exec: :meth:`Ensured.exec_env`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets as _secrets
@@ -20,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 
@@ -103,10 +104,13 @@ def key_lock_name(key: str) -> str:
 @dataclass
 class KeyLock:
     """What :func:`key_lock` yields: the instance record read under the lock, when the
-    store read it in the transaction that took the lock (``read``)."""
+    store read it in the transaction that took the lock (``read``); and the record the
+    body wants written last (``write_last``: upserted when the body returns, before the
+    lock is released, in the same transaction where the store can)."""
 
     read: bool = False
     instance: InstanceRecord | None = None
+    write_last: InstanceRecord | None = None
 
 
 @asynccontextmanager
@@ -121,6 +125,8 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
     async with lock:
         if not isinstance(store, LockStore):
             yield held
+            if held.write_last is not None:  # (not reached when the body raised)
+                await cast(InstanceStore, store).upsert_instance(held.write_last)
             return
         name = key_lock_name(key)
         owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
@@ -157,7 +163,25 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await store.unlock(name, owner)
+                last = held.write_last if failure is None else None
+                # After the renewer stopped (it could take the lock again after a release).
+                if last is None:
+                    await store.unlock(name, owner)
+                elif (unlocking := getattr(store, "upsert_instance_unlocking", None)
+                      ) is not None:
+                    try:
+                        await unlocking(last, name, owner)
+                    except BaseException:
+                        # nothing was written (one transaction): release the lock anyway,
+                        # as after a failed write on its own, and raise the write's error
+                        with contextlib.suppress(Exception):
+                            await store.unlock(name, owner)
+                        raise
+                else:
+                    try:
+                        await cast(InstanceStore, store).upsert_instance(last)
+                    finally:
+                        await store.unlock(name, owner)
         if failure is not None:
             raise failure
 
@@ -353,7 +377,7 @@ async def _ensure_locked(
             )  # fmt: skip
             if origin == "rebootstrapped" and existing.latest_snapshot_id and snapshots:
                 await snapshots.delete(SnapshotRef(provider.name, existing.latest_snapshot_id))
-            await store.upsert_instance(record)
+            await _write_last(store, held, record)
             return Ensured(handle, key, record, origin, sandbox.secrets)
 
     # create + bootstrap
@@ -381,8 +405,18 @@ async def _ensure_locked(
     record = _record(
         sandbox, ctx, key, handle, snapshot=snap_id, state="ready", now=time.time(), extra=extra
     )
-    await store.upsert_instance(record)
+    await _write_last(store, held, record)
     return Ensured(handle, key, record, "created", sandbox.secrets)
+
+
+async def _write_last(store: InstanceStore, held: KeyLock | None, record: InstanceRecord) -> None:
+    """Write the ``ready`` record: under :func:`key_lock`, as the lock is released (one
+    round trip for both where the store can), else now. Either way it is written before
+    ``ensure`` returns, and a failure to write it is raised from ``ensure``."""
+    if held is not None:
+        held.write_last = record
+    else:
+        await store.upsert_instance(record)
 
 
 async def store_id(store: object) -> str | None:

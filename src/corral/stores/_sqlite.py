@@ -698,6 +698,21 @@ class SQLiteStore:
             return taken, None
         return True, InstanceRecord.from_dict(_logic.decode_event(row[0]))
 
+    async def upsert_instance_unlocking(self, record: InstanceRecord, name: str,
+                                        owner: str) -> None:
+        """:meth:`upsert_instance` then :meth:`unlock`, in one transaction (``ensure``'s
+        last record and the release of the key's lock: one round trip)."""
+        doc = _logic.json_text(record.to_dict())
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO instances (key, expires_at, doc) VALUES (?, ?, ?)",
+                (record.key, record.expires_at, doc),
+            )
+            conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
+
+        await self._write(op)
+
     async def unlock(self, name: str, owner: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
