@@ -57,7 +57,6 @@ from corral.runs._request import (
     new_run_id,
 )
 from corral.sandbox._contracts import Provider
-from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._watch import DEFAULT_MAX_WATCHES, check_max_watches
@@ -225,6 +224,10 @@ class Runner:
             self._run_tools[run_id] = plan.tools
         nonce = new_nonce()
         self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # (the instance key's module loads the workspace definitions: start-up cost for
+        # a driver taking a run over, which never computes a key)
+        from corral.sandbox._key import RunContext as SandboxContext
+
         sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
         await self.store.create(
             NewRun(
