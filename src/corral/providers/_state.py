@@ -154,8 +154,6 @@ class SandboxState:
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
         tmp = f"{sandbox_dir}/.state.tmp" if fresh else f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
-        # A shallow dict in field order (json copies nothing) through json's shared C
-        # encoder: no encoder object is built per call, as one would be for any option.
         raw = memoryview(self._encoded())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
