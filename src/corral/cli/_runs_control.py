@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         check_id(args.thread, "--thread")
     sandbox, config_dir = _definition(args)
     workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
-    options = {"model": args.model} if args.model else {}
+    options = _harness_options(args)
     request = RunRequest(
         command=list(args.argv) if args.harness == "command" else None,
         prompt=None if args.harness == "command" else " ".join(args.argv),
@@ -74,6 +74,19 @@ def run(args: argparse.Namespace) -> int:
         return with_store(args, start)
     with report_copy_progress(CopyProgressLine(sys.stderr)):
         return with_store(args, start)
+
+
+def _harness_options(args: argparse.Namespace) -> dict[str, str]:
+    """``--model``, and ``--agent`` / ``--agent-command`` for the acp harness."""
+    options = {"model": args.model} if args.model else {}
+    agent, command = getattr(args, "agent", None), getattr(args, "agent_command", None)
+    if (agent or command) and args.harness != "acp":
+        raise ConfigError("--agent and --agent-command choose an ACP agent: add --harness acp")
+    if agent:
+        options["agent"] = agent
+    if command:
+        options["agent_command"] = command
+    return options
 
 
 def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
