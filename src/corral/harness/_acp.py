@@ -63,9 +63,11 @@ from corral.harness._cli_base import (
     CliOptions,
     JsonlTranslator,
     PolicyLike,
+    as_int,
     as_str,
     entry_argv,
     flatten_text,
+    token_usage,
 )
 from corral.harness._packages import AGENTS_MOUNT, package_for
 from corral.journal._reader import Exit, JournalItem
@@ -237,12 +239,14 @@ class AcpHarness(CliHarness):
 
 
 class _Tool:
-    __slots__ = ("args_sent", "id", "name")
+    __slots__ = ("args", "id", "name")
 
     def __init__(self, tool_id: str, name: str) -> None:
         self.id = tool_id
         self.name = name
-        self.args_sent = False
+        self.args: Any = None
+        """The latest ``rawInput`` (agents fill it in over several updates): sent as the
+        call's ``TOOL_CALL_ARGS`` when it ends."""
 
 
 class AcpTranslator(JsonlTranslator):
@@ -327,6 +331,7 @@ class AcpTranslator(JsonlTranslator):
             out = self._close_text()
             if isinstance(result, dict):
                 reason = result.get("stopReason")
+                self._usage(result.get("usage"))
                 if reason == "end_turn":
                     self.succeeded = True
                     text = "".join(self.text_parts)
@@ -340,6 +345,14 @@ class AcpTranslator(JsonlTranslator):
                 self._fail(error, "the agent failed the prompt")
             return out
         return []
+
+    def _usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage = [token_usage(None, input_tokens=as_int(usage.get("inputTokens")),
+                                      output_tokens=as_int(usage.get("outputTokens")),
+                                      cached=as_int(usage.get("cachedReadTokens")),
+                                      cache_write=as_int(usage.get("cachedWriteTokens")),
+                                      reasoning=as_int(usage.get("thoughtTokens")))]
 
     def _session(self, sid: str | None) -> list[BaseEvent]:
         return self.session_event(sid, agent=self.agent) if sid else []
@@ -435,9 +448,8 @@ class AcpTranslator(JsonlTranslator):
             self.open_tools[call] = tool.name
             out.append(ev.tool_call_start(tool.id, tool.name))
         args = _tool_args(tc, tool.name)
-        if args is not None and not tool.args_sent:
-            tool.args_sent = True
-            out.append(ev.tool_call_args(tool.id, json.dumps(args, sort_keys=True)))
+        if args is not None:
+            tool.args = args
         status = tc.get("status")
         if not announce_only and status in ("completed", "failed"):
             text = _result_text(tc)
@@ -455,6 +467,8 @@ class AcpTranslator(JsonlTranslator):
             tool = _Tool(f"{self.ctx.run_id}-{call[:200]}", "tool")
             self.tools[call] = tool
             out.append(ev.tool_call_start(tool.id, tool.name))
+        if tool.args is not None:
+            out.append(ev.tool_call_args(tool.id, json.dumps(tool.args, sort_keys=True)))
         out += [ev.tool_call_end(tool.id),
                 ev.tool_call_result(f"{tool.id}-result", tool.id, content)]
         self.open_tools.pop(call, None)
@@ -492,7 +506,7 @@ def _tool_args(tc: Mapping[str, Any], name: str) -> Any:
         command = raw.get("command")
         if isinstance(command, list):
             command = " ".join(str(a) for a in command)
-        return {"command": command}
+        return {"command": command} if isinstance(command, str) else None
     return raw
 
 

@@ -159,16 +159,24 @@ class Approvals:
         adds fields to the request event (a frontend call's ``toolCallId``)."""
         if self.signer is None:
             self.signer = await ApprovalSigner.for_store(self.store)
-        approval_id = self.signer.new_id(self.run_id)
-        now = time.time()
-        await self.store.add_approval(ApprovalRequest(
-            approval_id, self.run_id, tool, args, now, now + self.timeout, call_id=call_id))
-        await self._emit(events[0], {
-            "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
-            "expiresAt": now + self.timeout, **(announce or {})})
+        held = await self._held(tool, args, call_id)
+        if held is not None:
+            # The same call asked before, by a driver that died holding it (its successor
+            # is asked again by a durable caller, the ACP bridge): wait for that request's
+            # answer, announced once already.
+            approval_id, wait = held.approval_id, max(0.0, held.expires_at - time.time())
+        else:
+            approval_id, wait = self.signer.new_id(self.run_id), self.timeout
+            now = time.time()
+            await self.store.add_approval(ApprovalRequest(
+                approval_id, self.run_id, tool, args, now, now + self.timeout,
+                call_id=call_id))
+            await self._emit(events[0], {
+                "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
+                "expiresAt": now + self.timeout, **(announce or {})})
         answer: ApprovalAnswer | None = None
         try:
-            with anyio.move_on_after(self.timeout):
+            with anyio.move_on_after(wait):
                 answer = await self._answer(approval_id)
             if answer is None:  # timed out: record it, unless an answer won the race
                 answer = await self.store.answer_approval(self.run_id, approval_id,
@@ -189,6 +197,16 @@ class Approvals:
                                      "reason": answer.reason if events[1] ==
                                      APPROVAL_RESOLVED_EVENT else _short(answer.reason)})
         return approval_id, answer
+
+    async def _held(self, tool: str, args: Any, call_id: str | None
+                    ) -> ApprovalRequest | None:
+        """A pending request of this run for the same call (id, tool and arguments)."""
+        if call_id is None:
+            return None
+        for req in await self.store.list_pending_approvals(self.run_id):
+            if req.call_id == call_id and req.tool == tool and req.args == args:
+                return req
+        return None
 
     async def request(self, tool: str, args: Any, *, call_id: str | None = None
                       ) -> str | None:
