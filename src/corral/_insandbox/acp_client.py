@@ -263,6 +263,7 @@ class Bridge:
         self.agent_gone = threading.Event()
         self.proc: subprocess.Popen | None = None  # type: ignore[type-arg]
         self.session_id: str | None = None
+        self.max_line = int(config.get("max_line") or MAX_LINE)
         self.ports: dict[str, int] = {}
         self.ports_known = threading.Event()
 
@@ -333,13 +334,13 @@ class Bridge:
                     self.on_line(first)
         self.ports_known.set()
         while True:
-            line = stream.readline(MAX_LINE + 1)
+            line = stream.readline(self.max_line + 1)
             if not line:
                 break
-            if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            if len(line) > self.max_line and not line.endswith(b"\n"):
                 skipped = len(line)
                 while True:  # drop the rest of the oversized line
-                    more = stream.readline(MAX_LINE)
+                    more = stream.readline(self.max_line)
                     skipped += len(more)
                     if not more or more.endswith(b"\n"):
                         break
