@@ -344,3 +344,36 @@ def test_cancel_of_an_acp_run_stops_the_bridge_the_agent_and_its_model_proxy(
 class TitledGate(Gate):
     def __call__(self, req: ModelRequest) -> Reply:
         return Text("title") if not req.tools else super().__call__(req)
+
+
+def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
+        corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """``--agent-command``: the scripted hostile agent from the workspace, in bubblewrap,
+    through the whole Runner; no policy (all its permission requests are allowed). With
+    a policy: one line at definition time, nothing recorded."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "agent.py").write_bytes(
+        (Path(__file__).with_name("fake_acp_agent.py")).read_bytes())
+    command = "python3 /workspace/agent.py edges 1000"
+    out = corral.run("run", "--harness", "acp", "--agent-command", command, "--run-id", "x1",
+                     "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("x1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    said = texts(events)
+    assert "fs: -32601" in said and "c1: yes" in said and "c2: yes" in said
+    assert results(events) == ["ran", "ran"]
+    pol = policy_workspace(tmp_path, "cmdpol", 'default = "allow"\ndeny = ["rm *"]')
+    out = corral.run("run", "--harness", "acp", "--agent-command", command, "--workspace",
+                     str(pol), "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--agent-command" in out.stderr and "policy" in out.stderr
+    out = corral.run("run", "--harness", "opencode", "--agent", "opencode", "go")
+    assert out.returncode == 2 and "--harness acp" in out.stderr, out.stderr
+    out = corral.run("run", "--harness", "acp", "--agent", "nope", "go")
+    assert out.returncode == 2 and "unknown ACP agent 'nope'" in out.stderr, out.stderr
+    out = corral.run("run", "--harness", "acp", "--provider", "docker", "--agent",
+                     "opencode", "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "docker provider runs the supervisor in the sandbox" in out.stderr
