@@ -364,6 +364,16 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
     said = texts(events)
     assert "fs: -32601" in said and "c1: yes" in said and "c2: yes" in said
     assert results(events) == ["ran", "ran"]
+    # the same from corral.toml's [agent] table
+    (ws / "corral.toml").write_text(
+        f'id = "cmd"\n[agent]\nharness = "acp"\nagent_command = "{command}"\n')
+    out = corral.run("run", "--run-id", "x2", "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert corral.raw_record("x2")["harness"] == "acp"
+    assert results(corral.log("x2")) == ["ran", "ran"]
+    (ws / "corral.toml").write_text('id = "cmd"\n[agent]\nharnes = "acp"\n')
+    out = corral.run("run", "--workspace", str(ws), "go")
+    assert out.returncode == 2 and "[agent] has no key 'harnes'" in out.stderr, out.stderr
     pol = policy_workspace(tmp_path, "cmdpol", 'default = "allow"\ndeny = ["rm *"]')
     out = corral.run("run", "--harness", "acp", "--agent-command", command, "--workspace",
                      str(pol), "go")
