@@ -77,12 +77,16 @@ def main() -> None:
     say(f"fs: {answer.get('error', {}).get('code')}")
     answer = ask("t9", "terminal/create", {"sessionId": SID, "command": "id"})
     say(f" terminal: {answer.get('error', {}).get('code')}")
-    for call, command in (("c1", "rm -rf /workspace"), ("c2", ["echo", "hi there"])):
+    for call, kind, title, command in (
+            ("c1", "execute", "Read", "rm -rf /workspace"),
+            ("c2", "execute", "Read", ["echo", "hi there"]),
+            ("c3", "other", "lookup (corral MCP Server)", None),  # a host tool (gemini)
+            ("c4", "other", "Read", None)):
         # permission first, no tool_call update before it
         got = ask(f"p-{call}", "session/request_permission", {
             "sessionId": SID, "options": OPTIONS,
-            "toolCall": {"toolCallId": call, "title": "Read", "kind": "execute",
-                         "rawInput": {"command": command}}})
+            "toolCall": {"toolCallId": call, "title": title, "kind": kind,
+                         "rawInput": {"command": command} if command else {}}})
         outcome = got.get("result", {}).get("outcome", {})
         chosen = outcome.get("optionId")
         say(f" {call}: {chosen}")

@@ -363,14 +363,14 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
     said = texts(events)
     assert "fs: -32601" in said and "c1: yes" in said and "c2: yes" in said
-    assert results(events) == ["ran", "ran"]
+    assert results(events) == ["ran"] * 4
     # the same from corral.toml's [agent] table
     (ws / "corral.toml").write_text(
         f'id = "cmd"\n[agent]\nharness = "acp"\nagent_command = "{command}"\n')
     out = corral.run("run", "--run-id", "x2", "--json", "--workspace", str(ws), "go")
     assert out.returncode == 0, out.stderr[-3000:]
     assert corral.raw_record("x2")["harness"] == "acp"
-    assert results(corral.log("x2")) == ["ran", "ran"]
+    assert results(corral.log("x2")) == ["ran"] * 4
     (ws / "corral.toml").write_text('id = "cmd"\n[agent]\nharnes = "acp"\n')
     out = corral.run("run", "--workspace", str(ws), "go")
     assert out.returncode == 2 and "[agent] has no key 'harnes'" in out.stderr, out.stderr

@@ -97,9 +97,12 @@ def test_a_hostile_agent_meets_the_policy_and_the_bridge_stays_up(tmp_path: Path
     # list) was allowed, by the option's kind (allow_once), never its lying name
     assert "fs: -32601" in said and "terminal: -32601" in said
     assert "c1: no" in said and "c2: yes" in said
+    assert "c3: yes" in said and "c4: yes" in said  # default allow
     starts = {e.tool_call_id: e.tool_call_name for e in events
               if e.type == EventType.TOOL_CALL_START}
-    assert starts == {"run-1-c1": "shell", "run-1-c2": "shell"}  # not the title "Read"
+    # named by kind (not the title "Read"), host tools by their own names
+    assert starts == {"run-1-c1": "shell", "run-1-c2": "shell", "run-1-c3": "lookup",
+                      "run-1-c4": "tool"}
     results = {e.tool_call_id: e.content for e in events
                if e.type == EventType.TOOL_CALL_RESULT}
     assert results["run-1-c1"].startswith("denied: denied by corral policy")
@@ -113,12 +116,21 @@ def test_a_hostile_agent_meets_the_policy_and_the_bridge_stays_up(tmp_path: Path
     assert any(e.type == EventType.CUSTOM and e.name == "acp.plan" for e in events)
 
 
+def test_default_deny_refuses_unknown_tools_but_not_corrals_host_tools(
+        tmp_path: Path) -> None:
+    done, journal = run_with_policy(Policy(default="deny", allow=("ls *",)), tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = texts(translate(journal, 0))
+    assert "c1: no" in said and "c2: no" in said and "c4: no" in said
+    assert "c3: yes" in said  # the run's own host tools decide their approvals themselves
+
+
 def test_no_driver_serving_the_permission_prompt_refuses_after_the_patience(
         tmp_path: Path) -> None:
     done, journal = run_with_policy(Policy(default="allow"), serve=False, tmp=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     said = texts(translate(journal, 0))
-    assert "c1: no" in said and "c2: no" in said  # fails closed
+    assert "c1: no" in said and "c2: no" in said and "c4: no" in said  # fails closed
 
 
 def test_sigterm_cancels_the_prompt_then_stops_the_agent(tmp_path: Path) -> None:
