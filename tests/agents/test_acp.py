@@ -150,6 +150,7 @@ def test_a_denied_command_never_runs_whatever_the_repository_configures(
     (result,) = results(events)
     assert result.startswith("denied: denied by corral policy"), result
     assert "rm *" in result
+    assert "after:" in texts(events)  # the model was told and the turn went on
     spec = corral.raw_record("d1")["spec"]
     assert spec["permission_prompt"] is True and spec["harness_options"]["agent"] == "opencode"
     # the sandbox's copy of the workspace still has the file: ask the agent's own shell
