@@ -368,7 +368,12 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
     # the same from corral.toml's [agent] table
     (ws / "corral.toml").write_text(
         f'id = "cmd"\n[agent]\nharness = "acp"\nagent_command = "{command}"\n')
+    # found in the workspace: the repository's file cannot choose an agent run itself
     out = corral.run("run", "--run-id", "x2", "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--harness acp" in out.stderr and "--config" in out.stderr
+    out = corral.run("run", "--run-id", "x2", "--json", "--config", str(ws / "corral.toml"),
+                     "--workspace", str(ws), "go")
     assert out.returncode == 0, out.stderr[-3000:]
     assert corral.raw_record("x2")["harness"] == "acp"
     assert results(corral.log("x2")) == ["ran"] * 4

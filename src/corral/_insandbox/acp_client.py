@@ -281,7 +281,6 @@ class Bridge:
         self.next_id = 0
         self.pending: dict[int, list[Any]] = {}
         self.pending_lock = threading.Lock()
-        self.cancelled: int | None = None
         self.cancel_event = threading.Event()
         self.agent_gone = threading.Event()
         self.proc: subprocess.Popen | None = None  # type: ignore[type-arg]
