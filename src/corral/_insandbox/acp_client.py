@@ -461,12 +461,17 @@ class Bridge:
         servers = self.substitute(list(cfg.get("mcp_servers") or []), {})
         wire_servers = self.substitute(servers, dict(cfg.get("secrets") or {}))
         resume = cfg.get("resume")
+        # the profile's _meta (the Claude adapter's options: corral's command gate)
+        meta = self.substitute(cfg.get("session_meta"), {})
+        extra = {"_meta": meta} if isinstance(meta, dict) and meta else {}
         session: str | None = None
         if isinstance(resume, str) and resume:
             if caps.get("loadSession") is True:
                 loaded = self.request(
-                    "session/load", {"sessionId": resume, "cwd": cwd, "mcpServers": servers},
-                    wire_params={"sessionId": resume, "cwd": cwd, "mcpServers": wire_servers})
+                    "session/load", {"sessionId": resume, "cwd": cwd, "mcpServers": servers,
+                                     **extra},
+                    wire_params={"sessionId": resume, "cwd": cwd, "mcpServers": wire_servers,
+                                 **extra})
                 if "error" not in loaded:
                     session = resume
                 else:
@@ -474,8 +479,9 @@ class Bridge:
             else:
                 self.note("no-load-session", sessionId=resume)
         if session is None:
-            made = self.request("session/new", {"cwd": cwd, "mcpServers": servers},
-                                wire_params={"cwd": cwd, "mcpServers": wire_servers})
+            made = self.request("session/new", {"cwd": cwd, "mcpServers": servers, **extra},
+                                wire_params={"cwd": cwd, "mcpServers": wire_servers,
+                                             **extra})
             result = made.get("result") if isinstance(made.get("result"), dict) else {}
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str):

@@ -159,7 +159,7 @@ class AcpHarness(CliHarness):
         return self.profile.upstream_api(self.model)
 
     def bin_under(self, install_dir: str) -> str:
-        return f"{install_dir}/node_modules/.bin/{self.profile.bin}"
+        return f"{install_dir}/{self.profile.bin_dir}/{self.profile.bin}"
 
     @property
     def default_bin(self) -> str:
@@ -202,8 +202,9 @@ class AcpHarness(CliHarness):
         if opts.model and opts.model != self.model:
             raise ConfigError(f"acp: the model is chosen when the harness is built "
                               f"({self.model}), not per request ({opts.model})")
-        argv = self.profile.argv(opts.bin or self.default_bin)
-        env = {"TERM": "dumb", "NO_COLOR": "1"}
+        bin_path = opts.bin or self.default_bin
+        argv = self.profile.argv(bin_path)
+        env = {"TERM": "dumb", "NO_COLOR": "1", **self.profile.bin_env(bin_path)}
         env.update(self.profile.env(self.model, self._base_url(opts), opts, self.acp_policy))
         if opts.egress:
             proxy = "http://127.0.0.1:{corral.port.egress}"
@@ -230,6 +231,7 @@ class AcpHarness(CliHarness):
             "resume": opts.resume,
             "mode": self.profile.mode,
             "ask_corral": self.acp_policy.ask_corral,
+            "session_meta": self.profile.session_meta(opts, self.acp_policy),
         }
 
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> AcpTranslator:

@@ -72,6 +72,9 @@ class AcpAgent:
     package: ClassVar[str | None] = None
     """The :data:`corral.harness._packages.KNOWN_AGENTS` install holding the agent."""
     bin: ClassVar[str] = ""
+    bin_dir: ClassVar[str] = "node_modules/.bin"
+    """Where ``bin`` is, relative to the install directory (a companion's prefix for the
+    Claude adapter)."""
     args: ClassVar[tuple[str, ...]] = ()
     mode: ClassVar[str | None] = None
     session_dirs: ClassVar[tuple[str, ...]] = ()
@@ -88,6 +91,15 @@ class AcpAgent:
 
     def check_model(self, model: str | None) -> None:
         """Raise :class:`ConfigError` for a model this agent cannot use."""
+
+    def bin_env(self, bin_path: str) -> dict[str, str]:
+        """Environment that depends on where the executable is (default: none)."""
+        return {}
+
+    def session_meta(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any] | None:
+        """``_meta`` for ``session/new`` and ``session/load`` (default: none). It is
+        journaled: no secrets (``{corral.port.NAME}`` is filled in by the bridge)."""
+        return None
 
     def upstream_api(self, model: str | None) -> ModelApi:
         raise NotImplementedError
