@@ -176,7 +176,8 @@ def test_allowed_commands_run_asked_for_each(
     assert result.startswith("denied: ") and "default" in result, result
 
 
-def approve_when_asked(corral: Corral, run_id: str, allow: bool) -> dict[str, Any]:
+def approve_when_asked(corral: Corral, run_id: str,  # noqa: F811 - not the fixture
+                       allow: bool) -> dict[str, Any]:
     found: list[dict[str, Any]] = []
 
     def asked() -> bool:

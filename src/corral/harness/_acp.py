@@ -381,8 +381,8 @@ class AcpTranslator(JsonlTranslator):
         if event in ("bridge-error", "mode-refused") and self.error_message is None:
             self.error_message = f"acp bridge: {event}: {obj.get('error') or obj.get('modeId')}"
             self.error_code = f"acp:{event}"
-        if event == "permission":
-            return []
+        if event in ("permission", "ports"):
+            return []  # (ports: the in-sandbox forwarders' numbers, for the bridge only)
         return [self.custom("note", {k: v for k, v in obj.items() if k != "acp"})]
 
     # -- session/update
