@@ -234,3 +234,58 @@ def test_claude_ask_rule_becomes_a_corral_approval(
         assert "approved-ran" not in result and "corral approval" in result, result
     resolved = customs(events, APPROVAL_RESOLVED_EVENT)
     assert [r["decision"] for r in resolved] == ["allow" if allow else "deny"]
+
+
+# ---------------------------------------------------------------- resume
+
+
+def _remembering(first_answer: str) -> Any:
+    def script(req: ModelRequest) -> Reply:
+        if "second" in req.last_user_text:
+            return Text("second answer")
+        return Text(first_answer)
+    return script
+
+
+@pytest.mark.parametrize("agent", ["gemini", "claude"])
+@pytest.mark.parametrize("destroy", [False, True], ids=["same-sandbox", "fresh-sandbox"])
+def test_a_second_prompt_on_the_thread_loads_the_acp_session(
+        agent: str, destroy: bool, gemini_install: InstalledAgent,
+        claude_install: InstalledAgent, sandbox_factory: Any, bwrap: Any,
+        model_server: ModelServer) -> None:
+    """session/load continues the agent's session, also in a fresh sandbox (the session
+    files saved with the thread); for gemini also within the minute the session started
+    (gemini 0.61 would otherwise overwrite the session's file while loading it)."""
+    model_server.script = _remembering("FIRST-ANSWER-42")
+    model = "gemini-fake" if agent == "gemini" else "claude-fake"
+    harness = AcpHarness(agent=agent, model=model)
+    up = Upstream("gemini" if agent == "gemini" else "anthropic", model_server.url, REAL_KEY)
+
+    async def go() -> Any:
+        first_box = await sandbox_factory()
+        run1 = await run_agent(harness, first_box, "first prompt XYZZY-7", model_server,
+                               thread_id="t-resume", run_id="r1", upstream=up)
+        if destroy:
+            await bwrap.destroy(first_box.ref)
+            second_box = await sandbox_factory()
+        else:
+            second_box = first_box
+        run2 = await run_agent(harness, second_box, "second prompt", model_server,
+                               thread_id="t-resume", run_id="r2", upstream=up)
+        return run1, run2
+
+    run1, run2 = anyio.run(go)
+    journal2 = run2.paths.journal.read_text(errors="replace")
+    assert run1.terminal.type == EventType.RUN_FINISHED, run1.stderr[-2000:]
+    assert run2.terminal.type == EventType.RUN_FINISHED, (run2.stderr[-2000:], journal2[-2000:])
+    sid1 = run1.report.session_id
+    assert sid1 and run2.prepared.resumed is not None
+    assert run2.prepared.resumed.session_id == sid1
+    assert '"session/load"' in journal2 and "load-failed" not in journal2, journal2[-3000:]
+    assert run2.report.session_id == sid1
+    last = model_server.model_requests[-1]
+    assert "second prompt" in last.last_user_text
+    history = "\n".join(last.texts)
+    assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history
+    # the replayed history is not this run's: one text message, the second answer
+    assert "".join(run2.texts()) == "second answer"

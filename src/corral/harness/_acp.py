@@ -262,6 +262,8 @@ class AcpTranslator(JsonlTranslator):
         self.requests: dict[int, str] = {}
         """Our request ids → their methods."""
         self.loading: str | None = None
+        self.replaying = False
+        """A session was loaded and no prompt sent yet: updates are its history."""
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
@@ -289,6 +291,8 @@ class AcpTranslator(JsonlTranslator):
             assert isinstance(params, dict)
             if method == "session/load":
                 self.loading = as_str(params.get("sessionId"))
+            elif method == "session/prompt":
+                self.replaying = False
         return []
 
     def _received(self, msg: dict[str, Any]) -> list[BaseEvent]:
@@ -298,8 +302,10 @@ class AcpTranslator(JsonlTranslator):
         if isinstance(method, str):
             if method == "session/update":
                 update = params.get("update")
-                if self.loading is not None or not isinstance(update, dict):
-                    return []  # history replayed by session/load: not this run's events
+                if self.loading is not None or self.replaying or not isinstance(update, dict):
+                    # history replayed by session/load (gemini goes on replaying after
+                    # the load result): not this run's events
+                    return []
                 return self._update(update)
             if method == "session/request_permission":
                 tc = params.get("toolCall")
@@ -313,6 +319,7 @@ class AcpTranslator(JsonlTranslator):
         if method == "session/load":
             loaded, self.loading = self.loading, None
             if isinstance(result, dict) or result is None and error is None:
+                self.replaying = True
                 return self._session(loaded)
             return []
         if method == "session/new":

@@ -190,6 +190,14 @@ class OpencodeAcp(AcpAgent):
                 "OPENCODE_CONFIG_CONTENT": json.dumps(config, separators=(",", ":"))}
 
 
+GEMINI_RENAME_SESSIONS = (
+    'for f in "$HOME"/.gemini/tmp/*/chats/session-[0-9]*.json*; do '
+    '[ -f "$f" ] && mv -f "$f" "${f%/session-*}/session-r${f##*/session-}"; done; '
+    'exec "$@"')
+"""``sh -c`` before ``gemini --acp``: ``session-<date>-<id8>.jsonl`` → ``session-r<date>-<id8>
+.jsonl`` (see :meth:`GeminiAcp.argv`)."""
+
+
 class GeminiAcp(AcpAgent):
     """``gemini --acp`` (@google/gemini-cli, the ``gemini-cli`` install), configured as the
     gemini-cli harness is (:func:`corral.harness._gemini_cli.gemini_settings` in
@@ -225,6 +233,14 @@ class GeminiAcp(AcpAgent):
     cleared_home_files = (".gemini/policies", ".gemini/extensions",
                           ".gemini/trustedFolders.json")
     instructions_file = ".gemini/GEMINI.md"
+
+    def argv(self, bin_path: str) -> list[str]:
+        # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a
+        # process loading it opens session-<current minute>-<id8>.jsonl afresh: within the
+        # session's first minute that is the same file, wiped before it is read ("No
+        # previous sessions found"). Restored files get a name no new one can have first
+        # (gemini finds sessions by the id inside any session-*.json[l]).
+        return ["/bin/sh", "-c", GEMINI_RENAME_SESSIONS, "gemini-acp", bin_path, *self.args]
 
     def upstream_api(self, model: str | None) -> ModelApi:
         return "gemini"
@@ -359,6 +375,8 @@ class ClaudeAcp(AcpAgent):
             "DISABLE_ERROR_REPORTING": "1",
             "CLAUDE_CODE_MAX_RETRIES": str(opts.max_retries),
             "ENABLE_TOOL_SEARCH": "false",
+            # the adapter's follow-up suggestion is one more model call after every turn
+            "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION": "false",
         }
         if model:
             env["ANTHROPIC_MODEL"] = model
