@@ -22,6 +22,7 @@ from corral.sandbox._policy import Policy
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_acp import (
     ACP as _OPENCODE_ACP,
     approve_when_asked,
@@ -32,7 +33,7 @@ from .test_acp import (
 from .test_runner_agents import Corral, corral  # noqa: F401 - the corral fixture
 from corral.tools._approvals import APPROVAL_RESOLVED_EVENT
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
 assert _OPENCODE_ACP  # the opencode form these tests mirror
 
 
@@ -289,3 +290,30 @@ def test_a_second_prompt_on_the_thread_loads_the_acp_session(
     assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history
     # the replayed history is not this run's: one text message, the second answer
     assert "".join(run2.texts()) == "second answer"
+
+
+# ---------------------------------------------------------------- host tools
+
+
+def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
+    """The host tool under whatever prefix the agent offers MCP tools by."""
+    offered = [t for t in req.tools if t.endswith(tool_name)]
+    return ToolCall("", tool=offered[0], args=args) if offered else None
+
+
+def test_claude_host_tool_round_trip(claude_install: InstalledAgent, host_env: ModelServer,
+                                     corral_home: Path, tmp_path: Path) -> None:
+    check_host_tool_round_trip(
+        harness="acp", options={"agent": "claude", "model": "claude-fake", "max_retries": 0},
+        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
+        call_then_answer=host_tool_script(_offered))
+
+
+def test_gemini_host_tool_round_trip(gemini_install: InstalledAgent, host_env: ModelServer,
+                                     corral_home: Path, tmp_path: Path) -> None:
+    """Host tools reach gemini as session/new mcpServers (its folder is trusted: with no
+    policy the sandbox is the boundary); gemini reports no arguments over ACP."""
+    check_host_tool_round_trip(
+        harness="acp", options={"agent": "gemini", "model": "gemini-fake", "max_retries": 0},
+        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
+        call_then_answer=host_tool_script(_offered), args_reported=False)

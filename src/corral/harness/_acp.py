@@ -503,6 +503,10 @@ def _tool_name(tc: Mapping[str, Any]) -> str:
     for prefix in (f"{SERVER_NAME}_", f"mcp__{SERVER_NAME}__"):
         if title.startswith(prefix) and len(title) > len(prefix) and " " not in title:
             return title[len(prefix):][:100]
+    # gemini: "<tool> (<server> MCP Server)"
+    suffix = f" ({SERVER_NAME} MCP Server)"
+    if title.endswith(suffix) and " " not in title[: -len(suffix)] and len(title) > len(suffix):
+        return title[: -len(suffix)][:100]
     kind = tc.get("kind")
     return _KIND_NAMES.get(kind, "tool") if isinstance(kind, str) else "tool"
 
