@@ -23,6 +23,7 @@ from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text,
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
     Gate,
@@ -284,3 +285,105 @@ def test_sigkill_of_the_driver_while_an_approval_is_pending(
     assert "approved-ran" in results(log)[0]
     assert len(customs(log, APPROVAL_REQUEST_EVENT)) == 1
     assert _normal(log, "k2") == _normal(reference, "ref")
+
+
+def test_host_tools_reach_the_agent_as_mcp_servers_in_session_new(
+        opencode_install: InstalledAgent, bwrap: Any, host_env: ModelServer,
+        corral_home: Path, tmp_path: Path) -> None:
+    def offered(req: ModelRequest, name: str, args: dict[str, Any]) -> ToolCall | None:
+        return ToolCall("", tool=f"corral_{name}", args=args) \
+            if f"corral_{name}" in req.tools else None
+
+    def call_then_answer(name: str, args: dict[str, Any]) -> Any:
+        inner = host_tool_script(offered)(name, args)
+        return lambda req: Text("a title") if not req.tools else inner(req)
+
+    check_host_tool_round_trip(
+        harness="acp", options={"agent": "opencode", "model": "anthropic/claude-fake"},
+        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
+        call_then_answer=call_then_answer)
+    # the tools token reached the agent on the wire only: the journal names the variable
+    journals = [p for p in corral_home.rglob("*") if p.is_file() and b'"acp":"send"' in
+                p.read_bytes()]
+    assert journals
+    for path in journals:
+        assert b"Bearer ${CORRAL_TOOLS_TOKEN}" in path.read_bytes()
+
+
+def test_a_second_prompt_on_the_thread_loads_the_session_in_a_fresh_sandbox(
+        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811
+    def script(req: ModelRequest) -> Reply:
+        if not req.tools:
+            return Text("title")
+        return Text("second answer" if "second" in req.last_user_text else "FIRST-ANSWER-42")
+
+    corral.srv.script = script
+    first = acp_run(corral, "r1", "first prompt XYZZY-7", "--thread", "T")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = acp_run(corral, "r2", "second prompt", "--thread", "T")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert corral.raw_record("r1")["sandbox_ref"]["id"] != \
+        corral.raw_record("r2")["sandbox_ref"]["id"]  # the first sandbox is gone
+    last = [r for r in corral.srv.model_requests if r.tools][-1]
+    assert "second prompt" in last.last_user_text
+    history = "\n".join(last.texts)
+    assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history
+    sessions = [e["value"]["sessionId"] for r in ("r1", "r2") for e in corral.log(r)
+                if e["type"] == "CUSTOM" and e["name"] == "corral.session"]
+    assert len(sessions) == 2 and sessions[0] == sessions[1]
+    # the history the agent replays on session/load is not this run's events
+    log2 = corral.log("r2")
+    assert "FIRST-ANSWER-42" not in texts(log2) and texts(log2) == "second answer"
+
+
+def test_cancel_of_an_acp_run_stops_the_bridge_the_agent_and_its_model_proxy(
+        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811
+    check_cancel_stops_the_agent_and_its_model_proxy(corral, TitledGate(), ACP)
+
+
+class TitledGate(Gate):
+    def __call__(self, req: ModelRequest) -> Reply:
+        return Text("title") if not req.tools else super().__call__(req)
+
+
+def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
+        corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """``--agent-command``: the scripted hostile agent from the workspace, in bubblewrap,
+    through the whole Runner; no policy (all its permission requests are allowed). With
+    a policy: one line at definition time, nothing recorded."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "agent.py").write_bytes(
+        (Path(__file__).with_name("fake_acp_agent.py")).read_bytes())
+    command = "python3 /workspace/agent.py edges 1000"
+    out = corral.run("run", "--harness", "acp", "--agent-command", command, "--run-id", "x1",
+                     "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("x1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    said = texts(events)
+    assert "fs: -32601" in said and "c1: yes" in said and "c2: yes" in said
+    assert results(events) == ["ran"] * 4
+    # the same from corral.toml's [agent] table
+    (ws / "corral.toml").write_text(
+        f'id = "cmd"\n[agent]\nharness = "acp"\nagent_command = "{command}"\n')
+    out = corral.run("run", "--run-id", "x2", "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert corral.raw_record("x2")["harness"] == "acp"
+    assert results(corral.log("x2")) == ["ran"] * 4
+    (ws / "corral.toml").write_text('id = "cmd"\n[agent]\nharnes = "acp"\n')
+    out = corral.run("run", "--workspace", str(ws), "go")
+    assert out.returncode == 2 and "[agent] has no key 'harnes'" in out.stderr, out.stderr
+    pol = policy_workspace(tmp_path, "cmdpol", 'default = "allow"\ndeny = ["rm *"]')
+    out = corral.run("run", "--harness", "acp", "--agent-command", command, "--workspace",
+                     str(pol), "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--agent-command" in out.stderr and "policy" in out.stderr
+    out = corral.run("run", "--harness", "opencode", "--agent", "opencode", "go")
+    assert out.returncode == 2 and "--harness acp" in out.stderr, out.stderr
+    out = corral.run("run", "--harness", "acp", "--agent", "nope", "go")
+    assert out.returncode == 2 and "unknown ACP agent 'nope'" in out.stderr, out.stderr
+    out = corral.run("run", "--harness", "acp", "--provider", "docker", "--agent",
+                     "opencode", "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "docker provider runs the supervisor in the sandbox" in out.stderr

@@ -32,8 +32,10 @@ bridge then dies of the same signal (what the supervisor records for any cancell
 Its configuration comes on stdin, never argv/env: a decimal byte count, a newline, then that
 many bytes of JSON (the inner command's argv/env/cwd and its ``stdin_prefix`` (base64) —
 bubblewrap's launcher reads env/argv from stdin first —, the prompt, the session's ``cwd``
-and ``mcpServers``, ``resume``, ``mode``, and ``permission``: ``{"socket", "token",
-"path", "patience"}`` or ``null`` for allow-all).
+and ``mcpServers``, ``resume``, ``mode``, ``session_params`` (more ``session/new`` /
+``session/load`` parameters, e.g. Claude's ``_meta``), ``command_in_title``, ``secrets``
+(``${VAR}`` values filled in on the wire only, never in the journal), ``await_ports``, and
+``permission``: ``{"socket", "token", "path", "patience"}`` or ``null`` for allow-all).
 
 Why not the ``agent-client-protocol`` Python SDK (0.12.1): this side must be stdlib-only
 (it runs under the supervisor with ``python3 -I -S``, possibly a bare system Python; the
@@ -50,6 +52,7 @@ import base64
 import ctypes
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -115,15 +118,35 @@ def encode_header(config: dict[str, Any]) -> bytes:
 # ---------------------------------------------------------------- policy
 
 
-def permission_question(tool_call: Any) -> tuple[str, dict[str, Any]] | None:
+HOST_TOOL = re.compile(r"^(?:corral_|mcp__corral__|mcp_corral_)[A-Za-z0-9_.-]+$|"
+                       r"^[A-Za-z0-9_.-]+ \(corral MCP Server\)$")
+"""How agents name a tool of the run's ``corral`` MCP server (opencode ``corral_x``, Claude
+``mcp__corral__x``, gemini ``mcp_corral_x`` / title ``x (corral MCP Server)``)."""
+
+
+def is_host_tool(tc: dict[str, Any]) -> bool:
+    """Whether an ``other``-kind call is one of corral's host tools (they decide their own
+    approvals on the host; the policy's command rules are not about them)."""
+    meta = tc.get("_meta") if isinstance(tc.get("_meta"), dict) else {}
+    claude = meta.get("claudeCode") if isinstance(meta, dict) else None
+    names = [tc.get("title"), tc.get("name"),
+             claude.get("toolName") if isinstance(claude, dict) else None]
+    return any(isinstance(n, str) and HOST_TOOL.match(n) for n in names)
+
+
+def permission_question(tool_call: Any, command_in_title: bool = False
+                        ) -> tuple[str, dict[str, Any]] | None:
     """``(tool_name, input)`` for corral's permission prompt from an ACP ``toolCall``, or
-    ``None`` for tools that only read (allowed without asking). Never takes a name from the
-    agent: only its ``kind`` picks the question."""
+    ``None`` for tools that only read and corral's own host tools (allowed without asking).
+    Never takes a tool name from the agent: its ``kind`` picks the question.
+    ``command_in_title``: the agent reports a command only as the call's title (gemini)."""
     tc: dict[str, Any] = tool_call if isinstance(tool_call, dict) else {}
     kind = tc.get("kind")
     raw: dict[str, Any] = tc["rawInput"] if isinstance(tc.get("rawInput"), dict) else {}
     if kind == "execute":
         command = raw.get("command")
+        if command is None and command_in_title:
+            command = tc.get("title")
         if isinstance(command, list) and all(isinstance(a, str) for a in command):
             command = " ".join(shlex.quote(a) for a in command) if len(command) > 1 \
                 else (command[0] if command else None)
@@ -135,7 +158,7 @@ def permission_question(tool_call: Any) -> tuple[str, dict[str, Any]] | None:
     if kind == "fetch":
         url = raw.get("url")
         return "WebFetch", {"url": url if isinstance(url, str) else None}
-    if kind in ("read", "search", "think"):
+    if kind in ("read", "search", "think") or (kind == "other" and is_host_tool(tc)):
         return None
     # Not a name the agent chose: an unknown tool takes the policy's default.
     return "acp_other", {"kind": kind if isinstance(kind, str) else None}
@@ -267,6 +290,7 @@ class Bridge:
         self.agent_gone = threading.Event()
         self.proc: subprocess.Popen | None = None  # type: ignore[type-arg]
         self.session_id: str | None = None
+        self.max_line = int(config.get("max_line") or MAX_LINE)
         self.ports: dict[str, int] = {}
         self.ports_known = threading.Event()
         self.last_recv = time.monotonic()
@@ -338,13 +362,13 @@ class Bridge:
                     self.on_line(first)
         self.ports_known.set()
         while True:
-            line = stream.readline(MAX_LINE + 1)
+            line = stream.readline(self.max_line + 1)
             if not line:
                 break
-            if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            if len(line) > self.max_line and not line.endswith(b"\n"):
                 skipped = len(line)
                 while True:  # drop the rest of the oversized line
-                    more = stream.readline(MAX_LINE)
+                    more = stream.readline(self.max_line)
                     skipped += len(more)
                     if not more or more.endswith(b"\n"):
                         break
@@ -392,7 +416,7 @@ class Bridge:
         if self.cancel_event.is_set():
             return {"outcome": {"outcome": "cancelled"}}
         tool_call = params.get("toolCall")
-        question = permission_question(tool_call)
+        question = permission_question(tool_call, bool(self.config.get("command_in_title")))
         policy = self.config.get("permission")
         if question is None:
             allowed, why = True, "reads only"
@@ -464,20 +488,20 @@ class Bridge:
         if not isinstance(caps, dict):
             caps = {}
         cwd = str(cfg.get("workdir") or "/workspace")
+        secrets = dict(cfg.get("secrets") or {})
+        extra = self.substitute(dict(cfg.get("session_params") or {}), {})
         servers = self.substitute(list(cfg.get("mcp_servers") or []), {})
-        wire_servers = self.substitute(servers, dict(cfg.get("secrets") or {}))
+        wire_extra = self.substitute(extra, secrets)
+        wire_servers = self.substitute(servers, secrets)
         resume = cfg.get("resume")
-        # the profile's _meta (the Claude adapter's options: corral's command gate)
-        meta = self.substitute(cfg.get("session_meta"), {})
-        extra = {"_meta": meta} if isinstance(meta, dict) and meta else {}
         session: str | None = None
         if isinstance(resume, str) and resume:
             if caps.get("loadSession") is True:
                 loaded = self.request(
-                    "session/load", {"sessionId": resume, "cwd": cwd, "mcpServers": servers,
-                                     **extra},
-                    wire_params={"sessionId": resume, "cwd": cwd, "mcpServers": wire_servers,
-                                 **extra})
+                    "session/load", {**extra, "sessionId": resume, "cwd": cwd,
+                                     "mcpServers": servers},
+                    wire_params={**wire_extra, "sessionId": resume, "cwd": cwd,
+                                 "mcpServers": wire_servers})
                 if "error" not in loaded:
                     session = resume
                     self.settle()
@@ -486,9 +510,9 @@ class Bridge:
             else:
                 self.note("no-load-session", sessionId=resume)
         if session is None:
-            made = self.request("session/new", {"cwd": cwd, "mcpServers": servers, **extra},
-                                wire_params={"cwd": cwd, "mcpServers": wire_servers,
-                                             **extra})
+            made = self.request("session/new", {**extra, "cwd": cwd, "mcpServers": servers},
+                                wire_params={**wire_extra, "cwd": cwd,
+                                             "mcpServers": wire_servers})
             result = made.get("result") if isinstance(made.get("result"), dict) else {}
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str):

@@ -141,7 +141,8 @@ class PreparedAgent:
     """The in-sandbox command (argv/env/cwd/stdin) for ``handle.host_command``."""
     thread_id: str
     run_id: str
-    install: InstalledAgent
+    install: InstalledAgent | None
+    """``None`` for an agent that comes from no install (``--agent-command``)."""
     model_proxy: ModelProxy
     model_socket: Path
     egress_proxy: EgressProxy | None = None
@@ -337,13 +338,16 @@ async def finish_agent_run(
 
 
 def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
-                        upstream: Upstream | None = None) -> tuple[InstalledAgent, Upstream]:
+                        upstream: Upstream | None = None
+                        ) -> tuple[InstalledAgent | None, Upstream]:
     """The installed CLI and the model upstream for ``harness`` (default: from the host's
     ``ANTHROPIC_*`` / ``OPENAI_*`` variables). Raises :class:`PrerequisiteMissing` naming
     the fix (``corral agents install NAME``, the variable to set)."""
     pkg = harness.package.name
-    install = find_installed(pkg, harness.version, root=agents)
-    if install is None:
+    # (an ACP agent given as a command, --agent-command, comes from no install)
+    needs_install = getattr(harness, "needs_install", True)
+    install = find_installed(pkg, harness.version, root=agents) if needs_install else None
+    if install is None and needs_install:
         raise PrerequisiteMissing(
             f"{pkg} {harness.version} is not installed: run `corral agents install "
             f"{pkg}" + (f" --version {harness.version}`"
@@ -444,7 +448,8 @@ async def prepare_agent(
     else:
         net_host = own_net = new_net_dir()
         sock_dir_inside = str(net_host)
-        options.setdefault("bin", harness.bin_under(str(install.path)))
+        if install is not None:
+            options.setdefault("bin", harness.bin_under(str(install.path)))
     model_socket = net_host / f"model-{token}.sock"
     if len(str(model_socket)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "

@@ -42,6 +42,7 @@ messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -81,6 +82,10 @@ _ACP_KEYS = ("agent", "agent_command")
 _KIND_NAMES = {"execute": "shell", "edit": "edit", "delete": "delete", "move": "move",
                "read": "read", "search": "search", "fetch": "fetch", "think": "think"}
 DENIED = "denied: "
+_HOST_TOOL = re.compile(rf"^(?:{SERVER_NAME}_|mcp__{SERVER_NAME}__|mcp_{SERVER_NAME}_)"
+                        rf"([A-Za-z0-9_.-]+)$|^([A-Za-z0-9_.-]+) \({SERVER_NAME} MCP Server\)$")
+"""The run's host tools as opencode (``corral_x``), Claude (``mcp__corral__x``) and gemini
+(``mcp_corral_x``, title ``x (corral MCP Server)``) name them."""
 
 
 def acp_mcp_servers(servers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -231,13 +236,15 @@ class AcpHarness(CliHarness):
             "resume": opts.resume,
             "mode": self.profile.mode,
             "ask_corral": self.acp_policy.ask_corral,
-            "session_meta": self.profile.session_meta(opts, self.acp_policy),
+            "command_in_title": self.profile.command_in_title,
+            "session_params": self.profile.session_params(opts, self.acp_policy),
         }
 
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> AcpTranslator:
         if at_offset is not None:
             raise ConfigError("the acp translator resumes by replay, not by offset")
-        return AcpTranslator(ctx, agent=self.agent or "command")
+        return AcpTranslator(ctx, agent=self.agent or "command",
+                             command_in_title=self.profile.command_in_title)
 
 
 class _Tool:
@@ -256,14 +263,16 @@ class AcpTranslator(JsonlTranslator):
 
     harness: ClassVar[str] = "acp"
 
-    def __init__(self, ctx: RunContext, agent: str = "command") -> None:
+    def __init__(self, ctx: RunContext, agent: str = "command",
+                 command_in_title: bool = False) -> None:
         super().__init__(ctx)
         self.agent = agent
         self.requests: dict[int, str] = {}
         """Our request ids → their methods."""
         self.loading: str | None = None
         self.replaying = False
-        """A session was loaded and no prompt sent yet: updates are its history."""
+        """Between ``session/load`` and ``session/prompt``: updates replay history."""
+        self.command_in_title = command_in_title
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
@@ -291,7 +300,9 @@ class AcpTranslator(JsonlTranslator):
             assert isinstance(params, dict)
             if method == "session/load":
                 self.loading = as_str(params.get("sessionId"))
+                self.replaying = True
             elif method == "session/prompt":
+                # (gemini streams some of the loaded history after the load's result)
                 self.replaying = False
         return []
 
@@ -302,10 +313,8 @@ class AcpTranslator(JsonlTranslator):
         if isinstance(method, str):
             if method == "session/update":
                 update = params.get("update")
-                if self.loading is not None or self.replaying or not isinstance(update, dict):
-                    # history replayed by session/load (gemini goes on replaying after
-                    # the load result): not this run's events
-                    return []
+                if self.replaying or not isinstance(update, dict):
+                    return []  # history replayed by session/load: not this run's events
                 return self._update(update)
             if method == "session/request_permission":
                 tc = params.get("toolCall")
@@ -340,7 +349,7 @@ class AcpTranslator(JsonlTranslator):
             out = self._close_text()
             if isinstance(result, dict):
                 reason = result.get("stopReason")
-                self._usage(result.get("usage"))
+                self._usage(result.get("usage"), result.get("_meta"))
                 if reason == "end_turn":
                     self.succeeded = True
                     text = "".join(self.text_parts)
@@ -355,7 +364,12 @@ class AcpTranslator(JsonlTranslator):
             return out
         return []
 
-    def _usage(self, usage: Any) -> None:
+    def _usage(self, usage: Any, meta: Any = None) -> None:
+        quota = meta.get("quota") if isinstance(meta, dict) else None
+        tokens = quota.get("token_count") if isinstance(quota, dict) else None
+        if not isinstance(usage, dict) and isinstance(tokens, dict):  # gemini's
+            usage = {"inputTokens": tokens.get("input_tokens"),
+                     "outputTokens": tokens.get("output_tokens")}
         if isinstance(usage, dict):
             self.usage = [token_usage(None, input_tokens=as_int(usage.get("inputTokens")),
                                       output_tokens=as_int(usage.get("outputTokens")),
@@ -456,7 +470,7 @@ class AcpTranslator(JsonlTranslator):
             self.tools[call] = tool
             self.open_tools[call] = tool.name
             out.append(ev.tool_call_start(tool.id, tool.name))
-        args = _tool_args(tc, tool.name)
+        args = _tool_args(tc, tool.name, self.command_in_title)
         if args is not None:
             tool.args = args
         status = tc.get("status")
@@ -499,20 +513,24 @@ class AcpTranslator(JsonlTranslator):
 
 
 def _tool_name(tc: Mapping[str, Any]) -> str:
-    title = as_str(tc.get("title")) or ""
-    for prefix in (f"{SERVER_NAME}_", f"mcp__{SERVER_NAME}__"):
-        if title.startswith(prefix) and len(title) > len(prefix) and " " not in title:
-            return title[len(prefix):][:100]
-    # gemini: "<tool> (<server> MCP Server)"
-    suffix = f" ({SERVER_NAME} MCP Server)"
-    if title.endswith(suffix) and " " not in title[: -len(suffix)] and len(title) > len(suffix):
-        return title[: -len(suffix)][:100]
+    """A host tool's own name (however the agent spells the ``corral`` server's tools),
+    else the ACP kind's (never a title: that is free text, often the command)."""
+    meta = tc.get("_meta") if isinstance(tc.get("_meta"), dict) else {}
+    claude = meta.get("claudeCode") if isinstance(meta, dict) else None
+    for name in (tc.get("name"), claude.get("toolName") if isinstance(claude, dict) else None,
+                 tc.get("title")):
+        m = _HOST_TOOL.match(name) if isinstance(name, str) else None
+        if m:
+            return (m.group(1) or m.group(2))[:100]
     kind = tc.get("kind")
     return _KIND_NAMES.get(kind, "tool") if isinstance(kind, str) else "tool"
 
 
-def _tool_args(tc: Mapping[str, Any], name: str) -> Any:
+def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
     raw = tc.get("rawInput")
+    if name == "shell" and command_in_title and not isinstance(raw, dict):
+        title = as_str(tc.get("title"))
+        return {"command": title} if title else None
     if not isinstance(raw, dict) or not raw:
         return None
     if name == "shell":

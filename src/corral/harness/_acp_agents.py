@@ -19,11 +19,21 @@ one agent that speaks the Agent Client Protocol on stdio:
   endpoint = the in-sandbox forwarder to corral's model proxy, a placeholder key);
 * :meth:`AcpAgent.upstream_api`: which API the model proxy speaks for a model.
 
+* :meth:`AcpAgent.session_params` / ``command_in_title``: extra ``session/new`` /
+  ``session/load`` parameters (the Claude adapter's ``_meta`` with corral's command gate),
+  and whether ``execute`` calls carry their command only as the title (gemini).
+
 The profile object is stateless apart from what :meth:`map_policy` decides (kept on the
 harness as ``AcpPolicy``); :class:`corral.harness._acp.AcpHarness` calls, in this order,
-``map_policy(policy, prompt)`` once at definition time, then per run ``env(...)`` and
-``home_files(...)``. Adding an agent: subclass :class:`AcpAgent`, implement the four
-methods, add an instance to :data:`ACP_AGENTS`.
+``check_model(model)`` and ``map_policy(policy, prompt)`` once at definition time, then per
+run ``env(...)``, ``home_files(...)`` and ``session_params(...)``. Adding an agent:
+subclass :class:`AcpAgent`, set the class attributes, implement ``upstream_api``,
+``map_policy`` and ``env`` (and the others as needed), add an instance to
+:data:`ACP_AGENTS`. The bridge answers permission requests from corral's policy only when
+``AcpPolicy.ask_corral`` (else it allows them all: no policy), mapping the call's ACP
+``kind`` (execute → ``Bash`` with its command; edit/delete/move → ``Edit``; fetch →
+``WebFetch``; read/search/think and corral's own host tools → allowed; other → the policy's
+default).
 
 ``--agent-command 'CMD …'``: :class:`CommandAgent`, a shell-split argv run as it is. corral
 cannot know whether such an agent asks before every command, so only "no policy" (the
@@ -89,6 +99,15 @@ class AcpAgent:
     max_model_failures: ClassVar[int | None] = None
     base_url_suffix: ClassVar[str] = ""
     """Appended to the in-sandbox model endpoint (``/v1`` for opencode's providers)."""
+    command_in_title: ClassVar[bool] = False
+    """The agent reports an ``execute`` call's command only as its title (gemini): the
+    bridge asks the policy about the title, the translator shows it as the command."""
+
+    def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
+        """More ``session/new`` / ``session/load`` parameters (e.g. the Claude adapter's
+        ``_meta``). ``{corral.port.NAME}`` is filled in with the in-sandbox port and
+        ``${CORRAL_TOOLS_TOKEN}`` on the wire only (the journal keeps the reference)."""
+        return {}
 
     def argv(self, bin_path: str) -> list[str]:
         """The agent's argv, given its executable's path."""
@@ -101,10 +120,6 @@ class AcpAgent:
         """Environment that depends on where the executable is (default: none)."""
         return {}
 
-    def session_meta(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any] | None:
-        """``_meta`` for ``session/new`` and ``session/load`` (default: none). It is
-        journaled: no secrets (``{corral.port.NAME}`` is filled in by the bridge)."""
-        return None
 
     def upstream_api(self, model: str | None) -> ModelApi:
         raise NotImplementedError
@@ -355,14 +370,15 @@ class ClaudeAcp(AcpAgent):
         return AcpPolicy(PolicyMapping("acp:claude", enforced=enforced,
                                        permission_prompt=True), ask_corral=True)
 
-    def session_meta(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any] | None:
+    def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
         if not policy.ask_corral:
-            return None
+            return {}
         if "corral" not in opts.mcp_servers:
             raise ConfigError("acp --agent claude under a policy needs the run's corral MCP "
                               "server (its command gate asks it)")
-        return {"claudeCode": {"options": {"settingSources": [], "strictMcpConfig": True,
-                                           "settings": bash_gate_settings(opts)}}}
+        return {"_meta": {"claudeCode": {"options": {
+            "settingSources": [], "strictMcpConfig": True,
+            "settings": bash_gate_settings(opts)}}}}
 
     def env(self, model: str | None, base_url: str, opts: CliOptions,
             policy: AcpPolicy) -> dict[str, str]:

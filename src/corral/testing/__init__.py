@@ -2,7 +2,8 @@
 
 Conformance kits are plain async functions taking a factory (modelled on
 ``trio.testing``'s stream checks): :func:`check_provider`, :func:`check_store`,
-:func:`check_pipe` and :func:`check_reaper` run every check of their kit, each against a
+:func:`check_pipe`, :func:`check_reaper` and :func:`check_harness` (agent harnesses:
+the real CLI in a sandbox against a scripted model server) run every check of their kit, each against a
 fresh object from the factory, and raise :class:`KitFailed` naming each failed check.
 :func:`pytest_checks` turns a kit into one pytest test per check. :class:`FakeProvider` is
 an in-memory provider honest about what it cannot do; :func:`wait_until` and
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
         raises,
         run_kit,
     )
+    from corral.testing._harness import HARNESS_KIT, check_harness
+    from corral.testing._harness_world import FEATURES, HarnessCase, HarnessWorld
     from corral.testing._pipe import PIPE_KIT, check_pipe
     from corral.testing._polling import WaitTimeout, wait_until, wait_until_async
     from corral.testing._providers import PROVIDER_KIT, ProviderCase, check_provider
@@ -46,6 +49,11 @@ _EXPORTS: dict[str, str] = {
     "KitReport": "corral.testing._kit",
     "raises": "corral.testing._kit",
     "run_kit": "corral.testing._kit",
+    "HARNESS_KIT": "corral.testing._harness",
+    "check_harness": "corral.testing._harness",
+    "FEATURES": "corral.testing._harness_world",
+    "HarnessCase": "corral.testing._harness_world",
+    "HarnessWorld": "corral.testing._harness_world",
     "PIPE_KIT": "corral.testing._pipe",
     "check_pipe": "corral.testing._pipe",
     "WaitTimeout": "corral.testing._polling",
@@ -69,11 +77,15 @@ __all__ = [
     "Check",
     "CheckSkipped",
     "DirSandboxes",
+    "FEATURES",
     "Factory",
     "FakeCommand",
     "FakeProvider",
     "Kit",
     "KitFailed",
+    "HARNESS_KIT",
+    "HarnessCase",
+    "HarnessWorld",
     "KitReport",
     "PIPE_KIT",
     "PROVIDER_KIT",
@@ -82,6 +94,7 @@ __all__ = [
     "ReaperWorld",
     "STORE_KIT",
     "WaitTimeout",
+    "check_harness",
     "check_pipe",
     "check_provider",
     "check_reaper",

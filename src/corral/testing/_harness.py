@@ -1,0 +1,663 @@
+"""Harness conformance kit: what every agent harness (``--harness NAME``) must do, as
+plain checks run against the real CLI in a real sandbox.
+
+    from corral.testing import HarnessCase, check_harness
+
+    await check_harness(lambda: HarnessCase("gemini-cli", {"model": "gemini-fake"},
+                                            enforces=frozenset()))
+
+How a harness plugs in: give a factory of a :class:`HarnessCase` naming the harness as
+``corral run --harness`` knows it (registered in :mod:`corral.harness._registry`), the
+options a :class:`~corral.runs._request.RunRequest` takes for it (``model``, ``agent`` …),
+which command-policy :data:`FEATURES` it enforces (the rest must be refused at definition
+time), and, where its CLI differs, how the scripted model answers its side requests
+(``side_reply``) and calls host tools (``host_tool_call``). The CLI must be installed
+(``corral agents install``; ``agents_dir`` or ``$CORRAL_AGENTS_DIR``) and bubblewrap must
+work. Each check runs in a fresh :class:`~corral.testing._harness_world.HarnessWorld`: a
+scripted model server on 127.0.0.1 speaking the CLI's own wire format is every model
+upstream (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL`` with a
+per-world key), with a private ``$CORRAL_HOME``; the kit sets these in ``os.environ``
+while a check runs (a Runner in this process reads them), so run checks one at a time.
+
+What the harness must give for the checks to hold: AG-UI events where every tool call has
+a start, an end and one result; the model's shell tool is one
+:class:`~corral.testing._model_server.ToolCall` finds (``req.shell_tool``); a
+``corral.session`` CUSTOM event carrying ``sessionId`` per run (the thread's CLI
+session); host tools offered under a name ending with the tool's own name; and a
+journal a successor can translate afresh to the same events (``corral attach``).
+
+:data:`HARNESS_KIT` lists the checks; :func:`check_harness` runs them all and raises
+:class:`~corral.testing.KitFailed`; ``pytest_checks(HARNESS_KIT, {...}, globals())`` makes
+one pytest test per check and harness.
+"""
+
+# Checks wait on subprocesses and read small files in worker threads or directly, on
+# purpose (the SQLite log is read as stored).
+# ruff: noqa: ASYNC230
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import anyio
+
+from corral.journal._layout import JournalPaths, read_status
+from corral.journal._supervisor import process_alive
+from corral.net._model_proxy import PLACEHOLDER_KEY
+from corral.runs._runner import Runner
+from corral.runs._request import RunRequest
+from corral.stores._protocols import Store
+from corral.testing._harness_world import (
+    FEATURES,
+    HarnessCase,
+    HarnessWorld,
+    LoopbackHello,
+    host_tool_by_suffix,
+    world,
+)
+from corral.testing._kit import Factory, Kit, KitReport, check, run_kit
+from corral.testing._leaks import assert_no_secrets
+from corral.testing._model_server import Hang, ModelRequest, Reply, Text, ToolCall
+from corral.testing._polling import wait_until, wait_until_async
+from corral.tools import Toolset, tool
+from corral.tools._approvals import (
+    APPROVAL_REQUEST_EVENT,
+    APPROVAL_RESOLVED_EVENT,
+    answer_approval,
+)
+from corral.tools._projection import TOKEN_ENV, run_tools_token
+
+__all__ = [
+    "FEATURES",
+    "HARNESS_KIT",
+    "HarnessCase",
+    "HarnessWorld",
+    "check_approval",
+    "check_cancel",
+    "check_denied_command",
+    "check_egress_allowlist",
+    "check_harness",
+    "check_host_tool",
+    "check_host_tool_approval",
+    "check_key_never_inside",
+    "check_resume_on_thread",
+    "check_sigkill_then_attach",
+    "check_timeout",
+    "check_token_budget",
+    "check_tool_round_trip",
+    "host_tool_by_suffix",
+]
+
+EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt"
+TOOL_EVENTS = ("TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_RESULT")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ndjson(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line)["event"] for line in stdout.splitlines() if line.strip()]
+
+
+def _texts(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+def _results(events: list[dict[str, Any]]) -> list[str]:
+    return [str(e["content"]) for e in events if e["type"] == "TOOL_CALL_RESULT"]
+
+
+def _tool_names(events: list[dict[str, Any]]) -> list[str]:
+    return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
+
+
+def _customs(events: list[dict[str, Any]], name: str) -> list[Any]:
+    return [e["value"] for e in events if e["type"] == "CUSTOM" and e["name"] == name]
+
+
+def _every_call_has_one_result(events: list[dict[str, Any]]) -> None:
+    ids = {k: [e["toolCallId"] for e in events if e["type"] == k]
+           for k in ("TOOL_CALL_START", "TOOL_CALL_END", "TOOL_CALL_RESULT")}
+    assert sorted(ids["TOOL_CALL_START"]) == sorted(ids["TOOL_CALL_END"]) == \
+        sorted(ids["TOOL_CALL_RESULT"]), ids
+
+
+def _ok(out: subprocess.CompletedProcess[str]) -> None:
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _steps(commands: Sequence[str], final: str) -> Callable[[ModelRequest], Reply]:
+    """One shell command per model turn (the results so far say which), then ``final``
+    followed by every result."""
+
+    def script(req: ModelRequest) -> Reply:
+        done = len(req.tool_results)
+        if done < len(commands):
+            return ToolCall(commands[done], text=f"Step {done + 1}.")
+        return Text(final + "\n".join(req.tool_results).strip())
+
+    return script
+
+
+async def _refused(w: HarnessWorld, feature: str, toml: str) -> None:
+    """A policy using ``feature`` the harness cannot enforce: ``corral run`` refuses it in
+    one line naming it (exit 2, no traceback), before any model call."""
+    ws = w.workspace(f"refused-{feature}", toml=toml)
+    out = await w.agent(f"refused-{feature}", "hello", "--workspace", str(ws))
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert feature in lines[0], lines[0]
+    assert w.server.model_requests == []
+
+
+async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+    return [dict(e.event) for e in await store.snapshot(run_id)]
+
+
+async def _nth_approval(store: Store, run_id: str, n: int, ended: Callable[[], bool],
+                        timeout: float) -> dict[str, Any]:
+    """The run's ``n``-th approval request (0-based), once its log holds it; fails if the
+    run ends first (``ended``)."""
+    found: list[dict[str, Any]] = []
+
+    async def requested() -> bool:
+        events = await _logged(store, run_id)
+        found[:] = _customs(events, APPROVAL_REQUEST_EVENT)
+        if len(found) <= n and ended():
+            raise AssertionError(f"the run ended without approval request #{n + 1}: "
+                                 f"{events[-3:]}")
+        return len(found) > n
+
+    await wait_until_async(requested, f"approval request #{n + 1}", timeout=timeout,
+                           interval=0.05)
+    return found[n]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+async def check_tool_round_trip(w: HarnessWorld) -> None:
+    """``corral run`` drives the CLI through a shell tool call that edits the workspace:
+    the events (printed and logged alike) run RUN_STARTED … RUN_FINISHED with one tool
+    call start/args/end/result in order, the model sees the result, the edit shows as a
+    ``sandbox.file`` event with its diff, and the model proxy metered exactly the requests
+    the upstream got, each with the real key."""
+    w.script(lambda req: Text("All done: " + "\n".join(req.tool_results).strip())
+             if req.tool_results else ToolCall(EDIT, text="I'll edit the file."))
+    ws = w.workspace("rt", {"note.txt": "original\n"})
+    out = await w.agent("rt1", "please edit note.txt", "--workspace", str(ws),
+                        "--file-events", "diff")
+    _ok(out)
+    events = w.log("rt1")
+    assert _ndjson(out.stdout) == events
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "RUN_STARTED" and kinds[-1] == "RUN_FINISHED", kinds
+    for kind in TOOL_EVENTS:
+        assert kinds.count(kind) == 1, (kind, kinds)
+    assert [kinds.index(k) for k in TOOL_EVENTS] == sorted(kinds.index(k) for k in TOOL_EVENTS)
+    _every_call_has_one_result(events)
+    (result,) = _results(events)
+    assert "edited by the agent" in result  # the tool ran in the workspace copy
+    final = _texts(events).split("All done:", 1)
+    assert len(final) == 2 and "edited by the agent" in final[1]  # the model saw it
+    files = [(f["type"], f["path"]) for f in _customs(events, "sandbox.file")]
+    assert files == [("change", "note.txt")], files
+    (patch,) = [d["diff"] for d in _customs(events, "sandbox.file.diff")]
+    assert "-original" in patch and "+edited by the agent" in patch
+    rec = w.record("rt1")
+    assert rec["status"] == "completed" and rec["harness"] == w.case.harness
+    reqs = w.server.model_requests
+    assert rec["usage"]["requests"] == len(reqs) >= 2
+    assert (rec["usage"]["input_tokens"], rec["usage"]["output_tokens"]) == (
+        100 * len(reqs), 20 * len(reqs))
+    assert all(r.api_key == w.key for r in reqs)
+    assert w.key not in out.stdout + out.stderr
+
+
+async def check_key_never_inside(w: HarnessWorld) -> None:
+    """The model key stays on the host: a command in the sandbox finds it in no process's
+    environment and no file (the CLI holds a placeholder), and nothing corral wrote (store,
+    journal, events, saved session, sandbox files) holds it, while the upstream got it on
+    every request."""
+    probe = ("env; echo ---; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -i key; "
+             "echo ---; timeout 60 grep -rIl --exclude-dir=proc --exclude-dir=sys "
+             "--exclude-dir=dev --exclude-dir=usr --exclude-dir=opt -e '"
+             + w.key_pattern + "' / 2>/dev/null; echo grep-exit=$?")
+    w.script(_steps([probe], "Probe output: "))
+    out = await w.agent("k1", "print your environment")
+    _ok(out)
+    events = w.log("k1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    (found,) = _results(events)
+    # the probe really ran: the environment was printed and the grep listed no file
+    # (exit 1: nothing found; 2: nothing found, some files unreadable)
+    assert "PATH=" in found and PLACEHOLDER_KEY in found, found
+    assert found.rsplit("---\n", 1)[1].strip() in ("grep-exit=1", "grep-exit=2"), found
+    assert w.key not in json.dumps(events) + out.stdout + out.stderr
+    assert_no_secrets([w.home, w.files], {"MODEL_KEY": w.key})
+    reqs = w.server.model_requests
+    assert reqs and all(r.api_key == w.key for r in reqs)
+
+
+async def check_denied_command(w: HarnessWorld) -> None:
+    """A command a ``deny`` rule names never runs (the model is told, the run goes on);
+    a harness that cannot enforce deny rules refuses the policy at definition time."""
+    toml = '[policy]\ndefault = "allow"\ndeny = ["rm *"]\n'
+    if "deny" not in w.case.enforces:
+        await _refused(w, "deny", toml)
+        return
+    ws = w.workspace("deny", {"precious": "keep me\n"}, toml)
+    w.script(_steps(["rm -f precious", "cat precious"], "After: "))
+    out = await w.agent("d1", "clean up", "--workspace", str(ws))
+    _ok(out)
+    events = w.log("d1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    _every_call_has_one_result(events)
+    # what the model saw after each step (a CLI may log no tool call for a command its
+    # hook refused: codex)
+    seen = w.server.model_requests[-1].tool_results
+    assert len(seen) == 2, seen
+    assert "keep me" in seen[1], seen  # the rm never ran
+    assert any("keep me" in r for r in _results(events))
+    assert w.record("d1")["spec"]["policy"]["deny"] == ["rm *"]
+
+
+async def check_approval(w: HarnessWorld) -> None:
+    """A command an ``ask`` rule names waits for a corral approval: allowed, it runs;
+    denied, it does not (the model is told); a harness that cannot hold a command for an
+    approval refuses the policy at definition time."""
+    toml = '[policy]\ndefault = "allow"\nask = ["touch *"]\n'
+    if "ask" not in w.case.enforces:
+        await _refused(w, "ask", toml)
+        return
+    ws = w.workspace("ask", toml=toml)
+    w.script(_steps(["touch allowed-file", "touch denied-file", "ls"], "Listed: "))
+    proc = w.popen(*w.run_args("a1", "--workspace", str(ws)), "make two files")
+    try:
+        async with w.store() as store:
+            def ended() -> bool:
+                return proc.poll() is not None
+
+            allow = await _nth_approval(store, "a1", 0, ended, w.case.deadline)
+            assert "touch allowed-file" in json.dumps(allow["args"]), allow
+            assert _results(await _logged(store, "a1")) == []  # held until answered
+            await answer_approval(store, "a1", allow["approvalId"], True)
+            deny = await _nth_approval(store, "a1", 1, ended, w.case.deadline)
+            assert "touch denied-file" in json.dumps(deny["args"]), deny
+            await answer_approval(store, "a1", deny["approvalId"], False, reason="not today")
+        _out, err = await anyio.to_thread.run_sync(
+            lambda: proc.communicate(timeout=w.case.deadline))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    events = w.log("a1")
+    assert [r["decision"] for r in _customs(events, APPROVAL_RESOLVED_EVENT)] == \
+        ["allow", "deny"]
+    _every_call_has_one_result(events)
+    listing = _results(events)[-1]
+    assert "allowed-file" in listing and "denied-file" not in listing, listing
+
+
+async def check_host_tool(w: HarnessWorld) -> None:
+    """A host tool (a Python function of the driving process, served over MCP) called by
+    the model runs on the host; its result reaches the model and the events under the
+    tool's own name; its bearer token is in no record or event."""
+    secret = "host-only-" + secrets.token_hex(8)
+    seen: list[str] = []
+
+    @tool
+    def read_host_state(key: str) -> str:
+        """Read a value that only the host has."""
+        seen.append(key)
+        return f"{key}={secret}"
+
+    call = w.case.host_tool_call
+
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("Host said: " + "\n".join(req.tool_results).strip())
+        made = call(req, "read_host_state", {"key": "answer"})
+        return made if made is not None else Text(f"NO HOST TOOL offered: {req.tools}")
+
+    w.script(script)
+    async with w.store() as store:
+        runner = Runner(store)
+        rec = await runner.start(RunRequest(
+            prompt="What does the host say?", harness=w.case.harness,
+            options=dict(w.case.options), tools=Toolset([read_host_state])))
+        with anyio.fail_after(w.case.deadline):
+            result = await runner.drive(rec.run_id)
+        events = await _logged(store, rec.run_id)
+        token = await run_tools_token(store, rec.run_id)
+        spec = result.record.spec or {}
+    offered = [r.tools for r in w.server.model_requests]
+    assert result.record.status.value == "completed", (events[-3:], offered)
+    assert seen == ["answer"], offered
+    assert any(secret in r for req in w.server.model_requests for r in req.tool_results)
+    assert _tool_names(events) == ["read_host_state"]  # no server prefix leaks through
+    start = next(e for e in events if e["type"] == "TOOL_CALL_START")
+    args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"
+                   and e["toolCallId"] == start["toolCallId"])
+    assert json.loads(args) == {"key": "answer"}
+    assert any(secret in r for r in _results(events))
+    assert f"answer={secret}" in _texts(events).split("Host said:", 1)[-1]
+    assert token not in json.dumps(spec) + json.dumps(events)
+    assert TOKEN_ENV not in json.dumps(spec)
+
+
+async def check_host_tool_approval(w: HarnessWorld) -> None:
+    """A host tool marked ``approval=True`` is held until a corral approval: allowed, it
+    runs; denied, it does not and the model gets the reason."""
+    flags: list[str] = []
+
+    @tool(approval=True)
+    def set_host_flag(value: str) -> str:
+        """Set a flag on the host (needs a human's approval)."""
+        flags.append(value)
+        return f"flag set to {value}"
+
+    call = w.case.host_tool_call
+
+    def script(req: ModelRequest) -> Reply:
+        # by what came back (a CLI may send more than one result part for one call)
+        done = len([r for r in req.tool_results if "flag set to" in r or "denied" in r])
+        if done >= 2:
+            return Text("Host said: " + "\n".join(req.tool_results).strip())
+        made = call(req, "set_host_flag", {"value": ("on", "off")[done]})
+        return made if made is not None else Text(f"NO HOST TOOL offered: {req.tools}")
+
+    w.script(script)
+    async with w.store() as store:
+        runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
+        run_id = (await runner.start(RunRequest(
+            prompt="Set the flag on, then off.", harness=w.case.harness,
+            options=dict(w.case.options)))).run_id
+        done: list[Any] = []
+
+        async def drive() -> None:
+            done.append(await runner.drive(run_id))
+
+        with anyio.fail_after(w.case.deadline * 2):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                first = await _nth_approval(store, run_id, 0, lambda: bool(done),
+                                            w.case.deadline)
+                assert flags == []  # held until answered
+                assert first["tool"] == "set_host_flag" and first["args"] == {"value": "on"}
+                await answer_approval(store, run_id, first["approvalId"], True)
+                second = await _nth_approval(store, run_id, 1, lambda: bool(done),
+                                             w.case.deadline)
+                assert second["args"] == {"value": "off"}
+                await answer_approval(store, run_id, second["approvalId"], False,
+                                      reason="not today")
+        events = await _logged(store, run_id)
+    assert done[0].record.status.value == "completed", events[-3:]
+    assert flags == ["on"]
+    assert [r["decision"] for r in _customs(events, APPROVAL_RESOLVED_EVENT)] == \
+        ["allow", "deny"]
+    assert _tool_names(events) == ["set_host_flag", "set_host_flag"]
+    results = [r for req in w.server.model_requests for r in req.tool_results]
+    assert any("flag set to on" in r for r in results), results
+    assert any("denied by a human: not today" in r for r in results), results
+
+
+async def check_resume_on_thread(w: HarnessWorld) -> None:
+    """A thread's next prompt continues the CLI's own session: in the thread's sandbox,
+    and again after that sandbox is destroyed (the session saved on the host is restored
+    into a fresh one); the model gets the whole history each time."""
+
+    def script(req: ModelRequest) -> Reply:
+        last = req.last_user_text
+        return Text("THIRD-ANSWER" if "third" in last else
+                    "SECOND-ANSWER" if "second" in last else "FIRST-ANSWER-42")
+
+    w.script(script)
+    ws = w.workspace("resume", toml='[lifecycle]\nreuse = "thread"\n')
+    common = ("--thread", "T", "--workspace", str(ws))
+    _ok(await w.agent("s1", "first prompt XYZZY-7", *common))
+    _ok(await w.agent("s2", "second prompt", *common))
+    box = w.record("s1")["sandbox_ref"]["id"]
+    assert w.record("s2")["sandbox_ref"]["id"] == box
+    history = "\n".join(w.server.model_requests[-1].texts)
+    assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history, history
+    _ok(await w.acorral("sandboxes", "rm", box, timeout=60))
+    _ok(await w.agent("s3", "third prompt", *common))
+    assert w.record("s3")["sandbox_ref"]["id"] != box
+    last = w.server.model_requests[-1]
+    assert "third prompt" in last.last_user_text
+    history = "\n".join(last.texts)
+    for said in ("first prompt XYZZY-7", "FIRST-ANSWER-42", "second prompt", "SECOND-ANSWER"):
+        assert said in history, (said, history)
+    sessions = [s["sessionId"] for r in ("s1", "s2", "s3")
+                for s in _customs(w.log(r), "corral.session")]
+    assert len(sessions) == 3 and len(set(sessions)) == 1, sessions  # one CLI session
+
+
+async def check_token_budget(w: HarnessWorld) -> None:
+    """``--token-budget``: the model proxy refuses the model call past the budget (it
+    never reaches the upstream) and the run fails saying so."""
+    reached: list[bool] = []
+
+    def script(req: ModelRequest) -> Reply:
+        done = len(req.tool_results)
+        if done >= 2:
+            reached.append(True)
+            return Text("All done.")
+        return ToolCall(f"echo step {done}")
+
+    # 120 tokens a call: the second call crosses 150, the third is refused
+    w.script(script)
+    out = await w.agent("b1", "run two steps", "--token-budget", "150")
+    assert out.returncode != 0
+    events = w.log("b1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    rec = w.record("b1")
+    assert rec["status"] == "failed"
+    assert "token budget" in json.dumps([events[-1], rec.get("error")]), events[-1]
+    assert reached == [] and rec["usage"]["requests"] == len(w.server.model_requests) >= 1
+
+
+async def check_timeout(w: HarnessWorld) -> None:
+    """``--timeout``: the run's supervisor stops a CLI whose model never answers; the run
+    fails at once with a RUN_ERROR."""
+    w.script(lambda req: Hang())
+    t0 = time.monotonic()
+    out = await w.agent("t1", "hello", "--timeout", "3")
+    elapsed = time.monotonic() - t0
+    assert out.returncode != 0
+    events = w.log("t1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    assert [e["type"] for e in events].count("RUN_ERROR") == 1
+    assert w.record("t1")["status"] == "failed"
+    assert elapsed < 60, elapsed
+
+
+async def check_egress_allowlist(w: HarnessWorld) -> None:
+    """``allow_hosts``: a command reaches an allowed host through corral's egress proxy,
+    another host gets the proxy's refusal, and there is no way around the proxy."""
+    host = "127.0.0.2"  # host loopback, not the sandbox's own 127.0.0.1
+    a, b = LoopbackHello(host), LoopbackHello(host)
+    try:
+        toml = (f'[policy]\ndefault = "allow"\nnetwork = "allow"\n'
+                f'allow_hosts = ["{host}:{a.port}"]\n')
+        ws = w.workspace("egress", toml=toml)
+        fetch = (f"curl -s -m 5 http://{host}:{a.port}/; echo; curl -s -m 5 "
+                 f"http://{host}:{b.port}/; echo; curl -s -m 3 --noproxy '*' "
+                 f"http://{host}:{a.port}/ || echo direct-failed")
+        w.script(_steps([fetch], "Fetched: "))
+        # loopback hosts may be allowed only by a config the user names
+        out = await w.agent("e1", "fetch both", "--workspace", str(ws), "--config",
+                            str(ws / "corral.toml"))
+        _ok(out)
+        hits = (a.hits, b.hits)
+    finally:
+        a.stop()
+        b.stop()
+    events = w.log("e1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    (result,) = _results(events)
+    assert f"hello from {a.port}" in result, result
+    assert f"corral egress proxy: connections to {host}:{b.port} are not allowed" in result
+    assert "direct-failed" in result  # the sandbox has no network of its own
+    assert hits == (1, 0)
+    assert any("/egress-" in s for s in w.record("e1")["spec"]["agent"]["sockets"])
+
+
+def _pids_with(marker: bytes) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if marker in fh.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+async def check_cancel(w: HarnessWorld) -> None:
+    """``corral cancel`` of a detached run whose tool is running: the run is aborted with
+    RUN_ERROR last, and the agent, its tool's processes and the run's model proxy
+    daemon all stop."""
+    marker = f"corral-kit-cancel-{secrets.token_hex(4)}"
+    # the tool's shell keeps the marker in its command line (not a long sleep: Claude Code
+    # refuses those)
+    w.script(_steps([f"tail -f /dev/null # {marker}"], "Woke: "))
+    args = ["run", "--harness", w.case.harness, *w.case.corral_run_args(), "--run-id", "c1",
+            "--detach", "wait a while"]
+    _ok(await w.acorral(*args))
+    await wait_until_async(lambda: _pids_with(marker.encode()), "the tool to start",
+                           timeout=w.case.deadline, interval=0.05)
+    rec = w.record("c1")
+    services = rec["spec"]["agent"]["services_pid"]
+    status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
+    assert status is not None and status.agent_pid is not None
+    agent = status.agent_pid
+    assert process_alive(services) and process_alive(agent)
+    _ok(await w.acorral("cancel", "c1", timeout=60))
+    assert w.record("c1")["status"] == "aborted"
+    events = w.log("c1")
+    assert events[-1]["type"] == "RUN_ERROR", events[-3:]
+    _every_call_has_one_result(events)  # the cut-short call too
+    await wait_until_async(lambda: not process_alive(services),
+                           "the model proxy daemon to stop", timeout=10)
+    await wait_until_async(lambda: not process_alive(agent), "the agent to stop", timeout=10)
+    await wait_until_async(lambda: not _pids_with(marker.encode()),
+                           "the tool's processes to stop", timeout=10)
+
+
+class _Gate:
+    """A script whose model call after the tool result waits until the gate opens."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.waiting = threading.Event()
+
+    def __call__(self, req: ModelRequest) -> Reply:
+        if req.tool_results:
+            self.waiting.set()
+            assert self.open.wait(120), "the gate was never opened"
+            return Text("Finished: " + "\n".join(req.tool_results).strip())
+        return ToolCall("echo step-one && echo step-two", text="Running it.")
+
+
+def _kill_after_tool_result(proc: subprocess.Popen[str], gate: _Gate) -> None:
+    """Read the driver's events until the tool result, wait for the held model call,
+    then SIGKILL the driver."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while "TOOL_CALL_RESULT" not in seen:
+        line = proc.stdout.readline()
+        assert line, proc.communicate()[1][-3000:]
+        seen.append(json.loads(line)["event"]["type"])
+    assert gate.waiting.wait(60), "the model call after the tool never came"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+async def check_sigkill_then_attach(w: HarnessWorld) -> None:
+    """The driving process is SIGKILLed mid-run (between a tool result and the next model
+    call): the agent goes on without a driver, and ``corral attach`` then prints the whole
+    log once, which equals both the journal translated afresh (no lost or repeated event)
+    and an uninterrupted run of the same script (ids and timings aside)."""
+    prompt = "run the two steps"
+    gate = _Gate()
+    gate.open.set()
+    w.script(gate)
+    _ok(await w.agent("ref", prompt))
+    reference = w.log("ref")
+
+    gate = _Gate()
+    w.script(gate)
+    proc = w.popen(*w.run_args("k1"), prompt)
+    try:
+        await anyio.to_thread.run_sync(lambda: _kill_after_tool_result(proc, gate))
+    finally:
+        gate.open.set()  # nobody drives now; the model proxy daemon still answers
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert w.record("k1")["status"] == "running"
+    rec = w.record("k1")
+    paths = JournalPaths.for_run(rec["journal"]["dir"], "k1")
+
+    def exited() -> bool:
+        status = read_status(paths.status)
+        return status is not None and status.state == "exited"
+
+    await anyio.to_thread.run_sync(lambda: wait_until(
+        exited, "the agent to finish without a driver", timeout=w.case.deadline))
+    att = await w.acorral("attach", "k1", "--json")
+    _ok(att)
+    log = w.log("k1")
+    assert _ndjson(att.stdout) == log  # attach printed it all, once
+    assert log == await w.retranslated("k1", prompt)  # no duplicate, no gap
+    assert w.normalized(log, "k1") == w.normalized(reference, "ref")
+    assert "step-one\nstep-two" in _texts(log).split("Finished: ", 1)[1]
+    rec = w.record("k1")
+    assert rec["status"] == "completed"
+    assert rec["usage"]["requests"] == w.record("ref")["usage"]["requests"]
+
+
+HARNESS_KIT: Kit[HarnessWorld] = Kit(
+    "harness",
+    tuple(check(fn) for fn in (
+        check_tool_round_trip,
+        check_key_never_inside,
+        check_denied_command,
+        check_approval,
+        check_host_tool,
+        check_host_tool_approval,
+        check_resume_on_thread,
+        check_token_budget,
+        check_timeout,
+        check_egress_allowlist,
+        check_cancel,
+        check_sigkill_then_attach,
+    )),
+    subject=world,
+)
+"""Every harness check; the subject is a :class:`HarnessWorld` around the factory's
+:class:`HarnessCase`."""
+
+
+async def check_harness(make_case: Factory, *, only: Iterable[str] | None = None
+                        ) -> KitReport:
+    """Run the harness kit (a fresh world per check) for the :class:`HarnessCase` that
+    ``make_case`` makes; raise :class:`~corral.testing.KitFailed` naming every failed
+    check, else return the report."""
+    report = await run_kit(HARNESS_KIT, make_case, only=only)
+    return report.raise_for_failures()
+

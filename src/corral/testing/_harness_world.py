@@ -1,0 +1,373 @@
+"""What the harness conformance kit (:mod:`corral.testing._harness`) runs each check in.
+
+:class:`HarnessCase` is what a harness's author supplies: its name, its options, which
+command-policy features it enforces, and how the scripted model server talks to its CLI
+where that differs between CLIs. :class:`HarnessWorld` is one check's private world built
+around a case: a scripted model server on 127.0.0.1 standing in for every model API (with
+a per-world "real" key), a private ``$CORRAL_HOME`` and bubblewrap files root, and ``corral``
+in subprocesses (the user's path) or a :class:`~corral.runs._runner.Runner` in this process
+(for host tools, which live in the driving process).
+"""
+
+# The world makes small blocking file calls on purpose (temporary directories, the store's
+# SQLite file read directly to see exactly what was logged).
+# ruff: noqa: ASYNC230
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from corral.harness._base import RunContext, translate_run
+from corral.harness._events import event_to_dict
+from corral.harness._registry import build_harness
+from corral.journal._layout import JournalPaths
+from corral.runs._launch import with_prompt
+from corral.runs._request import RunRequest
+from corral.runs._spec import RunSpec
+from corral.stores import open_store
+from corral.stores._protocols import Store
+from corral.testing._kit import Factory, opened
+from corral.testing._model_server import ModelRequest, ModelServer, Reply, ToolCall
+
+__all__ = [
+    "FEATURES",
+    "HarnessCase",
+    "HarnessWorld",
+    "LoopbackHello",
+    "host_tool_by_suffix",
+    "world",
+]
+
+FEATURES = ("deny", "ask")
+"""Command-policy features a harness enforces or must refuse at definition time:
+``deny`` (deny rules and ``default = "deny"``), ``ask`` (ask rules answered by a corral
+approval)."""
+
+HostToolCall = Callable[[ModelRequest, str, dict[str, Any]], ToolCall | None]
+
+
+def host_tool_by_suffix(req: ModelRequest, tool: str, args: dict[str, Any]) -> ToolCall | None:
+    """The model's call of host tool ``tool`` under the name the CLI offers it by: a Codex
+    style Responses namespace ``mcp__corral``, else the first offered tool whose name ends
+    with ``tool`` (``mcp__corral__tool``, ``corral_tool``, ``mcp_corral_tool`` …); ``None``
+    when it is not on offer."""
+    if tool in req.namespaced_tools.get("mcp__corral", []):
+        return ToolCall("", tool=tool, namespace="mcp__corral", args=args)
+    offered = [t for t in req.tools if t.endswith(tool) and "corral" in t]
+    return ToolCall("", tool=offered[0], args=args) if offered else None
+
+
+@dataclass(frozen=True)
+class HarnessCase:
+    """One harness under test, as its author describes it to the kit.
+
+    ``harness`` and ``options`` are what a :class:`~corral.runs._request.RunRequest` takes
+    (``harness="acp", options={"agent": "gemini"}``); ``run_args`` the same for ``corral
+    run`` (default: ``--model``/``--agent`` from ``options``).
+    """
+
+    harness: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    run_args: Sequence[str] | None = None
+    enforces: frozenset[str] = frozenset(FEATURES)
+    """The :data:`FEATURES` the harness enforces; every other one must be refused at
+    definition time (``corral run`` exits 2 with one line naming it, before any model
+    call) — never silently dropped."""
+    side_reply: Callable[[ModelRequest], Reply | None] | None = None
+    """An answer for the CLI's requests that are not a turn of the conversation (opencode's
+    tool-less title request), or ``None`` for a real turn."""
+    host_tool_call: HostToolCall = host_tool_by_suffix
+    """How the model calls a host tool by the name this CLI offers it under."""
+    normalize: Callable[[str], str] | None = None
+    """Blanks this CLI's own per-session values in one JSON-encoded event (ids the kit's
+    comparison of a killed run with an uninterrupted one does not know of)."""
+    agents_dir: str | None = None
+    """``$CORRAL_AGENTS_DIR`` where the CLI is installed (``None``: the environment's)."""
+    deadline: float = 150.0
+    """Seconds one agent run may take in a check."""
+
+    def corral_run_args(self) -> list[str]:
+        if self.run_args is not None:
+            return list(self.run_args)
+        out: list[str] = []
+        for key, flag in (("model", "--model"), ("agent", "--agent")):
+            if self.options.get(key) is not None:
+                out += [flag, str(self.options[key])]
+        return out
+
+    def scripted(self, script: Callable[[ModelRequest], Reply]) -> Callable[[ModelRequest],
+                                                                              Reply]:
+        """``script`` behind :attr:`side_reply`."""
+        side = self.side_reply
+
+        def answer(req: ModelRequest) -> Reply:
+            if side is not None:
+                reply = side(req)
+                if reply is not None:
+                    return reply
+            return script(req)
+
+        return answer
+
+
+class _Hello(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        server: Any = self.server
+        server.hits += 1
+        body = f"hello from {server.server_address[1]}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class LoopbackHello(ThreadingHTTPServer):
+    """An HTTP service on ``host`` answering ``hello from <port>``, counting ``hits``."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__((host, 0), _Hello)
+        self.hits = 0
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+@dataclass
+class HarnessWorld:
+    """One check's world (see the module docstring). ``key`` is the "real" model key: the
+    host's upstream variables hold it; nothing in a sandbox may."""
+
+    case: HarnessCase
+    server: ModelServer
+    home: Path
+    files: Path
+    scratch: Path
+    key: str
+    env: dict[str, str]
+    """The environment of ``corral`` subprocesses."""
+
+    @property
+    def db(self) -> Path:
+        return self.home / "corral.db"
+
+    @property
+    def key_pattern(self) -> str:
+        """A grep pattern matching :attr:`key` without containing it."""
+        return f"{self.key[:-1]}[{self.key[-1]}]"
+
+    def script(self, script: Callable[[ModelRequest], Reply]) -> None:
+        """Answer the model requests with ``script`` (behind the case's side replies)."""
+        self.server.script = self.case.scripted(script)
+
+    # ------------------------------------------------------------ corral subprocesses
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "corral"]
+
+    def corral(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """``corral ARGS`` (blocking)."""
+        return subprocess.run([*self.command, *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout or self.case.deadline + 30,
+                              check=False)
+
+    async def acorral(self, *args: str, timeout: float | None = None
+                      ) -> subprocess.CompletedProcess[str]:
+        """``corral ARGS`` in a worker thread."""
+        return await anyio.to_thread.run_sync(lambda: self.corral(*args, timeout=timeout))
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([*self.command, *args], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def run_args(self, run_id: str, *extra: str) -> list[str]:
+        """``run --harness H <case args> --run-id R --json EXTRA`` (the prompt goes last)."""
+        return ["run", "--harness", self.case.harness, *self.case.corral_run_args(),
+                "--run-id", run_id, "--json", *extra]
+
+    async def agent(self, run_id: str, prompt: str, *extra: str
+                    ) -> subprocess.CompletedProcess[str]:
+        """``corral run`` of the case's harness to its end."""
+        return await self.acorral(*self.run_args(run_id, *extra), prompt)
+
+    def workspace(self, name: str, files: Mapping[str, str] | None = None,
+                  toml: str | None = None) -> Path:
+        """A host directory to copy into a run's sandbox (``--workspace``), with ``files``
+        and, given ``toml`` (the body after ``id``), a ``corral.toml``."""
+        ws = self.scratch / name
+        ws.mkdir(parents=True)
+        for rel, text in (files or {}).items():
+            (ws / rel).write_text(text)
+        if toml is not None:
+            (ws / "corral.toml").write_text(f'id = "{name}"\n{toml}')
+        return ws
+
+    # ------------------------------------------------------------ what was recorded
+
+    def record(self, run_id: str) -> dict[str, Any]:
+        """The run's record as stored (the SQLite document)."""
+        with sqlite3.connect(self.db) as conn:
+            row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        assert row is not None, f"no run {run_id} in the store"
+        data: dict[str, Any] = json.loads(row[0])
+        return data
+
+    def log(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's event log; its offsets must be gap-free."""
+        with sqlite3.connect(self.db) as conn:
+            rows = conn.execute("SELECT offset, event FROM events WHERE run_id = ? "
+                                "ORDER BY offset", (run_id,)).fetchall()
+        assert [r[0] for r in rows] == list(range(1, len(rows) + 1)), \
+            "log offsets must be gap-free"
+        return [json.loads(r[1]) for r in rows]
+
+    @asynccontextmanager
+    async def store(self) -> AsyncIterator[Store]:
+        """The world's store, opened in this process."""
+        store = await open_store(f"sqlite://{self.db}")
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+    async def retranslated(self, run_id: str, prompt: str) -> list[dict[str, Any]]:
+        """The run's whole journal translated afresh in one go, after the start batch its
+        first driver logs: what an uninterrupted driver would have logged."""
+        rec = self.record(run_id)
+        paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
+        harness = build_harness(rec["harness"], RunSpec.parse(rec["spec"]).harness_config())
+        out: list[Any] = []
+        async for batch in translate_run(harness, RunContext(run_id, rec["thread_id"]), paths,
+                                         nonce=rec["journal"]["nonce"]):
+            out += batch.events
+        request = RunRequest(prompt=prompt, harness=rec["harness"])
+        return [event_to_dict(e) for e in with_prompt(out, request)]
+
+    def normalized(self, events: list[dict[str, Any]], run_id: str) -> list[str]:
+        """Events with what differs between two runs of one script blanked: the run id,
+        the CLI's per-session values (ids, timings, cost), the scripted server's numbering,
+        and what the case's :attr:`~HarnessCase.normalize` names."""
+        ids: dict[str, str] = {}
+
+        def renumber(m: re.Match[str]) -> str:
+            return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
+
+        out = []
+        for e in events:
+            text = json.dumps(_blank(e), sort_keys=True).replace(run_id, "RUN")
+            # the server numbers its message and tool ids over its lifetime; gemini-cli's
+            # tool ids carry a timestamp, shell results a process group id; opencode's
+            # part, session and message ids are its own
+            text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
+                          r"run_shell_command_)\w+", renumber, text)
+            text = re.sub(r"PGID: \d+", "PGID: *", text)
+            # codex's exec output: a chunk id of its own, the wall time
+            text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
+            text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
+            text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
+            if self.case.normalize is not None:
+                text = self.case.normalize(text)
+            out.append(text)
+        return out
+
+
+_VOLATILE = {"sessionId", "session_id", "duration_ms", "duration_api_ms", "total_cost_usd",
+             "uuid", "timestamp", "durationMs", "durationApiMs"}
+
+
+def _blank(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: ("*" if k in _VOLATILE else _blank(x)) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_blank(x) for x in v]
+    return v
+
+
+def _upstream_env(srv: ModelServer, key: str) -> dict[str, str]:
+    return {
+        "ANTHROPIC_BASE_URL": srv.url, "ANTHROPIC_API_KEY": key,
+        "OPENAI_BASE_URL": srv.openai_url, "OPENAI_API_KEY": key,
+        "GOOGLE_GEMINI_BASE_URL": srv.gemini_url, "GEMINI_API_KEY": key,
+    }
+
+
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set while the block runs (a Runner in this process
+    reads its home, upstream and agent installs from there)."""
+    before = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def _subprocess_pythonpath() -> str:
+    return os.pathsep.join(p for p in sys.path if p)
+
+
+@asynccontextmanager
+async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
+    """The kit's subject: a fresh :class:`HarnessWorld` around the case ``factory`` makes;
+    its sandboxes, model server and directories are gone afterwards."""
+    from corral.providers import _diskquota as diskquota
+
+    async with opened(factory) as case:
+        if not isinstance(case, HarnessCase):
+            raise TypeError(f"the harness kit's factory must make a HarnessCase, not {case!r}")
+        scratch = Path(tempfile.mkdtemp(prefix="corral-kit-"))
+        # the sandbox's uid must traverse the files root (a private tmp dir is 0700)
+        files = Path(tempfile.mkdtemp(prefix="corral-kit-bw-", dir="/var/tmp"))
+        files.chmod(0o755)
+        home = scratch / "home"
+        home.mkdir()
+        key = "sk-corral-kit-" + secrets.token_hex(12)
+        srv = ModelServer().start()
+        values = {"CORRAL_HOME": str(home), "CORRAL_BWRAP_FILES": str(files),
+                  "CORRAL_LEASE_TTL": "3", **_upstream_env(srv, key)}
+        if case.agents_dir is not None:
+            values["CORRAL_AGENTS_DIR"] = case.agents_dir
+        env = {**os.environ, **values, "PYTHONPATH": _subprocess_pythonpath()}
+        env.pop("CORRAL_SECRET", None)  # corral's key comes from this world's store
+        w = HarnessWorld(case, srv, home, files, scratch, key, env)
+        try:
+            with _environ(values):
+                yield w
+        finally:
+            srv.stop()
+            listed = await w.acorral("sandboxes", "ls", "--json", timeout=60)
+            ids = [json.loads(line)["id"] for line in listed.stdout.splitlines()
+                   if line.strip()]
+            if ids:
+                await w.acorral("sandboxes", "rm", *ids, timeout=60)
+            diskquota.release(files)
+            shutil.rmtree(files, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)

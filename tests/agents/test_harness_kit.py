@@ -1,0 +1,56 @@
+"""The harness conformance kit (``corral.testing.HARNESS_KIT``) for every agent CLI: the
+real npm CLI in bubblewrap against the scripted model server on 127.0.0.1 speaking that
+CLI's wire format (Anthropic Messages for claude-code and opencode, OpenAI Responses for
+codex, Gemini streamGenerateContent for gemini-cli). One test per check and harness."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from corral.agents._installs import InstalledAgent, install_agent
+from corral.testing import HARNESS_KIT, HarnessCase, pytest_checks
+from corral.testing._model_server import ModelRequest, Reply, Text
+from corral.testing._plugin import require
+
+from .conftest import CLIS, agent_cache
+
+pytestmark = [pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def installed(request: pytest.FixtureRequest) -> dict[str, InstalledAgent]:
+    """Every CLI the cases name, installed once into the agent cache."""
+    require(request.config, shutil.which("npm") is not None, "npm (Node.js)",
+            "apt-get install nodejs npm")
+    root = agent_cache()
+    root.mkdir(parents=True, exist_ok=True)
+    return {name: install_agent(name, root=root) for name in (*CLIS, "opencode")}
+
+
+def _title(req: ModelRequest) -> Reply | None:
+    """opencode starts every run with a tool-less request for the session's title."""
+    return Text("a title") if not req.tools else None
+
+
+def _case(harness: str, **kw: object) -> HarnessCase:
+    return HarnessCase(harness, agents_dir=str(agent_cache()), **kw)  # type: ignore[arg-type]
+
+
+# Retries off: a failing model must end a run at once. codex's default model uses a
+# request shape (code-mode tools) the scripted server does not script; gemini-cli without a
+# model first makes a routing call (test_gemini_cli covers it).
+CASES = {
+    "claude-code": lambda: _case("claude-code", options={"max_retries": 0}),
+    "codex": lambda: _case("codex", options={"max_retries": 0, "model": "gpt-fake"}),
+    # gemini-cli has no per-command hook corral could gate: command rules are refused
+    "gemini-cli": lambda: _case("gemini-cli", options={"max_retries": 0,
+                                                        "model": "gemini-fake"},
+                                enforces=frozenset()),
+    # opencode's permission config enforces deny; `opencode run` cannot ask
+    "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
+                              enforces=frozenset({"deny"}), side_reply=_title),
+}
+
+pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))
