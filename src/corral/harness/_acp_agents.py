@@ -248,6 +248,9 @@ class GeminiAcp(AcpAgent):
     cleared_home_files = (".gemini/policies", ".gemini/extensions",
                           ".gemini/trustedFolders.json")
     instructions_file = ".gemini/GEMINI.md"
+    # the command is the title only up to 150 characters (else the model's description):
+    # good enough to show, never used for a policy (gemini gets none)
+    command_in_title = True
 
     def argv(self, bin_path: str) -> list[str]:
         # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a
