@@ -427,7 +427,7 @@ class AcpTranslator(JsonlTranslator):
         if kind in ("tool_call", "tool_call_update"):
             return self._close_text() + self._tool(update)
         if kind in _SESSION_STATE:
-            return []
+            return self._close_text()  # as any other update: the text so far is a message
         name = kind if isinstance(kind, str) and kind else "unknown"
         return [*self._close_text(), self.custom(name[:100], update)]
 
