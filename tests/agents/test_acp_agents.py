@@ -317,3 +317,29 @@ def test_gemini_host_tool_round_trip(gemini_install: InstalledAgent, host_env: M
         harness="acp", options={"agent": "gemini", "model": "gemini-fake", "max_retries": 0},
         host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
         call_then_answer=host_tool_script(_offered), args_reported=False)
+
+
+def test_claude_file_write_deny_refuses_its_edit_tools(
+        claude_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """Claude's Write tool is not Bash: in mode default it asks, and corral's file_write
+    policy answers."""
+    ws = claude_workspace(tmp_path, "cfw", 'default = "deny"\nallow = ["cat *"]\n'
+                                           'file_write = "deny"')
+
+    def write_then_answer(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("after: " + "\n".join(req.tool_results))
+        return ToolCall("", tool="Write", args={"file_path": "/workspace/new.txt",
+                                                "content": "written\n"})
+
+    corral.srv.script = write_then_answer
+    out = claude_run(corral, "w1", "write it", "--workspace", str(ws))
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("w1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    (result,) = results(events)
+    assert result.startswith("denied: ") and "file" in result.lower(), result
+    corral.srv.script = one_command("cat new.txt")
+    assert claude_run(corral, "w2", "show", "--workspace", str(ws)).returncode == 0
+    (shown,) = results(corral.log("w2"))
+    assert "written" not in shown and "No such file" in shown, shown
