@@ -10,9 +10,14 @@ direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh H
 "first event" = first line of CLI output (direct) / first translated journal event after
 RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
 
+``acp-opencode`` (``--harness acp --agent opencode``): direct = ``opencode acp`` on the host
+driven by corral's ACP client (``corral._insandbox.acp_client``, no sandbox, supervisor,
+proxy or translation); "first event" = the agent's first line (its ``initialize`` answer) /
+the first translated event (the same answer).
+
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
-        gemini-cli opencode]
+        gemini-cli opencode acp-opencode]
         [--services inprocess|detached]
 """
 
@@ -30,7 +35,9 @@ import time
 
 import anyio
 
+from corral._insandbox import acp_client
 from corral.agents._prepare import prepare_agent, with_agent_binds
+from corral.harness._acp import AcpHarness
 from corral.harness._base import AgentRequest, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import CliHarness, CliOptions
@@ -59,6 +66,8 @@ def options(name: str) -> dict[str, object]:
 
 
 def harness_for(name: str) -> CliHarness:
+    if name == "acp-opencode":
+        return AcpHarness(agent="opencode", model="anthropic/claude-fake")
     if name == "opencode":
         return OpencodeHarness(model="anthropic/claude-fake")
     kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
@@ -76,7 +85,42 @@ def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
     return Upstream(h.upstream_api(), base_url(h, srv), "bench-key")
 
 
+def direct_acp_run(h: AcpHarness, srv: ModelServer) -> tuple[float, float]:
+    install = find_installed(h.package.name)
+    assert install is not None
+    base = base_url(h, srv).rstrip("/") + h.profile.base_url_suffix
+    opts = CliOptions.parse({"api_key": "bench-key"})
+    home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="bench-ws-", dir="/var/tmp")
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+           **h.profile.env(h.model, base, opts, h.acp_policy)}
+    config = {"argv": h.profile.argv(h.bin_under(str(install.path))), "env": env,
+              "cwd": work, "workdir": work, "prompt": PROMPT, "permission": None}
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-I", "-S", acp_client.__file__],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(acp_client.encode_header(config))
+        proc.stdin.close()
+        first = None
+        for line in proc.stdout:
+            if first is None and line.startswith(b'{"acp":"recv"'):
+                first = time.perf_counter() - t0
+        rc = proc.wait()
+        total = time.perf_counter() - t0
+        if rc != 0 or not os.path.exists(os.path.join(work, "out.txt")):
+            raise SystemExit(f"direct {h.name} run failed (exit {rc})")
+        return first or total, total
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
+    if isinstance(h, AcpHarness):
+        return direct_acp_run(h, srv)
     install = find_installed(h.name)
     assert install is not None
     base = base_url(h, srv)
@@ -167,7 +211,7 @@ def main() -> int:
                     help="model proxy in the driving process, or the detached daemon")
     args = ap.parse_args()
     for name in args.cli:
-        install_agent(name)
+        install_agent(name.removeprefix("acp-"))
     provider = BubblewrapProvider()
     print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
           "times in ms (p50 / p90)")

@@ -73,7 +73,10 @@ def upstream(srv: ModelServer) -> Upstream:
 
 def test_a_shell_tool_call_round_trip_and_the_key_stays_on_the_host(
         sandbox: Any, model_server: ModelServer) -> None:
-    model_server.script = shell_script("echo hi > out.txt && ls; env | grep -i key")
+    # the bridge lives outside the sandbox: no process in it sees the bridge
+    model_server.script = shell_script(
+        "echo hi > out.txt && ls; env | grep -i key; echo bridge-seen=$(cat /proc/[0-9]*/cmdline"
+        " 2>/dev/null | tr '\\0' ' ' | grep -c 'acp[_]client')")
     harness = AcpHarness(agent="opencode", model="anthropic/claude-fake")
 
     async def go() -> Any:
@@ -91,6 +94,7 @@ def test_a_shell_tool_call_round_trip_and_the_key_stays_on_the_host(
     (out,) = run.tool_results()
     assert out.startswith("out.txt\n"), out
     assert PLACEHOLDER_KEY in out and REAL_KEY not in out
+    assert "bridge-seen=0" in out, out
     assert "Done. Output: out.txt" in "".join(run.texts())
     assert all(r.api_key == REAL_KEY for r in model_server.model_requests)
     assert all(REAL_KEY not in json.dumps(e.model_dump(mode="json")) for e in run.events)
@@ -150,6 +154,7 @@ def test_a_denied_command_never_runs_whatever_the_repository_configures(
     (result,) = results(events)
     assert result.startswith("denied: denied by corral policy"), result
     assert "rm *" in result
+    assert "after:" in texts(events)  # the model was told and the turn went on
     spec = corral.raw_record("d1")["spec"]
     assert spec["permission_prompt"] is True and spec["harness_options"]["agent"] == "opencode"
     # the sandbox's copy of the workspace still has the file: ask the agent's own shell
@@ -367,7 +372,12 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
     # the same from corral.toml's [agent] table
     (ws / "corral.toml").write_text(
         f'id = "cmd"\n[agent]\nharness = "acp"\nagent_command = "{command}"\n')
+    # found in the workspace: the repository's file cannot choose an agent run itself
     out = corral.run("run", "--run-id", "x2", "--json", "--workspace", str(ws), "go")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--harness acp" in out.stderr and "--config" in out.stderr
+    out = corral.run("run", "--run-id", "x2", "--json", "--config", str(ws / "corral.toml"),
+                     "--workspace", str(ws), "go")
     assert out.returncode == 0, out.stderr[-3000:]
     assert corral.raw_record("x2")["harness"] == "acp"
     assert results(corral.log("x2")) == ["ran"] * 4
@@ -387,3 +397,13 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
                      "opencode", "go")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "docker provider runs the supervisor in the sandbox" in out.stderr
+
+
+def test_the_local_provider_runs_the_agent_from_its_host_install(
+        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811
+    corral.srv.script = one_command("echo local-ran")
+    out = acp_run(corral, "l1", "say it", "--provider", "local")
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = corral.log("l1")
+    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
+    assert "local-ran" in results(events)[0]

@@ -51,6 +51,10 @@ CASES = {
     # opencode's permission config enforces deny; `opencode run` cannot ask
     "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
                               enforces=frozenset({"deny"}), side_reply=_title),
+    # `opencode acp` asks for every command; corral's policy answers (deny and ask)
+    "acp-opencode": lambda: _case("acp", options={"agent": "opencode",
+                                                  "model": "anthropic/claude-fake"},
+                                  side_reply=_title),
     # ACP: the Claude adapter gates every Bash command through corral's command gate
     "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
                                                 "max_retries": 0}),

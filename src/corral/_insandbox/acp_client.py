@@ -39,7 +39,8 @@ and ``mcpServers``, ``resume``, ``mode``, ``session_params`` (more ``session/new
 
 Why not the ``agent-client-protocol`` Python SDK (0.12.1): this side must be stdlib-only
 (it runs under the supervisor with ``python3 -I -S``, possibly a bare system Python; the
-SDK needs pydantic and its import alone costs more than this whole bridge's start-up), and
+SDK needs pydantic; ``python -X importtime -c "import acp"`` measured 1.15 s here, against
+~30 ms of imports for this module), and
 the SDK's connection keeps the protocol state (pending requests, session) in one process's
 memory, whereas here the journal is the state a successor host rebuilds everything from.
 
@@ -285,7 +286,6 @@ class Bridge:
         self.next_id = 0
         self.pending: dict[int, list[Any]] = {}
         self.pending_lock = threading.Lock()
-        self.cancelled: int | None = None
         self.cancel_event = threading.Event()
         self.agent_gone = threading.Event()
         self.proc: subprocess.Popen | None = None  # type: ignore[type-arg]

@@ -266,6 +266,9 @@ def bridged_spec(bridge: dict[str, Any], host: HostCommand,
         "await_ports": True,
         "permission": None, "secrets": {},
     }
+    if host.cwd is not None:
+        # the agent runs as a host process (no isolation: local): its paths are the host's
+        config["workdir"] = host.cwd
     if tools is not None:
         # the header values of mcpServers name the token as ${CORRAL_TOOLS_TOKEN}
         config["secrets"] = dict(tools.env)

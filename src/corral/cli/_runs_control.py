@@ -83,6 +83,12 @@ def _agent_defaults(args: argparse.Namespace) -> None:
     ``--agent-command`` replace each other)."""
     path = Path(args.config) if args.config else find_config(args.workspace or os.getcwd())
     table = agent_table(path) if path is not None and path.is_file() else {}
+    if not args.config and not args.harness and table.get("harness", "command") != "command":
+        # a repository's own file may not turn a command into an agent run on your key
+        raise ConfigError(
+            f"{path}: [agent] harness = {table['harness']!r} in a corral.toml found in the "
+            f"workspace is not followed: pass --harness {table['harness']}, or name the "
+            "file with --config if it is yours")
     args.harness = args.harness or table.get("harness") or "command"
     args.model = args.model or table.get("model")
     if not (getattr(args, "agent", None) or getattr(args, "agent_command", None)) \

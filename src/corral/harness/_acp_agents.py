@@ -201,6 +201,9 @@ class OpencodeAcp(AcpAgent):
         # Host tools come through ACP's session/new mcpServers, not opencode's config.
         config = opencode_config(model or OPENCODE_DEFAULT_MODEL, base_url, opts.api_key,
                                  policy.settings["permission"], {})
+        # A refused permission otherwise ends opencode's turn: the model must be told and
+        # go on, as with every other harness.
+        config["experimental"] = {"continue_loop_on_deny": True}
         return {**OPENCODE_ENV,
                 "OPENCODE_CONFIG_CONTENT": json.dumps(config, separators=(",", ":"))}
 

@@ -319,7 +319,7 @@ def create_app(
             thread_id=body.thread_id,
             provider=sandbox.provider,
             workspace=sandbox.workspace,
-            options={"model": body.model} if body.model else {},
+            options={k: v for k, v in (("model", body.model), ("agent", body.agent)) if v},
             timeout=body.timeout,
             token_budget=body.token_budget,
         )
