@@ -343,3 +343,17 @@ def test_claude_file_write_deny_refuses_its_edit_tools(
     assert claude_run(corral, "w2", "show", "--workspace", str(ws)).returncode == 0
     (shown,) = results(corral.log("w2"))
     assert "written" not in shown and "No such file" in shown, shown
+
+
+def test_corral_run_refuses_command_rules_for_gemini_in_one_line(
+        gemini_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    ws = tmp_path / "gpol"
+    ws.mkdir()
+    (ws / "corral.toml").write_text('id = "gpol"\n[policy]\ndefault = "allow"\n'
+                                    'deny = ["rm *"]\n')
+    out = corral.run("run", "--harness", "acp", "--agent", "gemini", "--model", "gemini-fake",
+                     "--workspace", str(ws), "clean up")
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "--agent claude" in lines[0] and "rm *" in lines[0], lines
+    assert corral.srv.model_requests == []  # refused before anything ran
