@@ -17,7 +17,7 @@ the first translated event (the same answer).
 
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
-        gemini-cli opencode acp-opencode]
+        gemini-cli opencode acp-opencode acp-claude acp-gemini]
         [--services inprocess|detached]
 """
 
@@ -68,6 +68,10 @@ def options(name: str) -> dict[str, object]:
 def harness_for(name: str) -> CliHarness:
     if name == "acp-opencode":
         return AcpHarness(agent="opencode", model="anthropic/claude-fake")
+    if name == "acp-claude":
+        return AcpHarness(agent="claude", model="claude-fake")
+    if name == "acp-gemini":
+        return AcpHarness(agent="gemini", model="gemini-fake")
     if name == "opencode":
         return OpencodeHarness(model="anthropic/claude-fake")
     kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
@@ -92,10 +96,15 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer) -> tuple[float, float]:
     opts = CliOptions.parse({"api_key": "bench-key"})
     home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
     work = tempfile.mkdtemp(prefix="bench-ws-", dir="/var/tmp")
+    binary = h.bin_under(str(install.path))
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
-           **h.profile.env(h.model, base, opts, h.acp_policy)}
-    config = {"argv": h.profile.argv(h.bin_under(str(install.path))), "env": env,
-              "cwd": work, "workdir": work, "prompt": PROMPT, "permission": None}
+           **h.profile.bin_env(binary), **h.profile.env(h.model, base, opts, h.acp_policy)}
+    for rel, data in h.profile.home_files(h.model, base, opts, h.acp_policy).items():
+        os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
+        with open(os.path.join(home, rel), "wb") as f:
+            f.write(data)
+    config = {"argv": h.profile.argv(binary), "env": env, "cwd": work, "workdir": work,
+              "prompt": PROMPT, "permission": None, "mode": h.profile.mode}
     try:
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-I", "-S", acp_client.__file__],
@@ -211,7 +220,7 @@ def main() -> int:
                     help="model proxy in the driving process, or the detached daemon")
     args = ap.parse_args()
     for name in args.cli:
-        install_agent(name.removeprefix("acp-"))
+        install_agent(harness_for(name).package.name if name.startswith("acp-") else name)
     provider = BubblewrapProvider()
     print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
           "times in ms (p50 / p90)")

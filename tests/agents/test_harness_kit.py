@@ -55,6 +55,12 @@ CASES = {
     "acp-opencode": lambda: _case("acp", options={"agent": "opencode",
                                                   "model": "anthropic/claude-fake"},
                                   side_reply=_title),
+    # ACP: the Claude adapter gates every Bash command through corral's command gate
+    "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
+                                                "max_retries": 0}),
+    # (gemini --acp is not a kit case: it reports no shell output and no tool arguments
+    # over ACP, which the kit's round-trip, key and egress checks read; its rules are
+    # refused: tests/agents/test_acp_agents.py covers what it does)
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))

@@ -73,6 +73,10 @@ grace, 5 s, is longer: it must not SIGKILL this bridge first)."""
 EXIT_GRACE = 2.0
 """Seconds the agent gets to exit by itself once its prompt is answered and stdin closed."""
 INIT_TIMEOUT = 120.0
+LOAD_QUIET = 0.3
+LOAD_SETTLE = 5.0
+"""After ``session/load``: the prompt waits for this long a silence (at most
+:data:`LOAD_SETTLE` s) while the agent replays the session's history."""
 NOT_FOUND = -32601
 _PR_SET_DUMPABLE = 4
 _PR_SET_PDEATHSIG = 1
@@ -289,6 +293,7 @@ class Bridge:
         self.max_line = int(config.get("max_line") or MAX_LINE)
         self.ports: dict[str, int] = {}
         self.ports_known = threading.Event()
+        self.last_recv = time.monotonic()
 
     # -- journal
     def journal(self, obj: dict[str, Any]) -> None:
@@ -373,6 +378,7 @@ class Bridge:
         self.agent_gone.set()
 
     def on_line(self, line: bytes) -> None:
+        self.last_recv = time.monotonic()
         text = line.decode("utf-8", "replace").strip()
         if not text:
             return
@@ -498,6 +504,7 @@ class Bridge:
                                  "mcpServers": wire_servers})
                 if "error" not in loaded:
                     session = resume
+                    self.settle()
                 else:
                     self.note("load-failed", sessionId=resume)
             else:
@@ -525,6 +532,15 @@ class Bridge:
         done = self.request("session/prompt", {"sessionId": session, "prompt": [
             {"type": "text", "text": str(cfg.get("prompt") or "")}]})
         return 0 if "result" in done else 1
+
+    def settle(self) -> None:
+        """Wait until the agent has been quiet for ``LOAD_QUIET`` s (at most
+        ``LOAD_SETTLE`` s): some agents (gemini) go on replaying a loaded session's history
+        after the load result, and a prompt sent meanwhile would mix the two."""
+        deadline = time.monotonic() + LOAD_SETTLE
+        while time.monotonic() < deadline and not self.agent_gone.is_set() \
+                and time.monotonic() - self.last_recv < LOAD_QUIET:
+            time.sleep(0.02)
 
     def cancel(self) -> None:
         """``session/cancel`` (once), then the agent is stopped after the grace."""

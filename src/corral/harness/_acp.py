@@ -78,6 +78,10 @@ from corral.tools._names import SERVER_NAME
 
 __all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
 
+_SESSION_STATE = frozenset({"available_commands_update", "usage_update",
+                            "config_option_update", "current_mode_update"})
+"""Session-state updates that are no event of a run (agents send them when they like, so
+two runs of one script would differ; usage comes with the prompt's result)."""
 _ACP_KEYS = ("agent", "agent_command")
 _KIND_NAMES = {"execute": "shell", "edit": "edit", "delete": "delete", "move": "move",
                "read": "read", "search": "search", "fetch": "fetch", "think": "think"}
@@ -164,7 +168,7 @@ class AcpHarness(CliHarness):
         return self.profile.upstream_api(self.model)
 
     def bin_under(self, install_dir: str) -> str:
-        return f"{install_dir}/node_modules/.bin/{self.profile.bin}"
+        return f"{install_dir}/{self.profile.bin_dir}/{self.profile.bin}"
 
     @property
     def default_bin(self) -> str:
@@ -207,8 +211,9 @@ class AcpHarness(CliHarness):
         if opts.model and opts.model != self.model:
             raise ConfigError(f"acp: the model is chosen when the harness is built "
                               f"({self.model}), not per request ({opts.model})")
-        argv = self.profile.argv(opts.bin or self.default_bin)
-        env = {"TERM": "dumb", "NO_COLOR": "1"}
+        bin_path = opts.bin or self.default_bin
+        argv = self.profile.argv(bin_path)
+        env = {"TERM": "dumb", "NO_COLOR": "1", **self.profile.bin_env(bin_path)}
         env.update(self.profile.env(self.model, self._base_url(opts), opts, self.acp_policy))
         if opts.egress:
             proxy = "http://127.0.0.1:{corral.port.egress}"
@@ -275,6 +280,8 @@ class AcpTranslator(JsonlTranslator):
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
+        self.last_text: list[str] = []
+        """The latest text message's chunks."""
         self.tools: dict[str, _Tool] = {}
 
     # -- lines
@@ -327,6 +334,7 @@ class AcpTranslator(JsonlTranslator):
         if method == "session/load":
             loaded, self.loading = self.loading, None
             if isinstance(result, dict) or result is None and error is None:
+                self.replaying = True
                 return self._session(loaded)
             return []
         if method == "session/new":
@@ -358,7 +366,10 @@ class AcpTranslator(JsonlTranslator):
                     self.error_message = f"the agent stopped: {name[:100]}"
                     self.error_code = "cancelled" if name == "cancelled" else f"acp:{name[:100]}"
             else:
-                self._fail(error, "the agent failed the prompt")
+                # the Claude adapter says why only in the turn's last text (e.g. the model
+                # proxy's "token budget … used up" behind "Authentication required")
+                said = "".join(self.last_text).strip()
+                self._fail(error, "the agent failed the prompt", said[:500])
             return out
         return []
 
@@ -378,10 +389,12 @@ class AcpTranslator(JsonlTranslator):
     def _session(self, sid: str | None) -> list[BaseEvent]:
         return self.session_event(sid, agent=self.agent) if sid else []
 
-    def _fail(self, error: Any, default: str) -> None:
+    def _fail(self, error: Any, default: str, said: str = "") -> None:
         message = as_str(error.get("message")) if isinstance(error, dict) else None
         if self.error_message is None:
             self.error_message = f"{default}: {message}" if message else default
+            if said and said not in self.error_message:
+                self.error_message += f" ({said})"
             self.error_code = "acp:error"
 
     def _note(self, obj: dict[str, Any]) -> list[BaseEvent]:
@@ -413,6 +426,8 @@ class AcpTranslator(JsonlTranslator):
             return self._chunk(update.get("content"), thought=True)
         if kind in ("tool_call", "tool_call_update"):
             return self._close_text() + self._tool(update)
+        if kind in _SESSION_STATE:
+            return self._close_text()  # as any other update: the text so far is a message
         name = kind if isinstance(kind, str) and kind else "unknown"
         return [*self._close_text(), self.custom(name[:100], update)]
 
@@ -433,9 +448,11 @@ class AcpTranslator(JsonlTranslator):
         out += self._close_thought()
         if self.message is None:
             self.message = self.id("m")
+            self.last_text = []
             out.append(ev.text_start(self.message))
         if text:
             self.text_parts.append(text)
+            self.last_text.append(text)
             out.append(ev.text_content(self.message, text))
         return out
 
@@ -540,6 +557,9 @@ def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
 
 
 def _result_text(tc: Mapping[str, Any]) -> str:
+    raw = tc.get("rawOutput")
+    if isinstance(raw, str):
+        return raw  # the Claude adapter's plain output (its content wraps it in markdown)
     parts: list[str] = []
     for block in tc.get("content") or [] if isinstance(tc.get("content"), list) else []:
         if not isinstance(block, dict):
@@ -550,9 +570,6 @@ def _result_text(tc: Mapping[str, Any]) -> str:
             parts.append(f"edited {block.get('path')}")
     if parts:
         return "\n".join(parts)
-    raw = tc.get("rawOutput")
     if isinstance(raw, dict) and isinstance(raw.get("output"), str):
         return str(raw["output"])
-    if isinstance(raw, str):
-        return raw
     return flatten_text(raw) if raw is not None else ""
