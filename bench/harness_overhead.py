@@ -13,9 +13,14 @@ the difference of the medians, the paired overhead is the median over the runs o
 corral run minus the direct run just before it, and the corral phases say when
 ``prepare_agent``, the model proxy and ``launch_supervised`` were done.
 
+``acp-opencode`` (``--harness acp --agent opencode``): direct = ``opencode acp`` on the host
+driven by corral's ACP client (``corral._insandbox.acp_client``, no sandbox, supervisor,
+proxy or translation); "first event" = the agent's first line (its ``initialize`` answer) /
+the first translated event (the same answer).
+
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
-        gemini-cli opencode]
+        gemini-cli opencode acp-opencode acp-claude acp-gemini]
         [--services inprocess|detached] [--direct-cgroup]
 """
 
@@ -31,9 +36,13 @@ import sys
 import tempfile
 import time
 
+from collections.abc import Callable
+
 import anyio
 
+from corral._insandbox import acp_client
 from corral.agents._prepare import prepare_agent, with_agent_binds
+from corral.harness._acp import AcpHarness
 from corral.harness._base import AgentRequest, RunContext, translate_run
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import CliHarness, CliOptions
@@ -63,6 +72,12 @@ def options(name: str) -> dict[str, object]:
 
 
 def harness_for(name: str) -> CliHarness:
+    if name == "acp-opencode":
+        return AcpHarness(agent="opencode", model="anthropic/claude-fake")
+    if name == "acp-claude":
+        return AcpHarness(agent="claude", model="claude-fake")
+    if name == "acp-gemini":
+        return AcpHarness(agent="gemini", model="gemini-fake")
     if name == "opencode":
         return OpencodeHarness(model="anthropic/claude-fake")
     kinds: dict[str, type[CliHarness]] = {"claude-code": ClaudeCodeHarness,
@@ -93,8 +108,61 @@ def direct_cgroup() -> str | None:
     return str(path)
 
 
+def joiner(cgroup: str | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` moving the direct run into ``cgroup`` (``None``: stay)."""
+    if cgroup is None:
+        return None
+
+    def join() -> None:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    return join
+
+
+def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
+                   ) -> tuple[float, float]:
+    install = find_installed(h.package.name)
+    assert install is not None
+    base = base_url(h, srv).rstrip("/") + h.profile.base_url_suffix
+    opts = CliOptions.parse({"api_key": "bench-key"})
+    home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
+    work = tempfile.mkdtemp(prefix="bench-ws-", dir="/var/tmp")
+    binary = h.bin_under(str(install.path))
+    env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+           **h.profile.bin_env(binary), **h.profile.env(h.model, base, opts, h.acp_policy)}
+    for rel, data in h.profile.home_files(h.model, base, opts, h.acp_policy).items():
+        os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
+        with open(os.path.join(home, rel), "wb") as f:
+            f.write(data)
+    config = {"argv": h.profile.argv(binary), "env": env, "cwd": work, "workdir": work,
+              "prompt": PROMPT, "permission": None, "mode": h.profile.mode}
+    try:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-I", "-S", acp_client.__file__],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, preexec_fn=joiner(cgroup))
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(acp_client.encode_header(config))
+        proc.stdin.close()
+        first = None
+        for line in proc.stdout:
+            if first is None and line.startswith(b'{"acp":"recv"'):
+                first = time.perf_counter() - t0
+        rc = proc.wait()
+        total = time.perf_counter() - t0
+        if rc != 0 or not os.path.exists(os.path.join(work, "out.txt")):
+            raise SystemExit(f"direct {h.name} run failed (exit {rc})")
+        return first or total, total
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
                ) -> tuple[float, float]:
+    if isinstance(h, AcpHarness):
+        return direct_acp_run(h, srv, cgroup)
     install = find_installed(h.name)
     assert install is not None
     base = base_url(h, srv)
@@ -112,14 +180,9 @@ def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", **cmd.env}
     try:
         t0 = time.perf_counter()
-        def join() -> None:
-            if cgroup is not None:
-                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-
         proc = subprocess.Popen(list(cmd.argv), env=env, cwd=work, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                preexec_fn=join if cgroup else None)
+                                preexec_fn=joiner(cgroup))
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(cmd.stdin or b"")
         proc.stdin.close()
@@ -200,7 +263,7 @@ def main() -> int:
     if args.direct_cgroup and cgroup is None:
         raise SystemExit("--direct-cgroup needs the cgroup v1 cpu hierarchy with corral/")
     for name in args.cli:
-        install_agent(name)
+        install_agent(harness_for(name).package.name if name.startswith("acp-") else name)
     provider = BubblewrapProvider()
     print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
           f"direct run {'in a cgroup beside the sandboxes' if cgroup else 'at the root cgroup'}"

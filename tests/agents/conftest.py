@@ -239,3 +239,12 @@ def files_containing(root: Path, needle: bytes, skip: Sequence[Path] = ()) -> li
             except OSError:
                 continue
     return hits
+
+
+def assert_key_outside(handle: BubblewrapHandle, run: AgentRun) -> None:
+    """Nothing under the sandbox's writable areas, the socket directory it sees, or the
+    run's journal holds :data:`REAL_KEY`."""
+    assert files_containing(Path(handle.host_root), REAL_KEY.encode()) == []
+    net_dir = next(h for h, i in handle.state.binds if i == "/run/corral")
+    assert files_containing(Path(net_dir), REAL_KEY.encode()) == []
+    assert REAL_KEY.encode() not in run.paths.journal.read_bytes()

@@ -51,6 +51,16 @@ CASES = {
     # opencode's permission config enforces deny; `opencode run` cannot ask
     "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
                               enforces=frozenset({"deny"}), side_reply=_title),
+    # `opencode acp` asks for every command; corral's policy answers (deny and ask)
+    "acp-opencode": lambda: _case("acp", options={"agent": "opencode",
+                                                  "model": "anthropic/claude-fake"},
+                                  side_reply=_title),
+    # ACP: the Claude adapter gates every Bash command through corral's command gate
+    "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
+                                                "max_retries": 0}),
+    # (gemini --acp is not a kit case: it reports no shell output and no tool arguments
+    # over ACP, which the kit's round-trip, key and egress checks read; its rules are
+    # refused: tests/agents/test_acp_agents.py covers what it does)
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))

@@ -107,3 +107,60 @@ def test_roots_the_sandbox_uid_cannot_reach_are_relocated(tmp_path: Path) -> Non
     assert src.parent == SHARED_ROOT / "agents" and src != private
     open_root = Path("/tmp")
     assert mount_source(open_root) == open_root.resolve()
+
+
+def test_claude_code_installs_the_acp_adapter_beside_the_cli(
+        agent_installs: dict[str, InstalledAgent], agents_env: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    agent = install_agent("claude-code", root=agent_cache())  # adds it to an older install
+    (adapter,) = agent.companions
+    assert (adapter.package, adapter.version) == ("@agentclientprotocol/claude-agent-acp",
+                                                  "0.101.0")
+    binary = agent.path / adapter.rel_bin
+    out = subprocess.run([str(binary), "--version"], capture_output=True, timeout=60,
+                         check=False, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0 and "0.101.0" in out.stdout.decode()
+    assert os.stat(binary.resolve()).st_mode & 0o005 == 0o005
+    # the SDK's own 330 MB Claude binary (an optional dependency) is not installed: the
+    # adapter runs the install's CLI (CLAUDE_CODE_EXECUTABLE)
+    sdk = agent.path / "acp" / "node_modules" / "@anthropic-ai"
+    assert not [p for p in sdk.iterdir() if p.name.startswith("claude-agent-sdk-")]
+    assert cli("agents", "ls", "--json") == 0
+    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["claude-code"]["companions"] == [
+        {"package": adapter.package, "version": "0.101.0", "bin": str(binary)}]
+    assert cli("agents", "ls") == 0
+    assert "+ @agentclientprotocol/claude-agent-acp 0.101.0" in capsys.readouterr().out
+    report = {s.name: s for s in agents_report(agent_cache())}
+    assert report["claude-code"].ok
+    assert "with @agentclientprotocol/claude-agent-acp 0.101.0" in report["claude-code"].message
+
+
+def test_an_install_without_the_adapter_is_reported_and_completed_by_install(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install made before the adapter existed: ls and doctor say what to run, and
+    ``corral agents install claude-code`` adds the adapter without reinstalling the CLI."""
+    entry = tmp_path / "claude-code" / "2.1.332"
+    (entry / "node_modules" / ".bin").mkdir(parents=True)
+    cli_bin = entry / "node_modules" / ".bin" / "claude"
+    cli_bin.write_text("#!/bin/sh\necho '2.1.332 (Claude Code)'\n")
+    cli_bin.chmod(0o755)
+    (entry / "corral-install.json").write_text(json.dumps(
+        {"name": "claude-code", "version": "2.1.332", "package": "@anthropic-ai/claude-code",
+         "installed_at": 1.0}))
+    monkeypatch.setenv("CORRAL_AGENTS_DIR", str(tmp_path))
+    report = {s.name: s for s in agents_report(tmp_path)}
+    assert not report["claude-code"].ok
+    assert "missing @agentclientprotocol/claude-agent-acp 0.101.0: run `corral agents " \
+        "install claude-code`" in report["claude-code"].message
+    assert cli("agents", "ls") == 0
+    assert "- @agentclientprotocol/claude-agent-acp 0.101.0 missing" in capsys.readouterr().out
+    from corral.cli._doctor_impl import _agents
+    (check,) = [c for c in _agents() if c.name == "agent claude-code"]
+    assert check.status == "warn" and "missing" in check.detail
+    assert cli("agents", "install", "claude-code") == 0
+    agent = find_installed("claude-code", root=tmp_path)
+    assert agent is not None and agent.path == entry.resolve() and agent.companions
+    assert cli_bin.read_text().startswith("#!/bin/sh")  # the CLI was left alone
+    assert {s.name: s for s in agents_report(tmp_path)}["claude-code"].ok

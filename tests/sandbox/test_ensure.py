@@ -391,3 +391,34 @@ async def test_the_bootstrapping_record_is_written_with_the_setup_and_its_failur
     assert states == ["bootstrapping", "ready"] and flag.exists()
     await sb.destroy(ctx(), store=ok)
     assert ensured.origin == "created"
+
+
+async def test_the_ready_record_and_the_lock_release_are_one_write(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.sandbox._ensure import key_lock_name
+    from corral.stores._protocols import StoreError
+
+    sb = Sandbox(provider="local", lifecycle=Lifecycle(reuse="none"))
+    ensured = await sb.ensure(ctx(), store=store)
+    try:
+        record = await store.get_instance(ensured.key)  # type: ignore[attr-defined]
+        assert record is not None and record.to_dict() == ensured.record.to_dict()
+        assert record.meta["state"] == "ready"
+        # released: another owner takes the key's lock at once
+        assert await store.try_lock(key_lock_name(ensured.key), "other", 30)  # type: ignore[attr-defined]
+        await store.unlock(key_lock_name(ensured.key), "other")  # type: ignore[attr-defined]
+    finally:
+        await sb.destroy(ctx(), store=store)
+
+    # the merged write fails: ensure raises the store's error, and the lock is released
+    async def broken(*args: object) -> None:
+        raise StoreError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "upsert_instance_unlocking", broken)
+        with pytest.raises(StoreError, match="disk full"):
+            await sb.ensure(ctx("r2"), store=store)
+    key = sb.key(ctx("r2"))
+    assert await store.try_lock(key_lock_name(key), "other", 30)  # type: ignore[attr-defined]
+    await store.unlock(key_lock_name(key), "other")  # type: ignore[attr-defined]
+    await sb.destroy(ctx("r2"), store=store)

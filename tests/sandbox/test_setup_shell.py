@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.providers._bubblewrap import BubblewrapProvider
 from corral.providers._local import LocalProvider
@@ -180,3 +182,50 @@ async def test_a_sandbox_without_bash_runs_the_plan_in_sh(corral_home: Path, tmp
         assert await text(h, "d/here") == "z\n"
     finally:
         await provider.destroy(h.ref)
+
+
+# ------------------------------------------------------------------ step markers
+
+
+class _OneRegexOutput:
+    """The marker cutter as it was: one pattern per nonce (the reference for the shared
+    pattern the shell's output goes through now)."""
+
+    def __init__(self, nonce: bytes) -> None:
+        import re
+
+        self._mark = re.compile(rb"\n" + re.escape(nonce) + rb":S:(\d+)\n")
+        self.buf = bytearray()
+        self.step = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.buf += chunk
+        while (m := self._mark.search(self.buf)) is not None:
+            self.step = int(m.group(1))
+            del self.buf[: m.end()]
+
+
+_NONCE = b"0123456789abcdef0123456789abcdef"
+_pieces = st.sampled_from([
+    b"\n" + _NONCE + b":S:1\n", b"\n" + _NONCE + b":S:22\n", b"\n" + _NONCE[:-1] + b":S:3\n",
+    b"\nf" + _NONCE + b":S:4\n", b"\n" + _NONCE + b":S:x\n", b"\n" + _NONCE + b":S:",
+    b"\n", b":S:", b"5\n", _NONCE, b"out", b"\nabc:S:6\n",
+]) | st.binary(max_size=6)
+
+
+@given(st.lists(_pieces, max_size=12), st.lists(st.integers(1, 9), min_size=1, max_size=12),
+       st.sampled_from([_NONCE, b"n.o(nce"]))
+def test_step_markers_are_cut_as_with_one_pattern_per_nonce(
+        pieces: list[bytes], cuts: list[int], nonce: bytes) -> None:
+    from corral.sandbox._setup_shell import _KEEP_BYTES, _Output
+
+    stream = b"".join(p.replace(_NONCE, nonce) for p in pieces)
+    new, old = _Output(nonce), _OneRegexOutput(nonce)
+    at, i = 0, 0
+    while at < len(stream):
+        chunk = stream[at : at + cuts[i % len(cuts)]]
+        at, i = at + len(chunk), i + 1
+        new.feed(chunk)
+        old.feed(chunk)
+        assert new.step == old.step
+    assert len(stream) > _KEEP_BYTES or new.of(new.step) == bytes(old.buf)

@@ -253,12 +253,24 @@ def test_read_only_corral_home_with_a_store(command: tuple[str, ...], corral: Ru
     one_error_line(corral(*command, home=home), str(home), "read-only")
 
 
+def full_home_outcome(command: tuple[str, ...], out: subprocess.CompletedProcess[str],
+                      home: Path) -> None:
+    """``corral run`` needs room in a full home (store, journal) and fails in one line.
+    ``corral exec`` of ``true`` on the local provider writes no file data there (create is
+    a mkdir and a setxattr, the areas are empty directories): it may simply work, and
+    then says nothing; if it fails, it fails in one line."""
+    if command[0] == "exec" and out.returncode == 0:
+        assert out.stderr == "", out.stderr[-4000:]
+        return
+    one_error_line(out, str(home), "full")
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
 def test_full_corral_home(command: tuple[str, ...], corral: Run,
                           tmpfs: Callable[[], Path]) -> None:
     home = tmpfs()
     fill(home)
-    one_error_line(corral(*command, home=home), str(home), "full")
+    full_home_outcome(command, corral(*command, home=home), home)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
@@ -268,7 +280,7 @@ def test_full_corral_home_with_a_store(command: tuple[str, ...], corral: Run,
     first = corral("run", "--provider", "local", "--run-id", "before", "--", "true", home=home)
     assert first.returncode == 0, first.stderr
     filler = fill(home)
-    one_error_line(corral(*command, home=home), str(home), "full")
+    full_home_outcome(command, corral(*command, home=home), home)
     filler.unlink()
     # nothing half-written: the store holds exactly the run from before, completed
     listed = corral("ls", "--json", home=home)

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.server._agui_runs import Segments, decode_frame
+from corral.server._agui_runs import Segments
 from corral.stores._protocols import LoggedEvent
 
 
@@ -64,6 +64,12 @@ def _log(blocks: list[tuple[str, bool, bool]], turns: int) -> list[dict[str, Any
 logs = st.builds(_log, st.lists(st.tuples(
     st.sampled_from(["text", "tool", "frontend", "approval"]), st.booleans(), st.booleans()),
     max_size=8), st.integers(min_value=0, max_value=3))
+
+
+def decode_frame(frame: bytes) -> LoggedEvent:
+    """The event of an SSE frame ``encode_event`` wrote."""
+    head, _, data = frame.partition(b"\ndata: ")
+    return LoggedEvent(int(head.removeprefix(b"id: ")), 0, json.loads(data))
 
 
 def render(log: list[dict[str, Any]], target: int | None, after: int = 0,

@@ -463,3 +463,25 @@ async def test_processes_racing_the_first_secret_agree(tmp_path: Path) -> None:
     store = await open_store(url)
     assert (await store.shared_secret("approvals")).hex() == outs[0]
     await store.aclose()
+
+
+async def test_taking_a_lock_reads_the_instance_in_the_same_transaction(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        from corral.stores._protocols import InstanceRecord
+
+        assert await store.try_lock_reading_instance("sandbox:k", "me", 30, "k") == (True, None)
+        record = InstanceRecord("k", "local", "sb-1", "t", 1.0, meta={"a": 1})
+        await store.upsert_instance(record)
+        # the same owner extends its lock, and reads what get_instance reads
+        assert await store.try_lock_reading_instance("sandbox:k", "me", 30, "k") == (
+            True, await store.get_instance("k"))
+        # another owner neither takes the lock nor reads the record
+        assert await store.try_lock_reading_instance("sandbox:k", "other", 30, "k") == (
+            False, None)
+        assert not await store.try_lock("sandbox:k", "other", 30)
+        assert await store.unlock("sandbox:k", "me")
+        taken, read = await store.try_lock_reading_instance("sandbox:k", "other", 30, "k")
+        assert taken and read == record
+    finally:
+        await store.aclose()

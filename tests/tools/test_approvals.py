@@ -3,6 +3,7 @@ requests, answers and corral's key live in the store, so another host answers.""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -516,3 +517,48 @@ def test_ids_never_look_like_options() -> None:
     ids = [s.new_id("run") for _ in range(2000)]
     assert not any(i.startswith("-") for i in ids)
     assert all(s.verify("run", i) for i in ids[:50])
+
+
+async def test_the_same_call_asked_again_finds_its_first_request_and_answer(
+        store: Store) -> None:
+    """A driver dies while a call waits; the answer lands with no driver; the durable caller
+    (the ACP bridge) asks the successor's gate the same question: it gets the stored answer,
+    and no second request is announced. Another call (id or arguments) is a new question."""
+    first: list[BaseEvent] = []
+    dead = Approvals(store, "run-9", emit=first.append, timeout=20)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(dead.request, "Bash", {"command": "echo hi"},
+                                        call_id="c1"))
+        req = await request_event(first)
+        tg.cancel_scope.cancel()  # (a SIGKILL leaves it pending; cancelling marks it)
+    # the cancelled hold recorded "nobody waits": put the request back as a killed
+    # driver leaves it, pending, then answer it with no driver
+    approval_id = req.value["approvalId"]
+    got = await store.get_approval("run-9", approval_id)
+    assert got is not None and got[1] is not None and got[1].decision == "timeout"
+    again: list[BaseEvent] = []
+    succ = Approvals(store, "run-9", emit=again.append, timeout=20)
+    refused = await succ.request("Bash", {"command": "echo hi"}, call_id="c1")
+    assert refused is not None and "ended before an answer" in refused
+    assert requests_in(again) == []  # announced once, by the first driver
+    resolved = [e for e in again if isinstance(e, CustomEvent)
+                and e.name == APPROVAL_RESOLVED_EVENT]
+    assert [e.value["approvalId"] for e in resolved] == [approval_id]
+    # pending, then answered by a human while nobody drives
+    signer = await ApprovalSigner.for_store(store)
+    other = signer.id_for_call("run-9", "c2", "Bash", {"command": "echo hi"})
+    assert other != approval_id
+    assert signer.verify("run-9", other) and not signer.verify("run-8", other)
+    assert signer.id_for_call("run-9", "c1", "Bash", {"command": "echo ho"}) != approval_id
+    later: list[BaseEvent] = []
+    gate = Approvals(store, "run-9", emit=later.append, timeout=20)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(gate.request, "Bash", {"command": "echo hi"},
+                                        call_id="c2"))
+        req2 = await request_event(later)
+        assert req2.value["approvalId"] == other
+        await answer_approval(store, "run-9", other, True)
+    assert [e.value["decision"] for e in later if isinstance(e, CustomEvent)
+            and e.name == APPROVAL_RESOLVED_EVENT] == ["allow"]
+    assert await Approvals(store, "run-9", timeout=20).request(
+        "Bash", {"command": "echo hi"}, call_id="c2") is None

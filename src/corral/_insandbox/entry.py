@@ -11,10 +11,12 @@ For each forward it listens on ``127.0.0.1:<port>`` (``0`` = any free port) and 
 every accepted connection to a new connection to the unix socket (bound into the sandbox
 from the host, where the model or egress proxy serves; a socket that is missing or refuses
 is retried for ``connect_patience`` seconds, so the host side may start late or restart;
-an ``await`` socket is waited for, as long, before the agent starts). ``{corral.port.<name>}`` in the
+an ``await`` socket is waited for, as long, before the agent starts). With ``"announce":
+true`` the entry first writes ``{"corral.ports": {name: port}}`` as one line to stdout (the
+ACP bridge reads the agent's stdout and must know the tools port for ``mcpServers``). ``{corral.port.<name>}`` in the
 agent's argv and environment is replaced by the port actually bound. Then it runs the
 agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
-never writes to it), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
+never writes to it, but for the ``announce`` line), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
 exits with the child's status (``128 + N`` for a death by signal ``N``). (A run's timeout
 is not enforced here, where the agent could stop it, but by the supervisor on the host.)
 
@@ -129,6 +131,9 @@ def main(argv: list[str]) -> int:
                 _connect(fw["unix"], float(config.get("connect_patience", 10))).close()
             except OSError:
                 pass  # no host serves it yet: the agent starts anyway, its calls fail
+    if config.get("announce"):
+        sys.stdout.write(json.dumps({"corral.ports": ports}) + "\n")
+        sys.stdout.flush()
     env = {k: _substitute(v, ports) for k, v in os.environ.items()}
     command = [_substitute(a, ports) for a in command]
     child: subprocess.Popen[bytes] | None = None

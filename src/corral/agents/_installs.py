@@ -8,6 +8,11 @@ read-only at :data:`AGENTS_MOUNT`.
 Installs are atomic: npm runs in a temporary directory next to the target, the CLI's
 ``--version`` is checked, and only then is the directory renamed into place.
 
+Companions (:class:`~corral.harness._packages.Companion`: the Claude Code ACP adapter
+beside Claude Code) get their own npm prefix ``<install>/<subdir>``, installed with the
+CLI, or added to an existing install by the next ``corral agents install`` (atomically
+too: a temporary directory inside the install, renamed to ``<subdir>``).
+
 Running as root, isolated sandboxes run as an unprivileged host uid, which must be able to
 reach the install (bubblewrap resolves bind sources with the sandbox's rights). When the
 root directory is not reachable by other users (``~/.corral`` under a mode-0700 home), the
@@ -30,7 +35,13 @@ from pathlib import Path
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home
-from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
+from corral.harness._packages import (
+    AGENTS_MOUNT,
+    KNOWN_AGENTS,
+    AgentPackage,
+    Companion,
+    package_for,
+)
 
 __all__ = [
     "AGENTS_MOUNT",
@@ -45,6 +56,7 @@ __all__ = [
     "find_installed",
     "install_agent",
     "list_installed",
+    "missing_companions",
     "mount_source",
     "package_for",
 ]
@@ -79,6 +91,18 @@ class InstalledAgent:
     def rel_bin(self) -> str:
         """The CLI's path relative to the agents root (for :data:`AGENTS_MOUNT`)."""
         return f"{self.name}/{self.version}/node_modules/.bin/{KNOWN_AGENTS[self.name].bin}"
+
+    @property
+    def companions(self) -> tuple[Companion, ...]:
+        """The companions present in this install."""
+        return tuple(c for c in KNOWN_AGENTS[self.name].companions
+                     if (self.path / c.rel_bin).exists())
+
+
+def missing_companions(agent: InstalledAgent) -> tuple[Companion, ...]:
+    """The companions ``agent``'s package should have beside it but does not."""
+    have = set(agent.companions)
+    return tuple(c for c in KNOWN_AGENTS[agent.name].companions if c not in have)
 
 
 def agents_root() -> Path:
@@ -216,6 +240,71 @@ def _chmod_tree(path: Path) -> None:
     os.chmod(path, os.stat(path).st_mode | 0o555)
 
 
+def _npm_env() -> dict[str, str]:
+    # corral's own key is no business of a package's install scripts
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_SECRET"}
+    env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false",
+                "npm_config_audit": "false"})
+    return env
+
+
+def _npm_install(npm: str, prefix: Path, spec: str, env: dict[str, str], timeout: float,
+                 *, omit_optional: bool = False) -> None:
+    """``npm install spec`` into the prefix ``prefix`` (raises :class:`InstallError`)."""
+    argv = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+            "--save-exact", "--loglevel=error", spec]
+    if omit_optional:
+        argv.insert(2, "--omit=optional")
+    try:
+        proc = subprocess.run(argv, cwd=str(prefix), env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise InstallError(f"npm install {spec} timed out after {timeout}s") from exc
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
+        raise InstallError(f"npm install {spec} failed (exit {proc.returncode}): {tail}")
+
+
+def _check_runs(binary: Path, package: str, version: str, env: dict[str, str]) -> None:
+    """``binary --version`` must print ``version`` (raises :class:`InstallError`)."""
+    try:
+        check = subprocess.run([str(binary), "--version"], stdin=subprocess.DEVNULL,
+                               capture_output=True, timeout=60, env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InstallError(f"{package}@{version} installed but `{binary.name} --version` "
+                           f"failed: {exc}") from exc
+    out = check.stdout.decode("utf-8", "replace")
+    if check.returncode != 0 or version not in out:
+        err = check.stderr.decode("utf-8", "replace").strip()[-500:]
+        raise InstallError(
+            f"{package}@{version} installed but `{binary.name} --version` printed "
+            f"{out.strip()!r} (exit {check.returncode}) {err}".strip()
+        )
+
+
+def _install_companion(npm: str, install_dir: Path, companion: Companion,
+                       env: dict[str, str], timeout: float) -> None:
+    """``companion`` into ``install_dir/<subdir>``: npm in a temporary directory beside
+    it, checked, made readable by all, then renamed into place."""
+    target = install_dir / companion.subdir
+    tmp = install_dir / f".tmp-{companion.subdir}-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir(mode=0o755)
+    try:
+        _npm_install(npm, tmp, f"{companion.package}@{companion.version}", env, timeout,
+                     omit_optional=companion.omit_optional)
+        _check_runs(tmp / "node_modules" / ".bin" / companion.bin, companion.package,
+                    companion.version, env)
+        _chmod_tree(tmp)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+        os.rename(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def install_agent(
     name: str,
     version: str | None = None,
@@ -237,6 +326,8 @@ def install_agent(
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
     existing = find_installed(name, version, root=root)
     if existing is not None and not force:
+        for companion in missing_companions(existing):
+            _install_companion(_npm(), existing.path, companion, _npm_env(), timeout)
         return existing
     npm = _npm()
     entry = root / name / version
@@ -246,31 +337,11 @@ def install_agent(
     tmp = real.parent / f".tmp-{version}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir(mode=0o755)
     try:
-        # corral's own key is no business of a package's install scripts
-        env = {k: v for k, v in os.environ.items() if k != "CORRAL_SECRET"}
-        env.update({"npm_config_update_notifier": "false", "npm_config_fund": "false",
-                    "npm_config_audit": "false"})
-        proc = subprocess.run(
-            [npm, "install", "--prefix", str(tmp), "--no-audit", "--no-fund", "--save-exact",
-             "--loglevel=error", f"{pkg.package}@{version}"],
-            cwd=str(tmp), env=env, stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=timeout, check=False,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
-            raise InstallError(
-                f"npm install {pkg.package}@{version} failed (exit {proc.returncode}): {tail}"
-            )
-        binary = tmp / "node_modules" / ".bin" / pkg.bin
-        check = subprocess.run([str(binary), "--version"], stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=60, env=env, check=False)
-        out = check.stdout.decode("utf-8", "replace")
-        if check.returncode != 0 or version not in out:
-            err = check.stderr.decode("utf-8", "replace").strip()[-500:]
-            raise InstallError(
-                f"{pkg.package}@{version} installed but `{pkg.bin} --version` printed "
-                f"{out.strip()!r} (exit {check.returncode}) {err}".strip()
-            )
+        env = _npm_env()
+        _npm_install(npm, tmp, f"{pkg.package}@{version}", env, timeout)
+        _check_runs(tmp / "node_modules" / ".bin" / pkg.bin, pkg.package, version, env)
+        for companion in pkg.companions:
+            _install_companion(npm, tmp, companion, env, timeout)
         installed_at = time.time()
         (tmp / MARKER).write_text(json.dumps({
             "name": name, "package": pkg.package, "version": version,
@@ -280,9 +351,6 @@ def install_agent(
         if real.exists() or real.is_symlink():
             shutil.rmtree(real) if real.is_dir() and not real.is_symlink() else real.unlink()
         os.rename(tmp, real)
-    except subprocess.TimeoutExpired as exc:
-        raise InstallError(f"npm install {pkg.package}@{version} timed out after {timeout}s") \
-            from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -329,7 +397,15 @@ def agents_report(root: Path | None = None) -> list[AgentStatus]:
             msg = f"installed {', '.join(versions)} under {root}"
             if pkg.version not in versions:
                 msg += f" (tested version is {pkg.version})"
-            out.append(AgentStatus(name, True, pkg.version, versions, True, msg))
+            use = next((a for a in installed if a.name == name and a.version == pkg.version),
+                       next(a for a in installed if a.name == name))
+            missing = missing_companions(use)
+            for c in use.companions:
+                msg += f"; with {c.package} {c.version}"
+            if missing:
+                msg += "; missing " + ", ".join(f"{c.package} {c.version}" for c in missing) \
+                    + f": run `corral agents install {name}`"
+            out.append(AgentStatus(name, True, pkg.version, versions, not missing, msg))
         else:
             fix = f"`corral agents install {name}`" if npm else "install Node.js/npm, then " \
                   f"`corral agents install {name}`"

@@ -25,12 +25,14 @@ isolation (local) the CLI runs from its host path and the sockets live in a host
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import hashlib
 import os
 import secrets
 import stat
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ import anyio
 
 from corral._telemetry import carrier
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._insandbox import acp_client as acp_client
 from corral._insandbox import command_gate as command_gate
 from corral.harness._base import AgentCommand, AgentRequest
 from corral.harness._cli_base import CliHarness, CliOptions
@@ -65,6 +68,7 @@ from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
 from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxSpec
 from corral.sandbox._redact import Redactor
+from corral.tools._names import MCP_PATH
 from corral.tools._projection import host_tools_projection
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
@@ -137,7 +141,8 @@ class PreparedAgent:
     """The in-sandbox command (argv/env/cwd/stdin) for ``handle.host_command``."""
     thread_id: str
     run_id: str
-    install: InstalledAgent
+    install: InstalledAgent | None
+    """``None`` for an agent that comes from no install (``--agent-command``)."""
     model_proxy: ModelProxy
     model_socket: Path
     egress_proxy: EgressProxy | None = None
@@ -152,6 +157,9 @@ class PreparedAgent:
     ``host_tools.socket`` with ``token=host_tools.token`` while the agent runs."""
     redactor: Redactor | None = None
     """The run's secrets: the saved CLI session goes through it (see :meth:`finish`)."""
+    bridge: dict[str, Any] | None = None
+    """The harness's part of the ACP bridge's configuration (``acp`` runs: the supervisor
+    runs the bridge, which runs :meth:`host_command`; see :func:`bridged_spec`)."""
 
     def host_command(self) -> HostCommand:
         """How a host process (the supervisor) runs the agent in the sandbox."""
@@ -163,6 +171,8 @@ class PreparedAgent:
     def agent_spec(self) -> AgentSpec:
         """The supervisor's job for this agent (``launch_supervised(spec, paths, nonce)``)."""
         hc = self.host_command()
+        if self.bridge is not None:
+            return bridged_spec(self.bridge, hc, self.host_tools, self.command.timeout)
         return AgentSpec(argv=hc.argv, env=hc.env, cwd=hc.cwd, stdin=self.command.stdin,
                          stdin_prefix=hc.stdin_prefix, timeout=self.command.timeout)
 
@@ -239,6 +249,41 @@ class PreparedAgent:
         return report
 
 
+PERMISSION_PATIENCE = 3600.0
+"""Seconds the ACP bridge keeps asking for a permission while no driver serves the run's
+tool socket (a successor answers), when the run has no timeout; then it refuses."""
+
+
+def bridged_spec(bridge: dict[str, Any], host: HostCommand,
+                 tools: HostToolsProjection | None, timeout: float | None) -> AgentSpec:
+    """The supervisor's job for an ACP run: the bridge (:mod:`corral._insandbox.acp_client`,
+    the host's Python, stdlib only) with its whole configuration on stdin (the inner host
+    command, its stdin prefix, the permission channel): nothing in argv or env."""
+    config: dict[str, Any] = {
+        **{k: v for k, v in bridge.items() if k != "ask_corral"},
+        "argv": list(host.argv), "env": dict(host.env), "cwd": host.cwd,
+        "stdin_prefix": base64.b64encode(host.stdin_prefix).decode(),
+        "await_ports": True,
+        "permission": None, "secrets": {},
+    }
+    if host.cwd is not None:
+        # the agent runs as a host process (no isolation: local): its paths are the host's
+        config["workdir"] = host.cwd
+    if tools is not None:
+        # the header values of mcpServers name the token as ${CORRAL_TOOLS_TOKEN}
+        config["secrets"] = dict(tools.env)
+        if bridge.get("ask_corral"):
+            config["permission"] = {"socket": str(tools.socket), "token": tools.token,
+                                    "path": MCP_PATH,
+                                    "patience": timeout or PERMISSION_PATIENCE}
+    elif bridge.get("ask_corral"):
+        raise ConfigError("this ACP run enforces its policy through corral's permission "
+                          "prompt: prepare it with host_tools=True")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+    return AgentSpec(argv=[sys.executable, "-I", "-S", acp_client.__file__], env=env,
+                     stdin=acp_client.encode_header(config), timeout=timeout)
+
+
 async def finish_agent_run(
     harness: CliHarness,
     handle: Handle | None,
@@ -296,16 +341,20 @@ async def finish_agent_run(
 
 
 def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
-                        upstream: Upstream | None = None) -> tuple[InstalledAgent, Upstream]:
+                        upstream: Upstream | None = None
+                        ) -> tuple[InstalledAgent | None, Upstream]:
     """The installed CLI and the model upstream for ``harness`` (default: from the host's
     ``ANTHROPIC_*`` / ``OPENAI_*`` variables). Raises :class:`PrerequisiteMissing` naming
     the fix (``corral agents install NAME``, the variable to set)."""
-    install = find_installed(harness.name, harness.version, root=agents)
-    if install is None:
+    pkg = harness.package.name
+    # (an ACP agent given as a command, --agent-command, comes from no install)
+    needs_install = getattr(harness, "needs_install", True)
+    install = find_installed(pkg, harness.version, root=agents) if needs_install else None
+    if install is None and needs_install:
         raise PrerequisiteMissing(
-            f"{harness.name} {harness.version} is not installed: run `corral agents install "
-            f"{harness.name}" + (f" --version {harness.version}`"
-                                 if harness.version != harness.package.version else "`")
+            f"{pkg} {harness.version} is not installed: run `corral agents install "
+            f"{pkg}" + (f" --version {harness.version}`"
+                        if harness.version != harness.package.version else "`")
         )
     api = harness.upstream_api()
     upstream = upstream or Upstream.from_env(api)
@@ -402,7 +451,8 @@ async def prepare_agent(
     else:
         net_host = own_net = new_net_dir()
         sock_dir_inside = str(net_host)
-        options.setdefault("bin", str(install.bin_path))
+        if install is not None:
+            options.setdefault("bin", harness.bin_under(str(install.path)))
     model_socket = net_host / f"model-{token}.sock"
     if len(str(model_socket)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "
@@ -465,11 +515,13 @@ async def prepare_agent(
                               instructions.encode("utf-8"))
     for rel, data in harness.home_files(CliOptions.parse(options)).items():
         await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
-    command = harness.build_command(dataclasses.replace(request, options=options))
+    request = dataclasses.replace(request, options=options)
+    command = harness.build_command(request)
+    bridge = harness.bridge_config(request)
     proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout,
                        max_failures=harness.max_model_failures)
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
                          run_id=run_id, install=install, model_proxy=proxy,
                          model_socket=model_socket, egress_proxy=egress_proxy,
                          egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
-                         host_tools=projection, redactor=redactor)
+                         host_tools=projection, redactor=redactor, bridge=bridge)

@@ -14,6 +14,7 @@ from corral.agents._installs import (
     find_installed,
     install_agent,
     list_installed,
+    missing_companions,
     package_for,
 )
 
@@ -36,12 +37,20 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         for a in installed:
             print(json.dumps({"name": a.name, "version": a.version, "package": a.package,
-                              "path": str(a.path), "bin": str(a.bin_path)}))
+                              "path": str(a.path), "bin": str(a.bin_path),
+                              "companions": [{"package": c.package, "version": c.version,
+                                              "bin": str(a.path / c.rel_bin)}
+                                             for c in a.companions]}))
         return 0
     if not installed:
         print(f"no agent CLIs installed under {root}; try `corral agents install claude-code`")
     for a in installed:
         print(f"{a.name:<12} {a.version:<10} {a.path}")
+        for c in a.companions:
+            print(f"{'':<12} {'':<10} + {c.package} {c.version} ({c.rel_bin})")
+        for c in missing_companions(a):
+            print(f"{'':<12} {'':<10} - {c.package} {c.version} missing: run "
+                  f"`corral agents install {a.name}`")
     for status in agents_report(root):
         if not status.installed and status.supported:
             print(f"{status.name:<12} {'-':<10} {status.message}")

@@ -216,6 +216,9 @@ def _agents() -> list[Check]:
             continue
         if status.ok:
             out.append(Check(f"agent {status.name}", "ok", status.message))
+        elif status.installed:  # installed, but a companion (ACP adapter) is missing
+            out.append(Check(f"agent {status.name}", "warn", status.message,
+                             f"corral agents install {status.name}"))
         else:
             out.append(Check(f"agent {status.name}", "warn", "not installed",
                              f"corral agents install {status.name}"))

@@ -37,8 +37,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           "or the current directory, or their parents)")
     run.add_argument("--thread", metavar="T", help="thread id (default: the run id)")
     run.add_argument("--run-id", metavar="R", help="run id (default: generated)")
-    run.add_argument("--harness", default="command", help="harness (default: command)")
+    run.add_argument("--harness", help="harness (default: [agent] harness in corral.toml, "
+                                       "else command)")
     run.add_argument("--model", metavar="M", help="model for agent harnesses")
+    run.add_argument("--agent", metavar="NAME",
+                     help="--harness acp: the ACP agent (gemini, opencode, claude)")
+    run.add_argument("--agent-command", metavar="CMD",
+                     help="--harness acp: start this ACP agent instead (no sandbox policy)")
     run.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
                      help="stop the agent after this long (the run fails, exit code 124)")
     run.add_argument("--file-events", nargs="?", const="on", choices=["on", "diff"],

@@ -15,7 +15,7 @@ from corral.cli._progress import CopyProgressLine
 from corral._errors import ConfigError
 from corral._ids import check_id
 from corral.sandbox import _validate as validate
-from corral.sandbox._config_file import find_config, load_config
+from corral.sandbox._config_file import agent_table, find_config, load_config
 from corral.cli._runs_view import EventPrinter, follow, record_json, say
 from corral.cli._trust import check_found_config
 from corral.sandbox._definition import Sandbox
@@ -29,6 +29,7 @@ __all__ = ["cancel", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
+    _agent_defaults(args)
     if not args.argv:
         raise ConfigError(
             "nothing to run: give a command after --, e.g. corral run -- echo hello"
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         check_id(args.thread, "--thread")
     sandbox, config_dir = _definition(args)
     workspace = args.workspace or (str(config_dir) if config_dir is not None else None)
-    options = {"model": args.model} if args.model else {}
+    options = _harness_options(args)
     request = RunRequest(
         command=list(args.argv) if args.harness == "command" else None,
         prompt=None if args.harness == "command" else " ".join(args.argv),
@@ -74,6 +75,39 @@ def run(args: argparse.Namespace) -> int:
         return with_store(args, start)
     with report_copy_progress(CopyProgressLine(sys.stderr)):
         return with_store(args, start)
+
+
+def _agent_defaults(args: argparse.Namespace) -> None:
+    """Fill ``--harness``/``--model``/``--agent``/``--agent-command`` left out from the
+    ``[agent]`` table of the run's corral.toml (the flags win; ``--agent`` and
+    ``--agent-command`` replace each other)."""
+    path = Path(args.config) if args.config else find_config(args.workspace or os.getcwd())
+    table = agent_table(path) if path is not None and path.is_file() else {}
+    if not args.config and not args.harness and table.get("harness", "command") != "command":
+        # a repository's own file may not turn a command into an agent run on your key
+        raise ConfigError(
+            f"{path}: [agent] harness = {table['harness']!r} in a corral.toml found in the "
+            f"workspace is not followed: pass --harness {table['harness']}, or name the "
+            "file with --config if it is yours")
+    args.harness = args.harness or table.get("harness") or "command"
+    args.model = args.model or table.get("model")
+    if not (getattr(args, "agent", None) or getattr(args, "agent_command", None)) \
+            and args.harness == table.get("harness"):
+        args.agent = table.get("agent")
+        args.agent_command = table.get("agent_command")
+
+
+def _harness_options(args: argparse.Namespace) -> dict[str, str]:
+    """``--model``, and ``--agent`` / ``--agent-command`` for the acp harness."""
+    options = {"model": args.model} if args.model else {}
+    agent, command = getattr(args, "agent", None), getattr(args, "agent_command", None)
+    if (agent or command) and args.harness != "acp":
+        raise ConfigError("--agent and --agent-command choose an ACP agent: add --harness acp")
+    if agent:
+        options["agent"] = agent
+    if command:
+        options["agent_command"] = command
+    return options
 
 
 def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:

@@ -151,6 +151,8 @@ def policy_words(pattern: str) -> list[str] | None:
 _OPTION_KEYS = frozenset({
     "model", "resume", "base_url", "api_key", "bin", "forward", "timeout", "egress", "python",
     "max_retries", "mcp_servers", "extra_args", "env", "argv", "gate_script",
+    # the acp harness's own (read by AcpHarness.from_spec; the run spec keeps them)
+    "agent", "agent_command",
 })  # fmt: skip
 
 
@@ -264,10 +266,14 @@ def bash_gate_command(opts: CliOptions) -> str:
 
 
 def entry_argv(python: str, command: Sequence[str], *,
-               forward: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Wrap ``command`` with the in-sandbox entry (the model/egress forwarders)."""
+               forward: Sequence[Mapping[str, Any]], announce: bool = False) -> list[str]:
+    """Wrap ``command`` with the in-sandbox entry (the model/egress forwarders).
+    ``announce``: the entry first prints the ports it bound as one stdout line (for the
+    ACP bridge, which reads the agent's stdout)."""
     source = Path(sandbox_entry.__file__).read_text()
-    config = {"forward": [dict(f) for f in forward]}
+    config: dict[str, Any] = {"forward": [dict(f) for f in forward]}
+    if announce:
+        config["announce"] = True
     return [python, "-I", "-S", "-c", source, json.dumps(config, separators=(",", ":")), "--",
             *command]
 
@@ -366,8 +372,18 @@ class CliHarness:
     # -- shared
     @property
     def default_bin(self) -> str:
-        return f"{AGENTS_MOUNT}/{self.name}/{self.version}/node_modules/.bin/" \
-               f"{KNOWN_AGENTS[self.name].bin}"
+        """The CLI's path inside an isolated sandbox (the agents root is bound there)."""
+        return self.bin_under(f"{AGENTS_MOUNT}/{self.package.name}/{self.version}")
+
+    def bin_under(self, install_dir: str) -> str:
+        """The CLI's path in an install directory (``<dir>/node_modules/.bin/<bin>``)."""
+        return f"{install_dir}/node_modules/.bin/{KNOWN_AGENTS[self.package.name].bin}"
+
+    def bridge_config(self, request: AgentRequest) -> dict[str, Any] | None:
+        """For a harness whose agent is driven by a host-side bridge (``acp``): the
+        bridge's part of its configuration for this request (see
+        :mod:`corral._insandbox.acp_client`); ``None``: the CLI runs on its own."""
+        return None
 
     def default_base_url(self) -> str:
         return "http://127.0.0.1:{corral.port.model}"

@@ -7,10 +7,30 @@ from dataclasses import dataclass
 
 from corral._errors import ConfigError
 
-__all__ = ["AGENTS_MOUNT", "KNOWN_AGENTS", "AgentPackage", "package_for"]
+__all__ = ["AGENTS_MOUNT", "KNOWN_AGENTS", "AgentPackage", "Companion", "package_for"]
 
 AGENTS_MOUNT = "/opt/corral/agents"
 """Where the agents root appears inside isolated sandboxes (read-only)."""
+
+@dataclass(frozen=True, slots=True)
+class Companion:
+    """A second npm package installed beside an agent CLI, in its own npm prefix
+    ``<install>/<subdir>`` (the Claude Code ACP adapter beside Claude Code)."""
+
+    subdir: str
+    package: str
+    version: str
+    bin: str
+    omit_optional: bool = False
+    """``npm install --omit=optional``: skip optional dependencies (the adapter's SDK
+    brings its own 330 MB copy of the Claude CLI as one; corral points it at the install's
+    CLI instead)."""
+
+    @property
+    def rel_bin(self) -> str:
+        """The executable relative to the install directory."""
+        return f"{self.subdir}/node_modules/.bin/{self.bin}"
+
 
 @dataclass(frozen=True, slots=True)
 class AgentPackage:
@@ -25,12 +45,19 @@ class AgentPackage:
     """The executable under ``node_modules/.bin``."""
     supported: bool = True
     """Whether corral has a harness for it yet."""
+    companions: tuple[Companion, ...] = ()
+    """Packages installed beside it (see :class:`Companion`)."""
 
+
+CLAUDE_ACP = Companion("acp", "@agentclientprotocol/claude-agent-acp", "0.101.0",
+                       "claude-agent-acp", omit_optional=True)
+"""The Claude Code ACP adapter (``--harness acp --agent claude``), beside Claude Code."""
 
 KNOWN_AGENTS: dict[str, AgentPackage] = {
     p.name: p
     for p in (
-        AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude"),
+        AgentPackage("claude-code", "@anthropic-ai/claude-code", "2.1.332", "claude",
+                     companions=(CLAUDE_ACP,)),
         AgentPackage("codex", "@openai/codex", "0.171.0", "codex"),
         AgentPackage("opencode", "opencode-ai", "1.18.33", "opencode"),
         AgentPackage("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini"),

@@ -50,8 +50,15 @@ def _opencode(config: Mapping[str, Any]) -> Harness:
     return OpencodeHarness.from_spec(config)
 
 
+def _acp(config: Mapping[str, Any]) -> Harness:
+    from corral.harness._acp import AcpHarness
+
+    return AcpHarness.from_spec(config)
+
+
 _FACTORIES: dict[str, HarnessFactory] = {
     "command": _command,
+    "acp": _acp,
     "claude-code": _claude_code,
     "codex": _codex,
     "gemini-cli": _gemini_cli,

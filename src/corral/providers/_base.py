@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 
 from corral._errors import ConfigError
@@ -30,16 +31,29 @@ class HostDirHandle:
 
     def __init__(
         self,
-        sandbox_dir: Path,
+        sandbox_dir: Path | str,
         state: SandboxState,
         capabilities: Capabilities,
         owner: tuple[int, int] | None = None,
     ) -> None:
-        self._dir = sandbox_dir
-        self._files = Path(state.files_dir or sandbox_dir)
+        # The paths and the file API are made on first use: a handle is made per create,
+        # and building Path objects is a good part of the local provider's create time.
+        self._dir_name = str(sandbox_dir)
         self._state = state
         self._caps = capabilities
-        self._fs = HostFS(self._files / "root", workdir=WORKDIR, owner=owner)
+        self._owner = owner
+
+    @cached_property
+    def _dir(self) -> Path:
+        return Path(self._dir_name)
+
+    @cached_property
+    def _files(self) -> Path:
+        return Path(self._state.files_dir or self._dir_name)
+
+    @cached_property
+    def _fs(self) -> HostFS:
+        return HostFS(self._files / "root", workdir=WORKDIR, owner=self._owner)
 
     @property
     def id(self) -> str:
@@ -84,7 +98,7 @@ class HostDirHandle:
     @property
     def state_dir(self) -> str:
         """The sandbox's host-side state directory (holds ``root/`` and ``private/``)."""
-        return str(self._dir)
+        return self._dir_name
 
     @property
     def host_root(self) -> str:

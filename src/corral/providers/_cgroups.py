@@ -264,7 +264,7 @@ def v2_parent() -> str | None:
 def kill_group_for(name: str) -> str:
     """The group's directory for a sandbox (``""`` where v2 kill groups are unavailable)."""
     parent = v2_parent()
-    return os.path.join(parent, name) if parent is not None else ""
+    return f"{parent}/{name}" if parent is not None else ""
 
 
 def ensure_kill_group(group: str) -> bool:

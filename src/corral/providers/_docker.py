@@ -19,8 +19,10 @@ A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sa
 Everything goes through the API (the official SDK, blocking, in worker threads), so a
 process with another ``$CORRAL_HOME`` on another machine finds, drives and destroys the
 same sandboxes: the container is the state. Commands and file operations run under the
-in-container helper (:mod:`corral._insandbox.container`) as the agent's uid; environments
-travel on the exec's stdin, never in a container's or an exec's configuration.
+in-container helper (:mod:`corral._insandbox.container`) as the agent's uid. The sandbox's
+own environment (``SandboxSpec.env``, which never holds a secret) is the container's; a
+command's environment, secrets included, travels on the exec's stdin, never in a container's
+or an exec's configuration.
 """
 
 from __future__ import annotations
@@ -237,15 +239,53 @@ class _DockerProcessApi:
 
 
 def _fs_error(path: str, stderr: bytes) -> OSError:
-    """The error the helper reported (exit 3: a JSON line on stderr) for ``path``."""
+    """The error the helper reported (exit 3: a JSON line on stderr) for ``path``. The
+    helper runs as the agent's uid, so its answer is read as hostile: any other shape is
+    an I/O error, never a host traceback."""
     try:
         err = json.loads(stderr)
     except ValueError:
-        err = {"errno": 5, "msg": stderr.decode(errors="replace"), "escape": False}
-    if err.get("escape"):
+        err = None
+    if not isinstance(err, dict):
+        return OSError(5, f"the sandbox's file helper failed: "
+                          f"{stderr.decode(errors='replace').strip()[:200]}", path)
+    if err.get("escape") is True:
         return PathEscapeError(f"path {path!r} resolves outside the sandbox's writable "
                                f"areas ({', '.join(AREAS)})")
-    return OSError(int(err["errno"]), str(err["msg"]), path)
+    code = err.get("errno")
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 < code < 4096:
+        code = 5
+    return OSError(code, str(err.get("msg", ""))[:200], path)
+
+
+_FILE_TYPES = ("file", "dir", "symlink", "other")
+
+
+def _bad_answer(op: str, path: str) -> OSError:
+    return OSError(5, f"the sandbox's file helper gave a malformed answer to {op}", path)
+
+
+def _file_info(item: Any, op: str, path: str) -> FileInfo:
+    """One ``FileInfo`` from the helper's JSON, checked field by field (hostile input)."""
+    if not isinstance(item, dict) or set(item) != {"path", "name", "type", "size", "mtime",
+                                                   "mode"}:
+        raise _bad_answer(op, path)
+    ok = (isinstance(item["path"], str) and isinstance(item["name"], str)
+          and item["type"] in _FILE_TYPES
+          and all(isinstance(item[k], int) and not isinstance(item[k], bool)
+                  for k in ("size", "mode"))
+          and isinstance(item["mtime"], int | float) and not isinstance(item["mtime"], bool))
+    if not ok:
+        raise _bad_answer(op, path)
+    return FileInfo(path=item["path"], name=item["name"], type=item["type"],
+                    size=item["size"], mtime=float(item["mtime"]), mode=item["mode"])
+
+
+def _json_answer(raw: bytes, op: str, path: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise _bad_answer(op, path) from None
 
 
 class _DockerFS:
@@ -312,14 +352,19 @@ class _DockerFS:
         return total
 
     async def list(self, path: str = ".") -> list[FileInfo]:
-        out = json.loads(await self._op("list", path))
-        return [FileInfo(**item) for item in out]
+        out = _json_answer(await self._op("list", path), "list", path)
+        if not isinstance(out, list):
+            raise _bad_answer("list", path)
+        return [_file_info(item, "list", path) for item in out]
 
     async def stat(self, path: str) -> FileInfo:
-        return FileInfo(**json.loads(await self._op("stat", path)))
+        return _file_info(_json_answer(await self._op("stat", path), "stat", path), "stat", path)
 
     async def exists(self, path: str) -> bool:
-        return bool(json.loads(await self._op("exists", path)))
+        out = _json_answer(await self._op("exists", path), "exists", path)
+        if not isinstance(out, bool):
+            raise _bad_answer("exists", path)
+        return out
 
     async def mkdir(self, path: str, *, parents: bool = True) -> None:
         await self._op("mkdir", path, parents=parents)

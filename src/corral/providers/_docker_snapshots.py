@@ -117,7 +117,10 @@ class DockerSnapshots:
             except errors.ImageNotFound:
                 pass
 
-        await anyio.to_thread.run_sync(work)
+        try:
+            await anyio.to_thread.run_sync(work)
+        except Exception as exc:
+            raise self._p.translate(exc, snapshot.id) from None
 
     async def exists(self, snapshot: SnapshotRef) -> bool:
         errors = docker_errors()
@@ -129,4 +132,7 @@ class DockerSnapshots:
                 return False
             return True
 
-        return await anyio.to_thread.run_sync(work)
+        try:
+            return await anyio.to_thread.run_sync(work)
+        except Exception as exc:
+            raise self._p.translate(exc, snapshot.id) from None

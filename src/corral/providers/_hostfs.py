@@ -107,6 +107,7 @@ class HostFS:
         owner: tuple[int, int] | None = None,
     ) -> None:
         self._root = Path(root)
+        self._real_root: str | None = None
         self._areas = tuple(a.strip("/") for a in areas)
         self._workdir = workdir
         self._owner = owner
@@ -145,7 +146,13 @@ class HostFS:
 
     def _check_inside(self, fd: int, path: str) -> None:
         real = os.readlink(f"/proc/self/fd/{fd}")
-        root = os.path.realpath(self._root)
+        # Resolved once: ``root`` and the directories above it are corral's (the sandbox
+        # controls what is under root, never root itself), so where it resolves does not
+        # change while this object lives; resolving it per operation was most of a small
+        # operation's syscalls.
+        root = self._real_root
+        if root is None:
+            root = self._real_root = os.path.realpath(self._root)
         if not real.startswith(root + "/") or not self._area_of(real[len(root) + 1 :]):
             os.close(fd)
             raise PathEscapeError(f"path {path!r} resolves outside the sandbox (via a symlink)")

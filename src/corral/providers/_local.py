@@ -7,8 +7,9 @@ and for trusted commands only; ``corral doctor`` and the capabilities (``isolate
 
 Each sandbox is ``$CORRAL_HOME/sandboxes/local/<id>/``; its ``root/workspace``,
 ``root/tmp`` and ``root/home/agent`` stand in for ``/workspace``, ``/tmp`` and
-``/home/agent``. ``create`` makes only the directory and ``state.json``; the areas and
-``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
+``/home/agent``. ``create`` makes only the directory, with the sandbox's state in its
+``user.corral.state`` attribute (``state.json`` where the filesystem has no such
+attributes); the areas and ``private/`` are made by their first use (see ``_localdirs``). The agent's view is mapped as well as it can be without isolation: the
 working directory (default ``/workspace``) is translated to the host directory, and
 ``HOME``, ``TMPDIR``, ``PWD`` and ``CORRAL_WORKSPACE`` point at the host directories.
 Literal ``/workspace/...`` paths inside commands are NOT rewritten.
@@ -66,10 +67,12 @@ from corral.providers._state import (
     SandboxState,
     bury,
     check_env,
-    make_sandbox_dir,
+    make_sandbox_dir_name,
+    mark_destroying,
     new_id,
     provider_root,
     remove_tree,
+    state_exists,
     validate_id,
 )
 from corral.sandbox._redact import Redactor
@@ -177,19 +180,25 @@ class LocalHandle(HostDirHandle):
 
     provider_name = "local"
 
-    def __init__(self, sandbox_dir: Path, state: SandboxState) -> None:
+    def __init__(self, sandbox_dir: Path | str, state: SandboxState) -> None:
         super().__init__(sandbox_dir, state, LOCAL_CAPABILITIES)
         self._process = _LocalProcessApi(self)
         self._group_made = False
         self._areas_made = False
         self._private_made = False
 
+    def _check_alive(self) -> None:
+        if not state_exists(self._dir_name):
+            raise SandboxGoneError(
+                f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
+            )
+
     def _areas(self) -> None:
         """Make the writable areas on first use (create made only the state file)."""
         if self._areas_made:
             return
         try:
-            make_areas(self._dir)
+            make_areas(self._dir_name)
         except (FileNotFoundError, NotADirectoryError):
             raise SandboxGoneError(
                 f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
@@ -215,7 +224,7 @@ class LocalHandle(HostDirHandle):
         """Host-only directory of this sandbox (made on first use), never visible inside it."""
         if not self._private_made:
             try:
-                make_private(self._dir)
+                make_private(self._dir_name)
             except (FileNotFoundError, NotADirectoryError):
                 raise SandboxGoneError(
                     f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a "
@@ -373,13 +382,14 @@ class LocalProvider:
         state = SandboxState.from_spec(sandbox_id, self.name, spec)
         state.limit_mode = "none"
         state.kill_group = cgroups.kill_group_for(f"{self.name}.{sandbox_id}.{state.token}")
-        # One mkdir and the state file: the areas and private/ are made on first use.
-        sandbox_dir = make_sandbox_dir(self.base_dir, sandbox_id, private=False)
+        # One mkdir and one setxattr (the state): the areas and private/ are made on first
+        # use.
+        sandbox_dir = make_sandbox_dir_name(self.base_dir, sandbox_id, private=False)
         try:
-            state.save(sandbox_dir, fresh=True)
+            state.save_new(sandbox_dir)
         except BaseException:
-            remove_tree(sandbox_dir)
-            raise  # last: the sandbox exists once state.json does
+            remove_tree(Path(sandbox_dir))
+            raise  # last: the sandbox exists once its state does
         return self.handle_class(sandbox_dir, state)
 
     async def resume(self, ref: SandboxRef | str) -> LocalHandle | None:
@@ -407,8 +417,7 @@ class LocalProvider:
             if scan or (group and not cgroups.remove_kill_group_if_empty(group)):
                 # Killing takes a while: mark the destroy as begun (resume refuses it, and
                 # a destroy interrupted here is finished by the next one).
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(sandbox_dir / "state.json", sandbox_dir / "state.destroying.json")
+                mark_destroying(sandbox_dir)
                 destroying = True
                 if group:
                     await anyio.to_thread.run_sync(_kill_group, state)
@@ -427,7 +436,7 @@ class LocalProvider:
         return [
             SandboxRef(self.name, p.name)
             for p in sorted(base.iterdir())
-            if not p.name.startswith(".") and (p / "state.json").exists()
+            if not p.name.startswith(".") and state_exists(p)
         ]
 
     async def snapshot(self, handle: object, label: str = "") -> SnapshotRef:

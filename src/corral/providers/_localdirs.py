@@ -1,7 +1,8 @@
 """The local provider's directories, made when first used and deleted without a walk.
 
-A local sandbox starts as ``<id>/`` holding ``state.json`` only: ``create`` is one
-``mkdir`` and the atomic state write. Its writable areas (``root/workspace``, ``root/tmp``,
+A local sandbox starts as an empty ``<id>/`` whose state is in its ``user.corral.state``
+attribute (``state.json`` in it where the filesystem keeps no such attributes): ``create``
+is one ``mkdir`` and one ``setxattr``. Its writable areas (``root/workspace``, ``root/tmp``,
 ``root/home/agent``) are made by the first launch or file operation that needs them, and
 ``private/`` by the first use of the handle's private directory; any process may make
 them (``mkdir`` that tolerates a racing maker).
@@ -38,7 +39,7 @@ _SKELETON = {
 _STATE_FILES = ("state.json", "state.destroying.json")
 
 
-def make_areas(sandbox_dir: Path) -> None:
+def make_areas(sandbox_dir: Path | str) -> None:
     """Make the missing writable areas under ``sandbox_dir/root``. Raises
     FileNotFoundError when ``sandbox_dir`` itself is gone (destroyed)."""
     base = str(sandbox_dir)
@@ -52,7 +53,7 @@ def make_areas(sandbox_dir: Path) -> None:
             os.chmod(where, mode)  # mkdir's mode passes through the umask
 
 
-def make_private(sandbox_dir: Path) -> None:
+def make_private(sandbox_dir: Path | str) -> None:
     """Make ``sandbox_dir/private`` (host-only files) if it is missing."""
     with contextlib.suppress(FileExistsError):
         os.mkdir(f"{sandbox_dir}/private", 0o700)

@@ -2,7 +2,9 @@
 
 Layout of one sandbox, ``$CORRAL_HOME/sandboxes/<provider>/<id>/``::
 
-    state.json   what the sandbox was created with (written atomically, last)
+    state.json   what the sandbox was created with (written atomically, last); the
+                 local provider keeps it in the directory's ``user.corral.state``
+                 extended attribute instead, where the filesystem has them
     root/        the sandbox's writable areas, mirroring its view:
                  root/workspace, root/tmp, root/home/agent
     private/     host-only files (journals, nonces); never mounted into the sandbox
@@ -10,13 +12,18 @@ Layout of one sandbox, ``$CORRAL_HOME/sandboxes/<provider>/<id>/``::
 
 (The local provider makes ``root/`` and ``private/`` on first use: ``_localdirs``.)
 
-A sandbox exists when ``state.json`` exists; ``resume`` from any process reads it.
+A sandbox exists when its state does; ``resume`` from any process reads it. The state is
+written whole or not at all (a file renamed into place, or one ``setxattr``), and what
+does not parse as a whole state is never taken for a sandbox: a directory whose create
+died before its state was written is not listed, resumes as None and is removed by
+``destroy``; a state that is there but unreadable is refused (:class:`ConfigError`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -27,13 +34,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from corral._errors import ConfigError
 from corral._paths import corral_home
 from corral.sandbox._contracts import ResourceLimits, SandboxSpec, check_env_name
 
-__all__ = ["AREAS_REL", "SandboxState", "new_id", "provider_root", "validate_id"]
+__all__ = ["AREAS_REL", "STATE_XATTR", "SandboxState", "new_id", "provider_root",
+           "state_exists", "validate_id"]
+
+STATE_XATTR = "user.corral.state"
+"""The extended attribute of a sandbox directory that holds its state (local provider)."""
+# setxattr errors that mean "no such attribute here" (the filesystem has no user xattrs,
+# or not of that size): the state goes to state.json instead.
+_NO_XATTR = frozenset({errno.ENOTSUP, errno.EOPNOTSUPP, errno.E2BIG, errno.ERANGE,
+                       errno.ENOSPC, errno.EPERM, errno.EACCES})
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 AREAS_REL = ("workspace", "tmp", "home/agent")
@@ -50,7 +64,7 @@ def validate_id(sandbox_id: str) -> str:
 
 
 def new_id() -> str:
-    return "sb-" + secrets.token_hex(6)
+    return "sb-" + os.urandom(6).hex()  # secrets.token_hex(6), without its two calls
 
 
 _made_roots: set[Path] = set()
@@ -117,7 +131,7 @@ class SandboxState:
         return cls(
             id=sandbox_id,
             provider=provider,
-            token=secrets.token_hex(8),
+            token=os.urandom(8).hex(),  # as secrets.token_hex(8)
             env=dict(spec.env),
             memory_bytes=lim.memory_bytes,
             pids=lim.pids,
@@ -134,15 +148,13 @@ class SandboxState:
             disk_bytes=self.disk_bytes,
         )
 
-    def save(self, sandbox_dir: Path, *, fresh: bool = False) -> None:
+    def save(self, sandbox_dir: Path | str, *, fresh: bool = False) -> None:
         """Write ``state.json``; ``fresh``: ``sandbox_dir`` was just made by this process
         (no other writer: the temporary file needs no random name)."""
         # Atomic: readers (resume, list, another process's destroy) see the old file or the
         # whole new one, never a part. One open, one write, one rename.
         tmp = f"{sandbox_dir}/.state.tmp" if fresh else f"{sandbox_dir}/.state.{secrets.token_hex(4)}.tmp"
-        # A shallow dict (json copies nothing) and the C encoder (no indent): no deep copy.
-        data = {name: getattr(self, name) for name in _SAVED_FIELDS}
-        raw = memoryview(json.dumps(data, sort_keys=True).encode())
+        raw = memoryview(self._encoded())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
             while raw:
@@ -151,21 +163,75 @@ class SandboxState:
             os.close(fd)
         os.replace(tmp, f"{sandbox_dir}/state.json")
 
-    @classmethod
-    def load(cls, sandbox_dir: Path) -> SandboxState | None:
+    def _encoded(self) -> bytes:
+        # A shallow dict in field order (json copies nothing) through json's shared C
+        # encoder: no encoder object is built per call, as one would be for any option.
+        return json.dumps({name: getattr(self, name) for name in _SAVED_FIELDS}).encode()
+
+    def save_new(self, sandbox_dir: str) -> None:
+        """Write the state of a sandbox whose directory this process has just made: as the
+        directory's :data:`STATE_XATTR` (one ``setxattr``: atomic, and no file to create,
+        write and rename), or as ``state.json`` where the filesystem keeps no such
+        attribute."""
+        raw = self._encoded()
         try:
-            raw: dict[str, Any] = json.loads((sandbox_dir / "state.json").read_text())
-        except (FileNotFoundError, NotADirectoryError):
-            try:  # a destroy that was interrupted: let it be finished
-                raw = json.loads((sandbox_dir / "state.destroying.json").read_text())
-                raw["destroying"] = True
-            except (OSError, ValueError):
+            os.setxattr(sandbox_dir, STATE_XATTR, raw, os.XATTR_CREATE)
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_XATTR:
+                raise
+        self.save(sandbox_dir, fresh=True)
+
+    @classmethod
+    def load(cls, sandbox_dir: Path | str) -> SandboxState | None:
+        """The state in ``sandbox_dir`` (its attribute, else ``state.json``, else the
+        ``state.destroying.json`` of a destroy that was interrupted); None when there is
+        none. :class:`ConfigError` for a state that does not read as a whole one."""
+        where = str(sandbox_dir)
+        destroying = False
+        try:
+            blob = os.getxattr(where, STATE_XATTR)
+            source = f"{where} (attribute {STATE_XATTR})"
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"sandbox state {sandbox_dir / 'state.json'} is unreadable: {exc}") from exc
-        raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+            source = f"{where}/state.json"
+            try:
+                with open(source, "rb") as f:
+                    blob = f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                try:  # a destroy that was interrupted: let it be finished
+                    with open(f"{where}/state.destroying.json", "rb") as f:
+                        blob = f.read()
+                    destroying = True
+                except OSError:
+                    return None
+                source = f"{where}/state.destroying.json"
+            except OSError as err:
+                raise ConfigError(f"sandbox state {source} is unreadable: {err}") from err
+        return cls._parsed(blob, source, destroying)
+
+    @classmethod
+    def _parsed(cls, blob: bytes, source: str, destroying: bool) -> SandboxState | None:
+        try:
+            raw = json.loads(blob)
+            if not isinstance(raw, dict):
+                raise ValueError("not a JSON object")
+            raw["binds"] = [tuple(b) for b in raw.get("binds", [])]
+            known = cls.__dataclass_fields__
+            state = cls(**{k: v for k, v in raw.items() if k in known})
+            if not (isinstance(state.id, str) and isinstance(state.token, str)
+                    and isinstance(state.provider, str)):
+                raise ValueError("id, provider and token must be strings")
+        except (ValueError, TypeError) as exc:
+            # A torn or foreign state is never taken for a sandbox. (Every strict prefix of
+            # a JSON object fails to parse: its outer brace closes last.)
+            if destroying:
+                return None  # the destroy that wrote it is finished by removing the dir
+            raise ConfigError(f"sandbox state {source} is unreadable: {exc}") from None
+        if destroying:
+            state.destroying = True
+        return state
 
 
 _SAVED_FIELDS = tuple(f for f in SandboxState.__dataclass_fields__ if f != "destroying")
@@ -177,6 +243,38 @@ def _check_env(key: str, value: str) -> None:
         raise ConfigError(f"environment variable {key!r}: the value must be a string without NUL")
 
 
+def state_exists(sandbox_dir: Path | str) -> bool:
+    """Whether ``sandbox_dir`` holds a live (not being destroyed) sandbox's state."""
+    where = str(sandbox_dir)
+    try:
+        os.getxattr(where, STATE_XATTR)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return False
+    return os.path.exists(f"{where}/state.json")
+
+
+def mark_destroying(sandbox_dir: Path | str) -> None:
+    """Record that the destroy of the sandbox in ``sandbox_dir`` began: its state moves to
+    ``state.destroying.json`` (resume refuses it; the next destroy finishes it)."""
+    where = str(sandbox_dir)
+    try:
+        blob = os.getxattr(where, STATE_XATTR)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(f"{where}/state.json", f"{where}/state.destroying.json")
+        return
+    # Written whole before the attribute goes: a crash in between leaves the sandbox as
+    # it was (its state still live), and the next destroy starts over.
+    tmp = f"{where}/.state.{secrets.token_hex(4)}.tmp"
+    with open(tmp, "xb") as f:
+        f.write(blob)
+    os.replace(tmp, f"{where}/state.destroying.json")
+    with contextlib.suppress(OSError):
+        os.removexattr(where, STATE_XATTR)
+
+
 def check_env(env: dict[str, str] | None) -> None:
     """Raise :class:`ConfigError` for environment entries no process could receive."""
     for key, value in (env or {}).items():
@@ -186,6 +284,11 @@ def check_env(env: dict[str, str] | None) -> None:
 def make_sandbox_dir(parent: Path, sandbox_id: str, *, private: bool = True) -> Path:
     """Create ``<parent>/<id>`` (with its private dir unless ``private`` is False); raise
     when the id is taken."""
+    return Path(make_sandbox_dir_name(parent, sandbox_id, private=private))
+
+
+def make_sandbox_dir_name(parent: Path, sandbox_id: str, *, private: bool = True) -> str:
+    """:func:`make_sandbox_dir`, returning the path as a string (no Path object made)."""
     path = f"{parent}/{sandbox_id}"
     try:
         os.mkdir(path, 0o700)
@@ -196,10 +299,10 @@ def make_sandbox_dir(parent: Path, sandbox_id: str, *, private: bool = True) -> 
         ) from None
     except FileNotFoundError:  # the provider root went away since it was made: remake it
         parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return make_sandbox_dir(parent, sandbox_id, private=private)
+        return make_sandbox_dir_name(parent, sandbox_id, private=private)
     if private:
         os.mkdir(f"{path}/private", 0o700)
-    return Path(path)
+    return path
 
 
 def make_files_dir(path: Path, owner: tuple[int, int] | None, *, exists: bool = False) -> None:

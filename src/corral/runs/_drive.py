@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import anyio
 
@@ -22,12 +22,14 @@ from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
-from corral.runs._spec import harness_for_record
+from corral.runs._specview import harness_for_record
 from corral.sandbox._contracts import Provider
 from corral.sandbox._secrets import Secrets
 from corral.stores._protocols import ClaimLost, ClaimRefused, RefusalReason, Store, UnknownRun
 from corral.stores._records import RunRecord
-from corral.tools._core import Toolset
+
+if TYPE_CHECKING:
+    from corral.tools._core import Toolset
 
 __all__ = ["POLL", "ClaimedDrive", "cancel_run"]
 

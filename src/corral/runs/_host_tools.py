@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 import anyio.abc
 
 from corral._errors import CorralError
-from corral.runs._spec import run_spec_of
+from corral.runs._specview import spec_view
 from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
-from corral.tools._core import Toolset
 
 if TYPE_CHECKING:
     from ag_ui.core import BaseEvent
+
+    from corral.tools._core import Toolset
 
 __all__ = ["append_aside", "serve_tools"]
 
@@ -39,11 +40,13 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
     tool socket. Approval requests and answers live in ``store`` (any host sharing it can
     answer); their events go into the run's log under ``epoch``."""
-    spec = run_spec_of(record)
+    spec = spec_view(record)
     socket_path = (spec.agent or {}).get("tools_socket")
     if not isinstance(socket_path, str):
         return
     prompt = spec.permission_prompt and spec.policy is not None
+    from corral.tools._core import Toolset  # pydantic: only for a run with a tool socket
+
     if tools is None and (prompt or spec.frontend_tools):
         tools = Toolset()  # the permission prompt and a client's tools need no toolset
     if tools is None:

@@ -84,6 +84,11 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
             f"agent runs need corral's host services (model proxy, host tools), which cannot "
             f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
             f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
+    if harness.name == "acp" and caps.supervisor_inside:
+        raise ConfigError(
+            f"--harness acp needs its bridge on the host next to the supervisor, and the "
+            f"{provider.name} provider runs the supervisor in the sandbox; use --provider "
+            "bubblewrap or local")
     if not hosts_runs:
         raise ConfigError(
             f"provider {provider.name!r} cannot host a supervised agent yet; "

@@ -5,13 +5,13 @@ definition configured it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from corral.providers import get_provider
-from corral.runs._spec import run_spec_of
-from corral.sandbox._contracts import Provider
-from corral.sandbox._registry import build_provider, config_key
+from corral.runs._specview import spec_view
 from corral.stores._records import RunRecord
+
+if TYPE_CHECKING:
+    from corral.sandbox._contracts import Provider
 
 
 class ProviderCache:
@@ -26,6 +26,11 @@ class ProviderCache:
         """Provider ``name`` with ``config`` (as a record names it; ``None``: this runner's
         configuration for it). ``package``: the one to name in the error when ``name`` is
         not installed here."""
+        # The registry (pydantic configs, the providers) loads when a provider is first
+        # built: a driver taking over a command run on this host may need none.
+        from corral.providers import get_provider
+        from corral.sandbox._registry import build_provider, config_key
+
         if config is None:
             if name not in self._built:
                 self._built[name] = get_provider(name, **self._config.get(name, {}))
@@ -41,7 +46,7 @@ class ProviderCache:
 
     def for_record(self, record: RunRecord) -> Callable[[str], Provider]:
         """Provider by name, built with the configuration the run's definition recorded."""
-        sandbox = run_spec_of(record).sandbox or {}
+        sandbox = spec_view(record).sandbox or {}
         entry = sandbox.get("provider")
 
         def provider_for(name: str) -> Provider:

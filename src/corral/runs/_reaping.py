@@ -43,7 +43,7 @@ from corral.runs._reap import (
     ReapStore,
     reap_detached_runs,
 )
-from corral.runs._spec import harness_for_record
+from corral.runs._specview import harness_for_record
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,

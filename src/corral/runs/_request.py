@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import ConfigError, CorralError
-from corral.runs._spec import RunSpec
 from corral.stores._records import RunRecord
-from corral.tools._core import Toolset
 
 if TYPE_CHECKING:
+    # The spec model and the toolset load pydantic: a driver taking over a command run
+    # (``corral attach``) reads specs through corral.runs._specview instead.
+    from corral.runs._spec import RunSpec
+    from corral.tools._core import Toolset
+
     # Imported where used for start-up cost: the sandbox definition loads the sandbox
     # machinery (ensure, bootstrap, policy), which a driver taking over a run (``corral
     # attach``) needs only when the run ends.
@@ -132,6 +135,7 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> RunSpec:
         """The run spec recorded for this request run in ``sandbox``."""
+        from corral.runs._spec import RunSpec
         from corral.sandbox._policy import Policy  # start-up cost: see the imports
 
         policy, prompt = None, False
@@ -142,7 +146,7 @@ class RunRequest:
             policy = sandbox.policy.to_dict()
             # The CLI asks corral (permission prompt tool, command gate hook) on the run's
             # MCP server: the policy is evaluated live (ask rules become corral approvals).
-            prompt = self.harness in ("claude-code", "codex")
+            prompt = self.harness in ("claude-code", "codex", "acp")
         return RunSpec(
             harness_options=dict(self.options),
             argv=list(self.command) if self.command is not None else None,

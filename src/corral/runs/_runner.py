@@ -39,7 +39,6 @@ from corral.journal._probe import JournalLocationError, JournalUnreachable, mach
 from corral.runs._probe import journal_location
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import kill_supervised_async
-from corral.runs._agent_end import finish_agent
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
@@ -47,11 +46,7 @@ from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import PipeResult
 from corral.runs._providers import ProviderCache
 from corral.runs._produce import Checkpoint
-from corral.runs._prune import PruneResult
-from corral.runs._reap import ReapResult
-from corral.runs._reaping import reap_runner_runs
-from corral.runs._release import definition_of, release_sandbox
-from corral.runs._spec import run_spec_of
+from corral.runs._specview import spec_view
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -62,7 +57,6 @@ from corral.runs._request import (
     new_run_id,
 )
 from corral.sandbox._contracts import Provider
-from corral.sandbox._key import RunContext as SandboxContext
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._watch import DEFAULT_MAX_WATCHES, check_max_watches
@@ -76,10 +70,12 @@ from corral.stores._protocols import (
     UnknownRun,
 )
 from corral.stores._records import RunPatch, RunRecord
-from corral.tools._core import Toolset
 
 if TYPE_CHECKING:
     from corral.runs._launch import StartPlan
+    from corral.runs._prune import PruneResult
+    from corral.runs._reap import ReapResult
+    from corral.tools._core import Toolset
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -169,11 +165,13 @@ class Runner:
         known = self._run_secrets.get(record.run_id)
         if known is not None:
             return known
-        recorded = run_spec_of(record).sandbox
+        recorded = spec_view(record).sandbox
         if recorded is None or not recorded.get("secrets"):
             # No secrets recorded, so none to find: rebuilding the definition (it loads the
             # provider registry) would only delay a takeover (``corral attach``).
             return None
+        from corral.runs._release import definition_of
+
         sandbox = definition_of(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
@@ -226,6 +224,10 @@ class Runner:
             self._run_tools[run_id] = plan.tools
         nonce = new_nonce()
         self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # (the instance key's module loads the workspace definitions: start-up cost for
+        # a driver taking a run over, which never computes a key)
+        from corral.sandbox._key import RunContext as SandboxContext
+
         sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
         await self.store.create(
             NewRun(
@@ -265,6 +267,9 @@ class Runner:
         return await self._require(run_id)
 
     async def _finish_agent(self, record: RunRecord) -> None:
+        # Imported when a run ends, not by a driver's start-up (``corral attach``).
+        from corral.runs._agent_end import finish_agent
+
         await finish_agent(self.store, record, self._paths(record), self._nonce(record),
                            provider_for=self._providers_of(record), redactor=self.redactor_for(record))
 
@@ -407,6 +412,8 @@ class Runner:
             await self._finish_agent(record)  # before the sandbox may go
         except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
             log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
+        from corral.runs._release import release_sandbox
+
         await release_sandbox(self.store, record, outcome,
                               provider_for=self._providers_of(record))
 
@@ -424,6 +431,8 @@ class Runner:
         finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         journals = self.journals_dir
+        from corral.runs._reaping import reap_runner_runs
+
         result = await reap_runner_runs(
             self.store,
             provider_for=self.provider,

@@ -26,8 +26,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
-from corral.harness._base import Harness
-from corral.harness._registry import build_harness
+from corral.runs._specview import harness_for_record
 from corral.stores._records import RunRecord
 
 __all__ = ["SPEC_VERSION", "RunSpec", "harness_for_record", "run_spec_of"]
@@ -139,7 +138,3 @@ def run_spec_of(record: RunRecord) -> RunSpec:
     return RunSpec.parse(record.spec, run_id=record.run_id)
 
 
-
-def harness_for_record(record: RunRecord) -> Harness:
-    """The harness a run was started with, rebuilt from its record (name and spec)."""
-    return build_harness(record.harness or "command", run_spec_of(record).harness_config())

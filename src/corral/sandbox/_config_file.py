@@ -173,6 +173,32 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
         raise _with_line(exc, text, file) from None
 
 
+AGENT_KEYS = ("harness", "model", "agent", "agent_command")
+
+
+def agent_table(path: str | Path) -> dict[str, str]:
+    """The ``[agent]`` table of ``corral.toml`` at ``path``: defaults for ``corral run``'s
+    ``--harness``, ``--model``, ``--agent`` and ``--agent-command`` (flags win), e.g.
+    ``[agent]`` ``harness = "acp"`` ``agent = "opencode"``. ``{}`` without one."""
+    file = Path(path)
+    text, data = read_toml(file)
+    table = data.get("agent")
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: [agent] must be a table with keys {', '.join(AGENT_KEYS)}")
+    out: dict[str, str] = {}
+    for key, value in table.items():
+        if key not in AGENT_KEYS:
+            raise _with_line(ConfigError(f"[agent] has no key {key!r}; known: "
+                                         f"{', '.join(AGENT_KEYS)}"), text, file)
+        if not isinstance(value, str) or not value.strip():
+            raise _with_line(ConfigError(f"[agent] {key} must be a non-empty string"), text,
+                             file)
+        out[key] = value
+    return out
+
+
 def find_config(start: str | Path) -> Path | None:
     """``corral.toml`` in ``start`` or the nearest parent directory, if any."""
     here = Path(start).resolve()

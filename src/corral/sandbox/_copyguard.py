@@ -105,8 +105,10 @@ class StateGuard:
             return f"it is a CORRAL_HOME (it holds {HOME_MARKER})"
         if _STORE_NAME in names and ("sandboxes" in names or "journals" in names):
             return "it looks like a CORRAL_HOME (corral.db with sandboxes/ or journals/)"
-        # A local sandbox makes private/ and root/ on first use: either one marks it.
-        if "state.json" in names and ("private" in names or "root" in names):
+        # A local sandbox makes private/ and root/ on first use: either one marks it, with
+        # its state (a file, or the directory's attribute).
+        if ("private" in names or "root" in names) and (
+                "state.json" in names or _has_state_attribute(path)):
             return "it looks like a corral sandbox's state directory"
         if any(n.endswith(".journal") and n[:-8] + ".status.json" in names for n in names):
             return "it looks like a corral journal directory"
@@ -122,6 +124,17 @@ class StateGuard:
         if any(name == _STORE_NAME + s for s in _STORE_SIDECARS):
             return "it looks like a corral run store"
         return None
+
+
+_STATE_XATTR = "user.corral.state"  # corral.providers._state.STATE_XATTR (a higher layer)
+
+
+def _has_state_attribute(path: str) -> bool:
+    try:
+        os.getxattr(path, _STATE_XATTR, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
 
 
 def _real(path: Path) -> str:

@@ -34,7 +34,10 @@ from corral.sandbox._ensure import Ensured, InstanceStoreLike, SpecHook, destroy
 __all__ = ["Sandbox"]
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TOP_KEYS = ("id", "provider", "workspace", "secrets", "policy", "lifecycle", "file_events")
+TOP_KEYS = ("id", "provider", "workspace", "secrets", "policy", "lifecycle", "file_events",
+            "agent")
+"""(``[agent]``: which agent ``corral run`` starts, read by the CLI, not the sandbox:
+:func:`corral.sandbox._config_file.agent_table`.)"""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ passed as environment on each exec: :meth:`Ensured.exec_env`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets as _secrets
@@ -20,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 
@@ -100,20 +101,46 @@ def key_lock_name(key: str) -> str:
     return f"sandbox:{key}"
 
 
+@dataclass
+class KeyLock:
+    """What :func:`key_lock` yields: the instance record read under the lock, when the
+    store read it in the transaction that took the lock (``read``); and the record the
+    body wants written last (``write_last``: upserted when the body returns, before the
+    lock is released, in the same transaction where the store can)."""
+
+    read: bool = False
+    instance: InstanceRecord | None = None
+    write_last: InstanceRecord | None = None
+
+
 @asynccontextmanager
-async def key_lock(store: object, key: str) -> AsyncIterator[None]:
+async def key_lock(store: object, key: str, *, read_instance: bool = False
+                   ) -> AsyncIterator[KeyLock]:
     """Hold the per-key lock: in this process, and across processes and hosts when the
-    store is a :class:`~corral.stores._protocols.LockStore` (a lease renewed while held)."""
+    store is a :class:`~corral.stores._protocols.LockStore` (a lease renewed while held).
+    ``read_instance``: also read the instance record in the same transaction where the
+    store can (``try_lock_reading_instance``: one round trip less for ``ensure``)."""
+    held = KeyLock()
     lock = _local_locks.setdefault(key, anyio.Lock())
     async with lock:
         if not isinstance(store, LockStore):
-            yield
+            yield held
+            if held.write_last is not None:  # (not reached when the body raised)
+                await cast(InstanceStore, store).upsert_instance(held.write_last)
             return
         name = key_lock_name(key)
         owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
+        reading = getattr(store, "try_lock_reading_instance", None) if read_instance else None
         delay = 0.02
         with anyio.fail_after(LOCK_WAIT):
-            while not await store.try_lock(name, owner, LOCK_TTL):
+            while True:
+                if reading is not None:
+                    taken, held.instance = await reading(name, owner, LOCK_TTL, key)
+                    held.read = taken
+                else:
+                    taken = await store.try_lock(name, owner, LOCK_TTL)
+                if taken:
+                    break
                 await anyio.sleep(delay)  # another process is ensuring this key
                 delay = min(delay * 2, 0.5)
 
@@ -129,14 +156,32 @@ async def key_lock(store: object, key: str) -> AsyncIterator[None]:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(renew)
                 try:
-                    yield
+                    yield held
                 except BaseException as exc:
                     failure = exc
                 finally:
                     tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await store.unlock(name, owner)
+                last = held.write_last if failure is None else None
+                # After the renewer stopped (it could take the lock again after a release).
+                if last is None:
+                    await store.unlock(name, owner)
+                elif (unlocking := getattr(store, "upsert_instance_unlocking", None)
+                      ) is not None:
+                    try:
+                        await unlocking(last, name, owner)
+                    except BaseException:
+                        # nothing was written (one transaction): release the lock anyway,
+                        # as after a failed write on its own, and raise the write's error
+                        with contextlib.suppress(Exception):
+                            await store.unlock(name, owner)
+                        raise
+                else:
+                    try:
+                        await cast(InstanceStore, store).upsert_instance(last)
+                    finally:
+                        await store.unlock(name, owner)
         if failure is not None:
             raise failure
 
@@ -263,9 +308,9 @@ async def ensure(
         )
     with span("sandbox.ensure", {"corral.sandbox.provider": provider.name,
                                  "corral.sandbox.key": key}) as current:
-        async with _store_for(store) as st, key_lock(st, key):
+        async with _store_for(store) as st, key_lock(st, key, read_instance=True) as held:
             ensured = await _ensure_locked(sandbox, ctx, key, provider, snapshots, st,
-                                           spec_hook)
+                                           spec_hook, held)
         if current is not None:
             current.set_attribute("corral.sandbox.id", ensured.handle.id)
         await call_hook(sandbox.hooks.on_ready, "on_ready", ensured.handle)
@@ -280,13 +325,17 @@ async def _ensure_locked(
     snapshots: Snapshotter | None,
     store: InstanceStore,
     spec_hook: SpecHook | None = None,
+    held: KeyLock | None = None,
 ) -> Ensured:
     async def spec() -> SandboxSpec:
         # only for a new sandbox (restore or create): a resume pays no store round trip
         base = _spec(sandbox, key, ctx, await store_id(store))
         return spec_hook(base) if spec_hook is not None else base
 
-    existing = await store.get_instance(key)
+    if held is not None and held.read:
+        existing = held.instance  # read under the lock, in the transaction that took it
+    else:
+        existing = await store.get_instance(key)
     if existing is not None and existing.provider != provider.name:
         existing = None  # the key covers the provider; a mismatch is not ours to touch
     stale_snapshot: str | None = None
@@ -328,7 +377,7 @@ async def _ensure_locked(
             )  # fmt: skip
             if origin == "rebootstrapped" and existing.latest_snapshot_id and snapshots:
                 await snapshots.delete(SnapshotRef(provider.name, existing.latest_snapshot_id))
-            await store.upsert_instance(record)
+            await _write_last(store, held, record)
             return Ensured(handle, key, record, origin, sandbox.secrets)
 
     # create + bootstrap
@@ -356,8 +405,18 @@ async def _ensure_locked(
     record = _record(
         sandbox, ctx, key, handle, snapshot=snap_id, state="ready", now=time.time(), extra=extra
     )
-    await store.upsert_instance(record)
+    await _write_last(store, held, record)
     return Ensured(handle, key, record, "created", sandbox.secrets)
+
+
+async def _write_last(store: InstanceStore, held: KeyLock | None, record: InstanceRecord) -> None:
+    """Write the ``ready`` record: under :func:`key_lock`, as the lock is released (one
+    round trip for both where the store can), else now. Either way it is written before
+    ``ensure`` returns, and a failure to write it is raised from ``ensure``."""
+    if held is not None:
+        held.write_last = record
+    else:
+        await store.upsert_instance(record)
 
 
 async def store_id(store: object) -> str | None:

@@ -233,20 +233,33 @@ class _Records:
             out.append((kind, i))
 
 
+_HEX = re.compile(rb"[0-9a-f]+")
+_HEX_MARK = re.compile(rb"\n([0-9a-f]+):S:(\d+)\n")
+
+
 class _Output:
     """The output of the step that runs now, cut at the nonce'd start markers on stderr."""
 
     def __init__(self, nonce: bytes) -> None:
-        self._mark = re.compile(rb"\n" + re.escape(nonce) + rb":S:(\d+)\n")
+        self._nonce = nonce
+        # One pattern for every hex nonce, compiled once (a pattern per plan was a compile
+        # per plan): its leftmost match whose hex run is the nonce is the leftmost marker.
+        self._mark = _HEX_MARK if _HEX.fullmatch(nonce) else re.compile(
+            rb"\n(" + re.escape(nonce) + rb"):S:(\d+)\n")
         self._keep = len(nonce) + 16
         self._buf = bytearray()
         self.step = 0
 
     def feed(self, chunk: bytes) -> None:
         self._buf += chunk
-        while (m := self._mark.search(self._buf)) is not None:
-            self.step = int(m.group(1))
+        pos = 0
+        while (m := self._mark.search(self._buf, pos)) is not None:
+            if m.group(1) != self._nonce:
+                pos = m.start() + 1  # another hex run: no marker starts here
+                continue
+            self.step = int(m.group(2))
             del self._buf[: m.end()]
+            pos = 0
         if len(self._buf) > _KEEP_BYTES + self._keep:
             del self._buf[: len(self._buf) - _KEEP_BYTES - self._keep]
 

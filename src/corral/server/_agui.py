@@ -40,6 +40,7 @@ class _Options(BaseModel):
 
     harness: Any = None
     model: Any = None
+    agent: Any = None
     sandbox: Any = None
     command: Any = None
     timeout: Any = None
@@ -153,7 +154,7 @@ def start_body(run_input: RunAgentInput, default_harness: str | None = None) -> 
         unknown = sorted(str(e["loc"][0]) for e in exc.errors())
         raise AguiInputError(
             f"forwardedProps.corral has unknown fields ({', '.join(unknown)}); it takes "
-            "harness, model, sandbox, command, timeout, token_budget and file_events"
+            "harness, model, agent, sandbox, command, timeout, token_budget and file_events"
         ) from None
     fields: dict[str, Any] = {k: v for k, v in options.model_dump().items() if v is not None}
     fields.update(thread_id=run_input.thread_id, run_id=run_input.run_id)

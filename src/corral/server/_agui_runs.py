@@ -35,7 +35,7 @@ from corral.stores._protocols import LoggedEvent
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._frontend import FRONTEND_CALL_EVENT, FRONTEND_RESOLVED_EVENT
 
-__all__ = ["APPROVAL_SCHEMA", "RESULT_SCHEMA", "Segments", "Waiting", "decode_frame"]
+__all__ = ["APPROVAL_SCHEMA", "RESULT_SCHEMA", "Segments", "Waiting"]
 
 APPROVAL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -77,12 +77,6 @@ class Waiting:
     def ids(self) -> set[str]:
         """The ids a client answers it by."""
         return {self.approval_id} | ({self.tool_call_id} if self.tool_call_id else set())
-
-
-def decode_frame(frame: bytes) -> LoggedEvent:
-    """The event of an SSE frame :func:`corral.server._sse.encode_event` wrote."""
-    head, _, data = frame.partition(b"\ndata: ")
-    return LoggedEvent(int(head.removeprefix(b"id: ")), 0, json.loads(data))
 
 
 def _frame(offset: int, event: dict[str, Any]) -> bytes:
@@ -129,11 +123,11 @@ class Segments:
         """Every wait the segments seen so far ended with."""
         return [w for waits in self.ends for w in waits]
 
-    def feed_frames(self, frames: list[bytes]) -> tuple[list[bytes], bool]:
-        """:meth:`feed` for encoded frames (the event stream's batches)."""
+    def feed_events(self, events: list[LoggedEvent]) -> tuple[list[bytes], bool]:
+        """:meth:`feed` for a batch of the event stream; ``True``: the segment ended."""
         out: list[bytes] = []
-        for frame in frames:
-            out += self.feed(decode_frame(frame))
+        for logged in events:
+            out += self.feed(logged)
             if self.done:
                 break
         return out, self.done

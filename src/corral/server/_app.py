@@ -319,7 +319,7 @@ def create_app(
             thread_id=body.thread_id,
             provider=sandbox.provider,
             workspace=sandbox.workspace,
-            options={"model": body.model} if body.model else {},
+            options={k: v for k, v in (("model", body.model), ("agent", body.agent)) if v},
             timeout=body.timeout,
             token_budget=body.token_budget,
         )
@@ -363,7 +363,7 @@ def create_app(
                 return _Asgi(EventStream(
                     service, going_on.record.run_id, 0,
                     project=Segments(run_input.thread_id, run_input.run_id,
-                                     going_on.segment, position).feed_frames))
+                                     going_on.segment, position).feed_events))
             existing = await service.store.get(run_input.run_id)
             if existing is None:
                 body = start_body(run_input, config.default_harness)
@@ -379,7 +379,7 @@ def create_app(
                                                 or None))
         # else: the client retries or reconnects: the same run's stream, from where it was
         return _Asgi(EventStream(service, run_input.run_id, 0, project=Segments(
-            run_input.thread_id, run_input.run_id, 0, position).feed_frames))
+            run_input.thread_id, run_input.run_id, 0, position).feed_events))
 
     def reserved_tool_names() -> set[str]:
         """corral's own host tool names: a client's tool never shadows one."""

@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -25,6 +25,7 @@ log = logging.getLogger("corral.server._feed")
 DEFAULT_WINDOW: Final = 4096
 
 _T = TypeVar("_T")
+_Item = TypeVar("_Item", bytes, LoggedEvent)
 
 
 @asynccontextmanager
@@ -49,6 +50,8 @@ class RunFeed:
     window: int = DEFAULT_WINDOW
     frames: list[bytes] = field(default_factory=list)
     """Encoded events (``encode``), once per event however many viewers there are."""
+    events: list[LoggedEvent] = field(default_factory=list)
+    """The same events as read (for viewers that rewrite them: never decoded back)."""
     closed: bool = False
     error: BaseException | None = None
     viewers: int = 0
@@ -62,6 +65,10 @@ class RunFeed:
     def after(self, position: int) -> list[bytes]:
         """Window frames of the events with offset > ``position`` (``position >= base``)."""
         return self.frames[position - self.base :]
+
+    def events_after(self, position: int) -> list[LoggedEvent]:
+        """Window events with offset > ``position`` (``position >= base``)."""
+        return self.events[position - self.base :]
 
     def changed(self) -> anyio.Event:
         """An event set at the next append or at the end of the log."""
@@ -77,9 +84,11 @@ class RunFeed:
                 f"run {self.run_id}: log offset {logged.offset} after {self.last}"
             )
         self.frames.append(self.encode(logged))
+        self.events.append(logged)
         if len(self.frames) >= 2 * self.window:
             drop = len(self.frames) - self.window
             del self.frames[:drop]
+            del self.events[:drop]
             self.base += drop
 
     async def pump(self, store: EventLog) -> None:
@@ -136,7 +145,7 @@ class FeedHub:
         for feed in list(self.feeds.values()):
             feed._notify()
 
-    async def follow(
+    def follow(
         self,
         run_id: str,
         after: int,
@@ -150,6 +159,28 @@ class FeedHub:
 
         Ends early when ``stopping()`` turns true (checked at every wake-up).
         """
+        return self._follow(_Frames(self.encode), run_id, after, idle, stopping)
+
+    def follow_events(
+        self,
+        run_id: str,
+        after: int,
+        *,
+        idle: float,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> AsyncGenerator[list[LoggedEvent], None]:
+        """:meth:`follow` for viewers that rewrite the events (the AG-UI endpoint): the
+        events as read, not their frames."""
+        return self._follow(_Events(), run_id, after, idle, stopping)
+
+    async def _follow(
+        self,
+        view: _View[_Item],
+        run_id: str,
+        after: int,
+        idle: float,
+        stopping: Callable[[], bool],
+    ) -> AsyncGenerator[list[_Item], None]:
         feed = self.acquire(run_id, after)
         position = max(0, after)
         try:
@@ -159,13 +190,13 @@ class FeedHub:
                     async with closing(self.store.read(run_id, position)) as direct:
                         async for logged in direct:
                             position = logged.offset
-                            yield [self.encode(logged)]
+                            yield [view.one(logged)]
                             if position >= feed.base:
                                 break
                         else:
                             return  # the log closed
                     continue
-                batch = feed.after(position)
+                batch = view.window(feed, position)
                 if batch:
                     position += len(batch)
                     yield batch
@@ -181,3 +212,32 @@ class FeedHub:
                     yield []
         finally:
             self.release(feed)
+
+
+class _View(Generic[_Item]):
+    """What a viewer takes of each event: its frame or the event itself."""
+
+    def one(self, logged: LoggedEvent) -> _Item:
+        raise NotImplementedError
+
+    def window(self, feed: RunFeed, position: int) -> list[_Item]:
+        raise NotImplementedError
+
+
+class _Frames(_View[bytes]):
+    def __init__(self, encode: Callable[[LoggedEvent], bytes]) -> None:
+        self.encode = encode
+
+    def one(self, logged: LoggedEvent) -> bytes:
+        return self.encode(logged)
+
+    def window(self, feed: RunFeed, position: int) -> list[bytes]:
+        return feed.after(position)
+
+
+class _Events(_View[LoggedEvent]):
+    def one(self, logged: LoggedEvent) -> LoggedEvent:
+        return logged
+
+    def window(self, feed: RunFeed, position: int) -> list[LoggedEvent]:
+        return feed.events_after(position)

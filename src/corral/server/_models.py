@@ -85,6 +85,9 @@ class StartRun(BaseModel):
                      AfterValidator(_plain_text)] | None = Field(
         None, description="model for agent harnesses"
     )
+    agent: Name | None = Field(
+        None, description="the ACP agent of the `acp` harness (e.g. `opencode`)"
+    )
     sandbox: SandboxIn | Name | None = Field(
         None,
         description="an inline sandbox definition, or the name of one configured on the "
@@ -117,6 +120,8 @@ class StartRun(BaseModel):
                 raise ValueError("token_budget is for agent harnesses (prompt runs)")
         elif self.harness in (None, "command"):
             raise ValueError("a prompt needs an agent harness, e.g. \"harness\": \"claude-code\"")
+        if self.agent is not None and self.harness != "acp":
+            raise ValueError('agent names the ACP agent of "harness": "acp"')
         return self
 
 

@@ -49,14 +49,14 @@ class EventStream:
     """The ASGI response streaming ``run_id``'s log after offset ``after``."""
 
     def __init__(self, service: RunService, run_id: str, after: int,
-                 project: Callable[[list[bytes]], tuple[list[bytes], bool]] | None = None
+                 project: Callable[[list[LoggedEvent]], tuple[list[bytes], bool]] | None = None
                  ) -> None:
         self.service = service
         self.run_id = run_id
         self.after = after
         self.project = project
-        """Rewrites each batch of frames (the AG-UI endpoint's view of the log); its
-        ``True`` ends the stream."""
+        """Renders each batch of events as frames (the AG-UI endpoint's view of the log);
+        its ``True`` ends the stream."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         service = self.service
@@ -76,22 +76,10 @@ class EventStream:
                 await service.viewer_arrived(self.run_id)
                 arrived = True
                 await _body(send, f"retry: {RETRY_MS}\n\n".encode())
-                events = service.hub.follow(
-                    self.run_id,
-                    self.after,
-                    idle=service.config.heartbeat,
-                    stopping=service.closing.is_set,
-                )
-                async with closing(events):
-                    async for frames in events:
-                        done = False
-                        if self.project is not None and frames:
-                            frames, done = self.project(frames)
-                            if not frames and not done:
-                                continue
-                        await _body(send, b"".join(frames) if frames else HEARTBEAT_FRAME)
-                        if done:
-                            break
+                if self.project is None:
+                    await self._plain(send)
+                else:
+                    await self._projected(send, self.project)
                 if not service.closing.is_set():
                     await _body(send, END_FRAME)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -104,6 +92,33 @@ class EventStream:
                     with anyio.CancelScope(shield=True):
                         await service.viewer_left(self.run_id)
                 tg.cancel_scope.cancel()
+
+
+    async def _plain(self, send: Send) -> None:
+        service = self.service
+        frames = service.hub.follow(self.run_id, self.after, idle=service.config.heartbeat,
+                                    stopping=service.closing.is_set)
+        async with closing(frames):
+            async for batch in frames:
+                await _body(send, b"".join(batch) if batch else HEARTBEAT_FRAME)
+
+    async def _projected(self, send: Send,
+                         project: Callable[[list[LoggedEvent]], tuple[list[bytes], bool]]
+                         ) -> None:
+        service = self.service
+        events = service.hub.follow_events(self.run_id, self.after,
+                                           idle=service.config.heartbeat,
+                                           stopping=service.closing.is_set)
+        async with closing(events):
+            async for batch in events:
+                if not batch:
+                    await _body(send, HEARTBEAT_FRAME)
+                    continue
+                frames, done = project(batch)
+                if frames:
+                    await _body(send, b"".join(frames))
+                if done:
+                    return
 
 
 async def _body(send: Send, chunk: bytes) -> None:

@@ -8,8 +8,6 @@ from urllib.parse import parse_qsl
 
 from corral._errors import ConfigError
 from corral._paths import corral_home
-from corral.stores._memory import MemoryStore
-from corral.stores._pg_url import mask_url
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
 
@@ -36,7 +34,7 @@ async def open_store(url: str | None = None) -> Store:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigError(
-            f"store URL {mask_url(url)!r} has no scheme; use sqlite:///path/to.db, "
+            f"store URL {_masked(url)!r} has no scheme; use sqlite:///path/to.db, "
             "postgresql://user@host/dbname or memory://"
         )
     rest, _, query = rest.partition("?")
@@ -44,6 +42,8 @@ async def open_store(url: str | None = None) -> Store:
     if scheme == "memory":
         if rest or options:
             raise ConfigError(f"store URL {url!r}: memory:// takes no path or options")
+        from corral.stores._memory import MemoryStore  # start-up cost: `corral ls` on SQLite
+
         return MemoryStore()
     if scheme == "sqlite":
         if not rest:
@@ -74,9 +74,17 @@ async def open_store(url: str | None = None) -> Store:
     if scheme == "redis":
         raise ConfigError(f"store URL {url!r}: the {scheme} backend is not available yet")
     raise ConfigError(
-        f"store URL {mask_url(url)!r}: unknown scheme {scheme!r}; use sqlite://, "
+        f"store URL {_masked(url)!r}: unknown scheme {scheme!r}; use sqlite://, "
         "postgresql:// or memory://"
     )
+
+
+def _masked(url: str) -> str:
+    # Imported when a message needs it (a PostgreSQL URL may hold a password): the URL
+    # parser's regexes are start-up cost for `corral ls` on SQLite.
+    from corral.stores._pg_url import mask_url
+
+    return mask_url(url)
 
 
 async def _open_postgres(url: str) -> Store:
@@ -86,7 +94,7 @@ async def _open_postgres(url: str) -> Store:
         from corral.stores._postgres import PostgresStore
     except ImportError as exc:
         raise ConfigError(
-            f"store URL {mask_url(url)}: the PostgreSQL store needs psycopg ({exc.name} is "
+            f"store URL {_masked(url)}: the PostgreSQL store needs psycopg ({exc.name} is "
             "not installed); pip install 'corral[postgres]'"
         ) from None
     return await PostgresStore.open(url)

@@ -301,6 +301,7 @@ class PostgresStore:
         self._clock = clock
         self._fallback = fallback
         self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
+        self._secrets: dict[str, bytes] = {}  # read so far: a stored secret never changes
         self._append = LoopStatement("corral_append", qualify(_APPEND, target.schema))
         self._wakeups = RunWakeups(target.schema)
         self._hub: Hub | None = None
@@ -889,6 +890,9 @@ class PostgresStore:
     async def shared_secret(self, name: str) -> bytes:
         if not isinstance(name, str) or not name:
             raise StoreError(f"a secret name must be a non-empty string, got {name!r}")
+        known = self._secrets.get(name)
+        if known is not None:
+            return known
         fresh = _secrets.token_bytes(32)
         sql = self._sql
 
@@ -900,5 +904,7 @@ class PostgresStore:
             assert row is not None
             return bytes(row[0])
 
-        return await self._tx(op)
+        value = await self._tx(op)
+        self._secrets[name] = value
+        return value
 

@@ -254,6 +254,9 @@ class SQLiteStore:
         """The schema version this object migrated the file from (0: it created the
         file's tables), ``None`` when the file was current."""
         self._clock = clock
+        self._secrets: dict[str, bytes] = {}
+        """Shared secrets read so far: a stored secret never changes (insert-if-absent),
+        so each is read once per store object, not once per use (every ensure uses one)."""
         try:
             self._writer = _Conn(self.path, synchronous)
         except sqlite3.Error as exc:
@@ -669,6 +672,47 @@ class SQLiteStore:
 
         return await self._write(op)
 
+    async def try_lock_reading_instance(
+        self, name: str, owner: str, ttl: float, key: str, *, now: float | None = None
+    ) -> tuple[bool, InstanceRecord | None]:
+        """:meth:`try_lock`, and when it is taken, the instance record ``key`` as it is
+        under the lock, in the same transaction (one round trip for ``ensure``)."""
+        ttl = _logic.check_ttl(ttl)
+        at = self._now(now)
+
+        def op(conn: sqlite3.Connection) -> tuple[bool, Any]:
+            row = conn.execute(
+                "SELECT owner, expires_at FROM locks WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None and row[0] != owner and float(row[1]) > at:
+                return False, None
+            conn.execute(
+                "INSERT OR REPLACE INTO locks (name, owner, expires_at) VALUES (?, ?, ?)",
+                (name, owner, at + ttl),
+            )
+            return True, conn.execute(
+                "SELECT doc FROM instances WHERE key = ?", (key,)).fetchone()
+
+        taken, row = await self._write(op)
+        if not taken or row is None:
+            return taken, None
+        return True, InstanceRecord.from_dict(_logic.decode_event(row[0]))
+
+    async def upsert_instance_unlocking(self, record: InstanceRecord, name: str,
+                                        owner: str) -> None:
+        """:meth:`upsert_instance` then :meth:`unlock`, in one transaction (``ensure``'s
+        last record and the release of the key's lock: one round trip)."""
+        doc = _logic.json_text(record.to_dict())
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO instances (key, expires_at, doc) VALUES (?, ?, ?)",
+                (record.key, record.expires_at, doc),
+            )
+            conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
+
+        await self._write(op)
+
     async def unlock(self, name: str, owner: str) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
             cur = conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
@@ -742,6 +786,9 @@ class SQLiteStore:
 
     async def shared_secret(self, name: str) -> bytes:
         _logic.check_secret_name(name)
+        known = self._secrets.get(name)
+        if known is not None:
+            return known
         fresh = secrets.token_bytes(_logic.SECRET_BYTES)
 
         def op(conn: sqlite3.Connection) -> Any:
@@ -756,4 +803,5 @@ class SQLiteStore:
         if not isinstance(value, bytes) or len(value) != _logic.SECRET_BYTES:
             raise CorruptRecord(f"SQLite store {self.path}: the stored secret {name!r} is not "
                                 f"{_logic.SECRET_BYTES} bytes; the store is corrupt")
+        self._secrets[name] = value
         return value

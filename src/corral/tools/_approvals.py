@@ -20,6 +20,13 @@ corral.approval_resolved`` ``{approvalId, decision, reason}``.
 pending request, and stores the answer: the first answer wins, a later one is an error
 naming the first.
 
+A call with an id (:meth:`Approvals.request`) has an id derived from the run, the call id,
+the tool and its arguments: the same question asked again — by the ACP bridge, which
+outlives a driver that died while it waited — finds the first request (and an answer given
+meanwhile, with no driver) instead of raising a second one. (So an agent that repeats a call
+id with identical arguments gets the answer given to the first: the same command, approved
+or refused once.)
+
 The store is the channel: any process on any host that opens the same store (``--store``,
 ``CORRAL_STORE``) and holds the same key lists and answers a run's approvals, wherever the
 run is driven.
@@ -31,6 +38,7 @@ import contextlib
 import hashlib
 import hmac
 import inspect
+import json
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -109,6 +117,16 @@ class ApprovalSigner:
             nonce = b64(secrets.token_bytes(12))
         return f"{nonce}.{self._mac(run_id, nonce)}"
 
+    def id_for_call(self, run_id: str, call_id: str, tool: str, args: Any) -> str:
+        """The approval id of one tool call: the same for the same run, call id, tool and
+        arguments (see :meth:`Approvals.hold`), unguessable without the key."""
+        message = json.dumps(["corral-approval-call", run_id, call_id, tool, args],
+                             sort_keys=True, default=str).encode("utf-8", "surrogatepass")
+        nonce = b64(hmac.new(self._secret, message, hashlib.sha256).digest()[:12])
+        if nonce.startswith("-"):  # an id is a CLI argument: never like an option
+            nonce = "A" + nonce[1:]
+        return f"{nonce}.{self._mac(run_id, nonce)}"
+
     def verify(self, run_id: str, approval_id: str) -> bool:
         """Whether ``approval_id`` was minted with this key for ``run_id``."""
         nonce, sep, mac = approval_id.partition(".")
@@ -153,23 +171,42 @@ class Approvals:
 
     async def hold(self, tool: str, args: Any, *, call_id: str | None = None,
                    events: tuple[str, str] = (APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT),
-                   announce: dict[str, Any] | None = None) -> tuple[str, ApprovalAnswer]:
+                   announce: dict[str, Any] | None = None, by_call: bool = False
+                   ) -> tuple[str, ApprovalAnswer]:
         """Store a request, emit ``events[0]``, wait for its answer (or the timeout), emit
         ``events[1]``; returns the request's id and the answer that stands. ``announce``
-        adds fields to the request event (a frontend call's ``toolCallId``)."""
+        adds fields to the request event (a frontend call's ``toolCallId``). ``by_call``
+        (with ``call_id``): the request's id derives from the run, call id, tool and
+        arguments, so the same question asked again (by a durable caller whose driver died
+        while it waited) finds the first request and its answer instead of a new one."""
         if self.signer is None:
             self.signer = await ApprovalSigner.for_store(self.store)
-        approval_id = self.signer.new_id(self.run_id)
-        now = time.time()
-        await self.store.add_approval(ApprovalRequest(
-            approval_id, self.run_id, tool, args, now, now + self.timeout, call_id=call_id))
-        await self._emit(events[0], {
-            "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
-            "expiresAt": now + self.timeout, **(announce or {})})
+        held: tuple[ApprovalRequest, ApprovalAnswer | None] | None = None
+        if call_id is not None and by_call:
+            approval_id = self.signer.id_for_call(self.run_id, call_id, tool, args)
+            held = await self.store.get_approval(self.run_id, approval_id)
+        else:
+            approval_id = self.signer.new_id(self.run_id)
         answer: ApprovalAnswer | None = None
+        if held is not None:
+            # The same call asked before, by a driver that died holding it (a durable
+            # caller, the ACP bridge, asks its successor again): that request's answer, or
+            # the rest of its wait; it was announced once already.
+            answer = held[1]
+            wait = max(0.0, held[0].expires_at - time.time())
+        else:
+            wait = self.timeout
+            now = time.time()
+            await self.store.add_approval(ApprovalRequest(
+                approval_id, self.run_id, tool, args, now, now + self.timeout,
+                call_id=call_id))
+            await self._emit(events[0], {
+                "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
+                "expiresAt": now + self.timeout, **(announce or {})})
         try:
-            with anyio.move_on_after(self.timeout):
-                answer = await self._answer(approval_id)
+            if answer is None:
+                with anyio.move_on_after(wait):
+                    answer = await self._answer(approval_id)
             if answer is None:  # timed out: record it, unless an answer won the race
                 answer = await self.store.answer_approval(self.run_id, approval_id,
                     ApprovalAnswer("timeout", f"no answer within {self.timeout:g}s",
@@ -194,7 +231,8 @@ class Approvals:
                       ) -> str | None:
         """Ask, wait, and return ``None`` when allowed or the denial reason."""
         announce = {"toolCallId": call_id} if call_id is not None else None
-        _id, answer = await self.hold(tool, args, call_id=call_id, announce=announce)
+        _id, answer = await self.hold(tool, args, call_id=call_id, announce=announce,
+                                      by_call=True)
         if answer.decision == "allow":
             return None
         if answer.decision == "timeout":

@@ -1,0 +1,466 @@
+"""The ACP agents corral knows how to start (``corral run --harness acp --agent NAME``).
+
+A profile (:class:`AcpAgent` subclass, registered in :data:`ACP_AGENTS` by name) says, for
+one agent that speaks the Agent Client Protocol on stdio:
+
+* ``package`` / ``bin`` / ``args``: the install that holds it (a :data:`KNOWN_AGENTS`
+  name, installed by ``corral agents install <package>``), the executable under its
+  ``node_modules/.bin`` and the arguments that start ACP mode (``opencode acp``);
+* ``mode``: the ACP session mode set (``session/set_mode``) before the prompt, when the
+  policy depends on it (``None``: none);
+* ``session_dirs`` / ``cleared_home_files`` / ``instructions_file``: as for the CLI
+  harnesses (sessions saved for resume; configuration removed before every run);
+* :meth:`AcpAgent.map_policy`: how corral's policy is enforced, or
+  :class:`~corral._errors.ConfigError` at definition time when it cannot be. An ACP agent
+  asks (``session/request_permission``) only about what *it* deems risky, so answering
+  those requests alone enforces nothing: a profile must configure the agent so every
+  command is asked about, or refuse command rules;
+* :meth:`AcpAgent.env` / :meth:`AcpAgent.home_files`: the agent's configuration (model
+  endpoint = the in-sandbox forwarder to corral's model proxy, a placeholder key);
+* :meth:`AcpAgent.upstream_api`: which API the model proxy speaks for a model.
+
+* :meth:`AcpAgent.session_params` / ``command_in_title``: extra ``session/new`` /
+  ``session/load`` parameters (the Claude adapter's ``_meta`` with corral's command gate),
+  and whether ``execute`` calls carry their command only as the title (gemini).
+
+The profile object is stateless apart from what :meth:`map_policy` decides (kept on the
+harness as ``AcpPolicy``); :class:`corral.harness._acp.AcpHarness` calls, in this order,
+``check_model(model)`` and ``map_policy(policy, prompt)`` once at definition time, then per
+run ``env(...)``, ``home_files(...)`` and ``session_params(...)``. Adding an agent:
+subclass :class:`AcpAgent`, set the class attributes, implement ``upstream_api``,
+``map_policy`` and ``env`` (and the others as needed), add an instance to
+:data:`ACP_AGENTS`. The bridge answers permission requests from corral's policy only when
+``AcpPolicy.ask_corral`` (else it allows them all: no policy), mapping the call's ACP
+``kind`` (execute → ``Bash`` with its command; edit/delete/move → ``Edit``; fetch →
+``WebFetch``; read/search/think and corral's own host tools → allowed; other → the policy's
+default).
+
+``--agent-command 'CMD …'``: :class:`CommandAgent`, a shell-split argv run as it is. corral
+cannot know whether such an agent asks before every command, so only "no policy" (the
+sandbox is the boundary) is accepted; command rules are refused at definition time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from corral._errors import ConfigError
+from corral.harness._cli_base import (
+    CliOptions,
+    PolicyLike,
+    PolicyMapping,
+    allow_hosts,
+)
+from corral.harness._claude_code import bash_gate_settings
+from corral.harness._gemini_cli import SETTINGS_FILE as GEMINI_SETTINGS_FILE
+from corral.harness._gemini_cli import WEB_TOOLS as GEMINI_WEB_TOOLS
+from corral.harness._gemini_cli import gemini_settings
+from corral.harness._opencode import ENV as OPENCODE_ENV
+from corral.harness._opencode import DEFAULT_MODEL as OPENCODE_DEFAULT_MODEL
+from corral.harness._opencode import opencode_config, split_model
+from corral.net._model_proxy import ModelApi
+
+__all__ = ["ACP_AGENTS", "AcpAgent", "AcpPolicy", "ClaudeAcp", "CommandAgent", "GeminiAcp",
+           "OpencodeAcp", "agent_profile"]
+
+
+@dataclass(frozen=True, slots=True)
+class AcpPolicy:
+    """What :meth:`AcpAgent.map_policy` decided: the report, whether permission requests
+    are put to corral's policy (``ask_corral``; else every request is allowed: no policy),
+    and agent-specific settings for :meth:`AcpAgent.env` (``settings``)."""
+
+    mapping: PolicyMapping
+    ask_corral: bool = False
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+class AcpAgent:
+    """An ACP agent profile (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    package: ClassVar[str | None] = None
+    """The :data:`corral.harness._packages.KNOWN_AGENTS` install holding the agent."""
+    bin: ClassVar[str] = ""
+    bin_dir: ClassVar[str] = "node_modules/.bin"
+    """Where ``bin`` is, relative to the install directory (a companion's prefix for the
+    Claude adapter)."""
+    args: ClassVar[tuple[str, ...]] = ()
+    mode: ClassVar[str | None] = None
+    session_dirs: ClassVar[tuple[str, ...]] = ()
+    cleared_home_files: ClassVar[tuple[str, ...]] = ()
+    instructions_file: ClassVar[str] = ""
+    default_model: ClassVar[str | None] = None
+    max_model_failures: ClassVar[int | None] = None
+    base_url_suffix: ClassVar[str] = ""
+    """Appended to the in-sandbox model endpoint (``/v1`` for opencode's providers)."""
+    command_in_title: ClassVar[bool] = False
+    """The agent reports an ``execute`` call's command only as its title (gemini): the
+    bridge asks the policy about the title, the translator shows it as the command."""
+
+    def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
+        """More ``session/new`` / ``session/load`` parameters (e.g. the Claude adapter's
+        ``_meta``). ``{corral.port.NAME}`` is filled in with the in-sandbox port and
+        ``${CORRAL_TOOLS_TOKEN}`` on the wire only (the journal keeps the reference)."""
+        return {}
+
+    def argv(self, bin_path: str) -> list[str]:
+        """The agent's argv, given its executable's path."""
+        return [bin_path, *self.args]
+
+    def check_model(self, model: str | None) -> None:
+        """Raise :class:`ConfigError` for a model this agent cannot use."""
+
+    def bin_env(self, bin_path: str) -> dict[str, str]:
+        """Environment that depends on where the executable is (default: none)."""
+        return {}
+
+
+    def upstream_api(self, model: str | None) -> ModelApi:
+        raise NotImplementedError
+
+    def map_policy(self, policy: PolicyLike | None, prompt: bool) -> AcpPolicy:
+        """``prompt``: the run serves corral's permission prompt tool (its policy is set
+        and the host tools are wired), which the bridge asks."""
+        raise NotImplementedError
+
+    def env(self, model: str | None, base_url: str, opts: CliOptions,
+            policy: AcpPolicy) -> dict[str, str]:
+        raise NotImplementedError
+
+    def home_files(self, model: str | None, base_url: str, opts: CliOptions,
+                   policy: AcpPolicy) -> dict[str, bytes]:
+        return {}
+
+
+class OpencodeAcp(AcpAgent):
+    """``opencode acp`` (opencode-ai). Configured as the opencode harness is
+    (:mod:`corral.harness._opencode`: ``OPENCODE_CONFIG_CONTENT`` in its environment,
+    project configuration and plugins off, ``~/.config/opencode`` cleared), with
+    ``permission.bash = "ask"`` for *every* command under a policy, so each one reaches
+    ``session/request_permission`` and corral's policy decides it live (allow, deny, or a
+    corral approval for ask). File edits: ``allow``/``deny`` from ``file_write`` directly,
+    ``ask`` through corral; web fetches: ``deny`` without network, else asked."""
+
+    name = "opencode"
+    package = "opencode"
+    bin = "opencode"
+    args = ("acp",)
+    session_dirs = (".local/share/opencode",)
+    cleared_home_files = (".config/opencode", ".opencode")
+    instructions_file = ".config/opencode/AGENTS.md"
+    default_model = OPENCODE_DEFAULT_MODEL
+    max_model_failures = 3
+    base_url_suffix = "/v1"
+
+    def check_model(self, model: str | None) -> None:
+        split_model(model or OPENCODE_DEFAULT_MODEL)
+
+    def upstream_api(self, model: str | None) -> ModelApi:
+        provider = split_model(model or OPENCODE_DEFAULT_MODEL)[0]
+        return "openai" if provider == "openai" else "anthropic"
+
+    def map_policy(self, policy: PolicyLike | None, prompt: bool) -> AcpPolicy:
+        allow_all = {"bash": "allow", "edit": "allow", "webfetch": "allow",
+                     "external_directory": "allow"}
+        if policy is None:
+            return AcpPolicy(PolicyMapping("acp:opencode", enforced=(
+                "default: allow -> permission bash/edit: allow (the sandbox is the "
+                "boundary)",), bypass=True), settings={"permission": allow_all})
+        if not prompt:
+            raise ConfigError("acp --agent opencode enforces a policy through corral's "
+                              "permission prompt, which this run does not serve (give the "
+                              "run host tools, as the Runner does)")
+        problems: list[str] = []
+        if policy.file_write == "deny" and policy.default == "allow":
+            problems.append("file_write: deny with default: allow: opencode cannot stop "
+                            "allowed shell commands from writing files; use default: deny")
+        if problems:
+            raise ConfigError("policy rules opencode cannot enforce: " + "; ".join(problems))
+        edit = {"allow": "allow", "deny": "deny"}.get(policy.file_write, "ask")
+        webfetch = "deny" if policy.network != "allow" or allow_hosts(policy) else "ask"
+        permission = {"bash": "ask", "edit": edit, "webfetch": webfetch,
+                      "external_directory": "allow"}
+        enforced = (
+            "every command -> permission.bash = 'ask' -> corral's policy decides each "
+            "(allow, deny, ask -> a corral approval)",
+            f"file_write: {policy.file_write} -> permission.edit = {edit!r}",
+            f"network -> permission.webfetch = {webfetch!r}",
+        )
+        return AcpPolicy(PolicyMapping("acp:opencode", enforced=enforced,
+                                       permission_prompt=True),
+                         ask_corral=True, settings={"permission": permission})
+
+    def env(self, model: str | None, base_url: str, opts: CliOptions,
+            policy: AcpPolicy) -> dict[str, str]:
+        # Host tools come through ACP's session/new mcpServers, not opencode's config.
+        config = opencode_config(model or OPENCODE_DEFAULT_MODEL, base_url, opts.api_key,
+                                 policy.settings["permission"], {})
+        # A refused permission otherwise ends opencode's turn: the model must be told and
+        # go on, as with every other harness.
+        config["experimental"] = {"continue_loop_on_deny": True}
+        return {**OPENCODE_ENV,
+                "OPENCODE_CONFIG_CONTENT": json.dumps(config, separators=(",", ":"))}
+
+
+GEMINI_RENAME_SESSIONS = (
+    'for f in "$HOME"/.gemini/tmp/*/chats/session-[0-9]*.json*; do '
+    '[ -f "$f" ] && mv -f "$f" "${f%/session-*}/session-r${f##*/session-}"; done; '
+    'exec "$@"')
+"""``sh -c`` before ``gemini --acp``: ``session-<date>-<id8>.jsonl`` → ``session-r<date>-<id8>
+.jsonl`` (see :meth:`GeminiAcp.argv`)."""
+
+
+class GeminiAcp(AcpAgent):
+    """``gemini --acp`` (@google/gemini-cli, the ``gemini-cli`` install), configured as the
+    gemini-cli harness is (:func:`corral.harness._gemini_cli.gemini_settings` in
+    ``~/.gemini/settings.json``: API-key auth against the model proxy, nothing phoned home,
+    bounded retries; the model as ``model.name``; host tools come as ``session/new``
+    ``mcpServers``, not from the file).
+
+    Policy: only "allow everything" (no command rules, file writes allowed; the sandbox is
+    the boundary), as for ``--harness gemini-cli``; network ``deny`` or an egress allowlist
+    also drops the web tools (``tools.exclude``). Command rules and a non-``allow`` default
+    are refused at definition time, because gemini 0.61 cannot put every command to corral
+    with the command in hand:
+
+    * its ``session/request_permission`` carries no ``rawInput``: the command is only in
+      ``title``, which is the model's *description* instead for commands over 150
+      characters, so corral cannot match rules against it;
+    * even in mode ``default`` its shell heuristics run "known safe" commands (``echo``,
+      ``ls``, ``pwd``) unasked (a policy rule with ``argsPattern`` would stop that, but see
+      the first point);
+    * its ``BeforeTool`` hooks (where corral's command gate could go) do not run in ACP mode;
+    * a repository's ``.gemini/settings.json`` applies in a trusted folder (a stdio MCP
+      server there runs its command at start-up, unasked), and in an untrusted one gemini
+      drops every MCP server, host tools included.
+    """
+
+    name = "gemini"
+    package = "gemini-cli"
+    bin = "gemini"
+    args = ("--acp",)
+    session_dirs = (".gemini/tmp", ".gemini/history")
+    # read at start-up and writable by the agent: policies (rules above corral's),
+    # extensions (MCP servers, hooks), the trusted-folders list
+    cleared_home_files = (".gemini/policies", ".gemini/extensions",
+                          ".gemini/trustedFolders.json")
+    instructions_file = ".gemini/GEMINI.md"
+    # the command is the title only up to 150 characters (else the model's description):
+    # good enough to show, never used for a policy (gemini gets none)
+    command_in_title = True
+
+    def argv(self, bin_path: str) -> list[str]:
+        # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a
+        # process loading it opens session-<current minute>-<id8>.jsonl afresh: within the
+        # session's first minute that is the same file, wiped before it is read ("No
+        # previous sessions found"). Restored files get a name no new one can have first
+        # (gemini finds sessions by the id inside any session-*.json[l]).
+        return ["/bin/sh", "-c", GEMINI_RENAME_SESSIONS, "gemini-acp", bin_path, *self.args]
+
+    def upstream_api(self, model: str | None) -> ModelApi:
+        return "gemini"
+
+    def map_policy(self, policy: PolicyLike | None, prompt: bool) -> AcpPolicy:
+        enforced = ["default: allow -> every permission request allowed (the sandbox is the "
+                    "boundary)"]
+        if policy is None:
+            return AcpPolicy(PolicyMapping("acp:gemini", enforced=tuple(enforced),
+                                           bypass=True), settings={"exclude": ()})
+        problems: list[str] = []
+        for kind in ("allow", "ask", "deny"):
+            rules = getattr(policy, kind)
+            if rules:
+                problems.append(f"{kind} rules {list(rules)}")
+        if policy.default != "allow":
+            problems.append(f"default: {policy.default}")
+        if policy.file_write != "allow":
+            problems.append(f"file_write: {policy.file_write}")
+        if problems:
+            raise ConfigError(
+                "policy rules acp --agent gemini cannot enforce (gemini's permission requests "
+                "do not carry the command and it runs some commands unasked): "
+                + "; ".join(problems) + "; use --agent claude or opencode, or --harness "
+                "claude-code or codex, for command rules")
+        exclude: tuple[str, ...] = ()
+        if policy.network != "allow" or allow_hosts(policy):
+            exclude = GEMINI_WEB_TOOLS
+            enforced.append(f"network: {policy.network} -> tools.exclude {list(exclude)}, "
+                            "and the sandbox has no network of its own")
+        return AcpPolicy(PolicyMapping("acp:gemini", enforced=tuple(enforced), bypass=True),
+                         settings={"exclude": exclude})
+
+    def env(self, model: str | None, base_url: str, opts: CliOptions,
+            policy: AcpPolicy) -> dict[str, str]:
+        return {"GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": opts.api_key,
+                "GEMINI_TELEMETRY_ENABLED": "false"}
+
+    def home_files(self, model: str | None, base_url: str, opts: CliOptions,
+                   policy: AcpPolicy) -> dict[str, bytes]:
+        settings = gemini_settings(dataclasses.replace(opts, mcp_servers={}),
+                                   exclude=tuple(policy.settings.get("exclude") or ()))
+        if model:
+            settings["model"] = {"name": model}
+        return {GEMINI_SETTINGS_FILE: json.dumps(settings, sort_keys=True,
+                                                 indent=1).encode()}
+
+
+CLAUDE_ADAPTER_DIR = "acp/node_modules/.bin"
+"""The Claude ACP adapter's executable directory in a ``claude-code`` install (its
+companion prefix, :data:`corral.harness._packages.CLAUDE_ACP`)."""
+
+
+class ClaudeAcp(AcpAgent):
+    """The Claude Code ACP adapter (npm ``@agentclientprotocol/claude-agent-acp``, installed
+    beside Claude Code by ``corral agents install claude-code``), running the install's
+    Claude Code CLI (``CLAUDE_CODE_EXECUTABLE``) against the model proxy like the
+    claude-code harness (``ANTHROPIC_BASE_URL``, a placeholder key, ``ENABLE_TOOL_SEARCH=
+    false`` so host tools are offered directly).
+
+    Mode ``default`` (the adapter starts in ``auto``, where a classifier decides and nothing
+    is asked). Under a policy, every Bash command goes through corral's command gate
+    (:mod:`corral._insandbox.command_gate`, a ``PreToolUse`` hook, as for the claude-code
+    harness), given in ``session/new``'s ``_meta.claudeCode.options.settings`` together
+    with ``settingSources: []`` (no user, project or local settings file is read: a
+    repository's ``.claude/settings.json`` could otherwise turn hooks off with
+    ``disableAllHooks``) and ``strictMcpConfig`` (no ``.mcp.json`` servers). The gate asks
+    corral's policy with the exact command, read-only ones included (Claude Code would run
+    ``echo`` or ``ls`` unasked); file edits and other tools reach corral as
+    ``session/request_permission``."""
+
+    name = "claude"
+    package = "claude-code"
+    bin = "claude-agent-acp"
+    bin_dir = CLAUDE_ADAPTER_DIR
+    mode = "default"
+    session_dirs = (".claude/projects",)
+    cleared_home_files = (".claude/settings.json", ".claude/settings.local.json")
+    instructions_file = ".claude/CLAUDE.md"
+
+    def upstream_api(self, model: str | None) -> ModelApi:
+        return "anthropic"
+
+    def bin_env(self, bin_path: str) -> dict[str, str]:
+        suffix = f"/{CLAUDE_ADAPTER_DIR}/{self.bin}"
+        if not bin_path.endswith(suffix):
+            return {}  # an adapter from elsewhere: it finds its own CLI
+        return {"CLAUDE_CODE_EXECUTABLE":
+                bin_path[: -len(suffix)] + "/node_modules/.bin/claude"}
+
+    def map_policy(self, policy: PolicyLike | None, prompt: bool) -> AcpPolicy:
+        if policy is None:
+            return AcpPolicy(PolicyMapping("acp:claude", enforced=(
+                "default: allow -> every permission request allowed (the sandbox is the "
+                "boundary)",), bypass=True))
+        if not prompt:
+            raise ConfigError("acp --agent claude enforces a policy through corral's "
+                              "permission prompt, which this run does not serve (give the "
+                              "run host tools, as the Runner does)")
+        if policy.file_write == "deny" and policy.default == "allow":
+            raise ConfigError("policy rules acp --agent claude cannot enforce: file_write: "
+                              "deny with default: allow: allowed shell commands can still "
+                              "write files; use default: deny")
+        enforced = (
+            "every Bash command -> corral's command gate (PreToolUse hook in session/new "
+            "_meta, settingSources: []) -> corral's policy decides each (allow, deny, ask "
+            "-> a corral approval)",
+            f"file_write: {policy.file_write} -> mode 'default': edits are asked, corral's "
+            "policy answers",
+            f"network: {policy.network} -> web tools are asked, corral's policy answers",
+        )
+        return AcpPolicy(PolicyMapping("acp:claude", enforced=enforced,
+                                       permission_prompt=True), ask_corral=True)
+
+    def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
+        if not policy.ask_corral:
+            return {}
+        if "corral" not in opts.mcp_servers:
+            raise ConfigError("acp --agent claude under a policy needs the run's corral MCP "
+                              "server (its command gate asks it)")
+        return {"_meta": {"claudeCode": {"options": {
+            "settingSources": [], "strictMcpConfig": True,
+            "settings": bash_gate_settings(opts)}}}}
+
+    def env(self, model: str | None, base_url: str, opts: CliOptions,
+            policy: AcpPolicy) -> dict[str, str]:
+        env = {
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": opts.api_key,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "CLAUDE_CODE_MAX_RETRIES": str(opts.max_retries),
+            "ENABLE_TOOL_SEARCH": "false",
+            # the adapter's follow-up suggestion is one more model call after every turn
+            "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION": "false",
+        }
+        if model:
+            env["ANTHROPIC_MODEL"] = model
+        return env
+
+
+class CommandAgent(AcpAgent):
+    """Any ACP agent, from ``--agent-command 'CMD …'`` (see the module docstring). Its
+    model endpoint: ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` (from ``--model
+    anthropic/…`` or ``openai/…``, default anthropic) with a placeholder key."""
+
+    name = "command"
+
+    def __init__(self, command: str) -> None:
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            raise ConfigError(f"--agent-command {command!r}: {exc}") from None
+        if not argv or "\0" in command:
+            raise ConfigError("--agent-command needs a command, e.g. --agent-command "
+                              "'my-agent --acp'")
+        self.command = command
+        self.command_argv = argv
+
+    def argv(self, bin_path: str) -> list[str]:
+        return list(self.command_argv)
+
+    def upstream_api(self, model: str | None) -> ModelApi:
+        return "openai" if (model or "").startswith("openai/") else "anthropic"
+
+    def map_policy(self, policy: PolicyLike | None, prompt: bool) -> AcpPolicy:
+        if policy is not None:
+            raise ConfigError(
+                "--agent-command: corral cannot know whether this agent asks before every "
+                "command, so it cannot enforce a sandbox policy for it; remove the [policy] "
+                "(the sandbox is the boundary) or use --agent opencode")
+        return AcpPolicy(PolicyMapping("acp:command", enforced=(
+            "no policy: every permission request is allowed (the sandbox is the "
+            "boundary)",), bypass=True))
+
+    def env(self, model: str | None, base_url: str, opts: CliOptions,
+            policy: AcpPolicy) -> dict[str, str]:
+        if self.upstream_api(model) == "openai":
+            return {"OPENAI_BASE_URL": base_url + "/v1", "OPENAI_API_KEY": opts.api_key}
+        return {"ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": opts.api_key}
+
+
+ACP_AGENTS: dict[str, AcpAgent] = {a.name: a for a in (OpencodeAcp(), GeminiAcp(),
+                                                      ClaudeAcp())}
+"""Known ACP agents by ``--agent`` name."""
+
+
+def agent_profile(agent: str | None, command: str | None) -> AcpAgent:
+    """The profile for ``--agent NAME`` or ``--agent-command CMD`` (exactly one)."""
+    if (agent is None) == (command is None):
+        raise ConfigError("the acp harness needs --agent NAME (one of "
+                          f"{', '.join(sorted(ACP_AGENTS))}) or --agent-command 'CMD ...'")
+    if command is not None:
+        return CommandAgent(command)
+    assert agent is not None
+    profile = ACP_AGENTS.get(agent)
+    if profile is None:
+        raise ConfigError(f"unknown ACP agent {agent!r}: choose one of "
+                          f"{', '.join(sorted(ACP_AGENTS))}, or give --agent-command 'CMD ...'")
+    return profile

@@ -1,0 +1,215 @@
+"""The ACP bridge (corral._insandbox.acp_client) against a hostile scripted agent speaking the
+real wire format (tests/agents/fake_acp_agent.py), with corral's real permission prompt
+(HostToolServer + PermissionPromptTool + a Policy) on a unix socket; and the translator
+over arbitrary journals (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+from ag_ui.core import EventType
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral._insandbox import acp_client
+from corral.harness._acp import AcpTranslator
+from corral.harness._base import RunContext
+from corral.journal._reader import Exit, Line
+from corral.sandbox._policy import Policy
+from corral.testing import wait_until
+from corral.tools._core import Toolset
+from corral.tools._mcp_server import HostToolServer
+from corral.tools._permission import PermissionPromptTool
+
+FAKE = Path(__file__).with_name("fake_acp_agent.py")
+TERMINAL = (EventType.RUN_FINISHED, EventType.RUN_ERROR)
+
+
+def bridge(config: dict[str, Any]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-I", "-S", acp_client.__file__],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(acp_client.encode_header(config))
+    proc.stdin.close()
+    proc.stdin = None  # (communicate() would flush it)
+    return proc
+
+
+def config(scenario: str, permission: dict[str, Any] | None, **more: Any) -> dict[str, Any]:
+    return {"argv": [sys.executable, str(FAKE), scenario, "1000"],
+            "env": {"PATH": os.environ["PATH"]}, "cwd": None, "prompt": "go",
+            "workdir": "/workspace", "mcp_servers": [], "permission": permission,
+            "max_line": 1000, **more}
+
+
+def translate(journal: bytes, code: int, sig: int | None = None) -> list[Any]:
+    t = AcpTranslator(RunContext("run-1", "thread-1"))
+    events = t.start()
+    offset = 0
+    for raw in journal.split(b"\n")[:-1]:
+        offset += len(raw) + 1
+        events += t.feed(Line(raw, offset))
+    events += t.feed(Exit(code, sig, offset + 1))
+    return events
+
+
+def run_with_policy(policy: Policy, scenario: str = "edges", *, serve: bool = True,
+                    tmp: Path) -> tuple[subprocess.CompletedProcess[bytes], bytes]:
+    sock = tmp / "tools.sock"
+    server = HostToolServer(Toolset([PermissionPromptTool(policy, None)]), run_id="run-1")
+    permission = {"socket": str(sock), "token": server.token, "path": "/mcp",
+                  "patience": 1.0}
+
+    async def main() -> tuple[int, bytes, bytes]:
+        async with anyio.create_task_group() as tg:
+            if serve:
+                await tg.start(server.serve, sock)
+            proc = bridge(config(scenario, permission))
+            out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
+            tg.cancel_scope.cancel()
+        return proc.returncode, out, err
+
+    code, out, err = anyio.run(main)
+    return subprocess.CompletedProcess([], code, out, err), out
+
+
+def texts(events: list[Any]) -> str:
+    return "".join(e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT)
+
+
+def test_a_hostile_agent_meets_the_policy_and_the_bridge_stays_up(tmp_path: Path) -> None:
+    done, journal = run_with_policy(Policy(default="allow", deny=("rm *",)), tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(x) for x in journal.splitlines()]  # every journal line is JSON
+    notes = [x["event"] for x in lines if x["acp"] == "note"]
+    assert notes.count("not-json-rpc") == 2 and "oversized-line" in notes
+    events = translate(journal, 0)
+    said = texts(events)
+    # fs/* and terminal/*: not offered (-32601); the deny rule refused c1; c2 (an argv
+    # list) was allowed, by the option's kind (allow_once), never its lying name
+    assert "fs: -32601" in said and "terminal: -32601" in said
+    assert "c1: no" in said and "c2: yes" in said
+    assert "c3: yes" in said and "c4: yes" in said  # default allow
+    starts = {e.tool_call_id: e.tool_call_name for e in events
+              if e.type == EventType.TOOL_CALL_START}
+    # named by kind (not the title "Read"), host tools by their own names
+    assert starts == {"run-1-c1": "shell", "run-1-c2": "shell", "run-1-c3": "lookup",
+                      "run-1-c4": "tool"}
+    results = {e.tool_call_id: e.content for e in events
+               if e.type == EventType.TOOL_CALL_RESULT}
+    assert results["run-1-c1"].startswith("denied: denied by corral policy")
+    assert results["run-1-c2"] == "ran"
+    args = {e.tool_call_id: json.loads(e.delta) for e in events
+            if e.type == EventType.TOOL_CALL_ARGS}
+    assert args["run-1-c2"] == {"command": "echo hi there"}
+    assert [e.type for e in events if e.type in TERMINAL] == [EventType.RUN_FINISHED]
+    assert events[-1].type == EventType.RUN_FINISHED
+    assert any(e.type == EventType.RAW for e in events)
+    assert any(e.type == EventType.CUSTOM and e.name == "acp.plan" for e in events)
+
+
+def test_default_deny_refuses_unknown_tools_but_not_corrals_host_tools(
+        tmp_path: Path) -> None:
+    done, journal = run_with_policy(Policy(default="deny", allow=("ls *",)), tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = texts(translate(journal, 0))
+    assert "c1: no" in said and "c2: no" in said and "c4: no" in said
+    assert "c3: yes" in said  # the run's own host tools decide their approvals themselves
+
+
+def test_no_driver_serving_the_permission_prompt_refuses_after_the_patience(
+        tmp_path: Path) -> None:
+    done, journal = run_with_policy(Policy(default="allow"), serve=False, tmp=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = texts(translate(journal, 0))
+    assert "c1: no" in said and "c2: no" in said and "c4: no" in said  # fails closed
+
+
+def test_sigterm_cancels_the_prompt_then_stops_the_agent(tmp_path: Path) -> None:
+    proc = bridge(config("hang", None))
+    assert proc.stdout is not None
+    seen: list[bytes] = []
+
+    def prompted() -> bool:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        seen.append(line)
+        return b'"session/prompt"' in line
+
+    wait_until(prompted, "the prompt to be sent", timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err
+    journal = b"".join(seen) + rest
+    assert b'"method":"session/cancel"' in journal
+    events = translate(journal, 128 + signal.SIGTERM, signal.SIGTERM)
+    assert "cancel seen" in texts(events)
+    assert events[-1].type == EventType.RUN_ERROR and events[-1].code == "cancelled"
+
+
+def test_the_configuration_comes_on_stdin_only(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-I", "-S", acp_client.__file__],
+                          input=b"12\n{not json}!", capture_output=True, timeout=30,
+                          check=False)
+    assert proc.returncode == 2 and proc.stdout == b""
+    assert b"corral acp bridge:" in proc.stderr
+
+
+# ---------------------------------------------------------------- the translator
+
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 5),
+                      st.sampled_from(["end_turn", "cancelled", "max_tokens", "execute",
+                                       "completed", "failed", "c1", "c2", "text",
+                                       "agent_message_chunk", "tool_call",
+                                       "tool_call_update", "session/prompt",
+                                       "session/update", "session/new", "session/load",
+                                       "session/request_permission", "permission"]))
+json_values = st.recursive(json_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.sampled_from([
+        "acp", "msg", "id", "method", "params", "result", "error", "update",
+        "sessionUpdate", "content", "text", "toolCallId", "kind", "status", "rawInput",
+        "command", "stopReason", "sessionId", "toolCall", "event", "allowed", "reason",
+        "type"]), inner, max_size=5)), max_leaves=25)
+line_bytes = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.builds(lambda d, m: json.dumps({"acp": d, "msg": m}).encode(),
+              st.sampled_from(["send", "recv", "note"]), json_values),
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(line_bytes, max_size=25), st.integers(0, 3), st.booleans())
+def test_any_journal_translates_without_raising_and_ends_once(
+        lines: list[bytes], code: int, cut: bool) -> None:
+    journal = b"".join(x + b"\n" for x in lines)
+    events = translate(journal, code)
+    assert [e.type for e in events if e.type in TERMINAL] == [events[-1].type]
+    assert events[-1].type in TERMINAL
+    starts = sorted(e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_START)
+    results = sorted(e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_RESULT)
+    assert starts == results  # every tool call gets exactly one result
+    # state at any boundary is the replay of the prefix: continuing from there gives the
+    # uninterrupted run's remaining events
+    if cut and lines:
+        k = len(lines) // 2
+        t = AcpTranslator(RunContext("run-1", "thread-1"))
+        t.start()
+        offset = 0
+        for raw in lines[:k]:
+            offset += len(raw) + 1
+            t.feed(Line(raw, offset))
+        rest: list[Any] = []
+        for raw in lines[k:]:
+            offset += len(raw) + 1
+            rest += t.feed(Line(raw, offset))
+        rest += t.feed(Exit(code, None, offset + 1))
+        assert [e.model_dump() for e in rest] == \
+            [e.model_dump() for e in events[len(events) - len(rest):]]
