@@ -8,7 +8,10 @@ journal. The sandbox exists already (thread reuse); its creation is timed separa
 direct: the same CLI argv and flags, ``subprocess`` with stdout piped, a fresh HOME.
 
 "first event" = first line of CLI output (direct) / first translated journal event after
-RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral).
+RUN_STARTED (corral); "total" = process exit (direct) / the terminal event (corral). Besides
+the difference of the medians, the paired overhead is the median over the runs of each
+corral run minus the direct run just before it, and the corral phases say when
+``prepare_agent``, the model proxy and ``launch_supervised`` were done.
 
 ``acp-opencode`` (``--harness acp --agent opencode``): direct = ``opencode acp`` on the host
 driven by corral's ACP client (``corral._insandbox.acp_client``, no sandbox, supervisor,
@@ -18,7 +21,7 @@ the first translated event (the same answer).
 Run (CLIs installed with ``corral agents install``; ``$CORRAL_AGENTS_DIR`` or the default):
     PYTHONPATH=src python bench/harness_overhead.py [--runs 10] [--cli claude-code codex
         gemini-cli opencode acp-opencode acp-claude acp-gemini]
-        [--services inprocess|detached]
+        [--services inprocess|detached] [--direct-cgroup]
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from collections.abc import Callable
+
 import anyio
 
 from corral._insandbox import acp_client
@@ -46,6 +51,7 @@ from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._opencode import OpencodeHarness
 from corral.agents._installs import find_installed, install_agent
 from corral.net._model_proxy import Upstream
+from corral.providers._cgroups import CGROUP_ROOT
 from corral.providers._bubblewrap import BubblewrapProvider
 from corral.journal._layout import JournalPaths
 from corral.journal._sentinel import new_nonce
@@ -89,7 +95,33 @@ def upstream(h: CliHarness, srv: ModelServer) -> Upstream:
     return Upstream(h.upstream_api(), base_url(h, srv), "bench-key")
 
 
-def direct_acp_run(h: AcpHarness, srv: ModelServer) -> tuple[float, float]:
+def direct_cgroup() -> str | None:
+    """A cpu cgroup beside the sandboxes' (under ``corral/``), or ``None`` without cgroup
+    v1: the direct run placed there competes for the CPU as a sandbox does (all sandboxes
+    of the host share the ``corral`` group's weight, while a host process competes alone;
+    on a busy machine that alone slows a sandboxed CLI by seconds)."""
+    parent = CGROUP_ROOT / "cpu" / "corral"
+    if not (parent / "cgroup.procs").exists():
+        return None
+    path = parent / f"bench-direct-{os.getpid()}"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def joiner(cgroup: str | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` moving the direct run into ``cgroup`` (``None``: stay)."""
+    if cgroup is None:
+        return None
+
+    def join() -> None:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    return join
+
+
+def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
+                   ) -> tuple[float, float]:
     install = find_installed(h.package.name)
     assert install is not None
     base = base_url(h, srv).rstrip("/") + h.profile.base_url_suffix
@@ -109,7 +141,7 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer) -> tuple[float, float]:
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-I", "-S", acp_client.__file__],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, preexec_fn=joiner(cgroup))
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(acp_client.encode_header(config))
         proc.stdin.close()
@@ -127,9 +159,10 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer) -> tuple[float, float]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
+def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
+               ) -> tuple[float, float]:
     if isinstance(h, AcpHarness):
-        return direct_acp_run(h, srv)
+        return direct_acp_run(h, srv, cgroup)
     install = find_installed(h.name)
     assert install is not None
     base = base_url(h, srv)
@@ -148,7 +181,8 @@ def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
     try:
         t0 = time.perf_counter()
         proc = subprocess.Popen(list(cmd.argv), env=env, cwd=work, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                preexec_fn=joiner(cgroup))
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(cmd.stdin or b"")
         proc.stdin.close()
@@ -167,7 +201,7 @@ def direct_run(h: CliHarness, srv: ModelServer) -> tuple[float, float]:
 
 
 async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int,
-                     detached: bool) -> tuple[float, float, float]:
+                     detached: bool) -> tuple[float, float, float, dict[str, float]]:
     t_create = time.perf_counter()
     handle = await provider.create(with_agent_binds(SandboxSpec()))
     create = time.perf_counter() - t_create
@@ -182,12 +216,15 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
         nonce = new_nonce()
         first = None
         last = None
+        phases = {"prepare": time.perf_counter() - t0}
         async with contextlib.AsyncExitStack() as stack:
             if detached:
                 pending = await prepared.start_services(paths)
             else:
                 await stack.enter_async_context(prepared.services())
+            phases["services"] = time.perf_counter() - t0
             await launch_supervised_async(prepared.agent_spec(), paths, nonce)
+            phases["launched"] = time.perf_counter() - t0
             if detached:
                 await anyio.to_thread.run_sync(pending.ready)
             async for batch in translate_run(h, RunContext(run_id, run_id), paths,
@@ -201,7 +238,7 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
             raise SystemExit(f"corral {h.name} run failed: {last}")
         if not await handle.fs.exists("/workspace/out.txt"):
             raise SystemExit(f"corral {h.name} run did not create out.txt")
-        return first or total, total, create
+        return first or total, total, create, phases
     finally:
         await provider.destroy(handle.ref)
 
@@ -218,44 +255,66 @@ def main() -> int:
     ap.add_argument("--cli", nargs="+", default=["claude-code", "codex"])
     ap.add_argument("--services", choices=["inprocess", "detached"], default="inprocess",
                     help="model proxy in the driving process, or the detached daemon")
+    ap.add_argument("--direct-cgroup", action="store_true",
+                    help="run the direct CLI in a cpu cgroup beside the sandboxes' (equal "
+                         "CPU weight on a busy machine)")
     args = ap.parse_args()
+    cgroup = direct_cgroup() if args.direct_cgroup else None
+    if args.direct_cgroup and cgroup is None:
+        raise SystemExit("--direct-cgroup needs the cgroup v1 cpu hierarchy with corral/")
     for name in args.cli:
         install_agent(harness_for(name).package.name if name.startswith("acp-") else name)
     provider = BubblewrapProvider()
     print(f"{args.runs} runs per CLI and mode, interleaved; services {args.services}; "
-          "times in ms (p50 / p90)")
-    for name in args.cli:
-        h = harness_for(name)
-        direct_first: list[float] = []
-        direct_total: list[float] = []
-        c_first: list[float] = []
-        c_total: list[float] = []
-        creates: list[float] = []
-        with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
-            direct_run(h, srv)  # warm the page cache for both modes
-            for i in range(args.runs):
-                f, t = direct_run(h, srv)
-                direct_first.append(f)
-                direct_total.append(t)
-                f, t, c = anyio.run(corral_run, h, srv, provider, i,
-                                    args.services == "detached")
-                c_first.append(f)
-                c_total.append(t)
-                creates.append(c)
+          f"direct run {'in a cgroup beside the sandboxes' if cgroup else 'at the root cgroup'}"
+          "; times in ms (p50 / p90)")
+    try:
+        for name in args.cli:
+            h = harness_for(name)
+            direct_first: list[float] = []
+            direct_total: list[float] = []
+            c_first: list[float] = []
+            c_total: list[float] = []
+            creates: list[float] = []
+            phases: dict[str, list[float]] = {}
+            with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
+                direct_run(h, srv, cgroup)  # warm the page cache for both modes
+                for i in range(args.runs):
+                    f, t = direct_run(h, srv, cgroup)
+                    direct_first.append(f)
+                    direct_total.append(t)
+                    f, t, c, ph = anyio.run(corral_run, h, srv, provider, i,
+                                            args.services == "detached")
+                    c_first.append(f)
+                    c_total.append(t)
+                    creates.append(c)
+                    for k, v in ph.items():
+                        phases.setdefault(k, []).append(v)
 
-        def row(label: str, xs: list[float]) -> str:
-            return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
+            def row(label: str, xs: list[float]) -> str:
+                return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"
 
-        print(f"{name} {h.version}")
-        print(row("direct: first event", direct_first))
-        print(row("corral bwrap: first event", c_first))
-        print(row("direct: total", direct_total))
-        print(row("corral bwrap: total", c_total))
-        over_first = statistics.median(c_first) - statistics.median(direct_first)
-        over_total = statistics.median(c_total) - statistics.median(direct_total)
-        print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
-              f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
-        print(row("(sandbox create, not included)", creates))
+            print(f"{name} {h.version}")
+            print(row("direct: first event", direct_first))
+            print(row("corral bwrap: first event", c_first))
+            print(row("direct: total", direct_total))
+            print(row("corral bwrap: total", c_total))
+            over_first = statistics.median(c_first) - statistics.median(direct_first)
+            over_total = statistics.median(c_total) - statistics.median(direct_total)
+            print(f"  overhead at p50: first event {over_first * 1e3:+.0f} ms, total "
+                  f"{over_total * 1e3:+.0f} ms (target <= +150 ms)")
+            # each corral run against the direct run just before it: drift on a shared
+            # machine cancels out
+            paired_first = statistics.median(c - d for c, d in zip(c_first, direct_first, strict=True))
+            paired_total = statistics.median(c - d for c, d in zip(c_total, direct_total, strict=True))
+            print(f"  paired overhead (median of corral - direct per pair): first event "
+                  f"{paired_first * 1e3:+.0f} ms, total {paired_total * 1e3:+.0f} ms")
+            print(row("(sandbox create, not included)", creates))
+            for k, xs in phases.items():
+                print(row(f"(corral: {k} done at)", xs))
+    finally:
+        if cgroup is not None:
+            os.rmdir(cgroup)
     return 0
 
 

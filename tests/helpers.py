@@ -12,11 +12,11 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from corral.stores import open_store
+from corral.testing._hello import LoopbackHello
 from corral.stores._protocols import Store
 from corral.testing import wait_until, wait_until_async
 
@@ -51,37 +51,8 @@ def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None
         assert needle in r.stderr, r.stderr
 
 
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        server = self.server
-        assert isinstance(server, HelloServer)
-        server.hits += 1
-        body = f"hello from {server.server_address[1]}\n".encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
-class HelloServer(ThreadingHTTPServer):
-    """An HTTP service on ``host`` answering ``hello from <port>`` and counting requests
-    (``hits``); serving once started, until :meth:`stop`."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        super().__init__((host, 0), _Hello)
-        self.hits = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+# the harness kit's, one copy
+HelloServer = LoopbackHello
 
 
 async def memory_store() -> Store:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,7 +248,3 @@ def assert_key_outside(handle: BubblewrapHandle, run: AgentRun) -> None:
     net_dir = next(h for h, i in handle.state.binds if i == "/run/corral")
     assert files_containing(Path(net_dir), REAL_KEY.encode()) == []
     assert REAL_KEY.encode() not in run.paths.journal.read_bytes()
-
-
-async def collect(it: AsyncIterator[Batch]) -> list[Batch]:
-    return [b async for b in it]

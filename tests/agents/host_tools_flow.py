@@ -1,10 +1,10 @@
-"""The host-tool approval flow both agent CLIs are tested with (shared by their test files)."""
+"""The host-tool round trip the ACP agents' tests run (the four CLIs run the conformance kit's
+``check_host_tool`` instead; kept for the agents over ACP until they run the kit)."""
 
 from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,7 @@ from corral.stores._protocols import Store
 from corral.stores import open_store
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools import Toolset, tool
-from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._projection import TOKEN_ENV, run_tools_token
-from corral.testing import wait_until_async
-from tests.helpers import assert_secret_only_in_secrets_table
 
 DEADLINE = 150.0
 
@@ -28,22 +25,6 @@ async def logged(store: Store, run_id: str) -> list[dict[str, Any]]:
     return [dict(e.event) for e in await store.snapshot(run_id)]
 
 
-async def approval_request(store: Store, run_id: str, done: list[Any]) -> dict[str, Any]:
-    """The run's approval request event, once the viewer sees it in the log (polled; fails
-    if the run ends first, ``done`` being filled by its driver)."""
-    found: list[dict[str, Any]] = []
-
-    async def requested() -> bool:
-        events = await logged(store, run_id)
-        found[:] = [e for e in events
-                    if e["type"] == "CUSTOM" and e["name"] == APPROVAL_REQUEST_EVENT]
-        if not found and done:
-            raise AssertionError(f"the run ended without an approval request: {events[-3:]}")
-        return bool(found)
-
-    await wait_until_async(requested, "the approval request event", timeout=DEADLINE,
-                           interval=0.05)
-    return found[0]
 
 
 Script = Callable[[ModelRequest], Reply]
@@ -76,64 +57,6 @@ def tool_names(events: list[dict[str, Any]]) -> list[str]:
     return [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
 
 
-def run_approval_flow(
-    *,
-    request: RunRequest,
-    toolset: Toolset,
-    answer: str,
-    flags: list[str],
-    host_env: ModelServer,
-    corral_home: Path,
-    corral_cmd: list[str],
-    cli_env: dict[str, str],
-) -> None:
-    """Start ``request`` with the approval tool ``set_host_flag``; wait until the approval
-    request is in the run's log (the call held: nothing ran yet), answer it with
-    ``corral approve --allow|--deny``, and check what the tool and the model saw."""
-
-    async def main() -> tuple[list[dict[str, Any]], str, subprocess.CompletedProcess[str],
-                              bytes]:
-        store = await open_store(f"sqlite://{corral_home / 'corral.db'}")
-        try:
-            runner = Runner(store, tools=toolset, approval_timeout=120)
-            run_id = (await runner.start(request)).run_id
-            done: list[Any] = []
-
-            async def drive() -> None:
-                done.append(await runner.drive(run_id))
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drive)
-                pending = await approval_request(store, run_id, done)
-                assert flags == []  # held until answered
-                value = pending["value"]
-                assert value["tool"] == "set_host_flag" and value["args"] == {"value": "on"}
-                approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [*corral_cmd, "approve", run_id, value["approvalId"], f"--{answer}",
-                     "--reason", "not today"],
-                    env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return (await logged(store, run_id), done[0].record.status.value, approve,
-                    await store.shared_secret("approvals"))
-        finally:
-            await store.aclose()
-
-    events, status, approve, key = anyio.run(main)
-    assert approve.returncode == 0, approve.stderr
-    # corral's key signed the id and derived the tool token: it is in its table only
-    assert_secret_only_in_secrets_table(corral_home / "corral.db", key, approve.stdout,
-                                        approve.stderr)
-    assert status == "completed", events[-3:]
-    resolved = [e["value"] for e in events
-                if e["type"] == "CUSTOM" and e["name"] == APPROVAL_RESOLVED_EVENT]
-    assert [r["decision"] for r in resolved] == [answer]
-    assert tool_names(events) == ["set_host_flag"]
-    results = [r for req in host_env.model_requests for r in req.tool_results]
-    if answer == "allow":
-        assert flags == ["on"]
-        assert any("flag set to on" in r for r in results)
-    else:
-        assert flags == []
-        assert any("denied by a human: not today" in r for r in results)
 
 
 def check_host_tool_round_trip(

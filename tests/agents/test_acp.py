@@ -23,15 +23,15 @@ from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text,
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from corral.testing._harness import Gate, kill_after_tool_result
+
 from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
-    Gate,
     _normalized,
     attach_after_driverless_finish,
     check_cancel_stops_the_agent_and_its_model_proxy,
     corral,
-    kill_after_tool_result,
     ndjson,
     texts,
 )

@@ -25,6 +25,7 @@ from corral.runs._inside import mirror_paths
 from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name
+from corral.testing._harness import Gate, kill_after_tool_result, normalized
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import Text, ToolCall, shell_then_text
 
@@ -33,10 +34,7 @@ from . import test_runner_agents
 from .test_runner_agents import (
     TOOL_EVENTS,
     Corral,
-    Gate,
-    _normalized,
     _remembering,
-    kill_after_tool_result,
     model_args,
     ndjson,
     texts,
@@ -170,7 +168,7 @@ def test_sigkill_of_the_driver_then_attach_on_docker(corral: Corral) -> None:
     assert att.returncode == 0, att.stderr[-3000:]
     log = corral.log("k1")
     assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert _normalized(log, "k1") == _normalized(reference, "ref")  # no gap, no duplicate
+    assert normalized(log, "k1") == normalized(reference, "ref")  # no gap, no duplicate
     assert "step-one\nstep-two" in texts(log).split("Finished: ", 1)[1]
     rec = corral.raw_record("k1")
     assert rec["status"] == "completed"

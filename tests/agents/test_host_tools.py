@@ -18,72 +18,18 @@ import pytest
 
 from corral.runs._runner import Runner, RunRequest
 from corral.stores._protocols import Store
-from corral.sandbox._definition import Sandbox
-from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
 from corral.stores import open_store
-from corral.testing._model_server import ModelRequest, ModelServer, ToolCall
+from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
-from .host_tools_flow import (
-    DEADLINE,
-    check_host_tool_round_trip,
-    host_tool_script,
-    logged,
-    run_approval_flow,
-)
+from corral.testing._harness import call_then_answer, host_tool_by_suffix, logged_events
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 
 
-
-def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
-    """The call of host tool ``tool_name`` as Claude Code names it, if on offer."""
-    name = f"mcp__corral__{tool_name}"
-    return ToolCall("", tool=name, args=args, text="Asking the host.") \
-        if name in req.tools else None
-
-
-call_then_answer = host_tool_script(_offered)
-
-
 async def _store(home: Path) -> Store:
     return await open_store(f"sqlite://{home / 'corral.db'}")
-
-
-
-
-@pytest.mark.parametrize("policy", [None, Policy(default="deny")], ids=["bypass", "policy"])
-def test_host_tool_result_reaches_the_model(policy: Policy | None, host_env: ModelServer,
-                                            corral_home: Path, tmp_path: Path) -> None:
-    check_host_tool_round_trip(
-        harness="claude-code", options={"max_retries": 0}, host_env=host_env,
-        corral_home=corral_home, tmp_path=tmp_path, call_then_answer=call_then_answer,
-        # under a policy only listed tools run: host tools must be among them
-        sandbox=None if policy is None else Sandbox(
-            provider="bubblewrap", lifecycle=Lifecycle(reuse="none"), policy=policy))
-
-
-@pytest.mark.parametrize("answer", ["allow", "deny"])
-def test_approval_tool_waits_for_corral_approve(
-        answer: str, host_env: ModelServer, corral_home: Path, corral_cmd: list[str],
-        cli_env: dict[str, str]) -> None:
-    flags: list[str] = []
-
-    @tool(approval=True)
-    def set_host_flag(value: str) -> str:
-        """Set a flag on the host (needs a human's approval)."""
-        flags.append(value)
-        return f"flag set to {value}"
-
-    host_env.script = call_then_answer("set_host_flag", {"value": "on"})
-    run_approval_flow(
-        request=RunRequest(prompt="Set the flag.", harness="claude-code",
-                           options={"max_retries": 0}),
-        toolset=Toolset([set_host_flag]), answer=answer, flags=flags, host_env=host_env,
-        corral_home=corral_home, corral_cmd=corral_cmd, cli_env=cli_env,
-    )
 
 
 def test_prepare_agent_merges_the_host_tools_projection(
@@ -139,7 +85,7 @@ def test_another_driver_serves_the_tools(host_env: ModelServer, corral_home: Pat
         return f"{key}=from-the-successor"
 
     ts = Toolset([read_host_state])
-    host_env.script = call_then_answer("read_host_state", {"key": "k"})
+    host_env.script = call_then_answer(host_tool_by_suffix, "read_host_state", {"key": "k"})
 
     async def main() -> tuple[str, list[dict[str, Any]]]:
         store = await _store(corral_home)
@@ -148,9 +94,9 @@ def test_another_driver_serves_the_tools(host_env: ModelServer, corral_home: Pat
                 prompt="Ask the host.", harness="claude-code", options={"max_retries": 0},
                 tools=ts))
             successor = Runner(store)
-            with anyio.fail_after(DEADLINE):
+            with anyio.fail_after(150):
                 result = await successor.drive(rec.run_id, tools=ts)
-            return result.record.status.value, await logged(store, rec.run_id)
+            return result.record.status.value, await logged_events(store, rec.run_id)
         finally:
             await store.aclose()
 

@@ -17,61 +17,14 @@ import anyio
 import pytest
 
 from corral.harness._codex import mcp_server_config
-from corral.runs._runner import RunRequest
-from corral.testing._model_server import ModelRequest, ModelServer, ToolCall
+from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
-from .host_tools_flow import (
-    check_host_tool_round_trip,
-    host_tool_script,
-    run_approval_flow,
-)
+from corral.testing._harness import call_then_answer, host_tool_by_suffix
 from .conftest import files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
-
-# Codex 0.171 offers a server's MCP tools in a Responses tool namespace "mcp__<server>".
-CODEX_NAMESPACE = "mcp__corral"
-
-
-def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
-    """The call of host tool ``tool_name`` in Codex's namespace, if on offer."""
-    if tool_name not in req.namespaced_tools.get(CODEX_NAMESPACE, []):
-        return None
-    return ToolCall("", tool=tool_name, namespace=CODEX_NAMESPACE, args=args)
-
-
-call_then_answer = host_tool_script(_offered)
-
-
-def test_codex_host_tool_result_reaches_the_model(host_env: ModelServer, corral_home: Path,
-                                                  tmp_path: Path) -> None:
-    check_host_tool_round_trip(
-        harness="codex", options={"max_retries": 0, "model": "gpt-fake"}, host_env=host_env,
-        corral_home=corral_home, tmp_path=tmp_path, call_then_answer=call_then_answer)
-
-
-@pytest.mark.parametrize("answer", ["allow", "deny"])
-def test_codex_approval_tool_waits_for_corral_approve(
-        answer: str, host_env: ModelServer, corral_home: Path, corral_cmd: list[str],
-        cli_env: dict[str, str]) -> None:
-    """Approvals live in the MCP server: Codex's call is held until `corral approve`."""
-    flags: list[str] = []
-
-    @tool(approval=True)
-    def set_host_flag(value: str) -> str:
-        """Set a flag on the host (needs a human's approval)."""
-        flags.append(value)
-        return f"flag set to {value}"
-
-    host_env.script = call_then_answer("set_host_flag", {"value": "on"})
-    run_approval_flow(
-        request=RunRequest(prompt="Set the flag.", harness="codex",
-                           options={"max_retries": 0, "model": "gpt-fake"}),
-        toolset=Toolset([set_host_flag]), answer=answer, flags=flags, host_env=host_env,
-        corral_home=corral_home, corral_cmd=corral_cmd, cli_env=cli_env,
-    )
 
 
 def test_prepare_agent_projects_host_tools_into_codex_config(
@@ -142,7 +95,7 @@ def test_codex_keeps_the_token_out_of_the_sandbox(sandbox_factory: Any,
         """Read a value that only the host has."""
         return f"{key}=from-the-host"
 
-    model_server.script = call_then_answer("read_host_state", {"key": "k"})
+    model_server.script = call_then_answer(host_tool_by_suffix, "read_host_state", {"key": "k"})
 
     async def main() -> None:
         handle = await sandbox_factory()

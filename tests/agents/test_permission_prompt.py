@@ -25,7 +25,7 @@ from corral.sandbox._workspace import Workspace
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools._approvals import APPROVAL_RESOLVED_EVENT
 
-from .host_tools_flow import approval_request, logged
+from corral.testing._harness import approval_request, logged_events
 from .conftest import REAL_KEY
 from .test_host_tools import _store
 
@@ -72,11 +72,11 @@ def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Pa
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive)
-                value = (await approval_request(store, run_id, done))["value"]
+                value = await approval_request(store, run_id, 0, lambda: bool(done), 150)
                 approve = await anyio.to_thread.run_sync(lambda: subprocess.run(
                     [*corral_cmd, "approve", run_id, value["approvalId"], "--allow"],
                     env=cli_env, capture_output=True, text=True, timeout=60, check=False))
-            return (await logged(store, run_id), done[0].record.status.value, value,
+            return (await logged_events(store, run_id), done[0].record.status.value, value,
                     approve)
         finally:
             await store.aclose()

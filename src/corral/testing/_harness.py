@@ -6,6 +6,10 @@ plain checks run against the real CLI in a real sandbox.
     await check_harness(lambda: HarnessCase("gemini-cli", {"model": "gemini-fake"},
                                             enforces=frozenset()))
 
+An ACP agent plugs in the same way, e.g. ``HarnessCase("acp", {"agent": "gemini", "model":
+"gemini-fake"}, enforces=frozenset({...}))`` (``run_args`` default to ``--agent gemini
+--model gemini-fake``); see ``tests/agents/test_harness_kit.py`` for the four CLIs' cases.
+
 How a harness plugs in: give a factory of a :class:`HarnessCase` naming the harness as
 ``corral run --harness`` knows it (registered in :mod:`corral.harness._registry`), the
 options a :class:`~corral.runs._request.RunRequest` takes for it (``model``, ``agent`` …),
@@ -54,15 +58,20 @@ from corral.journal._supervisor import process_alive
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.runs._runner import Runner
 from corral.runs._request import RunRequest
+from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import Lifecycle
+from corral.sandbox._policy import Policy
 from corral.stores._protocols import Store
 from corral.testing._harness_world import (
     FEATURES,
     HarnessCase,
+    HostToolCall,
     HarnessWorld,
-    LoopbackHello,
     host_tool_by_suffix,
+    normalized,
     world,
 )
+from corral.testing._hello import LoopbackHello
 from corral.testing._kit import Factory, Kit, KitReport, check, run_kit
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import Hang, ModelRequest, Reply, Text, ToolCall
@@ -77,9 +86,12 @@ from corral.tools._projection import TOKEN_ENV, run_tools_token
 
 __all__ = [
     "FEATURES",
+    "Gate",
     "HARNESS_KIT",
     "HarnessCase",
     "HarnessWorld",
+    "approval_request",
+    "call_then_answer",
     "check_approval",
     "check_cancel",
     "check_denied_command",
@@ -94,6 +106,9 @@ __all__ = [
     "check_token_budget",
     "check_tool_round_trip",
     "host_tool_by_suffix",
+    "kill_after_tool_result",
+    "logged_events",
+    "normalized",
 ]
 
 EDIT = "printf 'edited by the agent\\n' > note.txt && cat note.txt"
@@ -134,6 +149,22 @@ def _ok(out: subprocess.CompletedProcess[str]) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def call_then_answer(offered: HostToolCall, tool_name: str, args: dict[str, Any]
+                     ) -> Callable[[ModelRequest], Reply]:
+    """A model script that calls host tool ``tool_name`` with ``args`` (as ``offered``
+    finds it on offer, see :attr:`HarnessCase.host_tool_call`), then answers ``Host said:``
+    and what it returned; without the tool on offer it answers saying so (and a check
+    fails on it)."""
+
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("Host said: " + "\n".join(req.tool_results).strip())
+        call = offered(req, tool_name, args)
+        return call if call is not None else Text(f"NO HOST TOOL offered: {req.tools}")
+
+    return script
+
+
 def _steps(commands: Sequence[str], final: str) -> Callable[[ModelRequest], Reply]:
     """One shell command per model turn (the results so far say which), then ``final``
     followed by every result."""
@@ -159,18 +190,19 @@ async def _refused(w: HarnessWorld, feature: str, toml: str) -> None:
     assert w.server.model_requests == []
 
 
-async def _logged(store: Store, run_id: str) -> list[dict[str, Any]]:
+async def logged_events(store: Store, run_id: str) -> list[dict[str, Any]]:
+    """The run's log as the store holds it now (event dicts)."""
     return [dict(e.event) for e in await store.snapshot(run_id)]
 
 
-async def _nth_approval(store: Store, run_id: str, n: int, ended: Callable[[], bool],
+async def approval_request(store: Store, run_id: str, n: int, ended: Callable[[], bool],
                         timeout: float) -> dict[str, Any]:
     """The run's ``n``-th approval request (0-based), once its log holds it; fails if the
     run ends first (``ended``)."""
     found: list[dict[str, Any]] = []
 
     async def requested() -> bool:
-        events = await _logged(store, run_id)
+        events = await logged_events(store, run_id)
         found[:] = _customs(events, APPROVAL_REQUEST_EVENT)
         if len(found) <= n and ended():
             raise AssertionError(f"the run ended without approval request #{n + 1}: "
@@ -287,11 +319,11 @@ async def check_approval(w: HarnessWorld) -> None:
             def ended() -> bool:
                 return proc.poll() is not None
 
-            allow = await _nth_approval(store, "a1", 0, ended, w.case.deadline)
+            allow = await approval_request(store, "a1", 0, ended, w.case.deadline)
             assert "touch allowed-file" in json.dumps(allow["args"]), allow
-            assert _results(await _logged(store, "a1")) == []  # held until answered
+            assert _results(await logged_events(store, "a1")) == []  # held until answered
             await answer_approval(store, "a1", allow["approvalId"], True)
-            deny = await _nth_approval(store, "a1", 1, ended, w.case.deadline)
+            deny = await approval_request(store, "a1", 1, ended, w.case.deadline)
             assert "touch denied-file" in json.dumps(deny["args"]), deny
             await answer_approval(store, "a1", deny["approvalId"], False, reason="not today")
         _out, err = await anyio.to_thread.run_sync(
@@ -311,8 +343,9 @@ async def check_approval(w: HarnessWorld) -> None:
 
 async def check_host_tool(w: HarnessWorld) -> None:
     """A host tool (a Python function of the driving process, served over MCP) called by
-    the model runs on the host; its result reaches the model and the events under the
-    tool's own name; its bearer token is in no record or event."""
+    the model runs on the host, also under a policy denying every command; its result
+    reaches the model and the events under the tool's own name; its bearer token is in no
+    record or event."""
     secret = "host-only-" + secrets.token_hex(8)
     seen: list[str] = []
 
@@ -322,23 +355,20 @@ async def check_host_tool(w: HarnessWorld) -> None:
         seen.append(key)
         return f"{key}={secret}"
 
-    call = w.case.host_tool_call
-
-    def script(req: ModelRequest) -> Reply:
-        if req.tool_results:
-            return Text("Host said: " + "\n".join(req.tool_results).strip())
-        made = call(req, "read_host_state", {"key": "answer"})
-        return made if made is not None else Text(f"NO HOST TOOL offered: {req.tools}")
-
-    w.script(script)
+    w.script(call_then_answer(w.case.host_tool_call, "read_host_state", {"key": "answer"}))
+    # host tools are corral's own, not commands: a policy denying every command (where
+    # the harness enforces one) still lets them run
+    sandbox = Sandbox(provider=w.case.provider, lifecycle=Lifecycle(reuse="none"),
+                      policy=Policy(default="deny")) if "deny" in w.case.enforces else None
     async with w.store() as store:
         runner = Runner(store)
         rec = await runner.start(RunRequest(
             prompt="What does the host say?", harness=w.case.harness,
-            options=dict(w.case.options), tools=Toolset([read_host_state])))
+            options=dict(w.case.options), tools=Toolset([read_host_state]),
+            provider=w.case.provider, sandbox=sandbox))
         with anyio.fail_after(w.case.deadline):
             result = await runner.drive(rec.run_id)
-        events = await _logged(store, rec.run_id)
+        events = await logged_events(store, rec.run_id)
         token = await run_tools_token(store, rec.run_id)
         spec = result.record.spec or {}
     offered = [r.tools for r in w.server.model_requests]
@@ -382,7 +412,7 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
         runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
         run_id = (await runner.start(RunRequest(
             prompt="Set the flag on, then off.", harness=w.case.harness,
-            options=dict(w.case.options)))).run_id
+            options=dict(w.case.options), provider=w.case.provider))).run_id
         done: list[Any] = []
 
         async def drive() -> None:
@@ -391,17 +421,17 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
         with anyio.fail_after(w.case.deadline * 2):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive)
-                first = await _nth_approval(store, run_id, 0, lambda: bool(done),
+                first = await approval_request(store, run_id, 0, lambda: bool(done),
                                             w.case.deadline)
                 assert flags == []  # held until answered
                 assert first["tool"] == "set_host_flag" and first["args"] == {"value": "on"}
                 await answer_approval(store, run_id, first["approvalId"], True)
-                second = await _nth_approval(store, run_id, 1, lambda: bool(done),
+                second = await approval_request(store, run_id, 1, lambda: bool(done),
                                              w.case.deadline)
                 assert second["args"] == {"value": "off"}
                 await answer_approval(store, run_id, second["approvalId"], False,
                                       reason="not today")
-        events = await _logged(store, run_id)
+        events = await logged_events(store, run_id)
     assert done[0].record.status.value == "completed", events[-3:]
     assert flags == ["on"]
     assert [r["decision"] for r in _customs(events, APPROVAL_RESOLVED_EVENT)] == \
@@ -558,7 +588,7 @@ async def check_cancel(w: HarnessWorld) -> None:
                            "the tool's processes to stop", timeout=10)
 
 
-class _Gate:
+class Gate:
     """A script whose model call after the tool result waits until the gate opens."""
 
     def __init__(self) -> None:
@@ -573,7 +603,7 @@ class _Gate:
         return ToolCall("echo step-one && echo step-two", text="Running it.")
 
 
-def _kill_after_tool_result(proc: subprocess.Popen[str], gate: _Gate) -> None:
+def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
     """Read the driver's events until the tool result, wait for the held model call,
     then SIGKILL the driver."""
     assert proc.stdout is not None
@@ -593,17 +623,17 @@ async def check_sigkill_then_attach(w: HarnessWorld) -> None:
     log once, which equals both the journal translated afresh (no lost or repeated event)
     and an uninterrupted run of the same script (ids and timings aside)."""
     prompt = "run the two steps"
-    gate = _Gate()
+    gate = Gate()
     gate.open.set()
     w.script(gate)
     _ok(await w.agent("ref", prompt))
     reference = w.log("ref")
 
-    gate = _Gate()
+    gate = Gate()
     w.script(gate)
     proc = w.popen(*w.run_args("k1"), prompt)
     try:
-        await anyio.to_thread.run_sync(lambda: _kill_after_tool_result(proc, gate))
+        await anyio.to_thread.run_sync(lambda: kill_after_tool_result(proc, gate))
     finally:
         gate.open.set()  # nobody drives now; the model proxy daemon still answers
         if proc.poll() is None:

@@ -24,11 +24,9 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +48,9 @@ __all__ = [
     "FEATURES",
     "HarnessCase",
     "HarnessWorld",
-    "LoopbackHello",
+    "HostToolCall",
     "host_tool_by_suffix",
+    "normalized",
     "world",
 ]
 
@@ -98,6 +97,8 @@ class HarnessCase:
     normalize: Callable[[str], str] | None = None
     """Blanks this CLI's own per-session values in one JSON-encoded event (ids the kit's
     comparison of a killed run with an uninterrupted one does not know of)."""
+    provider: str = "bubblewrap"
+    """The sandbox provider (``--provider``); the checks are verified with bubblewrap."""
     agents_dir: str | None = None
     """``$CORRAL_AGENTS_DIR`` where the CLI is installed (``None``: the environment's)."""
     deadline: float = 150.0
@@ -106,7 +107,7 @@ class HarnessCase:
     def corral_run_args(self) -> list[str]:
         if self.run_args is not None:
             return list(self.run_args)
-        out: list[str] = []
+        out: list[str] = [] if self.provider == "bubblewrap" else ["--provider", self.provider]
         for key, flag in (("model", "--model"), ("agent", "--agent")):
             if self.options.get(key) is not None:
                 out += [flag, str(self.options[key])]
@@ -125,37 +126,6 @@ class HarnessCase:
             return script(req)
 
         return answer
-
-
-class _Hello(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        server: Any = self.server
-        server.hits += 1
-        body = f"hello from {server.server_address[1]}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class LoopbackHello(ThreadingHTTPServer):
-    """An HTTP service on ``host`` answering ``hello from <port>``, counting ``hits``."""
-
-    def __init__(self, host: str) -> None:
-        super().__init__((host, 0), _Hello)
-        self.hits = 0
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
 
 
 @dataclass
@@ -270,31 +240,8 @@ class HarnessWorld:
         return [event_to_dict(e) for e in with_prompt(out, request)]
 
     def normalized(self, events: list[dict[str, Any]], run_id: str) -> list[str]:
-        """Events with what differs between two runs of one script blanked: the run id,
-        the CLI's per-session values (ids, timings, cost), the scripted server's numbering,
-        and what the case's :attr:`~HarnessCase.normalize` names."""
-        ids: dict[str, str] = {}
-
-        def renumber(m: re.Match[str]) -> str:
-            return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
-
-        out = []
-        for e in events:
-            text = json.dumps(_blank(e), sort_keys=True).replace(run_id, "RUN")
-            # the server numbers its message and tool ids over its lifetime; gemini-cli's
-            # tool ids carry a timestamp, shell results a process group id; opencode's
-            # part, session and message ids are its own
-            text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
-                          r"run_shell_command_)\w+", renumber, text)
-            text = re.sub(r"PGID: \d+", "PGID: *", text)
-            # codex's exec output: a chunk id of its own, the wall time
-            text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
-            text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
-            text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
-            if self.case.normalize is not None:
-                text = self.case.normalize(text)
-            out.append(text)
-        return out
+        """:func:`normalized` with the case's own :attr:`~HarnessCase.normalize`."""
+        return normalized(events, run_id, self.case.normalize)
 
 
 _VOLATILE = {"sessionId", "session_id", "duration_ms", "duration_api_ms", "total_cost_usd",
@@ -307,6 +254,35 @@ def _blank(v: Any) -> Any:
     if isinstance(v, list):
         return [_blank(x) for x in v]
     return v
+
+
+def normalized(events: list[dict[str, Any]], run_id: str,
+               extra: Callable[[str], str] | None = None) -> list[str]:
+    """Events JSON-encoded with what differs between two runs of one script blanked: the
+    run id, the CLI's per-session values (ids, timings, cost), the scripted server's
+    numbering, and what ``extra`` (applied to each encoded event) blanks."""
+    ids: dict[str, str] = {}
+
+    def renumber(m: re.Match[str]) -> str:
+        return ids.setdefault(m.group(0), f"{m.group(1)}#{len(ids)}")
+
+    out = []
+    for e in events:
+        text = json.dumps(_blank(e), sort_keys=True).replace(run_id, "RUN")
+        # the server numbers its message and tool ids over its lifetime; gemini-cli's
+        # tool ids carry a timestamp, shell results a process group id; opencode's
+        # part, session and message ids are its own
+        text = re.sub(r"(msg_corral|toolu_corral|call_corral|resp_corral|"
+                      r"run_shell_command_)\w+", renumber, text)
+        text = re.sub(r"PGID: \d+", "PGID: *", text)
+        # codex's exec output: a chunk id of its own, the wall time
+        text = re.sub(r"Chunk ID: \w+", "Chunk ID: *", text)
+        text = re.sub(r"Wall time: [\d.]+ seconds", "Wall time: *", text)
+        text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
+        if extra is not None:
+            text = extra(text)
+        out.append(text)
+    return out
 
 
 def _upstream_env(srv: ModelServer, key: str) -> dict[str, str]:
@@ -339,6 +315,7 @@ async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
     """The kit's subject: a fresh :class:`HarnessWorld` around the case ``factory`` makes;
     its sandboxes, model server and directories are gone afterwards."""
     from corral.providers import _diskquota as diskquota
+    from corral.providers import get_provider
 
     async with opened(factory) as case:
         if not isinstance(case, HarnessCase):
@@ -360,14 +337,14 @@ async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
         w = HarnessWorld(case, srv, home, files, scratch, key, env)
         try:
             with _environ(values):
-                yield w
+                try:
+                    yield w
+                finally:  # the world's sandboxes (its own files root): every one
+                    provider = get_provider(case.provider)
+                    for ref in await provider.list():
+                        await provider.destroy(ref)
         finally:
             srv.stop()
-            listed = await w.acorral("sandboxes", "ls", "--json", timeout=60)
-            ids = [json.loads(line)["id"] for line in listed.stdout.splitlines()
-                   if line.strip()]
-            if ids:
-                await w.acorral("sandboxes", "rm", *ids, timeout=60)
             diskquota.release(files)
             shutil.rmtree(files, ignore_errors=True)
             shutil.rmtree(scratch, ignore_errors=True)
