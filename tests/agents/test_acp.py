@@ -20,17 +20,15 @@ from corral.harness._acp import AcpHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.testing import wait_until
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
-from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools._approvals import APPROVAL_REQUEST_EVENT
+
+from corral.testing._harness import normalized
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
-from corral.testing._harness import Gate, kill_after_tool_result
 
 from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
-    _normalized,
-    attach_after_driverless_finish,
-    check_cancel_stops_the_agent_and_its_model_proxy,
     corral,
     ndjson,
     texts,
@@ -200,59 +198,10 @@ def approve_when_asked(corral: Corral, run_id: str,  # noqa: F811 - not the fixt
     return found[0]
 
 
-@pytest.mark.parametrize("allow", [True, False])
-def test_an_ask_rule_becomes_a_corral_approval(
-        allow: bool, opencode_install: InstalledAgent, corral: Corral,  # noqa: F811
-        tmp_path: Path) -> None:
-    ws = policy_workspace(tmp_path, "ask", 'default = "deny"\nask = ["echo *"]')
-    corral.srv.script = one_command("echo approved-ran")
-    proc = corral.popen("run", *ACP, "--run-id", "q1", "--json", "--workspace", str(ws),
-                        "say it")
-    try:
-        request = approve_when_asked(corral, "q1", allow)
-        assert request["tool"] == "Bash" and request["args"]["command"] == "echo approved-ran"
-        proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    events = corral.log("q1")
-    assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
-    (result,) = results(events)
-    if allow:
-        assert "approved-ran" in result
-    else:
-        assert result.startswith("denied: corral approval"), result
-    resolved = customs(events, APPROVAL_RESOLVED_EVENT)
-    assert [r["decision"] for r in resolved] == ["allow" if allow else "deny"]
-
-
 def _normal(events: list[dict[str, Any]], run_id: str) -> list[str]:
     return [re.sub(r'"(approvalId|expiresAt)": [^,}]+', r'"\1": "*"',
                    re.sub(r"(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", e))
-            for e in _normalized(events, run_id)]
-
-
-def test_sigkill_of_the_driver_between_tool_calls_then_attach_equals_an_uninterrupted_run(
-        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811
-    gate = Gate()
-    gate.open.set()
-    corral.srv.script = titled(gate)
-    ref = acp_run(corral, "ref", "run the two steps")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    reference = corral.log("ref")
-    gate = Gate()
-    corral.srv.script = titled(gate)
-    proc = corral.popen("run", *ACP, "--run-id", "k1", "--json", "run the two steps")
-    kill_after_tool_result(proc, gate)
-    log = attach_after_driverless_finish(corral, "k1", gate, "run the two steps", "opencode")
-    assert _normal(log, "k1") == _normal(reference, "ref")
-    assert "step-one\nstep-two" in texts(log)
-    assert corral.raw_record("k1")["status"] == "completed"
-
-
-def titled(gate: Gate) -> Any:
-    def script(req: ModelRequest) -> Reply:
-        return Text("title") if req.shell_tool is None and not req.tool_results else gate(req)
-    return script
+            for e in normalized(events, run_id)]
 
 
 def test_sigkill_of_the_driver_while_an_approval_is_pending(
@@ -339,16 +288,6 @@ def test_a_second_prompt_on_the_thread_loads_the_session_in_a_fresh_sandbox(
     # the history the agent replays on session/load is not this run's events
     log2 = corral.log("r2")
     assert "FIRST-ANSWER-42" not in texts(log2) and texts(log2) == "second answer"
-
-
-def test_cancel_of_an_acp_run_stops_the_bridge_the_agent_and_its_model_proxy(
-        opencode_install: InstalledAgent, corral: Corral) -> None:  # noqa: F811
-    check_cancel_stops_the_agent_and_its_model_proxy(corral, TitledGate(), ACP)
-
-
-class TitledGate(Gate):
-    def __call__(self, req: ModelRequest) -> Reply:
-        return Text("title") if not req.tools else super().__call__(req)
 
 
 def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(

@@ -18,18 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
-from corral.harness._base import RunContext, translate_run
-from corral.harness._events import event_to_dict
-from corral.harness._registry import build_harness
 from corral.journal._layout import JournalPaths, read_status
-from corral.journal._supervisor import process_alive
-from corral.runs._launch import with_prompt
-from corral.runs._request import RunRequest
-from corral.runs._spec import RunSpec
-from corral.testing._harness import Gate, normalized
 from corral.testing._model_server import (
     ModelRequest,
     ModelServer,
@@ -110,87 +101,6 @@ def texts(events: list[dict[str, Any]]) -> str:
     return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
 
 
-
-# ------------------------------------------------- flows the ACP tests (test_acp.py) still use
-# (the four CLIs run the conformance kit's checks instead; port test_acp.py onto the kit's
-# acp cases and drop these)
-
-_normalized = normalized
-
-
-def retranslated(c: Corral, run_id: str, prompt: str) -> list[dict[str, Any]]:
-    """The run's whole journal translated afresh in one go, after the start batch the run's
-    first driver logs (``RUN_STARTED``, the prompt): what an uninterrupted driver would have
-    logged from this journal."""
-    rec = c.raw_record(run_id)
-    paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
-    harness = build_harness(rec["harness"], RunSpec.parse(rec["spec"]).harness_config())
-
-    async def go() -> list[dict[str, Any]]:
-        out: list[Any] = []
-        async for batch in translate_run(harness, RunContext(run_id, rec["thread_id"]), paths,
-                                         nonce=rec["journal"]["nonce"]):
-            out += batch.events
-        request = RunRequest(prompt=prompt, harness=rec["harness"])
-        return [event_to_dict(e) for e in with_prompt(out, request)]
-
-    return anyio.run(go)
-
-
-# ----------------------------------------------------------------------------- tests
-
-
-def attach_after_driverless_finish(corral: Corral, run_id: str, gate: Gate, prompt: str,
-                                   what: str) -> list[dict[str, Any]]:
-    """After :func:`kill_after_tool_result`: the run is still ``running``; open ``gate``
-    (nobody drives the run now, the model proxy daemon still answers the agent), wait for
-    the agent to exit, then check ``corral attach`` prints the whole log once and that log
-    is the journal translated afresh (no duplicate, no gap). Returns the log."""
-    rec = corral.raw_record(run_id)
-    assert rec["status"] == "running"
-    gate.open.set()
-    paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
-
-    def exited() -> bool:
-        status = read_status(paths.status)
-        return status is not None and status.state == "exited"
-
-    wait_until(exited, f"{what} to finish without a driver", timeout=60)
-    att = corral.run("attach", run_id, "--json")
-    assert att.returncode == 0, att.stderr[-3000:]
-    log = corral.log(run_id)
-    assert [p["event"] for p in ndjson(att.stdout)] == log  # attach printed it all, once
-    assert log == retranslated(corral, run_id, prompt)  # no duplicate, no gap
-    return log
-
-
-def check_cancel_stops_the_agent_and_its_model_proxy(corral: Corral, gate: Gate,
-                                                     harness_args: list[str]) -> None:
-    """A detached run (``harness_args``: ``--harness`` and its options) held at its second
-    model call by ``gate`` is cancelled: the run is aborted with ``RUN_ERROR`` last, and
-    the model proxy daemon and the agent stop."""
-    corral.srv.script = gate
-    try:
-        out = corral.run("run", *harness_args, "--run-id", "c1", "--detach",
-                         "run the two steps")
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert gate.waiting.wait(60), "the second model call never came"
-        rec = corral.raw_record("c1")
-        services = rec["spec"]["agent"]["services_pid"]
-        status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
-        assert status is not None and status.agent_pid is not None
-        agent = status.agent_pid
-        assert process_alive(services)
-        cancelled = corral.run("cancel", "c1")
-        assert cancelled.returncode == 0, cancelled.stderr
-        rec = corral.raw_record("c1")
-        assert rec["status"] == "aborted"
-        assert corral.log("c1")[-1]["type"] == "RUN_ERROR"
-        wait_until(lambda: not process_alive(services),
-                   "the model proxy daemon to stop", timeout=10)
-        wait_until(lambda: not process_alive(agent), "the agent to stop", timeout=10)
-    finally:
-        gate.open.set()
 
 # ----------------------------------------------------------------------------- tests
 
