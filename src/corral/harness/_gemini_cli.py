@@ -108,8 +108,8 @@ class GeminiCliHarness(CliHarness):
         if problems:
             raise ConfigError(
                 "policy rules gemini-cli cannot enforce yet (corral runs it with every tool "
-                "allowed): " + "; ".join(problems) + "; use harness claude-code or codex for "
-                "command rules, or drop them")
+                "allowed): " + "; ".join(problems) + "; use harness claude-code, codex or acp "
+                "(--agent claude or opencode) for command rules, or drop them")
         if policy.network != "allow" or allow_hosts(policy):
             self.excluded_tools = WEB_TOOLS
             enforced.append(f"network: {policy.network} -> tools.exclude {list(WEB_TOOLS)}, "

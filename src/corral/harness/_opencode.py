@@ -156,7 +156,8 @@ class OpencodeHarness(CliHarness):
         enforced: list[str] = []
         if policy.ask:
             problems.append(f"ask rules {list(policy.ask)}: `opencode run` has no approval "
-                            "channel (it rejects every ask itself); use allow or deny")
+                            "channel (it rejects every ask itself); use allow or deny, or "
+                            "--harness acp --agent opencode, which asks corral")
         if policy.default not in ("allow", "deny"):
             problems.append(f"default: {policy.default}: `opencode run` has no approval "
                             "channel; use default 'allow' or 'deny'")
