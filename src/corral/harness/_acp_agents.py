@@ -55,8 +55,9 @@ from corral.harness._cli_base import (
     PolicyLike,
     PolicyMapping,
     allow_hosts,
+    beyond_allow_all,
 )
-from corral.harness._claude_code import bash_gate_settings
+from corral.harness._claude_code import bash_gate_settings, claude_env
 from corral.harness._gemini_cli import SETTINGS_FILE as GEMINI_SETTINGS_FILE
 from corral.harness._gemini_cli import WEB_TOOLS as GEMINI_WEB_TOOLS
 from corral.harness._gemini_cli import gemini_settings
@@ -272,15 +273,7 @@ class GeminiAcp(AcpAgent):
         if policy is None:
             return AcpPolicy(PolicyMapping("acp:gemini", enforced=tuple(enforced),
                                            bypass=True), settings={"exclude": ()})
-        problems: list[str] = []
-        for kind in ("allow", "ask", "deny"):
-            rules = getattr(policy, kind)
-            if rules:
-                problems.append(f"{kind} rules {list(rules)}")
-        if policy.default != "allow":
-            problems.append(f"default: {policy.default}")
-        if policy.file_write != "allow":
-            problems.append(f"file_write: {policy.file_write}")
+        problems = beyond_allow_all(policy)
         if problems:
             raise ConfigError(
                 "policy rules acp --agent gemini cannot enforce (gemini's permission requests "
@@ -389,13 +382,7 @@ class ClaudeAcp(AcpAgent):
     def env(self, model: str | None, base_url: str, opts: CliOptions,
             policy: AcpPolicy) -> dict[str, str]:
         env = {
-            "ANTHROPIC_BASE_URL": base_url,
-            "ANTHROPIC_API_KEY": opts.api_key,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "CLAUDE_CODE_MAX_RETRIES": str(opts.max_retries),
+            **claude_env(opts, base_url),
             "ENABLE_TOOL_SEARCH": "false",
             # the adapter's follow-up suggestion is one more model call after every turn
             "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION": "false",

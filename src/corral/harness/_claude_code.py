@@ -92,6 +92,20 @@ def _bash_rule(pattern: str) -> str | None:
     return f"Bash({' '.join(words)})"
 
 
+def claude_env(opts: CliOptions, base_url: str) -> dict[str, str]:
+    """Claude Code's environment for a run through corral's model proxy (placeholder key,
+    no traffic but the model's, the CLI's own retries bounded); the ACP adapter's too."""
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": opts.api_key,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "CLAUDE_CODE_MAX_RETRIES": str(opts.max_retries),
+    }
+
+
 class ClaudeCodeHarness(CliHarness):
     """The Claude Code adapter (see the module docstring)."""
 
@@ -245,15 +259,7 @@ class ClaudeCodeHarness(CliHarness):
         return env
 
     def _base_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
-        return {
-            "ANTHROPIC_BASE_URL": base_url,
-            "ANTHROPIC_API_KEY": opts.api_key,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "CLAUDE_CODE_MAX_RETRIES": str(opts.max_retries),
-        }
+        return claude_env(opts, base_url)
 
     def session_id(self, obj: Mapping[str, Any]) -> str | None:
         if obj.get("type") in ("system", "result") and isinstance(obj.get("session_id"), str):

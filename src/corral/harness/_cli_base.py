@@ -68,6 +68,7 @@ __all__ = [
     "JsonlTranslator",
     "PolicyLike",
     "PolicyMapping",
+    "beyond_allow_all",
     "entry_argv",
 ]
 
@@ -108,6 +109,19 @@ def allow_hosts(policy: PolicyLike | None) -> tuple[str, ...]:
     ``network`` is ``allow``). Read leniently so other :class:`PolicyLike` shapes work."""
     hosts = getattr(policy, "allow_hosts", None) or ()
     return tuple(str(h) for h in hosts)
+
+
+def beyond_allow_all(policy: PolicyLike) -> list[str]:
+    """What a policy asks beyond "allow everything" (command rules, a default or file-write
+    rule other than ``allow``), one phrase each: for harnesses that can enforce nothing
+    else and must refuse the rest at definition time."""
+    problems = [f"{kind} rules {list(rules)}" for kind in ("allow", "ask", "deny")
+                if (rules := getattr(policy, kind))]
+    if policy.default != "allow":
+        problems.append(f"default: {policy.default}")
+    if policy.file_write != "allow":
+        problems.append(f"file_write: {policy.file_write}")
+    return problems
 
 
 @dataclass(frozen=True, slots=True)

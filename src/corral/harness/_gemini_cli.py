@@ -64,6 +64,7 @@ from corral.harness._cli_base import (
     PolicyMapping,
     allow_hosts,
     as_int,
+    beyond_allow_all,
     as_str,
     flatten_text,
     token_usage,
@@ -96,15 +97,7 @@ class GeminiCliHarness(CliHarness):
         enforced = ["default: allow -> --approval-mode yolo (the sandbox is the boundary)"]
         if policy is None:
             return PolicyMapping(self.name, (), {}, tuple(enforced), bypass=True)
-        problems: list[str] = []
-        for kind in ("allow", "ask", "deny"):
-            rules = getattr(policy, kind)
-            if rules:
-                problems.append(f"{kind} rules {list(rules)}")
-        if policy.default != "allow":
-            problems.append(f"default: {policy.default}")
-        if policy.file_write != "allow":
-            problems.append(f"file_write: {policy.file_write}")
+        problems = beyond_allow_all(policy)
         if problems:
             raise ConfigError(
                 "policy rules gemini-cli cannot enforce yet (corral runs it with every tool "
