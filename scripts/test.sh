@@ -79,5 +79,8 @@ echo "== ruff"
 # before pytest so that pytest's summary stays the last line CI prints.
 export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
 echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
+# Two workers (one per core), whole files per worker: the suite is mostly waiting on agent
+# CLIs, sandboxes and servers, and a file's tests share its fixtures. CORRAL_TEST_WORKERS=0
+# runs it in this process.
 echo "== pytest"
-exec "$VENV/bin/python" -m pytest "$@"
+exec "$VENV/bin/python" -m pytest -n "${CORRAL_TEST_WORKERS:-2}" --dist loadfile "$@"

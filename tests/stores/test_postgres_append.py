@@ -283,8 +283,8 @@ async def test_a_connection_lost_after_the_append_was_sent_is_reported_not_retri
     pg_url: str,
 ) -> None:
     """The connection dies silently while the append waits on the server: it may commit or
-    not, so the store says so (and does not run it again). Here it does commit once the row
-    lock is free: a blind retry would have logged the batch twice."""
+    not, so the store says so (and does not run it again). It usually commits once the row
+    lock is free: a blind retry would then have logged the batch twice."""
     parts = urlsplit(pg_url)
     proxy = CuttableProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     via_proxy = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
@@ -318,7 +318,9 @@ async def test_a_connection_lost_after_the_append_was_sent_is_reported_not_retri
                                    timeout=DEADLINE)
         async with opened(pg_url) as store:
             snap = await store.snapshot("r")
-            assert [(e.offset, e.event) for e in snap] == [(1, {"type": "X"})]
+            # applied or rolled back (the server may notice the dead client first): once at
+            # most, never twice
+            assert [(e.offset, e.event) for e in snap] in ([], [(1, {"type": "X"})])
     finally:
         proxy.close()
 
