@@ -81,6 +81,12 @@ export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
 echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 # Two workers (one per core), whole files per worker: the suite is mostly waiting on agent
 # CLIs, sandboxes and servers, and a file's tests share its fixtures. CORRAL_TEST_WORKERS=0
-# runs it in this process.
+# runs it in this process. The agent CLIs on docker go first, alone: with the other
+# worker's load their CLIs (gemini's above all) can take minutes to start.
+if [ "$#" = 0 ]; then
+  echo "== pytest: agent CLIs on docker"
+  "$VENV/bin/python" -m pytest tests/agents/test_docker_agents.py
+  set -- --ignore=tests/agents/test_docker_agents.py
+fi
 echo "== pytest"
 exec "$VENV/bin/python" -m pytest -n "${CORRAL_TEST_WORKERS:-2}" --dist loadfile "$@"
