@@ -113,6 +113,12 @@ def _takeover(a: Host, b: Host) -> None:
     printed = _read_until(second, "two")
     wait_until(lambda: int(_show(b, "mh")["driver_epoch"]) == epoch + 1,
                "host B to hold the claim", timeout=60)
+    if not _container_exists(sandbox_id):
+        # seen once in CI under the other worker's load, never reproduced: say what B did
+        second.kill()
+        _, err = second.communicate(timeout=30)
+        pytest.fail(f"the sandbox vanished after B's claim; record: {_show(b, 'mh')}; "
+                    f"B's stderr: {err[-3000:]}")
     _sandbox_do(sandbox_id, "go")
     rest, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
