@@ -310,6 +310,28 @@ def _subprocess_pythonpath() -> str:
     return os.pathsep.join(p for p in sys.path if p)
 
 
+async def _sandboxes_of(w: HarnessWorld, provider: str) -> set[str]:
+    """The sandboxes of ``provider`` this world's store names (runs and instance records):
+    only those. A provider's own listing is not the world's: a docker daemon lists every
+    corral container on it, the user's included."""
+    if not w.db.exists():
+        return set()
+    ids: set[str] = set()
+    async with w.store() as store:
+        for run in await store.list_runs(limit=10_000):
+            ref = run.sandbox_ref or {}
+            if ref.get("provider") == provider and isinstance(ref.get("id"), str):
+                ids.add(ref["id"])
+            if run.sandbox_key is not None:
+                instance = await store.get_instance(run.sandbox_key)
+                if instance is not None and instance.provider == provider:
+                    ids.add(instance.provider_sandbox_id)
+        for instance in await store.list_expired_instances(float("inf")):
+            if instance.provider == provider:
+                ids.add(instance.provider_sandbox_id)
+    return ids
+
+
 @asynccontextmanager
 async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
     """The kit's subject: a fresh :class:`HarnessWorld` around the case ``factory`` makes;
@@ -339,10 +361,13 @@ async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
             with _environ(values):
                 try:
                     yield w
-                finally:  # the world's sandboxes (its own files root): every one
+                finally:
                     provider = get_provider(case.provider)
-                    for ref in await provider.list():
-                        await provider.destroy(ref)
+                    owned = await _sandboxes_of(w, provider.name)
+                    if provider.name == "bubblewrap":  # its files root is this world's own
+                        owned |= {ref.id for ref in await provider.list()}
+                    for sandbox_id in owned:
+                        await provider.destroy(sandbox_id)
         finally:
             srv.stop()
             diskquota.release(files)
