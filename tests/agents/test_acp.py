@@ -204,12 +204,14 @@ def _normal(events: list[dict[str, Any]], run_id: str) -> list[str]:
             for e in normalized(events, run_id)]
 
 
-def test_sigkill_of_the_driver_while_an_approval_is_pending(
-        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
-    """The bridge outlives the driver with the permission request open; the approval is
-    answered with no driver; the successor (attach) serves the run's tool socket again,
-    the bridge asks again and gets the stored answer: the log equals an uninterrupted
-    run's."""
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "detached"])
+def test_the_driver_goes_while_an_approval_is_pending(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path,  # noqa: F811
+        stop: signal.Signals) -> None:
+    """The bridge outlives the driver (SIGKILLed, or detaching on SIGTERM) with the
+    permission request open; the approval is answered with no driver; the successor
+    (attach) serves the run's tool socket again, the bridge asks again and gets the stored
+    answer: the log equals an uninterrupted run's."""
     ws = policy_workspace(tmp_path, "askk", 'default = "deny"\nask = ["echo *"]')
     corral.srv.script = one_command("echo approved-ran")
     proc = corral.popen("run", *ACP, "--run-id", "ref", "--json", "--workspace", str(ws),
@@ -227,8 +229,8 @@ def test_sigkill_of_the_driver_while_an_approval_is_pending(
         return bool(found)
 
     wait_until(asked, "the approval request", timeout=90)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(stop)
+    proc.communicate(timeout=60)
     assert corral.raw_record("k2")["status"] == "running"
     out = corral.run("approve", "k2", found[0]["approvalId"], "--allow")
     assert out.returncode == 0, out.stderr

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from ag_ui.core import EventType
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -213,3 +216,39 @@ def test_any_journal_translates_without_raising_and_ends_once(
         rest += t.feed(Exit(code, None, offset + 1))
         assert [e.model_dump() for e in rest] == \
             [e.model_dump() for e in events[len(events) - len(rest):]]
+
+
+@pytest.mark.parametrize("status", ["500 Internal Server Error", "401 Unauthorized"])
+def test_a_failing_permission_server_refuses_and_never_hangs_the_agent(
+        tmp_path: Path, status: str) -> None:
+    """A driver that stops mid-answer leaves its MCP server answering 500 (asked again until
+    the patience runs out: a successor may answer); a 401 refuses at once. Either way every
+    permission request gets its answer (a refusal) and the run ends."""
+    sock_path = tmp_path / "tools.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    server.listen(16)
+    asked = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                asked.append(status)
+                conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    permission = {"socket": str(sock_path), "token": "t", "path": "/mcp", "patience": 1.0}
+    try:
+        proc = bridge(config("edges", permission))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        server.close()
+    assert proc.returncode == 0, err[-2000:]
+    said = texts(translate(out, 0))
+    assert "c1: no" in said and "c2: no" in said and "c4: no" in said  # fails closed
+    assert (len(asked) > 3) == status.startswith("500")  # 5xx: asked again

@@ -521,29 +521,28 @@ def test_ids_never_look_like_options() -> None:
 
 async def test_the_same_call_asked_again_finds_its_first_request_and_answer(
         store: Store) -> None:
-    """A driver dies while a call waits; the answer lands with no driver; the durable caller
-    (the ACP bridge) asks the successor's gate the same question: it gets the stored answer,
-    and no second request is announced. Another call (id or arguments) is a new question."""
+    """A driver stops (detach, shutdown) while a call waits; the answer lands with no
+    driver; the durable caller (the ACP bridge) asks the successor's gate the same
+    question: it gets that answer, and no second request is announced. Another call (id or
+    arguments) is a new question."""
     first: list[BaseEvent] = []
     dead = Approvals(store, "run-9", emit=first.append, timeout=20)
     async with anyio.create_task_group() as tg:
         tg.start_soon(functools.partial(dead.request, "Bash", {"command": "echo hi"},
                                         call_id="c1"))
         req = await request_event(first)
-        tg.cancel_scope.cancel()  # (a SIGKILL leaves it pending; cancelling marks it)
-    # the cancelled hold recorded "nobody waits": put the request back as a killed
-    # driver leaves it, pending, then answer it with no driver
+        tg.cancel_scope.cancel()  # the driver stops: the question still stands
     approval_id = req.value["approvalId"]
-    got = await store.get_approval("run-9", approval_id)
-    assert got is not None and got[1] is not None and got[1].decision == "timeout"
+    assert [a.approval_id for a in await list_pending(store, "run-9")] == [approval_id]
+    await answer_approval(store, "run-9", approval_id, True)  # nobody drives
     again: list[BaseEvent] = []
     succ = Approvals(store, "run-9", emit=again.append, timeout=20)
-    refused = await succ.request("Bash", {"command": "echo hi"}, call_id="c1")
-    assert refused is not None and "ended before an answer" in refused
+    assert await succ.request("Bash", {"command": "echo hi"}, call_id="c1") is None
     assert requests_in(again) == []  # announced once, by the first driver
     resolved = [e for e in again if isinstance(e, CustomEvent)
                 and e.name == APPROVAL_RESOLVED_EVENT]
-    assert [e.value["approvalId"] for e in resolved] == [approval_id]
+    assert [(e.value["approvalId"], e.value["decision"]) for e in resolved] == [
+        (approval_id, "allow")]
     # pending, then answered by a human while nobody drives
     signer = await ApprovalSigner.for_store(store)
     other = signer.id_for_call("run-9", "c2", "Bash", {"command": "echo hi"})
@@ -562,3 +561,27 @@ async def test_the_same_call_asked_again_finds_its_first_request_and_answer(
             and e.name == APPROVAL_RESOLVED_EVENT] == ["allow"]
     assert await Approvals(store, "run-9", timeout=20).request(
         "Bash", {"command": "echo hi"}, call_id="c2") is None
+
+
+async def test_a_called_request_nobody_asks_again_expires(store: Store) -> None:
+    """The caller of a call with an id never came back: past its expiry the request leaves
+    the pending list, and an answer is refused in one line (recorded as a timeout)."""
+    events: list[BaseEvent] = []
+    gate = Approvals(store, "run-x", emit=events.append, timeout=0.5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(gate.request, "Bash", {"command": "ls"},
+                                        call_id="c1"))
+        approval_id = (await request_event(events)).value["approvalId"]
+        tg.cancel_scope.cancel()
+    assert [a.approval_id for a in await list_pending(store, "run-x")] == [approval_id]
+    await wait_until_async(
+        lambda: _no_pending(store, "run-x"), "the request to expire", timeout=10)
+    with pytest.raises(ApprovalError, match="expired") as err:
+        await answer_approval(store, "run-x", approval_id, True)
+    assert "\n" not in str(err.value)
+    got = await store.get_approval("run-x", approval_id)
+    assert got is not None and got[1] is not None and got[1].decision == "timeout"
+
+
+async def _no_pending(store: Store, run_id: str) -> bool:
+    return await list_pending(store, run_id) == []

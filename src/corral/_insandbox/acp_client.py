@@ -205,6 +205,10 @@ def _http_body(raw: bytes) -> bytes:
     lines = header.decode("latin-1").split("\r\n")
     status = lines[0].split(" ", 2)
     if len(status) < 2 or status[1] != "200":
+        if status[1:2] and status[1].startswith("5"):
+            # the driver failed or stopped mid-answer (its handler was cancelled): as
+            # retryable as no driver at all, a successor answers
+            raise ConnectionError(f"the run's MCP server answered {lines[0][:100]!r}")
         raise RuntimeError(f"the run's MCP server answered {lines[0][:100]!r}")
     headers = {}
     for line in lines[1:]:
@@ -250,6 +254,8 @@ def ask_corral(permission: dict[str, Any], tool_name: str, tool_input: dict[str,
                               f"({exc.__class__.__name__}); it was refused"
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        except RuntimeError as exc:  # refused by the server (e.g. a bad token): final
+            return False, f"corral's permission check failed ({exc}); the call was refused"
     try:
         answer = json.loads(_sse_or_json(raw))
         result = answer["result"]
@@ -406,7 +412,13 @@ class Bridge:
 
     def answer(self, mid: Any, method: str, params: Any) -> None:
         if method == "session/request_permission" and isinstance(params, dict):
-            result = self.permission(params)
+            try:
+                result = self.permission(params)
+            except Exception as exc:  # noqa: BLE001 - unanswered, the agent would wait forever
+                self.note("permission", allowed=False,
+                          reason=f"the permission check failed ({exc.__class__.__name__}: "
+                                 f"{str(exc)[:200]})")
+                result = {"outcome": {"outcome": "cancelled"}}
             self.send({"jsonrpc": "2.0", "id": mid, "result": result})
             return
         self.send({"jsonrpc": "2.0", "id": mid, "error": {

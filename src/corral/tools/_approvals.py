@@ -22,8 +22,10 @@ naming the first.
 
 A call with an id (:meth:`Approvals.request`) has an id derived from the run, the call id,
 the tool and its arguments: the same question asked again — by the ACP bridge, which
-outlives a driver that died while it waited — finds the first request (and an answer given
-meanwhile, with no driver) instead of raising a second one. (So an agent that repeats a call
+outlives a driver that died or stopped while it waited — finds the first request (and an
+answer given meanwhile, with no driver) instead of raising a second one. Such a request
+stays pending when its driver goes, until it expires (then it leaves the pending list and
+an answer is refused). (So an agent that repeats a call
 id with identical arguments gets the answer given to the first: the same command, approved
 or refused once.)
 
@@ -182,7 +184,8 @@ class Approvals:
         if self.signer is None:
             self.signer = await ApprovalSigner.for_store(self.store)
         held: tuple[ApprovalRequest, ApprovalAnswer | None] | None = None
-        if call_id is not None and by_call:
+        durable = by_call and call_id is not None
+        if by_call and call_id is not None:
             approval_id = self.signer.id_for_call(self.run_id, call_id, tool, args)
             held = await self.store.get_approval(self.run_id, approval_id)
         else:
@@ -212,10 +215,13 @@ class Approvals:
                     ApprovalAnswer("timeout", f"no answer within {self.timeout:g}s",
                                    time.time()))
         finally:
-            if answer is None:
+            if answer is None and not durable:
                 # The call ended without an answer (cancelled: the agent hung up, the
                 # driver stopped): record that nobody waits, so the request leaves the
-                # pending list and a late answer is refused instead of going nowhere.
+                # pending list and a late answer is refused instead of going nowhere. A
+                # call asked by its id stays pending until it expires: its durable caller
+                # asks the next driver the same question, and an answer given meanwhile
+                # must be there for it.
                 with anyio.CancelScope(shield=True), anyio.move_on_after(
                         CANCEL_WRITE_TIMEOUT), contextlib.suppress(CorralError):
                     await self.store.answer_approval(self.run_id, approval_id,
@@ -253,8 +259,9 @@ async def list_pending(store: ApprovalStore, run_id: str) -> list[ApprovalReques
     """Pending approval requests of a run, oldest first (:class:`corral.stores.ApprovalRequest`:
     id, run, tool, args, created and expiry times, the tool call's id). Frontend tool
     calls waiting for an AG-UI client's result (kept alongside) are not approvals."""
+    now = time.time()  # an expired one has no caller waiting any more
     return [r for r in await store.list_pending_approvals(run_id)
-            if not r.tool.startswith(FRONTEND_PREFIX)]
+            if not r.tool.startswith(FRONTEND_PREFIX) and r.expires_at > now]
 
 
 async def answer_approval(store: ApprovalChannel, run_id: str, approval_id: str, allow: bool,
@@ -277,7 +284,14 @@ async def answer_approval(store: ApprovalChannel, run_id: str, approval_id: str,
                             "AG-UI client answers it with the tool's result (POST /v1/agui)")
     if got[1] is not None:
         raise ApprovalError(f"approval {approval_id} was already answered: {got[1].decision}")
-    ours = ApprovalAnswer("allow" if allow else "deny", reason, time.time())
+    now = time.time()
+    if got[0].expires_at <= now:
+        # nobody waited for it to the end (its caller never came back): too late now
+        await store.answer_approval(run_id, approval_id, ApprovalAnswer(
+            "timeout", "no answer before the request expired", now))
+        raise ApprovalError(f"approval {approval_id} expired unanswered; the tool call was "
+                            "refused (the agent may ask again)")
+    ours = ApprovalAnswer("allow" if allow else "deny", reason, now)
     try:
         standing = await store.answer_approval(run_id, approval_id, ours)
     except UnknownApproval:
