@@ -19,6 +19,7 @@ from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._acp import AcpHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.testing import wait_until
+from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT
 
@@ -348,3 +349,26 @@ def test_the_local_provider_runs_the_agent_from_its_host_install(
     events = corral.log("l1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
     assert "local-ran" in results(events)[0]
+
+
+def test_a_secret_in_a_command_that_asks_is_redacted_in_the_request(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """The agent writes a run secret's value into a command the policy asks about: the
+    approval request (its event, the store's row) and the policy's notes carry the
+    secret's name, never its value — nor does anything else corral writes."""
+    secret = "sk-live-" + "7Q" * 12
+    ws = policy_workspace(tmp_path, "sec", 'default = "deny"\nask = ["echo *"]')
+    toml = ws / "corral.toml"
+    toml.write_text(toml.read_text() + '[secrets]\nAPI_TOKEN = { env = "CORRAL_TEST_SECRET" }\n')
+    corral.env = {**corral.env, "CORRAL_TEST_SECRET": secret}
+    corral.srv.script = one_command(f"echo {secret}")
+    proc = corral.popen("run", *ACP, "--run-id", "s1", "--json", "--workspace", str(ws),
+                        "say it")
+    request = approve_when_asked(corral, "s1", True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "[REDACTED:API_TOKEN]" in json.dumps(request["args"])
+    log = corral.log("s1")
+    assert log[-1]["type"] == "RUN_FINISHED"
+    assert secret not in out and secret not in err
+    assert_no_secrets([corral.home], {"API_TOKEN": secret})

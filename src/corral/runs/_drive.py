@@ -114,7 +114,8 @@ class ClaimedDrive:
 
                 tg.start_soon(keep_services, store, record, paths, epoch)
             await serve_tools(tg, store, record, tools, epoch,
-                              approval_timeout=self.approval_timeout)
+                              approval_timeout=self.approval_timeout,
+                              redactor=secrets.redactor() if secrets is not None else None)
             if feed is not None:
                 try:
                     await feed.start(e.event for e in await store.snapshot(run_id))

@@ -16,6 +16,7 @@ from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
+    from corral.sandbox._redact import Redactor
     from ag_ui.core import BaseEvent
 
     from corral.tools._core import Toolset
@@ -36,10 +37,13 @@ async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[st
 
 
 async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
-                      tools: Toolset | None, epoch: int, *, approval_timeout: float) -> None:
+                      tools: Toolset | None, epoch: int, *, approval_timeout: float,
+                      redactor: Redactor | None = None) -> None:
     """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
     tool socket. Approval requests and answers live in ``store`` (any host sharing it can
-    answer); their events go into the run's log under ``epoch``."""
+    answer); their events go into the run's log under ``epoch``. ``redactor`` (the run's
+    secrets) is applied to both: a call's arguments are the agent's, and may carry a
+    secret's value."""
     spec = spec_view(record)
     socket_path = (spec.agent or {}).get("tools_socket")
     if not isinstance(socket_path, str):
@@ -67,13 +71,17 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     run_id = record.run_id
 
     async def emit(event: BaseEvent) -> None:
+        doc = event_to_dict(event)
+        if redactor:
+            doc = redactor.redact_obj(doc)
         try:
-            await append_aside(store, run_id, [event_to_dict(event)], epoch)
+            await append_aside(store, run_id, [doc], epoch)
         except CorralError as exc:
             log.warning("run %s: cannot log %s: %s", run_id,
                         getattr(event, "name", event.type), exc)
 
-    gate = Approvals(store, run_id, emit=emit, timeout=approval_timeout)
+    gate = Approvals(store, run_id, emit=emit, timeout=approval_timeout,
+                     redact=redactor.redact_obj if redactor else None)
     if prompt and spec.policy is not None:
         tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate)])
     if spec.frontend_tools:

@@ -141,17 +141,19 @@ class Approvals:
     """The approval gate of one run (see the module docstring): requests and answers live
     in ``store``. ``emit`` receives the CUSTOM events (sync or async callable);
     ``timeout`` is how long a call waits; ``signer`` defaults to the store's
-    (:meth:`ApprovalSigner.for_store`)."""
+    (:meth:`ApprovalSigner.for_store`); ``redact`` rewrites a call's arguments before
+    they are stored or shown (the run's secrets: the arguments are the agent's)."""
 
     def __init__(self, store: ApprovalChannel, run_id: str, *, emit: Emit | None = None,
                  timeout: float = 300.0, signer: ApprovalSigner | None = None,
-                 poll: float = POLL) -> None:
+                 poll: float = POLL, redact: Callable[[Any], Any] | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.emit = emit
         self.timeout = timeout
         self.signer = signer
         self.poll = poll
+        self.redact = redact
 
     async def _emit(self, name: str, value: dict[str, Any]) -> None:
         if self.emit is None:
@@ -200,11 +202,12 @@ class Approvals:
         else:
             wait = self.timeout
             now = time.time()
+            shown = self.redact(args) if self.redact is not None else args
             await self.store.add_approval(ApprovalRequest(
-                approval_id, self.run_id, tool, args, now, now + self.timeout,
+                approval_id, self.run_id, tool, shown, now, now + self.timeout,
                 call_id=call_id))
             await self._emit(events[0], {
-                "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": args,
+                "approvalId": approval_id, "runId": self.run_id, "tool": tool, "args": shown,
                 "expiresAt": now + self.timeout, **(announce or {})})
         try:
             if answer is None:
