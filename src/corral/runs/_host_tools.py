@@ -65,7 +65,9 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     from corral.sandbox._policy import Policy
     from corral.tools._approvals import Approvals
     from corral.tools._mcp_server import HostToolServer
-    from corral.tools._permission import PermissionPromptTool
+    from ag_ui.core import CustomEvent
+
+    from corral.tools._permission import POLICY_DENIED_EVENT, PermissionPromptTool
     from corral.tools._projection import run_tools_token
 
     run_id = record.run_id
@@ -82,8 +84,11 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
 
     gate = Approvals(store, run_id, emit=emit, timeout=approval_timeout,
                      redact=redactor.redact_obj if redactor else None)
+    async def denied(value: dict[str, Any]) -> None:
+        await emit(CustomEvent(name=POLICY_DENIED_EVENT, value=value))
+
     if prompt and spec.policy is not None:
-        tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate)])
+        tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate, denied)])
     if spec.frontend_tools:
         from corral.tools._frontend import frontend_tools
 

@@ -301,6 +301,14 @@ async def check_denied_command(w: HarnessWorld) -> None:
     assert "keep me" in seen[1], seen  # the rm never ran
     assert any("keep me" in r for r in _results(events))
     assert w.record("d1")["spec"]["policy"]["deny"] == ["rm *"]
+    # the refusal is in the events whatever the CLI logs of it: corral's check logs it (a
+    # CLI enforcing the rule itself, like opencode's own permissions, shows it in the
+    # call's result)
+    denied = _customs(events, "corral.policy_denied")
+    refused_call = [e for e in events if e["type"] == "TOOL_CALL_ARGS"
+                    and "rm -f precious" in e["delta"]]
+    assert [(d["tool"], d["rule"]) for d in denied] == [("Bash", "deny: rm *")] or (
+        not denied and refused_call), (denied, refused_call)
 
 
 async def check_approval(w: HarnessWorld) -> None:

@@ -11,27 +11,32 @@ here as ``{"tool_name", "input", "tool_use_id"}`` and decided live by the policy
   anything else: the policy's ``default``.
 
 ``allow`` answers ``{"behavior": "allow", "updatedInput": <input>}``; ``deny`` answers
-``{"behavior": "deny", "message": ...}`` naming the rule; ``ask`` raises a corral approval
-(``CUSTOM corral.approval_request``, answered with ``corral approve``) and allows or
-denies on the answer (no answer in time denies).
+``{"behavior": "deny", "message": ...}`` naming the rule and logs ``CUSTOM
+corral.policy_denied`` ``{tool, toolCallId, rule, reason}`` (so a refusal is in the run's
+events even from a CLI that logs nothing for a call its hook refused: codex); ``ask``
+raises a corral approval (``CUSTOM corral.approval_request``, answered with ``corral
+approve``) and allows or denies on the answer (no answer in time denies).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from corral.sandbox._policy import Decision, Policy
 from corral.tools._core import ToolContext
 from corral.tools._remote import ApprovalGate
 
-__all__ = ["PERMISSION_TOOL", "PermissionPromptTool"]
+__all__ = ["PERMISSION_TOOL", "POLICY_DENIED_EVENT", "PermissionPromptTool"]
 
 log = logging.getLogger(__name__)
 
 PERMISSION_TOOL = "permission_prompt"
 """The tool's name on the ``corral`` server (Claude Code: ``mcp__corral__permission_prompt``)."""
+
+POLICY_DENIED_EVENT = "corral.policy_denied"
+"""The CUSTOM event logged for each tool use the policy refused."""
 
 WRITE_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 NET_TOOLS = frozenset({"WebFetch", "WebSearch"})
@@ -41,7 +46,8 @@ READ_TOOLS = frozenset({"Read", "Glob", "Grep", "LS", "TodoWrite", "Task", "Agen
 
 class PermissionPromptTool:
     """A :class:`corral.tools._core.ToolLike` deciding Claude Code's permission prompts with
-    ``policy``; ``approvals`` holds ``ask`` decisions for a human (``None``: denied)."""
+    ``policy``; ``approvals`` holds ``ask`` decisions for a human (``None``: denied);
+    ``on_denied`` receives the :data:`POLICY_DENIED_EVENT` value of each refusal."""
 
     name = PERMISSION_TOOL
     description = ("Internal to corral: Claude Code's permission check against the sandbox "
@@ -49,9 +55,12 @@ class PermissionPromptTool:
     approval = False  # it raises its own approvals, for "ask" verdicts only
     waits_for_approvals = True  # so the server's call timeout does not cut a human short
 
-    def __init__(self, policy: Policy, approvals: ApprovalGate | None) -> None:
+    def __init__(self, policy: Policy, approvals: ApprovalGate | None,
+                 on_denied: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+                 ) -> None:
         self.policy = policy
         self.approvals = approvals
+        self.on_denied = on_denied
 
     @property
     def input_schema(self) -> dict[str, Any]:
@@ -89,12 +98,16 @@ class PermissionPromptTool:
                   decision.verdict, decision.rule)
         if decision.verdict == "allow":
             return {"behavior": "allow", "updatedInput": dict(tool_input)}
-        if decision.verdict == "deny":
-            return _deny(f"denied by corral policy ({decision.rule}): {decision.reason}")
-        if self.approvals is None:
+        call_id = args.get("tool_use_id")
+        if decision.verdict == "deny" or self.approvals is None:
+            if self.on_denied is not None:
+                await self.on_denied({
+                    "tool": tool_name, "toolCallId": call_id if isinstance(call_id, str)
+                    else None, "rule": decision.rule, "reason": decision.reason})
+            if decision.verdict == "deny":
+                return _deny(f"denied by corral policy ({decision.rule}): {decision.reason}")
             return _deny(f"corral policy says ask ({decision.rule}) and this run has no "
                          "approval channel")
-        call_id = args.get("tool_use_id")
         refused = await self.approvals.request(
             tool_name, dict(tool_input),
             call_id=call_id if isinstance(call_id, str) else None)
