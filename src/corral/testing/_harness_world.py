@@ -96,7 +96,9 @@ class HarnessCase:
     """How the model calls a host tool by the name this CLI offers it under."""
     normalize: Callable[[str], str] | None = None
     """Blanks this CLI's own per-session values in one JSON-encoded event (ids the kit's
-    comparison of a killed run with an uninterrupted one does not know of)."""
+    comparison of a killed run with an uninterrupted one does not know of); ``""`` leaves
+    the event out of that comparison (a notification the CLI sends on its own schedule,
+    which may or may not come before the run ends)."""
     provider: str = "bubblewrap"
     """The sandbox provider (``--provider``); the checks are verified with bubblewrap."""
     agents_dir: str | None = None
@@ -260,7 +262,8 @@ def normalized(events: list[dict[str, Any]], run_id: str,
                extra: Callable[[str], str] | None = None) -> list[str]:
     """Events JSON-encoded with what differs between two runs of one script blanked: the
     run id, the CLI's per-session values (ids, timings, cost), the scripted server's
-    numbering, and what ``extra`` (applied to each encoded event) blanks."""
+    numbering, and what ``extra`` (applied to each encoded event) blanks; an event
+    ``extra`` maps to ``""`` is left out."""
     ids: dict[str, str] = {}
 
     def renumber(m: re.Match[str]) -> str:
@@ -281,6 +284,8 @@ def normalized(events: list[dict[str, Any]], run_id: str,
         text = re.sub(r"\b(prt|ses|msg)_[A-Za-z0-9]+", r"\1_*", text)
         if extra is not None:
             text = extra(text)
+            if not text:
+                continue
         out.append(text)
     return out
 
