@@ -173,7 +173,10 @@ async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
         if snap is not None:
             await snaps.delete(snap)
     # the deleted snapshot's image went with the last sandbox restored from it
-    dangling = provider.api.images(filters={"dangling": True, "label": "corral.snapshot"})
+    # (this snapshot's only: another test may be making and deleting its own meanwhile)
+    assert snap is not None
+    dangling = provider.api.images(filters={"dangling": True,
+                                            "label": f"corral.snapshot={snap.id}"})
     assert dangling == []
 
 
