@@ -2,19 +2,21 @@
 
 Each store object keeps two connections (one writer, one reader), each used by one worker
 thread at a time through ``anyio.to_thread``. Writes run in ``BEGIN IMMEDIATE`` transactions:
-fencing checks and the writes they guard commit together or not at all.
+fencing checks and the writes they guard commit together or not at all. A process killed
+mid-append leaves the last transaction uncommitted in the WAL, which SQLite discards on the
+next open, so the log always holds a clean prefix.
 
 The short instance and lock operations (``ensure`` makes three per sandbox) run on the event
 loop when that needs no waiting, on a third connection whose busy timeout is zero: when
 SQLite cannot grant the transaction at once (another connection writes) or that connection
 is in use, the operation goes through the worker thread as any other, nothing having been
-written. A hop to a worker costs more than such a transaction (it wakes a thread, which
-wakes the loop: ~0.4 ms against ~0.1 ms after an idle moment on a 2-vCPU VM). Only when a
-commit does not ``fsync`` (``synchronous`` off or normal), and the loop's connection never
-checkpoints (a checkpoint does ``fsync``): one in :data:`_THREAD_EVERY` of its writes goes
-through the writer's thread instead, whose commit checkpoints a WAL of 1000 pages or more. A process killed
-mid-append leaves the last transaction uncommitted in the WAL, which SQLite discards on the
-next open, so the log always holds a clean prefix.
+written. A hop to a worker costs more than such a transaction: it wakes a thread, which
+wakes the loop (taking a lock and reading the record measured ~130 µs through the thread
+and ~35 µs here back to back, ~770 µs and ~400 µs after 15 ms idle, on a 2-vCPU VM at load
+3; docs/benchmarks.md). Only where a commit does not ``fsync`` (``synchronous`` off or
+normal); and the loop's connection never checkpoints (a checkpoint does ``fsync``): one in
+:data:`_THREAD_EVERY` of its writes goes through the writer's thread instead, whose commit
+checkpoints a WAL of 1000 pages or more.
 
 ``synchronous=NORMAL`` (the default) survives process crashes; a power loss can drop the last
 transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
