@@ -11,12 +11,12 @@ loop when that needs no waiting, on a third connection whose busy timeout is zer
 SQLite cannot grant the transaction at once (another connection writes) or that connection
 is in use, the operation goes through the worker thread as any other, nothing having been
 written. A hop to a worker costs more than such a transaction: it wakes a thread, which
-wakes the loop (taking a lock and reading the record measured ~130 µs through the thread
-and ~35 µs here back to back, ~770 µs and ~400 µs after 15 ms idle, on a 2-vCPU VM at load
-3; docs/benchmarks.md). Only where a commit does not ``fsync`` (``synchronous`` off or
-normal); and the loop's connection never checkpoints (a checkpoint does ``fsync``): one in
-:data:`_THREAD_EVERY` of its writes goes through the writer's thread instead, whose commit
-checkpoints a WAL of 1000 pages or more.
+wakes the loop (taking a lock and reading the record: p50 ~150 µs through the thread, ~50 µs
+here back to back; ~660 µs and ~350 µs after 15 ms idle, p90 2.4–2.9 ms and 0.4 ms, on a
+2-vCPU VM at load ~5: ``bench/store_ensure_ops.py``). Only where a commit does not
+``fsync`` (``synchronous`` off or normal); and the loop's connection never checkpoints (a
+checkpoint does ``fsync``): one in :data:`_THREAD_EVERY` of its writes goes through the
+writer's thread instead, whose commit checkpoints a WAL of 1000 pages or more.
 
 ``synchronous=NORMAL`` (the default) survives process crashes; a power loss can drop the last
 transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
