@@ -422,3 +422,54 @@ async def test_the_ready_record_and_the_lock_release_are_one_write(
     assert await store.try_lock(key_lock_name(key), "other", 30)  # type: ignore[attr-defined]
     await store.unlock(key_lock_name(key), "other")  # type: ignore[attr-defined]
     await sb.destroy(ctx("r2"), store=store)
+
+
+async def test_the_key_lock_waits_for_another_owner_and_renews_its_lease(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """key_lock waits while another process holds the key, takes it when released, keeps
+    its lease alive while held (the store's clock is the test's: the lease must follow
+    it) and releases it at the end."""
+    import anyio
+
+    from corral.sandbox import _ensure
+    from corral.stores._sqlite import SQLiteStore
+
+    now = [1000.0]
+    store = SQLiteStore(tmp_path / "s.db", clock=lambda: now[0])
+    monkeypatch.setattr(_ensure, "LOCK_TTL", 0.3)  # a renewal every 0.1 s
+    name = _ensure.key_lock_name("k")
+
+    async def expiry() -> float:
+        def read(conn: object) -> float:
+            row = conn.execute(  # type: ignore[attr-defined]
+                "SELECT expires_at FROM locks WHERE name = ?", (name,)).fetchone()
+            return float(row[0]) if row else -1.0
+        return await store._read(read)  # type: ignore[arg-type]
+
+    try:
+        assert await store.try_lock(name, "other", 30)
+        inside = anyio.Event()
+        leave = anyio.Event()
+
+        async def hold() -> None:
+            async with _ensure.key_lock(store, "k", read_instance=True) as held:
+                assert held.read and held.instance is None
+                inside.set()
+                await leave.wait()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await anyio.wait_all_tasks_blocked()
+                assert not inside.is_set()  # the other owner holds the key
+                assert await store.unlock(name, "other")
+                await inside.wait()
+                for later in (1010.0, 1020.0):  # far past the 0.3 s lease: renewed
+                    now[0] = later
+                    while await expiry() != later + 0.3:
+                        await anyio.sleep(0.01)
+                    assert not await store.try_lock(name, "other", 30)
+                leave.set()
+        assert await expiry() == -1.0  # released
+    finally:
+        await store.aclose()

@@ -131,22 +131,32 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
         name = key_lock_name(key)
         owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
         reading = getattr(store, "try_lock_reading_instance", None) if read_instance else None
-        delay = 0.02
-        with anyio.fail_after(LOCK_WAIT):
-            while True:
-                if reading is not None:
-                    taken, held.instance = await reading(name, owner, LOCK_TTL, key)
-                    held.read = taken
-                else:
-                    taken = await store.try_lock(name, owner, LOCK_TTL)
-                if taken:
-                    break
-                await anyio.sleep(delay)  # another process is ensuring this key
-                delay = min(delay * 2, 0.5)
+
+        async def attempt() -> bool:
+            if reading is not None:
+                taken, held.instance = await reading(name, owner, LOCK_TTL, key)
+                held.read = taken
+                return bool(taken)
+            return await store.try_lock(name, owner, LOCK_TTL)
+
+        if not await attempt():  # (the deadline's scope only when there is a wait)
+            delay = 0.02
+            with anyio.fail_after(LOCK_WAIT):
+                while True:
+                    await anyio.sleep(delay)  # another process is ensuring this key
+                    delay = min(delay * 2, 0.5)
+                    if await attempt():
+                        break
+
+        stop = anyio.Event()
 
         async def renew() -> None:
+            # Ends when told, not by a cancel: the task group's exit is then cheaper (a
+            # cancel's delivery took ~0.1 ms more of each ensure after an idle moment).
             while True:
-                await anyio.sleep(LOCK_TTL / 3)
+                with anyio.move_on_after(LOCK_TTL / 3):
+                    await stop.wait()
+                    return
                 await store.try_lock(name, owner, LOCK_TTL)
 
         # The body's exception is carried past the task group so that callers see it
@@ -160,7 +170,7 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
                 except BaseException as exc:
                     failure = exc
                 finally:
-                    tg.cancel_scope.cancel()
+                    stop.set()
         finally:
             with anyio.CancelScope(shield=True):
                 last = held.write_last if failure is None else None
