@@ -473,3 +473,39 @@ async def test_the_key_lock_waits_for_another_owner_and_renews_its_lease(
         assert await expiry() == -1.0  # released
     finally:
         await store.aclose()
+
+
+async def test_a_keys_local_lock_is_gone_once_nobody_holds_or_waits_for_it(
+        tmp_path: Path) -> None:
+    """A long-lived server ensures run-scoped keys by the thousand: their in-process locks
+    must not pile up; two tasks of one key still share one lock."""
+    import gc
+
+    import anyio
+
+    from corral.sandbox import _ensure
+    from corral.stores._sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "s.db")
+    try:
+        order: list[str] = []
+
+        async def use(tag: str) -> None:
+            async with _ensure.key_lock(store, "run-key"):
+                order.append(f"{tag} in")
+                await anyio.sleep(0.05)
+                order.append(f"{tag} out")
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(use, "a")
+                tg.start_soon(use, "b")
+        assert order in (["a in", "a out", "b in", "b out"],
+                         ["b in", "b out", "a in", "a out"])  # one lock: never interleaved
+        for i in range(20):
+            async with _ensure.key_lock(store, f"run-{i}"):
+                pass
+        gc.collect()
+        assert not [k for k in _ensure._local_locks if k.startswith("run-")]
+    finally:
+        await store.aclose()

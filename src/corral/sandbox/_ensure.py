@@ -18,6 +18,7 @@ import os
 import secrets as _secrets
 import socket
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -93,7 +94,9 @@ class Ensured:
 
 
 # ---------------------------------------------------------------------- locking
-_local_locks: dict[str, anyio.Lock] = {}
+# Weak: a key's lock lives while someone holds or waits for it (their frames keep it), so
+# run-scoped keys do not pile up in a long-lived server.
+_local_locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
 
 def key_lock_name(key: str) -> str:
@@ -121,7 +124,9 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
     ``read_instance``: also read the instance record in the same transaction where the
     store can (``try_lock_reading_instance``: one round trip less for ``ensure``)."""
     held = KeyLock()
-    lock = _local_locks.setdefault(key, anyio.Lock())
+    lock = _local_locks.get(key)
+    if lock is None:
+        lock = _local_locks[key] = anyio.Lock()
     async with lock:
         if not isinstance(store, LockStore):
             yield held
