@@ -49,19 +49,22 @@ Python ≥ 3.8, no corral import.
 
 from __future__ import annotations
 
-import base64
+# Only what starting the agent needs is imported here (re, shlex, socket, base64 and typing
+# cost ~30 ms of a fresh interpreter before the agent could start; they load when used).
+import binascii
 import ctypes
 import json
 import os
-import re
-import shlex
+import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL_VERSION = 1
 MAX_LINE = 64 << 20
@@ -119,10 +122,11 @@ def encode_header(config: dict[str, Any]) -> bytes:
 # ---------------------------------------------------------------- policy
 
 
-HOST_TOOL = re.compile(r"^(?:corral_|mcp__corral__|mcp_corral_)[A-Za-z0-9_.-]+$|"
-                       r"^[A-Za-z0-9_.-]+ \(corral MCP Server\)$")
+HOST_TOOL = (r"^(?:corral_|mcp__corral__|mcp_corral_)[A-Za-z0-9_.-]+$|"
+             r"^[A-Za-z0-9_.-]+ \(corral MCP Server\)$")
 """How agents name a tool of the run's ``corral`` MCP server (opencode ``corral_x``, Claude
-``mcp__corral__x``, gemini ``mcp_corral_x`` / title ``x (corral MCP Server)``)."""
+``mcp__corral__x``, gemini ``mcp_corral_x`` / title ``x (corral MCP Server)``): a regular
+expression."""
 
 
 def is_host_tool(tc: dict[str, Any]) -> bool:
@@ -132,7 +136,9 @@ def is_host_tool(tc: dict[str, Any]) -> bool:
     claude = meta.get("claudeCode") if isinstance(meta, dict) else None
     names = [tc.get("title"), tc.get("name"),
              claude.get("toolName") if isinstance(claude, dict) else None]
-    return any(isinstance(n, str) and HOST_TOOL.match(n) for n in names)
+    import re  # cached after the first call
+
+    return any(isinstance(n, str) and re.match(HOST_TOOL, n) for n in names)
 
 
 def permission_question(tool_call: Any, command_in_title: bool = False
@@ -149,6 +155,8 @@ def permission_question(tool_call: Any, command_in_title: bool = False
         if command is None and command_in_title:
             command = tc.get("title")
         if isinstance(command, list) and all(isinstance(a, str) for a in command):
+            import shlex
+
             command = " ".join(shlex.quote(a) for a in command) if len(command) > 1 \
                 else (command[0] if command else None)
         return "Bash", {"command": command if isinstance(command, str) else None}
@@ -182,6 +190,8 @@ def _http_unix(sock_path: str, path: str, body: bytes, token: str,
     head = (f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Accept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    import socket
+
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout)
     try:
@@ -276,6 +286,27 @@ def _sse_or_json(raw: bytes) -> bytes:
         return text
     data = [line[5:].strip() for line in text.splitlines() if line.startswith(b"data:")]
     return data[-1] if data else text
+
+
+def wait_exit(proc: Any, timeout: float) -> int | None:
+    """``proc``'s return code, or ``None`` while it still runs after ``timeout`` seconds.
+    Woken by the exit itself (a pidfd, Linux ≥ 5.3, Python ≥ 3.9): ``Popen.wait(timeout)``
+    polls with sleeps growing to 50 ms, which the end of every run waited through."""
+    try:
+        fd = os.pidfd_open(proc.pid)  # type: ignore[attr-defined,unused-ignore]
+    except (AttributeError, OSError):
+        try:
+            return int(proc.wait(timeout))
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if poller.poll(max(0.0, timeout) * 1000):
+            return int(proc.wait())
+        return proc.poll()  # type: ignore[no-any-return]
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- the bridge
@@ -462,7 +493,7 @@ class Bridge:
             list(cfg["argv"]), env=dict(cfg.get("env") or {}), cwd=cfg.get("cwd"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
             start_new_session=True, preexec_fn=child_setup)
-        prefix = base64.b64decode(cfg.get("stdin_prefix") or "")
+        prefix = binascii.a2b_base64(cfg.get("stdin_prefix") or "")
         if prefix:
             assert self.proc.stdin is not None
             self.proc.stdin.write(prefix)
@@ -573,20 +604,14 @@ class Bridge:
                 proc.stdin.close()
             except (OSError, AssertionError):
                 pass
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
+        wait_exit(proc, grace)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
             except OSError:
                 pass
-            try:
-                proc.wait(1.0)
+            if wait_exit(proc, 1.0) is not None:
                 break
-            except subprocess.TimeoutExpired:
-                continue
         self.agent_gone.wait(2.0)  # the reader journals what the agent wrote last
 
 
@@ -646,4 +671,12 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # Without the interpreter's teardown (its threads and modules: ~10-15 ms here), which
+    # the run's end would wait for: the journal is flushed line by line already.
+    os._exit(code)

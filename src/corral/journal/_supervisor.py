@@ -1,6 +1,7 @@
 """The journal supervisor: runs the agent detached from the driving process.
 
-``launch_supervised`` starts ``python -m corral.journal._supervisor`` in a new session; that
+``launch_supervised`` starts ``python -I -S …/corral/journal/_boot.py`` in a new session
+(``python -m corral.journal._supervisor`` does the same, slower: see :mod:`._boot`); that
 process reads its whole job (agent argv, env, cwd, stdin, file paths **and the nonce**) from
 an inherited pipe, forks once more (double fork: the supervisor is reparented to init / the
 nearest subreaper and is not a session leader), and exits. The grandchild, the supervisor:
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -49,6 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from corral._errors import ConfigError, CorralError
+from corral.journal._boot import read_all as _read_all
+from corral.journal._boot import set_non_dumpable as set_non_dumpable
+from corral.journal._boot import start_agent
 from corral.journal._layout import JournalPaths, SupervisorStatus, read_status, write_status
 from corral.journal._sentinel import TIMEOUT_EXIT_CODE, format_trailer, normalize_nonce
 
@@ -66,8 +69,9 @@ __all__ = [
     "supervisor_alive",
 ]
 
-_PR_SET_DUMPABLE = 4
 _F_SETPIPE_SZ = 1031
+_BOOT = str(Path(__file__).with_name("_boot.py"))
+"""The supervisor's entry point: the agent starts before this module is imported."""
 
 
 class SupervisorError(CorralError):
@@ -217,8 +221,8 @@ def launch_supervised(
     log_fd = os.open(paths.supervisor_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         proc = subprocess.Popen(
-            [python, "-m", "corral.journal._supervisor", "--job-fd", str(job_r),
-             "--ready-fd", str(ready_w)],
+            # by path, isolated (-I -S): see corral.journal._boot
+            [python, "-I", "-S", _BOOT, "--job-fd", str(job_r), "--ready-fd", str(ready_w)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log_fd,
@@ -376,30 +380,19 @@ async def kill_supervised_async(
 # ---------------------------------------------------------------- the supervisor process
 
 
-def set_non_dumpable() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # best effort: the real barrier is that the agent cannot see this process
-
-
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _supervise(job: dict[str, Any], ready_fd: int) -> int:
+def supervise(job: dict[str, Any], ready_fd: int, started: dict[str, Any] | None = None
+              ) -> int:
+    """The supervisor's work once it runs (see the module docstring); ``started``: what
+    :func:`corral.journal._boot.start_agent` returned when the agent was started before
+    this module was imported (``None``: start it now)."""
+    if started is None:
+        started = start_agent(job)
     nonce: str = job.pop("nonce")
     normalize_nonce(nonce)
     status_path = Path(job["status"])
@@ -410,62 +403,24 @@ def _supervise(job: dict[str, Any], ready_fd: int) -> int:
     budget = _OutputBudget(job.get("max_output"))
     out = _Sink(_open_at_end(job["journal"], flags), budget)
     err = _Sink(_open_at_end(job["stderr"], flags), budget)
-    stdin_data = base64.b64decode(job["stdin"]) if job.get("stdin") is not None else None
-    prefix = base64.b64decode(job.get("stdin_prefix") or "")
     timeout: float | None = job.get("timeout")
-
-    agent: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        if agent is None:
-            pending.append(signum)
-            return
-        try:
-            os.killpg(agent.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-
-    spawn_error: str | None = None
     redact: dict[str, str] = job.pop("redact", None) or {}
-    try:
-        agent = subprocess.Popen(
-            job["argv"],
-            env=job["env"],
-            cwd=job.get("cwd"),
-            stdin=subprocess.PIPE if stdin_data is not None or prefix else subprocess.DEVNULL,
-            # Always through this process, never the files themselves: an agent holding the
-            # journal's open file description could clear O_APPEND, seek or truncate it.
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        what = f"{exc.strerror}: {exc.filename!r}" if exc.filename else str(exc.strerror or exc)
-        spawn_error = f"cannot start agent {job['argv'][0]!r}: {what}"
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
+    agent: subprocess.Popen[bytes] | None = started["agent"]
+    if agent is None:
+        spawn_error: str = started["error"]
         err.write(f"corral supervisor: {spawn_error}\n".encode(), charge=False)
         write_status(
             status_path,
             SupervisorStatus("running", me, my_start, None, None, spawn_error=spawn_error),
         )
         report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": None, "spawn_error": spawn_error})
-        return _finish(out, err, status_path, nonce, me, my_start, None, None, code, None,
-                       spawn_error, kill_stragglers=False)
+        return _finish(out, err, status_path, nonce, me, my_start, None, None,
+                       int(started["code"]), None, spawn_error, kill_stragglers=False)
 
     agent_start = process_start_time(agent.pid)
     budget.on_exceeded = lambda: _kill_group(agent.pid)
     write_status(status_path, SupervisorStatus("running", me, my_start, agent.pid, agent_start))
     report_ready(ready_fd, {"supervisor_pid": me, "agent_pid": agent.pid})
-    for signum in pending:
-        forward(signum, None)
-    if agent.stdin is not None:
-        threading.Thread(target=_feed, args=(agent.stdin, prefix + (stdin_data or b"")),
-                         daemon=True).start()
     pumps = []
     wake_r, wake_w = os.pipe()
     for pipe, sink in ((agent.stdout, out), (agent.stderr, err)):
@@ -498,10 +453,9 @@ _TIMEOUT_GRACE = 5.0
 def _wait(agent: subprocess.Popen[bytes], timeout: float | None, err: _Sink) -> int:
     """The agent's return code, or ``_TIMED_OUT`` once it was stopped after ``timeout``
     seconds (SIGTERM to its group, SIGKILL ``_TIMEOUT_GRACE`` seconds later)."""
-    try:
-        return agent.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
+    rc = wait_exit(agent, timeout)
+    if rc is not None:
+        return rc
     err.write(f"\ncorral: stopped after the run's timeout of {timeout:g}s\n".encode(),
               charge=False)
     for sig, grace in ((signal.SIGTERM, _TIMEOUT_GRACE), (signal.SIGKILL, None)):
@@ -509,12 +463,39 @@ def _wait(agent: subprocess.Popen[bytes], timeout: float | None, err: _Sink) -> 
             os.killpg(agent.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            agent.wait(timeout=grace)
+        if wait_exit(agent, grace) is not None:
             break
-        except subprocess.TimeoutExpired:
-            continue
     return _TIMED_OUT
+
+
+def wait_exit(proc: subprocess.Popen[bytes], timeout: float | None) -> int | None:
+    """``proc``'s return code, or ``None`` while it still runs after ``timeout`` seconds.
+
+    Woken by the exit itself (a pidfd, Linux ≥ 5.3): ``Popen.wait(timeout)`` polls with
+    sleeps growing to 50 ms, which every run's end waited through, ~25 ms on average, before
+    the trailer was written. Elsewhere that polling wait."""
+    if timeout is None:
+        return proc.wait()
+    try:
+        fd = os.pidfd_open(proc.pid)  # ours and not yet reaped: the pid cannot be reused
+    except (AttributeError, OSError):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return proc.poll()
+            # in slices: poll() takes an int of milliseconds (a day fits)
+            if poller.poll(min(left, 86400.0) * 1000):
+                return proc.wait()
+    finally:
+        os.close(fd)
 
 
 def _kill_group(pid: int) -> None:
@@ -716,18 +697,6 @@ class StreamRedactor:
         return out
 
 
-def _feed(pipe: Any, data: bytes) -> None:
-    try:
-        pipe.write(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            pipe.close()
-        except OSError:
-            pass
-
-
 def report_ready(fd: int, report: dict[str, Any]) -> None:
     try:
         _write_all(fd, json.dumps(report).encode())
@@ -772,7 +741,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.fork() > 0:
         os._exit(0)  # the intermediate: the launcher reaps it; the supervisor is orphaned
     try:
-        return _supervise(job, ready_fd)
+        return supervise(job, ready_fd)
     except BaseException as exc:  # noqa: BLE001 - last words go to the supervisor log
         print(f"corral supervisor failed: {exc!r}", file=sys.stderr)
         return 1
