@@ -1,8 +1,7 @@
 """The journal supervisor: runs the agent detached from the driving process.
 
 ``launch_supervised`` starts ``python -I -S …/corral/journal/_boot.py`` in a new session
-(``python -m corral.journal._supervisor`` does the same, slower: see :mod:`._boot`); that
-process reads its whole job (agent argv, env, cwd, stdin, file paths **and the nonce**) from
+(see :mod:`._boot` for why a file of its own); that process reads its whole job (agent argv, env, cwd, stdin, file paths **and the nonce**) from
 an inherited pipe, forks once more (double fork: the supervisor is reparented to init / the
 nearest subreaper and is not a session leader), and exits. The grandchild, the supervisor:
 
@@ -49,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from corral._errors import ConfigError, CorralError
-from corral.journal._boot import read_all as _read_all
 from corral.journal._boot import set_non_dumpable as set_non_dumpable
 from corral.journal._boot import start_agent
 from corral.journal._layout import JournalPaths, SupervisorStatus, read_status, write_status
@@ -64,7 +62,6 @@ __all__ = [
     "kill_supervised_async",
     "launch_supervised",
     "launch_supervised_async",
-    "main",
     "process_start_time",
     "supervisor_alive",
 ]
@@ -724,28 +721,3 @@ def _finish(
                          spawn_error),
     )
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m corral.journal._supervisor --job-fd N --ready-fd M``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        job_fd = int(args[args.index("--job-fd") + 1])
-        ready_fd = int(args[args.index("--ready-fd") + 1])
-    except (ValueError, IndexError):
-        print("usage: python -m corral.journal._supervisor --job-fd N --ready-fd M", file=sys.stderr)
-        return 2
-    set_non_dumpable()
-    job = json.loads(_read_all(job_fd))
-    os.close(job_fd)
-    if os.fork() > 0:
-        os._exit(0)  # the intermediate: the launcher reaps it; the supervisor is orphaned
-    try:
-        return supervise(job, ready_fd)
-    except BaseException as exc:  # noqa: BLE001 - last words go to the supervisor log
-        print(f"corral supervisor failed: {exc!r}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
