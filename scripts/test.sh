@@ -82,13 +82,17 @@ echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 # Two workers (one per core), whole files per worker: the suite is mostly waiting on agent
 # CLIs, sandboxes and servers, and a file's tests share its fixtures. CORRAL_TEST_WORKERS=0
 # runs it in this process. The agent CLIs on docker go first, alone: with the other
-# worker's load their CLIs (gemini's above all) can take minutes to start. The two-host
-# docker takeovers go with them: once in CI, under the other worker's load, a takeover's
-# container was gone when the test reached it (never reproduced; the test now says what the
-# new host recorded if it happens again).
-serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py)
+# worker's load their CLIs (gemini's above all) can take minutes to start. Every other
+# docker test goes with them (~70 s): twice in CI, under the other worker's load, a docker
+# test lost its way (a takeover's container gone; a run past its 2 s timeout not ending in
+# 90 s), neither reproduced alone or under CPU load; the takeover test now says what the
+# new host recorded if it happens again.
+serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
+        tests/providers/test_docker_conformance.py tests/providers/test_docker_fs_answers.py
+        tests/providers/test_docker_lifecycle.py tests/providers/test_docker_unreachable.py
+        tests/security/test_docker_hostile.py)
 if [ "$#" = 0 ]; then
-  echo "== pytest: agent CLIs and two-host takeovers on docker"
+  echo "== pytest: the docker provider's tests, alone"
   "$VENV/bin/python" -m pytest "${serial[@]}"
   set -- "${serial[@]/#/--ignore=}"
 fi
