@@ -155,13 +155,20 @@ async def test_filters_and_flags_reach_the_command(sandbox: BubblewrapHandle) ->
 
 async def test_orphans_are_reaped_while_the_command_runs(sandbox: BubblewrapHandle) -> None:
     # Orphans' zombies go to pid 1; an init that did not reap would leave them forever.
-    script = (
-        "for i in 1 2 3 4 5; do (sh -c 'exit 0' &); done; i=0; "
-        "while grep -qs '^State:.*Z' /proc/[0-9]*/status && [ $i -lt 1000 ]; do "
-        "sleep 0.01; i=$((i+1)); done; grep -ls '^State:.*Z' /proc/[0-9]*/status | wc -l"
-    )
+    # Each orphan notes its pid; the script waits (10 s at most) until every noted pid is
+    # gone from /proc (reaped), then prints how many are left: 0, or 5 zombies.
+    script = r"""
+for i in 1 2 3 4 5; do (sh -c "echo \$\$ > /tmp/orphan$i; exec sleep 0.01" &); done
+i=0
+while [ "$(cat /tmp/orphan* 2>/dev/null | wc -l)" -lt 5 ] && [ $i -lt 1000 ]; do
+  sleep 0.01; i=$((i+1)); done
+left() { n=0; for p in $(cat /tmp/orphan*); do [ -e /proc/$p ] && n=$((n+1)); done; echo $n; }
+i=0
+while [ "$(left)" != 0 ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
+cat /tmp/orphan* | wc -l; left
+"""
     r = await sandbox.process.exec(["sh", "-c", script], timeout=60)
-    assert r.ok and r.stdout.strip() == b"0", r
+    assert r.ok and r.stdout.split() == [b"5", b"0"], r
 
 
 async def test_exit_statuses_and_stdin_after_the_prefix(sandbox: BubblewrapHandle) -> None:
