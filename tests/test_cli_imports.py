@@ -80,8 +80,8 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
 def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
-    modules = _modules_of(argv, tmp_path)
-    store_side = (*PARSER, "corral.cli._runs_view", "corral.cli._store", "corral.stores",
+    modules = _modules_of(argv, tmp_path)  # the first: it creates the store
+    store_side = (*PARSER, "corral.cli._ls_impl", "corral.cli._store", "corral.stores",
                   "corral.stores.")
     assert _outside(modules, store_side) == set()
     assert _heavy(modules) == set()
@@ -89,6 +89,13 @@ def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> Non
                   "corral.sandbox", "corral.journal", "corral.tools", "corral.agents",
                   "corral.stores._postgres", "psycopg", "psycopg_pool"):
         assert never not in modules  # a SQLite store never loads the PostgreSQL driver
+    assert "corral.stores._sqlite" in modules
+    # the store exists now: it is read with sqlite3 alone, no event loop, no store object
+    again = _modules_of(argv, tmp_path)
+    assert _outside(again, (*PARSER, "corral.cli._ls_impl", "corral.stores",
+                            "corral.stores._records", "corral.stores._url",
+                            "corral.stores._sqlite_tables")) == set()
+    assert {"anyio", "asyncio", "corral.stores._sqlite"} & again == set()
 
 
 def test_show_of_a_missing_run_is_one_line_without_the_runner(tmp_path: Path) -> None:

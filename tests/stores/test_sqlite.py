@@ -567,3 +567,57 @@ async def test_the_wal_stays_bounded_when_writes_run_on_the_loop(tmp_path: Path)
         assert await store.get_instance("k2999") == _instance("k2999", 1000)
     finally:
         await store.aclose()
+
+
+async def test_corral_ls_reads_the_file_as_the_store_lists_it(
+        tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    """``corral ls`` reads a current store file with plain sqlite3 (``peek_runs``): every
+    filter gives exactly the store's own listing, ties in start time included."""
+    from corral.cli._ls_impl import record_json
+    from corral.stores._sqlite_tables import peek_runs
+
+    path = tmp_path / "runs.db"
+    store = await open_store(f"sqlite://{path}")
+    statuses = list(RunStatus)
+    for i in range(40):
+        await store.create(NewRun(run_id=f"r{i:02d}", thread_id=f"t{i % 3}",
+                                  started_at=1000.0 + i // 4, status=statuses[i % len(statuses)]))
+    for thread in (None, "t0", "t1", "t2", "nope"):
+        for status in (None, *statuses):
+            for limit in (1, 3, 50):
+                if thread is None:
+                    want = await store.list_runs(status=status, limit=limit)
+                else:
+                    want = [r for r in reversed(await store.list_by_thread(thread))
+                            if status is None or r.status is status][:limit]
+                got = peek_runs(path, thread=thread, status=status, limit=limit)
+                assert got == want, (thread, status, limit)
+    want = [record_json(r) for r in (await store.list_by_thread("t1"))[::-1][:2]]
+    await store.aclose()
+    out = subprocess.run([*corral_cmd, "ls", "--json", "--thread", "t1", "--limit", "2",
+                          "--store", f"sqlite://{path}"], env=cli_env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == want
+
+
+async def test_corral_ls_of_an_old_or_missing_file_opens_the_store(
+        tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
+    """A file the quick read cannot answer (an older schema, no file yet) is opened as a
+    store: migrated, or created, then listed."""
+    from corral.stores._sqlite_tables import peek_runs
+
+    old = tmp_path / "old.db"
+    make_v1_store(old)
+    assert peek_runs(old, thread=None, status=None, limit=5) is None
+    out = subprocess.run([*corral_cmd, "ls", "--json", "--store", f"sqlite://{old}"],
+                         env=cli_env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert [r["run_id"] for r in json.loads(out.stdout)] == ["old-run"]
+    assert user_version(old) == SCHEMA_VERSION
+    new = tmp_path / "new.db"
+    assert peek_runs(new, thread=None, status=None, limit=5) is None
+    out = subprocess.run([*corral_cmd, "ls", "--json", "--store", f"sqlite://{new}"],
+                         env=cli_env, capture_output=True, text=True, timeout=60, check=False)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
+    assert user_version(new) == SCHEMA_VERSION

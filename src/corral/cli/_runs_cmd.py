@@ -1,7 +1,8 @@
 """``corral run``, ``attach``, ``cancel``, ``ls`` and ``show``: the parsers.
 
-Their handlers import what each needs when it runs: ``ls``, ``show`` and ``attach`` the store
-layer (:mod:`corral.cli._runs_view`; ``attach`` loads the runner while it already prints the
+Their handlers import what each needs when it runs: ``ls`` reads a SQLite store directly
+(:mod:`corral.cli._ls_impl`), ``show`` and ``attach`` open the store layer
+(:mod:`corral.cli._runs_view`; ``attach`` loads the runner while it already prints the
 logged events), ``run`` and ``cancel`` the runner (:mod:`corral.cli._runs_control`).
 """
 
@@ -133,7 +134,7 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from corral.cli._runs_view import ls
+    from corral.cli._ls_impl import ls
 
     return ls(args)
 

@@ -16,7 +16,8 @@ from corral._errors import ConfigError
 from corral._ids import check_id
 from corral.sandbox import _validate as validate
 from corral.sandbox._config_file import agent_table, find_config, load_config
-from corral.cli._runs_view import EventPrinter, follow, record_json, say
+from corral.cli._ls_impl import record_json
+from corral.cli._runs_view import EventPrinter, follow, say
 from corral.cli._trust import check_found_config
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._transfer import report_copy_progress

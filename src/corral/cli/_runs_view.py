@@ -1,4 +1,4 @@
-"""``corral ls``, ``show`` and ``attach``, and the event output ``corral run`` shares: what
+"""``corral show`` and ``attach``, and the event output ``corral run`` shares: what
 needs only the store (the parsers are in :mod:`corral.cli._runs_cmd`).
 
 ``attach`` prints the logged events as soon as the store is open; the runner it drives the
@@ -20,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import ConfigError
+from corral.cli._ls_impl import record_json
 from corral.cli._store import with_store
 from corral.stores._protocols import LoggedEvent, Store, UnknownRun
 from corral.stores._records import RunRecord, RunStatus
@@ -27,23 +28,8 @@ from corral.stores._records import RunRecord, RunStatus
 if TYPE_CHECKING:
     from corral.runs._runner import DriveResult, Runner
 
-__all__ = [
-    "EventPrinter", "attach", "exit_code_for", "follow", "ls", "record_json", "say", "show",
-]
+__all__ = ["EventPrinter", "attach", "exit_code_for", "follow", "say", "show"]
 
-SHOW_KEYS = (
-    "run_id",
-    "thread_id",
-    "status",
-    "exit_code",
-    "error",
-    "started_at",
-    "finished_at",
-    "detached_since",
-    "cancel_requested",
-    "driver_epoch",
-    "sandbox_key",
-)
 SECOND_SIGINT_WINDOW = 2.0
 
 
@@ -97,48 +83,7 @@ def exit_code_for(record: RunRecord) -> int:
     return 1
 
 
-def record_json(record: RunRecord) -> dict[str, Any]:
-    data = record.to_dict()
-    out = {key: data.get(key) for key in SHOW_KEYS}
-    out["cancel_requested"] = bool(out["cancel_requested"])
-    out["driver_epoch"] = record.driver_epoch
-    for key in ("harness", "usage", "sandbox_ref"):
-        if data.get(key) is not None:
-            out[key] = data[key]
-    return out
-
-
 # ---------------------------------------------------------------------------- commands
-
-
-def ls(args: argparse.Namespace) -> int:
-    async def listed(store: Store) -> list[RunRecord]:
-        if args.thread:
-            runs = list(reversed(await store.list_by_thread(args.thread)))
-            if args.status:
-                runs = [r for r in runs if r.status.value == args.status]
-            return runs[: args.limit]
-        status = RunStatus(args.status) if args.status else None
-        return await store.list_runs(status=status, limit=args.limit)
-
-    runs = with_store(args, listed)
-    if args.json:
-        print(json.dumps([record_json(r) for r in runs]))
-        return 0
-    rows = [("RUN_ID", "THREAD", "STATUS", "EXIT", "STARTED", "DETACHED")]
-    for r in runs:
-        rows.append((
-            r.run_id,
-            r.thread_id,
-            r.status.value + (" (cancel requested)" if r.cancel_requested and not r.terminal else ""),
-            "" if r.exit_code is None else str(r.exit_code),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
-            "yes" if r.detached_since is not None else "",
-        ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return 0
 
 
 def show(args: argparse.Namespace) -> int:

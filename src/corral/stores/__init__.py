@@ -26,7 +26,8 @@ from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from corral.stores._memory import MemoryStore
-    from corral.stores._open import default_store_url, open_store
+    from corral.stores._open import open_store
+    from corral.stores._url import default_store_url
     from corral.stores._postgres import PostgresStore
     from corral.stores._protocols import (
         ApprovalAnswer,
@@ -102,7 +103,7 @@ _EXPORTS: dict[str, str] = {
     "MemoryStore": "corral.stores._memory",
     "SQLiteStore": "corral.stores._sqlite",
     "PostgresStore": "corral.stores._postgres",
-    "default_store_url": "corral.stores._open",
+    "default_store_url": "corral.stores._url",
     "open_store": "corral.stores._open",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -219,18 +219,6 @@ def record_to_json(record: RunRecord) -> str:
         raise StoreError(f"run {record.run_id!r} has a field that is not JSON: {exc}") from None
 
 
-def record_from_json(text: str) -> RunRecord:
-    """Parse and validate a stored run record (raises ``CorruptRecord``)."""
-
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise CorruptRecord("a stored run record is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise CorruptRecord("a stored run record is not a JSON object")
-    return RunRecord.from_dict(data)
-
-
 def record_roundtrip(record: RunRecord) -> dict[str, Any]:
     parsed: dict[str, Any] = json.loads(record_to_json(record))
     return parsed

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from urllib.parse import parse_qsl
 
 from corral._errors import ConfigError
-from corral._paths import corral_home
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
+from corral.stores._url import default_store_url, sqlite_location
 
-__all__ = ["default_store_url", "open_store"]
-
-
-def default_store_url() -> str:
-    """``$CORRAL_STORE``, else the SQLite file ``$CORRAL_HOME/corral.db``."""
-    configured = os.environ.get("CORRAL_STORE")
-    if configured:
-        return configured
-    return f"sqlite://{corral_home() / 'corral.db'}"
+__all__ = ["open_store"]
 
 
 async def open_store(url: str | None = None) -> Store:
@@ -46,21 +36,9 @@ async def open_store(url: str | None = None) -> Store:
 
         return MemoryStore()
     if scheme == "sqlite":
-        if not rest:
-            raise ConfigError(f"store URL {url!r} names no file; use sqlite:///path/to.db")
-        if rest.startswith("//"):
-            rest = rest[1:]  # sqlite:////abs/path spelled SQLAlchemy-style
-        unknown = set(options) - {"synchronous"}
-        if unknown:
-            raise ConfigError(
-                f"store URL {url!r}: unknown option(s) {sorted(unknown)}; sqlite accepts synchronous"
-            )
-        synchronous = options.get("synchronous", "normal")
-        if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
-            raise ConfigError(
-                f"store URL {url!r}: synchronous must be off, normal, full or extra"
-            )
-        path = Path(rest).expanduser()
+        location = sqlite_location(url)
+        assert location is not None  # the scheme is sqlite
+        path, synchronous = location
         # A typo in a URL must not grow a directory tree and an empty store somewhere:
         # only the default store's directory (CORRAL_HOME) is created, by corral_home().
         if not path.parent.is_dir():

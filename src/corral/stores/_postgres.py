@@ -69,7 +69,7 @@ from corral.stores._protocols import (
     UnknownApproval,
     UnknownRun,
 )
-from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._records import RunPatch, RunRecord, RunStatus, record_from_json
 
 # While the server is down the pool logs a warning per reconnect attempt, several a second;
 # the LISTEN thread already says once that PostgreSQL is unreachable. An application that
@@ -162,11 +162,11 @@ def connect_error(target: PgTarget, exc: BaseException) -> StoreError | ConfigEr
 
 def _load(conn: Conn, sql: Mapping[str, str], run_id: str) -> tuple[int, RunRecord] | None:
     row = conn.execute(sql["lock_doc"], (run_id,)).fetchone()
-    return None if row is None else (int(row[0]), _logic.record_from_json(row[1]))
+    return None if row is None else (int(row[0]), record_from_json(row[1]))
 
 
 def _records(rows: Sequence[tuple[Any, ...]]) -> list[RunRecord]:
-    return [_logic.record_from_json(row[0]) for row in rows]
+    return [record_from_json(row[0]) for row in rows]
 
 
 def _json(value: Any, what: str) -> str:
@@ -570,14 +570,14 @@ class PostgresStore:
             row = conn.execute(self._sql["doc"], (new.run_id,)).fetchone()
             if row is None:
                 raise StoreError(f"run {new.run_id!r} vanished while being created; retry")
-            return _logic.record_from_json(row[0])
+            return record_from_json(row[0])
 
         return await self._stmt(op)
 
     async def get(self, run_id: str) -> RunRecord | None:
         def op(conn: Conn) -> RunRecord | None:
             row = conn.execute(self._sql["doc"], (run_id,)).fetchone()
-            return None if row is None else _logic.record_from_json(row[0])
+            return None if row is None else record_from_json(row[0])
 
         return await self._stmt(op)
 

@@ -9,6 +9,7 @@ guessing (a mis-read status can delete a live run's journal or resurrect a finis
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -348,3 +349,15 @@ _PATCH_CHECKS: Final = {
     "detached_since": _opt_time,
     "cancel_requested": _opt_bool,
 }
+
+
+def record_from_json(text: str) -> RunRecord:
+    """Parse and validate a stored run record (raises ``CorruptRecord``)."""
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise CorruptRecord("a stored run record is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise CorruptRecord("a stored run record is not a JSON object")
+    return RunRecord.from_dict(data)

@@ -40,7 +40,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from corral._paths import storage_problem
-from corral.stores._records import CorruptRecord, RunPatch, RunRecord, RunStatus
+from corral.stores._records import CorruptRecord, RunPatch, RunRecord, RunStatus, record_from_json
 from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
@@ -57,76 +57,17 @@ from corral.stores._protocols import (
 )
 from corral.stores import _logic
 from corral.stores._signal import NotifySignal
+from corral.stores._sqlite_tables import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    latest_runs,
+    records,
+    runs_of_thread,
+)
 
 _T = TypeVar("_T")
 log = logging.getLogger("corral.stores._sqlite")
 
-_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
-    # 1: run records, event logs, sandbox instances, named locks
-    (
-        """CREATE TABLE IF NOT EXISTS runs (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            run_id TEXT NOT NULL UNIQUE,
-            thread_id TEXT NOT NULL,
-            status TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            detached_since REAL,
-            driver_epoch INTEGER NOT NULL DEFAULT 0,
-            doc TEXT NOT NULL,
-            last_offset INTEGER NOT NULL DEFAULT 0,
-            last_journal_offset INTEGER,
-            log_closed INTEGER NOT NULL DEFAULT 0
-        )""",
-        "CREATE INDEX IF NOT EXISTS runs_thread ON runs (thread_id, started_at)",
-        "CREATE INDEX IF NOT EXISTS runs_detached ON runs (status, detached_since)",
-        """CREATE INDEX IF NOT EXISTS runs_unattended ON runs
-            (status, COALESCE(detached_since, json_extract(doc, '$.claim_expires_at')))""",
-        """CREATE TABLE IF NOT EXISTS events (
-            run_id TEXT NOT NULL,
-            offset INTEGER NOT NULL,
-            journal_offset INTEGER NOT NULL,
-            event TEXT NOT NULL,
-            PRIMARY KEY (run_id, offset)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE IF NOT EXISTS instances (
-            key TEXT PRIMARY KEY,
-            expires_at REAL,
-            doc TEXT NOT NULL
-        )""",
-        """CREATE TABLE IF NOT EXISTS locks (
-            name TEXT PRIMARY KEY,
-            owner TEXT NOT NULL,
-            expires_at REAL NOT NULL
-        )""",
-    ),
-    # 2: approval requests and answers, corral's own secrets (everything a second host
-    # needs lives in the store)
-    (
-        """CREATE TABLE IF NOT EXISTS approvals (
-            run_id TEXT NOT NULL,
-            approval_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            created_at REAL NOT NULL,
-            request TEXT NOT NULL,
-            decision TEXT,
-            reason TEXT,
-            answered_at REAL,
-            PRIMARY KEY (run_id, approval_id)
-        ) WITHOUT ROWID""",
-        """CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (run_id, created_at, seq)
-            WHERE decision IS NULL""",
-        """CREATE TABLE IF NOT EXISTS secrets (
-            name TEXT PRIMARY KEY,
-            value BLOB NOT NULL
-        ) WITHOUT ROWID""",
-    ),
-)
-"""Schema migrations in order: entry ``n`` takes a file from version ``n`` (``PRAGMA
-user_version``; 0 is a new, empty file) to ``n + 1``. A new schema change is one more entry,
-never an edit of a shipped one. The statements are idempotent, so a file whose version an
-older corral rewrote (it sets its own version when it opens one) migrates again cleanly."""
-
-SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
 _UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
 """Since when nobody watches or drives a run (``RunRecord.unattended_since``), exactly as
@@ -228,7 +169,7 @@ class _Conn:
 
 def _load(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     row = conn.execute("SELECT doc FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    return None if row is None else _logic.record_from_json(row[0])
+    return None if row is None else record_from_json(row[0])
 
 
 def _save(conn: sqlite3.Connection, record: RunRecord) -> None:
@@ -280,8 +221,6 @@ def _fetch_after(
     return rows, bool(row[1]), int(row[0])
 
 
-def _records(rows: list[Any]) -> list[RunRecord]:
-    return [_logic.record_from_json(row[0]) for row in rows]
 
 
 class SQLiteStore:
@@ -365,7 +304,7 @@ class SQLiteStore:
         try:
             version = self._check_version(conn)  # again, under the lock
             for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step]:
+                for statement in MIGRATIONS[step]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {step + 1}")
             conn.execute("COMMIT")
@@ -491,32 +430,19 @@ class SQLiteStore:
                 "ORDER BY started_at DESC, seq DESC LIMIT 1",
                 (thread_id,),
             ).fetchall()
-            found = _records(rows)
+            found = records(rows)
             return found[0] if found else None
 
         return await self._read(op)
 
     async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
-        return await self._read(
-            lambda conn: _records(
-                conn.execute(
-                    "SELECT doc FROM runs WHERE thread_id = ? ORDER BY started_at, seq",
-                    (thread_id,),
-                ).fetchall()
-            )
-        )
+        return await self._read(partial(runs_of_thread, thread_id=thread_id))
 
     async def list_runs(
         self, *, status: RunStatus | None = None, limit: int = 100
     ) -> list[RunRecord]:
         limit = _logic.check_limit(limit)
-        args: tuple[object, ...]
-        if status is None:
-            sql, args = "SELECT doc FROM runs ORDER BY started_at DESC, seq DESC LIMIT ?", (limit,)
-        else:
-            sql = "SELECT doc FROM runs WHERE status = ? ORDER BY started_at DESC, seq DESC LIMIT ?"
-            args = (RunStatus(status).value, limit)
-        return await self._read(lambda conn: _records(conn.execute(sql, args).fetchall()))
+        return await self._read(partial(latest_runs, status=status, limit=limit))
 
     async def list_reclaimable(
         self, now: float, ttl: float, *, limit: int | None = None
@@ -527,7 +453,7 @@ class SQLiteStore:
         # order (the expression must match it exactly); seq is the rowid, which every
         # SQLite index carries, so the tie-break needs no sort and LIMIT stops the scan.
         return await self._read(
-            lambda conn: _records(
+            lambda conn: records(
                 conn.execute(
                     f"SELECT doc FROM runs WHERE status = 'running' AND {_UNATTENDED} <= ? "
                     f"ORDER BY {_UNATTENDED}, seq LIMIT ?",

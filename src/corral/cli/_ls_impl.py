@@ -1,0 +1,96 @@
+"""``corral ls``, and the record fields ``ls --json``, ``show`` and ``run --json`` print.
+
+A listing of a current SQLite store is read with plain ``sqlite3``
+(:func:`corral.stores._sqlite_tables.peek_runs`): no event loop and no store object, whose
+imports would be most of the command's start-up. Any other store, or a SQLite file that needs
+creating or migrating, is opened as every command opens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from corral.stores._records import RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from corral.stores._protocols import Store
+
+__all__ = ["SHOW_KEYS", "ls", "record_json"]
+
+SHOW_KEYS = (
+    "run_id",
+    "thread_id",
+    "status",
+    "exit_code",
+    "error",
+    "started_at",
+    "finished_at",
+    "detached_since",
+    "cancel_requested",
+    "driver_epoch",
+    "sandbox_key",
+)
+
+
+def record_json(record: RunRecord) -> dict[str, Any]:
+    """A run record as the CLI prints it in JSON."""
+    data = record.to_dict()
+    out = {key: data.get(key) for key in SHOW_KEYS}
+    out["cancel_requested"] = bool(out["cancel_requested"])
+    out["driver_epoch"] = record.driver_epoch
+    for key in ("harness", "usage", "sandbox_ref"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    return out
+
+
+def _listed(args: argparse.Namespace) -> list[RunRecord]:
+    status = RunStatus(args.status) if args.status else None
+    if 1 <= args.limit <= 10_000:  # else the store names the limit's range
+        from corral.stores._url import default_store_url, sqlite_location
+
+        location = sqlite_location(args.store or default_store_url())
+        if location is not None:
+            from corral.stores._sqlite_tables import peek_runs
+
+            runs = peek_runs(location[0], thread=args.thread or None, status=status,
+                             limit=args.limit)
+            if runs is not None:
+                return runs
+
+    async def listed(store: Store) -> list[RunRecord]:
+        if args.thread:
+            runs = list(reversed(await store.list_by_thread(args.thread)))
+            if status is not None:
+                runs = [r for r in runs if r.status is status]
+            return runs[: args.limit]
+        return await store.list_runs(status=status, limit=args.limit)
+
+    from corral.cli._store import with_store
+
+    return with_store(args, listed)
+
+
+def ls(args: argparse.Namespace) -> int:
+    """Print the runs (a table, or ``--json``), newest first."""
+    runs = _listed(args)
+    if args.json:
+        print(json.dumps([record_json(r) for r in runs]))
+        return 0
+    rows = [("RUN_ID", "THREAD", "STATUS", "EXIT", "STARTED", "DETACHED")]
+    for r in runs:
+        rows.append((
+            r.run_id,
+            r.thread_id,
+            r.status.value + (" (cancel requested)" if r.cancel_requested and not r.terminal else ""),
+            "" if r.exit_code is None else str(r.exit_code),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
+            "yes" if r.detached_since is not None else "",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
