@@ -23,7 +23,8 @@ from corral.sandbox._policy import Policy
 from corral.sandbox._sources import LocalDir
 from corral.sandbox._workspace import Workspace
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
-from corral.tools._approvals import APPROVAL_RESOLVED_EVENT
+from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+from corral.tools._permission import POLICY_DENIED_EVENT
 
 from corral.testing._harness import approval_request, logged_events
 from .conftest import REAL_KEY
@@ -51,14 +52,21 @@ Outcome = tuple[list[dict[str, Any]], str, dict[str, Any], subprocess.CompletedP
 
 
 def run_with_one_approval(harness: str, options: dict[str, Any], corral_home: Path,
-                          corral_cmd: list[str], cli_env: dict[str, str]) -> Outcome:
+                          corral_cmd: list[str], cli_env: dict[str, str], *,
+                          lag: float = 0.0) -> Outcome:
     """Run the STEPS under POLICY with the Runner; allow the one approval (``touch y``)
-    with ``corral approve`` when it shows in the run's log."""
+    with ``corral approve`` when it shows in the run's log. ``lag``: the driver's pipe
+    waits this long before each journal item it reads (a driver behind the agent)."""
+
+    async def behind(step: str) -> None:
+        if step == "read":
+            await anyio.sleep(lag)
 
     async def main() -> Outcome:
         store = await _store(corral_home)
         try:
             runner = Runner(store, approval_timeout=120)  # no host tools of its own
+            runner.checkpoint = behind if lag else None
             rec = await runner.start(RunRequest(
                 prompt="Run the commands.", harness=harness,
                 options={"max_retries": 0, **options},
@@ -90,7 +98,7 @@ def test_policy_decides_claude_code_commands_live(
     caplog.set_level(logging.DEBUG, logger="corral.tools._permission")
     host_env.script = bash_steps
     events, status, approval, approve = run_with_one_approval(
-        "claude-code", {}, corral_home, corral_cmd, cli_env)
+        "claude-code", {}, corral_home, corral_cmd, cli_env, lag=0.2)
     assert approve.returncode == 0, approve.stderr
     assert status == "completed", events[-3:]
     # Claude Code sends {tool_name, input, tool_use_id}; the approval shows the command.
@@ -121,6 +129,20 @@ def test_policy_decides_claude_code_commands_live(
     assert all("Bash" in req.tools for req in host_env.model_requests)
     starts = [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"]
     assert starts == ["Bash"] * len(STEPS)
+    # The driver's pipe ran behind the agent; what the gate and the prompt logged (denials,
+    # the approval) still follows the start of the call it is about.
+    open_calls: set[str] = set()
+    asides = 0
+    for e in events:
+        if e["type"] == "TOOL_CALL_START":
+            open_calls.add(e["toolCallId"])
+        elif e["type"] == "TOOL_CALL_RESULT":
+            open_calls.discard(e["toolCallId"])
+        elif e["type"] == "CUSTOM" and e["name"] in (APPROVAL_REQUEST_EVENT,
+                                                      POLICY_DENIED_EVENT):
+            asides += 1
+            assert open_calls, (e, [x["type"] for x in events])
+    assert asides >= 5  # the approval and the denials
 
 
 def codex_steps(req: ModelRequest) -> Reply:

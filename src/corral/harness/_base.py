@@ -186,12 +186,15 @@ async def translate_run(
     follow: bool = True,
     poll: float = 0.05,
     opener: Opener = default_open,
+    eventless: bool = False,
 ) -> AsyncIterator[Batch]:
     """Translate a run's journal into atomic :class:`Batch` es (see the module docstring).
 
     ``after=None``: from the start (the ``start()`` batch first). ``after=N``: continue after
     journal offset ``N`` as recorded with the last logged batch. Ends after the batch of the
     :class:`Exit` item; with ``follow=False`` it may end earlier (no more bytes yet).
+    ``eventless``: also yield the (empty) batch of an item that translates to no events, so
+    the consumer knows how far the journal has been read.
     """
     if after is None:
         t = harness.translator(ctx)
@@ -207,7 +210,7 @@ async def translate_run(
     try:
         async for item in reader:
             events = t.feed(item)
-            if events or isinstance(item, Exit):  # the Runner must always see the exit
+            if events or eventless or isinstance(item, Exit):  # the Runner must see the exit
                 yield Batch(events, item.end_offset, item)
     finally:
         await reader.aclose()

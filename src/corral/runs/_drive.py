@@ -17,6 +17,7 @@ from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
 from corral.runs._host_tools import serve_tools
+from corral.runs._logged import LoggedOffset, complete_end
 from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
@@ -103,6 +104,11 @@ class ClaimedDrive:
                 return True
             return False
 
+        logged = LoggedOffset(tail.last_journal_offset or 0)
+
+        async def after_journal() -> bool:
+            return await logged.wait(complete_end(paths.journal))
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
             if inside is not None:
@@ -115,7 +121,8 @@ class ClaimedDrive:
                 tg.start_soon(keep_services, store, record, paths, epoch)
             await serve_tools(tg, store, record, tools, epoch,
                               approval_timeout=self.approval_timeout,
-                              redactor=secrets.redactor() if secrets is not None else None)
+                              redactor=secrets.redactor() if secrets is not None else None,
+                              after_journal=after_journal)
             if feed is not None:
                 try:
                     await feed.start(e.event for e in await store.snapshot(run_id))
@@ -130,7 +137,7 @@ class ClaimedDrive:
                 after=tail.last_journal_offset, follow=True,
                 redactor=secrets.redactor() if secrets is not None else None,
                 before_exit=before_exit, on_journal_error=on_journal_error,
-                checkpoint=self.checkpoint)
+                checkpoint=self.checkpoint, logged=logged)
             result = await pipe_to_run_log(
                 store, run_id, produced, epoch=epoch, abort=abort, stop=stop,
                 journal_offset=tail.last_journal_offset or 0)

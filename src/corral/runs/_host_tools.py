@@ -5,7 +5,7 @@ that come from no journal line) into the run's log."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio.abc
@@ -38,7 +38,8 @@ async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[st
 
 async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
                       tools: Toolset | None, epoch: int, *, approval_timeout: float,
-                      redactor: Redactor | None = None) -> None:
+                      redactor: Redactor | None = None,
+                      after_journal: Callable[[], Awaitable[object]] | None = None) -> None:
     """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
     tool socket. Approval requests and answers live in ``store`` (any host sharing it can
     answer); their events go into the run's log under ``epoch``. ``redactor`` (the run's
@@ -76,6 +77,8 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
         doc = event_to_dict(event)
         if redactor:
             doc = redactor.redact_obj(doc)
+        if after_journal is not None:
+            await after_journal()
         try:
             await append_aside(store, run_id, [doc], epoch)
         except CorralError as exc:

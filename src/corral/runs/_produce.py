@@ -27,6 +27,7 @@ from corral.harness._base import Harness, RunContext, translate_run
 from corral.harness._command import wire_twin
 from corral.journal._layout import JournalPaths
 from corral.journal._reader import JournalError
+from corral.runs._logged import LoggedOffset
 from corral.runs._pipe import (
     RUN_ERROR,
     RUN_FINISHED,
@@ -96,6 +97,7 @@ async def produce_batches(
     before_exit: BeforeExit | None = None,
     on_journal_error: Callable[[], Awaitable[bool]] | None = None,
     checkpoint: Checkpoint | None = None,
+    logged: LoggedOffset | None = None,
 ) -> AsyncIterator[Produced]:
     """Translate the journal after offset ``after`` (``None``: from the start, the
     harness's start batch first) and yield one :class:`LogBatch` per journal item, its
@@ -104,16 +106,21 @@ async def produce_batches(
     ``follow``: wait for the journal to grow until the agent's exit (every driver does;
     ``False`` stops at the journal's current end). ``on_journal_error``: a
     :class:`JournalError` ends the iteration quietly when it returns true (e.g. the run
-    was cancelled and its journal went away)."""
+    was cancelled and its journal went away). ``logged`` is raised past each journal item
+    once its events are logged (or it had none)."""
     # A command run's events are made as wire dicts at once (no AG-UI models to import:
     # start-up cost of a takeover, ``corral attach``); any other harness's are dumped here.
     twin = wire_twin(harness)
     batches = translate_run(twin or harness, ctx, paths, nonce=nonce, after=after,
-                            follow=follow)
+                            follow=follow, eventless=logged is not None)
     logged_offset = after or 0
     tool_spans = _ToolSpans()
     try:
         async for batch in batches:
+            if not batch.events and batch.item is not None and batch.exit is None:
+                if logged is not None:  # an item with nothing to log
+                    logged.reached(batch.journal_offset)
+                continue
             await _step(checkpoint, "read")
             # a wire twin's events are their wire dicts already (typed as the models)
             events = (cast("list[dict[str, Any]]", list(batch.events)) if twin is not None
@@ -133,6 +140,8 @@ async def produce_batches(
                            exit_code=exit.code if exit is not None else None)
             await _step(checkpoint, "logged")
             logged_offset = batch.journal_offset
+            if logged is not None:
+                logged.reached(logged_offset)
             if exit is not None:
                 return
     except JournalError:
