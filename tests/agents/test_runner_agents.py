@@ -254,3 +254,53 @@ def test_a_dead_services_daemon_is_restarted_and_keeps_counting(corral: Corral) 
     assert len(corral.srv.model_requests) == 2
     assert rec["usage"]["requests"] == 2  # counted across the restart
     assert "slept" in texts(corral.log("sv1"))
+
+
+@pytest.mark.parametrize("cli", ["claude-code", "codex"])
+def test_an_approval_outlives_the_driver_that_asked_it(corral: Corral, tmp_path: Path,
+                                                       cli: str) -> None:
+    """The driver is SIGKILLed while the command gate waits for an approval; the approval is
+    answered with no driver; ``corral attach`` serves the run's tools again, the gate (which
+    kept asking) gets the stored answer, the command runs, and the question was asked once."""
+    from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "corral.toml").write_text(
+        'id = "askk"\n[policy]\ndefault = "deny"\nask = ["echo approved*"]\n')
+
+    def script(req: ModelRequest) -> Reply:
+        if req.tool_results:
+            return Text("after: " + "\n".join(req.tool_results))
+        if req.shell_tool is None:
+            return Text("title")
+        return ToolCall("echo approved-ran", text="running")
+
+    corral.srv.script = script
+    proc = corral.popen("run", "--harness", cli, *model_args(cli), "--run-id", "k1", "--json",
+                        "--workspace", str(ws), "say it")
+
+    def asked() -> list[dict[str, Any]]:
+        try:
+            return [e["value"] for e in corral.log("k1") if e["type"] == "CUSTOM"
+                    and e["name"] == APPROVAL_REQUEST_EVENT]
+        except sqlite3.OperationalError:  # no store yet
+            return []
+
+    wait_until(lambda: bool(asked()), "the approval request", timeout=120)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert corral.raw_record("k1")["status"] == "running"
+    out = corral.run("approve", "k1", asked()[0]["approvalId"], "--allow")
+    assert out.returncode == 0, out.stderr
+    att = corral.run("attach", "k1", "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log("k1")
+    assert [p["event"] for p in ndjson(att.stdout)] == log
+    assert log[-1]["type"] == "RUN_FINISHED", log[-3:]
+    assert len(asked()) == 1
+    assert [e["value"]["decision"] for e in log if e["type"] == "CUSTOM"
+            and e["name"] == APPROVAL_RESOLVED_EVENT] == ["allow"]
+    results = [e["content"] for e in log if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1 and "approved-ran" in results[0], results
+    assert "after: " in texts(log)

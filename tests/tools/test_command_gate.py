@@ -54,8 +54,8 @@ async def gate_url(tmp_path: Path) -> AsyncIterator[tuple[str, Approvals]]:
         tg.cancel_scope.cancel()
 
 
-def _claude_hook(url: str) -> str:
-    opts = CliOptions(mcp_servers={"corral": {"type": "http", "url": url}})
+def _claude_hook(url: str, timeout: float | None = None) -> str:
+    opts = CliOptions(mcp_servers={"corral": {"type": "http", "url": url}}, timeout=timeout)
     settings = bash_gate_settings(opts)
     (entry,) = settings["hooks"]["PreToolUse"]
     assert entry["matcher"] == "Bash"
@@ -88,11 +88,12 @@ _hook_command = _claude_hook
 
 
 async def _run_hook(url: str, hook_input: dict[str, Any], *, token: str | None = TOKEN,
-                    cli: str = "claude-code") -> subprocess.CompletedProcess[bytes]:
+                    cli: str = "claude-code", command: str | None = None
+                    ) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     if token is not None:
         env[TOKEN_ENV] = token
-    return await anyio.run_process(["sh", "-c", HOOKS[cli](url)],
+    return await anyio.run_process(["sh", "-c", command or HOOKS[cli](url)],
                                    input=json.dumps(hook_input).encode(), env=env,
                                    check=False)
 
@@ -151,13 +152,62 @@ async def test_fails_closed_without_the_right_token(
     assert "could not check this command" in res.stderr.decode()
 
 
-async def test_fails_closed_when_the_server_is_gone() -> None:
+async def test_fails_closed_when_no_server_comes_within_the_runs_time() -> None:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     await listener.aclose()  # nothing listens there now
-    res = await _run_hook(f"http://127.0.0.1:{port}/mcp", _bash("echo hi"))
+    url = f"http://127.0.0.1:{port}/mcp"
+    command = _claude_hook(url, timeout=1.5)  # a run of 1.5 s: it asks again for that long
+    assert command.endswith(" 1.5")
+    res = await _run_hook(url, _bash("echo hi"), command=command)
     assert res.returncode == 2
     assert "could not check this command" in res.stderr.decode()
+
+
+async def test_an_approval_outlives_the_server_that_asked_it(tmp_path: Path) -> None:
+    """The driver serving the run's tools goes (SIGKILL, detach) while the gate waits for an
+    approval: the gate asks again until a successor serves the socket; the successor finds
+    the same request (keyed by the tool call) and the answer given meanwhile."""
+    store = MemoryStore()
+    sock = tmp_path / "tools.sock"
+
+    async def serve(scope: anyio.CancelScope,
+                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                    ) -> None:
+        approvals = Approvals(store, "run-1", timeout=30)
+        server = HostToolServer(Toolset([PermissionPromptTool(POLICY, approvals)]),
+                                token=TOKEN, run_id="run-1", approvals=approvals)
+        with scope:
+            async with anyio.create_task_group() as tg:
+                await tg.start(server.serve, sock)
+                task_status.started()
+                await anyio.sleep_forever()
+
+    results: list[subprocess.CompletedProcess[bytes]] = []
+    async with anyio.create_task_group() as tg, tcp_to_unix(sock) as port:
+        url = f"http://127.0.0.1:{port}/mcp"
+
+        async def hook() -> None:
+            results.append(await _run_hook(url, _bash("touch y")))
+
+        first = anyio.CancelScope()
+        await tg.start(serve, first)
+        tg.start_soon(hook)
+        await wait_until_async(lambda: list_pending(store, "run-1"), "the approval request",
+                               timeout=30, interval=0.02)
+        (asked,) = await list_pending(store, "run-1")
+        first.cancel()  # the driver goes with the gate's question open
+        await wait_until_async(lambda: not sock.exists(), "the socket to go", timeout=30,
+                               interval=0.02)
+        await answer_approval(store, "run-1", asked.approval_id, True)  # no driver meanwhile
+        assert not results  # still asking
+        second = anyio.CancelScope()
+        await tg.start(serve, second)  # the successor
+        await wait_until_async(lambda: results, "the gate's answer", timeout=30, interval=0.05)
+        second.cancel()
+    assert results[0].returncode == 0, results[0].stderr
+    assert json.loads(results[0].stdout)["hookSpecificOutput"]["permissionDecision"] == "allow"
+    assert await list_pending(store, "run-1") == []
 
 
 async def test_fails_closed_on_garbage_input(gate_url: tuple[str, Approvals]) -> None:
@@ -191,14 +241,22 @@ def test_response_parser_reads_every_framing(body: bytes, cuts: list[int], extra
         f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
     assert parse_response(chunked) == body
     assert parse_response(f"HTTP/1.1 200 OK\r\n{extra}\r\n".encode() + body) == body
-    if body:
-        with pytest.raises(RuntimeError):
+    if body:  # cut short (the driver went mid-answer): worth asking again
+        with pytest.raises(ConnectionError):
             parse_response(fixed[:-1])
-        with pytest.raises(RuntimeError):
+        with pytest.raises(ConnectionError):
             parse_response(chunked[: len(chunked) - len(body) // 2 - 7])
 
 
-@pytest.mark.parametrize("status", ["HTTP/1.1 401 Unauthorized", "HTTP/1.1 500 Oops", "junk"])
-def test_response_parser_refuses_anything_but_200(status: str) -> None:
-    with pytest.raises(RuntimeError):
-        parse_response(f"{status}\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+@pytest.mark.parametrize(("status", "error"), [
+    ("500 Internal Server Error", ConnectionError), ("503 Service Unavailable", ConnectionError),
+    ("401 Unauthorized", RuntimeError), ("404 Not Found", RuntimeError), ("", RuntimeError)])
+def test_a_server_error_is_asked_again_and_a_refusal_is_final(
+        status: str, error: type[Exception]) -> None:
+    """Anything but a 200 is no verdict: a 5xx (the driver stopped mid-answer) and no
+    answer at all are asked again, anything else (a bad token, junk) refuses at once."""
+    line = f"HTTP/1.1 {status}" if status else "junk"
+    with pytest.raises(error):
+        parse_response(f"{line}\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+    with pytest.raises(ConnectionError):
+        parse_response(b"")

@@ -11,9 +11,16 @@ for ``ask``) and answers:
 
 * allowed: ``permissionDecision: "allow"`` (Claude Code then does not ask its prompt tool
   a second time);
-* denied, or anything going wrong (server unreachable, bad answer, no token): exit status
-  2 with the reason on stderr, which the CLI treats as a block and shows the model. The
-  gate fails closed.
+* denied, or anything going wrong (bad answer, no token, an HTTP error): exit status 2
+  with the reason on stderr, which the CLI treats as a block and shows the model. The gate
+  fails closed.
+
+No driver serving the run's tool socket (it was SIGKILLed or detached while an approval was
+pending, and the forwarder found nothing to connect to or lost the connection mid-answer) is
+no answer: the gate asks again, backing off to 1 s, for up to ``PATIENCE`` seconds (the
+second argument: the run's timeout), and a successor (``corral attach``) answers. The
+approval is keyed by the tool call, so the successor finds the same request and any answer
+given meanwhile; the same question is never announced twice.
 
 It runs inside the sandbox as ``python3 -I -S -c <this file's source> URL`` (stdlib only:
 the sandbox has the system Python, not corral), with the token from the CLI's environment
@@ -28,15 +35,21 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
 TOOL = "permission_prompt"
+PATIENCE = 3600.0
+"""Seconds the gate keeps asking while no driver answers (a run without a timeout); the
+CLI's hook timeout (``GATE_TIMEOUT``) is longer, since a hook that times out lets the
+command run unchecked."""
 
 
-def _post(url: str, body: bytes, token: str) -> bytes:
+def _post(url: str, body: bytes, token: str, timeout: float) -> bytes:
     """POST ``body`` to ``http://host:port/path`` and return the response body (HTTP/1.1 by
-    hand: ``urllib`` would cost ~50 ms of imports on every command)."""
+    hand: ``urllib`` would cost ~50 ms of imports on every command). No answer, a cut one or
+    a 5xx (the driver stopped mid-answer) raise ``ConnectionError``: worth asking again."""
     if not url.startswith("http://"):
         raise RuntimeError(f"unsupported URL {url!r}")
     hostport, _, path = url[len("http://"):].partition("/")
@@ -46,7 +59,7 @@ def _post(url: str, body: bytes, token: str) -> bytes:
             "Accept: application/json, text/event-stream\r\n"
             f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
-    with socket.create_connection((host, int(port))) as conn:
+    with socket.create_connection((host, int(port)), timeout=timeout) as conn:
         conn.sendall(head + body)
         chunks = []
         while data := conn.recv(65536):
@@ -59,34 +72,36 @@ def parse_response(raw: bytes) -> bytes:
     the end); anything but a 200 raises."""
     header, sep, payload = raw.partition(b"\r\n\r\n")
     if not sep:
-        raise RuntimeError("truncated answer")
+        raise ConnectionError("no answer" if not raw else "truncated answer")
     lines = header.decode("latin-1").split("\r\n")
     status = lines[0].split(" ", 2)
     if len(status) < 2 or status[1] != "200":
-        raise RuntimeError(f"the run's MCP server answered {lines[0]!r}")
+        if status[1:2] and status[1].startswith("5"):
+            raise ConnectionError(f"the run's MCP server answered {lines[0][:100]!r}")
+        raise RuntimeError(f"the run's MCP server answered {lines[0][:100]!r}")
     headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
     if "chunked" in headers.get("transfer-encoding", "").lower():
         out = b""
         while True:
             size_line, sep, payload = payload.partition(b"\r\n")
             if not sep:
-                raise RuntimeError("truncated chunked answer")
+                raise ConnectionError("truncated chunked answer")
             size = int(size_line.split(b";")[0], 16)
             if size == 0:
                 return out
             if len(payload) < size + 2:
-                raise RuntimeError("truncated chunked answer")
+                raise ConnectionError("truncated chunked answer")
             out += payload[:size]
             payload = payload[size + 2:]
     if "content-length" in headers:
         length = int(headers["content-length"])
         if len(payload) < length:
-            raise RuntimeError("truncated answer")
+            raise ConnectionError("truncated answer")
         return payload[:length]
     return payload
 
 
-def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
+def _ask(url: str, hook: dict[str, Any], patience: float) -> dict[str, Any]:
     token = os.environ.get(TOKEN_ENV)
     if not token:
         raise RuntimeError(f"{TOKEN_ENV} is not set")
@@ -96,7 +111,18 @@ def _ask(url: str, hook: dict[str, Any]) -> dict[str, Any]:
             "tool_name": hook.get("tool_name"), "input": hook.get("tool_input"),
             "tool_use_id": hook.get("tool_use_id")}},
     }).encode()
-    answer = json.loads(_post(url, body, token))
+    deadline = time.monotonic() + patience
+    delay = 0.05
+    while True:
+        try:
+            raw = _post(url, body, token, max(deadline - time.monotonic(), 0.1))
+            break
+        except OSError:  # no driver now (ConnectionError, a timeout): a successor answers
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    answer = json.loads(raw)
     result = answer["result"]
     text = "".join(c.get("text", "") for c in result.get("content", []))
     if result.get("isError"):
@@ -112,7 +138,7 @@ def main(argv: list[str]) -> int:
         hook = json.loads(sys.stdin.read())
         if hook.get("tool_name") != "Bash":
             return 0  # only Bash is routed here; anything else takes Claude Code's own path
-        verdict = _ask(argv[1], hook)
+        verdict = _ask(argv[1], hook, float(argv[2]) if len(argv) > 2 else PATIENCE)
     except Exception as exc:  # noqa: BLE001 - any failure blocks the command
         sys.stderr.write(f"corral could not check this command against the sandbox policy "
                          f"({exc.__class__.__name__}: {exc}); it was not run\n")

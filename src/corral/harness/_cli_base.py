@@ -270,13 +270,15 @@ def bash_gate_command(opts: CliOptions) -> str:
     :func:`corral.agents._prepare.prepare_agent`), else from its source inlined (base64);
     either way nothing the agent can write is involved."""
     url = opts.mcp_servers["corral"]["url"]
+    # how long it asks again while no driver answers: the run's own time at most
+    args = shlex.quote(url) + (f" {opts.timeout:g}" if opts.timeout is not None else "")
     if opts.gate_script:
         # A file in the sandbox's read-only socket directory: a short command (the CLI
         # quotes it back to the model in every refusal).
-        return f"{shlex.quote(opts.python)} -I -S {shlex.quote(opts.gate_script)} {shlex.quote(url)}"
+        return f"{shlex.quote(opts.python)} -I -S {shlex.quote(opts.gate_script)} {args}"
     source = base64.b64encode(Path(command_gate.__file__).read_bytes()).decode()
     return (f"{shlex.quote(opts.python)} -I -S -c "
-            f"'import base64;exec(base64.b64decode(\"{source}\"))' {shlex.quote(url)}")
+            f"'import base64;exec(base64.b64decode(\"{source}\"))' {args}")
 
 
 def entry_argv(python: str, command: Sequence[str], *,
