@@ -54,6 +54,31 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     drop_postgres_database()  # the PostgreSQL tests' database, if this run made one
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_sandbox_outlives_the_session(tmp_path_factory: pytest.TempPathFactory
+                                     ) -> Iterator[None]:
+    """Destroy the bubblewrap sandboxes tests left in their homes under this session's
+    temporary directory (a test may end with runs that still hold theirs, e.g. servers
+    killed mid-run): their cgroups and disk-pool subvolumes would outlive the directories
+    that name them, on every CI run."""
+    yield
+    import anyio
+
+    from corral.providers._bubblewrap import BubblewrapProvider
+
+    base = tmp_path_factory.getbasetemp()
+    homes = {state.parents[3] for depth in range(1, 4)
+             for state in base.glob("*/" * depth + "sandboxes/bubblewrap/sb-*/state.json")}
+
+    async def destroy_all(home: Path) -> None:
+        provider = BubblewrapProvider(home=home)
+        for ref in await provider.list():
+            await provider.destroy(ref)
+
+    for home in sorted(homes):
+        anyio.run(destroy_all, home)
+
+
 @pytest.fixture
 def corral_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private ``$CORRAL_HOME`` for one test."""
