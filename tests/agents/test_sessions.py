@@ -74,3 +74,59 @@ def test_thread_dir_names(corral_home: Path) -> None:
     odd = thread_dir("../../etc")
     assert odd.parent == corral_home / "sessions" and odd.name.startswith("h-")
     assert thread_dir("a/b") != thread_dir("a_b")
+
+
+def _redact_in_place(top: Path, table: dict[str, str]) -> list[dict[str, Any]]:
+    """Run the in-sandbox SQLite redaction as the sandbox does (its own Python, -I -S,
+    the request on stdin)."""
+    import json
+    import subprocess
+    import sys
+
+    from corral._insandbox import sqlite_redact
+
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", Path(sqlite_redact.__file__).read_text()],
+        input=json.dumps({"dirs": [str(top)], "table": table}).encode(),
+        capture_output=True, timeout=60, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_a_secret_in_a_sqlite_session_is_redacted_through_sql(tmp_path: Path) -> None:
+    """Values split across pages, in a WAL not yet checkpointed, in text and blob columns:
+    none survives in any file, everything around them does, and the file stays sound."""
+    import sqlite3
+
+    secret = "tok-" + "7f3a" * 8
+    top = tmp_path / "share"
+    top.mkdir()
+    db = top / "opencode.db"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the values stay in the WAL
+    conn.execute("CREATE TABLE part (id INTEGER PRIMARY KEY, data TEXT, raw BLOB)")
+    rows = []
+    for i in range(40):  # overflow pages: some of the values straddle a page boundary
+        pad = "x" * (4096 * (i % 3) + 37 * i)
+        rows.append((i, f"{pad}{secret} after-{i}", f"b{secret}{i}".encode()))
+    conn.executemany("INSERT INTO part VALUES (?, ?, ?)", rows)
+    conn.commit()
+    conn.close()  # the last close checkpoints: what follows stays in the WAL
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("UPDATE part SET data = data || ? WHERE id = 3", (secret,))
+    conn.commit()
+    (top / "not-a-db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    report = _redact_in_place(top, {secret: "TOKEN"})
+    conn.close()
+    assert {r["path"]: "ok" in r for r in report} == {str(db): True, str(top / "not-a-db"): False}
+    for path in top.iterdir():
+        assert secret.encode() not in path.read_bytes(), path
+    check = sqlite3.connect(db)
+    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    got = check.execute("SELECT id, data, raw FROM part ORDER BY id").fetchall()
+    assert len(got) == 40
+    for i, data, raw in got:
+        assert data.endswith(f"[REDACTED:TOKEN] after-{i}" + ("[REDACTED:TOKEN]" if i == 3
+                                                                else ""))
+        assert raw == f"b[REDACTED:TOKEN]{i}".encode()

@@ -17,6 +17,11 @@ line that is JSON (the CLIs' transcripts are JSON lines) is decoded, its strings
 to ``[REDACTED:NAME]`` and encoded again, so every line stays valid JSON and the CLI still
 resumes it; any other line is redacted as bytes. The restored session then carries the
 redacted text back into the next sandbox, never the value.
+
+A session kept in SQLite (opencode) is redacted first inside the sandbox, through SQL
+(:mod:`corral._insandbox.sqlite_redact`, run with the sandbox's Python): byte replacement of
+another length would break the database's write-ahead log, and a value split across pages
+would not be found. The byte pass still follows.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -49,6 +55,8 @@ __all__ = [
 ]
 
 SANDBOX_HOME = "/home/agent"
+DATABASE_REDACT_TIMEOUT = 60.0
+log = logging.getLogger("corral.agents._sessions")
 MAX_BYTES = 256 << 20
 MAX_FILES = 20000
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -168,6 +176,29 @@ async def _walk(handle: Handle, top: str, out: list[tuple[str, int]], limit: int
             out.append((info.path, info.size))
 
 
+async def _redact_databases(handle: Handle, tops: list[str], redactor: Redactor,
+                            python: str) -> None:
+    """Redact the SQLite databases under ``tops`` in the sandbox (see the module
+    docstring); problems are logged, never raised: the byte pass comes next anyway."""
+    from corral._insandbox import sqlite_redact
+
+    source = Path(sqlite_redact.__file__).read_text()
+    request = json.dumps({"dirs": tops, "table": redactor.table()}).encode()
+    try:
+        result = await handle.process.exec([python, "-I", "-S", "-c", source],
+                                           stdin=request, timeout=DATABASE_REDACT_TIMEOUT)
+    except (OSError, CorralError) as exc:
+        log.warning("cannot redact the session's databases in the sandbox: %s", exc)
+        return
+    if result.exit_code != 0:
+        log.warning("redacting the session's databases failed (exit %s): %s",
+                    result.exit_code, result.stderr[-500:].decode("utf-8", "replace"))
+    for line in result.stdout.decode("utf-8", "replace").splitlines():
+        if '"error"' in line:  # the sandbox's words: logged, redacted, never trusted
+            log.warning("a session database was not redacted in the sandbox: %s",
+                        redactor.redact(line[:500]))
+
+
 async def save_session(
     handle: Handle,
     harness: str,
@@ -179,9 +210,16 @@ async def save_session(
     max_bytes: int = MAX_BYTES,
     max_files: int = MAX_FILES,
     redactor: Redactor | None = None,
+    python: str = "/usr/bin/python3",
 ) -> SavedSession:
     """Copy ``dirs`` (relative to the sandbox home) out of the sandbox for ``thread_id``,
-    every file through ``redactor`` (the run's secrets; see the module docstring)."""
+    every file through ``redactor`` (the run's secrets; see the module docstring).
+    ``python``: the sandbox's Python, which redacts SQLite sessions in place first."""
+    if redactor:
+        tops = [posixpath.join(SANDBOX_HOME, d) for d in dirs]
+        present = [t for t in tops if await handle.fs.exists(t)]
+        if present:
+            await _redact_databases(handle, present, redactor, python)
     files: list[tuple[str, int]] = []
     for d in dirs:
         top = posixpath.join(SANDBOX_HOME, d)
