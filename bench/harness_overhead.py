@@ -131,7 +131,9 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
     binary = h.bin_under(str(install.path))
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
            **h.profile.bin_env(binary), **h.profile.env(h.model, base, opts, h.acp_policy)}
-    for rel, data in h.profile.home_files(h.model, base, opts, h.acp_policy).items():
+    # the fresh home gets what a sandbox's does: the configuration and the seeded state
+    for rel, data in {**h.seed_home_files(),
+                      **h.profile.home_files(h.model, base, opts, h.acp_policy)}.items():
         os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
         with open(os.path.join(home, rel), "wb") as f:
             f.write(data)
@@ -173,7 +175,8 @@ def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
             "api_key": "bench-key"}
     cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
     home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
-    for rel, data in h.home_files(CliOptions.parse(opts)).items():  # gemini's settings
+    for rel, data in {**h.seed_home_files(),
+                      **h.home_files(CliOptions.parse(opts))}.items():  # gemini's settings
         os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
         with open(os.path.join(home, rel), "wb") as f:
             f.write(data)
