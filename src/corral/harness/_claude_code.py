@@ -104,7 +104,8 @@ def first_start_config(version: str) -> bytes:
     (``~/.claude.json.lock``) and the loser retries after a backoff of ~300 ms, on the
     start-up path (``strace``: ``mkdir`` of the lock fails with ``EEXIST``, then the CLI
     idles in a timer for 200-350 ms; in roughly half of the runs). With the file there,
-    nothing is left to write at start-up. A CLI of another version runs its own missing
+    the start has none of these writes to make (later writes still take the lock, but
+    were not seen to stall the CLI). A CLI of another version runs its own missing
     migrations as usual."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     return json.dumps({
