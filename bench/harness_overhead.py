@@ -57,7 +57,7 @@ from corral.journal._layout import JournalPaths
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import launch_supervised_async
 from corral.sandbox._contracts import SandboxSpec
-from corral.testing._model_server import ModelServer, shell_then_text
+from corral.testing._model_server import ModelRequest, ModelServer, shell_then_text
 
 PROMPT = "run the command"
 
@@ -121,7 +121,7 @@ def joiner(cgroup: str | None) -> Callable[[], None] | None:
 
 
 def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
-                   ) -> tuple[float, float]:
+                   ) -> tuple[float, float, float]:
     install = find_installed(h.package.name)
     assert install is not None
     base = base_url(h, srv).rstrip("/") + h.profile.base_url_suffix
@@ -131,7 +131,9 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
     binary = h.bin_under(str(install.path))
     env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
            **h.profile.bin_env(binary), **h.profile.env(h.model, base, opts, h.acp_policy)}
-    for rel, data in h.profile.home_files(h.model, base, opts, h.acp_policy).items():
+    # the fresh home gets what a sandbox's does: the configuration and the seeded state
+    for rel, data in {**h.seed_home_files(),
+                      **h.profile.home_files(h.model, base, opts, h.acp_policy)}.items():
         os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
         with open(os.path.join(home, rel), "wb") as f:
             f.write(data)
@@ -153,14 +155,15 @@ def direct_acp_run(h: AcpHarness, srv: ModelServer, cgroup: str | None = None
         total = time.perf_counter() - t0
         if rc != 0 or not os.path.exists(os.path.join(work, "out.txt")):
             raise SystemExit(f"direct {h.name} run failed (exit {rc})")
-        return first or total, total
+        return first or total, total, t0
     finally:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
 
 def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
-               ) -> tuple[float, float]:
+               ) -> tuple[float, float, float]:
+    """``(first event, total, start)``: seconds, and the start's ``perf_counter``."""
     if isinstance(h, AcpHarness):
         return direct_acp_run(h, srv, cgroup)
     install = find_installed(h.name)
@@ -172,7 +175,8 @@ def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
             "api_key": "bench-key"}
     cmd = h.build_command(AgentRequest(prompt=PROMPT, options=opts))
     home = tempfile.mkdtemp(prefix="bench-home-", dir="/var/tmp")
-    for rel, data in h.home_files(CliOptions.parse(opts)).items():  # gemini's settings
+    for rel, data in {**h.seed_home_files(),
+                      **h.home_files(CliOptions.parse(opts))}.items():  # gemini's settings
         os.makedirs(os.path.dirname(os.path.join(home, rel)), exist_ok=True)
         with open(os.path.join(home, rel), "wb") as f:
             f.write(data)
@@ -194,14 +198,16 @@ def direct_run(h: CliHarness, srv: ModelServer, cgroup: str | None = None
         total = time.perf_counter() - t0
         if rc != 0 or not os.path.exists(os.path.join(work, "out.txt")):
             raise SystemExit(f"direct {h.name} run failed (exit {rc})")
-        return first or total, total
+        return first or total, total, t0
     finally:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
 
 async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvider, i: int,
-                     detached: bool) -> tuple[float, float, float, dict[str, float]]:
+                     detached: bool) -> tuple[float, float, float, dict[str, float], float]:
+    """``(first event, total, sandbox create, phases, start)``: seconds, and the start's
+    ``perf_counter``."""
     t_create = time.perf_counter()
     handle = await provider.create(with_agent_binds(SandboxSpec()))
     create = time.perf_counter() - t_create
@@ -238,9 +244,25 @@ async def corral_run(h: CliHarness, srv: ModelServer, provider: BubblewrapProvid
             raise SystemExit(f"corral {h.name} run failed: {last}")
         if not await handle.fs.exists("/workspace/out.txt"):
             raise SystemExit(f"corral {h.name} run did not create out.txt")
-        return first or total, total, create, phases
+        return first or total, total, create, phases, t0
     finally:
         await provider.destroy(handle.ref)
+
+
+def trace(label: str, requests: list[ModelRequest], t0: float, total: float) -> None:
+    """One line per model request of a run: when it arrived at the scripted server and
+    when its answer ended (ms since the run's start), and the gap since the previous
+    answer's end (the agent's own work between two requests, plus any proxy cost)."""
+    parts = []
+    prev = None
+    for r in requests:
+        gap = "" if prev is None else f" (+{(r.arrived - prev) * 1e3:.0f})"
+        parts.append(f"{r.path.split('?', 1)[0]} {r.reply} {(r.arrived - t0) * 1e3:.0f}{gap}"
+                     f"-{(r.answered - t0) * 1e3:.0f}")
+        prev = r.answered
+    tail = f"; exit +{(t0 + total - prev) * 1e3:.0f}" if prev is not None else ""
+    print(f"  {label}: {len(requests)} requests: " + ", ".join(parts) +
+          f"; total {total * 1e3:.0f}{tail}", flush=True)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -255,6 +277,9 @@ def main() -> int:
     ap.add_argument("--cli", nargs="+", default=["claude-code", "codex"])
     ap.add_argument("--services", choices=["inprocess", "detached"], default="inprocess",
                     help="model proxy in the driving process, or the detached daemon")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each run's model requests: arrival and answer's end (ms "
+                         "since the run's start), the gap since the previous answer")
     ap.add_argument("--direct-cgroup", action="store_true",
                     help="run the direct CLI in a cpu cgroup beside the sandboxes' (equal "
                          "CPU weight on a busy machine)")
@@ -280,16 +305,22 @@ def main() -> int:
             with ModelServer(shell_then_text("echo hi > out.txt && ls", "Done: {output}")) as srv:
                 direct_run(h, srv, cgroup)  # warm the page cache for both modes
                 for i in range(args.runs):
-                    f, t = direct_run(h, srv, cgroup)
+                    seen = len(srv.requests)
+                    f, t, t0 = direct_run(h, srv, cgroup)
                     direct_first.append(f)
                     direct_total.append(t)
-                    f, t, c, ph = anyio.run(corral_run, h, srv, provider, i,
-                                            args.services == "detached")
+                    if args.trace:
+                        trace(f"direct #{i}", srv.requests[seen:], t0, t)
+                    seen = len(srv.requests)
+                    f, t, c, ph, t0 = anyio.run(corral_run, h, srv, provider, i,
+                                                args.services == "detached")
                     c_first.append(f)
                     c_total.append(t)
                     creates.append(c)
                     for k, v in ph.items():
                         phases.setdefault(k, []).append(v)
+                    if args.trace:
+                        trace(f"corral #{i}", srv.requests[seen:], t0, t)
 
             def row(label: str, xs: list[float]) -> str:
                 return f"  {label:<34} {pct(xs, 50) * 1e3:7.0f} / {pct(xs, 90) * 1e3:7.0f}"

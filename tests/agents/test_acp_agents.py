@@ -93,6 +93,37 @@ def test_claude_needs_the_permission_prompt_under_a_policy() -> None:
                    permission_prompt=True)
 
 
+def test_claude_finds_a_first_start_config_in_a_fresh_home_and_keeps_its_own_after(
+        claude_install: InstalledAgent, sandbox_factory: Any,
+        model_server: ModelServer) -> None:
+    """An empty home gets a ``~/.claude.json`` with what Claude Code's first start would
+    write (else its concurrent writers contend for the file's lock at start-up); one the
+    CLI wrote on an earlier run of the thread is left as it is."""
+    from corral.agents._prepare import prepare_agent
+    from corral.agents._sessions import SANDBOX_HOME
+    from corral.harness._base import AgentRequest
+
+    harness = AcpHarness(agent="claude", model="claude-fake")
+    up = Upstream("anthropic", model_server.url, REAL_KEY)
+    path = f"{SANDBOX_HOME}/.claude.json"
+
+    async def go() -> tuple[bytes, bytes]:
+        handle = await sandbox_factory()
+        for run_id in ("r1", "r2"):
+            await prepare_agent(harness, handle, AgentRequest(prompt="hi"), thread_id="t",
+                                run_id=run_id, upstream=up)
+            if run_id == "r1":
+                seeded = await handle.fs.read(path)
+                await handle.fs.write(path, b'{"numStartups": 3}')  # the CLI's own
+        return seeded, await handle.fs.read(path)
+
+    seeded, kept = anyio.run(go)
+    config = json.loads(seeded)
+    assert config["firstStartVersion"] == harness.version
+    assert config["migrationVersion"] and config["firstStartTime"].endswith("Z")
+    assert kept == b'{"numStartups": 3}'
+
+
 # ---------------------------------------------------------------- round trips
 
 

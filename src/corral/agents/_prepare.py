@@ -515,6 +515,9 @@ async def prepare_agent(
                               instructions.encode("utf-8"))
     for rel, data in harness.home_files(CliOptions.parse(options)).items():
         await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
+    for rel, data in harness.seed_home_files().items():
+        if not await handle.fs.exists(f"{SANDBOX_HOME}/{rel}"):
+            await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
     request = dataclasses.replace(request, options=options)
     command = harness.build_command(request)
     bridge = harness.bridge_config(request)

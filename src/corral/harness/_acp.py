@@ -202,6 +202,9 @@ class AcpHarness(CliHarness):
         return self.profile.home_files(self.model, self._base_url(opts), opts,
                                        self.acp_policy)
 
+    def seed_home_files(self) -> dict[str, bytes]:
+        return self.profile.seed_home_files(self.version)
+
     def build_command(self, request: AgentRequest) -> AgentCommand:
         """The agent in the sandbox (wrapped with the entry, which announces its ports to
         the bridge); the prompt is the bridge's (see :meth:`bridge_config`)."""

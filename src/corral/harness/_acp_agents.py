@@ -57,7 +57,7 @@ from corral.harness._cli_base import (
     allow_hosts,
     beyond_allow_all,
 )
-from corral.harness._claude_code import bash_gate_settings, claude_env
+from corral.harness._claude_code import bash_gate_settings, claude_env, first_start_config
 from corral.harness._gemini_cli import SETTINGS_FILE as GEMINI_SETTINGS_FILE
 from corral.harness._gemini_cli import WEB_TOOLS as GEMINI_WEB_TOOLS
 from corral.harness._gemini_cli import gemini_settings
@@ -136,6 +136,12 @@ class AcpAgent:
 
     def home_files(self, model: str | None, base_url: str, opts: CliOptions,
                    policy: AcpPolicy) -> dict[str, bytes]:
+        return {}
+
+    def seed_home_files(self, version: str) -> dict[str, bytes]:
+        """Home files written only where none is yet (see
+        :meth:`corral.harness._cli_base.CliHarness.seed_home_files`); ``version`` is the
+        install's."""
         return {}
 
 
@@ -324,7 +330,11 @@ class ClaudeAcp(AcpAgent):
     ``disableAllHooks``) and ``strictMcpConfig`` (no ``.mcp.json`` servers). The gate asks
     corral's policy with the exact command, read-only ones included (Claude Code would run
     ``echo`` or ``ls`` unasked); file edits and other tools reach corral as
-    ``session/request_permission``."""
+    ``session/request_permission``.
+
+    An empty sandbox home gets a ``~/.claude.json`` holding what the CLI's first start
+    would write (:func:`corral.harness._claude_code.first_start_config`), which otherwise
+    cost the session's start a lock retry of ~300 ms in about half of the runs."""
 
     name = "claude"
     package = "claude-code"
@@ -378,6 +388,12 @@ class ClaudeAcp(AcpAgent):
         return {"_meta": {"claudeCode": {"options": {
             "settingSources": [], "strictMcpConfig": True,
             "settings": bash_gate_settings(opts)}}}}
+
+    def seed_home_files(self, version: str) -> dict[str, bytes]:
+        # Claude Code's first start in an empty home rewrites ~/.claude.json from
+        # concurrent tasks (and the adapter's `claude auth status`): lock retries of ~300 ms
+        # on the session's start-up path (see first_start_config)
+        return {".claude.json": first_start_config(version)}
 
     def env(self, model: str | None, base_url: str, opts: CliOptions,
             policy: AcpPolicy) -> dict[str, str]:

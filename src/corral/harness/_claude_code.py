@@ -42,6 +42,7 @@ through the prompt tool and, for the commands Claude Code would run unasked, a
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -90,6 +91,31 @@ def _bash_rule(pattern: str) -> str | None:
     if words == ["*"]:
         return "Bash"
     return f"Bash({' '.join(words)})"
+
+
+def first_start_config(version: str) -> bytes:
+    """A ``~/.claude.json`` holding what Claude Code writes there on its first start in a
+    fresh home (``version``'s first-start fields and finished migrations, as 2.1.332
+    writes them; no ``machineID``: the CLI makes its own).
+
+    Why: every sandbox home starts empty, and the first start then rewrites the file
+    several times from concurrent tasks, while the ACP adapter's ``claude auth status``
+    does the same in another process. The writers contend for the file's lock
+    (``~/.claude.json.lock``) and the loser retries after a backoff of ~300 ms, on the
+    start-up path (``strace``: ``mkdir`` of the lock fails with ``EEXIST``, then the CLI
+    idles in a timer for 200-350 ms; in roughly half of the runs). With the file there,
+    the start has none of these writes to make (later writes still take the lock, but
+    were not seen to stall the CLI). A CLI of another version runs its own missing
+    migrations as usual."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+    return json.dumps({
+        "firstStartTime": now.replace("+00:00", "Z"),
+        "firstStartVersion": version,
+        "opusProMigrationComplete": True,
+        "seenNotifications": {},
+        "hasResetAutoModeOptInForDefaultOffer": True,
+        "migrationVersion": 15,
+    }, indent=2).encode()
 
 
 def claude_env(opts: CliOptions, base_url: str) -> dict[str, str]:

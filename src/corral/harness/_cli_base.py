@@ -382,6 +382,13 @@ class CliHarness:
         run (the CLI's configuration, for CLIs that take it from a file only)."""
         return {}
 
+    def seed_home_files(self) -> dict[str, bytes]:
+        """Files (home-relative path → content) written into the sandbox home before a run
+        only where no such file is yet: state the CLI would create on its first start in
+        an empty home, and keeps to itself after (a later run on the thread finds the
+        CLI's own)."""
+        return {}
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> JsonlTranslator:
         raise NotImplementedError
 

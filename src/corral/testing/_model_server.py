@@ -126,6 +126,11 @@ class ModelRequest:
     protocol: Protocol
     reply: str = ""
     """What the server answered (a short description, filled in after scripting)."""
+    arrived: float = 0.0
+    """``time.perf_counter()`` when the request's head had been read (for benchmarks)."""
+    answered: float = 0.0
+    """``time.perf_counter()`` when the answer's last byte was written (``0.0``: not yet, or
+    never: a hang)."""
 
     @property
     def api_key(self) -> str | None:
@@ -562,6 +567,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
+        req = self._answer(time.perf_counter())
+        if not req.reply.startswith("hang"):
+            req.answered = time.perf_counter()
+
+    def _answer(self, arrived: float) -> ModelRequest:
+        """Record and answer the request (which this returns)."""
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -575,6 +586,7 @@ class _Handler(BaseHTTPRequestHandler):
             body=body,
             raw=raw,
             protocol=_protocol(self.path),
+            arrived=arrived,
         )
         owner = self.server.owner
         reply = owner._next_reply(req)
@@ -582,15 +594,15 @@ class _Handler(BaseHTTPRequestHandler):
         if req.protocol == "other" or reply is None:
             req.reply = "empty"
             self._send_json(200, {})
-            return
+            return req
         if isinstance(reply, Fail):
             req.reply = f"fail {reply.status}"
             self._send_json(reply.status, _error_body(req.protocol, reply))
-            return
+            return req
         if isinstance(reply, Hang) and reply.after_frames == 0:
             req.reply = "hang"
             owner._stopping.wait()
-            return
+            return req
         frames_of = {"anthropic": _anthropic_frames,
                      "gemini": _gemini_frames}.get(req.protocol, _responses_frames)
         stall_after: int | None = None
@@ -603,11 +615,11 @@ class _Handler(BaseHTTPRequestHandler):
             req.reply = "tool_call" if isinstance(reply, ToolCall) else "text"
         if req.protocol == "gemini" and ":streamGenerateContent" not in self.path:
             self._send_json(200, _gemini_json(req, inner))
-            return
+            return req
         wants_stream = not isinstance(body, dict) or body.get("stream", True)
         if not wants_stream:
             self._send_json(200, {"error": "the scripted model server only streams"})
-            return
+            return req
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
@@ -618,14 +630,15 @@ class _Handler(BaseHTTPRequestHandler):
         for i, chunk in enumerate(frames_of(inner, req, owner._count)):
             if stall_after is not None and i >= stall_after:
                 owner._stopping.wait()
-                return
+                return req
             if inner.delay:
                 time.sleep(inner.delay)
             try:
                 self.wfile.write(chunk)
                 self.wfile.flush()
             except OSError:
-                return
+                return req
+        return req
 
     def _send_json(self, status: int, data: dict[str, Any]) -> None:
         payload = json.dumps(data).encode()
