@@ -116,6 +116,12 @@ def test_a_secret_in_a_sqlite_session_is_redacted_through_sql(tmp_path: Path) ->
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("UPDATE part SET data = data || ? WHERE id = 3", (secret,))
     conn.commit()
+    # a full-text index over the text (external content: an UPDATE of the text does not
+    # reach it), holding the secret's tokens
+    conn.execute("CREATE VIRTUAL TABLE notes USING fts5(data, content='part', "
+                 "content_rowid='id')")
+    conn.execute("INSERT INTO notes(notes) VALUES ('rebuild')")
+    conn.commit()
     (top / "not-a-db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
     report = _redact_in_place(top, {secret: "TOKEN"})
     conn.close()
@@ -130,3 +136,10 @@ def test_a_secret_in_a_sqlite_session_is_redacted_through_sql(tmp_path: Path) ->
         assert data.endswith(f"[REDACTED:TOKEN] after-{i}" + ("[REDACTED:TOKEN]" if i == 3
                                                                 else ""))
         assert raw == f"b[REDACTED:TOKEN]{i}".encode()
+    token = secret.split("-")[1]  # how the index splits the value
+    assert check.execute("SELECT count(*) FROM notes WHERE notes MATCH ?",
+                         (f'"{token}"',)).fetchone() == (0,)
+    assert check.execute("SELECT count(*) FROM notes WHERE notes MATCH 'REDACTED'"
+                         ).fetchone() == (40,)
+    for path in top.iterdir():
+        assert token.encode() not in path.read_bytes(), path

@@ -6,8 +6,8 @@ is lost on resume), and a value split across two pages is not found at all. So, 
 session is copied out, this script runs in the sandbox with the sandbox's Python
 (``python3 -I -S``, stdlib only): for every SQLite file under the given directories it
 merges the WAL, replaces each hidden string in every text and blob value through SQL
-(``[REDACTED:NAME]``, as the byte redaction writes), and ``VACUUM`` s the file so that no old
-page keeps the value. The copy out is still redacted as bytes afterwards (a safety net).
+(``[REDACTED:NAME]``, as the byte redaction writes), rebuilds any full-text index from the
+redacted text, and ``VACUUM`` s the file so that no old page keeps the value. The copy out is still redacted as bytes afterwards (a safety net).
 
 Input on stdin (never argv: the values are secrets): ``{"dirs": [...], "table": {hidden
 string: secret name}}``. Output: one JSON line per database, ``{"path", "ok"}`` or
@@ -67,6 +67,13 @@ def redact_database(path: str, table: dict[str, str]) -> None:
                             (value, mark))
                     except sqlite3.Error:
                         pass  # a generated or virtual column: the byte pass still sees it
+        for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE "
+                "'CREATE VIRTUAL TABLE%USING fts%'").fetchall():
+            try:  # a full-text index keeps the old tokens: build it again from the text
+                conn.execute(f"INSERT INTO {_quoted(name)}({_quoted(name)}) VALUES ('rebuild')")
+            except sqlite3.Error:
+                pass
         conn.execute("COMMIT")
         conn.execute("VACUUM")  # no free page keeps an old value
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
