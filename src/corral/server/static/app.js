@@ -497,10 +497,16 @@ function approvalCard(turn, value) {
     try {
       await api(`/v1/runs/${enc(turn.id)}/approvals/${enc(id)}`, {
         method: "POST", body: JSON.stringify({ decision }) });
-      answer.textContent = `${decision === "allow" ? "allowed" : "denied"}; waiting for the run`;
+      // the run's corral.approval_resolved may have arrived before this answer did: the
+      // card then says what the run decided, and stays that way
+      if (!card.classList.contains("resolved")) {
+        answer.textContent = `${decision === "allow" ? "allowed" : "denied"}; waiting for the run`;
+      }
     } catch (e) {
-      answer.textContent = errText(e);
-      answer.className = "answer error";
+      if (!card.classList.contains("resolved")) {
+        answer.textContent = errText(e);
+        answer.className = "answer error";
+      }
     }
   };
   allow.addEventListener("click", () => decide("allow"));
