@@ -40,6 +40,7 @@ from pathlib import Path
 
 from corral._errors import CorralError
 from corral._paths import corral_home
+from corral.harness._cli_base import SANDBOX_PYTHON
 from corral.sandbox._contracts import Handle
 from corral.sandbox._redact import Redactor
 
@@ -176,8 +177,7 @@ async def _walk(handle: Handle, top: str, out: list[tuple[str, int]], limit: int
             out.append((info.path, info.size))
 
 
-async def _redact_databases(handle: Handle, tops: list[str], redactor: Redactor,
-                            python: str) -> None:
+async def _redact_databases(handle: Handle, tops: list[str], redactor: Redactor) -> None:
     """Redact the SQLite databases under ``tops`` in the sandbox (see the module
     docstring); problems are logged, never raised: the byte pass comes next anyway."""
     from corral._insandbox import sqlite_redact
@@ -185,7 +185,7 @@ async def _redact_databases(handle: Handle, tops: list[str], redactor: Redactor,
     source = Path(sqlite_redact.__file__).read_text()
     request = json.dumps({"dirs": tops, "table": redactor.table()}).encode()
     try:
-        result = await handle.process.exec([python, "-I", "-S", "-c", source],
+        result = await handle.process.exec([SANDBOX_PYTHON, "-I", "-S", "-c", source],
                                            stdin=request, timeout=DATABASE_REDACT_TIMEOUT)
     except (OSError, CorralError) as exc:
         log.warning("cannot redact the session's databases in the sandbox: %s", exc)
@@ -210,16 +210,14 @@ async def save_session(
     max_bytes: int = MAX_BYTES,
     max_files: int = MAX_FILES,
     redactor: Redactor | None = None,
-    python: str = "/usr/bin/python3",
 ) -> SavedSession:
     """Copy ``dirs`` (relative to the sandbox home) out of the sandbox for ``thread_id``,
-    every file through ``redactor`` (the run's secrets; see the module docstring).
-    ``python``: the sandbox's Python, which redacts SQLite sessions in place first."""
+    every file through ``redactor`` (the run's secrets; see the module docstring)."""
     if redactor:
         tops = [posixpath.join(SANDBOX_HOME, d) for d in dirs]
         present = [t for t in tops if await handle.fs.exists(t)]
         if present:
-            await _redact_databases(handle, present, redactor, python)
+            await _redact_databases(handle, present, redactor)
     files: list[tuple[str, int]] = []
     for d in dirs:
         top = posixpath.join(SANDBOX_HOME, d)

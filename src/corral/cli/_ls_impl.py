@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from corral.stores._records import RunRecord, RunStatus
+from corral.stores._sqlite_tables import newest_of_thread, peek_runs
 
 if TYPE_CHECKING:
     from corral.stores._protocols import Store
@@ -54,8 +55,6 @@ def _listed(args: argparse.Namespace) -> list[RunRecord]:
 
         location = sqlite_location(args.store or default_store_url())
         if location is not None:
-            from corral.stores._sqlite_tables import peek_runs
-
             runs = peek_runs(location[0], thread=args.thread or None, status=status,
                              limit=args.limit)
             if runs is not None:
@@ -63,10 +62,8 @@ def _listed(args: argparse.Namespace) -> list[RunRecord]:
 
     async def listed(store: Store) -> list[RunRecord]:
         if args.thread:
-            runs = list(reversed(await store.list_by_thread(args.thread)))
-            if status is not None:
-                runs = [r for r in runs if r.status is status]
-            return runs[: args.limit]
+            return newest_of_thread(await store.list_by_thread(args.thread), status,
+                                    args.limit)
         return await store.list_runs(status=status, limit=args.limit)
 
     from corral.cli._store import with_store

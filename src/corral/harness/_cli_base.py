@@ -170,6 +170,10 @@ _OPTION_KEYS = frozenset({
 })  # fmt: skip
 
 
+SANDBOX_PYTHON = "/usr/bin/python3"
+"""The sandbox's Python, which runs corral's in-sandbox scripts (entry, gate, redaction)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CliOptions:
     """Typed form of ``AgentRequest.options`` for CLI harnesses (see module docstring)."""
@@ -182,7 +186,7 @@ class CliOptions:
     forward: tuple[Mapping[str, Any], ...] | None = None
     timeout: float | None = None
     egress: bool = False
-    python: str = "/usr/bin/python3"
+    python: str = SANDBOX_PYTHON
     max_retries: int = 2
     mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gate_script: str | None = None
@@ -249,7 +253,7 @@ class CliOptions:
             forward=forward,
             timeout=float(timeout) if timeout is not None else None,
             egress=bool(options.get("egress", False)),
-            python=opt_str("python") or "/usr/bin/python3",
+            python=opt_str("python") or SANDBOX_PYTHON,
             max_retries=retries,
             mcp_servers=dict(mcp),
             gate_script=opt_str("gate_script"),

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from corral.stores._records import RunRecord, RunStatus, record_from_json
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "latest_runs", "peek_runs", "records",
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "latest_runs", "newest_of_thread", "peek_runs", "records",
            "runs_of_thread"]
 
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -107,6 +107,13 @@ def latest_runs(conn: sqlite3.Connection, status: RunStatus | None, limit: int
     ).fetchall())
 
 
+def newest_of_thread(runs: list[RunRecord], status: RunStatus | None, limit: int
+                     ) -> list[RunRecord]:
+    """``corral ls --thread``: a thread's runs (as listed, oldest first) newest first,
+    filtered by ``status``, cut at ``limit``."""
+    return [r for r in reversed(runs) if status is None or r.status is status][:limit]
+
+
 def peek_runs(path: Path, *, thread: str | None, status: RunStatus | None, limit: int
               ) -> list[RunRecord] | None:
     """``corral ls`` of the store file at ``path``: a thread's runs newest first, or the
@@ -125,9 +132,7 @@ def peek_runs(path: Path, *, thread: str | None, status: RunStatus | None, limit
             return None
         if thread is None:
             return latest_runs(conn, status, limit)
-        runs = [r for r in reversed(runs_of_thread(conn, thread))
-                if status is None or r.status is status]
-        return runs[:limit]
+        return newest_of_thread(runs_of_thread(conn, thread), status, limit)
     except sqlite3.Error:
         return None
     finally:
