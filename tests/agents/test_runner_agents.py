@@ -83,7 +83,7 @@ def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
     listed = c.run("sandboxes", "ls", "--json", timeout=60)
     ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
     if ids:
-        c.run("sandboxes", "rm", *ids, timeout=60)
+        c.run("sandboxes", "rm", "--force", *ids, timeout=60)
 
 
 def model_args(cli: str) -> list[str]:
