@@ -51,6 +51,12 @@ def one_line_refusal(r: subprocess.CompletedProcess[str], *needles: str) -> None
         assert needle in r.stderr, r.stderr
 
 
+def trusted(workspace: Path) -> tuple[str, str]:
+    """``--config`` for the workspace's own corral.toml: the user's explicit trust, which a
+    file that loosens the default policy (an allow rule, ``default = "allow"``) needs."""
+    return "--config", str(workspace / "corral.toml")
+
+
 # the harness kit's, one copy
 HelloServer = LoopbackHello
 

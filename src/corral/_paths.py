@@ -10,6 +10,7 @@ __all__ = [
     "SHARED_ROOT",
     "corral_home",
     "describe_os_error",
+    "home_label",
     "home_path",
     "net_root",
     "storage_problem",
@@ -20,6 +21,16 @@ def home_path() -> Path:
     """``$CORRAL_HOME``, default ``~/.corral``, without creating it."""
     raw = os.environ.get("CORRAL_HOME")
     return Path(raw).expanduser() if raw else Path.home() / ".corral"
+
+
+def home_label(home: Path | None = None) -> str:
+    """A label naming a ``$CORRAL_HOME`` (a digest of its resolved path): sandboxes made
+    with no store (``corral exec --keep``) carry it as ``corral.home``, so that ``corral
+    sandboxes`` can tell this home's from another's on a shared Docker daemon."""
+    import hashlib
+
+    path = str((home or home_path()).expanduser().resolve())
+    return hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 HOME_MARKER = ".corral-home"

@@ -26,6 +26,7 @@ from corral.tools._approvals import APPROVAL_REQUEST_EVENT
 from corral.testing._harness import normalized
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from tests.helpers import trusted
 
 from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
@@ -146,7 +147,7 @@ def test_a_denied_command_never_runs_whatever_the_repository_configures(
     ws = policy_workspace(tmp_path, "deny", 'default = "allow"\ndeny = ["rm *"]')
     (ws / "precious").write_text("keep me")
     corral.srv.script = one_command("rm -f precious")
-    out = acp_run(corral, "d1", "clean up", "--workspace", str(ws))
+    out = acp_run(corral, "d1", "clean up", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     events = corral.log("d1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
@@ -158,7 +159,7 @@ def test_a_denied_command_never_runs_whatever_the_repository_configures(
     assert spec["permission_prompt"] is True and spec["harness_options"]["agent"] == "opencode"
     # the sandbox's copy of the workspace still has the file: ask the agent's own shell
     corral.srv.script = one_command("cat precious")
-    out = acp_run(corral, "d2", "show it", "--workspace", str(ws))
+    out = acp_run(corral, "d2", "show it", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     (shown,) = results(corral.log("d2"))
     assert "keep me" in shown, shown
@@ -168,7 +169,7 @@ def test_allowed_commands_run_asked_for_each(
         opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
     ws = policy_workspace(tmp_path, "allow", 'default = "deny"\nallow = ["echo *"]')
     corral.srv.script = one_command("echo allowed-ran")
-    out = acp_run(corral, "a1", "say it", "--workspace", str(ws))
+    out = acp_run(corral, "a1", "say it", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     events = corral.log("a1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
@@ -176,7 +177,7 @@ def test_allowed_commands_run_asked_for_each(
     assert "allowed-ran" in result
     # default deny: anything else is refused (opencode asked about this one too)
     corral.srv.script = one_command("touch made-it")
-    assert acp_run(corral, "a2", "touch", "--workspace", str(ws)).returncode == 0
+    assert acp_run(corral, "a2", "touch", "--workspace", str(ws), *trusted(ws)).returncode == 0
     (result,) = results(corral.log("a2"))
     assert result.startswith("denied: ") and "default" in result, result
 
@@ -328,7 +329,7 @@ def test_agent_command_runs_any_acp_agent_and_refuses_a_policy(
     assert out.returncode == 2 and "[agent] has no key 'harnes'" in out.stderr, out.stderr
     pol = policy_workspace(tmp_path, "cmdpol", 'default = "allow"\ndeny = ["rm *"]')
     out = corral.run("run", "--harness", "acp", "--agent-command", command, "--workspace",
-                     str(pol), "go")
+                     str(pol), *trusted(pol), "go")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "--agent-command" in out.stderr and "policy" in out.stderr
     out = corral.run("run", "--harness", "opencode", "--agent", "opencode", "go")

@@ -22,6 +22,7 @@ from corral.sandbox._policy import Policy
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
+from tests.helpers import trusted
 from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_acp import (
     ACP as _OPENCODE_ACP,
@@ -199,7 +200,7 @@ def test_claude_denied_command_never_runs_whatever_the_repository_configures(
     ws = claude_workspace(tmp_path, "cdeny", 'default = "allow"\ndeny = ["rm *"]')
     (ws / "precious").write_text("keep me")
     corral.srv.script = one_command("rm -f precious")
-    out = claude_run(corral, "d1", "clean up", "--workspace", str(ws))
+    out = claude_run(corral, "d1", "clean up", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     events = corral.log("d1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
@@ -209,7 +210,7 @@ def test_claude_denied_command_never_runs_whatever_the_repository_configures(
     assert spec["permission_prompt"] is True and spec["harness_options"]["agent"] == "claude"
     # the file is still there and the repository's hook never ran: ask the agent's shell
     corral.srv.script = one_command("cat precious; ls")
-    out = claude_run(corral, "d2", "show it", "--workspace", str(ws))
+    out = claude_run(corral, "d2", "show it", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     (shown,) = results(corral.log("d2"))
     assert "keep me" in shown and "repo-hook-ran" not in shown, shown
@@ -220,11 +221,11 @@ def test_claude_read_only_commands_are_put_to_the_policy_too(
     """Claude Code runs ``echo`` unasked in mode default; corral's gate still decides it."""
     ws = claude_workspace(tmp_path, "cro", 'default = "deny"\nallow = ["ls *"]')
     corral.srv.script = one_command("echo should-not-run")
-    assert claude_run(corral, "r1", "say it", "--workspace", str(ws)).returncode == 0
+    assert claude_run(corral, "r1", "say it", "--workspace", str(ws), *trusted(ws)).returncode == 0
     (result,) = results(corral.log("r1"))
     assert "should-not-run" not in result and "default" in result, result
     corral.srv.script = one_command("ls -a")
-    assert claude_run(corral, "r2", "list", "--workspace", str(ws)).returncode == 0
+    assert claude_run(corral, "r2", "list", "--workspace", str(ws), *trusted(ws)).returncode == 0
     (result,) = results(corral.log("r2"))
     assert "corral.toml" in result, result
 
@@ -318,14 +319,14 @@ def test_claude_file_write_deny_refuses_its_edit_tools(
                                                 "content": "written\n"})
 
     corral.srv.script = write_then_answer
-    out = claude_run(corral, "w1", "write it", "--workspace", str(ws))
+    out = claude_run(corral, "w1", "write it", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     events = corral.log("w1")
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
     (result,) = results(events)
     assert result.startswith("denied: ") and "file" in result.lower(), result
     corral.srv.script = one_command("cat new.txt")
-    assert claude_run(corral, "w2", "show", "--workspace", str(ws)).returncode == 0
+    assert claude_run(corral, "w2", "show", "--workspace", str(ws), *trusted(ws)).returncode == 0
     (shown,) = results(corral.log("w2"))
     assert "written" not in shown and "No such file" in shown, shown
 
@@ -337,7 +338,7 @@ def test_corral_run_refuses_command_rules_for_gemini_in_one_line(
     (ws / "corral.toml").write_text('id = "gpol"\n[policy]\ndefault = "allow"\n'
                                     'deny = ["rm *"]\n')
     out = corral.run("run", "--harness", "acp", "--agent", "gemini", "--model", "gemini-fake",
-                     "--workspace", str(ws), "clean up")
+                     "--workspace", str(ws), *trusted(ws), "clean up")
     assert out.returncode == 2, (out.returncode, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "--agent claude" in lines[0] and "rm *" in lines[0], lines

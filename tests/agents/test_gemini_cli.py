@@ -22,6 +22,7 @@ from corral.sandbox._policy import Policy
 from corral.testing._model_server import ModelServer, Text
 
 from .conftest import REAL_KEY, agent_cli_env, run_agent
+from tests.helpers import trusted
 from .test_translators import GEMINI_OK, check_well_formed, kinds, translate
 
 
@@ -132,7 +133,7 @@ def test_corral_run_refuses_a_deny_rule_in_one_line(corral_cmd: list[str],
     (ws / "corral.toml").write_text(
         'id = "gpol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
     out = subprocess.run([*corral_cmd, "run", "--harness", "gemini-cli", "--model",
-                          "gemini-fake", "--workspace", str(ws), "remove everything"],
+                          "gemini-fake", "--workspace", str(ws), *trusted(ws), "remove everything"],
                          env=agent_cli_env(cli_env, bwfiles, model_server),
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -30,7 +30,7 @@ from corral.testing._model_server import (
 )
 
 from .conftest import agent_cli_env
-from tests.helpers import HelloServer, wait_until
+from tests.helpers import HelloServer, trusted, wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("bwrap")]
 
@@ -83,7 +83,7 @@ def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
     listed = c.run("sandboxes", "ls", "--json", timeout=60)
     ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
     if ids:
-        c.run("sandboxes", "rm", *ids, timeout=60)
+        c.run("sandboxes", "rm", "--force", *ids, timeout=60)
 
 
 def model_args(cli: str) -> list[str]:
@@ -167,11 +167,11 @@ def test_the_sandbox_policy_reaches_the_harness(corral: Corral, tmp_path: Path) 
     assert "file_write" in out.stderr and corral.srv.model_requests == []
     # Its commands are gated by corral (the command gate hook): the deny rule is accepted.
     corral.srv.script = lambda req: Text("ok")
-    out = corral.agent("codex", "c1", "hello", "--workspace", str(ws))
+    out = corral.agent("codex", "c1", "hello", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     assert corral.raw_record("c1")["spec"]["permission_prompt"] is True
     # Claude Code enforces it (its prompts go to corral, which evaluates the policy).
-    out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws))
+    out = corral.agent("claude-code", "p1", "hello", "--workspace", str(ws), *trusted(ws))
     assert out.returncode == 0, out.stderr[-3000:]
     spec = corral.raw_record("p1")["spec"]
     assert spec["policy"]["deny"] == ["rm -rf *"] and spec["policy"]["default"] == "allow"

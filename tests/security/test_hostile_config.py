@@ -155,3 +155,81 @@ def test_found_config_cannot_open_the_egress_proxy_to_host_addresses(
         f'[policy]\nnetwork = "allow"\nallow_hosts = ["example.org:443", "{entry}"]\n')
     r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
     one_line_refusal(r, "allow_hosts", "not a public address")
+
+
+@pytest.mark.parametrize(("setting", "key"), [
+    ('default = "allow"', "policy.default"),
+    ('allow = ["*"]', "policy.allow"),
+    ('allow = ["pytest *"]', "policy.allow"),
+    ('unparseable = "ask"', "policy.unparseable"),
+])
+def test_found_config_cannot_loosen_the_policy(
+    setting: str, key: str, repo: Path, tmp_path: Path, corral_cmd: list[str],
+    cli_env: dict[str, str]
+) -> None:
+    """An agent run in a repository whose corral.toml says ``default = "allow"`` (or allows
+    every command) would skip every approval the user gets without the file."""
+    (repo / "corral.toml").write_text(f'[policy]\n{setting}\ndeny = ["rm *"]\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, key, "--config")
+    # The user's own file may say it.
+    given = run([*corral_cmd, "run", "--config", str(repo / "corral.toml"), "--workspace",
+                 str(repo), "--", "true"], cli_env, repo)
+    assert given.returncode == 0, given.stderr
+
+
+def test_found_config_may_make_the_policy_stricter(
+    repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    (repo / "corral.toml").write_text(
+        '[policy]\ndefault = "deny"\nunparseable = "deny"\nfile_write = "ask"\n'
+        'deny = ["rm *", "curl *"]\nask = ["git push *"]\n'
+        'network = "allow"\nallow_hosts = ["pypi.org:443"]\n')
+    ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_found_config_cannot_raise_the_copy_limit(
+    repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    """The user's ``$CORRAL_MAX_COPY_SIZE`` (1 MiB here) stands against a repository asking
+    for 500 GiB: its 2 MiB file is not copied."""
+    (repo / "big").write_bytes(b"x" * (2 << 20))
+    env = {**cli_env, "CORRAL_MAX_COPY_SIZE": "1MiB"}
+    (repo / "corral.toml").write_text('[workspace]\nmax_copy_size = "500 GiB"\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "wc", "-c", "/workspace/big"],
+            env, repo)
+    one_line_refusal(r, "workspace.max_copy_size", "$CORRAL_MAX_COPY_SIZE", "--config")
+    assert str(2 << 20) not in r.stdout
+    # Without the variable the default (1 GiB) is what the file may not exceed.
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, "workspace.max_copy_size", "1 GiB", "--config")
+    # Lower is fine; the user's own flag or file decides.
+    (repo / "corral.toml").write_text('[workspace]\nmax_copy_size = "512KiB"\n')
+    low = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], env, repo)
+    one_line_refusal(low, "workspace copy limit of 512 KiB")
+    (repo / "corral.toml").write_text('[workspace]\nmax_copy_size = "500 GiB"\n')
+    for trust in (["--max-copy-size", "4MiB"], ["--config", str(repo / "corral.toml")]):
+        given = run([*corral_cmd, "run", *trust, "--workspace", str(repo), "--", "wc", "-c",
+                     "/workspace/big"], env, repo)
+        assert given.returncode == 0 and str(2 << 20) in given.stdout, given.stderr
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[lifecycle]\nkeep_alive = "never"\n', "lifecycle.keep_alive"),
+    ('[lifecycle]\nkeep_alive = "30d"\n', "lifecycle.keep_alive"),
+    ('[workspace]\nsetup = [{ run = "true", timeout = "10h" }]\n', "workspace.setup"),
+    ('[workspace]\nsetup = [{ parallel = ["true", { run = "true", timeout = "2h" }] }]\n',
+     "workspace.setup"),
+])
+def test_found_config_cannot_raise_the_time_limits(
+    text: str, key: str, repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    """A sandbox kept forever (disk held on the host), a setup step allowed ten hours."""
+    (repo / "corral.toml").write_text(text)
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, key, "--config")
+    (repo / "corral.toml").write_text(
+        '[lifecycle]\nkeep_alive = "1h"\n[workspace]\nsetup = [{ run = "true", timeout = "5m" }]\n')
+    ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    assert ok.returncode == 0, ok.stderr

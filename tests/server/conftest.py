@@ -57,7 +57,10 @@ class Server:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        """What a program sends: the token, and the header that marks a request no web page
+        sent cross-site (a bodiless POST such as cancel needs it without a token)."""
+        auth = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return {**auth, "X-Corral-Request": "1"}
 
     def client(self, **kw: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=30, **kw)

@@ -14,6 +14,7 @@ from typing import BinaryIO
 import anyio
 
 from corral._errors import ConfigError
+from corral._paths import home_label
 from corral.providers import get_provider
 from corral.sandbox._contracts import (
     TIMEOUT_EXIT_CODE,
@@ -60,8 +61,11 @@ async def _run(args: argparse.Namespace, provider_name: str, command: list[str],
     provider = get_provider(provider_name)
     fresh = args.sandbox is None
     if fresh:
+        # no store here: the home's label lets `corral sandboxes` tell this home's sandbox
+        # from another's on a shared daemon
         spec = SandboxSpec(
-            name=args.name, network=args.network, limits=ResourceLimits(disk_bytes=args.disk_bytes)
+            name=args.name, network=args.network, limits=ResourceLimits(disk_bytes=args.disk_bytes),
+            labels={"corral.home": home_label()},
         )
         handle: Handle | None = await provider.create(spec)
     else:

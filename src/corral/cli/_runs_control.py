@@ -124,7 +124,8 @@ def _definition(args: argparse.Namespace) -> tuple[Sandbox | None, Path | None]:
         return None, None
     sandbox = load_config(path)
     if not args.config:  # the repository's own file: a request, not the host's settings
-        check_found_config(sandbox, path, provider_chosen=bool(args.provider))
+        check_found_config(sandbox, path, provider_chosen=bool(args.provider),
+                           copy_limit_chosen=args.max_copy_size is not None)
     if args.provider and args.provider != sandbox.provider_name:
         sandbox = replace(sandbox, provider=args.provider, provider_config={})
     return sandbox, path.resolve().parent

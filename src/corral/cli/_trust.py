@@ -17,13 +17,22 @@ the user's own and is trusted. A found file may not
   shares the host's network namespace, its loopback services included), or name
   non-public addresses in ``allow_hosts`` (an IP literal there lets the egress proxy reach
   that address, e.g. ``127.0.0.1:*``); an allowlist of public hosts, which goes through
-  corral's egress proxy, is a request it may make.
+  corral's egress proxy, is a request it may make;
+- loosen the command policy the user gets without it (:class:`Policy`'s defaults): no
+  ``allow`` rules, ``default`` and ``unparseable`` at least as strict as the defaults
+  (``ask``, ``deny``); ``deny`` and ``ask`` rules and a stricter ``file_write`` are fine;
+- raise a limit the user set or gets by default: ``workspace.max_copy_size`` above
+  ``$CORRAL_MAX_COPY_SIZE`` (else 1 GiB) unless ``--max-copy-size`` decides, a setup
+  step's ``timeout`` above the default 30 minutes, ``lifecycle.keep_alive`` above the
+  default 24 hours (or ``"never"``).
 
-Each refusal is one line naming the key and the two ways forward.
+Each refusal is one line naming the key and the two ways forward. docs/security.md lists
+every key of the file with what a found file may do with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from corral._errors import ConfigError
@@ -31,16 +40,39 @@ from corral.sandbox._allowlist import non_public, parse_allowlist
 from corral.providers import get_provider
 from corral.sandbox._contracts import DefaultLimits
 from corral.sandbox._definition import Sandbox
+from corral.sandbox._lifecycle import DEFAULT_KEEP_ALIVE
+from corral.sandbox._policy import Policy
 from corral.sandbox._sources import GitSource, LocalDir
+from corral.sandbox._transfer import CopyLimit
+from corral.sandbox._validate import format_size
+from corral.sandbox._workspace import DEFAULT_STEP_TIMEOUT, Parallel, Step
 
 __all__ = ["check_found_config"]
 
 
-def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool) -> None:
+_RANK = {"allow": 0, "ask": 1, "deny": 2}
+
+
+def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool,
+                       copy_limit_chosen: bool = False,
+                       environ: Mapping[str, str] | None = None) -> None:
     """Raise :class:`ConfigError` if ``sandbox``, loaded from the repository's own
     ``config`` file, asks for something only the user may decide (see the module
-    docstring). ``provider_chosen``: the user named the provider on the command line."""
+    docstring). ``provider_chosen``: the user named the provider on the command line;
+    ``copy_limit_chosen``: the user gave ``--max-copy-size`` (which replaces the file's);
+    ``environ``: the user's environment (``$CORRAL_MAX_COPY_SIZE``), default ``os.environ``."""
     trust = f"pass --config {config} if you trust this file"
+    _check_policy(sandbox.policy, config, trust)
+    _check_time_limits(sandbox, config, trust)
+    if not copy_limit_chosen and sandbox.workspace.copy_limit_bytes is not None:
+        asked = sandbox.workspace.copy_limit_bytes
+        users = CopyLimit.resolve(None, environ)
+        if asked > users.max_bytes:
+            raise ConfigError(
+                f"{config}: workspace.max_copy_size {format_size(asked)} is above your limit "
+                f"of {format_size(users.max_bytes)} (set by {users.origin}): a repository's "
+                f"corral.toml may only lower it; pass --max-copy-size or {trust}"
+            )
     host_side = sorted(set(sandbox.provider_config) - {"limits"})
     if host_side:
         raise ConfigError(
@@ -96,6 +128,53 @@ def check_found_config(sandbox: Sandbox, config: Path, *, provider_chosen: bool)
                 f"{config}: secrets.{name} reads {raw}, outside {home}: a repository's "
                 f"corral.toml cannot read host files into the sandbox; {trust}"
             )
+
+
+def _check_policy(policy: Policy, config: Path, trust: str) -> None:
+    """A found policy may add deny and ask rules and be stricter than the default policy,
+    never looser: an allow rule (any) or a weaker ``default``/``unparseable``/``file_write``
+    would let an agent run skip approvals the user gets without the file."""
+    if policy.allow:
+        raise ConfigError(
+            f"{config}: policy.allow {list(policy.allow)!r} would let commands run without "
+            "the approval you get by default: a repository's corral.toml may only add deny "
+            f"and ask rules; {trust}"
+        )
+    base = Policy()
+    for key in ("default", "unparseable", "file_write"):
+        mine, default = getattr(policy, key), getattr(base, key)
+        if _RANK[mine] < _RANK[default]:
+            raise ConfigError(
+                f"{config}: policy.{key} = {mine!r} is looser than the default {default!r}: "
+                f"a repository's corral.toml may only make the policy stricter; {trust}"
+            )
+
+
+def _check_time_limits(sandbox: Sandbox, config: Path, trust: str) -> None:
+    """Setup steps no longer than the default step timeout; sandboxes kept idle no longer
+    than the default ``keep_alive``."""
+    for i, item in enumerate(sandbox.workspace.steps):
+        steps = item.steps if isinstance(item, Parallel) else (item,)
+        for step in steps:
+            assert isinstance(step, Step)
+            if step.timeout > DEFAULT_STEP_TIMEOUT:
+                raise ConfigError(
+                    f"{config}: workspace.setup[{i}] timeout {_hours(step.timeout)} is above "
+                    f"the default {_hours(DEFAULT_STEP_TIMEOUT)}: a repository's corral.toml "
+                    f"may only lower it; {trust}"
+                )
+    keep = sandbox.lifecycle.keep_alive_seconds
+    if keep is None or keep > DEFAULT_KEEP_ALIVE:
+        asked = "never" if keep is None else _hours(keep)
+        raise ConfigError(
+            f"{config}: lifecycle.keep_alive {asked} keeps sandboxes longer than the default "
+            f"{_hours(DEFAULT_KEEP_ALIVE)}: a repository's corral.toml may only lower it; "
+            f"{trust}"
+        )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g}h" if seconds >= 3600 else f"{seconds / 60:g}m"
 
 
 def _raised_limits(sandbox: Sandbox) -> list[str]:

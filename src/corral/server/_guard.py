@@ -6,7 +6,12 @@
 - Without a token (loopback only) the Host header must name a loopback address, so a web
   page on another site cannot reach the API through DNS rebinding.
 - A state-changing request that carries an ``Origin`` must come from this server's origin
-  (no cross-site form posts or fetches).
+  (no cross-site form posts or fetches); ``Origin: null`` (sandboxed iframes, ``data:``
+  pages, redirects) is a foreign origin.
+- Without a token, a state-changing ``/v1/`` request must have a JSON content type or the
+  ``X-Corral-Request`` header: a web page on another site cannot send either without a
+  CORS preflight, which this server never grants (a form, a ``text/plain`` body or a
+  bodiless ``fetch`` needs none). With a token the ``Authorization`` header does the same.
 - A request body larger than ``max_body`` bytes gets ``413`` before the app sees it.
 
 Every refusal is a JSON body ``{"error": {"code", "message"}}``.
@@ -50,6 +55,26 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key.lower() == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+CUSTOM_HEADER: Final = "X-Corral-Request"
+"""The header a client sends on a state-changing request that has no JSON body."""
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` or ``application/<anything>+json``, parameters aside."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def preflighted(scope: Scope) -> bool:
+    """Whether a browser would have asked the server (a CORS preflight, which corral never
+    answers) before sending this request cross-site: it has a JSON content type or corral's
+    custom header. A form, a ``text/plain`` body or a bodiless ``fetch`` does not."""
+    if _header(scope, CUSTOM_HEADER.lower().encode()):
+        return True
+    return _is_json(_header(scope, b"content-type") or "")
 
 
 def _host_name(host_header: str) -> str:
@@ -119,13 +144,20 @@ class Guard:
                 )
                 return
             origin = _header(scope, b"origin")
-            if method not in _SAFE_METHODS and origin and origin != "null":
-                if urlsplit(origin).netloc.lower() != host.lower():
-                    await send_error(send, 403, "cross_origin",
-                                     f"requests from origin {origin!r} are not accepted; "
-                                     "use the API from the server's own page or without a "
-                                     "browser")
-                    return
+            if method not in _SAFE_METHODS and origin is not None and (
+                    origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
+                # "null" is what sandboxed iframes, data: pages and redirects send: foreign
+                await send_error(send, 403, "cross_origin",
+                                 f"requests from origin {origin!r} are not accepted; "
+                                 "use the API from the server's own page or without a "
+                                 "browser")
+                return
+            if method not in _SAFE_METHODS and self.token is None and not preflighted(scope):
+                await send_error(send, 403, "cross_site_request",
+                                 f"{method} {path} needs Content-Type: application/json or "
+                                 f"the header {CUSTOM_HEADER}: 1 (what a web page on another "
+                                 "site cannot send without asking first)")
+                return
         if method in _SAFE_METHODS:
             await self.app(scope, receive, send)
             return

@@ -39,6 +39,9 @@ async function api(path, options = {}) {
   const headers = { ...(options.headers || {}) };
   if (token()) headers.Authorization = `Bearer ${token()}`;
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
+  // The server refuses a state-changing request that a page on another site could send
+  // without a preflight: a bodiless POST (cancel) carries this header.
+  if ((options.method || "GET") !== "GET") headers["X-Corral-Request"] = "1";
   const res = await fetch(BASE + path, { ...options, headers });
   if (res.status === 401) {
     askForToken();
