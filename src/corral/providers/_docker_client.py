@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from corral._errors import CorralError, PrerequisiteMissing
+from corral._errors import PrerequisiteMissing
 
 __all__ = ["BASE_IMAGE", "DockerUnavailable", "connect", "daemon_is_local", "docker_errors",
            "unavailable"]
@@ -62,8 +62,10 @@ def daemon_is_local(docker_host: str | None = None) -> bool:
     return url.startswith(("unix://", "npipe://"))
 
 
-class DockerUnavailable(CorralError):
+class DockerUnavailable(PrerequisiteMissing):
     """The Docker daemon did not answer."""
+
+    code = "provider_unavailable"
 
 
 def unavailable(exc: BaseException, docker_host: str | None) -> DockerUnavailable:

@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
+import anyio.to_thread
 from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,9 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral._telemetry import context_of, span
 from corral._version import __version__
-from corral._errors import ConfigError, CorralError
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
+from corral.sandbox._contracts import UnsupportedCapability
 from corral.runs._runner import Runner, RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
 from corral.server._agui import AguiInputError, answers_of, frontend_descriptors, start_body
@@ -38,6 +40,7 @@ from corral.server._models import (
     ApprovalResult,
     ErrorBody,
     HarnessList,
+    HarnessUnavailable,
     RunCreated,
     RunList,
     RunOut,
@@ -277,6 +280,18 @@ def create_app(
     }.items():
         app.add_exception_handler(exc_type, mapped(status, code))
 
+    @app.exception_handler(PrerequisiteMissing)
+    async def on_missing(_: Request, exc: PrerequisiteMissing) -> JSONResponse:
+        # the server's machine lacks something (an agent CLI, a model key, a Docker daemon):
+        # the operator's to fix, not a bug of the server
+        log.warning("request refused: %s", exc)
+        return _error(503, exc.code, str(exc))
+
+    @app.exception_handler(UnsupportedCapability)
+    async def on_unsupported(_: Request, exc: UnsupportedCapability) -> JSONResponse:
+        log.warning("request refused: %s", exc)
+        return _error(400, "unsupported", str(exc))
+
     @app.exception_handler(CorralError)
     async def on_corral(_: Request, exc: CorralError) -> JSONResponse:
         log.error("request failed: %s", exc)
@@ -451,7 +466,20 @@ def create_app(
     async def harnesses() -> HarnessList:
         allowed = config.allowed_harnesses
         names = list(allowed) if allowed is not None else harness_names()
-        return HarnessList(harnesses=names, default_harness=config.default_harness)
+        # what is missing (agent installs, model keys) is read on each call: an operator's
+        # `corral agents install` shows without a restart
+        from corral.agents._prepare import harness_unavailable  # start-up cost: when used
+
+        missing = await anyio.to_thread.run_sync(
+            lambda: {n: harness_unavailable(n) for n in names})
+        ready = [n for n in names if missing[n] is None]
+        unavailable = [HarnessUnavailable(name=n, code=exc.code, reason=str(exc))
+                       for n, exc in missing.items() if exc is not None]
+        agents = [n for n in ready if n != "command"]
+        preferred = [config.default_harness, "claude-code", *agents, "command"]
+        suggested = next((n for n in preferred if n is not None and n in ready), None)
+        return HarnessList(harnesses=ready, default_harness=config.default_harness,
+                           unavailable=unavailable, suggested_harness=suggested)
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")

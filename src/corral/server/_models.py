@@ -171,13 +171,28 @@ class ApprovalResult(BaseModel):
     decision: Literal["allow", "deny"]
 
 
+class HarnessUnavailable(BaseModel):
+    """A harness the server allows but cannot start a run with now, and why."""
+
+    name: str
+    code: str = Field(description="the error code `POST /v1/runs` would answer "
+                      "(`harness_not_installed`, `model_key_missing`, …)")
+    reason: str = Field(description="what is missing and the fix, for the operator")
+
+
 class HarnessList(BaseModel):
     """``GET /v1/harnesses``: the harnesses this server starts runs with."""
 
-    harnesses: list[str] = Field(description="names `POST /v1/runs` accepts as `harness` "
-                                 "(`command` for command runs)")
+    harnesses: list[str] = Field(description="names `POST /v1/runs` accepts as `harness` and "
+                                 "can start now (`command` for command runs)")
     default_harness: str | None = Field(
         None, description="the harness of an AG-UI input that names none")
+    unavailable: list[HarnessUnavailable] = Field(
+        default_factory=list, description="harnesses the server allows but cannot start "
+        "now (an agent CLI not installed, a model key not set), each with the reason")
+    suggested_harness: str | None = Field(
+        None, description="the harness a client should preselect: the default when it can "
+        "start, else one that can (an agent before `command`)")
 
 
 class RunErrorOut(BaseModel):
