@@ -142,7 +142,8 @@ async def _start(store: Store, args: argparse.Namespace, request: RunRequest) ->
         return 0
     say(f"run {record.run_id} started (thread {record.thread_id}); "
         "Ctrl-C detaches, twice cancels")
-    return await follow(store, record.run_id, 0, EventPrinter(args.json), runner)
+    printer = EventPrinter(args.json, line_deltas=record.harness == "command")
+    return await follow(store, record.run_id, 0, printer, runner)
 
 
 def cancel(args: argparse.Namespace) -> int:
