@@ -32,6 +32,9 @@ def test_exec_streams_and_exits_with_the_command_status(
     # shared by every corral home on the machine, and lists their containers too.)
     ls = run([*corral_cmd, "sandboxes", "ls", "--json", "--provider", provider_name], cli_env)
     assert ls.returncode == 0 and ls.stdout == b""
+    # an empty listing for a person still says what the columns are
+    ls = run([*corral_cmd, "sandboxes", "ls", "--provider", provider_name], cli_env)
+    assert (ls.returncode, ls.stdout) == (0, b"ID                           PROVIDER    CREATED\n")
 
 
 def test_signal_death_exits_128_plus_n(corral_cmd: list[str], cli_env: dict[str, str], provider_name: str) -> None:

@@ -86,12 +86,11 @@ def show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data))
     else:
-        for key, value in data.items():
-            if key == "usage" and isinstance(value, dict):
-                for line in usage_lines(value):
-                    print(line)
-                continue
-            print(f"{key:17} {'' if value is None else value}")
+        from corral.cli._run_text import show_text
+
+        usage = record.usage if isinstance(record.usage, dict) else None
+        for line in show_text(record, usage_lines(usage) if usage else []):
+            print(line)
     return 0
 
 
