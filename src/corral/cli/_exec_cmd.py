@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=duration_arg("--timeout"), metavar="DURATION",
                    help="kill the command after this long, e.g. 30s, 10m")
     p.add_argument("--network", action="store_true", help="give a fresh sandbox network access")
+    p.add_argument("--json", action="store_true",
+                   help='the output as JSON lines {"stream": "stdout"|"stderr", "data": TEXT}, '
+                        'then {"exit_code", "signal", "timed_out"}')
     p.add_argument("--disk", metavar="SIZE",
                    help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
                         "cannot be enforced)")

@@ -73,6 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cancel = sub.add_parser("cancel", help="cancel a run from any process")
     cancel.add_argument("run_id", metavar="RUN_ID")
     add_store_option(cancel)
+    cancel.add_argument("--json", action="store_true",
+                        help="print the run's record as one JSON document")
     cancel.set_defaults(func=_cancel)
 
     ls = sub.add_parser("ls", help="list runs")

@@ -151,5 +151,8 @@ def cancel(args: argparse.Namespace) -> int:
         return await Runner(store).cancel(args.run_id)
 
     record = with_store(args, cancel_run)
-    say(f"run {record.run_id}: {record.status.value}")
+    if getattr(args, "json", False):
+        print(json.dumps(record_json(record)))
+    else:
+        say(f"run {record.run_id}: {record.status.value}")
     return 0
