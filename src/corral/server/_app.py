@@ -246,6 +246,9 @@ def create_app(
         description="Durable coding-agent runs in sandboxes, streamed as AG-UI events.",
         docs_url=None,
         redoc_url=None,
+        # served below as a route of this app, so that the host app's `auth` covers it
+        # (FastAPI's own /openapi.json route skips the app's dependencies)
+        openapi_url=None,
         lifespan=lifespan,
         dependencies=dependencies,
     )
@@ -522,6 +525,17 @@ def create_app(
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    # The API reference: a small page of this package (no CDN: corral may run offline)
+    # that renders /openapi.json; /redoc is the same reference, for those who look there.
+    @app.get("/docs", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False)
+    async def docs() -> FileResponse:
+        return FileResponse(STATIC / "docs.html", headers={"cache-control": "no-store"})
 
     @app.get("/healthz", include_in_schema=False)
     async def health() -> dict[str, Any]:
