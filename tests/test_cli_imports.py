@@ -65,7 +65,7 @@ def _outside(modules: set[str], allowed: tuple[str, ...]) -> set[str]:
 
 # what the parser itself needs: the bottom layers, the light command modules, the one-line
 # error report (corral.server's namespace is lazy: importing _cmdline loads no app)
-PARSER = ("corral", "corral._errors", "corral._lazy", "corral._paths", "corral._version",
+PARSER = ("corral", "corral._durations", "corral._errors", "corral._lazy", "corral._paths", "corral._version",
           "corral.cli", "corral.cli._main", "corral.cli._parser", *COMMAND_MODULES,
           "corral.server", "corral.server._cmdline")
 
@@ -81,7 +81,8 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
 def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
     modules = _modules_of(argv, tmp_path)  # the first: it creates the store
-    store_side = (*PARSER, "corral.cli._ls_impl", "corral.cli._store", "corral.stores",
+    store_side = (*PARSER, "corral.cli._ls_impl", "corral.cli._run_text", "corral.cli._store",
+                  "corral.stores",
                   "corral.stores.")
     assert _outside(modules, store_side) == set()
     assert _heavy(modules) == set()
@@ -92,7 +93,7 @@ def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> Non
     assert "corral.stores._sqlite" in modules
     # the store exists now: it is read with sqlite3 alone, no event loop, no store object
     again = _modules_of(argv, tmp_path)
-    assert _outside(again, (*PARSER, "corral.cli._ls_impl", "corral.stores",
+    assert _outside(again, (*PARSER, "corral.cli._ls_impl", "corral.cli._run_text", "corral.stores",
                             "corral.stores._records", "corral.stores._url",
                             "corral.stores._sqlite_tables")) == set()
     assert {"anyio", "asyncio", "corral.stores._sqlite"} & again == set()

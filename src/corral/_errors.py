@@ -12,4 +12,21 @@ class ConfigError(CorralError, ValueError):
 
 
 class PrerequisiteMissing(CorralError):
-    """Something the machine needs is absent (bwrap, git, …). The message names the fix."""
+    """Something the machine needs is absent (bwrap, git, …). The message names the fix.
+
+    ``code`` is the error code the HTTP API answers it with (503: the server cannot do this
+    until its operator fixes the machine)."""
+
+    code: str = "prerequisite_missing"
+
+
+class AgentNotInstalled(PrerequisiteMissing):
+    """The agent CLI a harness runs is not installed (``corral agents install NAME``)."""
+
+    code = "harness_not_installed"
+
+
+class ModelKeyMissing(PrerequisiteMissing):
+    """The host variable holding the model API's key is not set."""
+
+    code = "model_key_missing"

@@ -84,12 +84,16 @@ def test_bad_requests_are_config_errors(tmp_path: Path, name: str, version: str 
 
 def test_cli_ls_and_install(agents_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli("agents", "ls", "--json") == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    [line] = capsys.readouterr().out.splitlines()  # one document: an array
+    rows = json.loads(line)
     assert {(r["name"], r["version"]) for r in rows} >= {("claude-code", "2.1.332"),
                                                         ("codex", "0.171.0"),
                                                         ("gemini-cli", "0.61.0")}
     assert cli("agents", "install", "codex") == 0  # already there: reused
     assert "codex 0.171.0 installed at" in capsys.readouterr().out
+    assert cli("agents", "install", "codex", "--json") == 0
+    installed = json.loads(capsys.readouterr().out)
+    assert (installed["name"], installed["version"]) == ("codex", "0.171.0")
     assert cli("agents", "install", "opencode") == 0  # opencode-ai, its binary from npm
     assert "opencode 1.18.33 installed at" in capsys.readouterr().out
     assert cli("agents", "ls") == 0

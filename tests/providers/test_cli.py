@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def test_exec_streams_and_exits_with_the_command_status(
     # shared by every corral home on the machine, and lists their containers too.)
     ls = run([*corral_cmd, "sandboxes", "ls", "--json", "--provider", provider_name], cli_env)
     assert ls.returncode == 0 and ls.stdout == b""
+    # an empty listing for a person still says what the columns are
+    ls = run([*corral_cmd, "sandboxes", "ls", "--provider", provider_name], cli_env)
+    assert (ls.returncode, ls.stdout) == (0, b"ID                           PROVIDER    CREATED             STORE                  RUN\n")
 
 
 def test_signal_death_exits_128_plus_n(corral_cmd: list[str], cli_env: dict[str, str], provider_name: str) -> None:
@@ -93,6 +97,18 @@ def test_doctor(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None
     assert "[ ok ] store" in out and "SQLite" in out and "schema version 2" in out
     # what does not exist yet is said once, not offered as a check that passes
     assert "not in this version: the Kubernetes" in out and "[ ok ] redis" not in out
+    # ... and is true: nothing corral has is named there (the ACP harness was, once)
+    stale = out.split("not in this version: ", 1)[1].split("\n", 1)[0]
+    assert stale == "the Kubernetes provider, the Redis store"
+    for harness in ("acp", "ACP", "claude-code", "codex", "gemini", "opencode"):
+        assert harness not in stale
+    as_json = run([*corral_cmd, "doctor", "--json"], cli_env)
+    assert as_json.returncode == 0 and as_json.stdout.count(b"\n") == 1  # one document
+    doc = json.loads(as_json.stdout)
+    assert doc["ready"] is True and doc["not_in_this_version"] == [
+        "the Kubernetes provider", "the Redis store"]
+    assert {"name": "git", "status": "ok"}.items() <= next(
+        c for c in doc["checks"] if c["name"] == "git").items()
 
 
 def test_doctor_checks_the_docker_daemon_and_image(corral_cmd: list[str],

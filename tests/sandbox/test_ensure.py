@@ -278,12 +278,17 @@ def test_corral_gc_cli(cli_env: dict[str, str], corral_cmd: list[str], corral_ho
     sandbox_id = anyio.run(make)
     out = subprocess.run([*corral_cmd, "gc", "--json"], env=cli_env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    [line] = out.stdout.splitlines()
-    entry = json.loads(line)
+    [line] = out.stdout.splitlines()  # one document
+    [entry] = json.loads(line)["entries"]
     assert (entry["sandbox"], entry["outcome"]) == (sandbox_id, "destroyed")
     assert not (corral_home / "sandboxes" / "local" / sandbox_id).exists()
     again = subprocess.run([*corral_cmd, "gc"], env=cli_env, capture_output=True, text=True)
     assert again.returncode == 0 and "nothing idle" in again.stdout
+    # nothing done is still an answer
+    again = subprocess.run([*corral_cmd, "gc", "--json"], env=cli_env, capture_output=True,
+                           text=True)
+    assert (again.returncode, again.stdout) == (
+        0, '{"dry_run": false, "entries": [], "counts": {}}\n')
 
 
 async def test_local_dir_and_inline_files_sources(store: Store, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ corral's drives, and AG-UI's HttpAgent works against the mounted endpoint."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,13 +34,38 @@ def mounted(home: Home) -> Iterator[Server]:
 def test_the_host_apps_authentication_guards_every_corral_route(mounted: Server) -> None:
     with httpx.Client(base_url=mounted.url, timeout=30) as anonymous:
         for method, path in [("GET", "/v1/runs"), ("POST", "/v1/runs"),
-                             ("GET", "/v1/runs/x/events"), ("POST", "/v1/agui"), ("GET", "/")]:
+                             ("GET", "/v1/runs/x/events"), ("POST", "/v1/agui"), ("GET", "/"),
+                             ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")]:
             r = anonymous.request(method, path, json={})
             assert r.status_code == 401, (method, path, r.text)
         wrong = anonymous.get("/v1/runs", headers={"Authorization": "Bearer not-a-user"})
         assert wrong.status_code == 401
     with mounted.client() as c:
         assert c.get("/v1/runs").status_code == 200
+        assert "/v1/runs" in c.get("/openapi.json").json()["paths"]
+        for path in ("/docs", "/redoc"):
+            page = c.get(path)
+            assert page.status_code == 200 and "static/docs.js" in page.text
+            assert "cdn" not in page.text.lower() and "https://" not in page.text
+
+
+def test_the_api_reference_loads_offline_in_a_browser(mounted: Server, page_driver: Path,
+                                                      screenshots: Path) -> None:
+    """/docs and /redoc in headless Chromium: every operation of openapi.json shown, no
+    request leaves the app's origin (the assets are bundled), readable on a phone."""
+    with mounted.client() as c:
+        spec = c.get("/openapi.json").json()
+    expected = sum(len(item) for item in spec["paths"].values())
+    done = subprocess.run(["node", "docs.mjs", mounted.url, ALICE, str(screenshots)],
+                          capture_output=True, text=True, timeout=300, cwd=page_driver)
+    assert done.returncode == 0, done.stderr + "".join(mounted.log)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["operations"] == expected == out["redocOperations"]
+    assert "POST /v1/runs" in out["toc"] and "GET /v1/harnesses" in out["toc"]
+    assert out["title"].startswith("corral ") and out["title"].endswith(" API reference")
+    assert out["foreignRequests"] == [] and out["errors"] == [] and out["phoneErrors"] == []
+    assert out["phoneOverflow"] is False
+    assert (screenshots / "docs.png").stat().st_size > 0
 
 
 def test_a_run_under_the_mount_is_driven_by_the_host_apps_lifespan(home: Home,

@@ -287,9 +287,10 @@ async def test_another_home_sharing_the_store_answers(
                     [*corral_cmd, "approve", "run-mh", "--list", "--json", "--store", url],
                     env=other_host)
                 # the HTTP API's spelling (GET /v1/runs/{id}/approvals), not the event's
-                assert set(json.loads(listed.stdout)) == {
+                [pending] = json.loads(listed.stdout)  # one document: an array
+                assert set(pending) == {
                     "approval_id", "run_id", "tool", "args", "created_at", "expires_at"}
-                assert json.loads(listed.stdout)["approval_id"] == approval_id
+                assert pending["approval_id"] == approval_id
                 out = await anyio.run_process(
                     [*corral_cmd, "approve", "run-mh", approval_id, "--allow", "--store",
                      url], env=other_host)

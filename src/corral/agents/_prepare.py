@@ -41,10 +41,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from corral._telemetry import carrier
-from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._errors import AgentNotInstalled, ConfigError, CorralError, PrerequisiteMissing
 from corral._insandbox import acp_client as acp_client
 from corral._insandbox import command_gate as command_gate
 from corral.harness._base import AgentCommand, AgentRequest
+from corral.harness._registry import build_harness
 from corral.harness._cli_base import CliHarness, CliOptions
 from corral.agents._installs import (
     AGENTS_MOUNT,
@@ -351,7 +352,7 @@ def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
     needs_install = getattr(harness, "needs_install", True)
     install = find_installed(pkg, harness.version, root=agents) if needs_install else None
     if install is None and needs_install:
-        raise PrerequisiteMissing(
+        raise AgentNotInstalled(
             f"{pkg} {harness.version} is not installed: run `corral agents install "
             f"{pkg}" + (f" --version {harness.version}`"
                         if harness.version != harness.package.version else "`")
@@ -528,3 +529,32 @@ async def prepare_agent(
                          model_socket=model_socket, egress_proxy=egress_proxy,
                          egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
                          host_tools=projection, redactor=redactor, bridge=bridge)
+
+
+def harness_unavailable(name: str) -> PrerequisiteMissing | None:
+    """Why a run of harness ``name`` with its defaults could not start on this host (its
+    agent CLI is not installed, its model key is not set), or ``None`` when it can. The
+    ``command`` harness always can; ``acp`` can when any of its agents can."""
+    from corral.harness._acp_agents import ACP_AGENTS
+
+    configs: list[dict[str, Any]] = (
+        [{"agent": agent} for agent in sorted(ACP_AGENTS)] if name == "acp" else [{}])
+    first: PrerequisiteMissing | None = None
+    for config in configs:
+        try:
+            harness = build_harness(name, config)
+        except ConfigError:
+            return None  # needs what a request brings (a command): nothing missing here
+        if not isinstance(harness, CliHarness):
+            return None
+        try:
+            agent_prerequisites(harness)
+        except PrerequisiteMissing as exc:
+            first = first or exc
+            continue
+        return None
+    if name == "acp" and isinstance(first, AgentNotInstalled):
+        return AgentNotInstalled(
+            "no ACP agent is installed: run `corral agents install opencode` (or gemini-cli, "
+            "claude-code)")
+    return first

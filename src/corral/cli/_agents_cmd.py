@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
     inst.set_defaults(func=_install)
 
     ls = sub.add_parser("ls", help="list installed agent CLIs")
-    ls.add_argument("--json", action="store_true", help="print one JSON object per install")
+    ls.add_argument("--json", action="store_true", help="print one JSON array of the installs")
     ls.set_defaults(func=_ls)
 
 
@@ -37,6 +37,8 @@ def _install_arguments(inst: argparse.ArgumentParser) -> None:
     inst.add_argument("--version", dest="agent_version", default=None,
                       help="exact npm version (default: the tested, pinned version)")
     inst.add_argument("--force", action="store_true", help="reinstall even if present")
+    inst.add_argument("--json", action="store_true",
+                      help="print one JSON document: {name, version, package, path, bin}")
 
 
 def _install(args: argparse.Namespace) -> int:

@@ -27,20 +27,24 @@ def install(args: argparse.Namespace) -> int:
     if args.force or find_installed(args.name, version) is None:
         print(f"installing {pkg.package}@{version} ...", file=sys.stderr)
     agent = install_agent(args.name, args.agent_version, force=args.force)
-    print(f"{agent.name} {agent.version} installed at {agent.path}")
+    if getattr(args, "json", False):
+        print(json.dumps({"name": agent.name, "version": agent.version,
+                          "package": agent.package, "path": str(agent.path),
+                          "bin": str(agent.bin_path)}))
+    else:
+        print(f"{agent.name} {agent.version} installed at {agent.path}")
     return 0
 
 
 def ls(args: argparse.Namespace) -> int:
     root = agents_root()
     installed = list_installed(root)
-    if args.json:
-        for a in installed:
-            print(json.dumps({"name": a.name, "version": a.version, "package": a.package,
-                              "path": str(a.path), "bin": str(a.bin_path),
-                              "companions": [{"package": c.package, "version": c.version,
-                                              "bin": str(a.path / c.rel_bin)}
-                                             for c in a.companions]}))
+    if args.json:  # one answer: one document (an array, as `corral ls --json`)
+        print(json.dumps([{"name": a.name, "version": a.version, "package": a.package,
+                           "path": str(a.path), "bin": str(a.bin_path),
+                           "companions": [{"package": c.package, "version": c.version,
+                                           "bin": str(a.path / c.rel_bin)}
+                                          for c in a.companions]} for a in installed]))
         return 0
     if not installed:
         print(f"no agent CLIs installed under {root}; try `corral agents install claude-code`")

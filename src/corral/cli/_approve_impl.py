@@ -37,13 +37,15 @@ def handler(args: argparse.Namespace) -> int:
 
 async def _list(store: Store, args: argparse.Namespace) -> int:
     now = time.time()
-    for a in await list_pending(store, args.run_id):
-        if args.json:
-            # the HTTP API's names (GET /v1/runs/{id}/approvals), one spelling for both
-            print(json.dumps({"approval_id": a.approval_id, "run_id": a.run_id,
-                              "tool": a.tool, "args": a.args,
-                              "created_at": a.created_at, "expires_at": a.expires_at}))
-        else:
-            print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
-                  f"(expires in {max(0, a.expires_at - now):.0f}s)")
+    pending = await list_pending(store, args.run_id)
+    if args.json:
+        # one answer: one array; the HTTP API's names (GET /v1/runs/{id}/approvals)
+        print(json.dumps([{"approval_id": a.approval_id, "run_id": a.run_id,
+                           "tool": a.tool, "args": a.args,
+                           "created_at": a.created_at, "expires_at": a.expires_at}
+                          for a in pending]))
+        return 0
+    for a in pending:
+        print(f"{a.approval_id}  {a.tool}  {json.dumps(a.args)}  "
+              f"(expires in {max(0, a.expires_at - now):.0f}s)")
     return 0

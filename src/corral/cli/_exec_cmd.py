@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from corral.server._cmdline import duration_arg
+
 DEFAULT_PROVIDER = "bubblewrap"
 
 
@@ -25,8 +27,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cwd", metavar="DIR", help="working directory in the sandbox (default /workspace)")
     p.add_argument("--env", metavar="NAME=VALUE", action="append", default=[],
                    help="set an environment variable (repeatable)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="kill the command after this long")
+    p.add_argument("--timeout", type=duration_arg("--timeout"), metavar="DURATION",
+                   help="kill the command after this long, e.g. 30s, 10m")
     p.add_argument("--network", action="store_true", help="give a fresh sandbox network access")
+    p.add_argument("--json", action="store_true",
+                   help='the output as JSON lines {"stream": "stdout"|"stderr", "data": TEXT}, '
+                        'then {"exit_code", "signal", "timed_out"}')
     p.add_argument("--disk", metavar="SIZE",
                    help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
                         "cannot be enforced)")

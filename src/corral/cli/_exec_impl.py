@@ -4,12 +4,14 @@ parser is in :mod:`corral.cli._exec_cmd`)."""
 from __future__ import annotations
 
 import argparse
+import codecs
+import json
 import os
 import signal
 import stat
 import sys
 from collections.abc import AsyncIterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import anyio
 
@@ -76,7 +78,8 @@ async def _run(args: argparse.Namespace, provider_name: str, command: list[str],
             )
     assert handle is not None
     try:
-        return await _stream(handle, command, args.cwd, env, args.timeout)
+        return await _stream(handle, command, args.cwd, env, args.timeout,
+                             as_json=getattr(args, "json", False))
     finally:
         with anyio.CancelScope(shield=True):
             await _finish(provider, handle, fresh, args.keep)
@@ -95,6 +98,22 @@ async def _pump(src: AsyncIterator[bytes], dst: BinaryIO) -> None:
     async for chunk in src:
         dst.write(chunk)
         dst.flush()
+
+
+def _json_line(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+async def _pump_json(src: AsyncIterator[bytes], name: str) -> None:
+    """``--json``: the output as JSON lines ``{"stream": NAME, "data": TEXT}`` (a stream:
+    one line per chunk; bytes that are not UTF-8 become U+FFFD)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    async for chunk in src:
+        if text := decoder.decode(chunk):
+            _json_line({"stream": name, "data": text})
+    if text := decoder.decode(b"", final=True):
+        _json_line({"stream": name, "data": text})
 
 
 async def _feed_stdin(proc: Process) -> None:
@@ -127,15 +146,20 @@ async def _feed_stdin(proc: Process) -> None:
 
 
 async def _stream(
-    handle: Handle, command: list[str], cwd: str | None, env: dict[str, str], timeout: float | None
+    handle: Handle, command: list[str], cwd: str | None, env: dict[str, str],
+    timeout: float | None, *, as_json: bool = False,
 ) -> int:
     proc = await handle.process.spawn(command, cwd=cwd, env=env)
     timed_out = False
     try:
         with anyio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_pump, proc.stdout, sys.stdout.buffer)
-                tg.start_soon(_pump, proc.stderr, sys.stderr.buffer)
+                if as_json:
+                    tg.start_soon(_pump_json, proc.stdout, "stdout")
+                    tg.start_soon(_pump_json, proc.stderr, "stderr")
+                else:
+                    tg.start_soon(_pump, proc.stdout, sys.stdout.buffer)
+                    tg.start_soon(_pump, proc.stderr, sys.stderr.buffer)
                 feeder = anyio.CancelScope()
 
                 async def feed() -> None:
@@ -159,6 +183,10 @@ async def _stream(
             aclose = getattr(proc, "aclose", None)  # the pipes (every provider's process)
             if aclose is not None:
                 await aclose()
+    if as_json:  # the stream's last line: how it ended
+        _json_line({"exit_code": TIMEOUT_EXIT_CODE if timed_out else result.exit_code,
+                    "signal": None if timed_out else result.signal,
+                    "timed_out": timed_out})
     if timed_out:
         print(f"corral: command timed out after {timeout:g}s and was killed (exit "
               f"{TIMEOUT_EXIT_CODE})", file=sys.stderr)

@@ -19,10 +19,13 @@ def handler(args: argparse.Namespace) -> int:
                                   orphan_grace=args.orphan_grace)
 
     report = with_store(args, collect)
-    if args.json:
-        for e in report.entries:
-            print(json.dumps({"key": e.key, "provider": e.provider, "sandbox": e.sandbox_id,
-                              "outcome": e.outcome, "detail": e.detail}))  # fmt: skip
+    if args.json:  # one answer: one document, also when nothing was done
+        print(json.dumps({
+            "dry_run": bool(args.dry_run),
+            "entries": [{"key": e.key, "provider": e.provider, "sandbox": e.sandbox_id,
+                         "outcome": e.outcome, "detail": e.detail} for e in report.entries],
+            "counts": dict(sorted(report.counts.items())),
+        }))
     else:
         for e in report.entries:
             print(f"{e.outcome:15} {e.provider}/{e.sandbox_id} {e.detail}".rstrip())

@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="Debian suite (default bookworm)")
     build.add_argument("--docker-host", metavar="URL", help="the daemon (default $DOCKER_HOST)")
     build.add_argument("--force", action="store_true", help="rebuild when the tag exists")
+    build.add_argument("--json", action="store_true",
+                       help="print one JSON document: {tag, built}")
     build.set_defaults(func=_run_build)
 
 

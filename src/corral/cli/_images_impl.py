@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from corral.providers._docker_client import BASE_IMAGE
@@ -15,12 +16,19 @@ def run_build(args: argparse.Namespace) -> int:
     tag = args.tag or BASE_IMAGE
     if not args.force and image_exists(tag, docker_host=args.docker_host):
         print(f"corral: {tag} exists (--force rebuilds it)", file=sys.stderr)
-        print(tag)
+        _answer(args, tag, built=False)
         return 0
 
     def progress(line: str) -> None:
         print(f"corral: {line}", file=sys.stderr, flush=True)
 
     build_base_image(tag, docker_host=args.docker_host, suite=args.suite, progress=progress)
-    print(tag)
+    _answer(args, tag, built=True)
     return 0
+
+
+def _answer(args: argparse.Namespace, tag: str, *, built: bool) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps({"tag": tag, "built": built}))
+    else:
+        print(tag)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from corral.stores._records import RunRecord, RunStatus
@@ -77,17 +76,8 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([record_json(r) for r in runs]))
         return 0
-    rows = [("RUN_ID", "THREAD", "STATUS", "EXIT", "STARTED", "DETACHED")]
-    for r in runs:
-        rows.append((
-            r.run_id,
-            r.thread_id,
-            r.status.value + (" (cancel requested)" if r.cancel_requested and not r.terminal else ""),
-            "" if r.exit_code is None else str(r.exit_code),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)),
-            "yes" if r.detached_since is not None else "",
-        ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    from corral.cli._run_text import ls_table
+
+    for line in ls_table(runs):
+        print(line)
     return 0

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.cli._parser import arguments
-from corral.server._cmdline import add_store_option
+from corral.server._cmdline import add_store_option, duration_arg
 
 __all__ = ["register"]
 
@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      help="--harness acp: the ACP agent (gemini, opencode, claude)")
     run.add_argument("--agent-command", metavar="CMD",
                      help="--harness acp: start this ACP agent instead (no sandbox policy)")
-    run.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
-                     help="stop the agent after this long (the run fails, exit code 124)")
+    run.add_argument("--timeout", type=duration_arg("--timeout"), metavar="DURATION",
+                     help="stop the agent after this long, e.g. 90s, 10m, 1h30m (the run "
+                          "fails, exit code 124)")
     run.add_argument("--file-events", nargs="?", const="on", choices=["on", "diff"],
                      help="log the agent's workspace changes as sandbox.file events "
                           "(--file-events diff: with patches)")
@@ -72,6 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cancel = sub.add_parser("cancel", help="cancel a run from any process")
     cancel.add_argument("run_id", metavar="RUN_ID")
     add_store_option(cancel)
+    cancel.add_argument("--json", action="store_true",
+                        help="print the run's record as one JSON document")
     cancel.set_defaults(func=_cancel)
 
     ls = sub.add_parser("ls", help="list runs")

@@ -143,7 +143,8 @@ async def _start(store: Store, args: argparse.Namespace, request: RunRequest) ->
         return 0
     say(f"run {record.run_id} started (thread {record.thread_id}); "
         "Ctrl-C detaches, twice cancels")
-    return await follow(store, record.run_id, 0, EventPrinter(args.json), runner)
+    printer = EventPrinter(args.json, line_deltas=record.harness == "command")
+    return await follow(store, record.run_id, 0, printer, runner)
 
 
 def cancel(args: argparse.Namespace) -> int:
@@ -151,5 +152,8 @@ def cancel(args: argparse.Namespace) -> int:
         return await Runner(store).cancel(args.run_id)
 
     record = with_store(args, cancel_run)
-    say(f"run {record.run_id}: {record.status.value}")
+    if getattr(args, "json", False):
+        print(json.dumps(record_json(record)))
+    else:
+        say(f"run {record.run_id}: {record.status.value}")
     return 0

@@ -13,13 +13,13 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 import anyio.to_thread
 
 from corral._errors import ConfigError
+from corral.cli._human_stream import TextStream, summary_line
 from corral.cli._ls_impl import record_json
 from corral.cli._store import with_store
 from corral.stores._protocols import LoggedEvent, Store, UnknownRun
@@ -34,13 +34,16 @@ SECOND_SIGINT_WINDOW = 2.0
 
 
 class EventPrinter:
-    """Prints logged events: NDJSON with ``--json``, else the text as it streams."""
+    """Prints logged events: NDJSON with ``--json``, else text with line discipline
+    (:class:`corral.cli._human_stream.TextStream`; ``line_deltas`` for the ``command``
+    harness, whose deltas are whole lines)."""
 
-    def __init__(self, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
+    def __init__(self, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+                 *, line_deltas: bool = False):
         self.as_json = as_json
         self.out = out
         self.err = err
-        self._text_open = False
+        self._text = TextStream(out, err, line_deltas=line_deltas)
 
     def __call__(self, logged: LoggedEvent) -> None:
         if self.as_json:
@@ -49,29 +52,17 @@ class EventPrinter:
             self.out.write(line + "\n")
             self.out.flush()
             return
-        event = logged.event
-        kind = event.get("type")
-        if kind == "TEXT_MESSAGE_CONTENT":
-            self.out.write(str(event.get("delta", "")))
-            self.out.flush()
-            self._text_open = True
-        elif kind == "TOOL_CALL_START":
-            self._note(f"[tool] {event.get('toolCallName')}")
-        elif kind == "TOOL_CALL_RESULT":
-            content = str(event.get("content", ""))
-            self._note(f"[tool result] {content[:200]}")
-        elif kind == "RUN_ERROR":
-            self._note(f"[run error] {event.get('message')}")
-        elif kind == "CUSTOM" and event.get("name") == "sandbox.file":
-            value = event.get("value") or {}
-            self._note(f"[file] {value.get('type')} {value.get('path')}")
-        elif kind == "RUN_FINISHED":
-            self.out.flush()
+        self._text.event(logged.event)
 
-    def _note(self, text: str) -> None:
-        self.out.flush()
-        self.err.write(text + "\n")
-        self.err.flush()
+    def end_line(self) -> None:
+        """End stdout's open line, before a line on stderr."""
+        if not self.as_json:
+            self._text.end_line()
+
+    def close(self) -> None:
+        """The stream ended (the run ended or we detach)."""
+        if not self.as_json:
+            self._text.close()
 
 
 def exit_code_for(record: RunRecord) -> int:
@@ -95,12 +86,11 @@ def show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data))
     else:
-        for key, value in data.items():
-            if key == "usage" and isinstance(value, dict):
-                for line in usage_lines(value):
-                    print(line)
-                continue
-            print(f"{key:17} {'' if value is None else value}")
+        from corral.cli._run_text import show_text
+
+        usage = record.usage if isinstance(record.usage, dict) else None
+        for line in show_text(record, usage_lines(usage) if usage else []):
+            print(line)
     return 0
 
 
@@ -134,15 +124,17 @@ def attach(args: argparse.Namespace) -> int:
         raise ConfigError("--after must be a log offset of 0 or more")
 
     async def attach(store: Store) -> int:
-        if await store.get(args.run_id) is None:
+        record = await store.get(args.run_id)
+        if record is None:
             raise UnknownRun(args.run_id)
-        return await follow(store, args.run_id, args.after, EventPrinter(args.json))
+        printer = EventPrinter(args.json, line_deltas=record.harness == "command")
+        return await follow(store, args.run_id, args.after, printer)
 
     return with_store(args, attach)
 
 
 async def follow(
-    store: Store, run_id: str, after: int, printer: Callable[[LoggedEvent], None],
+    store: Store, run_id: str, after: int, printer: EventPrinter,
     runner: Runner | None = None,
 ) -> int:
     """Print the log from ``after`` while driving the run (with ``runner``, or a runner over
@@ -174,6 +166,7 @@ async def follow(
                         stop.set()
                         if signum != signal.SIGINT:
                             return
+                        printer.end_line()
                         say("detaching… press Ctrl-C again within 2 s to cancel the run")
                     elif signum == signal.SIGINT and (
                         time.monotonic() - outcome["at"] <= SECOND_SIGINT_WINDOW
@@ -193,6 +186,7 @@ async def follow(
                     await cancel.wait()
             tg.cancel_scope.cancel()
 
+    printer.close()
     if cancel.is_set():
         with anyio.CancelScope(shield=True):
             cancelled = await (await runners.get()).cancel(run_id)
@@ -204,7 +198,21 @@ async def follow(
             f"Cancel: corral cancel {run_id}")
         return 130
     final = await store.get(run_id)
-    return exit_code_for(final) if final is not None else 1
+    if final is None:
+        return 1
+    say_summary(final)
+    return exit_code_for(final)
+
+
+def say_summary(record: RunRecord) -> None:
+    """The closing line of a followed run on stderr: ``corral: run X completed (exit 0,
+    1.2 s, $0.003)``."""
+    elapsed = (record.finished_at - record.started_at) if record.finished_at else None
+    cost = (record.usage or {}).get("cost_usd")
+    unpriced = (record.usage or {}).get("unpriced")
+    print(summary_line(record.run_id, record.status.value, record.exit_code, elapsed,
+                       cost if isinstance(cost, int | float) and not unpriced else None),
+          file=sys.stderr, flush=True)
 
 
 class _RunnerWhenNeeded:

@@ -152,7 +152,7 @@ def run_ls(args: argparse.Namespace) -> int:
         if args.json:
             for row in rows:
                 print(json.dumps(row, sort_keys=True))
-        elif rows:
+        else:  # the header even for none, as `docker ps` does
             print(f"{'ID':<28} {'PROVIDER':<11} {'CREATED':<19} {'STORE':<22} RUN")
             for row in rows:
                 ts = row["created_at"]

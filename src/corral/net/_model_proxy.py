@@ -34,7 +34,7 @@ import anyio.abc
 import certifi
 import httpx
 
-from corral._errors import ConfigError, PrerequisiteMissing
+from corral._errors import ConfigError, ModelKeyMissing
 from corral._telemetry import span_at
 from corral.net._http11 import Request, Response, serve_unix
 
@@ -120,7 +120,7 @@ class Upstream:
         url_var, default_url, key_var = _DEFAULTS[api]
         key = env.get(key_var, "")
         if not key:
-            raise PrerequisiteMissing(
+            raise ModelKeyMissing(
                 f"{key_var} is not set on the host: the model proxy needs it to call the "
                 f"{api} API (the key stays on the host; the sandbox never sees it)"
             )

@@ -577,6 +577,12 @@ class DockerProvider:
     def api(self) -> Any:
         return self.client.api
 
+    async def preflight(self) -> None:
+        """Connect to the daemon now (a run checks this before it records anything):
+        :class:`DockerUnavailable` with the fix when it does not answer."""
+        if self._client is None:
+            self._client = await anyio.to_thread.run_sync(connect, self.docker_host)
+
     @property
     def name(self) -> str:
         return "docker"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from corral._errors import CorralError, PrerequisiteMissing
+from corral._errors import PrerequisiteMissing
 
 __all__ = ["BASE_IMAGE", "DockerUnavailable", "connect", "daemon_is_local", "docker_errors",
            "unavailable"]
@@ -41,13 +41,18 @@ def docker_errors() -> Any:
 
 def connect(docker_host: str | None = None) -> Any:
     """A ``docker.DockerClient`` for ``docker_host`` (default: ``$DOCKER_HOST`` or the
-    local socket). Connecting is lazy; a daemon that does not answer fails the first call."""
-    docker_errors()
+    local socket). The SDK asks the daemon for its API version here: a daemon that does not
+    answer is :class:`DockerUnavailable` (the one line with the fix), never the SDK's
+    exception."""
+    errors = docker_errors()
     import docker
 
-    if docker_host:
-        return docker.DockerClient(base_url=docker_host, timeout=120)
-    return docker.from_env(timeout=120)
+    try:
+        if docker_host:
+            return docker.DockerClient(base_url=docker_host, timeout=120)
+        return docker.from_env(timeout=120)
+    except (errors.DockerException, OSError) as exc:
+        raise unavailable(exc, docker_host) from None
 
 
 def daemon_is_local(docker_host: str | None = None) -> bool:
@@ -57,14 +62,37 @@ def daemon_is_local(docker_host: str | None = None) -> bool:
     return url.startswith(("unix://", "npipe://"))
 
 
-class DockerUnavailable(CorralError):
+class DockerUnavailable(PrerequisiteMissing):
     """The Docker daemon did not answer."""
+
+    code = "provider_unavailable"
 
 
 def unavailable(exc: BaseException, docker_host: str | None) -> DockerUnavailable:
     where = docker_host or os.environ.get("DOCKER_HOST") or "the local socket"
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    root = _root_os_error(exc)
+    if root is not None:  # "No such file or directory", not the SDK's nested reprs
+        first = root.strerror or type(root).__name__
+    else:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return DockerUnavailable(
         f"the Docker daemon at {where} did not answer ({first}): start dockerd, or set "
         "DOCKER_HOST / [provider] docker_host"
     )
+
+
+def _root_os_error(exc: BaseException) -> OSError | None:
+    """The OS error at the bottom of the SDK's chain of wrapped exceptions (if any)."""
+    seen: set[int] = set()
+    found: OSError | None = None
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.strerror:
+            found = cur
+        stack.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
+        stack.extend(a for a in cur.args if isinstance(a, BaseException))
+    return found

@@ -203,6 +203,11 @@ class Runner:
         from corral.runs._launch import plan_start
 
         plan = plan_start(request, self.tools)  # checked before anything is recorded
+        # A provider that can tell at once it cannot work (a Docker daemon that does not
+        # answer) says so now: a run refused before it starts leaves no record.
+        preflight = getattr(plan.provider, "preflight", None)
+        if preflight is not None:
+            await preflight()
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
         # (an exception marks the span failed)

@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from corral._durations import parse_duration
 from corral._errors import ConfigError
 
 __all__ = [
@@ -22,11 +23,9 @@ __all__ = [
 
 T = TypeVar("T", bound=str)
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|[kmgt]b|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _BINARY = "kmgt"
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def string(value: object, field: str, *, allow_empty: bool = False) -> str:
@@ -70,19 +69,17 @@ def positive_int(value: object, field: str) -> int:
 
 
 def duration(value: object, field: str) -> float:
-    """Seconds from a number or a string such as ``"90s"``, ``"30m"``, ``"2h"``, ``"7d"``."""
+    """Seconds from a number or a string such as ``"90s"``, ``"30m"``, ``"2h"``, ``"7d"`` or
+    ``"1h30m"`` (:func:`corral._durations.parse_duration`, the parser of every duration)."""
     if isinstance(value, bool):
         raise ConfigError(f"{field}: expected a duration such as '30m', got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if not m:
-            raise ConfigError(
-                f"{field}: {value!r} is not a duration; write a number of seconds or "
-                "a number with a unit ms, s, m, h or d (e.g. '30m')"
-            )
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        try:
+            seconds = parse_duration(value)
+        except ConfigError as exc:  # "field: ..." first: the file's reader finds the line by it
+            raise ConfigError(f"{field}: {exc}") from None
     else:
         raise ConfigError(f"{field}: expected a duration such as '30m', got {value!r}")
     if seconds <= 0:

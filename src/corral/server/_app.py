@@ -11,6 +11,7 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Annotated, Any, Final
 
+import anyio.to_thread
 from ag_ui.core import RunAgentInput
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,9 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral._telemetry import context_of, span
 from corral._version import __version__
-from corral._errors import ConfigError, CorralError
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
+from corral.sandbox._contracts import UnsupportedCapability
 from corral.runs._runner import Runner, RunRequest, RunStartError
 from corral.stores._protocols import RunExists, UnknownRun
 from corral.server._agui import AguiInputError, answers_of, frontend_descriptors, start_body
@@ -38,6 +40,7 @@ from corral.server._models import (
     ApprovalResult,
     ErrorBody,
     HarnessList,
+    HarnessUnavailable,
     RunCreated,
     RunList,
     RunOut,
@@ -243,6 +246,9 @@ def create_app(
         description="Durable coding-agent runs in sandboxes, streamed as AG-UI events.",
         docs_url=None,
         redoc_url=None,
+        # served below as a route of this app, so that the host app's `auth` covers it
+        # (FastAPI's own /openapi.json route skips the app's dependencies)
+        openapi_url=None,
         lifespan=lifespan,
         dependencies=dependencies,
     )
@@ -276,6 +282,18 @@ def create_app(
         ConfigError: (400, "invalid_request"),
     }.items():
         app.add_exception_handler(exc_type, mapped(status, code))
+
+    @app.exception_handler(PrerequisiteMissing)
+    async def on_missing(_: Request, exc: PrerequisiteMissing) -> JSONResponse:
+        # the server's machine lacks something (an agent CLI, a model key, a Docker daemon):
+        # the operator's to fix, not a bug of the server
+        log.warning("request refused: %s", exc)
+        return _error(503, exc.code, str(exc))
+
+    @app.exception_handler(UnsupportedCapability)
+    async def on_unsupported(_: Request, exc: UnsupportedCapability) -> JSONResponse:
+        log.warning("request refused: %s", exc)
+        return _error(400, "unsupported", str(exc))
 
     @app.exception_handler(CorralError)
     async def on_corral(_: Request, exc: CorralError) -> JSONResponse:
@@ -451,7 +469,20 @@ def create_app(
     async def harnesses() -> HarnessList:
         allowed = config.allowed_harnesses
         names = list(allowed) if allowed is not None else harness_names()
-        return HarnessList(harnesses=names, default_harness=config.default_harness)
+        # what is missing (agent installs, model keys) is read on each call: an operator's
+        # `corral agents install` shows without a restart
+        from corral.agents._prepare import harness_unavailable  # start-up cost: when used
+
+        missing = await anyio.to_thread.run_sync(
+            lambda: {n: harness_unavailable(n) for n in names})
+        ready = [n for n in names if missing[n] is None]
+        unavailable = [HarnessUnavailable(name=n, code=exc.code, reason=str(exc))
+                       for n, exc in missing.items() if exc is not None]
+        agents = [n for n in ready if n != "command"]
+        preferred = [config.default_harness, "claude-code", *agents, "command"]
+        suggested = next((n for n in preferred if n is not None and n in ready), None)
+        return HarnessList(harnesses=ready, default_harness=config.default_harness,
+                           unavailable=unavailable, suggested_harness=suggested)
 
     @app.get("/v1/threads/{thread_id}/active", response_model=RunOut,
              responses=_responses(401, 404), summary="The thread's running run")
@@ -494,6 +525,17 @@ def create_app(
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    # The API reference: a small page of this package (no CDN: corral may run offline)
+    # that renders /openapi.json; /redoc is the same reference, for those who look there.
+    @app.get("/docs", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False)
+    async def docs() -> FileResponse:
+        return FileResponse(STATIC / "docs.html", headers={"cache-control": "no-store"})
 
     @app.get("/healthz", include_in_schema=False)
     async def health() -> dict[str, Any]:

@@ -8,42 +8,39 @@ the runner (``corral.server._command`` holds what needs them)."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable
 from typing import Final
 
+from corral._durations import parse_duration
 from corral._errors import ConfigError, CorralError
 from corral._paths import describe_os_error
 
-__all__ = ["STORE_HELP", "add_store_option", "parse_duration", "run_reporting_errors"]
+__all__ = [
+    "STORE_HELP",
+    "add_store_option",
+    "duration_arg",
+    "parse_duration",
+    "run_reporting_errors",
+]
 
 STORE_HELP: Final = "store URL (default $CORRAL_STORE or SQLite)"
 
-_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_PARTS: Final = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
-_NUMBER: Final = re.compile(r"\d+(?:\.\d+)?")
-_MAX_SECONDS: Final = 10 * 365 * 86400.0
+def duration_arg(what: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a positive duration option named ``what`` (``--timeout``):
+    :func:`parse_duration`'s forms, its one-line error as argparse's usage error."""
 
+    def parse(text: str) -> float:
+        try:
+            seconds = parse_duration(text, what=what)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if seconds <= 0:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be more than 0")
+        return seconds
 
-def parse_duration(text: str, *, what: str = "duration") -> float:
-    """Seconds in ``text``: a number with a unit (``30s``, ``5m``, ``1h``, ``2d``, ``500ms``),
-    several of them (``1h30m``), or a bare number of seconds. Raises
-    :class:`~corral.ConfigError` naming the bad value and the accepted forms."""
-    raw = text.strip().lower()
-    seconds: float | None = None
-    if _NUMBER.fullmatch(raw):
-        seconds = float(raw)
-    elif _PARTS.fullmatch(raw):
-        seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(raw))
-    if seconds is None:
-        raise ConfigError(
-            f"invalid {what} {text!r}: use a number with a unit, e.g. 30s, 5m, 1h, 2d or 1h30m"
-        )
-    if seconds > _MAX_SECONDS:
-        raise ConfigError(f"invalid {what} {text!r}: longer than 10 years; use e.g. 30d")
-    return seconds
+    parse.__name__ = "duration"  # argparse names it in "invalid duration value"
+    return parse
 
 
 def add_store_option(p: argparse.ArgumentParser) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
+from corral._durations import DURATION_FORMS, parse_duration
 from corral._ids import ID_PATTERN
 from corral.stores._records import RunRecord, RunStatus
 
@@ -21,6 +22,14 @@ def _plain_text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def _duration(value: object) -> object:
+    """A string duration (``"10m"``) in seconds: the one parser the CLI and the definition
+    files use; a number passes through to the field's own checks."""
+    if isinstance(value, str):
+        return parse_duration(value, what="timeout")  # ConfigError is a ValueError
     return value
 
 
@@ -93,9 +102,10 @@ class StartRun(BaseModel):
         description="an inline sandbox definition, or the name of one configured on the "
         "server (default: the server's default sandbox)",
     )
-    timeout: float | None = Field(
+    timeout: Annotated[float, BeforeValidator(_duration)] | None = Field(
         None, gt=0, le=7 * 86400,
-        description="seconds the agent may run; then it is stopped and the run fails (124)",
+        description="how long the agent may run, in seconds or as a duration string "
+        f"({DURATION_FORMS}); then it is stopped and the run fails (124)",
     )
     token_budget: int | None = Field(
         None, ge=1, description="agent harnesses: model tokens the run may use"
@@ -161,13 +171,28 @@ class ApprovalResult(BaseModel):
     decision: Literal["allow", "deny"]
 
 
+class HarnessUnavailable(BaseModel):
+    """A harness the server allows but cannot start a run with now, and why."""
+
+    name: str
+    code: str = Field(description="the error code `POST /v1/runs` would answer "
+                      "(`harness_not_installed`, `model_key_missing`, …)")
+    reason: str = Field(description="what is missing and the fix, for the operator")
+
+
 class HarnessList(BaseModel):
     """``GET /v1/harnesses``: the harnesses this server starts runs with."""
 
-    harnesses: list[str] = Field(description="names `POST /v1/runs` accepts as `harness` "
-                                 "(`command` for command runs)")
+    harnesses: list[str] = Field(description="names `POST /v1/runs` accepts as `harness` and "
+                                 "can start now (`command` for command runs)")
     default_harness: str | None = Field(
         None, description="the harness of an AG-UI input that names none")
+    unavailable: list[HarnessUnavailable] = Field(
+        default_factory=list, description="harnesses the server allows but cannot start "
+        "now (an agent CLI not installed, a model key not set), each with the reason")
+    suggested_harness: str | None = Field(
+        None, description="the harness a client should preselect: the default when it can "
+        "start, else one that can (an agent before `command`)")
 
 
 class RunErrorOut(BaseModel):

@@ -171,13 +171,23 @@ async function loadHarnesses() {
   let data;
   try { data = await api("/v1/harnesses"); } catch (_) { return; }
   const agents = data.harnesses.filter((h) => h !== "command");
+  // harnesses the server allows but cannot start now: shown, disabled, with the reason
+  const missing = (data.unavailable || []).filter((u) => u.name !== "command");
   const select = $("#harness");
-  const chosen = select.value || data.default_harness || (agents.includes("claude-code") ? "claude-code" : agents[0]);
-  select.replaceChildren(...agents.map((h) => { const o = el("option", "", h); o.value = h; return o; }));
+  const suggested = data.suggested_harness;
+  const chosen = select.value || (agents.includes(suggested) ? suggested : agents[0]);
+  select.replaceChildren(
+    ...agents.map((h) => { const o = el("option", "", h); o.value = h; return o; }),
+    ...missing.map((u) => {
+      const o = el("option", "", `${u.name} (${u.code === "harness_not_installed" ? "not installed" : "not ready"})`);
+      o.value = u.name; o.disabled = true; o.title = u.reason; return o;
+    }),
+  );
   if (agents.includes(chosen)) select.value = chosen;
   $("#kind-agent").disabled = agents.length === 0;
   $("#kind-command").disabled = !data.harnesses.includes("command");
-  if (agents.length === 0) $("#kind-command").checked = true;
+  // the page starts on what can start: an agent when one can, else a command
+  if (agents.length === 0 || suggested === "command") $("#kind-command").checked = true;
   showKind();
 }
 
