@@ -68,9 +68,9 @@ anyio.run(main)
 class Cluster:
     """Three server slots; a killed slot is restarted at once (without waiting for it)."""
 
-    def __init__(self, homes: list[Home]) -> None:
+    def __init__(self, homes: list[Home], *args: str) -> None:
         self.homes = homes
-        self.args = ("--reap-interval", "1s")
+        self.args = ("--reap-interval", "1s", *args)
         self.servers = [h.spawn(*self.args, reaper=True) for h in homes]
         self.retired: list[tuple[Server, float]] = []
         """Killed servers and when they were killed (wall clock)."""
@@ -273,14 +273,16 @@ def test_three_servers_on_postgres_survive_fifty_kills(
             home.env["CORRAL_STORE"] = url
             homes.append(home)
         homes_paths = [h.path for h in homes]
-        cluster = Cluster(homes)
+        config = tmp_path / "serve.toml"
+        config.write_text(f'allowed_providers = ["{provider}"]\n')
+        cluster = Cluster(homes, "--config", str(config))
         try:
             command = ticker(lines, EVERY)
             runs = []
             for i in range(runs_n):
                 server = cluster.servers[i % SERVERS]
                 runs.append(server.start(command, thread_id=f"chaos-{i}", run_id=f"chaos-{i}",
-                                         provider=provider)["run_id"])
+                                         sandbox={"provider": provider})["run_id"])
             viewers = [Viewer(cluster, run_id, seed=i) for i, run_id in enumerate(runs)]
             for v in viewers:
                 v.start()
@@ -310,7 +312,7 @@ def test_three_servers_on_postgres_survive_fifty_kills(
 
             # An uninterrupted run of the same command is the reference translation.
             clean_id = cluster.servers[0].start(command, thread_id="clean", run_id="clean",
-                                                provider=provider)["run_id"]
+                                                sandbox={"provider": provider})["run_id"]
             clean = Viewer(cluster, clean_id, seed=99)
             clean.run()
             assert clean.ended
