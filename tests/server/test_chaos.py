@@ -4,7 +4,12 @@ random fifty times; viewers hop between servers with ``Last-Event-ID``. Every ru
 with exactly one terminal status and a log equal to an uninterrupted run's (0 lost, 0
 duplicated), and the built-in reapers must never sweep at the same time. Meanwhile host-tool
 approvals held by a driver process on a fourth home are answered through whichever server is
-up: requests, answers and the key that signs their ids live in the shared store."""
+up: requests, answers and the key that signs their ids live in the shared store.
+
+Once the runs end, no sandbox is left behind in any home (issue #26): whichever home
+finished a run destroyed its sandbox, wherever it lives. Run once with bubblewrap (sandboxes
+under the starting home, reached by the others on the same machine) and once, smaller, with
+docker (containers on the shared daemon)."""
 
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ KILLS = 50
 LINES = 300
 EVERY = 0.1
 APPROVALS = 5
+SIZES = {"bubblewrap": (RUNS, KILLS, LINES), "docker": (6, 15, 200)}
+"""Runs, kills and lines per provider: docker's containers cost more to make on two cores."""
 
 # A driver's gate holding host-tool calls, as the MCP server of a run's driver holds them:
 # its own process and $CORRAL_HOME, only the store in common with the servers.
@@ -61,9 +68,9 @@ anyio.run(main)
 class Cluster:
     """Three server slots; a killed slot is restarted at once (without waiting for it)."""
 
-    def __init__(self, homes: list[Home]) -> None:
+    def __init__(self, homes: list[Home], *args: str) -> None:
         self.homes = homes
-        self.args = ("--reap-interval", "1s")
+        self.args = ("--reap-interval", "1s", *args)
         self.servers = [h.spawn(*self.args, reaper=True) for h in homes]
         self.retired: list[tuple[Server, float]] = []
         """Killed servers and when they were killed (wall clock)."""
@@ -209,8 +216,54 @@ def _sweeps(cluster: Cluster) -> list[tuple[float, float]]:
     return sorted(spans)
 
 
-def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
-                                                       need_bwrap_runs: None) -> None:
+def _records(url: str, run_ids: list[str]) -> list[Any]:
+    import anyio
+
+    from corral.stores import open_store
+
+    async def read() -> list[Any]:
+        store = await open_store(url)
+        try:
+            return [await store.get(r) for r in run_ids]
+        finally:
+            await store.aclose()
+
+    return anyio.run(read)
+
+
+def _left_behind(provider: str, homes: list[Path], sandbox_ids: list[str]) -> list[str]:
+    """What of the runs' sandboxes is still on this machine, in any home: bubblewrap state
+    dirs, files (corral's files index) and cgroups; docker containers."""
+    if provider == "docker":
+        from corral.providers._docker import container_name
+
+        out = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        names = set(out.split())
+        return [container_name(i) for i in sandbox_ids if container_name(i) in names]
+    import glob
+    import hashlib
+
+    from corral.providers._bubblewrap import FILES_ROOT
+
+    left = [str(d) for home in homes for d in (home / "sandboxes" / "bubblewrap").glob("*")
+            if not d.name.startswith(".")]
+    for home in homes:
+        key = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:16]
+        for root in (FILES_ROOT, FILES_ROOT / "btrfs"):
+            left += [str(p) for p in (root / key).glob("*")]
+    for sandbox_id in sandbox_ids:
+        left += glob.glob(f"/sys/fs/cgroup/*/corral/{sandbox_id}.*")
+    return left
+
+
+@pytest.mark.parametrize("provider", ["bubblewrap", "docker"])
+def test_three_servers_on_postgres_survive_fifty_kills(
+        provider: str, tmp_path: Path, need_bwrap_runs: None,
+        request: pytest.FixtureRequest) -> None:
+    if provider == "docker":
+        request.getfixturevalue("need_docker")
+    runs_n, kills, lines = SIZES[provider]
     with pg_schema_url() as url:
         homes = []
         for i in range(SERVERS):
@@ -219,14 +272,17 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
             home = Home(path)
             home.env["CORRAL_STORE"] = url
             homes.append(home)
-        cluster = Cluster(homes)
+        homes_paths = [h.path for h in homes]
+        config = tmp_path / "serve.toml"
+        config.write_text(f'allowed_providers = ["{provider}"]\n')
+        cluster = Cluster(homes, "--config", str(config))
         try:
-            command = ticker(LINES, EVERY)
+            command = ticker(lines, EVERY)
             runs = []
-            for i in range(RUNS):
+            for i in range(runs_n):
                 server = cluster.servers[i % SERVERS]
-                runs.append(server.start(command, thread_id=f"chaos-{i}",
-                                         run_id=f"chaos-{i}")["run_id"])
+                runs.append(server.start(command, thread_id=f"chaos-{i}", run_id=f"chaos-{i}",
+                                         sandbox={"provider": provider})["run_id"])
             viewers = [Viewer(cluster, run_id, seed=i) for i, run_id in enumerate(runs)]
             for v in viewers:
                 v.start()
@@ -240,7 +296,7 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
             approver.start()
 
             rng = random.Random(1234)
-            for _ in range(KILLS):
+            for _ in range(kills):
                 time.sleep(rng.uniform(0.2, 0.8))
                 cluster.kill_and_restart(rng.randrange(SERVERS))
             assert any(not v.ended for v in viewers), "the runs ended before the chaos did"
@@ -255,8 +311,8 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
             assert all(v.ended for v in viewers), [v.run_id for v in viewers if not v.ended]
 
             # An uninterrupted run of the same command is the reference translation.
-            clean_id = cluster.servers[0].start(command, thread_id="clean",
-                                                run_id="clean")["run_id"]
+            clean_id = cluster.servers[0].start(command, thread_id="clean", run_id="clean",
+                                                sandbox={"provider": provider})["run_id"]
             clean = Viewer(cluster, clean_id, seed=99)
             clean.run()
             assert clean.ended
@@ -272,7 +328,7 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
                 assert len(ends) == 1 and events[-1] is ends[0]
                 text = "".join(e["delta"] for e in events
                                if e["type"] == "TEXT_MESSAGE_CONTENT")
-                assert text == ticker_text(LINES)
+                assert text == ticker_text(lines)
             url0 = cluster.live_url(random.Random(0))
             assert url0 is not None
             with httpx.Client(base_url=url0, timeout=30) as c:
@@ -280,6 +336,14 @@ def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
                     wait_until(lambda r=run_id: c.get(f"/v1/runs/{r}").json()["status"]
                                == "completed", f"{run_id} completed", timeout=60)
             assert sum(v.reconnects for v in viewers) > 0, "no viewer was ever cut off"
+
+            # Nothing left behind: every run's sandbox destroyed by whichever home ended it.
+            records = _records(url, [*runs, clean_id])
+            sandbox_ids = [r.sandbox_ref["id"] for r in records if r and r.sandbox_ref]
+            assert len(sandbox_ids) == len(records)
+            wait_until(lambda: not _left_behind(provider, [*homes_paths, gate_home],
+                                                sandbox_ids),
+                       "every run's sandbox destroyed", timeout=60)
 
             spans = _sweeps(cluster)
             assert spans, "no reaper ever swept"

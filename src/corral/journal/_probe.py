@@ -75,10 +75,11 @@ class ProbeResult:
     one of them is something an operator should see), and never as "finished". ``elsewhere``
     is "could not tell, and must not act": the journal is on another host. ``not-started`` is for a run whose starter provably died before it launched the
     agent: there is nothing to wait for, the run is claimed and ended like a finished one
-    (its drive, under the claim, decides how).
+    (its drive, under the claim, decides how); so is ``gone``, a run whose sandbox (holding
+    its journal) vanished.
     """
 
-    state: Literal["finished", "producing", "unknown", "not-started", "elsewhere"]
+    state: Literal["finished", "producing", "unknown", "not-started", "elsewhere", "gone"]
     exit_code: int | None = None
     error: str | None = None
 
@@ -97,6 +98,13 @@ class ProbeResult:
     @classmethod
     def not_started(cls, reason: str) -> ProbeResult:
         return cls("not-started", error=reason)
+
+    @classmethod
+    def gone(cls, reason: str) -> ProbeResult:
+        """The run's sandbox (which held its journal) no longer exists and the journal's
+        copy here has no exit: nothing will ever come, so the run is claimed and ended
+        like a finished one (its drive, under the claim, says the sandbox is gone)."""
+        return cls("gone", error=reason)
 
     @classmethod
     def elsewhere(cls, reason: str) -> ProbeResult:

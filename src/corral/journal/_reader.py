@@ -27,6 +27,7 @@ chunks of at most ``chunk_size`` with a checkpoint between chunks.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -259,8 +260,18 @@ def _check_unchanged(f: BinaryIO, path: Path, base: int, pending: int) -> None:
 def _supervisor_gone(paths: JournalPaths) -> bool:
     st = read_status(paths.status)
     if st is None:
-        return False  # not started yet (or not supervised): cannot tell, keep following
+        # Not started yet (or not supervised here: a mirror of a journal kept in the
+        # sandbox), so cannot tell and keep following; unless the driver noted that the
+        # sandbox holding the supervisor is gone (nothing more can come).
+        return _noted_gone(paths)
     return not is_ours(st.supervisor_pid, st.supervisor_start)
+
+
+def _noted_gone(paths: JournalPaths) -> bool:
+    try:
+        return bool(json.loads(paths.agent_state.read_bytes()).get("state") == "gone")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 async def _open_waiting(path: Path, opener: Opener, follow: bool, poll: float) -> BinaryIO | None:

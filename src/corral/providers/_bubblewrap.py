@@ -69,13 +69,16 @@ does the same and reports exit status 124. ``destroy`` freezes and kills the who
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -114,6 +117,7 @@ from corral.providers._state import (
     validate_id,
 )
 from corral.sandbox import _validate as validate
+from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._redact import Redactor
 from corral.sandbox._registry import ProviderConfig
 from corral.sandbox._contracts import (
@@ -843,9 +847,21 @@ class BubblewrapProvider:
             raise
         return BubblewrapHandle(sandbox_dir, state, self)
 
+    def _locate(self, sandbox_id: str) -> Path:
+        """The state directory of sandbox ``sandbox_id``: in this ``$CORRAL_HOME``, or else
+        in another home of this machine (:func:`_elsewhere`), or else (nowhere) where it
+        would be in this one."""
+        own = self.base_dir / sandbox_id
+        if os.path.lexists(own):
+            return own
+        return _elsewhere(sandbox_id, own) or own
+
     async def resume(self, ref: SandboxRef | str) -> BubblewrapHandle | None:
+        """The sandbox, from any process of this machine: made by this ``$CORRAL_HOME`` or,
+        as root, by another (found through corral's own files index, see
+        :func:`_elsewhere`); None when it is gone or being destroyed."""
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
-        sandbox_dir = self.base_dir / sandbox_id
+        sandbox_dir = self._locate(sandbox_id)
         state = SandboxState.load(sandbox_dir)
         if state is None or state.destroying:
             return None
@@ -855,9 +871,13 @@ class BubblewrapProvider:
         return BubblewrapHandle(sandbox_dir, state, self)
 
     async def destroy(self, ref: SandboxRef | str) -> None:
-        """Kill every process of the sandbox, remove its cgroups and files. Idempotent."""
+        """Kill every process of the sandbox, remove its cgroups and files. Idempotent.
+
+        Like :meth:`resume`, it reaches the sandbox whichever ``$CORRAL_HOME`` of this
+        machine made it, so the host that finishes a run taken over from another home
+        destroys its sandbox (nothing is left that no record points to)."""
         sandbox_id = validate_id(ref.id if isinstance(ref, SandboxRef) else ref)
-        sandbox_dir = self.base_dir / sandbox_id
+        sandbox_dir = self._locate(sandbox_id)
         state = SandboxState.load(sandbox_dir)
         if state is None:
             await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
@@ -873,6 +893,26 @@ class BubblewrapProvider:
             with contextlib.suppress(OSError):
                 Path(state.files_dir).parent.rmdir()  # the per-$CORRAL_HOME dir, if empty
         await anyio.to_thread.run_sync(remove_tree, sandbox_dir)
+
+    async def labelled(self) -> builtins.list[LabelledSandbox]:
+        """Every sandbox of this home and, as root, of every other home of this machine
+        (corral's files index), with its labels: what ``corral gc`` judges orphans by (a
+        sandbox labelled with an instance key of its store that no record points to)."""
+        return await anyio.to_thread.run_sync(self._labelled)
+
+    def _labelled(self) -> builtins.list[LabelledSandbox]:
+        dirs = {p.resolve() for p in self.base_dir.iterdir() if not p.name.startswith(".")}
+        dirs.update(_indexed())
+        found = []
+        for sandbox_dir in sorted(dirs):
+            try:
+                state = SandboxState.load(sandbox_dir)
+            except ConfigError:
+                continue
+            if state is None or state.destroying or state.id != sandbox_dir.name:
+                continue
+            found.append(LabelledSandbox(state.id, dict(state.labels), state.created_at))
+        return found
 
     async def prune_orphans(self) -> list[str]:
         """Destroy sandboxes whose state directory vanished (e.g. a deleted $CORRAL_HOME):
@@ -938,6 +978,86 @@ def _kill_sandbox(state: SandboxState) -> None:
         import time
 
         time.sleep(0.01)
+
+
+_GENERATED_ID = re.compile(r"^sb-[0-9a-f]{12}$")
+"""The ids corral makes (:func:`new_id`): random, so one names one sandbox machine-wide.
+Only those are looked for in other homes (a name someone chose may be taken in several)."""
+
+
+def _index_roots() -> list[Path]:
+    """Where corral's files index lives (root only): FILES_ROOT and its btrfs pool."""
+    if os.geteuid() != 0 or not FILES_ROOT.is_dir():
+        return []
+    roots = [FILES_ROOT]
+    with contextlib.suppress(diskquota.PoolUnavailable):
+        roots.append(diskquota.pool(FILES_ROOT, create=False).root)
+    return roots
+
+
+def _owner_of(files: Path) -> Path | None:
+    """The state directory an index entry (``<root>/<home key>/<id>``) names, if the entry
+    is corral's and consistent: ``owner`` a regular root-owned file, naming an absolute
+    ``<home>/sandboxes/bubblewrap/<id>`` whose home hashes to the entry's key and whose
+    state file is root's too. Nothing a store row says goes into this."""
+    try:
+        st = os.lstat(files / "owner")
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return None
+        owner = Path((files / "owner").read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return None
+    if (not owner.is_absolute() or owner.name != files.name or ".." in owner.parts
+            or owner.parent.name != "bubblewrap" or owner.parents[1].name != "sandboxes"):
+        return None
+    home = owner.parents[2]
+    if hashlib.sha256(str(home).encode()).hexdigest()[:16] != files.parent.name:
+        return None
+    for name in ("state.json", "state.destroying.json"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(owner / name)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
+                return owner
+    return None
+
+
+def _indexed() -> list[Path]:
+    """The state directories of every sandbox in corral's files index (root only)."""
+    found = []
+    for root in _index_roots():
+        with contextlib.suppress(OSError):
+            for home_dir in root.iterdir():
+                if home_dir == FILES_ROOT / diskquota.POOL_DIR or not home_dir.is_dir():
+                    continue
+                with contextlib.suppress(OSError):
+                    for files in home_dir.iterdir():
+                        owner = _owner_of(files)
+                        if owner is not None:
+                            found.append(owner)
+    return found
+
+
+def _elsewhere(sandbox_id: str, own: Path) -> Path | None:
+    """The state directory of sandbox ``sandbox_id`` made by another ``$CORRAL_HOME`` of
+    this machine, or None.
+
+    Found only through corral's root-owned files index (each entry's ``owner`` back-pointer,
+    checked by :func:`_owner_of`), only for ids corral generated, and only when exactly one
+    home has it: a record in the store names an id, never a path, so a hostile row reaches
+    no directory corral did not make for a sandbox of that id."""
+    if not _GENERATED_ID.match(sandbox_id):
+        return None
+    found = set()
+    for root in _index_roots():
+        with contextlib.suppress(OSError):
+            for home_dir in root.iterdir():
+                files = home_dir / sandbox_id
+                if home_dir == FILES_ROOT / diskquota.POOL_DIR or not os.path.isdir(files):
+                    continue
+                owner = _owner_of(files)
+                if owner is not None and owner != own.resolve():
+                    found.add(owner)
+    return found.pop() if len(found) == 1 else None
 
 
 def _prune_orphans() -> list[str]:

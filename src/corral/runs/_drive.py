@@ -18,7 +18,8 @@ from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
 from corral.runs._host_tools import serve_tools
 from corral.runs._logged import LoggedOffset, complete_end
-from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror
+from corral.journal._probe import probe_exit
+from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror, sandbox_gone
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
@@ -79,6 +80,13 @@ class ClaimedDrive:
             # status: record that end; resuming after the exit would find none.
             return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch)
         tail = await store.tail(run_id)
+        if is_inside(record) and inside is None and \
+                (await probe_exit(paths, nonce)).state != "finished":
+            # The journal lives in the sandbox: with the sandbox gone, what this host's
+            # mirror lacks (all of it, on a host that never mirrored the run) is lost.
+            gone = await sandbox_gone(record, self.provider_for)
+            if gone is not None:
+                return await pipe_to_run_log(store, run_id, _raising(gone), epoch=epoch)
         if not paths.journal.exists():
             # We hold the claim, so the starter is gone: it died before launching the
             # agent. Nothing will ever write this journal.
@@ -89,11 +97,17 @@ class ClaimedDrive:
         feed = await file_feed(store, record, paths, epoch, secrets,
                                provider_for=self.provider_for, max_watches=self.max_watches)
 
-        async def before_exit(logged_offset: int) -> list[LogBatch] | None:
+        async def before_exit(logged_offset: int, code: int | None) -> list[LogBatch] | None:
             # A cancel kills the agent; its exit must not land as a failure.
             if await self._cancelled(run_id):
                 abort.set()
                 return None
+            if code != 0:
+                # Killed because its sandbox was destroyed underneath (its cgroup frozen
+                # and killed): say that, not "exited with 137".
+                gone = await sandbox_gone(record, self.provider_for)
+                if gone is not None:
+                    raise gone
             if feed is not None:
                 await feed.flush()  # the agent's last changes go in before its end
             return []
@@ -102,6 +116,9 @@ class ClaimedDrive:
             if await self._cancelled(run_id):
                 abort.set()
                 return True
+            gone = await sandbox_gone(record, self.provider_for)
+            if gone is not None:
+                raise gone  # the story, not the journal's symptom of it
             return False
 
         logged = LoggedOffset(tail.last_journal_offset or 0)
@@ -112,7 +129,7 @@ class ClaimedDrive:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
             if inside is not None:
-                tg.start_soon(mirror_loop, record, paths, inside)
+                tg.start_soon(mirror_loop, record, paths, inside, self.provider_for)
             if isinstance(harness, NeedsAgentRuntime):
                 # Imported here for start-up cost: the services daemon's keeper loads the
                 # model proxy and httpx, which only agent-CLI runs need.
@@ -201,6 +218,11 @@ async def _nothing() -> AsyncIterator[Produced]:
 
 async def _once(item: Produced) -> AsyncIterator[Produced]:
     yield item
+
+
+async def _raising(exc: Exception) -> AsyncIterator[Produced]:
+    raise exc
+    yield  # pragma: no cover
 
 
 async def _never_launched() -> AsyncIterator[Produced]:

@@ -26,12 +26,13 @@ import anyio.to_thread
 from corral._errors import CorralError
 from corral._paths import corral_home
 from corral.journal._layout import JournalPaths, encode_run_id
-from corral.sandbox._contracts import Provider
+from corral.sandbox._contracts import Provider, SandboxGoneError
 from corral.sandbox._inside import InsideSupervisor
 from corral.stores._records import RunRecord
 
-__all__ = ["MIRROR_POLL", "agent_state", "inside_handle", "is_inside", "mark_agent_state",
-           "mirror_loop", "mirror_paths", "note_exited", "refresh_mirror", "stop_inside"]
+__all__ = ["GONE", "MIRROR_POLL", "agent_state", "gone_error", "inside_handle", "is_inside",
+           "mark_agent_state", "mirror_loop", "mirror_paths", "note_exited", "refresh_mirror",
+           "sandbox_gone", "stop_inside"]
 
 log = logging.getLogger("corral.runs._runner")
 
@@ -63,6 +64,56 @@ async def inside_handle(record: RunRecord,
         provider_for = ProviderCache().for_record(record)
     handle = await provider_for(name).resume(sandbox_id)
     return handle if isinstance(handle, InsideSupervisor) else None
+
+
+GONE = "gone"
+"""The agent state a driver notes next to the mirror when the run's sandbox vanished: the
+journal reader then stops waiting for bytes that can never come (see
+:func:`corral.journal._reader.read_journal`'s liveness check)."""
+
+_KIND = {"docker": "docker container", "bubblewrap": "bubblewrap sandbox",
+         "local": "local sandbox"}
+
+
+def gone_error(provider: str, sandbox_id: str) -> SandboxGoneError:
+    """The error a run whose sandbox vanished under it ends with: it names the provider and
+    the sandbox (the docker container's name), never a host path."""
+    what = _KIND.get(provider, f"{provider} sandbox")
+    name = f"corral-{sandbox_id}" if provider == "docker" else sandbox_id
+    return SandboxGoneError(
+        f"the sandbox is gone ({what} {name}): it was removed while the run used it, so "
+        "the agent's remaining output and its exit status are lost (what was logged is kept)")
+
+
+async def sandbox_gone(record: RunRecord,
+                       provider_for: Callable[[str], Provider] | None = None
+                       ) -> SandboxGoneError | None:
+    """The :func:`gone_error` of the run's sandbox when its provider says it no longer
+    exists; ``None`` when it exists, the record names none, or the provider cannot tell
+    (e.g. the Docker daemon is unreachable: that is not the sandbox's end)."""
+    ref = record.sandbox_ref or {}
+    name, sandbox_id = ref.get("provider"), ref.get("id")
+    if not isinstance(name, str) or not isinstance(sandbox_id, str):
+        return None
+    if not is_inside(record) and os.geteuid() != 0:
+        # Not root, a host-side sandbox is reachable from the home that made it only
+        # (see corral.providers._bubblewrap's files index): elsewhere, not found means
+        # nothing.
+        where = (record.journal or {}).get("dir")
+        if not isinstance(where, str) or Path(where).parent != corral_home(create=False):
+            return None
+    if provider_for is None:
+        from corral.runs._providers import ProviderCache
+
+        provider_for = ProviderCache().for_record(record)
+    try:
+        handle = await provider_for(name).resume(sandbox_id)
+    except SandboxGoneError:
+        return gone_error(name, sandbox_id)
+    except CorralError as exc:
+        log.info("run %s: cannot tell whether its sandbox exists: %s", record.run_id, exc)
+        return None
+    return gone_error(name, sandbox_id) if handle is None else None
 
 
 def agent_state(paths: JournalPaths) -> Path:
@@ -135,10 +186,17 @@ async def refresh_mirror(record: RunRecord, paths: JournalPaths,
 
 
 async def mirror_loop(record: RunRecord, paths: JournalPaths,
-                      handle: InsideSupervisor) -> None:
+                      handle: InsideSupervisor,
+                      provider_for: Callable[[str], Provider] | None = None) -> None:
     """Keep the mirror up to date while a driver follows it (until cancelled, or until the
-    supervisor has exited and its last bytes are copied)."""
+    supervisor has exited and its last bytes are copied).
+
+    When the sandbox vanishes (``docker rm -f``, another host's cleanup) it notes
+    :data:`GONE` next to the mirror, so the reader stops following at once instead of
+    waiting for bytes no one can write; another failure (the daemon briefly unreachable)
+    is retried, more slowly."""
     token = encode_run_id(record.run_id)
+    pause = MIRROR_POLL
     while True:
         try:
             await refresh_mirror(record, paths, handle)
@@ -147,11 +205,15 @@ async def mirror_loop(record: RunRecord, paths: JournalPaths,
                 await refresh_mirror(record, paths, handle)
                 await note_exited(paths)  # an agent CLI's services stop now
                 return
+            pause = MIRROR_POLL
         except (CorralError, OSError) as exc:
-            # the sandbox went away (a cancel destroys it): the reader's follow decides
-            log.info("run %s: journal mirror stopped: %s", record.run_id, exc)
-            return
-        await anyio.sleep(MIRROR_POLL)
+            if await sandbox_gone(record, provider_for) is not None:
+                log.info("run %s: its sandbox is gone: %s", record.run_id, exc)
+                await anyio.to_thread.run_sync(mark_agent_state, paths, GONE)
+                return
+            log.info("run %s: journal mirror: %s (trying again)", record.run_id, exc)
+            pause = min(pause * 2, 2.0)
+        await anyio.sleep(pause)
 
 
 async def stop_inside(record: RunRecord, paths: JournalPaths | None, grace: float,

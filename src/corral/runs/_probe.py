@@ -12,7 +12,7 @@ from corral.journal._probe import (
     locate_journal,
     probe_exit,
 )
-from corral.runs._inside import inside_handle, is_inside, note_exited, refresh_mirror
+from corral.runs._inside import inside_handle, is_inside, note_exited, refresh_mirror, sandbox_gone
 from corral.stores._records import RunRecord
 
 __all__ = ["JournalLocationError", "journal_location", "probe_run_exit"]
@@ -41,6 +41,7 @@ async def probe_run_exit(
         return ProbeResult.elsewhere(str(exc))
     except JournalLocationError as exc:
         return ProbeResult.unknown(str(exc))
+    gone = None
     if is_inside(record):
         # through the provider's API: copy the journal's end, ask the supervisor
         try:
@@ -50,7 +51,13 @@ async def probe_run_exit(
                 status = await handle.supervisor_status(encode_run_id(record.run_id))
                 if status.get("state") == "running":
                     return ProbeResult.producing()
+            else:
+                gone = await sandbox_gone(record)
             await note_exited(paths)
         except Exception as exc:  # noqa: BLE001 - a probe never raises
             return ProbeResult.unknown(f"the sandbox's journal is unreachable: {exc}")
-    return await probe_exit(paths, nonce, max_bytes=max_bytes, recent=recent)
+    probe = await probe_exit(paths, nonce, max_bytes=max_bytes, recent=recent)
+    if gone is not None and probe.state != "finished":
+        # what this host's copy of the journal lacks went with the sandbox
+        return ProbeResult.gone(str(gone))
+    return probe

@@ -61,9 +61,10 @@ next one)."""
 Checkpoint = Callable[[str], Awaitable[None]]
 """Called with each step's name (:data:`STEPS`) as the produce path passes it."""
 
-BeforeExit = Callable[[int], Awaitable[Sequence[LogBatch] | None]]
-"""Called before the exit's batch with the journal offset logged so far: the batches to
-append first, or ``None`` to stop without logging the exit (a cancel took the run over)."""
+BeforeExit = Callable[[int, "int | None"], Awaitable[Sequence[LogBatch] | None]]
+"""Called before the exit's batch with the journal offset logged so far and the agent's
+exit code: the batches to append first, or ``None`` to stop without logging the exit (a
+cancel took the run over). It may raise to end the run failed with that error instead."""
 
 
 class AgentNeverStarted(CorralError):
@@ -131,7 +132,7 @@ async def produce_batches(
             tool_spans.see(events)
             exit = batch.exit
             if exit is not None and before_exit is not None:
-                first = await before_exit(logged_offset)
+                first = await before_exit(logged_offset, exit.code)
                 if first is None:
                     return
                 for extra in first:
@@ -144,13 +145,30 @@ async def produce_batches(
                 logged.reached(logged_offset)
             if exit is not None:
                 return
-    except JournalError:
+    except JournalError as exc:
         if on_journal_error is not None and await on_journal_error():
             return
-        raise
+        raise _without_paths(exc, paths) from None
     finally:
         tool_spans.close()
         await batches.aclose()  # type: ignore[attr-defined]
+
+
+def _without_paths(exc: JournalError, paths: JournalPaths) -> JournalError:
+    """``exc`` with this host's journal paths replaced by what they are: the message ends
+    up in the run's ``RUN_ERROR`` event, which every viewer sees, and a host path there
+    tells them about the host (and means nothing on another one)."""
+    message = str(exc)
+    for path, name in ((paths.journal, "the run's journal"),
+                       (paths.stderr, "the run's stderr journal"),
+                       (paths.directory, "the journals directory")):
+        message = message.replace(str(path), name)
+    if message == str(exc):
+        return exc
+    try:
+        return type(exc)(message)
+    except TypeError:
+        return JournalError(message)
 
 
 class _ToolSpans:
@@ -208,7 +226,7 @@ async def continue_run(
     if not await anyio.to_thread.run_sync(paths.journal.exists):
         # We hold the claim, so whoever started the run is fenced off: with no journal,
         # its agent was never launched and nothing will ever write one.
-        raise AgentNeverStarted(f"{NOT_STARTED} (no journal at {paths.journal})")
+        raise AgentNeverStarted(f"{NOT_STARTED} (it left no journal)")
     tail = await store.tail(record.run_id)
     batches = produce_batches(
         harness(), RunContext(record.run_id, record.thread_id), paths, nonce,

@@ -251,7 +251,7 @@ class _Sweep:
         if not expired:
             if probe.state == "producing":
                 return ReapEntry(run_id, ReapOutcome.PRODUCING)
-            if probe.state == "not-started":
+            if probe.state in ("not-started", "gone"):
                 self.logger.info("reap: run %s: %s", run_id, probe.error)
             elif probe.state != "finished":
                 self.logger.warning("reap: cannot tell whether run %s finished: %s",

@@ -30,7 +30,8 @@ from corral.runs._produce import (
     continue_run,
     logged_end,
 )
-from corral.runs._inside import inside_handle, is_inside, refresh_mirror, stop_inside
+from corral.runs._inside import inside_handle, is_inside, refresh_mirror, sandbox_gone, stop_inside
+from corral.journal._probe import probe_exit
 from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
 from corral.runs._quiesce import DEFAULT_QUIET
@@ -129,14 +130,34 @@ def journal_drive(
     async def events(record: RunRecord) -> AsyncIterator[Produced]:
         paths, nonce = journal_location(record)
 
-        async def before_exit(logged_offset: int) -> list[LogBatch]:
+        async def before_exit(logged_offset: int, code: int | None) -> list[LogBatch]:
+            if code != 0:
+                gone = await sandbox_gone(record)
+                if gone is not None:
+                    raise gone  # destroyed underneath: the story, not the exit code
             files = await files_for(record) if files_for is not None else []
             return [LogBatch(files, logged_offset)] if files else []
 
+        async def on_journal_error() -> bool:
+            gone = await sandbox_gone(record)
+            if gone is not None:
+                raise gone
+            return False
+
+        if is_inside(record) and await logged_end(store, record) is None:
+            # The journal lives in the sandbox: with the sandbox gone, what this host's
+            # mirror lacks is lost, and following the mirror would wait for it forever.
+            handle = await inside_handle(record)
+            await refresh_mirror(record, paths, handle)
+            if handle is None and (await probe_exit(paths, nonce)).state != "finished":
+                gone = await sandbox_gone(record)
+                if gone is not None:
+                    raise gone
         batches = continue_run(
             store, record, lambda: harness_for_record(record), paths, nonce,
             redactor=redactor_for(record) if redactor_for is not None else None,
-            follow=True, before_exit=before_exit, checkpoint=checkpoint)
+            follow=True, before_exit=before_exit, on_journal_error=on_journal_error,
+            checkpoint=checkpoint)
         try:
             async for item in batches:
                 yield item

@@ -93,6 +93,9 @@ class PathEscapeError(CorralError, PermissionError):
 class SandboxGoneError(CorralError):
     """The sandbox behind a handle no longer exists (destroyed, or wiped underneath)."""
 
+    code = "sandbox_gone"
+    """What a run that ends for this reason records as its error's code."""
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
