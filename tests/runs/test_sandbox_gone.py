@@ -175,3 +175,51 @@ def test_removed_after_the_agent_exited_before_anyone_logged_it(
     runs = json.loads(out.stdout)["runs"]
     assert [(r["run_id"], r["status"]) for r in runs] == [("g4", "failed")], runs
     _check_gone(b, "g4", "docker", sandbox_id, tmp_path)
+
+
+def test_removed_before_launch_with_the_driver_alive(
+    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str], need_docker: None
+) -> None:
+    """The container goes while the workspace's setup runs (before the agent is launched):
+    the run ends ``failed`` with the gone story, not a setup or Docker API error. (A killed
+    driver before launch is the starter's death, told as such: test_reaper covers it.)"""
+    a, _ = _hosts(tmp_path, corral_cmd, cli_env)
+    run_id = f"g0-{os.getpid()}-{tmp_path.name}"[:100]
+    (tmp_path / "def").mkdir()
+    config = tmp_path / "def" / "slow-setup.toml"
+    config.write_text('id = "slow-setup"\n[provider]\nname = "docker"\n[workspace]\n'
+                      'setup = ["touch /tmp/setup-started; '
+                      'while [ ! -e /tmp/go ]; do sleep 0.05; done"]\n')
+    driver = a.popen("run", "--config", str(config), "--run-id", run_id, "--json", "--",
+                     "sh", "-c", SCRIPT)
+    try:
+        seen: list[str] = []
+
+        def setup_running() -> bool:
+            found = subprocess.run(
+                ["docker", "ps", "-q", "--filter", f"label=corral.run={run_id}"],
+                capture_output=True, text=True, timeout=30, check=True).stdout.split()
+            for cid in found:
+                probe = subprocess.run(["docker", "exec", cid, "test", "-e",
+                                        "/tmp/setup-started"], capture_output=True,
+                                       timeout=30, check=False)
+                if probe.returncode == 0:
+                    seen.append(cid)
+                    return True
+            return False
+
+        wait_until(setup_running, "the setup step to run", timeout=120, interval=0.2)
+        container = seen[0]
+        name = subprocess.run(["docker", "inspect", "-f", "{{index .Config.Labels "
+                               "\"corral.sandbox\"}}", container], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+        subprocess.run(["docker", "rm", "-f", container], check=True, capture_output=True,
+                       timeout=60)
+        printed, err = driver.communicate(timeout=BOUND)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode != 0
+    assert "the sandbox is gone" in printed + err, (printed, err)
+    _check_gone(a, run_id, "docker", name, tmp_path)

@@ -768,8 +768,16 @@ class DockerProvider:
             if not info.get("State", {}).get("Running"):
                 if info.get("State", {}).get("Status") in ("removing", "dead"):
                     return None
-                self.api.start(container_name(sandbox_id))  # e.g. after a daemon restart
-                info = self.api.inspect_container(container_name(sandbox_id))
+                try:  # e.g. after a daemon restart
+                    self.api.start(container_name(sandbox_id))
+                    info = self.api.inspect_container(container_name(sandbox_id))
+                except errors.NotFound:
+                    return None
+                except errors.APIError as exc:
+                    # `docker rm -f` stops it before it is "removing": it is going
+                    if exc.status_code == 409 and "removal" in str(exc.explanation or exc):
+                        return None
+                    raise
             return info
 
         try:

@@ -71,18 +71,12 @@ GONE = "gone"
 journal reader then stops waiting for bytes that can never come (see
 :func:`corral.journal._reader.read_journal`'s liveness check)."""
 
-_KIND = {"docker": "docker container", "bubblewrap": "bubblewrap sandbox",
-         "local": "local sandbox"}
-
-
 def gone_error(provider: str, sandbox_id: str) -> SandboxGoneError:
     """The error a run whose sandbox vanished under it ends with: it names the provider and
     the sandbox (the docker container's name), never a host path."""
-    what = _KIND.get(provider, f"{provider} sandbox")
-    name = f"corral-{sandbox_id}" if provider == "docker" else sandbox_id
-    return SandboxGoneError(
-        f"the sandbox is gone ({what} {name}): it was removed while the run used it, so "
-        "the agent's remaining output and its exit status are lost (what was logged is kept)")
+    return SandboxGoneError.of(
+        provider, sandbox_id, "it was removed while the run used it, so the agent's "
+        "remaining output and its exit status are lost (what was logged is kept)")
 
 
 async def sandbox_gone(record: RunRecord,

@@ -188,8 +188,11 @@ async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
     message = (plan.sandbox.secrets.redactor().redact(str(exc))
                if isinstance(exc, Exception) else "")
 
+    code = getattr(exc, "code", None)
+
     async def failing() -> AsyncIterator[Produced]:
-        raise RunStartError(message or "the start was interrupted")
+        raise RunStartError(message or "the start was interrupted",
+                            code if isinstance(code, str) else None)
         yield  # pragma: no cover
 
     await pipe_to_run_log(store, run_id, failing(), epoch=epoch)

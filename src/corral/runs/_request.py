@@ -40,7 +40,12 @@ DEFAULT_MAX_OUTPUT = 1 << 30
 
 
 class RunStartError(CorralError):
-    """The run could not be started; it was recorded as failed with this message."""
+    """The run could not be started; it was recorded as failed with this message (and the
+    cause's error ``code``, when it had one, e.g. ``sandbox_gone``)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def lease_ttl_from_env() -> float:

@@ -96,6 +96,18 @@ class SandboxGoneError(CorralError):
     code = "sandbox_gone"
     """What a run that ends for this reason records as its error's code."""
 
+    @classmethod
+    def of(cls, provider: str, sandbox_id: str, why: str) -> SandboxGoneError:
+        """The error naming the provider and the sandbox (a docker container by its name),
+        never a host path; ``why`` says what was lost."""
+        what = _GONE_KIND.get(provider, f"{provider} sandbox")
+        name = f"corral-{sandbox_id}" if provider == "docker" else sandbox_id
+        return cls(f"the sandbox is gone ({what} {name}): {why}")
+
+
+_GONE_KIND = {"docker": "docker container", "bubblewrap": "bubblewrap sandbox",
+              "local": "local sandbox"}
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:

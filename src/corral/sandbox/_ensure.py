@@ -30,7 +30,14 @@ from corral._telemetry import span
 from corral._errors import CorralError
 from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, SecretStore
 from corral.sandbox._bootstrap import bootstrap, read_marker
-from corral.sandbox._contracts import Handle, Provider, SandboxSpec, SnapshotRef, UnsupportedCapability
+from corral.sandbox._contracts import (
+    Handle,
+    Provider,
+    SandboxGoneError,
+    SandboxSpec,
+    SnapshotRef,
+    UnsupportedCapability,
+)
 from corral.sandbox._hooks import call_hook
 from corral.sandbox._key import RunContext
 from corral.sandbox._redact import Redactor, get_logger
@@ -269,6 +276,33 @@ async def _destroy_quietly(provider: Provider, handle_id: str) -> None:
             log.error("destroying sandbox %s failed: %s", handle_id, exc)
 
 
+async def _gone_under(provider: Provider, handle_id: str,
+                     exc: BaseException) -> SandboxGoneError | None:
+    """When a bootstrap failed because its sandbox was removed underneath (``docker rm -f``
+    mid-setup, say), the error that says so; ``None`` for any other failure, a cancel, or a
+    provider that cannot tell (the original error then stands). A sandbox that is being
+    removed can still look alive for a moment after its processes died, so one that
+    resumes must also run a command before it counts as there."""
+    if not isinstance(exc, Exception) or isinstance(exc, SandboxGoneError):
+        return None
+    gone = SandboxGoneError.of(provider.name, handle_id,
+                               "it was removed during the workspace's setup")
+    with anyio.CancelScope(shield=True), anyio.move_on_after(DESTROY_TIMEOUT):
+        while True:
+            try:
+                handle = await provider.resume(handle_id)
+                if handle is None:
+                    return gone
+                if (await handle.process.exec(["true"], timeout=10)).exit_code == 0:
+                    return None
+            except SandboxGoneError:
+                return gone
+            except Exception as probe:  # noqa: BLE001 - asked again until the bound
+                log.info("is sandbox %s still there? %s", handle_id, probe)
+            await anyio.sleep(0.2)
+    return None
+
+
 async def _bootstrap(sandbox: Sandbox, handle: Handle) -> dict[str, Any]:
     red = sandbox.secrets.redactor()
     result = await bootstrap(handle, sandbox.workspace, env=sandbox.secrets.env(), redactor=red)
@@ -378,10 +412,13 @@ async def _ensure_locked(
                 try:
                     extra.update(await _bootstrap(sandbox, handle))
                 except BaseException as exc:
+                    gone = await _gone_under(provider, handle.id, exc)
                     await _destroy_quietly(provider, handle.id)
                     await _forget(store, key, snapshots, provider.name, existing.latest_snapshot_id)
                     if isinstance(exc, Exception):
                         await call_hook(sandbox.hooks.on_error, "on_error", exc)
+                    if gone is not None:
+                        raise gone from exc
                     raise
                 origin = "rebootstrapped"
             now = time.time()
@@ -410,10 +447,13 @@ async def _ensure_locked(
             snap_id = snap.id
             extra["snapshot_taken_at"] = time.time()
     except BaseException as exc:
+        gone = await _gone_under(provider, handle.id, exc)
         await _destroy_quietly(provider, handle.id)
         await _forget(store, key, snapshots, provider.name, stale_snapshot)
         if isinstance(exc, Exception):
             await call_hook(sandbox.hooks.on_error, "on_error", exc)
+        if gone is not None:
+            raise gone from exc
         raise
     if stale_snapshot and snapshots:
         await snapshots.delete(SnapshotRef(provider.name, stale_snapshot))
