@@ -33,7 +33,6 @@ from .local_users import (
     from_sandbox,
     live_run,
     model_request,
-    refused,
     tool_calls,
     tools_request,
 )
