@@ -246,3 +246,22 @@ def test_a_request_without_the_runs_proxy_credentials_gets_407_and_goes_nowhere(
         status, body = anyio.run(fetch)
         assert status == 200 and f"hello from {allowed}".encode() in body
         assert proxy.allowed == [f"{host}:{allowed}"]
+
+
+@given(st.one_of(st.none(), st.text(max_size=80),
+                 st.binary(max_size=60).map(
+                     lambda b: "Basic " + base64.b64encode(b).decode()),
+                 st.text(max_size=30).map(
+                     lambda u: "Basic " + base64.b64encode(
+                         f"{u}:{EGRESS_TOKEN[:-1]}".encode()).decode())))
+def test_property_only_the_runs_token_as_the_password_passes(auth: str | None) -> None:
+    from corral.net._http11 import Request
+
+    proxy = EgressProxy(["example.com"], token=EGRESS_TOKEN)
+    headers = [("proxy-authorization", auth)] if auth is not None else []
+    assert not proxy._authorized(Request("CONNECT", "example.com:443", headers, b""))
+    user = auth or "u"
+    good = "Basic " + base64.b64encode(f"{user[:20]}:{EGRESS_TOKEN}".encode()).decode()
+    if ":" not in user[:20]:  # (a colon in the user name would move the password)
+        assert proxy._authorized(Request("CONNECT", "example.com:443",
+                                         [("proxy-authorization", good)], b""))
