@@ -8,11 +8,14 @@ from pathlib import Path
 
 __all__ = [
     "SHARED_ROOT",
+    "apply_socket_access",
     "corral_home",
     "describe_os_error",
     "home_label",
     "home_path",
     "net_root",
+    "restrict_net_dir",
+    "socket_access",
     "storage_problem",
 ]
 
@@ -137,3 +140,42 @@ def describe_os_error(exc: OSError) -> str:
         return f"{label}: permission denied; fix its owner or mode{elsewhere}"
     reason = exc.strerror or type(exc).__name__
     return f"{label}: {reason}" + (f" (check {var})" if var else "")
+
+
+def restrict_net_dir(directory: Path, sandbox_gid: int | None) -> None:
+    """Close a sandbox's socket directory to every user but the sandbox's own ids (and
+    corral's): ``0700`` when the sandbox runs with corral's own gid (no isolation, or
+    bubblewrap without root), ``0710`` with the sandbox's gid as its group when corral is
+    root (the sandbox may enter, not list or write). ``None`` (the sandbox's host ids are
+    not known): left as it is, and the run's token alone guards its sockets."""
+    if sandbox_gid is None:
+        return
+    if sandbox_gid == os.getegid():
+        os.chmod(directory, 0o700)
+    elif os.geteuid() == 0:
+        os.chown(directory, 0, sandbox_gid)
+        os.chmod(directory, 0o710)
+
+
+def socket_access(directory: Path) -> tuple[int, int | None]:
+    """The mode (and group, ``None``: unchanged) a unix socket bound in ``directory`` gets:
+    the directory decides who reaches its sockets (:func:`restrict_net_dir`). A directory
+    only its owner enters: ``0600``; one its group enters too: ``0660`` with its group;
+    any other: ``0666`` (whoever can enter the directory may connect; the service behind
+    the socket must check its clients itself)."""
+    st = os.stat(directory)
+    if st.st_mode & 0o077 == 0:
+        return 0o600, None
+    if st.st_mode & 0o007 == 0:
+        return 0o660, st.st_gid
+    return 0o666, None
+
+
+def apply_socket_access(path: str | os.PathLike[str]) -> None:
+    """Give the unix socket bound at ``path`` the access its directory decides
+    (:func:`socket_access`). Call it before the socket listens (or before it appears at a
+    path clients look at): nobody connects in between."""
+    mode, gid = socket_access(Path(path).parent)
+    if gid is not None and gid != os.stat(path).st_gid:
+        os.chown(path, -1, gid)
+    os.chmod(path, mode)

@@ -6,7 +6,8 @@
 * Optional capabilities, each a ``runtime_checkable`` protocol that corral tests with
   ``isinstance`` (never by probing attributes): :class:`HostPaths` (a handle whose files
   are a host directory), :class:`Described` (a handle that tells what it was created
-  with), :class:`DefaultLimits` (a provider's default resource limits),
+  with), :class:`SandboxIds` (a handle that knows its processes' host gid, so a run's
+  sockets open to it alone), :class:`DefaultLimits` (a provider's default resource limits),
   :class:`ProvidesSnapshots` (a provider that hands out a :class:`Snapshotter`). The
   boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
   other half: behaviour that no method signature shows.
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         Process,
         ProcessApi,
         Provider,
+        SandboxIds,
     )
     from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
     from corral.stores._protocols import (
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("DefaultLimits", "Described", "FileSystem", "Handle", "HostPaths", "Process",
-         "ProcessApi", "Provider"),
+         "ProcessApi", "Provider", "SandboxIds"),
         "corral.sandbox._contracts",
     ),
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
@@ -71,6 +73,7 @@ __all__ = [
     "Provider",
     "ProvidesSnapshots",
     "RunStore",
+    "SandboxIds",
     "Snapshotter",
     "Store",
 ]

@@ -17,7 +17,7 @@ from ag_ui.core import EventType
 
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._acp import AcpHarness
-from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
+from corral.net._model_proxy import Upstream
 from corral.testing import wait_until
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
@@ -93,7 +93,7 @@ def test_a_shell_tool_call_round_trip_and_the_key_stays_on_the_host(
     check_tool_events(run.events)
     (out,) = run.tool_results()
     assert out.startswith("out.txt\n"), out
-    assert PLACEHOLDER_KEY in out and REAL_KEY not in out
+    assert run.prepared.proxy_token in out and REAL_KEY not in out
     assert "bridge-seen=0" in out, out
     assert "Done. Output: out.txt" in "".join(run.texts())
     assert all(r.api_key == REAL_KEY for r in model_server.model_requests)

@@ -160,10 +160,11 @@ def test_gemini_shell_round_trip_and_the_key_stays_on_the_host(
     harness = AcpHarness(agent="gemini", model="gemini-fake")
     run = _round_trip(harness, sandbox_factory, model_server,
                       Upstream("gemini", model_server.url, REAL_KEY))
-    # gemini reports no command output over ACP; the model saw it (placeholder key only)
+    # gemini reports no command output over ACP; the model saw it (the run's token only,
+    # which the model proxy asks of it)
     (last,) = [r for r in model_server.model_requests if r.tool_results][-1:]
     seen = "\n".join(last.tool_results)
-    assert "out.txt" in seen and PLACEHOLDER_KEY in seen and REAL_KEY not in seen
+    assert "out.txt" in seen and run.prepared.proxy_token in seen and REAL_KEY not in seen
     assert "after: " in "".join(run.texts())
 
 

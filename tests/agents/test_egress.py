@@ -4,6 +4,7 @@ Claude Code CLI running curl."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import threading
@@ -142,8 +143,12 @@ def test_connect_and_plain_http_on_the_socket(two_servers: tuple[str, int, int])
 def test_egress_from_inside_a_sandbox(sandbox_factory: Any,
                                       two_servers: tuple[str, int, int]) -> None:
     host, allowed, refused = two_servers
-    proxy = EgressProxy([f"{host}:{allowed}"])
+    token = "run-token-" + "x7" * 12
+    proxy = EgressProxy([f"{host}:{allowed}"], token=token)
     script = (
+        # the proxy URL without the run's token: refused before anything is forwarded
+        f"curl -s -m 5 -x http://127.0.0.1:{{corral.port.egress}} http://{host}:{allowed}/;"
+        " echo; "
         f"curl -s -m 5 http://{host}:{allowed}/; echo; "
         f"curl -s -m 5 http://{host}:{refused}/; echo; "
         f"curl -s -m 5 -p http://{host}:{allowed}/ && echo tunnel-ok; "
@@ -159,7 +164,8 @@ def test_egress_from_inside_a_sandbox(sandbox_factory: Any,
             argv = entry_argv("/usr/bin/python3", ["sh", "-c", script],
                               forward=[{"name": "egress", "port": 0,
                                         "unix": f"{NET_MOUNT}/egress-t.sock"}])
-            px = "http://127.0.0.1:{corral.port.egress}"
+            # the token as the proxy URL's password: curl sends it (Proxy-Authorization)
+            px = f"http://corral:{token}@127.0.0.1:{{corral.port.egress}}"
             result = await handle.process.exec(argv, env={"http_proxy": px, "HTTP_PROXY": px},
                                                timeout=90)
             tg.cancel_scope.cancel()
@@ -173,6 +179,8 @@ def test_egress_from_inside_a_sandbox(sandbox_factory: Any,
     assert "tunnel-ok" in out and "tunnel-refused" in out
     assert "direct-failed" in out  # no way around the proxy: the sandbox has no network
     assert out.count(f"hello from {allowed}") == 2
+    assert "does not carry this run's proxy credentials" in out
+    assert proxy.unauthorized == 1
 
 
 def test_claude_code_sees_the_refusal(sandbox_factory: Any, model_server: ModelServer,
@@ -197,3 +205,63 @@ def test_claude_code_sees_the_refusal(sandbox_factory: Any, model_server: ModelS
     assert run.prepared.egress_proxy is not None
     assert run.prepared.egress_proxy.allowed == [f"{host}:{allowed}"]
     assert json.dumps(run.prepared.egress_proxy.refused) == json.dumps([f"{host}:{refused}"])
+
+
+EGRESS_TOKEN = "egress-token-0123456789abcdef"
+
+
+@pytest.mark.parametrize("auth", [
+    None,
+    "Basic " + base64.b64encode(b"corral:wrong-password-0123456789").decode(),
+    "Basic " + base64.b64encode(f"corral:{EGRESS_TOKEN}x".encode()).decode(),
+    "Basic not base64!",
+    f"Bearer {EGRESS_TOKEN}",
+    "Basic " + base64.b64encode(EGRESS_TOKEN.encode()).decode(),  # no user:password form
+])
+@pytest.mark.parametrize("method,target", [("CONNECT", "{host}:{port}"),
+                                           ("GET", "http://{host}:{port}/")])
+def test_a_request_without_the_runs_proxy_credentials_gets_407_and_goes_nowhere(
+        two_servers: tuple[str, int, int], auth: str | None, method: str, target: str
+) -> None:
+    from corral.net._http11 import Request
+
+    host, allowed, _refused = two_servers
+    proxy = EgressProxy([f"{host}:{allowed}"], token=EGRESS_TOKEN)
+    headers = [("proxy-authorization", auth)] if auth is not None else []
+    resp = anyio.run(proxy.handle, Request(method, target.format(host=host, port=allowed),
+                                           headers, b""))
+    assert resp.status == 407
+    assert ("proxy-authenticate", 'Basic realm="corral"') in resp.headers
+    assert proxy.unauthorized == 1 and proxy.allowed == [] and proxy.refused == []
+    if method == "GET":  # (a CONNECT's tunnel would need a client to close it)
+        good = "Basic " + base64.b64encode(f"any-user:{EGRESS_TOKEN}".encode()).decode()
+
+        async def fetch() -> tuple[int, bytes]:
+            r = await proxy.handle(Request(method, target.format(host=host, port=allowed),
+                                           [("proxy-authorization", good)], b""))
+            if isinstance(r.body, bytes):
+                return r.status, r.body
+            return r.status, b"".join([c async for c in r.body])
+
+        status, body = anyio.run(fetch)
+        assert status == 200 and f"hello from {allowed}".encode() in body
+        assert proxy.allowed == [f"{host}:{allowed}"]
+
+
+@given(st.one_of(st.none(), st.text(max_size=80),
+                 st.binary(max_size=60).map(
+                     lambda b: "Basic " + base64.b64encode(b).decode()),
+                 st.text(max_size=30).map(
+                     lambda u: "Basic " + base64.b64encode(
+                         f"{u}:{EGRESS_TOKEN[:-1]}".encode()).decode())))
+def test_property_only_the_runs_token_as_the_password_passes(auth: str | None) -> None:
+    from corral.net._http11 import Request
+
+    proxy = EgressProxy(["example.com"], token=EGRESS_TOKEN)
+    headers = [("proxy-authorization", auth)] if auth is not None else []
+    assert not proxy._authorized(Request("CONNECT", "example.com:443", headers, b""))
+    user = auth or "u"
+    good = "Basic " + base64.b64encode(f"{user[:20]}:{EGRESS_TOKEN}".encode()).decode()
+    if ":" not in user[:20]:  # (a colon in the user name would move the password)
+        assert proxy._authorized(Request("CONNECT", "example.com:443",
+                                         [("proxy-authorization", good)], b""))

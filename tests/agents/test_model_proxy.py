@@ -366,3 +366,74 @@ def test_upstream_from_the_gemini_variables() -> None:
     assert up.auth_headers() == [("x-goog-api-key", "g1")]
 
 
+
+
+# ---------------------------------------------------------------- the run's token
+
+TOKEN = "run-token-Qm9vLXRva2VuLTEyMzQ1Njc4OTA"
+
+
+@pytest.mark.parametrize("api,path,headers", [
+    ("anthropic", "/v1/messages", {"x-api-key": TOKEN}),
+    ("openai", "/v1/responses", {"authorization": f"Bearer {TOKEN}"}),
+    ("openai", "/v1/responses", {"api-key": TOKEN}),
+    ("gemini", "/v1beta/models/g:generateContent", {"x-goog-api-key": TOKEN}),
+    ("gemini", f"/v1beta/models/g:streamGenerateContent?alt=sse&key={TOKEN}", {}),
+])
+def test_the_runs_token_is_taken_the_way_each_cli_sends_its_key_and_swapped_upstream(
+        sock: Path, api: str, path: str, headers: dict[str, str]) -> None:
+    body_json = {"anthropic": ANTHROPIC_BODY, "openai": OPENAI_BODY, "gemini": GEMINI_BODY}[api]
+    with ModelServer([Text("hello")]) as srv:
+        url = {"anthropic": srv.url, "openai": srv.openai_url, "gemini": srv.gemini_url}[api]
+        proxy = ModelProxy(Upstream(api, url, KEY), token=TOKEN)  # type: ignore[arg-type]
+
+        async def body(c: httpx.AsyncClient) -> httpx.Response:
+            return await c.post(path, json=body_json, headers=headers)
+
+        resp = with_proxy(proxy, sock, body)
+        (req,) = srv.model_requests
+    assert resp.status_code == 200, resp.text
+    assert req.api_key == KEY
+    # the token goes no further than the proxy (Gemini's ?key= is dropped, alt= kept)
+    assert TOKEN not in json.dumps(req.headers) + req.path
+    if "alt=sse" in path:
+        assert req.path.endswith("?alt=sse"), req.path
+    assert proxy.unauthorized == 0 and proxy.usage.requests == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(["x-api-key", "authorization", "x-goog-api-key",
+                                        "api-key", "proxy-authorization", "cookie"]),
+                       st.one_of(st.just(PLACEHOLDER_KEY), st.just(f"Bearer {TOKEN[:-1]}"),
+                                 st.just(TOKEN.upper()), st.just(f"Basic {TOKEN}"),
+                                 st.just(f"{TOKEN} "),
+                                 st.text(st.characters(min_codepoint=33, max_codepoint=126),
+                                         max_size=60)),
+                       max_size=4),
+       st.sampled_from(["", f"?key={TOKEN[1:]}", "?token=" + TOKEN, "?key="]))
+def test_property_a_request_without_the_runs_token_is_refused_and_not_forwarded(
+        headers: dict[str, str], query: str) -> None:
+    assume_no_token = all(v != TOKEN and v.removeprefix("Bearer ").strip() != TOKEN
+                          for v in headers.values())
+    if not assume_no_token:
+        return
+    with ModelServer([Text("hello")]) as srv:
+        proxy = ModelProxy(Upstream("anthropic", srv.url, KEY), token=TOKEN, budget=10)
+        resp = anyio.run(proxy.handle, _request("/v1/messages" + query, headers))
+        assert resp.status == 401
+        assert b"this run's key" in resp.body  # type: ignore[operator]
+        assert srv.requests == []
+    assert proxy.unauthorized == 1
+    assert (proxy.usage.requests, proxy.usage.refused, proxy.usage.total) == (0, 0, 0)
+
+
+def _request(target: str, headers: dict[str, str]) -> Any:
+    from corral.net._http11 import Request
+
+    return Request("POST", target, [(k, v) for k, v in headers.items()],
+                   json.dumps(ANTHROPIC_BODY).encode())
+
+
+def test_a_token_too_short_to_be_secret_is_refused() -> None:
+    with pytest.raises(ConfigError, match="at least 16"):
+        ModelProxy(Upstream("anthropic", "https://api.anthropic.com", KEY), token="short")

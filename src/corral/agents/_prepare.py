@@ -60,14 +60,19 @@ from corral.agents._sessions import (
     restore_session,
     save_session,
 )
-from corral.agents._services import PendingServices, start_services
+from corral.agents._services import (
+    PROXY_TOKEN_NAME,
+    PendingServices,
+    run_proxy_token,
+    start_services,
+)
 from corral.net._egress import EgressProxy
 from corral.net._model_proxy import ModelProxy, Upstream, Usage
-from corral._paths import net_root
+from corral._paths import net_root, restrict_net_dir
 from corral.journal._reader import Line, read_journal
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
-from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxSpec
+from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxIds, SandboxSpec
 from corral.sandbox._redact import Redactor
 from corral.tools._names import MCP_PATH
 from corral.tools._projection import host_tools_projection
@@ -84,6 +89,7 @@ __all__ = [
     "finish_agent_run",
     "new_net_dir",
     "prepare_agent",
+    "run_proxy_token",
     "with_agent_binds",
 ]
 
@@ -96,7 +102,8 @@ MAX_SOCKET_PATH = 100
 
 
 def new_net_dir() -> Path:
-    """A fresh socket directory for one sandbox (unguessable name, not listable)."""
+    """A fresh socket directory for one sandbox (unguessable name, not listable; closed
+    to all but the sandbox's ids by :func:`prepare_agent`)."""
     d = net_root() / secrets.token_hex(12)
     d.mkdir(mode=0o711)
     os.chmod(d, 0o711)
@@ -146,6 +153,9 @@ class PreparedAgent:
     """``None`` for an agent that comes from no install (``--agent-command``)."""
     model_proxy: ModelProxy
     model_socket: Path
+    proxy_token: str = field(repr=False, default="")
+    """The run's token: the model API key of its CLI, the password of its egress proxy
+    URL; the proxies refuse requests without it (a secret: not in :meth:`services_job`)."""
     egress_proxy: EgressProxy | None = None
     egress_socket: Path | None = None
     resumed: SavedSession | None = None
@@ -228,6 +238,7 @@ class PreparedAgent:
         for :meth:`services_job`."""
         job = self.services_job(paths, status)
         job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
+        job["token"] = self.proxy_token
         paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         return await anyio.to_thread.run_sync(
             lambda: start_services(job, paths.directory, paths.token))
@@ -411,6 +422,7 @@ async def prepare_agent(
     host_tools: bool = False,
     tools_token: str | None = None,
     redactor: Redactor | None = None,
+    proxy_token: str | None = None,
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
 
@@ -426,7 +438,10 @@ async def prepare_agent(
     caller serves the tools there. ``tools_token``: that bearer token (default: a fresh
     random one; the Runner passes :func:`corral.tools.run_tools_token`, which any host
     sharing its store derives again). ``redactor``: the run's secrets, redacted from the CLI
-    session saved by :meth:`PreparedAgent.finish`.
+    session saved by :meth:`PreparedAgent.finish` (the proxy token joins them).
+    ``proxy_token``: the run's token, which the model and egress proxies ask of every
+    request (default: a fresh random one; the Runner passes :func:`run_proxy_token`). The
+    run's socket directory is closed to every uid but the sandbox's (and corral's).
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
     :class:`ConfigError` (sandbox created without :func:`with_agent_binds`, bad options).
@@ -435,6 +450,9 @@ async def prepare_agent(
         raise ConfigError(f"prepare_agent needs an agent-CLI harness, got {harness!r}")
     install, upstream = agent_prerequisites(harness, agents=agents, upstream=upstream)
     token = _run_token(run_id)
+    secret = proxy_token or secrets.token_urlsafe(32)
+    if redactor is not None:
+        redactor.add(PROXY_TOKEN_NAME, secret)
     own_net: Path | None = None
     options: dict[str, Any] = dict(request.options)
     if handle.capabilities.isolated:
@@ -449,8 +467,12 @@ async def prepare_agent(
             )
         sock_dir_inside = NET_MOUNT
         options.setdefault("bin", harness.default_bin)
+        # the sockets then open to the sandbox's gid only (corral._paths.socket_access)
+        restrict_net_dir(net_host, await handle.host_gid()
+                         if isinstance(handle, SandboxIds) else None)
     else:
         net_host = own_net = new_net_dir()
+        restrict_net_dir(own_net, os.getegid())  # the agent runs as corral's own user
         sock_dir_inside = str(net_host)
         if install is not None:
             options.setdefault("bin", harness.bin_under(str(install.path)))
@@ -458,12 +480,13 @@ async def prepare_agent(
     if len(str(model_socket)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "
                           "CORRAL_SHARED_DIR or CORRAL_HOME to a shorter directory")
+    options["proxy_token"] = secret
     forward: list[dict[str, Any]] = [
         {"name": "model", "port": 0, "unix": f"{sock_dir_inside}/model-{token}.sock"}]
     egress_proxy: EgressProxy | None = None
     egress_socket: Path | None = None
     if egress is not None:
-        egress_proxy = EgressProxy(list(egress))
+        egress_proxy = EgressProxy(list(egress), token=secret)
         egress_socket = net_host / f"egress-{token}.sock"
         forward.append({"name": "egress", "port": 0,
                         "unix": f"{sock_dir_inside}/egress-{token}.sock"})
@@ -523,10 +546,11 @@ async def prepare_agent(
     command = harness.build_command(request)
     bridge = harness.bridge_config(request)
     proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout,
-                       max_failures=harness.max_model_failures)
+                       max_failures=harness.max_model_failures, token=secret)
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
                          run_id=run_id, install=install, model_proxy=proxy,
-                         model_socket=model_socket, egress_proxy=egress_proxy,
+                         model_socket=model_socket, proxy_token=secret,
+                         egress_proxy=egress_proxy,
                          egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
                          host_tools=projection, redactor=redactor, bridge=bridge)
 

@@ -3,8 +3,8 @@
 The in-process :meth:`corral.agents._prepare.PreparedAgent.services` lives as long as the
 driving host process. A detached run (the viewer left, nobody drives) still needs the model:
 :func:`start_services` starts ``python -m corral.agents._services`` in its own session (double
-fork, like the journal supervisor) and hands it the job — real key included — over an
-inherited pipe (never argv or environment); ``ready()`` waits until its sockets are bound. The daemon
+fork, like the journal supervisor) and hands it the job — real key and the run's token
+included — over an inherited pipe (never argv or environment); ``ready()`` waits until its sockets are bound. The daemon
 serves until the run's supervisor records the agent's exit (``<token>.status.json``), then
 exits; it also exits if no supervisor status appears within ``start_grace`` seconds, or on
 SIGTERM. Usage is written after every request to ``<token>.usage.json`` next to the journal
@@ -35,14 +35,31 @@ from corral.journal._supervisor import (
 )
 from corral.net._model_proxy import ModelProxy, Upstream, Usage
 from corral.net._egress import EgressProxy
+from corral.stores._protocols import SecretStore
+from corral.tools._keys import corral_key, derive_token
 
 __all__ = [
+    "PROXY_TOKEN_NAME",
     "PendingServices",
     "ServicesProcess",
     "ServicesStartError",
     "main",
+    "run_proxy_token",
     "start_services",
 ]
+
+
+PROXY_TOKEN_NAME = "CORRAL_PROXY_TOKEN"
+"""The run's proxy token's name in its redactor."""
+
+
+async def run_proxy_token(store: SecretStore, run_id: str) -> str:
+    """Run ``run_id``'s proxy token (the API key its CLI sends the model proxy, the
+    password of its egress proxy URL), derived from corral's key
+    (:mod:`corral.tools._keys`): a driver that restarts the run's services on any host
+    sharing the store serves with the token the agent already has, and the token is
+    stored nowhere."""
+    return derive_token(await corral_key(store), "corral-proxy-token", run_id)
 
 
 class ServicesStartError(CorralError):
@@ -133,10 +150,15 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
 
     up = job["upstream"]
     paths = up.get("allowed_paths")
+    token = job.get("token")
+    if not isinstance(token, str) or not token:
+        # without it the proxies would serve whoever reaches their sockets
+        raise ServicesStartError("the services job carries no run token")
     proxy = ModelProxy(Upstream(up["api"], up["base_url"], up["api_key"],
                                 tuple(paths) if paths is not None else None),
                        budget=job.get("budget"), idle_timeout=float(job["idle_timeout"]),
-                       usage_path=job["usage"], max_failures=job.get("max_failures"))
+                       usage_path=job["usage"], max_failures=job.get("max_failures"),
+                       token=token)
     previous = Usage.load(job["usage"])
     if previous is not None:  # restarted: go on counting where the predecessor stopped
         proxy.usage = previous
@@ -168,7 +190,8 @@ async def _serve(job: dict[str, Any], ready_fd: int) -> None:
     async with anyio.create_task_group() as tg:
         await tg.start(proxy.serve, job["model_socket"])
         if job.get("egress_socket"):
-            await tg.start(EgressProxy(list(job["egress"])).serve, job["egress_socket"])
+            await tg.start(EgressProxy(list(job["egress"]), token=token).serve,
+                           job["egress_socket"])
         report_ready(ready_fd, {"pid": os.getpid()})
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async def on_signal() -> None:

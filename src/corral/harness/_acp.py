@@ -66,6 +66,7 @@ from corral.harness._cli_base import (
     PolicyLike,
     as_int,
     as_str,
+    egress_env,
     entry_argv,
     flatten_text,
     token_usage,
@@ -218,12 +219,7 @@ class AcpHarness(CliHarness):
         argv = self.profile.argv(bin_path)
         env = {"TERM": "dumb", "NO_COLOR": "1", **self.profile.bin_env(bin_path)}
         env.update(self.profile.env(self.model, self._base_url(opts), opts, self.acp_policy))
-        if opts.egress:
-            proxy = "http://127.0.0.1:{corral.port.egress}"
-            env.update({"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
-                        "https_proxy": proxy, "ALL_PROXY": proxy,
-                        "NO_PROXY": "127.0.0.1,localhost,::1",
-                        "no_proxy": "127.0.0.1,localhost,::1"})
+        env.update(egress_env(opts))
         env.update(request.env)
         env.update(opts.env)
         if opts.forward is None:

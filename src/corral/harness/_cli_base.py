@@ -10,7 +10,10 @@ command; :func:`corral.agents._prepare.prepare_agent` wraps it with the in-sandb
 
 ``model`` (str), ``resume`` (the CLI's session id to continue), ``base_url`` (the model
 endpoint as the CLI sees it; default ``http://127.0.0.1:{corral.port.model}``, filled in
-by the entry), ``api_key`` (default: a placeholder; the host proxy adds the real key),
+by the entry), ``proxy_token`` (the run's token, set by ``prepare_agent``: the API key the
+CLI sends to the model proxy and the password of its egress proxy URL; the host proxies
+refuse requests without it), ``api_key`` (default: ``proxy_token``, else a placeholder;
+the host proxy swaps it for the real key),
 ``bin`` (the CLI's path; default: the pinned install under ``/opt/corral/agents``),
 ``forward`` (forwarders for the entry: a list of ``{"name","port","unix"}``; when set the
 command is wrapped with the entry), ``timeout`` (seconds; the entry stops the CLI after
@@ -163,7 +166,8 @@ def policy_words(pattern: str) -> list[str] | None:
 
 
 _OPTION_KEYS = frozenset({
-    "model", "resume", "base_url", "api_key", "bin", "forward", "timeout", "egress", "python",
+    "model", "resume", "base_url", "api_key", "proxy_token", "bin", "forward", "timeout",
+    "egress", "python",
     "max_retries", "mcp_servers", "extra_args", "env", "argv", "gate_script",
     # the acp harness's own (read by AcpHarness.from_spec; the run spec keeps them)
     "agent", "agent_command",
@@ -182,6 +186,8 @@ class CliOptions:
     resume: str | None = None
     base_url: str | None = None
     api_key: str = PLACEHOLDER_KEY
+    proxy_token: str | None = field(default=None, repr=False)
+    """The run's token (see the module docstring)."""
     bin: str | None = None
     forward: tuple[Mapping[str, Any], ...] | None = None
     timeout: float | None = None
@@ -244,11 +250,16 @@ class CliOptions:
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise ConfigError("agent option 'env' must map strings to strings")
+        token = opt_str("proxy_token")
+        if token is not None and not all(c.isalnum() or c in "-_" for c in token):
+            # it goes into a proxy URL's userinfo as is
+            raise ConfigError("agent option 'proxy_token' must be URL-safe base64")
         return cls(
             model=opt_str("model"),
             resume=opt_str("resume"),
             base_url=opt_str("base_url"),
-            api_key=opt_str("api_key") or PLACEHOLDER_KEY,
+            api_key=opt_str("api_key") or token or PLACEHOLDER_KEY,
+            proxy_token=token,
             bin=opt_str("bin"),
             forward=forward,
             timeout=float(timeout) if timeout is not None else None,
@@ -283,6 +294,19 @@ def bash_gate_command(opts: CliOptions) -> str:
     source = base64.b64encode(Path(command_gate.__file__).read_bytes()).decode()
     return (f"{shlex.quote(opts.python)} -I -S -c "
             f"'import base64;exec(base64.b64decode(\"{source}\"))' {args}")
+
+
+def egress_env(opts: CliOptions) -> dict[str, str]:
+    """The proxy variables of a CLI with ``egress``: the ``egress`` forwarder, with the
+    run's token as the password its clients send (``Proxy-Authorization: Basic``)."""
+    if not opts.egress:
+        return {}
+    auth = f"corral:{opts.proxy_token}@" if opts.proxy_token else ""
+    proxy = "http://" + auth + "127.0.0.1:{corral.port.egress}"
+    return {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
+            "https_proxy": proxy, "ALL_PROXY": proxy,
+            # the sandbox's own loopback: the model endpoint, never the host's
+            "NO_PROXY": "127.0.0.1,localhost,::1", "no_proxy": "127.0.0.1,localhost,::1"}
 
 
 def entry_argv(python: str, command: Sequence[str], *,
@@ -426,13 +450,7 @@ class CliHarness:
         env = {"TERM": "dumb", "NO_COLOR": "1"}
         env.update(self.cli_env(opts, base_url))
         env.update(self.policy_mapping.env)
-        if opts.egress:
-            proxy = "http://127.0.0.1:{corral.port.egress}"
-            env.update({"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
-                        "https_proxy": proxy, "ALL_PROXY": proxy,
-                        # the sandbox's own loopback: the model endpoint, never the host's
-                        "NO_PROXY": "127.0.0.1,localhost,::1",
-                        "no_proxy": "127.0.0.1,localhost,::1"})
+        env.update(egress_env(opts))
         env.update(request.env)
         env.update(opts.env)
         if opts.forward is not None:

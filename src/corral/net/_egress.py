@@ -22,11 +22,20 @@ that address or a network holding it as an IP literal (the operator's explicit c
 ``127.0.0.1:8080`` alone, reaches the host's port 8080. The proxy then connects to the
 address it checked, never to the name again, so a DNS answer that changes between the
 check and the connection (a rebind) cannot slip through.
+
+Only the run's own sandbox may use its proxy: with a ``token``, every request must carry
+``Proxy-Authorization: Basic`` credentials whose password is the run's token (the sandbox's
+proxy URL is ``http://corral:<token>@127.0.0.1:<port>``, and clients send what the URL
+holds). Anything else gets a ``407`` before the allowlist is even consulted: nothing is
+resolved, connected or recorded.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import hmac
 import ipaddress
 import os
 import socket
@@ -37,6 +46,7 @@ import anyio
 import anyio.abc
 import httpx
 
+from corral._errors import ConfigError
 from corral.net._http11 import Request, Response, serve_unix, text_response
 from corral.net._model_proxy import HOP_BY_HOP, shared_ssl_context
 
@@ -51,11 +61,23 @@ from corral.sandbox._allowlist import (
 
 __all__ = ["AllowRule", "EgressProxy", "parse_allowlist"]
 
+_NEED_TOKEN = (b"corral egress proxy: this request does not carry this run's proxy "
+               b"credentials; only the run's own sandbox may use its egress proxy\n")
+
 class EgressProxy:
     """An allowlisting HTTP/HTTPS proxy (see the module docstring)."""
 
     def __init__(self, allow: Sequence[str] | Sequence[AllowRule], *,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, token: str | None = None) -> None:
+        """``token``: the run's token, the password the sandbox's proxy URL carries;
+        ``None``: every client that can connect to the socket is served."""
+        if token is not None and (len(token) < 16 or not token.isascii()
+                                  or not token.isprintable()):
+            raise ConfigError("the egress proxy's run token must be at least 16 printable "
+                              "ASCII characters")
+        self._token = token.encode() if token is not None else None
+        self.unauthorized = 0
+        """Requests refused for want of the run's token."""
         self.rules: tuple[AllowRule, ...] = (
             tuple(r for r in allow if isinstance(r, AllowRule))
             if allow and all(isinstance(r, AllowRule) for r in allow)
@@ -132,7 +154,26 @@ class EgressProxy:
                     await self._client.aclose()
                     self._client = None
 
+    def _authorized(self, request: Request) -> bool:
+        if self._token is None:
+            return True
+        auth = request.header("proxy-authorization") or ""
+        scheme, _, cred = auth.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = base64.b64decode(cred.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        _user, _, password = decoded.partition(b":")
+        return hmac.compare_digest(password, self._token)
+
     async def handle(self, request: Request) -> Response:
+        if not self._authorized(request):
+            self.unauthorized += 1
+            return Response(407, [("proxy-authenticate", 'Basic realm="corral"'),
+                                  ("content-type", "text/plain; charset=utf-8"),
+                                  ("content-length", str(len(_NEED_TOKEN)))], _NEED_TOKEN)
         if request.method == "CONNECT":
             return await self._connect(request)
         parts = urlsplit(request.target)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import anyio.abc
 import h11
 
 from corral._errors import ConfigError
+from corral._paths import apply_socket_access
 
 __all__ = ["Handler", "Request", "Response", "bind_unix_listener", "serve_connection",
            "serve_listener", "serve_unix"]
@@ -186,16 +188,28 @@ async def serve_listener(listener: anyio.abc.Listener[anyio.abc.SocketStream], h
 
 async def bind_unix_listener(socket_path: str | os.PathLike[str]
                              ) -> anyio.abc.Listener[anyio.abc.SocketStream]:
-    """Bind a unix socket any local uid can connect to (the sandbox runs as another uid;
-    the directory it sits in decides who can reach it). A stale socket is replaced; any
-    other file at the path is an error."""
+    """Bind a unix socket that only those its directory admits can connect to
+    (:func:`corral._paths.socket_access`: a run's socket directory admits the sandbox's
+    ids). The socket listens under a temporary name first and takes its path only once
+    its mode and group are set, so nobody connects in between; a stale socket at the path
+    is replaced, any other file there is an error."""
     path = os.fspath(socket_path)
     with contextlib.suppress(FileNotFoundError):
         st = os.lstat(path)
         if not stat.S_ISSOCK(st.st_mode):
             raise ConfigError(f"{path} exists and is not a socket; remove it")
-        os.unlink(path)
-    listener = await anyio.create_unix_listener(path, mode=0o666)
+    # short: a socket path has at most 107 bytes
+    tmp = os.path.join(os.path.dirname(path), f".b{secrets.token_hex(4)}")
+    listener = await anyio.create_unix_listener(tmp, mode=0o600)
+    try:
+        apply_socket_access(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await listener.aclose()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return listener
 
 

@@ -2,9 +2,13 @@
 
 The agent CLI in the sandbox talks plain HTTP to ``127.0.0.1:<port>`` inside the sandbox;
 the in-sandbox forwarder (:mod:`corral._insandbox.entry`) pipes that to a unix socket
-bound in from the host, where a :class:`ModelProxy` serves. The proxy drops whatever
-credential the CLI sent (the sandbox only has a placeholder), adds the real one, forwards
-to the upstream and streams the answer back chunk by chunk (SSE passes through unbuffered).
+bound in from the host, where a :class:`ModelProxy` serves. The CLI's API key is the
+run's token (a per-run secret only its sandbox holds): the proxy checks it first (in
+constant time, whichever way the CLI sends its key: ``x-api-key``, ``Authorization:
+Bearer``, ``x-goog-api-key``, ``api-key`` or Gemini's ``?key=``) and answers a request
+without it with a 401, forwarding and counting nothing. It then drops every credential the
+CLI sent, adds the real one, forwards to the upstream and streams the answer back chunk by
+chunk (SSE passes through unbuffered).
 
 It also meters tokens per run (from the streamed ``usage`` of Anthropic Messages and
 OpenAI Responses events, Gemini's ``usageMetadata``, or a JSON body's ``usage``) and can enforce a budget: once a
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hmac
 import json
 import os
 import re
@@ -27,7 +32,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
 import anyio.abc
@@ -144,6 +149,12 @@ class Upstream:
         if not target.startswith("/"):
             raise ConfigError(f"the model proxy only accepts origin-form targets, got {target!r}")
         base = self.base_url.rstrip("/")
+        path, sep, query = target.partition("?")
+        if sep and any(k == "key" for k, _v in parse_qsl(query, keep_blank_values=True)):
+            # Gemini's key parameter carries the sandbox's token: never sent upstream (the
+            # real key goes in a header)
+            kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "key"]
+            target = path + (f"?{urlencode(kept)}" if kept else "")
         if self.api == "openai" and base.endswith("/v1") and (
             target == "/v1" or target.startswith(("/v1/", "/v1?"))
         ):
@@ -342,7 +353,8 @@ class UsageMeter:
 
 
 _GEMINI_STATUS = {"permission_error": (403, "PERMISSION_DENIED"),
-                  "invalid_request_error": (400, "INVALID_ARGUMENT")}
+                  "invalid_request_error": (400, "INVALID_ARGUMENT"),
+                  "authentication_error": (401, "UNAUTHENTICATED")}
 """An error kind → Gemini's ``code`` and ``status`` (anything else: 503 ``UNAVAILABLE``)."""
 
 
@@ -383,7 +395,10 @@ class ModelProxy:
     so far, for other processes to read. ``max_failures``: after that many requests in a
     row that failed (upstream unreachable or timed out, or a 5xx), further requests get a
     403 naming the last failure (for CLIs that retry a dead endpoint forever); a request
-    that succeeds resets the count. ``None``: no limit.
+    that succeeds resets the count. ``None``: no limit. ``token``: the run's token, the API
+    key its sandbox's CLI sends (at least 16 characters); a request without it gets a 401
+    and is neither forwarded nor counted. ``None``: every client that can connect to the
+    socket is served (for sockets no one else can reach).
     """
 
     def __init__(
@@ -395,7 +410,12 @@ class ModelProxy:
         connect_timeout: float = 10.0,
         usage_path: str | os.PathLike[str] | None = None,
         max_failures: int | None = None,
+        token: str | None = None,
     ) -> None:
+        if token is not None and (len(token) < 16 or not token.isascii()
+                                  or not token.isprintable()):
+            raise ConfigError("the model proxy's run token must be at least 16 printable "
+                              "ASCII characters")
         if max_failures is not None and (not isinstance(max_failures, int)
                                          or isinstance(max_failures, bool) or max_failures < 1):
             raise ConfigError("max_failures must be a positive integer (or None)")
@@ -416,6 +436,9 @@ class ModelProxy:
         self._failures = 0
         self._last_failure = ""
         self._client: httpx.AsyncClient | None = None
+        self._token = token.encode() if token is not None else None
+        self.unauthorized = 0
+        """Requests refused for want of the run's token (never forwarded or counted)."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -462,9 +485,34 @@ class ModelProxy:
         self._failures += 1
         self._last_failure = what
 
+    def _authorized(self, request: Request) -> bool:
+        """The request carries the run's token as its API key (any of the ways the CLIs
+        send one); each candidate is compared in constant time."""
+        if self._token is None:
+            return True
+        candidates = [request.header(h) for h in ("x-api-key", "x-goog-api-key", "api-key")]
+        auth = request.header("authorization")
+        if auth is not None and auth[:7].lower() == "bearer ":
+            candidates.append(auth[7:].strip())
+        _path, sep, query = request.target.partition("?")
+        if sep:
+            candidates += [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "key"]
+        found = False
+        for value in candidates:
+            if value is not None and hmac.compare_digest(value.encode("utf-8", "replace"),
+                                                         self._token):
+                found = True
+        return found
+
     async def handle(self, request: Request) -> Response:
         """Forward one request (see the module docstring)."""
         api = self.upstream.api
+        if not self._authorized(request):
+            # Before anything else: not forwarded, not counted, not written anywhere.
+            self.unauthorized += 1
+            return _error(api, 401, "authentication_error",
+                          "corral model proxy: this request does not carry this run's key; "
+                          "only the run's own sandbox may use its model proxy")
         refusal = None
         if self.budget is not None and self.usage.total >= self.budget:
             refusal = (f"this run's token budget of {self.budget} tokens is used up "

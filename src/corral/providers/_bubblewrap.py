@@ -565,6 +565,12 @@ class BubblewrapHandle(HostDirHandle):
             finally:
                 os.close(fd)
 
+    async def host_gid(self) -> int | None:
+        """The sandbox's host gid: the unprivileged ``host_uid`` when corral is root (the
+        launcher drops to it), else corral's own (a user namespace maps it)."""
+        uid = self._state.host_uid
+        return uid if uid is not None else os.getegid()
+
     def host_command(
         self,
         command: Command,

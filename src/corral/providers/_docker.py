@@ -436,6 +436,11 @@ class DockerHandle:
         return [(str(m.get("Source")), str(m.get("Destination")))
                 for m in self._info.get("Mounts") or [] if m.get("Type") == "bind"]
 
+    async def host_gid(self) -> int | None:
+        """The agent's gid on the host (:class:`corral.sandbox._contracts.SandboxIds`)."""
+        runtime = (self._info.get("HostConfig") or {}).get("Runtime")
+        return await self._provider.agent_host_gid(runtime)
+
     async def connect_port(self, port: int) -> str:
         raise UnsupportedCapability("docker", "ports",
                                     "expose the service over a unix socket bind instead")
@@ -566,6 +571,23 @@ class DockerProvider:
         self.uid = uid
         self.user = f"{uid}:{uid}"
         self._client: Any = None
+        self._remaps: bool | None = None
+
+    async def agent_host_gid(self, runtime: str | None) -> int | None:
+        """The gid the agent's processes have on the host: the agent's own (``uid``) when
+        the daemon is local, maps no ids (no user-namespace remapping, not rootless) and
+        the runtime is runc or crun (gVisor's gofer, for one, makes the host connections
+        itself); ``None`` otherwise."""
+        if not daemon_is_local(self.docker_host) or (runtime or "runc") not in ("runc",
+                                                                               "crun"):
+            return None
+        if self._remaps is None:
+            def remaps() -> bool:
+                options = self.api.info().get("SecurityOptions") or []
+                return any("userns" in o or "rootless" in o for o in map(str, options))
+
+            self._remaps = await anyio.to_thread.run_sync(remaps)
+        return None if self._remaps else self.uid
 
     @property
     def client(self) -> Any:

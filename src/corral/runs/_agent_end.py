@@ -20,7 +20,7 @@ from corral.runs._inside import is_inside, note_exited
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
-from corral.stores._protocols import RunStore
+from corral.stores._protocols import Store
 from corral.stores._records import RunPatch, RunRecord
 
 __all__ = ["finish_agent"]
@@ -28,7 +28,7 @@ __all__ = ["finish_agent"]
 log = logging.getLogger("corral.runs._runner")
 
 
-async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths | None,
+async def finish_agent(store: Store, record: RunRecord, paths: JournalPaths | None,
                        nonce: str | None, *, provider_for: Callable[[str], Provider],
                        redactor: Redactor | None) -> None:
     """Finish an agent-CLI run (nothing for other harnesses): wait for its services daemon
@@ -63,6 +63,15 @@ async def finish_agent(store: RunStore, record: RunRecord, paths: JournalPaths |
             while process_alive(pid):
                 await anyio.sleep(0.05)
     resumed, own = info.get("resumed_session"), info.get("own_net_dir")
+    # The run's tokens (derived again, stored nowhere) are its secrets too: the agent may
+    # have printed its environment into the session.
+    from corral.agents._services import PROXY_TOKEN_NAME, run_proxy_token
+    from corral.tools._projection import TOKEN_ENV, run_tools_token
+
+    redactor = redactor if redactor is not None else Redactor()
+    redactor.add(PROXY_TOKEN_NAME, await run_proxy_token(store, record.run_id))
+    if info.get("tools_socket"):
+        redactor.add(TOKEN_ENV, await run_tools_token(store, record.run_id))
     report = await finish_agent_run(
         harness, await _sandbox(record, provider_for), record.thread_id, paths, nonce,
         # the saved CLI session can hold whatever the agent printed

@@ -13,13 +13,13 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import CorralError
-from corral.agents._services import start_services
+from corral.agents._services import run_proxy_token, start_services
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
 from corral.net._model_proxy import Upstream
 from corral.runs._inside import agent_state, is_inside, mark_agent_state
 from corral.runs._spec import run_spec_of
-from corral.stores._protocols import RunStore, UnknownRun
+from corral.stores._protocols import Store, UnknownRun
 from corral.stores._records import RunPatch, RunRecord
 
 __all__ = ["is_services_daemon", "keep_services"]
@@ -30,7 +30,7 @@ SERVICES_CHECK: Final = 0.5
 """How often a driver checks that its run's services daemon is alive."""
 
 
-async def keep_services(store: RunStore, record: RunRecord, paths: JournalPaths,
+async def keep_services(store: Store, record: RunRecord, paths: JournalPaths,
                         epoch: int) -> None:
     """While the caller holds the run (claim ``epoch``): if the run's services daemon dies
     while the agent runs, start another on the same sockets. The agent's forwarder retries
@@ -73,11 +73,13 @@ def _noted_state(path: Path) -> str | None:
     return state if isinstance(state, str) else None
 
 
-async def _restart(store: RunStore, record: RunRecord, paths: JournalPaths,
+async def _restart(store: Store, record: RunRecord, paths: JournalPaths,
                    job: Mapping[str, Any], epoch: int, watch: Path | None = None) -> int:
     up = dict(job["upstream"])
     key = Upstream.from_env(up["api"]).api_key  # this host's key for the same API
-    full = {**job, "upstream": {**up, "api_key": key}}
+    # the run's token, derived again (the agent holds it; it is stored nowhere)
+    token = await run_proxy_token(store, record.run_id)
+    full = {**job, "upstream": {**up, "api_key": key}, "token": token}
     if watch is not None:  # this host's note, not the one of the host that recorded the job
         full["status"] = str(watch)
     pending = await anyio.to_thread.run_sync(

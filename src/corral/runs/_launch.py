@@ -18,7 +18,7 @@ from ag_ui.core import CustomEvent, RunStartedEvent
 
 from corral._errors import ConfigError, CorralError
 from corral.agents._prepare import agent_prerequisites, prepare_agent, with_agent_binds
-from corral.agents._services import PendingServices
+from corral.agents._services import PendingServices, run_proxy_token
 from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
@@ -39,6 +39,7 @@ from corral.sandbox._watch import GitBaseline
 from corral.stores._protocols import Store
 from corral.stores._records import RunPatch
 from corral.tools._core import Toolset
+from corral.tools._projection import TOKEN_ENV as TOOLS_TOKEN_NAME
 from corral.tools._projection import run_tools_token
 
 __all__ = ["StartPlan", "fail_start", "file_baseline", "launch_run", "plan_start"]
@@ -238,6 +239,8 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     instructions = sandbox.workspace.instructions
     # derived from corral's key, so any driver of the run (any host) serves with this token
     tools_token = await run_tools_token(store, run_id) if plan.tools is not None else None
+    proxy_token = await run_proxy_token(store, run_id)
+    redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens below
     prepared = await prepare_agent(
         harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
         instructions=instructions if isinstance(instructions, str) else None,
@@ -246,6 +249,9 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
         host_tools=plan.tools is not None,
         tools_token=tools_token,
+        proxy_token=proxy_token,
+        # the run's tokens are secrets of the run: the journal redacts them too
+        redactor=redactor,
         budget=request.token_budget,
         timeout=request.timeout,
     )
@@ -255,6 +261,8 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
     )
     tools_socket = prepared.host_tools.socket if prepared.host_tools else None
+    if tools_token is not None:
+        redactor.add(TOOLS_TOKEN_NAME, tools_token)
     handle = ensured.handle
     inside = handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor)
     # the supervisor's status lives in the sandbox: the services daemon watches this host's
@@ -281,11 +289,11 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
             pid = await handle.launch_supervised(
                 encode_run_id(run_id), argv=cmd.argv, env=cmd.env, cwd=cmd.cwd, nonce=nonce,
                 stdin=cmd.stdin, timeout=cmd.timeout, max_output=request.max_output,
-                redact=ensured.redactor.table())
+                redact=redactor.table())
             launched = SupervisedRun(paths, pid, None)
         else:
             launched = await launch_supervised_async(
-                replace(prepared.agent_spec(), redact=ensured.redactor.table(),
+                replace(prepared.agent_spec(), redact=redactor.table(),
                         max_output=request.max_output), paths, nonce
             )
     except BaseException:

@@ -33,6 +33,7 @@ __all__ = [
     "Provider",
     "ResourceLimits",
     "SandboxGoneError",
+    "SandboxIds",
     "SandboxRef",
     "SandboxSpec",
     "SnapshotRef",
@@ -463,6 +464,18 @@ class Described(Protocol):
     @property
     def binds(self) -> Sequence[tuple[str, str]]:
         """The read-only host path -> sandbox path binds of its spec."""
+        ...
+
+
+@runtime_checkable
+class SandboxIds(Protocol):
+    """Optional handle capability: the host ids the sandbox's processes run with, so that
+    the unix sockets corral binds in for a run open to them and to nobody else."""
+
+    async def host_gid(self) -> int | None:
+        """The host gid of the sandbox's processes (the gid they reach host unix sockets
+        with); ``None`` when it is not known (a remapped or remote container): then the
+        run's token alone guards the run's sockets."""
         ...
 
 

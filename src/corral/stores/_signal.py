@@ -6,6 +6,11 @@ abstract-namespace datagram socket and drops a marker file named after it into a
 directory next to the database; an appender sends one byte to every marker's socket after its
 commit. Markers whose socket is gone (the process died) are removed by the next poke. A tailer
 still re-checks the store every ``fallback`` seconds, so a lost datagram only delays it.
+
+Abstract names have no file modes, and ``/proc/net/unix`` lists them to every user: the
+kernel stamps every datagram with its sender's credentials (``SO_PASSCRED``), and only
+those of this process's uid (the store's owner: its marker directory is private) or root
+wake anyone. Another user's datagrams are drained and ignored.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import sys
 import uuid
 from pathlib import Path
@@ -20,6 +26,8 @@ from pathlib import Path
 import anyio
 
 _PREFIX = "corral-"
+_UCRED = struct.Struct("iII")  # pid, uid, gid
+_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
 
 
 class LocalSignal:
@@ -61,6 +69,9 @@ class NotifySignal(LocalSignal):
         self._sender: socket.socket | None = None
         self._draining = False
         self.supported = sys.platform.startswith("linux")
+        self.ignored = 0
+        """Datagrams dropped because another user sent them."""
+        self._trusted = {0, os.geteuid()}
 
     def listen(self) -> None:
         """Start receiving pokes (idempotent). Call before the first read of the store, so a
@@ -70,6 +81,7 @@ class NotifySignal(LocalSignal):
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sender's uid
         sock.bind("\0" + _PREFIX + self._name)
         (self.directory / self._name).touch()
         self._sock = sock
@@ -105,15 +117,27 @@ class NotifySignal(LocalSignal):
         """The listening socket, once :meth:`listen` ran."""
         return self._sock
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        """Read every queued datagram; whether one came from a trusted sender."""
         assert self._sock is not None
+        woken = False
         while True:
             try:
-                self._sock.recv(64)
-            except BlockingIOError:
-                return
-            except OSError:
-                return
+                _data, ancillary, _flags, _addr = self._sock.recvmsg(64, _CMSG_SPACE)
+            except OSError:  # BlockingIOError: all read
+                return woken
+            if self._from_trusted(ancillary):
+                woken = True
+            else:
+                self.ignored += 1
+
+    def _from_trusted(self, ancillary: list[tuple[int, int, bytes]]) -> bool:
+        for level, kind, data in ancillary:
+            if (level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+                    and len(data) >= _UCRED.size):
+                _pid, uid, _gid = _UCRED.unpack_from(data)
+                return uid in self._trusted
+        return False  # no credentials: not a datagram we can vouch for
 
     async def wait(self, seen: int, timeout: float) -> None:
         if self._sock is None:
@@ -128,8 +152,8 @@ class NotifySignal(LocalSignal):
                 self._draining = True
                 try:
                     await anyio.wait_readable(self._sock)
-                    self._drain()
-                    self.generation += 1
+                    if self._drain():
+                        self.generation += 1
                 finally:
                     self._draining = False
                     self._kick()

@@ -55,7 +55,7 @@ import anyio
 
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
-from corral.net._model_proxy import PLACEHOLDER_KEY
+from corral.agents._services import PROXY_TOKEN_NAME
 from corral.runs._runner import Runner
 from corral.runs._request import RunRequest
 from corral.sandbox._definition import Sandbox
@@ -257,7 +257,7 @@ async def check_tool_round_trip(w: HarnessWorld) -> None:
 
 async def check_key_never_inside(w: HarnessWorld) -> None:
     """The model key stays on the host: a command in the sandbox finds it in no process's
-    environment and no file (the CLI holds a placeholder), and nothing corral wrote (store,
+    environment and no file (the CLI holds the run's token), and nothing corral wrote (store,
     journal, events, saved session, sandbox files) holds it, while the upstream got it on
     every request."""
     probe = ("env; echo ---; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -i key; "
@@ -272,7 +272,8 @@ async def check_key_never_inside(w: HarnessWorld) -> None:
     (found,) = _results(events)
     # the probe really ran: the environment was printed and the grep listed no file
     # (exit 1: nothing found; 2: nothing found, some files unreadable)
-    assert "PATH=" in found and PLACEHOLDER_KEY in found, found
+    # the CLI's key is the run's token, which the run's log redacts
+    assert "PATH=" in found and f"[REDACTED:{PROXY_TOKEN_NAME}]" in found, found
     assert found.rsplit("---\n", 1)[1].strip() in ("grep-exit=1", "grep-exit=2"), found
     assert w.key not in json.dumps(events) + out.stdout + out.stderr
     assert_no_secrets([w.home, w.files], {"MODEL_KEY": w.key})

@@ -23,6 +23,7 @@ import anyio.abc
 import uvicorn
 
 from corral._errors import ConfigError
+from corral._paths import apply_socket_access
 
 __all__ = ["ASGIApp", "RequestGuard", "json_error", "serve_unix"]
 
@@ -126,8 +127,9 @@ def _bind(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))
-        # The sandbox runs as another uid; the directory decides who can reach it.
-        os.chmod(path, 0o666)
+        # Before it listens (nobody connects in between): the directory decides who may
+        # reach it (a run's socket directory admits the sandbox's ids only).
+        apply_socket_access(path)
         sock.listen(128)
     except BaseException:
         sock.close()
