@@ -91,7 +91,8 @@ serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
         tests/providers/test_docker_conformance.py tests/providers/test_docker_fs_answers.py
         tests/providers/test_docker_lifecycle.py tests/providers/test_docker_unreachable.py
         tests/security/test_docker_hostile.py tests/security/test_sandbox_stores.py
-        tests/runs/test_sandbox_gone.py tests/server/test_chaos.py)
+        tests/runs/test_sandbox_gone.py tests/server/test_chaos.py
+        tests/security/test_local_users_docker.py)
 if [ "$#" = 0 ]; then
   echo "== pytest: the docker provider's tests, alone"
   "$VENV/bin/python" -m pytest "${serial[@]}"
