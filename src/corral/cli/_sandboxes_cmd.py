@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their "
                          "files); refuses a running run's or another store's without --force")
     add_store_option(rm)
-    rm.add_argument("ids", nargs="+", metavar="ID")
+    rm.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids (see corral sandboxes ls)")
     rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
     rm.add_argument("--force", action="store_true",
                     help="remove it even if its run is running or it belongs to another store")
