@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     run.add_argument("--provider", help="sandbox provider: bubblewrap (default), docker or local")
-    run.add_argument("--workspace", metavar="DIR", help="directory copied into /workspace")
+    run.add_argument("--workspace", metavar="DIR",
+                     help="directory copied into /workspace (without what its .gitignore "
+                          "and .corralignore files exclude, and .git)")
+    run.add_argument("--no-ignore", action="store_true",
+                     help="copy the whole --workspace, ignored files and .git included")
     run.add_argument("--max-copy-size", metavar="SIZE",
                      help="most file contents to copy into /workspace, e.g. 4GiB (default: "
                           "[workspace] max_copy_size, $CORRAL_MAX_COPY_SIZE or 1GiB)")
