@@ -3,7 +3,6 @@ executed verbatim in a fresh interpreter with a private ``$CORRAL_HOME``."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
