@@ -43,7 +43,7 @@ class CopyProgressLine:
             return
         pct = 100 * p.bytes_done // p.bytes_total if p.bytes_total else 100
         filled = pct * 20 // 100
-        self._draw(f"copying the workspace [{'#' * filled}{'.' * (20 - filled)}] "
+        self._draw(f"copying the workspace: [{'#' * filled}{'.' * (20 - filled)}] "
                    f"{format_size(p.bytes_done)} of {format_size(p.bytes_total)} ({pct}%), "
                    f"{p.files_done} of {p.files_total} files")
         self._shown = True
