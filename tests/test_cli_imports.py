@@ -20,7 +20,7 @@ import pytest
 
 import corral
 import corral.cli
-from corral.cli._main import COMMAND_MODULES, build_parser
+from corral.cli._main import COMMAND_MODULES, TopParser, add_global_options, build_parser
 
 SRC = Path(corral.__file__).parent.parent
 
@@ -81,7 +81,7 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
 def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
     modules = _modules_of(argv, tmp_path)  # the first: it creates the store
-    store_side = (*PARSER, "corral.cli._ls_impl", "corral.cli._run_text", "corral.cli._store",
+    store_side = (*PARSER, "corral._log", "corral.cli._ls_impl", "corral.cli._run_text", "corral.cli._store",
                   "corral.stores",
                   "corral.stores.")
     assert _outside(modules, store_side) == set()
@@ -135,10 +135,11 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
 
 def _eager_parser() -> argparse.ArgumentParser:
     """The same parser built with plain ArgumentParsers: every argument declared at once."""
-    parser = argparse.ArgumentParser(
+    parser = TopParser(
         prog="corral", description="Run coding-agent CLIs in isolated sandboxes with durable runs.")
-    parser.add_argument("--version", action="version", version=f"corral {corral.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_global_options(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=argparse.ArgumentParser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser

@@ -103,7 +103,9 @@ def storage_problem(path: str | os.PathLike[str]) -> str | None:
         return None
     if st.f_flag & os.ST_RDONLY:
         return "read-only"
-    if st.f_bavail == 0 or st.f_favail == 0:
+    # A file system that keeps no block or inode count (btrfs has no inode limit, procfs
+    # and many FUSE file systems report zeros) is not full: its zeros mean "not counted".
+    if (st.f_blocks > 0 and st.f_bavail == 0) or (st.f_files > 0 and st.f_favail == 0):
         return "full"
     return None
 
@@ -115,8 +117,10 @@ def describe_os_error(exc: OSError) -> str:
     directories (``$CORRAL_HOME``, :data:`SHARED_ROOT`) are checked for a full or read-only
     file system, and the one that is gets named."""
     where = os.fsdecode(exc.filename) if exc.filename is not None else None
-    problem = storage_problem(where) if where else None
-    if where is None:
+    denied = exc.errno in (errno.EACCES, errno.EPERM)
+    # permission denied is that, whatever the file system's counts say
+    problem = storage_problem(where) if where and not denied else None
+    if where is None and not denied:
         for candidate in (home_path(), SHARED_ROOT):
             problem = storage_problem(candidate)
             if problem is not None:

@@ -81,7 +81,7 @@ def corral(corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path,
     c = Corral(corral_cmd, env, corral_home, model_server)
     yield c
     listed = c.run("sandboxes", "ls", "--json", timeout=60)
-    ids = [json.loads(line)["id"] for line in listed.stdout.splitlines() if line.strip()]
+    ids = [row["id"] for row in json.loads(listed.stdout)]
     if ids:
         c.run("sandboxes", "rm", "--force", *ids, timeout=60)
 

@@ -33,7 +33,8 @@ def provider(request: pytest.FixtureRequest) -> str:
 def _rows(corral_cmd: list[str], env: dict[str, str], *extra: str) -> list[dict[str, Any]]:
     out = run([*corral_cmd, "sandboxes", "ls", "--json", *extra], env)
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    rows: list[dict[str, Any]] = json.loads(out.stdout)  # one document: an array
+    return rows
 
 
 def test_another_store_cannot_list_or_remove_a_live_runs_sandbox(

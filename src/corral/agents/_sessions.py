@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import posixpath
 import re
@@ -39,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral._paths import corral_home
 from corral.harness._cli_base import SANDBOX_PYTHON
 from corral.sandbox._contracts import Handle
@@ -57,7 +57,7 @@ __all__ = [
 
 SANDBOX_HOME = "/home/agent"
 DATABASE_REDACT_TIMEOUT = 60.0
-log = logging.getLogger("corral.agents._sessions")
+log = library_logger("corral.agents._sessions")
 MAX_BYTES = 256 << 20
 MAX_FILES = 20000
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

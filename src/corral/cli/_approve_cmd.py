@@ -14,8 +14,9 @@ def register(subparsers: Any) -> None:
         description="Allow or deny a host tool call waiting for approval, or list them. "
                     "Approvals live in the store (--store, CORRAL_STORE): any host sharing "
                     "it can answer, wherever the run is driven.")
-    p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("approval_id", metavar="APPROVAL_ID", nargs="?")
+    p.add_argument("run_id", metavar="RUN_ID", help="the run that asks")
+    p.add_argument("approval_id", metavar="APPROVAL_ID", nargs="?",
+                   help="the approval to answer (see --list)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--allow", action="store_true", help="let the tool call run")
     g.add_argument("--deny", action="store_true", help="refuse the tool call")

@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--disk", metavar="SIZE",
                    help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
                         "cannot be enforced)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
+                   help="the program and its arguments, after --")
     p.set_defaults(func=_run)
 
 

@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ),
     )
     run.add_argument("--provider", help="sandbox provider: bubblewrap (default), docker or local")
-    run.add_argument("--workspace", metavar="DIR", help="directory copied into /workspace")
+    run.add_argument("--workspace", metavar="DIR",
+                     help="directory copied into /workspace (without what its .gitignore "
+                          "and .corralignore files exclude, and .git)")
+    run.add_argument("--no-ignore", action="store_true",
+                     help="copy the whole --workspace, ignored files and .git included")
     run.add_argument("--max-copy-size", metavar="SIZE",
                      help="most file contents to copy into /workspace, e.g. 4GiB (default: "
                           "[workspace] max_copy_size, $CORRAL_MAX_COPY_SIZE or 1GiB)")
@@ -64,14 +68,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.set_defaults(func=_run)
 
     attach = sub.add_parser("attach", help="watch a run again (takes it over when needed)")
-    attach.add_argument("run_id", metavar="RUN_ID")
+    attach.add_argument("run_id", metavar="RUN_ID", help="the run to follow")
     attach.add_argument("--after", type=int, default=0, metavar="N",
                         help="print only events after log offset N")
     _common(attach)
     attach.set_defaults(func=_attach)
 
     cancel = sub.add_parser("cancel", help="cancel a run from any process")
-    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
     add_store_option(cancel)
     cancel.add_argument("--json", action="store_true",
                         help="print the run's record as one JSON document")
@@ -82,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.set_defaults(func=_ls)
 
     show = sub.add_parser("show", help="show one run's record")
-    show.add_argument("run_id", metavar="RUN_ID")
+    show.add_argument("run_id", metavar="RUN_ID", help="the run to show")
     _common(show)
     show.set_defaults(func=_show)
 
@@ -91,9 +95,10 @@ def _ls_arguments(ls: argparse.ArgumentParser) -> None:
     # Lazy: the run statuses (the store's records) load when `corral ls` is used.
     from corral.stores._records import RunStatus
 
-    ls.add_argument("--thread", metavar="T")
-    ls.add_argument("--status", choices=[s.value for s in RunStatus])
-    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--thread", metavar="T", help="only this thread's runs")
+    ls.add_argument("--status", choices=[s.value for s in RunStatus],
+                    help="only runs in this status")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     _common(ls)
 
 

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         thread_id=args.thread,
         provider=args.provider or "bubblewrap",
         workspace=workspace,
+        workspace_ignore_files=not args.no_ignore,
         sandbox=sandbox,
         timeout=args.timeout,
         token_budget=args.token_budget,
@@ -72,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     async def start(store: Store) -> int:
         return await _start(store, args, request)
 
-    if not sys.stderr.isatty():
-        return with_store(args, start)
-    with report_copy_progress(CopyProgressLine(sys.stderr)):
+    with report_copy_progress(CopyProgressLine(sys.stderr, bar=sys.stderr.isatty())):
         return with_store(args, start)
 
 

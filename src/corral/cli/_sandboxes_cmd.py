@@ -17,12 +17,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.add_argument("--all-stores", action="store_true",
                     help="every store's sandboxes (a Docker daemon is shared by every store "
                          "on the machine)")
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
+    ls.add_argument("--json", action="store_true", help="one JSON array of objects")
     ls.set_defaults(func=_run_ls)
     rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their "
                          "files); refuses a running run's or another store's without --force")
     add_store_option(rm)
-    rm.add_argument("ids", nargs="+", metavar="ID")
+    rm.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids (see corral sandboxes ls)")
     rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
     rm.add_argument("--force", action="store_true",
                     help="remove it even if its run is running or it belongs to another store")

@@ -149,9 +149,8 @@ def run_ls(args: argparse.Namespace) -> int:
                 row = await scope.row(provider, ref.id, await _resume_quietly(provider, ref.id))
                 if row["this_store"] or args.all_stores:
                     rows.append(row)
-        if args.json:
-            for row in rows:
-                print(json.dumps(row, sort_keys=True))
+        if args.json:  # one answer: one document, an array (also when empty)
+            print(json.dumps(rows, sort_keys=True))
         else:  # the header even for none, as `docker ps` does
             print(f"{'ID':<28} {'PROVIDER':<11} {'CREATED':<19} {'STORE':<22} RUN")
             for row in rows:

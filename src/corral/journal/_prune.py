@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from corral._log import library_logger
 from corral.journal._layout import JournalPaths, encode_run_id, read_status
 from corral.journal._supervisor import supervisor_alive
 
@@ -42,7 +43,7 @@ __all__ = [
     "prune_journal_dir",
 ]
 
-log = logging.getLogger("corral.journal._prune")
+log = library_logger("corral.journal._prune")
 
 DEFAULT_ORPHAN_TTL: Final = 3600.0
 """Seconds an orphan's files must have been untouched before they are deleted."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
 import secrets
 import shutil
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corral._errors import ConfigError
+from corral._log import library_logger
 from corral.providers import _btrfs as btrfs
 from corral.providers._state import remove_tree
 from corral.sandbox._validate import size
@@ -55,7 +55,7 @@ __all__ = [
     "warn_unenforced",
 ]
 
-log = logging.getLogger("corral.providers._bubblewrap")
+log = library_logger("corral.providers._bubblewrap")
 
 POOL_DIR = "btrfs"
 """The pool's mount point, in FILES_ROOT (its image is ``btrfs.img`` next to it)."""

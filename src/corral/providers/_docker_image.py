@@ -61,6 +61,17 @@ def image_exists(tag: str = BASE_IMAGE, *, docker_host: str | None = None) -> bo
     return True
 
 
+def mmdebstrap_step(line: str) -> str | None:
+    """The progress line for one line of mmdebstrap's output (its ``I:`` lines), ``None``
+    for the rest. A hook is named, never echoed: mmdebstrap prints the whole script."""
+    if not line.startswith("I: "):
+        return None
+    text = line[3:]
+    if text.startswith("running --") and "-hook" in text.split(" ", 2)[1]:
+        return f"running {text.split(' ', 2)[1]}"
+    return text
+
+
 def build_base_image(tag: str = BASE_IMAGE, *, docker_host: str | None = None,
                      suite: str = "bookworm", progress: Progress | None = None) -> str:
     """Make corral's base image and tag it ``tag``; return its id. ``progress`` gets one
@@ -88,8 +99,9 @@ def build_base_image(tag: str = BASE_IMAGE, *, docker_host: str | None = None,
         for line in proc.stdout:
             line = line.rstrip()
             tail = (tail + [line])[-5:]
-            if line.startswith("I: "):
-                say(line[3:])
+            step = mmdebstrap_step(line)
+            if step is not None:
+                say(step)
         if proc.wait() != 0:
             raise ConfigError("mmdebstrap failed: " + " | ".join(tail))
         size = out.stat().st_size

@@ -4,7 +4,6 @@ the thread's next prompt while the sandbox is still there, and meter the run's m
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import anyio
 
 from corral._errors import ConfigError, CorralError
+from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
@@ -25,7 +25,7 @@ from corral.stores._records import RunPatch, RunRecord
 
 __all__ = ["finish_agent"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 
 async def finish_agent(store: Store, record: RunRecord, paths: JournalPaths | None,

@@ -9,7 +9,6 @@ writes inside the body use ``held.epoch``.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,9 +16,10 @@ from dataclasses import dataclass
 
 import anyio
 
+from corral._log import library_logger
 from corral.stores._protocols import Claim, ClaimLost, ClaimStore
 
-log = logging.getLogger("corral.runs._claims")
+log = library_logger("corral.runs._claims")
 
 
 @dataclass

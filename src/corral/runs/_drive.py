@@ -5,13 +5,13 @@ file events."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["POLL", "ClaimedDrive", "cancel_run"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 POLL: Final = 0.2
 """How often a waiting driver re-reads the record (takeover of a dead local driver and

@@ -4,11 +4,11 @@ reaper's catch-up of changes made while nobody watched)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral.journal._layout import JournalPaths
 from corral.runs._file_feed import FileFeed, load_manifest
 from corral.runs._host_tools import append_aside
@@ -20,7 +20,7 @@ from corral.stores._records import RunRecord
 
 __all__ = ["Emit", "file_feed", "unlogged_file_events"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 Emit = Callable[[Sequence[dict[str, Any]]], Awaitable[None]]
 

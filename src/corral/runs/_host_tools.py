@@ -4,13 +4,13 @@ that come from no journal line) into the run's log."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio.abc
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral.runs._specview import spec_view
 from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["append_aside", "serve_tools"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 
 async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[str, Any]],

@@ -15,7 +15,6 @@ machine) takes over, cancels or reaps the run with nothing from the first.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral._paths import corral_home
 from corral.journal._layout import JournalPaths, encode_run_id
 from corral.sandbox._contracts import Provider, SandboxGoneError
@@ -34,7 +34,7 @@ __all__ = ["GONE", "MIRROR_POLL", "agent_state", "gone_error", "inside_handle", 
            "mark_agent_state", "mirror_loop", "mirror_paths", "note_exited", "refresh_mirror",
            "sandbox_gone", "stop_inside"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 MIRROR_POLL = 0.1
 """How often a driver copies new journal bytes from the sandbox."""

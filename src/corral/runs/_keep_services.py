@@ -4,7 +4,6 @@ driver holds the run."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -13,6 +12,7 @@ import anyio
 import anyio.to_thread
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral.agents._services import run_proxy_token, start_services
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
@@ -24,7 +24,7 @@ from corral.stores._records import RunPatch, RunRecord
 
 __all__ = ["is_services_daemon", "keep_services"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 SERVICES_CHECK: Final = 0.5
 """How often a driver checks that its run's services daemon is alive."""

@@ -5,7 +5,6 @@ services daemon) in the run's sandbox."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ import anyio.to_thread
 from ag_ui.core import CustomEvent, RunStartedEvent
 
 from corral._errors import ConfigError, CorralError
+from corral._log import library_logger
 from corral.agents._prepare import agent_prerequisites, prepare_agent, with_agent_binds
 from corral.agents._services import PendingServices, run_proxy_token
 from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
@@ -44,7 +44,7 @@ from corral.tools._projection import run_tools_token
 
 __all__ = ["StartPlan", "fail_start", "file_baseline", "launch_run", "plan_start"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 
 @dataclass(slots=True)

@@ -22,7 +22,6 @@ close always comes after the terminal status is stored. Rules:
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
@@ -31,10 +30,11 @@ from typing import Any, Final, Protocol, TypeAlias, cast
 
 import anyio
 
+from corral._log import library_logger
 from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import ClaimLost, EventLog, RunStore
 
-log = logging.getLogger("corral.runs._pipe")
+log = library_logger("corral.runs._pipe")
 
 RUN_ERROR = "RUN_ERROR"
 RUN_FINISHED = "RUN_FINISHED"

@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol
 
 import anyio
 
+from corral._log import library_logger
 from corral._telemetry import span
 from corral.journal._probe import ProbeResult
 from corral.runs._claims import hold_claim
@@ -56,7 +57,7 @@ __all__ = [
     "reap_detached_runs",
 ]
 
-log = logging.getLogger("corral.runs._reap")
+log = library_logger("corral.runs._reap")
 
 DEFAULT_BUDGET: Final = 30.0
 """Seconds one drive may take once it started. On the finalization path a safety net (the

@@ -21,6 +21,7 @@ from typing import Any, Final
 import anyio
 import anyio.to_thread
 
+from corral._log import library_logger
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, Produced
 from corral.runs._produce import (
@@ -71,7 +72,7 @@ __all__ = [
     "record_reclaimer",
 ]
 
-log = logging.getLogger("corral.runs._reaping")
+log = library_logger("corral.runs._reaping")
 
 STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""

@@ -26,6 +26,7 @@ from typing import Final, Protocol
 import anyio
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral.stores._records import RunRecord
 from corral.stores._protocols import InstanceStore
 from corral.sandbox._contracts import SandboxRef
@@ -40,7 +41,7 @@ __all__ = [
     "sandbox_reclaimer",
 ]
 
-log = logging.getLogger("corral.runs._reclaim")
+log = library_logger("corral.runs._reclaim")
 
 DEFAULT_DESTROY_TIMEOUT: Final = 60.0
 """Seconds one ``destroy`` may take before it counts as failed."""

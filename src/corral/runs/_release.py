@@ -3,10 +3,10 @@ the run's end (destroy it, or snapshot/keep it for the thread's next run)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from corral._log import library_logger
 from corral._telemetry import span
 from corral._errors import ConfigError
 from corral.runs._specview import spec_view
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["definition_of", "release_sandbox"]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 
 def definition_of(record: RunRecord) -> Sandbox | None:

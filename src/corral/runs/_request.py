@@ -80,6 +80,9 @@ class RunRequest:
     workspace: str | None = None
     """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
     or gives no source)."""
+    workspace_ignore_files: bool = False
+    """Leave out of that copy what its ``.gitignore`` and ``.corralignore`` files exclude,
+    and ``.git`` (``corral run --workspace`` sets it unless ``--no-ignore``)."""
     env: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     """Harness options (e.g. ``model``)."""
@@ -134,7 +137,8 @@ class RunRequest:
         if self.workspace is not None and sandbox.workspace.source.kind == "none":
             if not Path(self.workspace).is_dir():
                 raise ConfigError(f"workspace {self.workspace!r} is not a directory")
-            source = LocalDir(str(Path(self.workspace).resolve()))
+            source = LocalDir(str(Path(self.workspace).resolve()),
+                              ignore_files=self.workspace_ignore_files)
             sandbox = replace(sandbox, workspace=replace(sandbox.workspace, source=source))
         return sandbox
 

@@ -21,7 +21,6 @@ Invariants kept here (DESIGN §4):
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
+from corral._log import library_logger
 from corral._paths import corral_home
 from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
@@ -88,7 +88,7 @@ __all__ = [
     "new_run_id",
 ]
 
-log = logging.getLogger("corral.runs._runner")
+log = library_logger("corral.runs._runner")
 
 
 class Runner:

@@ -95,7 +95,7 @@ async def _materialize(handle: Handle, workspace: Workspace) -> str | None:
         # $CORRAL_HOME. (The git clone above lives in $CORRAL_HOME/tmp, hence LocalDir only.)
         StateGuard.current().refuse_source(src.path)
         await copy_dir_into(handle, Path(src.path), "/workspace", exclude=src.exclude,
-                            limit=limit)
+                            limit=limit, ignore_files=src.ignore_files)
     elif isinstance(src, Files):
         for path, content in src.files.items():
             parent = path.rsplit("/", 1)[0] if "/" in path else ""

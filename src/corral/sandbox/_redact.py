@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, Protocol
 from urllib.parse import quote, quote_plus
 
+from corral._log import library_logger
+
 __all__ = ["Redactor", "get_logger", "live_redactor", "register_live"]
 
 MIN_ENCODED_LEN = 6
@@ -211,4 +213,4 @@ class _RedactingAdapter(logging.LoggerAdapter[logging.Logger]):
 
 def get_logger(name: str) -> logging.LoggerAdapter[logging.Logger]:
     """A logger whose messages pass the live redactor before they are emitted."""
-    return _RedactingAdapter(logging.getLogger(name), {})
+    return _RedactingAdapter(library_logger(name), {})

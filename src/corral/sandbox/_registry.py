@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
+from corral._suggest import did_you_mean
 from corral.sandbox._contracts import Provider
 from corral.sandbox._workspace import canonical_json
 
@@ -211,10 +212,12 @@ def registration(name: str, *, package: str | None = None) -> Registration:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"provider: expected a provider name, got {name!r}")
     where = f"install the package {package!r}" if package else "install the package that provides it"
+    known = provider_names()
+    hint = did_you_mean(name, known)
     raise ConfigError(
-        f"unknown provider {name!r}: no installed package declares it (entry point {name!r} "
+        f"unknown provider {name!r}{hint}: no installed package declares it (entry point {name!r} "
         f"in group {GROUP!r}); {where}, or call corral.providers.register_provider({name!r}, "
-        f"factory); known providers: {', '.join(provider_names())}"
+        f"factory); known providers: {', '.join(known)}"
     )
 
 
@@ -224,7 +227,8 @@ def _message(name: str, model: type[ProviderConfig], exc: ValidationError) -> st
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            parts.append(f"unknown key 'provider.{where}' for provider {name!r} "
+            hint = did_you_mean(str(err["loc"][-1]), model.model_fields)
+            parts.append(f"unknown key 'provider.{where}'{hint} for provider {name!r} "
                          f"(accepted keys: {accepted})")
             continue
         cause = (err.get("ctx") or {}).get("error")

@@ -108,13 +108,17 @@ class LocalDir:
     """A host directory copied into the workspace at bootstrap.
 
     The workspace hash covers the path, not the contents: edit files freely, a changed
-    path gets a new sandbox. System directories (``/``, ``/usr``, ``/proc``, …) are refused;
+    path gets a new sandbox. ``ignore_files=True`` leaves out what the directory's
+    ``.gitignore`` and ``.corralignore`` files exclude, and ``.git`` (``corral run
+    --workspace`` sets it unless ``--no-ignore``). System directories (``/``, ``/usr``, ``/proc``, …) are refused;
     corral's own state inside the directory is never copied (see
     :mod:`corral.sandbox._copyguard`).
     """
 
     path: str
     exclude: tuple[str, ...] = ()
+    # leave out what .gitignore / .corralignore files exclude, and .git (corral._ignore)
+    ignore_files: bool = False
     kind: Literal["local"] = field(default="local", init=False)
 
     def __post_init__(self) -> None:
@@ -123,9 +127,14 @@ class LocalDir:
         refuse_system_dir(resolved)
         object.__setattr__(self, "path", resolved)
         object.__setattr__(self, "exclude", v.str_list(self.exclude, "workspace.source.exclude"))
+        if not isinstance(self.ignore_files, bool):
+            raise ConfigError("workspace.source.ignore_files: expected true or false")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "local", "path": self.path, "exclude": list(self.exclude)}
+        out: dict[str, Any] = {"kind": "local", "path": self.path, "exclude": list(self.exclude)}
+        if self.ignore_files:  # only when set: existing definitions keep their hash
+            out["ignore_files"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ def source_from_dict(
     body = {k: val for k, val in data.items() if k != "kind"}
     known = {
         "git": ("url", "ref", "commit", "depth", "auth"),
-        "local": ("path", "exclude"),
+        "local": ("path", "exclude", "ignore_files"),
         "files": ("files",),
         "none": (),
     }[kind]
@@ -207,7 +216,8 @@ def source_from_dict(
     if kind == "local":
         if "path" not in body:
             raise ConfigError("workspace.source.path: required for a local source")
-        return LocalDir(path=body["path"], exclude=tuple(body.get("exclude", ())))
+        return LocalDir(path=body["path"], exclude=tuple(body.get("exclude", ())),
+                        ignore_files=body.get("ignore_files", False))
     if kind == "files":
         files = body.get("files", {})
         if isinstance(files, Mapping):

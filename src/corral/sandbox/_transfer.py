@@ -39,6 +39,7 @@ from corral._errors import CorralError
 from corral.sandbox import _validate as v
 from corral.sandbox._contracts import Handle
 from corral.sandbox._copyguard import StateGuard
+from corral.sandbox._ignore import Kept, kept_files
 from corral.sandbox._redact import get_logger
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class CopyProgress:
     bytes_total: int
     elapsed: float
     done: bool = False
+    ignore_files: bool = False  # .gitignore / .corralignore honoured (some files left out)
 
 
 ProgressCallback = Callable[[CopyProgress], None]
@@ -162,12 +164,13 @@ class _Counter:
     files_done: int = 0
     bytes_done: int = 0
     last_report: float = 0.0
+    ignore_files: bool = False
 
     def snapshot(self, done: bool = False) -> CopyProgress:
         return CopyProgress(
             self.source, self.files_done, self.files_total,
             self.bytes_total if done else min(self.bytes_done, self.bytes_total),
-            self.bytes_total, time.monotonic() - self.started, done,
+            self.bytes_total, time.monotonic() - self.started, done, self.ignore_files,
         )  # fmt: skip
 
 
@@ -205,12 +208,14 @@ def _scandir(path: str) -> list[os.DirEntry[str]]:
         raise TransferError(f"cannot read directory {path}: {exc.strerror}") from None
 
 
-def _walk(root: str, exclude: Sequence[str], guard: StateGuard) -> Iterator[_Entry]:
+def _walk(root: str, exclude: Sequence[str], guard: StateGuard,
+          kept: Kept | None = None) -> Iterator[_Entry]:
     """Every entry under ``root``, parents first; symlinks are entries, never followed.
 
     A directory is yielded when it is visited, after the state check on its names, so a
     directory of corral's state leaves no trace (it is yielded as ``skip``). Devices,
-    fifos and sockets are not copied."""
+    fifos and sockets are not copied. With ``kept`` (the ignore files' verdict), only what
+    it keeps is visited."""
     stack: list[tuple[str, str]] = [(root, "")]
     while stack:
         path, rel = stack.pop()
@@ -227,6 +232,9 @@ def _walk(root: str, exclude: Sequence[str], guard: StateGuard) -> Iterator[_Ent
             if _excluded(sub, exclude):
                 continue
             mode = e.stat(follow_symlinks=False).st_mode
+            if kept is not None and not (kept.keeps_dir(sub) if stat.S_ISDIR(mode)
+                                         else kept.keeps_file(sub)):
+                continue
             if stat.S_ISDIR(mode):
                 subdirs.append((e.path, sub))
             elif stat.S_ISLNK(mode):
@@ -247,11 +255,12 @@ class _Plan:
     skipped: tuple[tuple[str, str], ...]
 
 
-def _scan(source: Path, exclude: Sequence[str], guard: StateGuard, limit: CopyLimit) -> _Plan:
+def _scan(source: Path, exclude: Sequence[str], guard: StateGuard, limit: CopyLimit,
+          kept: Kept | None = None) -> _Plan:
     """First pass: count, and stop as soon as the limit is passed."""
     files = total = 0
     skipped: list[tuple[str, str]] = []
-    for entry in _walk(str(source), exclude, guard):
+    for entry in _walk(str(source), exclude, guard, kept):
         if entry.kind == "skip":
             skipped.append((entry.path, entry.why))
         elif entry.kind == "file":
@@ -317,10 +326,11 @@ def _produce(
     sink: _Sink,
     counter: _Counter,
     stop: threading.Event,
+    kept: Kept | None = None,
 ) -> _Plan:
     """In a worker thread: both passes, the archive written to ``sink``. One thread for
     both, and ``tar`` already starting meanwhile: a small copy costs one thread hop."""
-    plan = _scan(source, exclude, guard, limit)
+    plan = _scan(source, exclude, guard, limit, kept)
     for path, why in plan.skipped:
         log.warning("not copying %s into the sandbox: %s", path, why)
     log.info("copying %s (%s in %d files) into the sandbox", source,
@@ -333,7 +343,7 @@ def _produce(
     # read source files in CHUNK reads, not 16 KiB ones (typeshed lacks the attribute)
     tar.copybufsize = CHUNK  # type: ignore[attr-defined]
     content = 0
-    for entry in _walk(str(source), exclude, guard):
+    for entry in _walk(str(source), exclude, guard, kept):
         if stop.is_set():
             raise _Stopped
         if entry.kind in ("dir", "link"):
@@ -389,13 +399,16 @@ async def copy_dir_into(
     exclude: Sequence[str] = (),
     limit: CopyLimit | None = None,
     progress: ProgressCallback | None = None,
+    ignore_files: bool = False,
 ) -> CopyStats:
     """Copy the contents of host directory ``source`` into ``dest`` in the sandbox.
 
     ``limit`` caps the file contents copied (default: :meth:`CopyLimit.resolve`); going
     over raises :class:`CopyTooLarge`, before anything is sent when the first pass sees
     it. corral's state inside ``source`` is left out and logged. ``progress`` (default:
-    the one set by :func:`report_copy_progress`) gets :class:`CopyProgress` reports.
+    the one set by :func:`report_copy_progress`) gets :class:`CopyProgress` reports. With
+    ``ignore_files``, what ``.gitignore`` and ``.corralignore`` files leave out (and
+    ``.git``) is not copied (:mod:`corral.sandbox._ignore`).
     The handle's provider must support ``writable_stdin``."""
     source = Path(os.path.realpath(source))
     if not source.is_dir():
@@ -403,10 +416,12 @@ async def copy_dir_into(
     limit = limit or CopyLimit.resolve()
     guard = StateGuard.current()
     counter = _Counter(str(source))
+    counter.ignore_files = ignore_files
+    kept = await anyio.to_thread.run_sync(kept_files, source) if ignore_files else None
     await handle.fs.mkdir(dest, parents=True)
     plan = await _stream(handle, dest, counter, progress or _progress_var.get(),
                          lambda sink, stop: _produce(source, tuple(exclude), guard, limit,
-                                                     sink, counter, stop))
+                                                     sink, counter, stop, kept))
     log.info("copied %s into the sandbox in %.1f s", source, time.monotonic() - counter.started)
     return CopyStats(plan.files, plan.bytes, plan.skipped)
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from corral._durations import parse_duration
 from corral._errors import ConfigError
+from corral._suggest import did_you_mean
 
 __all__ = [
     "choice",
@@ -93,7 +94,8 @@ def no_unknown(data: Mapping[str, Any], known: Iterable[str], field: str) -> Non
     for key in data:
         if key not in allowed:
             where = f"{field}.{key}" if field else str(key)
-            raise ConfigError(f"unknown key {where!r}; known keys: {', '.join(sorted(allowed))}")
+            raise ConfigError(f"unknown key {where!r}{did_you_mean(key, allowed)}; "
+                              f"known keys: {', '.join(sorted(allowed))}")
 
 
 def size(value: object, field: str) -> int:

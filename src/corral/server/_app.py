@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -20,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from corral._log import library_logger
 from corral._telemetry import context_of, span
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
@@ -53,7 +53,7 @@ from corral.server._sse import EventStream, encode_event
 from corral.tools._approvals import ApprovalError, answer_approval, list_pending
 from corral.tools._permission import PERMISSION_TOOL
 
-log = logging.getLogger("corral.server._app")
+log = library_logger("corral.server._app")
 
 STATIC: Final = Path(str(resources.files("corral.server") / "static"))
 _ERROR_CODES: Final = {

@@ -76,7 +76,10 @@ def serve_main(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
-        format="corral serve: %(levelname)s %(name)s: %(message)s",
+        # one format for corral's lines, uvicorn's and the access log (serve_async adds no
+        # handler of its own)
+        format="%(asctime)s corral serve: %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S%z",
         stream=sys.stderr,
     )
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from corral._errors import ConfigError
+from corral._suggest import did_you_mean
 from corral.sandbox._config_file import read_toml
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
@@ -140,7 +141,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(
-            f"config file {str(p)!r}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}"
+            f"config file {str(p)!r}: unknown key(s) {sorted(unknown)}"
+            f"{did_you_mean(min(unknown), known)}; known: {sorted(known)}"
         )
     out: dict[str, Any] = {}
     sandboxes: dict[str, SandboxDefinition] = {}
@@ -150,7 +152,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         extra = set(body) - {"provider", "workspace", "policy"}
         if extra:
             raise ConfigError(
-                f"config file: [sandboxes.{name}] has unknown key(s) {sorted(extra)}; "
+                f"config file: [sandboxes.{name}] has unknown key(s) {sorted(extra)}"
+                f"{did_you_mean(min(extra), ('provider', 'workspace', 'policy'))}; "
                 "use provider, workspace and policy"
             )
         policy = body.get("policy")

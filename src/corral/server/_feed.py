@@ -9,7 +9,6 @@ joins it. Log offsets are gap-free from 1, so the window is a list indexed by of
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,9 +17,10 @@ from typing import Final, Generic, TypeVar
 import anyio
 from anyio.abc import TaskGroup
 
+from corral._log import library_logger
 from corral.stores._protocols import EventLog, LoggedEvent
 
-log = logging.getLogger("corral.server._feed")
+log = library_logger("corral.server._feed")
 
 DEFAULT_WINDOW: Final = 4096
 

@@ -11,19 +11,19 @@ sweep lasts. The others skip the sweep until the next interval.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from corral._log import library_logger
 from corral.runs._owner import new_owner_id
 
 if TYPE_CHECKING:
     from corral.runs._reap import ReapResult
     from corral.server._service import RunService
 
-log = logging.getLogger("corral.server._reaper")
+log = library_logger("corral.server._reaper")
 
 LOCK_NAME: Final = "corral.reaper"
 MIN_LOCK_TTL: Final = 60.0

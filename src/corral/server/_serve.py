@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 from collections.abc import Callable
 from typing import Final
@@ -17,6 +19,25 @@ from corral.server._sse import encode_event
 from corral.stores import open_store
 
 GRACEFUL_SHUTDOWN: Final = 5
+
+# The event stream also takes the API token as ?token= (EventSource cannot send headers):
+# the access log must never write it.
+_TOKEN_IN_QUERY: Final = re.compile(r"((?:^|[?&])token=)[^&#\s]*", re.IGNORECASE)
+
+
+class _RedactTokens(logging.Filter):
+    """Replaces a ``token=`` query value in uvicorn's access-log lines with ``***``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN_IN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+            )
+        record.msg = _TOKEN_IN_QUERY.sub(r"\1***", str(record.msg))
+        return True
+
+
+_REDACT_TOKENS: Final = _RedactTokens()
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -52,8 +73,13 @@ async def serve_async(
 ) -> None:
     """Serve until the process is asked to stop (SIGINT/SIGTERM, or ``should_exit`` set on
     the server handed out through ``server_box``). ``ready(url)`` is called once the server
-    accepts connections."""
+    accepts connections. uvicorn's loggers (``uvicorn.error``, and ``uvicorn.access`` at
+    ``info`` or ``debug``: one line per request, tokens redacted) propagate to the process's
+    own logging configuration, so every line has the host program's format."""
     config.validate()
+    access = logging.getLogger("uvicorn.access")
+    if _REDACT_TOKENS not in access.filters:
+        access.addFilter(_REDACT_TOKENS)
     sock = sock or bind(config.host, config.port)
     store = await open_store(config.store_url)  # a bad URL fails here, as one clear line
     try:
@@ -62,7 +88,8 @@ async def serve_async(
             create_app(service),
             lifespan="on",
             log_level=log_level,
-            access_log=False,
+            log_config=None,  # no handlers of uvicorn's own: one format, the host's
+            access_log=log_level in ("debug", "info"),
             proxy_headers=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN,
         )

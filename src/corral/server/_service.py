@@ -21,7 +21,6 @@ here, not "nobody drives":
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from corral._errors import CorralError
+from corral._log import library_logger
 from corral.runs._owner import driver_gone
 from corral.stores._records import RunPatch, RunRecord
 from corral.runs._runner import Runner, RunRequest
@@ -40,7 +40,7 @@ from corral.server._feed import FeedHub
 from corral.stores import open_store
 from corral.server._reaper import reaper_loop
 
-log = logging.getLogger("corral.server")
+log = library_logger("corral.server")
 
 SHUTDOWN_GRACE: Final = 10.0
 """Seconds drives get to detach (between batches) when the server stops."""

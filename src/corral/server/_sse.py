@@ -16,18 +16,18 @@ viewer bookkeeping in its ``finally`` runs exactly once, however the client leav
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from corral._log import library_logger
 from corral.stores._protocols import LoggedEvent
 from corral.server._feed import closing
 from corral.server._service import RunService
 
-log = logging.getLogger("corral.server._sse")
+log = library_logger("corral.server._sse")
 
 RETRY_MS: Final = 1000
 HEADERS: Final = [

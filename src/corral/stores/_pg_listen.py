@@ -19,7 +19,6 @@ nothing is repeated. A reader also re-reads every few seconds regardless (the st
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import socket
@@ -29,7 +28,9 @@ from typing import Any, Final
 
 import anyio
 
-log = logging.getLogger("corral.stores._pg_listen")
+from corral._log import library_logger
+
+log = library_logger("corral.stores._pg_listen")
 
 CHANNEL: Final = "corral_events"
 MAX_PAYLOAD: Final = 7999

@@ -47,6 +47,7 @@ import psycopg
 import psycopg_pool
 
 from corral._errors import ConfigError
+from corral._log import library_logger
 from corral.stores import _logic
 from corral.stores._pg_direct import LoopStatement, MaybeRun, NotRun, Row, int_array, text_array
 from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
@@ -79,7 +80,7 @@ if logging.getLogger("psycopg.pool").level == logging.NOTSET:
 
 __all__ = ["PostgresStore"]
 
-log = logging.getLogger("corral.stores._postgres")
+log = library_logger("corral.stores._postgres")
 
 _T = TypeVar("_T")
 Conn = psycopg.Connection[tuple[Any, ...]]

@@ -25,7 +25,7 @@ transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
 from __future__ import annotations
 
 import contextlib
-import logging
+import os
 import secrets
 import sqlite3
 import threading
@@ -39,6 +39,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from corral._log import library_logger
 from corral._paths import storage_problem
 from corral.stores._records import CorruptRecord, RunPatch, RunRecord, RunStatus, record_from_json
 from corral.stores._protocols import (
@@ -66,7 +67,7 @@ from corral.stores._sqlite_tables import (
 )
 
 _T = TypeVar("_T")
-log = logging.getLogger("corral.stores._sqlite")
+log = library_logger("corral.stores._sqlite")
 
 
 _UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
@@ -91,6 +92,11 @@ def store_error(path: Path, exc: sqlite3.Error, doing: str = "cannot use") -> St
     is read-only or full (SQLite's own words are vague: "disk I/O error", "unable to open
     database file"), that and the fix."""
     problem = storage_problem(path)
+    if problem is None and not _writable(path):
+        return StoreError(
+            f"{doing} SQLite store {path}: permission denied ({exc}); fix the owner or mode "
+            "of the file or its directory, or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
+        )
     if problem is None:
         return StoreError(f"{doing} SQLite store {path}: {exc}")
     return StoreError(
@@ -98,6 +104,17 @@ def store_error(path: Path, exc: sqlite3.Error, doing: str = "cannot use") -> St
         + ("make it writable" if problem == "read-only" else "free some space")
         + " or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
     )
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write ``path`` (or create it in its nearest existing
+    directory)."""
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if p.is_dir():
+        return os.access(p, os.W_OK | os.X_OK)
+    return os.access(p, os.W_OK) and os.access(p.parent, os.W_OK | os.X_OK)
 
 
 class _Busy:
@@ -282,7 +299,7 @@ class SQLiteStore:
             self._writer.close()
             if isinstance(exc, StoreError):
                 raise
-            if storage_problem(self.path) is not None:
+            if storage_problem(self.path) is not None or not _writable(self.path):
                 raise store_error(self.path, exc, "cannot open") from None
             raise StoreError(f"{self.path} is not a usable SQLite store: {exc}") from None
 

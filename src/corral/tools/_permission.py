@@ -20,17 +20,17 @@ approve``) and allows or denies on the answer (no answer in time denies).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from corral._log import library_logger
 from corral.sandbox._policy import Decision, Policy
 from corral.tools._core import ToolContext
 from corral.tools._remote import ApprovalGate
 
 __all__ = ["PERMISSION_TOOL", "POLICY_DENIED_EVENT", "PermissionPromptTool"]
 
-log = logging.getLogger(__name__)
+log = library_logger(__name__)
 
 PERMISSION_TOOL = "permission_prompt"
 """The tool's name on the ``corral`` server (Claude Code: ``mcp__corral__permission_prompt``)."""
