@@ -77,13 +77,15 @@ class ClaimedDrive:
         if end is not None:
             # A predecessor logged the run's end (or closed the log) but never stored the
             # status: record that end; resuming after the exit would find none.
-            return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch)
+            return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch,
+                                         detach_on_cancel=True)
         tail = await store.tail(run_id)
         if not paths.journal.exists():
             # We hold the claim, so the starter is gone: it died before launching the
             # agent. Nothing will ever write this journal.
             await self.stop_agent(record)
-            return await pipe_to_run_log(store, run_id, _never_launched(), epoch=epoch)
+            return await pipe_to_run_log(store, run_id, _never_launched(), epoch=epoch,
+                                         detach_on_cancel=True)
         harness = harness_for_record(record)
         abort = anyio.Event()
         feed = await file_feed(store, record, paths, epoch, secrets,
@@ -140,7 +142,10 @@ class ClaimedDrive:
                 checkpoint=self.checkpoint, logged=logged)
             result = await pipe_to_run_log(
                 store, run_id, produced, epoch=epoch, abort=abort, stop=stop,
-                journal_offset=tail.last_journal_offset or 0)
+                journal_offset=tail.last_journal_offset or 0,
+                # the caller went away (its task was cancelled), not the run: no status,
+                # no close; Runner.drive stamps the detach
+                detach_on_cancel=True)
             tg.cancel_scope.cancel()
         if feed is not None:
             feed.close()

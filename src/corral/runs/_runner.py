@@ -305,8 +305,38 @@ class Runner:
         on the run's tool socket; calls of ``approval=True`` tools log a CUSTOM
         ``corral.approval_request`` event and wait for ``corral approve``. A run started
         with host tools and driven without them sees its tool calls fail.
+
+        **Cancelling this call detaches the run, it does not end it.** When the task running
+        ``drive`` is cancelled (an exception in the application's events loop cancels its
+        task group; a web handler's client disconnects; the process shuts down), the driver
+        stops between batches, records no status, leaves the log open, releases its claim
+        and stamps ``detached_since``, then re-raises the cancellation: the agent goes on,
+        and ``drive`` (any process) or ``corral attach`` continues the run, or the reaper
+        finishes it. Ending the run is an explicit :meth:`cancel`.
         """
         toolset = tools if tools is not None else self._run_tools.get(run_id, self.tools)
+        try:
+            return await self._drive(run_id, stop, clear_detached, toolset)
+        except anyio.get_cancelled_exc_class():
+            # Whoever drove went away, not the run: leave it detached (attachable, reapable),
+            # as a viewer leaving does. Shielded and bounded: the cancellation must go on.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                try:
+                    await self._detach_if_undriven(run_id)
+                except Exception as exc:  # noqa: BLE001 - the lapsed lease marks it too
+                    log.warning("run %s: stamping the detach of a cancelled driver failed: %s",
+                                run_id, exc)
+            raise
+
+    async def _detach_if_undriven(self, run_id: str) -> None:
+        record = await self.store.get(run_id)
+        # Another live driver holds it: nothing to stamp (as a viewer's stop in drive).
+        if record is not None and not record.terminal and (
+                driver_gone(record) or record.claim_owner == self.owner):
+            await self.detach(run_id)
+
+    async def _drive(self, run_id: str, stop: anyio.Event | None, clear_detached: bool,
+                     toolset: Toolset | None) -> DriveResult:
         while True:
             record = await self._require(run_id)
             if record.terminal:
