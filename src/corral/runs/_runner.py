@@ -43,10 +43,10 @@ from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
-from corral.runs._pipe import PipeResult
+from corral.runs._pipe import PipeResult, Produced
 from corral.runs._providers import ProviderCache
-from corral.runs._produce import Checkpoint
-from corral.runs._specview import spec_view
+from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
+from corral.runs._specview import harness_for_record, spec_view
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -507,16 +507,30 @@ class Runner:
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, run_id: str) -> RunRecord:
-        """Cancel a run from any process: recorded first, then the agent is stopped, the
-        sandbox destroyed, and the log ended with ``RUN_ERROR`` (status ``aborted``)."""
+        """Cancel a run from any process: recorded first, then the agent is stopped, what
+        its journal holds beyond the log is logged (up to the agent's stop: a run nobody
+        drove keeps its output), the sandbox destroyed, and the log ended with
+        ``RUN_ERROR`` (status ``aborted``). The one way to end a run early: cancelling the
+        task that runs :meth:`drive` only detaches it."""
         return await cancel_run(self.store, run_id, self.owner, self.lease_ttl,
-                                stop_agent=self._stop_agent)
+                                stop_agent=self._kill_agent,
+                                finish_sandbox=self._finish_sandbox_aborted,
+                                journal_rest=self._journal_rest)
 
     async def _stop_agent(self, record: RunRecord) -> None:
+        await self._kill_agent(record)
+        await self._finish_sandbox(record, "aborted")
+
+    async def _finish_sandbox_aborted(self, record: RunRecord) -> None:
+        await self._finish_sandbox(record, "aborted")
+
+    async def _kill_agent(self, record: RunRecord) -> None:
+        """Stop the agent (its supervisor records the exit); the sandbox stays."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
             paths = self._paths(record)
             if is_inside(record):
                 try:
+                    # also copies the journal's end into this host's mirror
                     await stop_inside(record, paths, 0.5, self._providers_of(record))
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
@@ -525,7 +539,25 @@ class Runner:
                     await kill_supervised_async(paths, grace=0.5)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
-            await self._finish_sandbox(record, "aborted")
+
+    async def _journal_rest(self, record: RunRecord) -> AsyncIterator[Produced]:
+        """The journal's batches beyond the log, up to the agent's exit (for a cancel,
+        under its claim): the same produce path every driver and the reaper use, not
+        following (the agent was stopped)."""
+        paths, nonce = self._paths(record), self._nonce(record)
+        if paths is None or nonce is None:
+            return
+        async def stop_before_exit(logged_offset: int) -> None:
+            return None  # the run's end is the cancel's RUN_ERROR
+
+        try:
+            rest = continue_run(self.store, record, lambda: harness_for_record(record), paths,
+                                nonce, redactor=self.redactor_for(record), follow=False,
+                                before_exit=stop_before_exit)
+            async for item in rest:
+                yield item
+        except AgentNeverStarted:
+            return  # no journal: nothing to log
 
 
 def _trace_of(record: RunRecord) -> Any:
