@@ -8,6 +8,7 @@ reclaimed when it ends, nothing lost. Every command that prints exits quietly th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -134,7 +135,8 @@ def test_every_command_that_prints_exits_quietly_on_a_closed_pipe(cli: Cli) -> N
     # The runs whose viewer was never there went on, detached; the reaper finishes them
     # once their agents exited, and no sandbox is left (exec's was destroyed at once).
     for run_id in ("fresh", "bg"):
-        wait_until(lambda: _agent_exited(cli, run_id), f"{run_id}'s agent to exit", timeout=60)
+        wait_until(functools.partial(_agent_exited, cli, run_id), f"{run_id}'s agent to exit",
+                   timeout=60)
     reaped = cli.run("reap", "--json")
     assert reaped.returncode == 0, reaped.stderr
     for run_id in ("done", "fresh", "bg"):

@@ -79,10 +79,10 @@ def run_reporting_errors(func: Callable[[argparse.Namespace], int], args: argpar
         if any(_is_closed_pipe(e) for e in _leaves(exc)):
             silence_stdout()
             return VIEWER_LEFT
-        code = _one_line(exc)
-        if code is None:
+        reported = _one_line(exc)
+        if reported is None:
             raise
-        return code
+        return reported
 
 
 def _is_closed_pipe(exc: BaseException) -> bool:
