@@ -14,9 +14,13 @@ Invariants kept here (DESIGN §4):
 - a batch (the events of one journal item) is appended atomically with its journal offset,
   so a successor neither repeats nor skips events;
 - a cancel is recorded in the store first (sticky), then the canceller takes the claim
-  (fencing any live driver), stops the agent, destroys the sandbox and ends the log;
+  (fencing any live driver), stops the agent, logs the journal's rest, destroys the sandbox
+  and ends the log;
 - leaving (detach) stops driving between batches without a status or a close, and stamps
-  ``detached_since`` unless a cancel is recorded.
+  ``detached_since`` unless a cancel is recorded; so does a ``drive`` whose task is
+  cancelled (only :meth:`Runner.cancel` ends a run early);
+- a cancel logs what the journal holds beyond the log (up to the agent's stop) before it
+  destroys the sandbox and ends the log.
 """
 
 from __future__ import annotations
