@@ -72,8 +72,9 @@ def test_every_phase_runs_and_the_last_line_sums_them(tmp_path: Path) -> None:
 
 
 LEAVER = """
-    import os, subprocess, sys
+    import os, subprocess, sys, time
     from pathlib import Path
+    import pytest
 
     def _start():
         # a daemon of its own session, as corral's supervisor and services daemon are
@@ -86,6 +87,11 @@ LEAVER = """
 
     def test_passes_leaving_a_process():
         _start()
+
+    @pytest.mark.timeout(2)
+    def test_times_out_leaving_a_process():
+        _start()
+        time.sleep(120)
 """
 
 
@@ -97,7 +103,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-@pytest.mark.parametrize("which", ["fails", "passes"])
+@pytest.mark.parametrize("which", ["fails", "times_out", "passes"])
 def test_processes_a_test_leaves_are_ended_and_named(tmp_path: Path, which: str) -> None:
     root = _suite(tmp_path, {"test_leaver.py": LEAVER})
     pids = tmp_path / "pids"
@@ -110,8 +116,8 @@ def test_processes_a_test_leaves_are_ended_and_named(tmp_path: Path, which: str)
     try:
         text = out.stdout + out.stderr
         assert out.returncode != 0, text
-        if which == "fails":
-            # ended at the failed test's teardown, named there
+        if which != "passes":
+            # ended at the failed (or timed out) test's teardown, named there
             assert "ended what the failed test left running" in text, text
         else:
             # a passing test's daemon is found at the session's end, ended, and reported
