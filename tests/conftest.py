@@ -15,6 +15,7 @@ import pytest
 from corral.stores._protocols import Store
 from corral.testing._plugin import require
 from corral.stores import open_store
+from tests.processes import pytest_sessionfinish as processes_sessionfinish
 from tests.processes import (  # noqa: F401 - hooks and fixtures, found by name
     _no_process_outlives_the_session,
     _test_processes_end,
@@ -56,8 +57,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await s.aclose()
 
 
+@pytest.hookimpl(trylast=True)  # after xdist stopped its workers
 def pytest_sessionfinish(session: pytest.Session) -> None:
     drop_postgres_database()  # the PostgreSQL tests' database, if this run made one
+    processes_sessionfinish(session)  # what a worker that died left running
 
 
 @pytest.fixture(scope="session", autouse=True)

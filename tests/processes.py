@@ -202,3 +202,29 @@ def _no_process_outlives_the_session(request: pytest.FixtureRequest) -> Iterator
         end(left)
         pytest.fail(f"{len(left)} process(es) started by the tests outlived the session "
                     "(ended now): " + "; ".join(p.describe() for p in left), pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The xdist controller, once its workers are gone: a worker that died (a crash, a
+    timeout's hard exit) never ran its own check, so whatever its tests started and is
+    still there is ended here, and the session fails naming it."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return  # a worker, or no workers: the session fixture checked
+    base, _ = config.stash[_TAG]
+    prefix = f"{base}|gw"
+    wait = float(os.environ.get("CORRAL_TEST_EXIT_WAIT", "15"))
+    left = wait_gone(lambda value: value.startswith(prefix), timeout=wait)
+    if not left:
+        return
+    end(left)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    message = (f"{len(left)} process(es) started by the tests outlived their worker (ended "
+               "now): " + "; ".join(p.describe() for p in left))
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(message, red=True, bold=True)
+    else:
+        sys.stderr.write(message + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

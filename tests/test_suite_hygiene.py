@@ -92,6 +92,10 @@ LEAVER = """
     def test_times_out_leaving_a_process():
         _start()
         time.sleep(120)
+
+    def test_kills_its_worker_leaving_a_process():
+        _start()
+        os._exit(3)  # as a crash would: no teardown, no session fixture
 """
 
 
@@ -103,20 +107,24 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-@pytest.mark.parametrize("which", ["fails", "times_out", "passes"])
+@pytest.mark.parametrize("which", ["fails", "times_out", "passes", "kills_its_worker"])
 def test_processes_a_test_leaves_are_ended_and_named(tmp_path: Path, which: str) -> None:
     root = _suite(tmp_path, {"test_leaver.py": LEAVER})
     pids = tmp_path / "pids"
     env = {**_env(tmp_path), "PIDS": str(pids), "CORRAL_TEST_EXIT_WAIT": "1"}
     started = time.monotonic()
+    workers = ["-n", "1"] if which == "kills_its_worker" else []  # xdist's controller
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          f"test_leaver.py::test_{which}_leaving_a_process"],
+                          *workers, f"test_leaver.py::test_{which}_leaving_a_process"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
     [pid] = [int(p) for p in pids.read_text().split()]
     try:
         text = out.stdout + out.stderr
         assert out.returncode != 0, text
-        if which != "passes":
+        if which == "kills_its_worker":
+            # found by the controller once its workers are gone
+            assert "outlived their worker" in text, text
+        elif which != "passes":
             # ended at the failed (or timed out) test's teardown, named there
             assert "ended what the failed test left running" in text, text
         else:
