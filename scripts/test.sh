@@ -71,14 +71,8 @@ if docker info >/dev/null 2>&1; then
   "$VENV/bin/python" -m corral images build >/dev/null
 fi
 
-echo "== mypy --strict"
-"$VENV/bin/mypy"
-echo "== ruff"
-"$VENV/bin/ruff" check src tests bench
-# The page tests' screenshots (headless Chromium) land here; CI keeps the directory. Said
-# before pytest so that pytest's summary stays the last line CI prints.
+# The page tests' screenshots (headless Chromium) land here; CI keeps the directory.
 export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
-echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 # Two workers (one per core), whole files per worker: the suite is mostly waiting on agent
 # CLIs, sandboxes and servers, and a file's tests share its fixtures. CORRAL_TEST_WORKERS=0
 # runs it in this process. The agent CLIs on docker go first, alone: with the other
@@ -92,11 +86,8 @@ serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
         tests/providers/test_docker_lifecycle.py tests/providers/test_docker_unreachable.py
         tests/security/test_docker_hostile.py tests/security/test_sandbox_stores.py
         tests/runs/test_sandbox_gone.py tests/server/test_chaos.py
-        tests/security/test_local_users_docker.py)
-if [ "$#" = 0 ]; then
-  echo "== pytest: the docker provider's tests, alone"
-  "$VENV/bin/python" -m pytest "${serial[@]}"
-  set -- "${serial[@]/#/--ignore=}"
-fi
-echo "== pytest"
-exec "$VENV/bin/python" -m pytest -n "${CORRAL_TEST_WORKERS:-2}" --dist loadfile "$@"
+        tests/security/test_local_users_docker.py tests/runs/test_docker_cancel.py)
+# Every phase runs (mypy, ruff, the serial files, the rest), whatever an earlier one did;
+# the status is non-zero if any failed, and the last line is pytest's summary with the
+# counts of both pytest phases (scripts/test_phases.sh).
+exec bash scripts/test_phases.sh "$VENV/bin/python" "${serial[@]}" -- "$@"

@@ -15,6 +15,13 @@ import pytest
 from corral.stores._protocols import Store
 from corral.testing._plugin import require
 from corral.stores import open_store
+from tests.processes import pytest_sessionfinish as processes_sessionfinish
+from tests.processes import (  # noqa: F401 - hooks and fixtures, found by name
+    _no_process_outlives_the_session,
+    _test_processes_end,
+    pytest_configure,
+    pytest_runtest_makereport,
+)
 from tests.docker_support import need_docker  # noqa: F401 - a fixture, found by name
 from tests.helpers import drop_postgres_database, postgres_store
 
@@ -50,17 +57,21 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await s.aclose()
 
 
+@pytest.hookimpl(trylast=True)  # after xdist stopped its workers
 def pytest_sessionfinish(session: pytest.Session) -> None:
     drop_postgres_database()  # the PostgreSQL tests' database, if this run made one
+    processes_sessionfinish(session)  # what a worker that died left running
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_sandbox_outlives_the_session(tmp_path_factory: pytest.TempPathFactory
-                                     ) -> Iterator[None]:
+def _no_sandbox_outlives_the_session(tmp_path_factory: pytest.TempPathFactory,
+                                     request: pytest.FixtureRequest) -> Iterator[None]:
     """Destroy the bubblewrap sandboxes tests left in their homes under this session's
     temporary directory (a test may end with runs that still hold theirs, e.g. servers
     killed mid-run): their cgroups and disk-pool subvolumes would outlive the directories
     that name them, on every CI run."""
+    # set up first, so torn down last: its check comes after the sandboxes are destroyed
+    request.getfixturevalue("_no_process_outlives_the_session")
     yield
     import anyio
 

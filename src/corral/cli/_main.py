@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from corral._version import __version__
 from corral.cli._parser import CommandParser, Handler
-from corral.server._cmdline import run_reporting_errors
+from corral.server._cmdline import VIEWER_LEFT, flush_stdout, run_reporting_errors
 
 # Each module defines ``register(subparsers)`` and sets ``func`` (a ``Handler``) on its
 # parsers. Every module must import: a missing one is a broken install, never a command
@@ -112,7 +112,13 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        # --help, --version and usage errors print, then exit: a closed pipe is quiet here too
+        if not flush_stdout():
+            return VIEWER_LEFT
+        raise
     func: Handler | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

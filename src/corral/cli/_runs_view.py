@@ -9,6 +9,7 @@ modules take most of the command's start-up.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
 import sys
@@ -22,6 +23,7 @@ from corral._errors import ConfigError
 from corral.cli._human_stream import TextStream, summary_line
 from corral.cli._ls_impl import record_json
 from corral.cli._store import with_store
+from corral.server._cmdline import VIEWER_LEFT, silence_stdout
 from corral.stores._protocols import LoggedEvent, Store, UnknownRun
 from corral.stores._records import RunRecord, RunStatus
 
@@ -141,7 +143,8 @@ async def follow(
     ``store`` built in the meantime, see :class:`_RunnerWhenNeeded`).
 
     SIGINT or SIGTERM stops driving between batches and detaches (the run goes on); a
-    second SIGINT within two seconds cancels the run.
+    second SIGINT within two seconds cancels the run. A standard output closed by its
+    reader (``| head``) detaches too, quietly, and returns :data:`VIEWER_LEFT`.
     """
     runners = _RunnerWhenNeeded(store, runner)
     stop = anyio.Event()
@@ -179,7 +182,16 @@ async def follow(
                 work.start_soon(drive)
                 with show_scope:
                     async for logged in store.read(run_id, after):
-                        printer(logged)
+                        try:
+                            printer(logged)
+                        except OSError as exc:
+                            if not _closed_pipe(exc):
+                                raise
+                            # The viewer left (``| head``): detach as Ctrl-C does, quietly.
+                            silence_stdout()
+                            outcome["pipe"] = True
+                            stop.set()
+                            break
             if outcome.get("signal") == signal.SIGINT and not cancel.is_set():
                 remaining = SECOND_SIGINT_WINDOW - (time.monotonic() - outcome["at"])
                 with anyio.move_on_after(max(0.0, remaining)):
@@ -193,6 +205,8 @@ async def follow(
         say(f"run {run_id} cancelled ({cancelled.status.value})")
         return 130
     result: DriveResult | None = outcome.get("drive")
+    if outcome.get("pipe"):
+        return VIEWER_LEFT  # quietly: the run goes on, detached (or it had just ended)
     if result is not None and result.detached and not result.record.terminal:
         say(f"detached; the run goes on. Watch again: corral attach {run_id}   "
             f"Cancel: corral cancel {run_id}")
@@ -242,4 +256,12 @@ def _runner_class() -> type[Runner]:
 
 
 def say(text: str) -> None:
-    print(f"corral: {text}", file=sys.stderr, flush=True)
+    try:
+        print(f"corral: {text}", file=sys.stderr, flush=True)
+    except OSError as exc:  # ``2>&1 | head``: the reader left, the command goes on quietly
+        if not _closed_pipe(exc):
+            raise
+
+
+def _closed_pipe(exc: OSError) -> bool:
+    return isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE

@@ -162,10 +162,16 @@ def supervisor_alive(paths: JournalPaths) -> bool:
 
 def child_env() -> dict[str, str]:
     """The environment of a detached corral helper process (supervisor, services daemon):
-    only what the interpreter needs to import corral; never the driver's secrets."""
+    only what the interpreter needs to import corral (and ``CORRAL_TEST_SESSION``, a test
+    suite's marker, when set); never the driver's secrets."""
     src = str(Path(__file__).resolve().parents[2])
     env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "PYTHONPATH": src}
     env["LC_ALL"] = "C.UTF-8"
+    # A test suite's marker (no secret: a session id) lets it find the helpers that outlive
+    # it: these are detached from whoever started them, so only their environment tells.
+    marker = os.environ.get("CORRAL_TEST_SESSION")
+    if marker:
+        env["CORRAL_TEST_SESSION"] = marker
     return env
 
 

@@ -5,6 +5,7 @@ file events."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -21,7 +22,7 @@ from corral.runs._logged import LoggedOffset, complete_end
 from corral.journal._probe import probe_exit
 from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror, sandbox_gone
 from corral.runs._owner import owner_is_dead
-from corral.runs._pipe import LogBatch, PipeResult, Produced, pipe_to_run_log
+from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
 from corral.runs._specview import harness_for_record
@@ -33,7 +34,7 @@ from corral.stores._records import RunRecord
 if TYPE_CHECKING:
     from corral.tools._core import Toolset
 
-__all__ = ["POLL", "ClaimedDrive", "cancel_run"]
+__all__ = ["CANCEL_LOG_BUDGET", "POLL", "ClaimedDrive", "JournalRest", "cancel_run"]
 
 log = library_logger("corral.runs._runner")
 
@@ -78,7 +79,8 @@ class ClaimedDrive:
         if end is not None:
             # A predecessor logged the run's end (or closed the log) but never stored the
             # status: record that end; resuming after the exit would find none.
-            return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch)
+            return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch,
+                                         detach_on_cancel=True)
         tail = await store.tail(run_id)
         if is_inside(record) and inside is None and \
                 (await probe_exit(paths, nonce)).state != "finished":
@@ -91,7 +93,8 @@ class ClaimedDrive:
             # We hold the claim, so the starter is gone: it died before launching the
             # agent. Nothing will ever write this journal.
             await self.stop_agent(record)
-            return await pipe_to_run_log(store, run_id, _never_launched(), epoch=epoch)
+            return await pipe_to_run_log(store, run_id, _never_launched(), epoch=epoch,
+                                         detach_on_cancel=True)
         harness = harness_for_record(record)
         abort = anyio.Event()
         feed = await file_feed(store, record, paths, epoch, secrets,
@@ -157,7 +160,10 @@ class ClaimedDrive:
                 checkpoint=self.checkpoint, logged=logged)
             result = await pipe_to_run_log(
                 store, run_id, produced, epoch=epoch, abort=abort, stop=stop,
-                journal_offset=tail.last_journal_offset or 0)
+                journal_offset=tail.last_journal_offset or 0,
+                # the caller went away (its task was cancelled), not the run: no status,
+                # no close; Runner.drive stamps the detach
+                detach_on_cancel=True)
             tg.cancel_scope.cancel()
         if feed is not None:
             feed.close()
@@ -177,10 +183,16 @@ class ClaimedDrive:
 
 
 async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
-                     stop_agent: Callable[[RunRecord], Awaitable[None]]) -> RunRecord:
+                     stop_agent: Callable[[RunRecord], Awaitable[None]],
+                     finish_sandbox: Callable[[RunRecord], Awaitable[None]] | None = None,
+                     journal_rest: JournalRest | None = None) -> RunRecord:
     """Cancel a run: recorded first (sticky), then the canceller takes the claim (fencing
-    any live driver), stops the agent (``stop_agent``: also destroys the sandbox) and ends
-    the log with ``RUN_ERROR`` (status ``aborted``)."""
+    any live driver), stops the agent, logs what its journal holds beyond the log (up to
+    the agent's stop: ``journal_rest``), destroys the sandbox (``finish_sandbox``) and ends
+    the log with ``RUN_ERROR`` (status ``aborted``).
+
+    Without ``finish_sandbox``, ``stop_agent`` is expected to destroy the sandbox too (and
+    nothing of the journal can be read after it)."""
     record = await store.request_cancel(run_id)
     if record is None:
         raise UnknownRun(run_id)
@@ -191,10 +203,11 @@ async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
             async with hold_claim(store, run_id, owner, lease_ttl, allow_cancelled=True,
                                   break_lease_of=record.claim_owner) as held:
                 await stop_agent(record)
-                stopped = anyio.Event()
-                stopped.set()
-                await pipe_to_run_log(store, run_id, _nothing(), epoch=held.epoch,
-                                      abort=stopped)
+                ended = anyio.Event()
+                await pipe_to_run_log(
+                    store, run_id,
+                    _rest_then_end(record, journal_rest, finish_sandbox, ended),
+                    epoch=held.epoch, abort=ended)
         except ClaimRefused as refused:
             if refused.reason is RefusalReason.UNKNOWN:
                 raise UnknownRun(run_id) from None
@@ -209,6 +222,44 @@ async def cancel_run(store: Store, run_id: str, owner: str, lease_ttl: float, *,
     return record
 
 
+JournalRest = Callable[[RunRecord], AsyncIterator[Produced]]
+"""``journal_rest(record)``: under the canceller's claim, after the agent's stop, the
+batches of the run's journal beyond the journal offset its log holds, up to (not
+including) the agent's exit."""
+
+CANCEL_LOG_BUDGET: Final = 60.0
+"""Seconds a cancel spends at most logging what the journal held (a journal of many
+megabytes translates in a few seconds; the rest is reported, and the cancel goes on)."""
+
+
+async def _rest_then_end(record: RunRecord, journal_rest: JournalRest | None,
+                         finish_sandbox: Callable[[RunRecord], Awaitable[None]] | None,
+                         ended: anyio.Event) -> AsyncIterator[Produced]:
+    """What a cancel pipes into the log: the journal's unlogged batches, then (the sandbox
+    destroyed) the abort, which the pipe turns into ``RUN_ERROR`` and ``aborted``."""
+    if journal_rest is not None:
+        deadline = time.monotonic() + CANCEL_LOG_BUDGET
+        rest = journal_rest(record)
+        try:
+            async for item in rest:
+                if isinstance(item, ProducerExit):
+                    continue  # the run's end is the cancel, not what the journal says
+                yield item
+                if time.monotonic() > deadline:
+                    log.warning("run %s: the cancel logged the journal for %gs; the rest of "
+                                "it is left out of the log", record.run_id, CANCEL_LOG_BUDGET)
+                    break
+        except Exception as exc:  # noqa: BLE001 - the cancel must end the run regardless
+            log.warning("run %s: logging its journal before the cancel's end failed: %s",
+                        record.run_id, exc)
+        finally:
+            aclose = getattr(rest, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+    if finish_sandbox is not None:
+        await finish_sandbox(record)
+    ended.set()
 
 
 async def _nothing() -> AsyncIterator[Produced]:

@@ -14,6 +14,9 @@ close always comes after the terminal status is stored. Rules:
   nothing more, writes no status over its successor, and still calls ``close`` (which leaves a
   successor's log open);
 - cancellation from outside records ``aborted``, closes, and re-raises the cancellation;
+  with ``detach_on_cancel`` (a Runner's driver) it records nothing and leaves the log open
+  instead, as ``stop`` does (the caller stamps the detach), and re-raises: the application
+  that drove the run went away, the run did not end;
 - a terminal write the store refuses for another reason (a transient database error) is
   retried a few times; if it never lands, the log is **not** closed (``record_error`` says
   why): a closed log under a ``running`` record would make every successor fail a run whose
@@ -190,6 +193,7 @@ async def pipe_to_run_log(
     clock: Callable[[], float] = time.time,
     close_timeout: float = 5.0,
     stop: anyio.Event | None = None,
+    detach_on_cancel: bool = False,
 ) -> PipeResult:
     """Append ``events`` to ``run_id``'s log under claim ``epoch`` and finish the run.
 
@@ -197,7 +201,8 @@ async def pipe_to_run_log(
     synthetic events before any real one). ``stop`` (detach): when set, the pipe stops
     between batches and returns without a status or a close, so the run stays open for a
     successor; ``abort`` wins when both are set. Never raises, except to propagate a
-    cancellation from outside after recording ``aborted`` and closing.
+    cancellation from outside after recording ``aborted`` and closing (with
+    ``detach_on_cancel``: after recording nothing, leaving the log open, as ``stop`` does).
     """
     it = aiter(events)
     stopped = False
@@ -273,6 +278,12 @@ async def pipe_to_run_log(
                 synthesize = not end_logged
             else:
                 status = RunStatus.COMPLETED
+    except anyio.get_cancelled_exc_class():
+        # Cancelled from outside while no status was decided (every decision breaks out of
+        # the loop with no await in between).
+        if detach_on_cancel and status is None:
+            stopped = True
+        raise
     finally:
         # Runs on every path, cancellation included: shielded so the record and the log
         # always reach their end state.

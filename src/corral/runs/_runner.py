@@ -14,9 +14,13 @@ Invariants kept here (DESIGN §4):
 - a batch (the events of one journal item) is appended atomically with its journal offset,
   so a successor neither repeats nor skips events;
 - a cancel is recorded in the store first (sticky), then the canceller takes the claim
-  (fencing any live driver), stops the agent, destroys the sandbox and ends the log;
+  (fencing any live driver), stops the agent, logs the journal's rest, destroys the sandbox
+  and ends the log;
 - leaving (detach) stops driving between batches without a status or a close, and stamps
-  ``detached_since`` unless a cancel is recorded.
+  ``detached_since`` unless a cancel is recorded; so does a ``drive`` whose task is
+  cancelled (only :meth:`Runner.cancel` ends a run early);
+- a cancel logs what the journal holds beyond the log (up to the agent's stop) before it
+  destroys the sandbox and ends the log.
 """
 
 from __future__ import annotations
@@ -43,10 +47,10 @@ from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
-from corral.runs._pipe import PipeResult
+from corral.runs._pipe import PipeResult, Produced
 from corral.runs._providers import ProviderCache
-from corral.runs._produce import Checkpoint
-from corral.runs._specview import spec_view
+from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
+from corral.runs._specview import harness_for_record, spec_view
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -310,8 +314,38 @@ class Runner:
         on the run's tool socket; calls of ``approval=True`` tools log a CUSTOM
         ``corral.approval_request`` event and wait for ``corral approve``. A run started
         with host tools and driven without them sees its tool calls fail.
+
+        **Cancelling this call detaches the run, it does not end it.** When the task running
+        ``drive`` is cancelled (an exception in the application's events loop cancels its
+        task group; a web handler's client disconnects; the process shuts down), the driver
+        stops between batches, records no status, leaves the log open, releases its claim
+        and stamps ``detached_since``, then re-raises the cancellation: the agent goes on,
+        and ``drive`` (any process) or ``corral attach`` continues the run, or the reaper
+        finishes it. Ending the run is an explicit :meth:`cancel`.
         """
         toolset = tools if tools is not None else self._run_tools.get(run_id, self.tools)
+        try:
+            return await self._drive(run_id, stop, clear_detached, toolset)
+        except anyio.get_cancelled_exc_class():
+            # Whoever drove went away, not the run: leave it detached (attachable, reapable),
+            # as a viewer leaving does. Shielded and bounded: the cancellation must go on.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                try:
+                    await self._detach_if_undriven(run_id)
+                except Exception as exc:  # noqa: BLE001 - the lapsed lease marks it too
+                    log.warning("run %s: stamping the detach of a cancelled driver failed: %s",
+                                run_id, exc)
+            raise
+
+    async def _detach_if_undriven(self, run_id: str) -> None:
+        record = await self.store.get(run_id)
+        # Another live driver holds it: nothing to stamp (as a viewer's stop in drive).
+        if record is not None and not record.terminal and (
+                driver_gone(record) or record.claim_owner == self.owner):
+            await self.detach(run_id)
+
+    async def _drive(self, run_id: str, stop: anyio.Event | None, clear_detached: bool,
+                     toolset: Toolset | None) -> DriveResult:
         while True:
             record = await self._require(run_id)
             if record.terminal:
@@ -482,16 +516,30 @@ class Runner:
     # ------------------------------------------------------------------ cancel
 
     async def cancel(self, run_id: str) -> RunRecord:
-        """Cancel a run from any process: recorded first, then the agent is stopped, the
-        sandbox destroyed, and the log ended with ``RUN_ERROR`` (status ``aborted``)."""
+        """Cancel a run from any process: recorded first, then the agent is stopped, what
+        its journal holds beyond the log is logged (up to the agent's stop: a run nobody
+        drove keeps its output), the sandbox destroyed, and the log ended with
+        ``RUN_ERROR`` (status ``aborted``). The one way to end a run early: cancelling the
+        task that runs :meth:`drive` only detaches it."""
         return await cancel_run(self.store, run_id, self.owner, self.lease_ttl,
-                                stop_agent=self._stop_agent)
+                                stop_agent=self._kill_agent,
+                                finish_sandbox=self._finish_sandbox_aborted,
+                                journal_rest=self._journal_rest)
 
     async def _stop_agent(self, record: RunRecord) -> None:
+        await self._kill_agent(record)
+        await self._finish_sandbox(record, "aborted")
+
+    async def _finish_sandbox_aborted(self, record: RunRecord) -> None:
+        await self._finish_sandbox(record, "aborted")
+
+    async def _kill_agent(self, record: RunRecord) -> None:
+        """Stop the agent (its supervisor records the exit); the sandbox stays."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
             paths = self._paths(record)
             if is_inside(record):
                 try:
+                    # also copies the journal's end into this host's mirror
                     await stop_inside(record, paths, 0.5, self._providers_of(record))
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
@@ -500,7 +548,26 @@ class Runner:
                     await kill_supervised_async(paths, grace=0.5)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
-            await self._finish_sandbox(record, "aborted")
+
+    async def _journal_rest(self, record: RunRecord) -> AsyncIterator[Produced]:
+        """The journal's batches beyond the log, up to the agent's exit (for a cancel,
+        under its claim): the same produce path every driver and the reaper use, not
+        following (the agent was stopped)."""
+        paths, nonce = self._paths(record), self._nonce(record)
+        if paths is None or nonce is None:
+            return
+
+        async def stop_before_exit(logged_offset: int, code: int | None) -> None:
+            return None  # the run's end is the cancel's RUN_ERROR
+
+        try:
+            rest = continue_run(self.store, record, lambda: harness_for_record(record), paths,
+                                nonce, redactor=self.redactor_for(record), follow=False,
+                                before_exit=stop_before_exit)
+            async for item in rest:
+                yield item
+        except AgentNeverStarted:
+            return  # no journal: nothing to log
 
 
 def _trace_of(record: RunRecord) -> Any:

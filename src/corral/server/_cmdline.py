@@ -8,6 +8,8 @@ the runner (``corral.server._command`` holds what needs them)."""
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Callable
 from typing import Final
@@ -18,13 +20,22 @@ from corral._paths import describe_os_error
 
 __all__ = [
     "STORE_HELP",
+    "VIEWER_LEFT",
     "add_store_option",
     "duration_arg",
+    "flush_stdout",
     "parse_duration",
     "run_reporting_errors",
+    "silence_stdout",
 ]
 
+VIEWER_LEFT: Final = 128 + 13
+"""The exit status of a command whose standard output was closed under it (``corral run …
+| head``): 128 + SIGPIPE, what a shell reports for ``git log | head`` or ``yes | head``
+under ``pipefail``. The command exits quietly; a run it drove goes on, detached."""
+
 STORE_HELP: Final = "store URL (default $CORRAL_STORE or SQLite)"
+
 
 def duration_arg(what: str) -> Callable[[str], float]:
     """An argparse ``type`` for a positive duration option named ``what`` (``--timeout``):
@@ -51,14 +62,52 @@ def add_store_option(p: argparse.ArgumentParser) -> None:
 def run_reporting_errors(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """``func(args)``, with a user-facing error printed as one line and turned into the exit
     code (2 for a corral error, 1 for a host file-system failure, 130 for Ctrl-C). A bug keeps
-    its traceback."""
+    its traceback. A standard output closed by its reader (``| head``) is a viewer leaving,
+    not an error: the command exits quietly with :data:`VIEWER_LEFT`, also when only the
+    final flush finds the pipe closed."""
     try:
-        return func(args)
+        code = func(args)
+        return code if flush_stdout() else VIEWER_LEFT
     except (CorralError, OSError, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        code = _one_line(exc)
-        if code is None:
+        if any(_is_closed_pipe(e) for e in _leaves(exc)):
+            silence_stdout()
+            return VIEWER_LEFT
+        reported = _one_line(exc)
+        if reported is None:
             raise
-        return code
+        return reported
+
+
+def _is_closed_pipe(exc: BaseException) -> bool:
+    return isinstance(exc, BrokenPipeError) or (
+        isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+
+
+def flush_stdout() -> bool:
+    """Flush standard output now, not at interpreter exit (where a closed pipe is an
+    ``Exception ignored … BrokenPipeError`` message and status 120); ``False`` (and
+    standard output silenced) when its reader left."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        if not _is_closed_pipe(exc):
+            raise
+        silence_stdout()
+        return False
+    return True
+
+
+def silence_stdout() -> None:
+    """Point standard output at ``/dev/null``: its reader left, and what is still buffered
+    (flushed at exit) must not raise ``BrokenPipeError`` again (Python's advice for EPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # no file descriptor behind sys.stdout (tests): nothing will flush to a pipe
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -37,6 +37,7 @@ __all__ = [
     "check_abort_while_producer_waits",
     "check_aborted_producer_that_raises_is_failed",
     "check_cancelled_from_outside_records_aborted_and_closes",
+    "check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open",
     "check_completed",
     "check_hold_claim_body_error_propagates_and_releases",
     "check_hold_claim_cancels_body_on_loss",
@@ -425,6 +426,41 @@ async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) 
     assert (await store.tail("run-1")).closed
 
 
+async def check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open(
+        store: Store) -> None:
+    """A Runner's driver whose task is cancelled (``detach_on_cancel``): what was appended
+    stays, no status, no close; the cancellation still propagates."""
+    epoch = await claimed_run(store)
+    counting = _Counting(store)
+    started = anyio.Event()
+    reached_end = False
+
+    async def producer() -> AsyncIterator[Any]:
+        yield (event(1), 1)
+        started.set()
+        await anyio.sleep_forever()
+        yield (event(2), 2)
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def drive() -> None:
+                nonlocal reached_end
+                await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch,
+                                      detach_on_cancel=True)
+                reached_end = True  # never: the cancellation must propagate
+
+            tg.start_soon(drive)
+            await started.wait()
+            tg.cancel_scope.cancel()
+    assert not reached_end
+    assert counting.closes == 0
+    rec = await store.get("run-1")
+    assert rec is not None and rec.status is RunStatus.RUNNING and rec.error is None
+    assert not (await store.tail("run-1")).closed
+    assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT"]
+
+
 async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
     """A successor takes the run while a pipe runs under ``hold_claim``. Whichever notices
     first, the renewer (``ClaimLost`` out of ``hold_claim``, the pipe cancelled) or the
@@ -490,6 +526,7 @@ PIPE_KIT: Kit[Store] = Kit(
         check_lost_claim_lands_nothing_and_writes_no_status,
         check_loser_cannot_overwrite_successors_terminal_status,
         check_cancelled_from_outside_records_aborted_and_closes,
+        check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open,
         check_pipe_under_hold_claim_lost_lease,
     )),
     subject=opened,
