@@ -257,12 +257,15 @@ def _left_behind(provider: str, homes: list[Path], sandbox_ids: list[str]) -> li
     return left
 
 
-@pytest.mark.parametrize("provider", ["bubblewrap", "docker"])
-def test_three_servers_on_postgres_survive_fifty_kills(
-        provider: str, tmp_path: Path, need_bwrap_runs: None,
-        request: pytest.FixtureRequest) -> None:
-    if provider == "docker":
-        request.getfixturevalue("need_docker")
+def test_three_servers_on_postgres_survive_fifty_kills(tmp_path: Path,
+                                                       need_bwrap_runs: None) -> None:
+    chaos("bubblewrap", tmp_path)
+
+
+def chaos(provider: str, tmp_path: Path) -> None:
+    """Three servers sharing one store, runs on ``provider``, drivers SIGKILLed at random
+    (the docker variant, smaller, is tests/server/test_chaos_docker.py: it runs with the
+    docker tests, alone)."""
     runs_n, kills, lines = SIZES[provider]
     with pg_schema_url() as url:
         homes = []
