@@ -90,7 +90,7 @@ echo "== screenshots of the web page go to $CORRAL_ARTIFACTS/screenshots"
 serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
         tests/providers/test_docker_conformance.py tests/providers/test_docker_fs_answers.py
         tests/providers/test_docker_lifecycle.py tests/providers/test_docker_unreachable.py
-        tests/security/test_docker_hostile.py)
+        tests/security/test_docker_container.py tests/security/test_sandbox_boundary.py)
 if [ "$#" = 0 ]; then
   echo "== pytest: the docker provider's tests, alone"
   "$VENV/bin/python" -m pytest "${serial[@]}"
