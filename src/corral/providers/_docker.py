@@ -819,15 +819,20 @@ class DockerProvider:
             self.api.remove_container(container_name(sandbox_id), force=True, v=True)
         if image:
             self._drop_deleted_snapshot(image)
+        # a loaded daemon takes seconds to let go of a removed container's volumes: 2 s
+        # was not enough (volumes were left behind, and since a sandbox whose volumes
+        # exist is refused, a named sandbox could not be made again)
+        deadline = time.monotonic() + 30
         for name in volume_names(sandbox_id).values():
-            for _ in range(20):
+            while True:
                 try:
                     self.api.remove_volume(name, force=True)
                     break
                 except errors.NotFound:
                     break
                 except errors.APIError as exc:
-                    if exc.status_code != 409:  # in use: the container is still going away
+                    # 409, in use: the container is still going away
+                    if exc.status_code != 409 or time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
 
