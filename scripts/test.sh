@@ -84,7 +84,8 @@ export CORRAL_ARTIFACTS="${CORRAL_ARTIFACTS:-$PWD/artifacts}"
 serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
         tests/providers/test_docker_conformance.py tests/providers/test_docker_fs_answers.py
         tests/providers/test_docker_lifecycle.py tests/providers/test_docker_unreachable.py
-        tests/security/test_docker_hostile.py tests/security/test_sandbox_stores.py
+        tests/security/test_docker_container.py tests/security/test_sandbox_boundary.py
+        tests/security/test_sandbox_stores.py
         tests/runs/test_sandbox_gone.py tests/server/test_chaos_docker.py
         tests/security/test_local_users_docker.py tests/runs/test_docker_cancel.py)
 # Every phase runs (mypy, ruff, the serial files, the rest), whatever an earlier one did;

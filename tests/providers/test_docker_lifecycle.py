@@ -150,6 +150,8 @@ async def test_snapshot_is_a_commit_without_secrets_and_restores() -> None:
         image = f"corral-snapshot:{snap.id}"
         info = provider.api.inspect_image(image)
         assert secret not in json.dumps(info) and "spec-env" not in json.dumps(info)
+        history = json.dumps(provider.api.history(image))  # `docker history`: each layer's
+        assert secret not in history and "spec-env" not in history  # command and comment
         layers = b"".join(provider.api.get_image(image))  # every layer, as `docker save`
         assert secret.encode() not in layers
         assert b"workspace file" in layers  # the scan looked at the real contents
@@ -195,8 +197,8 @@ async def test_a_junk_created_at_label_does_not_stop_the_listing() -> None:
     # Anyone who can reach the daemon can label a container; one bad label must not stop
     # corral gc and the reaper from listing (and collecting) every other sandbox.
     provider = DockerProvider()
-    name = f"corral-junk-{time.time_ns()}"
-    subprocess.run(["docker", "create", "--name", name, "--label", "corral=1",
+    name = f"junk-{time.time_ns()}"
+    subprocess.run(["docker", "create", "--name", container_name(name), "--label", "corral=1",
                     "--label", f"corral.sandbox={name}", "--label", "corral.created-at=junk",
                     provider.image, "true"], check=True, capture_output=True, timeout=60)
     good = await provider.create(SandboxSpec())
@@ -205,5 +207,6 @@ async def test_a_junk_created_at_label_does_not_stop_the_listing() -> None:
         assert good.id in listed and name in listed
         assert listed[name].created_at > 0  # the daemon's own creation time instead
     finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rm", "-f", container_name(name)], capture_output=True,
+                       timeout=60)
         await provider.destroy(good.id)

@@ -1,10 +1,12 @@
-"""Attacks on the sandbox boundary, the exit status and the journal (bubblewrap, as root).
+"""Attacks on the sandbox boundary, the exit status and the journal.
 
-Each test is the attack itself, run through the real CLI against real bubblewrap
-sandboxes: a repository whose corral.toml names a secret ``LD_PRELOAD``, an agent that
-steals the exit reporter's descriptor or kills it, one that ptrace-stops the sandbox's
-pid 1 or the process that enforces the timeout, and one that clears ``O_APPEND`` on its
-stdout, seeks and truncates it.
+Each test is the attack itself, run through the real CLI against each isolating provider
+in turn (``target``: bubblewrap as root, and docker with a real dockerd): a repository
+whose corral.toml names a secret ``LD_PRELOAD``, an agent that steals the exit reporter's
+descriptor or kills it, one that ptrace-stops the sandbox's pid 1 or the process that
+enforces the timeout, one that forges the journal's exit sentinel, one that clears
+``O_APPEND`` on its stdout, seeks and truncates it, and one that prints without end. The
+attacks only a container has are in ``test_docker_container``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from corral.testing._plugin import require
-
-pytestmark = pytest.mark.usefixtures("need_bwrap_runs")
+from tests.security.conftest import Target
 
 PY = "/usr/bin/python3"  # inside the sandbox: the host's /usr, read-only
 
@@ -68,7 +69,7 @@ def evil_so(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, Path]
 
 
 def test_repository_secret_named_ld_preload_runs_nothing_on_the_host(
-    evil_so: tuple[Path, Path], corral_cmd: list[str], cli_env: dict[str, str]
+    evil_so: tuple[Path, Path], target: Target
 ) -> None:
     so, marker = evil_so
     repo = so.parent
@@ -77,21 +78,21 @@ def test_repository_secret_named_ld_preload_runs_nothing_on_the_host(
         [secrets]
         LD_PRELOAD = {{ file = "{repo / 'p.txt'}" }}
     """))
-    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "sh", "-c",
-             'test "$LD_PRELOAD" = "[REDACTED:LD_PRELOAD]" || echo "$LD_PRELOAD" | wc -c'],
-            cli_env, cwd=repo)
+    r = run(target.argv("run", "--workspace", str(repo), "--", "sh", "-c",
+                        'test "$LD_PRELOAD" = "[REDACTED:LD_PRELOAD]" || echo "$LD_PRELOAD" '
+                        '| wc -c'), target.env, cwd=repo)
     assert not marker.exists(), f"the repository's .so ran on the host: {marker.read_text()}"
     assert r.returncode == 0, r.stderr
     # The command did get the variable, inside the sandbox (where the path does not exist).
-    assert last_run(corral_cmd, cli_env)["exit_code"] == 0
+    assert last_run(target.corral, target.env)["exit_code"] == 0
 
 
 def test_exec_env_reaches_the_sandbox_only(
-    evil_so: tuple[Path, Path], corral_cmd: list[str], cli_env: dict[str, str]
+    evil_so: tuple[Path, Path], target: Target
 ) -> None:
     so, marker = evil_so
-    r = run([*corral_cmd, "exec", "--env", f"LD_PRELOAD={so}", "--env", "SEEN=yes", "--",
-             "sh", "-c", 'echo "$SEEN $LD_PRELOAD"'], cli_env)
+    r = run(target.argv("exec", "--env", f"LD_PRELOAD={so}", "--env", "SEEN=yes", "--",
+                        "sh", "-c", 'echo "$SEEN $LD_PRELOAD"'), target.env)
     assert not marker.exists(), f"--env LD_PRELOAD ran code on the host: {marker.read_text()}"
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().strip() == f"yes {so}"
@@ -114,16 +115,15 @@ def _host_processes_holding(marker: bytes) -> list[str]:
     return found
 
 
-def test_nothing_given_for_the_command_is_in_a_host_process(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
+def test_nothing_given_for_the_command_is_in_a_host_process(target: Target) -> None:
     # argv, environment and working directory of the command: all user-controlled, all
-    # delivered inside the sandbox only (the launchers' argv and env are corral's own).
+    # delivered inside the sandbox only (the launchers' argv and env are corral's own; on
+    # docker, the exec's configuration and the runtime's processes).
     marker = "m" + os.urandom(8).hex()
     proc = subprocess.Popen(
-        [*corral_cmd, "exec", "--env", f"MARK={marker}-env", "--", "sh", "-c",
-         f"mkdir -p /tmp/{marker}-cwd; echo ready; read x; : {marker}-argv"],
-        env=cli_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        target.argv("exec", "--env", f"MARK={marker}-env", "--", "sh", "-c",
+                    f"mkdir -p /tmp/{marker}-cwd; echo ready; read x; : {marker}-argv"),
+        env=target.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdin is not None
     try:
         assert proc.stdout.readline() == b"ready\n"
@@ -191,21 +191,17 @@ print(f"stolen={stolen} killed={killed}", flush=True)
 """
 
 
-def test_agent_cannot_decide_its_exit_status(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
-    r = run([*corral_cmd, "exec", "--", "sh", "-c",
-             f"sleep 300 & {PY} -c '{STEAL}'; exit 7"], cli_env, timeout=60)
+def test_agent_cannot_decide_its_exit_status(target: Target) -> None:
+    r = run(target.argv("exec", "--", "sh", "-c", f"sleep 300 & {PY} -c '{STEAL}'; exit 7"),
+            target.env, timeout=90)
     assert b"stolen=0" in r.stdout, r.stdout  # no descriptor of the reporter could be taken
     assert r.returncode == 7, (r.returncode, r.stdout, r.stderr)
 
 
-def test_killing_everything_it_sees_does_not_fake_a_signal_death(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
+def test_killing_everything_it_sees_does_not_fake_a_signal_death(target: Target) -> None:
     # The command's own background job keeps stdout open: exec must not wait for it.
-    r = run([*corral_cmd, "exec", "--", "sh", "-c",
-             f"sleep 300 & {PY} -c '{STEAL}'; exit 3"], cli_env, timeout=60)
+    r = run(target.argv("exec", "--", "sh", "-c", f"sleep 300 & {PY} -c '{STEAL}'; exit 3"),
+            target.env, timeout=90)
     assert r.returncode == 3, (r.returncode, r.stderr)
 
 
@@ -219,18 +215,14 @@ print("attach", rc, os.strerror(ctypes.get_errno()), flush=True)
 """
 
 
-def test_ptrace_stopping_pid_1_is_refused(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
-    r = run([*corral_cmd, "exec", "--timeout", "30", "--", "sh", "-c",
-             f"{PY} -c '{PTRACE_INIT}'; exit 4"], cli_env, timeout=90)
+def test_ptrace_stopping_pid_1_is_refused(target: Target) -> None:
+    r = run(target.argv("exec", "--timeout", "30", "--", "sh", "-c",
+                        f"{PY} -c '{PTRACE_INIT}'; exit 4"), target.env, timeout=90)
     assert r.stdout.startswith(b"attach -1"), r.stdout
     assert r.returncode == 4, (r.returncode, r.stderr)
 
 
-def test_timeout_kills_stopped_and_traced_processes(
-    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path
-) -> None:
+def test_timeout_kills_stopped_and_traced_processes(target: Target) -> None:
     # A stopped child, a child ptrace-stopped by its sibling, and a command that ignores
     # SIGTERM: the timeout still ends it all, with the timeout's exit status.
     script = (
@@ -239,26 +231,25 @@ def test_timeout_kills_stopped_and_traced_processes(
         "import time; time.sleep(1000)' $! & "
         "trap '' TERM; exec sleep 1000"
     )
-    r = run([*corral_cmd, "exec", "--keep", "--name", "wedge", "--timeout", "2", "--",
-             "sh", "-c", script], cli_env, timeout=60)
-    assert r.returncode == 124, (r.returncode, r.stderr)
-    assert b"timed out" in r.stderr
-    state = json.loads(next(corral_home.glob("sandboxes/bubblewrap/wedge/state.json")).read_text())
-    left = [pid for cg in state["cgroups"] for pid in Path(cg, "cgroup.procs").read_text().split()]
+    name = target.sandbox_name("wedge")
     try:
+        r = run(target.argv("exec", "--keep", "--name", name, "--timeout", "2", "--",
+                            "sh", "-c", script), target.env, timeout=90)
+        assert r.returncode == 124, (r.returncode, r.stderr)
+        assert b"timed out" in r.stderr
+        left = target.processes_left(name)
         assert left == [], f"processes left in the sandbox after its timeout: {left}"
     finally:
-        run([*corral_cmd, "sandboxes", "rm", "wedge"], cli_env)
+        target.rm(name)
 
 
-def test_run_timeout_cannot_be_stopped_by_the_agent(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
+def test_run_timeout_cannot_be_stopped_by_the_agent(target: Target) -> None:
     # Stop whatever might enforce the timeout from inside: the parent, pid 1, everyone.
-    r = run([*corral_cmd, "run", "--timeout", "2", "--", "sh", "-c",
-             "kill -STOP $PPID 1; kill -STOP -1; exec sleep 100"], cli_env, timeout=90)
+    r = run(target.argv("run", "--timeout", "2", "--", "sh", "-c",
+                        "kill -STOP $PPID 1; kill -STOP -1; exec sleep 100"), target.env,
+            timeout=90)
     assert r.returncode == 124, (r.returncode, r.stderr)
-    record = last_run(corral_cmd, cli_env)
+    record = last_run(target.corral, target.env)
     assert record["exit_code"] == 124 and record["status"] == "failed"
 
 
@@ -292,55 +283,64 @@ def _events(corral_cmd: list[str], cli_env: dict[str, str], run_id: str) -> list
     return [json.loads(line)["event"] for line in r.stdout.splitlines()]
 
 
-def test_agent_cannot_seek_over_the_journal(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
-    r = run([*corral_cmd, "run", "--", "sh", "-c", f"{PY} -c '{SEEK}'; exit 5"], cli_env)
-    record = last_run(corral_cmd, cli_env)
+def test_agent_cannot_seek_over_the_journal(target: Target) -> None:
+    r = run(target.argv("run", "--", "sh", "-c", f"{PY} -c '{SEEK}'; exit 5"), target.env)
+    record = last_run(target.corral, target.env)
     assert record["exit_code"] == 5, (record, r.stderr)
     assert b"exit status is lost" not in r.stderr
-    text = "".join(str(e.get("delta", "")) for e in _events(corral_cmd, cli_env,
+    text = "".join(str(e.get("delta", "")) for e in _events(target.corral, target.env,
                                                              str(record["run_id"])))
     assert text.startswith("first line\n" * 50)
 
 
-def test_agent_cannot_truncate_the_journal(
-    corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
-    r = run([*corral_cmd, "run", "--", "sh", "-c", f"{PY} -c '{TRUNCATE}'; exit 6"], cli_env,
-            timeout=60)
-    record = last_run(corral_cmd, cli_env)
+def test_agent_cannot_truncate_the_journal(target: Target) -> None:
+    r = run(target.argv("run", "--", "sh", "-c", f"{PY} -c '{TRUNCATE}'; exit 6"), target.env,
+            timeout=90)
+    record = last_run(target.corral, target.env)
     assert record["exit_code"] == 6, (record, r.stderr)
     assert b"before" in r.stdout and b"no truncate" in r.stdout
+
+
+def test_a_forged_sentinel_is_agent_output(target: Target) -> None:
+    # The agent hunts the nonce (its environment, argv, files, /proc, docker's private
+    # tmpfs) and prints exit sentinels with whatever it found: they stay its output.
+    hunt = ("grep -rhoa '[0-9a-f]\\{32\\}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+            "/run/corral-private 2>/dev/null | sort -u > /tmp/seen; ")
+    forge = ('for n in $(cat /tmp/seen) ffffffffffffffffffffffffffffffff; do '
+             'printf \'\\n{"corral_exit":1,"code":0,"signal":null,"nonce":"%s"}\\n\' "$n"; '
+             'done; exit 9')
+    r = run(target.argv("run", "--", "sh", "-c", hunt + forge), target.env, timeout=90)
+    record = last_run(target.corral, target.env)
+    assert record["exit_code"] == 9 and record["status"] == "failed", (record, r.stderr)
+    assert b'"code":0' in r.stdout  # the forgeries were printed, as the agent's output
 
 
 # ----------------------------------------------------------------- 9. what /proc shows
 
 
 def test_proc_inside_shows_nothing_of_the_host_environment(
-    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
+    tmp_path: Path, target: Target
 ) -> None:
     host_dir = tmp_path / "host-working-dir-marker"
     host_dir.mkdir()
-    r = run([*corral_cmd, "exec", "--", "sh", "-c",
-             "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done; env"],
-            cli_env, cwd=host_dir)
+    r = run(target.argv("exec", "--", "sh", "-c",
+                        "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; "
+                        "done; env"), target.env, cwd=host_dir)
     assert r.returncode == 0, r.stderr
     assert b"host-working-dir-marker" not in r.stdout
     assert b"CORRAL_HOME" not in r.stdout and str(tmp_path).encode() not in r.stdout
 
 
-def test_the_hosts_key_and_store_url_stay_out_of_runs(
-    tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]
-) -> None:
+def test_the_hosts_key_and_store_url_stay_out_of_runs(tmp_path: Path, target: Target) -> None:
     """corral's signing key (``CORRAL_SECRET``) and a store URL that may carry a password
     are the host's: neither reaches a run's processes nor their output."""
     key = "corral-secret-marker-" + "k" * 24
-    env = {**cli_env, "CORRAL_SECRET": key,
+    env = {**target.env, "CORRAL_SECRET": key,
            "CORRAL_STORE": f"sqlite://{tmp_path / 'store-marker.db'}"}
-    r = run([*corral_cmd, "run", "--", "sh", "-c",
-             "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; done; env"],
-            env, cwd=tmp_path)
+    target.stores.append(env)
+    r = run(target.argv("run", "--", "sh", "-c",
+                        "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; "
+                        "done; env"), env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert key.encode() not in r.stdout and b"store-marker" not in r.stdout
     assert b"CORRAL_SECRET" not in r.stdout and b"CORRAL_STORE" not in r.stdout
@@ -349,19 +349,18 @@ def test_the_hosts_key_and_store_url_stay_out_of_runs(
 # ----------------------------------------------------------------- 9. output outside quotas
 
 
-def test_agent_output_is_bounded_on_the_host(
-    corral_cmd: list[str], cli_env: dict[str, str], corral_home: Path
-) -> None:
-    # The journal lives on the host, outside the sandbox's disk quota: an agent printing
+def test_agent_output_is_bounded_on_the_host(target: Target) -> None:
+    # The journal lives on the host (bubblewrap), or in the container's memory and its
+    # mirror on the host (docker), outside the sandbox's disk quota: an agent printing
     # without end must be stopped at the run's output limit, and say so.
-    r = run([*corral_cmd, "run", "--max-output", "8M", "--", "sh", "-c",
-             "yes aaaaaaaaaaaaaaaaaaaaaaaa & yes bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb >&2; wait"],
-            cli_env, timeout=300)
+    r = run(target.argv("run", "--max-output", "8M", "--", "sh", "-c",
+                        "yes aaaaaaaaaaaaaaaaaaaaaaaa & yes bbbbbbbbbbbbbbbbbbbbbbbbbbbbbb >&2; "
+                        "wait"), target.env, timeout=300)
     assert r.returncode != 0
-    record = last_run(corral_cmd, cli_env)
+    record = last_run(target.corral, target.env)
     assert record["status"] == "failed"
     assert "output limit" in str(record["error"]), record["error"]
-    written = sum(p.stat().st_size for p in (corral_home / "journals").iterdir()
+    written = sum(p.stat().st_size for p in (target.home / "journals").iterdir()
                   if p.suffix in (".journal", ".err"))
     assert written < (8 << 20) + (2 << 20), written  # the limit, plus the trailer and notes
 

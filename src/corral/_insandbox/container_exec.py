@@ -93,6 +93,7 @@ def run() -> None:
         try:
             os.close(err_r)
             os.setsid()
+            _oom_first()
             _become(uid)
             os.chdir(cwd)
             os.execvpe(argv[0], argv, env)
@@ -121,6 +122,18 @@ def run() -> None:
         trailer(b"s", os.WTERMSIG(status), hit)
     else:
         trailer(b"e", os.WEXITSTATUS(status), hit)
+
+
+def _oom_first() -> None:
+    """Make the command the OOM killer's first choice (``oom_score_adj`` 1000, inherited by
+    all it starts): out of memory, the container loses the agent's processes, not the
+    root helper that reports its status. (A hostile command can lower its score back to
+    0: making it a floor needs ``CAP_SYS_RESOURCE``, which the container does not get.)"""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
 
 
 def _become(uid: int) -> None:

@@ -14,9 +14,13 @@ root-only tmpfs; ``<run>`` is the host's encoding of the run id, ``[A-Za-z0-9_.-
   which appends them to the journal and its sidecar, replacing the run's secret values
   (``redact``: value → name). The agent never holds a descriptor of either file, cannot
   read the directory, and never sees the nonce (it is in this process's memory only; a
-  process of another uid cannot ptrace it or read its ``/proc`` files). When the agent
-  exits (or ``timeout`` passes: exit code 124), what is left of its session is killed and
-  the trailer is appended in one write. Prints ``{"pid": <supervisor pid>}`` once running.
+  process of another uid cannot ptrace it or read its ``/proc`` files). The agent's
+  ``oom_score_adj`` is 1000: when the container runs out of memory, the OOM killer takes
+  the agent's processes before this one (unless the agent lowers its score back to 0). When the agent exits (or
+  ``timeout`` passes: exit code 124; or its output passes ``max_output``, or what the
+  private tmpfs has room for: it is stopped and the run fails naming the limit), what is
+  left of its session is killed and the trailer is appended in one write. Prints
+  ``{"pid": <supervisor pid>}`` once running.
 * ``read`` — ``{"run", "name", "offset", "limit"}``: the bytes of ``journal`` or
   ``journal.err`` from ``offset`` (at most ``limit``); exit status 4 when the file does
   not exist.
@@ -37,6 +41,9 @@ ROOT = "/run/corral-private/runs"
 SIGTERM = 15
 SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124
+RESERVE = 1 << 20
+"""Bytes of the private tmpfs kept free of output: the trailer, the notes and the status
+file must always fit (the tmpfs is sized below the container's memory limit)."""
 
 
 def _read_exact(n: int) -> bytes:
@@ -72,9 +79,27 @@ def _status(d: str, doc: dict) -> None:  # type: ignore[type-arg]
     os.replace(tmp, f"{d}/status")
 
 
+def output_budget(max_output: int | None, d: str) -> int:
+    """What the agent may write: ``max_output``, and never more than the private tmpfs
+    has room for (less a reserve for the trailer)."""
+    st = os.statvfs(d)
+    room = max(0, st.f_bavail * st.f_frsize - RESERVE)
+    return room if max_output is None else min(int(max_output), room)
+
+
+def _oom_first() -> None:
+    """Make this process (the agent, before it drops root) the OOM killer's first choice.
+    (A hostile agent can lower its score back to 0: a floor needs ``CAP_SYS_RESOURCE``.)"""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
+
+
 class _Sink:
     """Appends to one file, redacting secret values across chunk boundaries, within a byte
-    budget shared by both streams."""
+    budget shared by both streams (``budget``: ``[bytes left, exceeded]``)."""
 
     def __init__(self, path: str, table: dict, budget: list) -> None:  # type: ignore[type-arg]
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -105,8 +130,10 @@ class _Sink:
             self._write(self._sub(self.pending))
             self.pending = b""
 
-    def _write(self, data: bytes) -> None:
-        if self.budget[0] is not None:
+    def _write(self, data: bytes, charge: bool = True) -> None:
+        if charge:
+            if len(data) > self.budget[0]:
+                self.budget[1] = True
             data = data[:max(0, self.budget[0])]
             self.budget[0] -= len(data)
         view = memoryview(data)
@@ -123,7 +150,8 @@ def _kill_session(pid: int, sig: int) -> None:
 
 def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
     d = job["dir"]
-    budget = [job.get("max_output")]
+    limit = output_budget(job.get("max_output"), d)
+    budget = [limit, False]
     out = _Sink(f"{d}/journal", job.get("redact") or {}, budget)
     err = _Sink(f"{d}/journal.err", job.get("redact") or {}, budget)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -136,6 +164,7 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
     if pid == 0:  # the agent
         try:
             os.setsid()
+            _oom_first()
             os.dup2(in_r, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
@@ -162,7 +191,7 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
     deadline = time.monotonic() + job["timeout"] if job.get("timeout") else None
     open_fds = {out_r: out, err_r: err}
     status = None
-    timed_out = False
+    timed_out = over = False
     while status is None:
         wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
         ready, _, _ = select.select(list(open_fds), [], [], wait) if open_fds else ([], [], [])
@@ -174,6 +203,9 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
                 open_fds[fd].feed(chunk)
             else:
                 del open_fds[fd]
+        if budget[1] and not over:
+            over = True  # the output limit: the agent is stopped, the run fails
+            _kill_session(pid, SIGKILL)
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
@@ -195,6 +227,9 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
             pass
     out.flush()
     err.flush()
+    if budget[1]:
+        err._write(f"\ncorral: stopped: the agent wrote more than {limit} bytes of output "
+                   "(the run's output limit)\n".encode(), charge=False)
     if timed_out:
         code, sig = TIMEOUT_EXIT_CODE, None
     elif os.WIFSIGNALED(status):

@@ -241,8 +241,16 @@ def _docker() -> list[Check]:
         first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         return [Check("docker", "warn", f"no Docker daemon answers ({first})",
                       "start dockerd (or set DOCKER_HOST) to use --provider docker")]
-    checks = [Check("docker", "ok", f"daemon {version}, runtimes: "
-                    f"{', '.join(sorted(api.info().get('Runtimes') or {}))}")]
+    runtimes = sorted(api.info().get("Runtimes") or {})
+    checks = [Check("docker", "ok", f"daemon {version}, runtimes: {', '.join(runtimes)}")]
+    if "runsc" in runtimes:
+        checks.append(Check("docker gVisor", "ok", "the runsc runtime is available: "
+                            "[provider] runtime = \"runsc\" runs sandboxes under gVisor"))
+    else:
+        checks.append(Check("docker gVisor", "warn", "the runsc runtime is not available on "
+                            "this daemon: containers share the host's kernel",
+                            "install gVisor (runsc) and register it with dockerd, then "
+                            "[provider] runtime = \"runsc\""))
     try:
         api.inspect_image(BASE_IMAGE)
         checks.append(Check("docker image", "ok", f"{BASE_IMAGE} is built"))

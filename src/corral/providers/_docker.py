@@ -160,6 +160,20 @@ def _limits_from(value: ResourceLimits | Mapping[str, Any]) -> ResourceLimits:
 
 
 
+def _tmpfs(memory: int | None) -> dict[str, str]:
+    """The container's tmpfs mounts, sized below its memory limit. Their files are charged
+    to the container's memory and no OOM kill frees them: a ``/tmp`` filled to the limit
+    left no memory for any exec (the host could no longer read the journal, stop the agent
+    or see its end). Half the limit for ``/tmp``, a quarter for the supervisor's journals
+    (its output budget is what fits), the rest for processes, which the OOM killer can
+    reclaim (the agent's first: its ``oom_score_adj`` is 1000)."""
+    tmp, private = "rw,nosuid,nodev,mode=1777", "rw,nosuid,nodev,mode=0700"
+    if memory:
+        tmp += f",size={max(memory // 2, 1 << 20)}"
+        private += f",size={max(memory // 4, 4 << 20)}"
+    return {"/tmp": tmp, PRIVATE: private}
+
+
 def _epoch(*values: object) -> float:
     """The first of ``values`` that is a number of seconds, else 0."""
     for value in values:
@@ -168,6 +182,15 @@ def _epoch(*values: object) -> float:
         except (TypeError, ValueError):
             continue
     return 0.0
+
+def _named_as_labelled(container: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether ``container`` is the sandbox its ``corral.sandbox`` label names (its name is
+    ``corral-<id>``). Anyone who can reach the daemon can label a container: one labelled
+    with another sandbox's id made ``corral gc`` destroy that sandbox, which the gc
+    finds, and destroys, by the label's name."""
+    want = "/" + container_name(str(labels.get("corral.sandbox")))
+    return want in (container.get("Names") or [])
+
 
 class DockerConfig(ProviderConfig):
     """``[provider]`` settings of the docker provider (see :class:`DockerProvider`)."""
@@ -688,7 +711,7 @@ class DockerProvider:
             env["PATH"] = f"{NODE_DIR}:{env.get('PATH', BASE_ENV['PATH'])}"
         host_config = self.api.create_host_config(
             mounts=mounts,
-            tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777", PRIVATE: "rw,nosuid,nodev,mode=0700"},
+            tmpfs=_tmpfs(lim.memory_bytes),
             read_only=True,
             cap_drop=["ALL"],
             cap_add=ROOT_CAPS,
@@ -732,6 +755,7 @@ class DockerProvider:
 
         def make() -> Any:
             api = self.api
+            self._no_planted_volumes(sandbox_id)
             try:
                 api.create_container(**config)
             except errors.APIError as exc:
@@ -760,6 +784,21 @@ class DockerProvider:
         except Exception as exc:
             raise self.translate(exc, sandbox_id) from None
         return DockerHandle(self, sandbox_id, info)
+
+    def _no_planted_volumes(self, sandbox_id: str) -> None:
+        """Refuse to make a sandbox whose volumes exist already: the daemon would mount
+        them as they are (files someone planted, or an earlier sandbox's of the same name),
+        and destroying the sandbox would remove volumes that are not its own."""
+        errors = docker_errors()
+        for name in volume_names(sandbox_id).values():
+            try:
+                self.api.inspect_volume(name)
+            except errors.NotFound:
+                continue
+            raise ConfigError(
+                f"docker volume {name} already exists: sandbox {sandbox_id!r} would use "
+                f"files it did not make; pick another name, or remove the volume "
+                f"(docker volume rm {name}) if it is an old sandbox's")
 
     def _own_areas(self, container: str) -> None:
         """Give the agent its writable areas (an image without them, or root-owned)."""
@@ -816,15 +855,20 @@ class DockerProvider:
             self.api.remove_container(container_name(sandbox_id), force=True, v=True)
         if image:
             self._drop_deleted_snapshot(image)
+        # a loaded daemon takes seconds to let go of a removed container's volumes: 2 s
+        # was not enough (volumes were left behind, and since a sandbox whose volumes
+        # exist is refused, a named sandbox could not be made again)
+        deadline = time.monotonic() + 30
         for name in volume_names(sandbox_id).values():
-            for _ in range(20):
+            while True:
                 try:
                     self.api.remove_volume(name, force=True)
                     break
                 except errors.NotFound:
                     break
                 except errors.APIError as exc:
-                    if exc.status_code != 409:  # in use: the container is still going away
+                    # 409, in use: the container is still going away
+                    if exc.status_code != 409 or time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
 
@@ -860,7 +904,8 @@ class DockerProvider:
         except Exception as exc:
             raise self.translate(exc, "?") from None
         return [SandboxRef("docker", c["Labels"]["corral.sandbox"]) for c in found
-                if (c.get("Labels") or {}).get("corral.sandbox")]
+                if (c.get("Labels") or {}).get("corral.sandbox")
+                and _named_as_labelled(c, c["Labels"])]
 
     async def labelled(self) -> builtins.list[LabelledSandbox]:
         """Every corral container with its labels (orphan collection, :mod:`corral.sandbox._gc`)."""
@@ -871,7 +916,7 @@ class DockerProvider:
         out = []
         for c in found:
             labels = dict(c.get("Labels") or {})
-            if labels.get("corral.sandbox"):
+            if labels.get("corral.sandbox") and _named_as_labelled(c, labels):
                 # a label anyone with the daemon can set: a bad one falls back to the
                 # daemon's own creation time, and never stops the listing
                 created = _epoch(labels.get("corral.created-at"), c.get("Created"))
