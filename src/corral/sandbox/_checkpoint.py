@@ -104,11 +104,15 @@ class CheckpointTooLarge(CheckpointError):
 
     def __init__(self, total: int, cap: int) -> None:
         super().__init__(
-            f"the workspace holds {total / (1 << 20):.1f} MiB, over the checkpoint size cap "
-            f"of {cap / (1 << 20):.1f} MiB; nothing was stored. Raise the cap, remove large "
+            f"the workspace holds {_size(total)}, over the checkpoint size cap of "
+            f"{_size(cap)}; nothing was stored. Raise the cap, remove large "
             "files from the workspace, or choose to skip checkpoints that are too large")
         self.total = total
         self.cap = cap
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +279,7 @@ async def _stderr_of(proc: Process, into: list[bytes]) -> None:
 
 async def _finish(proc: Process, err: list[bytes], what: str) -> None:
     result = await proc.wait()
+    await _stderr_of(proc, err)
     if not result.ok:
         tail = b"".join(err)[-500:].decode("utf-8", "replace").strip()
         raise CheckpointError(f"{what} in the sandbox failed ({result.describe()})"
@@ -356,78 +361,78 @@ async def _checkpoint(
     listings: list[Any] = []
     content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]] = {}
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stderr_of, proc, err)
-            await proc.write_stdin(request)
-            await proc.close_stdin()
-            frames = _Frames(proc.stdout)
-            kind, head = await frames.next(_MAX_HEADER)
-            if kind != b"H":
-                raise CheckpointError("the sandbox's checkpoint output has no listing")
-            try:
-                listings = json.loads(head)["roots"]
-                if not isinstance(listings, list) or len(listings) != len(roots):
-                    raise ValueError("wrong number of roots")
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
-                                      ) from None
-            total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
-                        if e[1] == "file")
-            if max_bytes is not None and total > max_bytes:
-                await proc.kill(signal.SIGKILL)
-                tg.cancel_scope.cancel()
-                return _too_large(total, max_bytes, on_too_large)
-            received = 0
-            for index, listing in enumerate(listings):
-                for e in listing.get("entries", ()):
-                    if not e[7]:
-                        continue
-                    scanner = _Scanner(pattern, table, longest)
-                    digests: list[str] = []
-                    size = 0
-                    skipped: str | None = None
-                    while True:
-                        kind, data = await frames.next(CHUNK_BYTES)
-                        if kind == b"D":
-                            size += len(data)
-                            received += len(data)
-                            if max_bytes is not None and received > max_bytes:
-                                await proc.kill(signal.SIGKILL)
-                                tg.cancel_scope.cancel()
-                                return _too_large(received, max_bytes, on_too_large)
-                            scanner.feed(data)
-                            if scanner.found is None:
-                                digest = hashlib.sha256(data).hexdigest()
-                                digests.append(digest)
-                                scanner.held.append((digest, data))
-                                if len(scanner.held) > 1:
-                                    await uploader.add(*scanner.held.pop(0))
-                        elif kind == b"E":
-                            break
-                        elif kind == b"X":
-                            skipped = "unreadable"
-                            log.warning("checkpoint of thread %s: %s left out, unreadable "
-                                        "in the sandbox (%s)", thread_id, e[0],
-                                        data[:200].decode("utf-8", "replace"))
-                            break
-                        else:
-                            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-                    if scanner.found is not None:
-                        skipped = "secret"
-                        log.warning("checkpoint of thread %s: %s left out, it holds the "
-                                    "value of secret %s", thread_id, e[0], scanner.found)
-                    if skipped is None:
-                        for held in scanner.held:
-                            await uploader.add(*held)
-                        content[(index, e[0])] = (size, tuple(digests), None)
-                    else:  # the listed size: an unchanged file is not read again
-                        content[(index, e[0])] = (int(e[3]), (), skipped)
-            kind, _ = await frames.next(0)
-            if kind != b"Z":
-                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-            await uploader.flush()
-            await _finish(proc, err, "reading the workspace")
-            tg.cancel_scope.cancel()
+        await proc.write_stdin(request)
+        await proc.close_stdin()
+        frames = _Frames(proc.stdout)
+        kind, head = await frames.next(_MAX_HEADER)
+        if kind != b"H":
+            raise CheckpointError("the sandbox's checkpoint output has no listing")
+        try:
+            listings = json.loads(head)["roots"]
+            if not isinstance(listings, list) or len(listings) != len(roots):
+                raise ValueError("wrong number of roots")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
+                                  ) from None
+        total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
+                    if e[1] == "file")
+        if max_bytes is not None and total > max_bytes:
+            await proc.kill(signal.SIGKILL)
+            return _too_large(total, max_bytes, on_too_large)
+        received = 0
+        for index, listing in enumerate(listings):
+            named = _named_secrets(listing, pattern)
+            for e in listing.get("entries", ()):
+                if not e[7]:
+                    continue
+                scanner = _Scanner(pattern, table, longest)
+                if e[0] in named:  # left out of the manifest: its content is not kept
+                    scanner.found = "-"
+                digests: list[str] = []
+                size = 0
+                skipped: str | None = None
+                while True:
+                    kind, data = await frames.next(CHUNK_BYTES)
+                    if kind == b"D":
+                        size += len(data)
+                        received += len(data)
+                        if max_bytes is not None and received > max_bytes:
+                            await proc.kill(signal.SIGKILL)
+                            return _too_large(received, max_bytes, on_too_large)
+                        scanner.feed(data)
+                        if scanner.found is None:
+                            digest = hashlib.sha256(data).hexdigest()
+                            digests.append(digest)
+                            scanner.held.append((digest, data))
+                            if len(scanner.held) > 1:
+                                await uploader.add(*scanner.held.pop(0))
+                    elif kind == b"E":
+                        break
+                    elif kind == b"X":
+                        skipped = "unreadable"
+                        log.warning("checkpoint of thread %s: %s left out, unreadable "
+                                    "in the sandbox (%s)", thread_id, e[0],
+                                    data[:200].decode("utf-8", "replace"))
+                        break
+                    else:
+                        raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+                if scanner.found == "-":
+                    continue
+                if scanner.found is not None:
+                    skipped = "secret"
+                    log.warning("checkpoint of thread %s: %s left out, it holds the "
+                                "value of secret %s", thread_id, e[0], scanner.found)
+                if skipped is None:
+                    for held in scanner.held:
+                        await uploader.add(*held)
+                    content[(index, e[0])] = (size, tuple(digests), None)
+                else:  # the listed size: an unchanged file is not read again
+                    content[(index, e[0])] = (int(e[3]), (), skipped)
+        kind, _ = await frames.next(0)
+        if kind != b"Z":
+            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+        await uploader.flush()
+        await _finish(proc, err, "reading the workspace")
     except BaseException:
         with anyio.CancelScope(shield=True):
             await proc.kill(signal.SIGKILL)
@@ -456,6 +461,24 @@ async def _checkpoint(
     )
     await store.put_checkpoint(cp, now=now)
     return cp
+
+
+def _named_secrets(listing: Any, pattern: Any) -> set[str]:
+    """The listed paths whose name or link target holds a secret, or that lie under one."""
+    if pattern is None or not isinstance(listing, dict):
+        return set()
+    out: set[str] = set()
+    for raw in listing.get("entries", ()):
+        try:
+            path, target = str(raw[0]), raw[6]
+        except (IndexError, TypeError, KeyError):
+            continue
+        parent = path.rpartition("/")[0]
+        if parent in out or pattern.search(path.encode("utf-8", "surrogateescape")) or (
+                isinstance(target, str)
+                and pattern.search(target.encode("utf-8", "surrogateescape"))):
+            out.add(path)
+    return out
 
 
 def _too_large(total: int, cap: int, on_too_large: str) -> None:
@@ -565,17 +588,18 @@ async def restore_checkpoint(
                 out.append(part)
 
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stderr_of, proc, err)
-            tg.start_soon(read_out)
-            try:
-                await proc.write_stdin(_HEAD.pack(b"H", len(head)) + head)
-                await _send_files(proc, store, files)
-            except (BrokenPipeError, anyio.BrokenResourceError):
-                pass  # the script refused and exited: its answer says why
-            finally:
-                await proc.close_stdin()
-            result = await proc.wait()
+        try:
+            await proc.write_stdin(_HEAD.pack(b"H", len(head)) + head)
+            await _send_files(proc, store, files)
+        except (BrokenPipeError, anyio.BrokenResourceError):
+            pass  # the script refused and exited: its answer says why
+        finally:
+            await proc.close_stdin()
+        result = await proc.wait()
+        # read after the exit: the script writes one short line (and a traceback at worst),
+        # well under a pipe's buffer
+        await read_out()
+        await _stderr_of(proc, err)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await proc.kill(signal.SIGKILL)
