@@ -139,7 +139,7 @@ def save(request: dict[str, Any], out: BinaryIO) -> None:
     chunk = int(request["chunk"])
     listings: list[Any] = []
     tops: list[str] = []
-    for root, known in zip(request["roots"], request["known"]):
+    for root, known in zip(request["roots"], request["known"], strict=True):
         top = _root_path(root)
         tops.append(top)
         if not os.path.isdir(top):
@@ -147,7 +147,7 @@ def save(request: dict[str, Any], out: BinaryIO) -> None:
             continue
         listings.append({"entries": _walk(top, known)})
     _frame(out, b"H", json.dumps({"roots": listings}).encode())
-    for top, listing in zip(tops, listings):
+    for top, listing in zip(tops, listings, strict=True):
         for e in listing.get("entries", ()):
             if e[7]:
                 _send_file(out, os.path.join(top, e[0]), chunk)

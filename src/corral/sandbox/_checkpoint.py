@@ -378,7 +378,8 @@ async def _checkpoint(
                     if e[1] == "file")
         if max_bytes is not None and total > max_bytes:
             await proc.kill(signal.SIGKILL)
-            return _too_large(total, max_bytes, on_too_large)
+            _too_large(total, max_bytes, on_too_large)
+            return None
         received = 0
         for index, listing in enumerate(listings):
             named = _named_secrets(listing, pattern)
@@ -398,7 +399,8 @@ async def _checkpoint(
                         received += len(data)
                         if max_bytes is not None and received > max_bytes:
                             await proc.kill(signal.SIGKILL)
-                            return _too_large(received, max_bytes, on_too_large)
+                            _too_large(received, max_bytes, on_too_large)
+                            return None
                         scanner.feed(data)
                         if scanner.found is None:
                             digest = hashlib.sha256(data).hexdigest()

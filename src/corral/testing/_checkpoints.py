@@ -277,12 +277,14 @@ def tree(root: Path) -> dict[str, Any]:
     return out
 
 
-def sample(ws: Path) -> None:
+def sample(ws: Path, exec_mode: int = 0o750) -> None:
+    """A small workspace with every kind of entry (``exec_mode``: the script's mode; a
+    sandbox whose user does not own files written from the host needs them world-readable)."""
     (ws / "src" / "pkg").mkdir(parents=True)
     (ws / "src" / "pkg" / "mod.py").write_text("print('hi')\n" * 50)
     (ws / "big.bin").write_bytes(os.urandom(3 << 20) + b"tail")
     (ws / "run.sh").write_text("#!/bin/sh\necho run\n")
-    (ws / "run.sh").chmod(0o750)
+    (ws / "run.sh").chmod(exec_mode)
     (ws / "empty").mkdir()
     (ws / "empty-file").write_bytes(b"")
     (ws / "link").symlink_to("src/pkg/mod.py")
