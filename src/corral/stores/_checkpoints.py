@@ -58,6 +58,8 @@ __all__ = [
 EntryKind = Literal["file", "dir", "symlink"]
 _KINDS: Final = frozenset({"file", "dir", "symlink"})
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
+_BAD_COMPONENT: Final = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+"""An empty, ``.`` or ``..`` component (or a leading ``/``)."""
 MAX_PATH: Final = 4096
 CHUNK_GRACE: Final = 3600.0
 """Seconds a chunk nobody names is kept after it was last put or touched (the collector's
@@ -241,7 +243,7 @@ def check_entry_path(path: object) -> str:
     if "\0" in path or path.startswith("/") or len(path.encode("utf-8", "surrogateescape")) > MAX_PATH:
         raise CorruptCheckpoint(f"checkpoint entry path {path[:200]!r} is absolute, too long or "
                                 "holds NUL; refused")
-    if any(part in ("", ".", "..") for part in path.split("/")):
+    if _BAD_COMPONENT.search(path):
         raise CorruptCheckpoint(f"checkpoint entry path {path[:200]!r} has an empty, '.' or '..' "
                                 "component; refused")
     return path
@@ -325,7 +327,7 @@ def manifest_to_bytes(cp: Checkpoint) -> bytes:
         text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise StoreError(f"checkpoint {cp.checkpoint_id}: meta is not JSON: {exc}") from None
-    return zlib.compress(text.encode("ascii"), 6)
+    return zlib.compress(text.encode("ascii"), 1)
 
 
 def manifest_from_bytes(data: bytes) -> Checkpoint:
