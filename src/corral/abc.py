@@ -12,7 +12,8 @@
   boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
   other half: behaviour that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
-  :class:`InstanceStore`, :class:`LockStore`, and :class:`Store`, all of them at once.
+  :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
+  workspace checkpoints, #27), and :class:`Store`, all of them at once.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     )
     from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
     from corral.stores._protocols import (
+        CheckpointStore,
         ClaimStore,
         EventLog,
         InstanceStore,
@@ -52,13 +54,15 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
     **dict.fromkeys(
-        ("ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore", "Store"),
+        ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
+         "Store"),
         "corral.stores._protocols",
     ),
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
+    "CheckpointStore",
     "ClaimStore",
     "DefaultLimits",
     "Described",

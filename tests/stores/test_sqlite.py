@@ -341,7 +341,7 @@ async def test_a_version_1_file_is_migrated_once_keeping_its_data(tmp_path: Path
     make_v1_store(path)
     store = await open_store(f"sqlite://{path}")
     assert isinstance(store, SQLiteStore)
-    assert store.migrated_from == 1 and user_version(path) == 2
+    assert store.migrated_from == 1 and user_version(path) == SCHEMA_VERSION
     await check_v1_data(store)
     # the new tables work
     await store.add_approval(ApprovalRequest("a1", "old-run", "deploy", {}, 1000.0, 1300.0))
@@ -360,7 +360,7 @@ async def test_a_version_1_file_is_migrated_once_keeping_its_data(tmp_path: Path
 async def test_a_new_file_gets_the_current_schema(tmp_path: Path) -> None:
     store = await open_store(f"sqlite://{tmp_path / 'new.db'}")
     assert isinstance(store, SQLiteStore) and store.migrated_from == 0
-    assert user_version(tmp_path / "new.db") == SCHEMA_VERSION == 2
+    assert user_version(tmp_path / "new.db") == SCHEMA_VERSION
     await store.aclose()
 
 
@@ -418,9 +418,9 @@ async def test_processes_opening_a_version_1_file_at_once_migrate_it_once(
         path = tmp_path / f"race-{attempt}.db"
         make_v1_store(path)
         outs = await _race([sys.executable, "-c", OPENER, f"sqlite://{path}"], 4)
-        # exactly one process migrated; the others found version 2 under the lock
+        # exactly one process migrated; the others found the new version under the lock
         assert sorted(outs) == ["1 3", "None 3", "None 3", "None 3"], outs
-        assert user_version(path) == 2
+        assert user_version(path) == SCHEMA_VERSION
         store = await open_store(f"sqlite://{path}")
         assert isinstance(store, SQLiteStore)
         await check_v1_data(store)
@@ -435,7 +435,7 @@ async def test_a_newer_schema_is_refused_in_one_line(
     raw.execute("PRAGMA user_version = 99")
     raw.close()
     with pytest.raises(StoreError, match=r"schema version 99, newer than this corral "
-                                         r"understands \(2\); upgrade corral"):
+                                         rf"understands \({SCHEMA_VERSION}\); upgrade corral"):
         await open_store(f"sqlite://{path}")
     assert user_version(path) == 99  # untouched
     r = subprocess.run([*corral_cmd, "ls", "--store", f"sqlite://{path}"], env=cli_env,

@@ -11,7 +11,8 @@
   ``pool_max=N`` (connections each store keeps open / may open, default 1 and 10). Messages
   show the URL with its password masked.
 
-The store protocols (:class:`Store` and its parts) and the run records are exported here
+The store protocols (:class:`Store` and its parts), the run records and the checkpoint
+values (:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here
 too.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
@@ -25,6 +26,18 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from corral.stores._checkpoints import (
+        CHUNK_GRACE,
+        Checkpoint,
+        CheckpointEntry,
+        CheckpointExists,
+        CheckpointInfo,
+        ChunkStats,
+        CorruptCheckpoint,
+        MissingChunks,
+        SessionPart,
+        UnknownCheckpoint,
+    )
     from corral.stores._memory import MemoryStore
     from corral.stores._open import open_store
     from corral.stores._url import default_store_url
@@ -34,6 +47,7 @@ if TYPE_CHECKING:
         ApprovalExists,
         ApprovalRequest,
         ApprovalStore,
+        CheckpointStore,
         SecretStore,
         UnknownApproval,
         Claim,
@@ -70,6 +84,7 @@ _EXPORTS: dict[str, str] = {
             "ApprovalExists",
             "ApprovalRequest",
             "ApprovalStore",
+            "CheckpointStore",
             "SecretStore",
             "UnknownApproval",
             "Claim",
@@ -100,6 +115,11 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("UNSET", "RunError", "RunPatch", "RunRecord", "RunStatus"), "corral.stores._records"
     ),
+    **dict.fromkeys(
+        ("CHUNK_GRACE", "Checkpoint", "CheckpointEntry", "CheckpointExists", "CheckpointInfo",
+         "ChunkStats", "CorruptCheckpoint", "MissingChunks", "SessionPart", "UnknownCheckpoint"),
+        "corral.stores._checkpoints",
+    ),
     "MemoryStore": "corral.stores._memory",
     "SQLiteStore": "corral.stores._sqlite",
     "PostgresStore": "corral.stores._postgres",
@@ -113,6 +133,17 @@ __all__ = [
     "ApprovalExists",
     "ApprovalRequest",
     "ApprovalStore",
+    "CHUNK_GRACE",
+    "Checkpoint",
+    "CheckpointEntry",
+    "CheckpointExists",
+    "CheckpointInfo",
+    "CheckpointStore",
+    "ChunkStats",
+    "CorruptCheckpoint",
+    "MissingChunks",
+    "SessionPart",
+    "UnknownCheckpoint",
     "SecretStore",
     "UnknownApproval",
     "Claim",

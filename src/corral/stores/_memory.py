@@ -28,6 +28,7 @@ from corral.stores._protocols import (
 )
 from corral.stores import _logic
 from corral.stores._signal import LocalSignal
+from corral.stores._memory_checkpoints import CheckpointState, MemoryCheckpoints
 
 
 def _frozen(record: RunRecord) -> RunRecord:
@@ -42,7 +43,7 @@ class _Log:
     high_journal: int | None = None  # the highest journal offset logged
 
 
-class MemoryStore:
+class MemoryStore(MemoryCheckpoints):
     """All store protocols in process memory (``memory://``)."""
 
     url = "memory://"
@@ -56,6 +57,7 @@ class MemoryStore:
         # (run_id, approval_id) -> (request as stored, answer); dict order is insertion order
         self._approvals: dict[tuple[str, str], tuple[str, float, ApprovalAnswer | None]] = {}
         self._secrets: dict[str, bytes] = {}
+        self._checkpoint_state = CheckpointState()
         self._signal = LocalSignal()
 
     def _now(self, now: float | None) -> float:

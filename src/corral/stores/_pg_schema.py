@@ -126,7 +126,40 @@ END
 $$;
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, _V1), (2, _V2)]
+# checkpoints (#27): content-addressed chunks shared by every checkpoint and thread, the
+# manifests (zlib JSON) per thread, and which manifest names which chunk (what the
+# collector keeps). Chunks are stored uncompressed by PostgreSQL (EXTERNAL): corral
+# compresses what compresses. A separate entry: the integrator may renumber it.
+_V_CHECKPOINTS: Final = """
+CREATE TABLE {s}.chunks (
+    digest text PRIMARY KEY,
+    size bigint NOT NULL,
+    touched_at double precision NOT NULL,
+    data bytea NOT NULL
+);
+ALTER TABLE {s}.chunks ALTER COLUMN data SET STORAGE EXTERNAL;
+CREATE INDEX chunks_touched ON {s}.chunks (touched_at);
+CREATE TABLE {s}.checkpoints (
+    seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    checkpoint_id text PRIMARY KEY,
+    thread_id text NOT NULL,
+    created_at double precision NOT NULL,
+    manifest bytea NOT NULL
+);
+CREATE INDEX checkpoints_thread ON {s}.checkpoints (thread_id, created_at, seq);
+CREATE TABLE {s}.checkpoint_chunks (
+    checkpoint_seq bigint NOT NULL,
+    digest text NOT NULL,
+    PRIMARY KEY (checkpoint_seq, digest)
+);
+CREATE INDEX checkpoint_chunks_digest ON {s}.checkpoint_chunks (digest);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (1, _V1),
+    (2, _V2),
+    (3, _V_CHECKPOINTS),  # checkpoints (#27)
+]
 """``(version, SQL)`` in order; ``{s}`` stands for the quoted schema name. Append, never
 edit: a store records which versions it has."""
 

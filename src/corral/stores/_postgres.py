@@ -52,6 +52,7 @@ from corral.stores import _logic
 from corral.stores._pg_direct import LoopStatement, MaybeRun, NotRun, Row, int_array, text_array
 from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
 from corral.stores._pg_listen import subscribe, unsubscribe
+from corral.stores._pg_checkpoints import PostgresCheckpoints
 from corral.stores._pg_schema import ensure_schema, qualify
 from corral.stores._pg_url import PgTarget, parse_postgres_url
 from corral.stores._protocols import (
@@ -280,7 +281,7 @@ def _run_row(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-class PostgresStore:
+class PostgresStore(PostgresCheckpoints):
     """All store protocols over one PostgreSQL database (``postgresql://…``).
 
     Open with :meth:`open` (or :func:`corral.stores.open_store`); ``fallback`` is how many

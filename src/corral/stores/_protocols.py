@@ -15,11 +15,16 @@ import enum
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from corral._errors import CorralError
 from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.stores._records import CorruptRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from corral.stores._checkpoints import Checkpoint, CheckpointInfo, ChunkStats
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -548,6 +553,65 @@ class SecretStore(Protocol):
 
 
 @runtime_checkable
+class CheckpointStore(Protocol):
+    """Checkpoints of threads' workspaces (#27): content-addressed chunks, shared by every
+    checkpoint and thread that holds the same bytes, and per-thread manifests naming them.
+
+    A writer puts its chunks (:meth:`put_chunks`, or learns with :meth:`missing_chunks`
+    which it need not put), then the manifest (:meth:`put_checkpoint`), within
+    ``grace`` seconds of :meth:`collect_chunks` (see :mod:`corral.stores` checkpoints:
+    the collector never removes a chunk a manifest names or a writer put or touched
+    lately, and a manifest naming an absent chunk is refused)."""
+
+    async def put_chunks(self, chunks: Mapping[str, bytes], *, now: float | None = None
+                         ) -> None:
+        """Store ``{digest: data}`` (data opaque to the store, keyed by the SHA-256 hex
+        digest the caller computed of the content). Idempotent: a digest already held is
+        kept as it is and touched. :class:`StoreError` for a malformed digest."""
+        ...
+
+    async def missing_chunks(self, digests: Collection[str], *, now: float | None = None
+                             ) -> set[str]:
+        """Which of ``digests`` the store does not hold; the ones it holds are touched (so
+        the collector keeps them for ``grace`` seconds from ``now``)."""
+        ...
+
+    async def get_chunks(self, digests: Collection[str]) -> dict[str, bytes]:
+        """``{digest: data}`` for the ``digests`` the store holds (absent ones left out)."""
+        ...
+
+    async def put_checkpoint(self, checkpoint: Checkpoint, *, now: float | None = None
+                             ) -> None:
+        """Store a manifest. :class:`~corral.stores.CheckpointExists` when its id is taken,
+        :class:`~corral.stores.MissingChunks` when it names a chunk the store does not
+        hold, :class:`~corral.stores.CorruptCheckpoint` when it breaks the manifest rules;
+        nothing is stored then. Its chunks are touched."""
+        ...
+
+    async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        """The manifest (checked again as it is read), or ``None`` for an unknown id."""
+        ...
+
+    async def list_checkpoints(self, thread_id: str) -> list[CheckpointInfo]:
+        """The thread's checkpoints, oldest first (ties in the order they were put)."""
+        ...
+
+    async def delete_checkpoint(self, checkpoint_id: str) -> bool:
+        """Remove a manifest (its chunks stay until :meth:`collect_chunks`); whether one
+        was there."""
+        ...
+
+    async def collect_chunks(self, *, grace: float = 3600.0, now: float | None = None) -> int:
+        """Delete the chunks no manifest names and nobody put or touched since ``now -
+        grace``; returns how many. Safe while writers run (see the class docstring)."""
+        ...
+
+    async def chunk_stats(self) -> ChunkStats:
+        """How many chunks are held and their stored bytes."""
+        ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """A store that can check itself for ``corral doctor``."""
 
@@ -559,7 +623,7 @@ class Diagnosable(Protocol):
 
 @runtime_checkable
 class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
-            SecretStore, Protocol):
+            SecretStore, CheckpointStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
     returns)."""
 

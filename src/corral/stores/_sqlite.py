@@ -58,6 +58,7 @@ from corral.stores._protocols import (
 )
 from corral.stores import _logic
 from corral.stores._signal import NotifySignal
+from corral.stores._sqlite_checkpoints import SQLiteCheckpoints
 from corral.stores._sqlite_tables import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -240,7 +241,7 @@ def _fetch_after(
 
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteCheckpoints):
     """All store protocols over one SQLite file (``sqlite:///path/to/file.db``)."""
 
     def __init__(

@@ -73,6 +73,32 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             value BLOB NOT NULL
         ) WITHOUT ROWID""",
     ),
+    # checkpoints (#27): content-addressed chunks shared by every checkpoint and thread,
+    # the manifests (zlib JSON) per thread, and which manifest names which chunk (what the
+    # collector keeps). A separate entry: the integrator may reorder it among others.
+    (
+        """CREATE TABLE IF NOT EXISTS chunks (
+            digest TEXT NOT NULL UNIQUE,
+            size INTEGER NOT NULL,
+            touched_at REAL NOT NULL,
+            data BLOB NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS chunks_touched ON chunks (touched_at)",
+        """CREATE TABLE IF NOT EXISTS checkpoints (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            checkpoint_id TEXT NOT NULL UNIQUE,
+            thread_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            manifest BLOB NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS checkpoints_thread ON checkpoints (thread_id, created_at, seq)",
+        """CREATE TABLE IF NOT EXISTS checkpoint_chunks (
+            checkpoint_seq INTEGER NOT NULL,
+            digest TEXT NOT NULL,
+            PRIMARY KEY (checkpoint_seq, digest)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX IF NOT EXISTS checkpoint_chunks_digest ON checkpoint_chunks (digest)",
+    ),
 )
 """Schema migrations in order: entry ``n`` takes a file from version ``n`` (``PRAGMA
 user_version``; 0 is a new, empty file) to ``n + 1``. A new schema change is one more entry,

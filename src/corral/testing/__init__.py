@@ -2,7 +2,8 @@
 
 Conformance kits are plain async functions taking a factory (modelled on
 ``trio.testing``'s stream checks): :func:`check_provider`, :func:`check_store`,
-:func:`check_pipe`, :func:`check_reaper` and :func:`check_harness` (agent harnesses:
+:func:`check_pipe`, :func:`check_reaper`, :func:`check_checkpoint_store` (workspace
+checkpoints in a store, #27) and :func:`check_harness` (agent harnesses:
 the real CLI in a sandbox against a scripted model server) run every check of their kit, each against a
 fresh object from the factory, and raise :class:`KitFailed` naming each failed check.
 :func:`pytest_checks` turns a kit into one pytest test per check. :class:`FakeProvider` is
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from corral.testing._checkpoints import CHECKPOINT_KIT, check_checkpoint_store
     from corral.testing._fake import FakeCommand, FakeProvider
     from corral.testing._kit import (
         Check,
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
 
 # Names resolve on first use (corral._lazy): importing the package does not import pytest.
 _EXPORTS: dict[str, str] = {
+    "CHECKPOINT_KIT": "corral.testing._checkpoints",
+    "check_checkpoint_store": "corral.testing._checkpoints",
     "FakeCommand": "corral.testing._fake",
     "FakeProvider": "corral.testing._fake",
     "Check": "corral.testing._kit",
@@ -74,6 +78,7 @@ _EXPORTS: dict[str, str] = {
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = [
+    "CHECKPOINT_KIT",
     "Check",
     "CheckSkipped",
     "DirSandboxes",
@@ -94,6 +99,7 @@ __all__ = [
     "ReaperWorld",
     "STORE_KIT",
     "WaitTimeout",
+    "check_checkpoint_store",
     "check_harness",
     "check_pipe",
     "check_provider",

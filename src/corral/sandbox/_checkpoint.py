@@ -1,0 +1,656 @@
+"""Checkpoints of a sandbox's workspace into a store, and restores from one (#27).
+
+:func:`checkpoint_workspace` streams the workspace (and, when asked, the agent's saved
+session directory) out of the sandbox in **one** exec of the stdlib script
+``corral/_insandbox/checkpoint.py`` run with the sandbox's Python: it lists every entry and
+sends the content of the files that changed since the parent checkpoint (size, mtime and
+stamp — device, inode, change time — compared in the sandbox), so a checkpoint after a
+one-file edit reads that one file. Content is cut into 1 MiB chunks named by their SHA-256;
+the store keeps each digest once, whichever checkpoint or thread put it first (chunks are
+zlib-compressed when that saves a tenth or more).
+
+Secrets never enter a checkpoint: every file read is scanned (the leak scan's matcher:
+each secret value and its common encodings) before any of its chunks is stored, with the
+last chunk held back until the next one is scanned so a value across two chunks is found
+too. A file that holds a secret is **left out** — recorded in the manifest with
+``skipped="secret"`` and no content, and logged with its path and the secret's name — rather
+than redacted (a redacted file is a corrupted file that a restore would silently bring
+back) or failing the whole checkpoint (one ``.env`` would stop every checkpoint of the
+thread). Entries whose path or symlink target holds a secret are left out entirely. The
+manifest records a salted fingerprint of the secret values checked against (never the
+values): a child checkpoint reuses its parent's unchanged files only when the fingerprint
+matches, else it reads and scans everything again.
+
+A size cap (``max_bytes``, the sum of the files' sizes, checked from the listing before any
+content is sent, and again against what arrives) raises :class:`CheckpointTooLarge` or,
+with ``on_too_large="skip"``, logs a warning and returns ``None``; nothing is stored.
+
+:func:`restore_checkpoint` streams the manifest and the chunks into the same script, which
+empties the workspace and rebuilds it without following any symlink (see the script). The
+manifest is checked before (every path under the root, every parent a directory of the
+manifest): a hostile manifest is refused with :class:`~corral.stores.CorruptCheckpoint`.
+
+A provider's native snapshot may serve as the fast local copy; the store copy is what any
+host can restore. Wiring (a checkpoint when a thread's run ends, undo, fork, continuation)
+is the caller's: these two functions are the whole API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets as _secrets
+import signal
+import struct
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import anyio
+
+from corral._errors import CorralError
+from corral.sandbox._contracts import Handle, Process
+from corral.sandbox._leakscan import _pattern
+from corral.sandbox._redact import Redactor
+from corral.stores._checkpoints import (
+    Checkpoint,
+    CheckpointEntry,
+    CorruptCheckpoint,
+    MissingChunks,
+    SessionPart,
+    check_entries,
+)
+from corral.stores._protocols import CheckpointStore
+
+__all__ = [
+    "CHUNK_BYTES",
+    "CheckpointError",
+    "CheckpointTooLarge",
+    "DEFAULT_MAX_BYTES",
+    "SessionSource",
+    "checkpoint_workspace",
+    "restore_checkpoint",
+]
+
+log = logging.getLogger("corral.sandbox.checkpoint")
+
+CHUNK_BYTES: Final = 1 << 20
+DEFAULT_MAX_BYTES: Final = 1 << 30
+"""The default size cap of a checkpoint: 1 GiB of file content."""
+SANDBOX_PYTHON: Final = "/usr/bin/python3"
+_BATCH_BYTES: Final = 8 << 20
+"""Chunk bytes sent to the store per ``put_chunks``."""
+_HEAD: Final = struct.Struct(">cI")
+_MAX_HEADER: Final = 256 << 20
+_ENCODED_RAW: Final = b"\x00"
+_ENCODED_ZLIB: Final = b"\x01"
+
+Secrets = Redactor | Mapping[str, str] | Iterable[tuple[str, str]]
+
+
+class CheckpointError(CorralError):
+    """A checkpoint or restore could not be made (the message says why)."""
+
+
+class CheckpointTooLarge(CheckpointError):
+    """The workspace is over the checkpoint size cap; nothing was stored."""
+
+    def __init__(self, total: int, cap: int) -> None:
+        super().__init__(
+            f"the workspace holds {_size(total)}, over the checkpoint size cap of "
+            f"{_size(cap)}; nothing was stored. Raise the cap, remove large "
+            "files from the workspace, or choose to skip checkpoints that are too large")
+        self.total = total
+        self.cap = cap
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSource:
+    """Where the agent's saved session lives in the sandbox, for a checkpoint to carry it:
+    ``root`` an absolute directory or ``~/…`` (the sandbox user's home)."""
+
+    harness: str
+    session_id: str
+    root: str
+
+
+def _script() -> str:
+    from corral._insandbox import checkpoint as script
+
+    return Path(script.__file__).read_text()
+
+
+def _secret_items(secrets: Secrets) -> list[tuple[str, str]]:
+    if isinstance(secrets, Redactor):
+        return secrets.items()
+    if isinstance(secrets, Mapping):
+        return [(str(k), str(v)) for k, v in secrets.items()]
+    return [(str(k), str(v)) for k, v in secrets]
+
+
+def _fingerprint(items: list[tuple[str, str]], salt: bytes) -> str:
+    """``salt:HMAC-SHA256(salt, sorted values)``: equal for equal secret sets, the values
+    not recoverable from it (but by guessing: keep secrets high in entropy)."""
+    mac = hmac.new(salt, b"\0".join(sorted(v.encode() for _n, v in items)), hashlib.sha256)
+    return f"{salt.hex()}:{mac.hexdigest()}"
+
+
+def _same_secrets(scan: str, items: list[tuple[str, str]]) -> bool:
+    salt_hex, _, _ = scan.partition(":")
+    try:
+        salt = bytes.fromhex(salt_hex)
+    except ValueError:
+        return False
+    return bool(salt) and hmac.compare_digest(_fingerprint(items, salt), scan)
+
+
+def _encode(raw: bytes) -> bytes:
+    # zlib spends ~70 ms per MiB on bytes that do not compress (binaries, archives): a
+    # 4 KiB sample decides first
+    sample = raw[:4096]
+    if len(zlib.compress(sample, 1)) * 10 >= len(sample) * 9:
+        return _ENCODED_RAW + raw
+    packed = zlib.compress(raw, 1)
+    if len(packed) * 10 < len(raw) * 9:
+        return _ENCODED_ZLIB + packed
+    return _ENCODED_RAW + raw
+
+
+def _decode(digest: str, stored: bytes) -> bytes:
+    try:
+        if stored[:1] == _ENCODED_ZLIB:
+            raw = zlib.decompress(stored[1:])
+        elif stored[:1] == _ENCODED_RAW:
+            raw = stored[1:]
+        else:
+            raise ValueError("unknown encoding")
+    except (zlib.error, ValueError) as exc:
+        raise CorruptCheckpoint(f"chunk {digest} in the store is unreadable: {exc}") from None
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise CorruptCheckpoint(f"chunk {digest} in the store does not match its digest")
+    return raw
+
+
+class _Frames:
+    """Frames read from the script's stdout (untrusted: sizes are checked)."""
+
+    def __init__(self, stream: AsyncIterator[bytes]) -> None:
+        self._stream = stream
+        self._buf = bytearray()
+        self._pos = 0
+
+    async def _fill(self, n: int) -> None:
+        while len(self._buf) - self._pos < n:
+            if self._pos:
+                del self._buf[:self._pos]
+                self._pos = 0
+            try:
+                self._buf += await self._stream.__anext__()
+            except StopAsyncIteration:
+                raise CheckpointError("the sandbox's checkpoint output ended early") from None
+
+    async def next(self, limit: int) -> tuple[bytes, bytes]:
+        await self._fill(_HEAD.size)
+        kind, length = _HEAD.unpack_from(self._buf, self._pos)
+        if length > limit:
+            raise CheckpointError(f"the sandbox sent a frame of {length} bytes (limit {limit})")
+        self._pos += _HEAD.size
+        await self._fill(length)
+        data = bytes(self._buf[self._pos:self._pos + length])
+        self._pos += length
+        return kind, data
+
+
+@dataclass
+class _Uploader:
+    """Chunks waiting for the store, put in batches (only those it lacks)."""
+
+    store: CheckpointStore
+    now: float | None
+    pending: dict[str, bytes] = field(default_factory=dict)
+    size: int = 0
+    sent: int = 0
+
+    async def add(self, digest: str, raw: bytes) -> None:
+        if digest in self.pending:
+            return
+        self.pending[digest] = raw
+        self.size += len(raw)
+        if self.size >= _BATCH_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        batch, self.pending, self.size = self.pending, {}, 0
+        missing = await self.store.missing_chunks(list(batch), now=self.now)
+        if missing:
+            encoded = await anyio.to_thread.run_sync(
+                lambda: {d: _encode(batch[d]) for d in missing})
+            await self.store.put_chunks(encoded, now=self.now)
+            self.sent += sum(len(v) for v in encoded.values())
+
+
+@dataclass
+class _Scanner:
+    """One file's chunks, scanned for secrets before any of them may be stored; the last
+    chunk is held back until the next one is scanned (a value across the boundary)."""
+
+    pattern: Any
+    table: dict[bytes, str]
+    longest: int
+    held: list[tuple[str, bytes]] = field(default_factory=list)
+    carry: bytes = b""
+    found: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.pattern is None or self.found is not None:
+            return
+        buf = self.carry + data
+        m = self.pattern.search(buf)
+        if m is not None:
+            self.found = self.table[m.group(0)]
+        self.carry = buf[-(self.longest - 1):] if self.longest > 1 else b""
+
+
+async def _spawn(handle: Handle, python: str, cwd: str | None) -> Process:
+    return await handle.process.spawn([python, "-I", "-S", "-c", _script()], cwd=cwd)
+
+
+async def _release(proc: Process) -> None:
+    """Close the process's pipes (a provider's process may have no ``aclose``)."""
+    aclose = getattr(proc, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()
+
+
+async def _stderr_of(proc: Process, into: list[bytes]) -> None:
+    async for part in proc.stderr:
+        if sum(map(len, into)) < 4096:
+            into.append(part)
+
+
+async def _finish(proc: Process, err: list[bytes], what: str) -> None:
+    result = await proc.wait()
+    await _stderr_of(proc, err)
+    if not result.ok:
+        tail = b"".join(err)[-500:].decode("utf-8", "replace").strip()
+        raise CheckpointError(f"{what} in the sandbox failed ({result.describe()})"
+                              + (f": {tail}" if tail else ""))
+
+
+def _known(parent: Checkpoint | None, same_secrets: bool, root: str,
+           entries: tuple[CheckpointEntry, ...]) -> tuple[dict[str, list[Any]],
+                                                        dict[str, CheckpointEntry]]:
+    if parent is None or not same_secrets:
+        return {}, {}
+    reuse = {e.path: e for e in entries if e.kind == "file" and e.stamp}
+    return {p: [e.size, e.mtime_ns, e.stamp] for p, e in reuse.items()}, reuse
+
+
+async def checkpoint_workspace(
+    handle: Handle,
+    store: CheckpointStore,
+    *,
+    thread_id: str,
+    run_id: str | None = None,
+    secrets: Secrets = (),
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    on_too_large: Literal["error", "skip"] = "error",
+    parent: Checkpoint | str | None = None,
+    session: SessionSource | None = None,
+    checkpoint_id: str | None = None,
+    python: str = SANDBOX_PYTHON,
+    now: float | None = None,
+) -> Checkpoint | None:
+    """Checkpoint ``handle``'s workspace (its workdir) into ``store`` for ``thread_id``.
+
+    ``parent`` (a checkpoint or its id) is the thread's previous checkpoint: its unchanged
+    files are not read again. ``secrets`` are the run's secrets (name → value, or a
+    :class:`~corral.Redactor`): a file holding one is left out (see the module docstring).
+    Over ``max_bytes`` of content: :class:`CheckpointTooLarge`, or ``None`` and a warning
+    with ``on_too_large="skip"``. Returns the stored :class:`~corral.stores.Checkpoint`."""
+    if on_too_large not in ("error", "skip"):
+        raise CheckpointError(f"on_too_large must be 'error' or 'skip', got {on_too_large!r}")
+    if isinstance(parent, str):
+        found = await store.get_checkpoint(parent)
+        if found is None:
+            raise CheckpointError(f"the parent checkpoint {parent!r} is not in the store")
+        parent = found
+    try:
+        return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
+                                 max_bytes, on_too_large, parent, session, checkpoint_id,
+                                 python, now)
+    except MissingChunks:
+        # A chunk the parent named was collected underneath us (its manifest deleted
+        # meanwhile): take the checkpoint again reading everything.
+        if parent is None:
+            raise
+        return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
+                                 max_bytes, on_too_large, None, session, checkpoint_id,
+                                 python, now)
+
+
+async def _checkpoint(
+    handle: Handle, store: CheckpointStore, thread_id: str, run_id: str | None,
+    items: list[tuple[str, str]], max_bytes: int | None, on_too_large: str,
+    parent: Checkpoint | None, session: SessionSource | None, checkpoint_id: str | None,
+    python: str, now: float | None,
+) -> Checkpoint | None:
+    same = parent is not None and _same_secrets(parent.scan, items)
+    known_ws, reuse_ws = _known(parent, same, ".", parent.entries if parent else ())
+    parent_session = parent.session if parent is not None else None
+    known_s, reuse_s = ({}, {}) if session is None or parent_session is None or \
+        parent_session.root != session.root else _known(parent, same, session.root,
+                                                        parent_session.entries)
+    roots = ["."] + ([session.root] if session is not None else [])
+    request = json.dumps({"op": "save", "roots": roots,
+                          "known": [known_ws, known_s][:len(roots)],
+                          "chunk": CHUNK_BYTES}).encode()
+    pattern, table, longest = _pattern(items)
+    uploader = _Uploader(store, now)
+    err: list[bytes] = []
+    proc = await _spawn(handle, python, handle.workdir)
+    listings: list[Any] = []
+    content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]] = {}
+    try:
+        await proc.write_stdin(request)
+        await proc.close_stdin()
+        frames = _Frames(proc.stdout)
+        kind, head = await frames.next(_MAX_HEADER)
+        if kind != b"H":
+            raise CheckpointError("the sandbox's checkpoint output has no listing")
+        try:
+            listings = json.loads(head)["roots"]
+            if not isinstance(listings, list) or len(listings) != len(roots):
+                raise ValueError("wrong number of roots")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
+                                  ) from None
+        total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
+                    if e[1] == "file")
+        if max_bytes is not None and total > max_bytes:
+            await proc.kill(signal.SIGKILL)
+            _too_large(total, max_bytes, on_too_large)
+            return None
+        received = 0
+        for index, listing in enumerate(listings):
+            named = _named_secrets(listing, pattern)
+            for e in listing.get("entries", ()):
+                if not e[7]:
+                    continue
+                scanner = _Scanner(pattern, table, longest)
+                if e[0] in named:  # left out of the manifest: its content is not kept
+                    scanner.found = "-"
+                digests: list[str] = []
+                size = 0
+                skipped: str | None = None
+                while True:
+                    kind, data = await frames.next(CHUNK_BYTES)
+                    if kind == b"D":
+                        size += len(data)
+                        received += len(data)
+                        if max_bytes is not None and received > max_bytes:
+                            await proc.kill(signal.SIGKILL)
+                            _too_large(received, max_bytes, on_too_large)
+                            return None
+                        scanner.feed(data)
+                        if scanner.found is None:
+                            digest = hashlib.sha256(data).hexdigest()
+                            digests.append(digest)
+                            scanner.held.append((digest, data))
+                            if len(scanner.held) > 1:
+                                await uploader.add(*scanner.held.pop(0))
+                    elif kind == b"E":
+                        break
+                    elif kind == b"X":
+                        skipped = "unreadable"
+                        log.warning("checkpoint of thread %s: %s left out, unreadable "
+                                    "in the sandbox (%s)", thread_id, e[0],
+                                    data[:200].decode("utf-8", "replace"))
+                        break
+                    else:
+                        raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+                if scanner.found == "-":
+                    continue
+                if scanner.found is not None:
+                    skipped = "secret"
+                    log.warning("checkpoint of thread %s: %s left out, it holds the "
+                                "value of secret %s", thread_id, e[0], scanner.found)
+                if skipped is None:
+                    for held in scanner.held:
+                        await uploader.add(*held)
+                    content[(index, e[0])] = (size, tuple(digests), None)
+                else:  # the listed size: an unchanged file is not read again
+                    content[(index, e[0])] = (int(e[3]), (), skipped)
+        kind, _ = await frames.next(0)
+        if kind != b"Z":
+            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+        await uploader.flush()
+        await _finish(proc, err, "reading the workspace")
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await proc.kill(signal.SIGKILL)
+        raise
+    finally:
+        await _release(proc)
+    entries = _entries(listings[0], 0, content, reuse_ws, pattern, thread_id)
+    session_part = None
+    if session is not None:
+        s_entries = _entries(listings[1], 1, content, reuse_s, pattern, thread_id)
+        session_part = SessionPart(session.harness, session.session_id, session.root,
+                                   s_entries)
+    cp = Checkpoint(
+        checkpoint_id=checkpoint_id or f"ckpt-{uuid.uuid4().hex}",
+        thread_id=thread_id,
+        run_id=run_id,
+        created_at=time.time() if now is None else now,
+        root=handle.workdir,
+        entries=entries,
+        parent_id=parent.checkpoint_id if parent is not None else None,
+        total_bytes=sum(e.size for e in entries) + (
+            sum(e.size for e in session_part.entries) if session_part else 0),
+        session=session_part,
+        scan=_fingerprint(items, _secrets.token_bytes(16)),
+        meta={"sent_bytes": uploader.sent},
+    )
+    await store.put_checkpoint(cp, now=now)
+    return cp
+
+
+def _named_secrets(listing: Any, pattern: Any) -> set[str]:
+    """The listed paths whose name or link target holds a secret, or that lie under one."""
+    if pattern is None or not isinstance(listing, dict):
+        return set()
+    out: set[str] = set()
+    for raw in listing.get("entries", ()):
+        try:
+            path, target = str(raw[0]), raw[6]
+        except (IndexError, TypeError, KeyError):
+            continue
+        parent = path.rpartition("/")[0]
+        if parent in out or pattern.search(path.encode("utf-8", "surrogateescape")) or (
+                isinstance(target, str)
+                and pattern.search(target.encode("utf-8", "surrogateescape"))):
+            out.add(path)
+    return out
+
+
+def _too_large(total: int, cap: int, on_too_large: str) -> None:
+    error = CheckpointTooLarge(total, cap)
+    if on_too_large == "error":
+        raise error
+    log.warning("checkpoint skipped: %s", error)
+    return None
+
+
+def _entries(listing: Any, index: int,
+             content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]],
+             reuse: dict[str, CheckpointEntry], pattern: Any, thread_id: str
+             ) -> tuple[CheckpointEntry, ...]:
+    """The manifest entries of one root's listing (untrusted: checked here and by
+    :func:`check_entries`); entries whose path or target holds a secret, and everything
+    under them, are left out."""
+    out: list[CheckpointEntry] = []
+    dropped: list[str] = []
+    for raw in listing.get("entries", ()):
+        try:
+            path, kind, mode, size, mtime_ns, stamp, target, need = raw
+            if not isinstance(path, str):
+                raise TypeError(f"path {path!r} is not a string")
+        except (ValueError, TypeError) as exc:
+            raise CheckpointError(f"the sandbox listed a bad entry: {exc}") from None
+        if dropped and any(path.startswith(d + "/") for d in dropped):
+            continue
+        if pattern is not None and (
+                pattern.search(path.encode("utf-8", "surrogateescape"))
+                or (isinstance(target, str)
+                    and pattern.search(target.encode("utf-8", "surrogateescape")))):
+            log.warning("checkpoint of thread %s: an entry whose name or link target holds a "
+                        "secret value was left out", thread_id)
+            dropped.append(path)
+            continue
+        if kind == "file":
+            if need:
+                got = content.get((index, path))
+                if got is None:
+                    raise CheckpointError(f"the sandbox sent no content for {path!r}")
+                size, chunks, skipped = got
+            else:
+                old = reuse.get(path)
+                if old is None:
+                    raise CheckpointError(f"the sandbox skipped {path!r}, which the parent "
+                                          "checkpoint does not hold")
+                chunks, skipped = old.chunks, old.skipped
+                size = old.size
+            out.append(CheckpointEntry(path, "file", int(mode) & 0o7777, int(size), chunks,
+                                       None, int(mtime_ns), str(stamp), skipped))
+        elif kind == "dir":
+            out.append(CheckpointEntry(path, "dir", int(mode) & 0o7777, 0, (), None,
+                                       int(mtime_ns)))
+        elif kind == "symlink":
+            out.append(CheckpointEntry(path, "symlink", int(mode) & 0o7777, 0, (), target,
+                                       int(mtime_ns)))
+    # the rules (every parent a directory of the manifest…) are checked once, when the
+    # store is given the manifest: a listing that breaks them is CorruptCheckpoint there
+    return tuple(out)
+
+
+async def restore_checkpoint(
+    handle: Handle,
+    store: CheckpointStore,
+    checkpoint: Checkpoint | str,
+    *,
+    session: bool = True,
+    python: str = SANDBOX_PYTHON,
+) -> Checkpoint:
+    """Make ``handle``'s workspace (its workdir) what ``checkpoint`` (or its id) holds:
+    everything else in it is removed. With ``session``, the saved session's directory is
+    restored as well. Files left out of the checkpoint (secrets, unreadable) are absent.
+    Raises :class:`~corral.stores.UnknownCheckpoint`, :class:`~corral.stores.CorruptCheckpoint`
+    (a manifest or chunk that breaks the rules: nothing is sent) or
+    :class:`CheckpointError`."""
+    from corral.stores._checkpoints import UnknownCheckpoint
+
+    if isinstance(checkpoint, str):
+        found = await store.get_checkpoint(checkpoint)
+        if found is None:
+            raise UnknownCheckpoint(checkpoint)
+        checkpoint = found
+    check_entries(checkpoint.entries)
+    parts: list[tuple[str, tuple[CheckpointEntry, ...]]] = [(".", checkpoint.entries)]
+    if session and checkpoint.session is not None:
+        check_entries(checkpoint.session.entries)
+        parts.append((checkpoint.session.root, checkpoint.session.entries))
+    header = {"op": "restore", "chunk": CHUNK_BYTES, "roots": [
+        {"root": root, "entries": [
+            [e.path, e.kind, e.mode, e.size, e.mtime_ns, e.target,
+             1 if e.kind == "file" and e.skipped is None else 0]
+            for e in entries if not (e.kind == "file" and e.skipped is not None)]}
+        for root, entries in parts]}
+    head = json.dumps(header).encode()
+    files = [e for _root, entries in parts for e in entries
+             if e.kind == "file" and e.skipped is None]
+    err: list[bytes] = []
+    out: list[bytes] = []
+    proc = await _spawn(handle, python, handle.workdir)
+
+    async def read_out() -> None:
+        async for part in proc.stdout:
+            if sum(map(len, out)) < 4096:
+                out.append(part)
+
+    try:
+        try:
+            await proc.write_stdin(_HEAD.pack(b"H", len(head)) + head)
+            await _send_files(proc, store, files)
+        except (BrokenPipeError, anyio.BrokenResourceError):
+            pass  # the script refused and exited: its answer says why
+        finally:
+            await proc.close_stdin()
+        result = await proc.wait()
+        # read after the exit: the script writes one short line (and a traceback at worst),
+        # well under a pipe's buffer
+        await read_out()
+        await _stderr_of(proc, err)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await proc.kill(signal.SIGKILL)
+        raise
+    finally:
+        await _release(proc)
+    answer = b"".join(out).decode("utf-8", "replace").strip()
+    if not result.ok or answer != '{"ok": true}':
+        detail = answer or b"".join(err)[-500:].decode("utf-8", "replace").strip()
+        try:
+            detail = str(json.loads(detail).get("error", detail))
+        except (ValueError, AttributeError):
+            pass
+        raise CheckpointError(f"restoring checkpoint {checkpoint.checkpoint_id} in the "
+                              f"sandbox failed ({result.describe()}): {detail[:500]}")
+    return checkpoint
+
+
+async def _send_files(proc: Process, store: CheckpointStore, files: list[CheckpointEntry]
+                      ) -> None:
+    """Each file's chunks then an end frame, fetched from the store a batch ahead."""
+    batches: list[list[CheckpointEntry]] = [[]]
+    size = 0
+    for e in files:
+        if batches[-1] and size + e.size > _BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(e)
+        size += e.size
+
+    async def fetch(batch: list[CheckpointEntry]) -> dict[str, bytes]:
+        wanted = {d for e in batch for d in e.chunks}
+        got = await store.get_chunks(wanted)
+        lost = wanted - set(got)
+        if lost:
+            raise CheckpointError(f"the store lacks {len(lost)} chunk(s) of this checkpoint")
+        return await anyio.to_thread.run_sync(
+            lambda: {d: _decode(d, data) for d, data in got.items()})
+
+    end = _HEAD.pack(b"E", 0)
+    for batch in batches:
+        chunks = await fetch(batch)
+        out: list[bytes] = []
+        for e in batch:
+            for d in e.chunks:
+                raw = chunks[d]
+                out.append(_HEAD.pack(b"D", len(raw)))
+                out.append(raw)
+            out.append(end)
+        await proc.write_stdin(b"".join(out))
