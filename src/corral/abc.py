@@ -12,7 +12,8 @@
   boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
   other half: behaviour that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
-  :class:`InstanceStore`, :class:`LockStore`, and :class:`Store`, all of them at once.
+  :class:`InstanceStore`, :class:`LockStore`, :class:`SessionStore` (agent CLIs' saved
+  sessions per thread), and :class:`Store`, all of them at once.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         InstanceStore,
         LockStore,
         RunStore,
+        SessionStore,
         Store,
     )
 
@@ -52,7 +54,8 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
     **dict.fromkeys(
-        ("ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore", "Store"),
+        ("ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore", "SessionStore",
+         "Store"),
         "corral.stores._protocols",
     ),
 }
@@ -74,6 +77,7 @@ __all__ = [
     "ProvidesSnapshots",
     "RunStore",
     "SandboxIds",
+    "SessionStore",
     "Snapshotter",
     "Store",
 ]

@@ -11,8 +11,8 @@
   ``pool_max=N`` (connections each store keeps open / may open, default 1 and 10). Messages
   show the URL with its password masked.
 
-The store protocols (:class:`Store` and its parts) and the run records are exported here
-too.
+The store protocols (:class:`Store` and its parts, among them :class:`SessionStore`: agent
+CLIs' saved sessions per thread) and their records are exported here too.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
 SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
@@ -34,7 +34,13 @@ if TYPE_CHECKING:
         ApprovalExists,
         ApprovalRequest,
         ApprovalStore,
+        InvalidSession,
         SecretStore,
+        SessionInfo,
+        SessionLimits,
+        SessionStore,
+        SessionTooLarge,
+        StoredSession,
         UnknownApproval,
         Claim,
         ClaimLost,
@@ -70,7 +76,13 @@ _EXPORTS: dict[str, str] = {
             "ApprovalExists",
             "ApprovalRequest",
             "ApprovalStore",
+            "InvalidSession",
             "SecretStore",
+            "SessionInfo",
+            "SessionLimits",
+            "SessionStore",
+            "SessionTooLarge",
+            "StoredSession",
             "UnknownApproval",
             "Claim",
             "ClaimLost",
@@ -113,7 +125,13 @@ __all__ = [
     "ApprovalExists",
     "ApprovalRequest",
     "ApprovalStore",
+    "InvalidSession",
     "SecretStore",
+    "SessionInfo",
+    "SessionLimits",
+    "SessionStore",
+    "SessionTooLarge",
+    "StoredSession",
     "UnknownApproval",
     "Claim",
     "ClaimLost",
