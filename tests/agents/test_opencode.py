@@ -189,7 +189,8 @@ def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
     # the saved session (in this test's store) holds no value, nor does the store's file
     assert files_containing(corral_home, value.encode(),
                             skip=[corral_home / "sandboxes"]) == []
-    assert any(b"[REDACTED:TOKEN]" in p.read_bytes() for p in corral_home.glob("corral.db*"))
+    assert any(b"[REDACTED:TOKEN]" in p.read_bytes() for p in corral_home.glob("corral.db*")
+               if p.is_file())
     assert run2.terminal.type == EventType.RUN_FINISHED, (run2.terminal, run2.stderr[-2000:])
     assert run2.report.session_id == run1.report.session_id
     history = "\n".join(model_server.model_requests[-1].texts)
