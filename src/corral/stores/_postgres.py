@@ -960,7 +960,13 @@ class PostgresStore:
 
     async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
         sql = self._sql["get_session"]
-        rows = await self._stmt(lambda conn: conn.execute(sql, (thread_id, harness)).fetchall())
+
+        def op(conn: Conn) -> list[tuple[Any, ...]]:
+            # binary results: the files come as they are, not as hex text twice their size
+            with conn.cursor(binary=True) as cur:
+                return cur.execute(sql, (thread_id, harness)).fetchall()
+
+        rows = await self._stmt(op)
         if not rows:
             return None
         session_id, saved_at, run_id = rows[0][:3]
