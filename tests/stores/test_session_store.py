@@ -4,11 +4,15 @@ by one store object is read whole by another on the same file or database."""
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from corral.stores import open_store
+from corral.stores import InvalidSession, open_store
+from corral.stores._protocols import check_session_path
 from corral.testing import SESSION_STORE_KIT, pytest_checks
 from corral.testing._sessions import session
 from tests.helpers import STORE_FACTORIES
@@ -32,3 +36,21 @@ async def test_a_session_outlives_its_store_object(tmp_path: Path, pg_url: str) 
             assert [i.harness for i in await second.list_sessions("t")] == ["codex"]
         finally:
             await second.aclose()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(
+    st.text(max_size=40),
+    st.lists(st.sampled_from(["a", "..", ".", "", "b c", "\x00", "é", "/"]),
+             max_size=6).map("/".join),
+))
+def test_an_accepted_path_stays_under_the_home(path: str) -> None:
+    """Whatever string a session names, either it is refused, or joining it to the sandbox
+    home lands strictly inside the home with nothing for normalization to change."""
+    try:
+        check_session_path(path)
+    except InvalidSession:
+        return
+    joined = posixpath.join("/home/agent", path)
+    assert posixpath.normpath(joined) == joined
+    assert joined.startswith("/home/agent/") and "\x00" not in joined
