@@ -16,13 +16,15 @@ too: a temporary directory inside the install, renamed to ``<subdir>``).
 Running as root, isolated sandboxes run as an unprivileged host uid, which must be able to
 reach the install (bubblewrap resolves bind sources with the sandbox's rights). When the
 root directory is not reachable by other users (``~/.corral`` under a mode-0700 home), the
-files go to ``/var/lib/corral/agents/<digest of root>/<name>/<version>`` and the entry in
-``<root>`` is a symlink to them.
+files go to ``/var/lib/corral/agents/installs/<name>/<version>``, one install per version
+shared by every home (:mod:`corral.agents._shared`: reference files, ``corral agents
+prune``), and the entry in ``<root>`` is a symlink to them. Where the shared directory
+cannot be trusted, or for a root that already has installs of the older layout, they go to
+``/var/lib/corral/agents/<digest of root>/<name>/<version>`` instead.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,6 +37,7 @@ from pathlib import Path
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home
+from corral.agents import _shared
 from corral.harness._packages import (
     AGENTS_MOUNT,
     KNOWN_AGENTS,
@@ -139,15 +142,16 @@ def mount_source(root: Path) -> Path:
     uid (see the module docstring)."""
     if os.geteuid() != 0 or others_can_reach(root):
         return root.resolve()
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    return SHARED_ROOT / "agents" / digest
+    if _shared.shared_for(root):
+        return _shared.installs_dir()
+    return _shared.legacy_dir(root)
 
 
 def ensure_mount_source(root: Path) -> Path:
     """:func:`mount_source` for ``root``, created if missing (a sandbox may be made before
     any agent is installed, and bubblewrap cannot bind a path that does not exist)."""
     base = mount_source(root)
-    if base != root.resolve():
+    if base != root.resolve() and base != _shared.installs_dir():
         for d in (SHARED_ROOT, SHARED_ROOT / "agents", base):
             d.mkdir(mode=0o755, exist_ok=True)
             os.chmod(d, 0o755)
@@ -324,10 +328,16 @@ def install_agent(
     version = check_version(version or pkg.version)
     root = root or agents_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    shared = mount_source(root) == _shared.installs_dir()
+    if shared and not force and _read_marker(_shared.installs_dir() / name / version,
+                                             root) is not None:
+        _link(root, name, version, _shared.installs_dir() / name / version)  # no npm
     existing = find_installed(name, version, root=root)
     if existing is not None and not force:
         for companion in missing_companions(existing):
             _install_companion(_npm(), existing.path, companion, _npm_env(), timeout)
+        if shared and existing.path.parent.parent == _shared.installs_dir().resolve():
+            _shared.add_ref(root, name, version)  # an install linked before refs existed
         return existing
     npm = _npm()
     entry = root / name / version
@@ -348,22 +358,56 @@ def install_agent(
             "installed_at": installed_at,
         }))
         _chmod_tree(tmp)
-        if real.exists() or real.is_symlink():
-            shutil.rmtree(real) if real.is_dir() and not real.is_symlink() else real.unlink()
-        os.rename(tmp, real)
+        _put_in_place(tmp, real, replace=force or not shared)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     if real != entry:
-        if entry.is_symlink() or entry.is_file():
-            entry.unlink()
-        elif entry.is_dir():
-            shutil.rmtree(entry)
-        entry.symlink_to(real)
+        _link(root, name, version, real) if shared else _symlink(entry, real)
     agent = _read_marker(entry, root)
     if agent is None:  # pragma: no cover - we just wrote it
         raise InstallError(f"install of {name} {version} at {entry} is incomplete")
     return agent
+
+
+def _put_in_place(tmp: Path, real: Path, *, replace: bool) -> None:
+    """Rename the finished install ``tmp`` to ``real``. A shared install that another home
+    finished meanwhile is kept (``replace`` false: ``tmp`` is dropped); a replaced one is
+    moved aside first and deleted after (the rename is what sandboxes see)."""
+    old: Path | None = None
+    if real.exists() or real.is_symlink():
+        if not replace and _read_marker(real, real.parent) is not None:
+            return
+        if real.is_dir() and not real.is_symlink():
+            old = real.parent / f".old-{real.name}-{os.getpid()}-{time.monotonic_ns()}"
+            os.rename(real, old)
+        else:
+            real.unlink()
+    try:
+        os.rename(tmp, real)
+    except OSError:
+        if replace or _read_marker(real, real.parent) is None:
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _symlink(entry: Path, real: Path) -> None:
+    if entry.is_symlink() or entry.is_file():
+        entry.unlink()
+    elif entry.is_dir():
+        shutil.rmtree(entry)
+    entry.symlink_to(real)
+
+
+def _link(root: Path, name: str, version: str, real: Path) -> None:
+    """``root``'s entry for ``name`` ``version`` points at the shared install ``real``, and
+    the shared directory knows (under its lock, so a prune never sees half of it)."""
+    (root / name).mkdir(parents=True, exist_ok=True, mode=0o755)
+    with _shared.locked():
+        _symlink(root / name / version, real)
+        _shared.add_ref(root, name, version)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from corral.agents._installs import (
     package_for,
 )
 
-__all__ = ["install", "ls"]
+__all__ = ["install", "ls", "prune"]
 
 
 def install(args: argparse.Namespace) -> int:
@@ -58,4 +58,28 @@ def ls(args: argparse.Namespace) -> int:
     for status in agents_report(root):
         if not status.installed and status.supported:
             print(f"{status.name:<12} {'-':<10} {status.message}")
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def prune(args: argparse.Namespace) -> int:
+    from corral.agents._shared import prune_installs
+
+    report = prune_installs(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.as_json()))
+        return 0
+    if report.note:
+        print(f"corral: {report.note}", file=sys.stderr)
+    verb = "would remove" if args.dry_run else "removed"
+    for p in report.removed:
+        print(f"{verb} {p.name} {p.version} ({_mb(p.bytes)}) {p.path}")
+    for p in report.kept:
+        print(f"kept {p.name} {p.version} ({_mb(p.bytes)}): {p.reason}")
+    freed = sum(p.bytes for p in report.removed)
+    print(f"corral: {verb} {len(report.removed)} install(s) ({_mb(freed)}), kept "
+          f"{len(report.kept)}", file=sys.stderr)
     return 0
