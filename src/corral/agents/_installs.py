@@ -31,7 +31,9 @@ import re
 import shutil
 import stat
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -252,21 +254,74 @@ def _npm_env() -> dict[str, str]:
     return env
 
 
+NPM_STAGES = ("resolving", "downloading", "installing", "linking")
+"""npm's stages as ``install_agent`` reports them (``npm: <stage>``), always all, in order."""
+
+
+def _npm_stage(line: str) -> int | None:
+    """The index in :data:`NPM_STAGES` a line of npm's ``--loglevel=silly`` output starts,
+    or ``None``: the ideal tree is resolving; tarballs fetched or read from the cache are
+    downloading; install scripts are installing; the ``ADD`` lines npm logs once the tree
+    is in place are linking."""
+    if line.startswith("npm silly idealTree"):
+        return 0
+    if line.startswith(("npm silly reify", "npm silly tarball", "npm http cache")) or (
+            line.startswith("npm http fetch") and ".tgz" in line):
+        return 1
+    if line.startswith("npm info run "):
+        return 2
+    if line.startswith("npm silly ADD "):
+        return 3
+    return None
+
+
 def _npm_install(npm: str, prefix: Path, spec: str, env: dict[str, str], timeout: float,
-                 *, omit_optional: bool = False) -> None:
-    """``npm install spec`` into the prefix ``prefix`` (raises :class:`InstallError`)."""
+                 *, omit_optional: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+    """``npm install spec`` into the prefix ``prefix`` (raises :class:`InstallError`).
+    ``progress`` gets ``npm: <stage>`` for each of :data:`NPM_STAGES` as npm reaches it."""
     argv = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-            "--save-exact", "--loglevel=error", spec]
+            "--save-exact", "--loglevel=silly" if progress else "--loglevel=error", spec]
     if omit_optional:
         argv.insert(2, "--omit=optional")
+    say = progress or (lambda stage: None)
+    reached = -1
+    kept: list[str] = []  # what an error message shows: npm's lines but the chatter
+    proc = subprocess.Popen(argv, cwd=str(prefix), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
     try:
-        proc = subprocess.run(argv, cwd=str(prefix), env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise InstallError(f"npm install {spec} timed out after {timeout}s") from exc
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
-        raise InstallError(f"npm install {spec} failed (exit {proc.returncode}): {tail}")
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stage = _npm_stage(line)
+            while stage is not None and reached < stage:  # every stage, in order
+                reached += 1
+                say(f"npm: {NPM_STAGES[reached]}")
+            if not line.startswith(("npm silly", "npm verbose", "npm http", "npm info",
+                                    "npm timing")):
+                kept = (kept + [line.rstrip()])[-40:]
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise InstallError(f"npm install {spec} timed out after {timeout}s")
+    if code != 0:
+        tail = "\n".join(kept).strip()[-2000:]
+        raise InstallError(f"npm install {spec} failed (exit {code}): {tail}")
+    while progress and reached < len(NPM_STAGES) - 1:  # a tree npm had nothing to do for
+        reached += 1
+        say(f"npm: {NPM_STAGES[reached]}")
 
 
 def _check_runs(binary: Path, package: str, version: str, env: dict[str, str]) -> None:
@@ -287,12 +342,15 @@ def _check_runs(binary: Path, package: str, version: str, env: dict[str, str]) -
 
 
 def _install_companion(npm: str, install_dir: Path, companion: Companion,
-                       env: dict[str, str], timeout: float) -> None:
+                       env: dict[str, str], timeout: float,
+                       progress: Callable[[str], None] | None = None) -> None:
     """``companion`` into ``install_dir/<subdir>``: npm in a temporary directory beside
     it, checked, made readable by all, then renamed into place."""
     target = install_dir / companion.subdir
     tmp = install_dir / f".tmp-{companion.subdir}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir(mode=0o755)
+    if progress:
+        progress(f"adding {companion.package} {companion.version}")
     try:
         _npm_install(npm, tmp, f"{companion.package}@{companion.version}", env, timeout,
                      omit_optional=companion.omit_optional)
@@ -316,13 +374,15 @@ def install_agent(
     root: Path | None = None,
     force: bool = False,
     timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
 ) -> InstalledAgent:
     """Install ``name`` (at ``version``, default the pinned one) with npm, atomically.
 
     Returns the existing install when it is already complete (unless ``force``). Raises
     :class:`ConfigError` for unknown/unsupported names or bad versions,
     :class:`PrerequisiteMissing` without npm and :class:`InstallError` when npm fails or
-    the CLI does not run.
+    the CLI does not run. ``progress`` gets the name of each stage as it starts (``npm:
+    resolving``, … :data:`NPM_STAGES`, ``checking <bin> --version``, ``adding <companion>``).
     """
     pkg = package_for(name)
     version = check_version(version or pkg.version)
@@ -335,7 +395,8 @@ def install_agent(
     existing = find_installed(name, version, root=root)
     if existing is not None and not force:
         for companion in missing_companions(existing):
-            _install_companion(_npm(), existing.path, companion, _npm_env(), timeout)
+            _install_companion(_npm(), existing.path, companion, _npm_env(), timeout,
+                               progress)
         if shared and existing.path.parent.parent == _shared.installs_dir().resolve():
             _shared.add_ref(root, name, version)  # an install linked before refs existed
         return existing
@@ -348,10 +409,12 @@ def install_agent(
     tmp.mkdir(mode=0o755)
     try:
         env = _npm_env()
-        _npm_install(npm, tmp, f"{pkg.package}@{version}", env, timeout)
+        _npm_install(npm, tmp, f"{pkg.package}@{version}", env, timeout, progress=progress)
+        if progress:
+            progress(f"checking {pkg.bin} --version")
         _check_runs(tmp / "node_modules" / ".bin" / pkg.bin, pkg.package, version, env)
         for companion in pkg.companions:
-            _install_companion(npm, tmp, companion, env, timeout)
+            _install_companion(npm, tmp, companion, env, timeout, progress)
         installed_at = time.time()
         (tmp / MARKER).write_text(json.dumps({
             "name": name, "package": pkg.package, "version": version,

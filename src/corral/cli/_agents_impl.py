@@ -11,7 +11,6 @@ from corral.agents._installs import (
     agents_report,
     agents_root,
     check_version,
-    find_installed,
     install_agent,
     list_installed,
     missing_companions,
@@ -24,9 +23,11 @@ __all__ = ["install", "ls", "prune"]
 def install(args: argparse.Namespace) -> int:
     pkg = package_for(args.name)
     version = check_version(args.agent_version or pkg.version)
-    if args.force or find_installed(args.name, version) is None:
-        print(f"installing {pkg.package}@{version} ...", file=sys.stderr)
-    agent = install_agent(args.name, args.agent_version, force=args.force)
+    from corral.cli._stages import Stages
+
+    with Stages(f"installing {args.name} {version}", sys.stderr) as stages:
+        agent = install_agent(args.name, args.agent_version, force=args.force,
+                              progress=stages.stage)
     if getattr(args, "json", False):
         print(json.dumps({"name": agent.name, "version": agent.version,
                           "package": agent.package, "path": str(agent.path),
