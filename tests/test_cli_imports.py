@@ -76,6 +76,7 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
     assert _heavy(modules) == set()
     assert "anyio" not in modules and "sqlite3" not in modules
     assert "psycopg" not in modules
+    assert "rich" not in modules  # progress display: agents install and images build only
 
 
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
@@ -85,7 +86,7 @@ def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> Non
                   "corral.stores",
                   "corral.stores.")
     assert _outside(modules, store_side) == set()
-    assert _heavy(modules) == set()
+    assert _heavy(modules) == set() and "rich" not in modules
     for never in ("corral.runs._runner", "corral.harness", "corral.providers",
                   "corral.sandbox", "corral.journal", "corral.tools", "corral.agents",
                   "corral.stores._postgres", "psycopg", "psycopg_pool"):

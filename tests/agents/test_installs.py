@@ -130,7 +130,7 @@ def test_claude_code_installs_the_acp_adapter_beside_the_cli(
     sdk = agent.path / "acp" / "node_modules" / "@anthropic-ai"
     assert not [p for p in sdk.iterdir() if p.name.startswith("claude-agent-sdk-")]
     assert cli("agents", "ls", "--json") == 0
-    rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}  # one array
     assert rows["claude-code"]["companions"] == [
         {"package": adapter.package, "version": "0.101.0", "bin": str(binary)}]
     assert cli("agents", "ls") == 0

@@ -76,3 +76,46 @@ def test_page_start_watch_reload_detach_cancel(home: Home, page_driver: Path,
     assert [e for e in out["consoleErrors"] + out["phoneConsoleErrors"] if "401" not in e] == []
     for name in ("command-finished", "command-detached", "command-cancelled", "command-phone"):
         assert (screenshots / f"{name}.png").stat().st_size > 10_000
+
+
+def test_page_run_list_shows_dates_and_pages(home: Home, page_driver: Path,
+                                             screenshots: Path) -> None:
+    """A run of another day shows its date (and year), not only a time; the list shows the
+    newest 50 and "Show older runs" brings the next ones."""
+    import time
+
+    import anyio
+
+    from corral import open_store
+    from corral.stores._protocols import NewRun, RunStatus
+
+    old = 1709640000.0  # 2024-03-05 12:00 UTC: the same day in any browser's zone
+
+    async def seed() -> None:
+        store = await open_store(f"sqlite:///{home.db}")
+        try:
+            for i in range(59):
+                await store.create(NewRun(f"run-old-{i:02d}", f"run-old-{i:02d}",
+                                          status=RunStatus.COMPLETED), now=old + i)
+            await store.create(NewRun("run-today", "run-today", status=RunStatus.COMPLETED),
+                               now=time.time())
+        finally:
+            await store.aclose()
+
+    anyio.run(seed)
+    with home.server(token=TOKEN) as server:
+        out = drive_page(page_driver / "page_list.mjs", server.url, screenshots, server.log)
+
+    first, second = out["first"], out["second"]
+    assert [r["id"] for r in first] == ["run-today"] + [f"run-old-{i:02d}"
+                                                        for i in range(58, 9, -1)]
+    assert out["moreVisible"] and out["moreText"] == "Show older runs (50 shown)"
+    today = first[0]["when"]
+    assert out["expectedDay"] not in today and ":" in today  # today: the time alone
+    for row in first[1:]:
+        assert row["when"].startswith(out["expectedDay"] + " "), row  # another day: its date
+        assert "2024" in row["title"]
+    assert [r["id"] for r in second] == [r["id"] for r in first] + [
+        f"run-old-{i:02d}" for i in range(9, -1, -1)]
+    assert not out["moreVisibleAfter"]  # all 60 shown
+    assert [e for e in out["consoleErrors"] if "401" not in e] == []  # 401: before the token

@@ -16,25 +16,30 @@ too: a temporary directory inside the install, renamed to ``<subdir>``).
 Running as root, isolated sandboxes run as an unprivileged host uid, which must be able to
 reach the install (bubblewrap resolves bind sources with the sandbox's rights). When the
 root directory is not reachable by other users (``~/.corral`` under a mode-0700 home), the
-files go to ``/var/lib/corral/agents/<digest of root>/<name>/<version>`` and the entry in
-``<root>`` is a symlink to them.
+files go to ``/var/lib/corral/agents/installs/<name>/<version>``, one install per version
+shared by every home (:mod:`corral.agents._shared`: reference files, ``corral agents
+prune``), and the entry in ``<root>`` is a symlink to them. Where the shared directory
+cannot be trusted, or for a root that already has installs of the older layout, they go to
+``/var/lib/corral/agents/<digest of root>/<name>/<version>`` instead.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
 import stat
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
 from corral._paths import SHARED_ROOT, corral_home
+from corral.agents import _shared
 from corral.harness._packages import (
     AGENTS_MOUNT,
     KNOWN_AGENTS,
@@ -139,15 +144,16 @@ def mount_source(root: Path) -> Path:
     uid (see the module docstring)."""
     if os.geteuid() != 0 or others_can_reach(root):
         return root.resolve()
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    return SHARED_ROOT / "agents" / digest
+    if _shared.shared_for(root):
+        return _shared.installs_dir()
+    return _shared.legacy_dir(root)
 
 
 def ensure_mount_source(root: Path) -> Path:
     """:func:`mount_source` for ``root``, created if missing (a sandbox may be made before
     any agent is installed, and bubblewrap cannot bind a path that does not exist)."""
     base = mount_source(root)
-    if base != root.resolve():
+    if base != root.resolve() and base != _shared.installs_dir():
         for d in (SHARED_ROOT, SHARED_ROOT / "agents", base):
             d.mkdir(mode=0o755, exist_ok=True)
             os.chmod(d, 0o755)
@@ -248,21 +254,74 @@ def _npm_env() -> dict[str, str]:
     return env
 
 
+NPM_STAGES = ("resolving", "downloading", "installing", "linking")
+"""npm's stages as ``install_agent`` reports them (``npm: <stage>``), always all, in order."""
+
+
+def _npm_stage(line: str) -> int | None:
+    """The index in :data:`NPM_STAGES` a line of npm's ``--loglevel=silly`` output starts,
+    or ``None``: the ideal tree is resolving; tarballs fetched or read from the cache are
+    downloading; install scripts are installing; the ``ADD`` lines npm logs once the tree
+    is in place are linking."""
+    if line.startswith("npm silly idealTree"):
+        return 0
+    if line.startswith(("npm silly reify", "npm silly tarball", "npm http cache")) or (
+            line.startswith("npm http fetch") and ".tgz" in line):
+        return 1
+    if line.startswith("npm info run "):
+        return 2
+    if line.startswith("npm silly ADD "):
+        return 3
+    return None
+
+
 def _npm_install(npm: str, prefix: Path, spec: str, env: dict[str, str], timeout: float,
-                 *, omit_optional: bool = False) -> None:
-    """``npm install spec`` into the prefix ``prefix`` (raises :class:`InstallError`)."""
+                 *, omit_optional: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+    """``npm install spec`` into the prefix ``prefix`` (raises :class:`InstallError`).
+    ``progress`` gets ``npm: <stage>`` for each of :data:`NPM_STAGES` as npm reaches it."""
     argv = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-            "--save-exact", "--loglevel=error", spec]
+            "--save-exact", "--loglevel=silly" if progress else "--loglevel=error", spec]
     if omit_optional:
         argv.insert(2, "--omit=optional")
+    say = progress or (lambda stage: None)
+    reached = -1
+    kept: list[str] = []  # what an error message shows: npm's lines but the chatter
+    proc = subprocess.Popen(argv, cwd=str(prefix), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            errors="replace")
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
     try:
-        proc = subprocess.run(argv, cwd=str(prefix), env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise InstallError(f"npm install {spec} timed out after {timeout}s") from exc
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()[-2000:]
-        raise InstallError(f"npm install {spec} failed (exit {proc.returncode}): {tail}")
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stage = _npm_stage(line)
+            while stage is not None and reached < stage:  # every stage, in order
+                reached += 1
+                say(f"npm: {NPM_STAGES[reached]}")
+            if not line.startswith(("npm silly", "npm verbose", "npm http", "npm info",
+                                    "npm timing")):
+                kept = (kept + [line.rstrip()])[-40:]
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise InstallError(f"npm install {spec} timed out after {timeout}s")
+    if code != 0:
+        tail = "\n".join(kept).strip()[-2000:]
+        raise InstallError(f"npm install {spec} failed (exit {code}): {tail}")
+    while progress and reached < len(NPM_STAGES) - 1:  # a tree npm had nothing to do for
+        reached += 1
+        say(f"npm: {NPM_STAGES[reached]}")
 
 
 def _check_runs(binary: Path, package: str, version: str, env: dict[str, str]) -> None:
@@ -283,12 +342,15 @@ def _check_runs(binary: Path, package: str, version: str, env: dict[str, str]) -
 
 
 def _install_companion(npm: str, install_dir: Path, companion: Companion,
-                       env: dict[str, str], timeout: float) -> None:
+                       env: dict[str, str], timeout: float,
+                       progress: Callable[[str], None] | None = None) -> None:
     """``companion`` into ``install_dir/<subdir>``: npm in a temporary directory beside
     it, checked, made readable by all, then renamed into place."""
     target = install_dir / companion.subdir
     tmp = install_dir / f".tmp-{companion.subdir}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir(mode=0o755)
+    if progress:
+        progress(f"adding {companion.package} {companion.version}")
     try:
         _npm_install(npm, tmp, f"{companion.package}@{companion.version}", env, timeout,
                      omit_optional=companion.omit_optional)
@@ -312,22 +374,31 @@ def install_agent(
     root: Path | None = None,
     force: bool = False,
     timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
 ) -> InstalledAgent:
     """Install ``name`` (at ``version``, default the pinned one) with npm, atomically.
 
     Returns the existing install when it is already complete (unless ``force``). Raises
     :class:`ConfigError` for unknown/unsupported names or bad versions,
     :class:`PrerequisiteMissing` without npm and :class:`InstallError` when npm fails or
-    the CLI does not run.
+    the CLI does not run. ``progress`` gets the name of each stage as it starts (``npm:
+    resolving``, … :data:`NPM_STAGES`, ``checking <bin> --version``, ``adding <companion>``).
     """
     pkg = package_for(name)
     version = check_version(version or pkg.version)
     root = root or agents_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o755)
+    shared = mount_source(root) == _shared.installs_dir()
+    if shared and not force and _read_marker(_shared.installs_dir() / name / version,
+                                             root) is not None:
+        _link(root, name, version, _shared.installs_dir() / name / version)  # no npm
     existing = find_installed(name, version, root=root)
     if existing is not None and not force:
         for companion in missing_companions(existing):
-            _install_companion(_npm(), existing.path, companion, _npm_env(), timeout)
+            _install_companion(_npm(), existing.path, companion, _npm_env(), timeout,
+                               progress)
+        if shared and existing.path.parent.parent == _shared.installs_dir().resolve():
+            _shared.add_ref(root, name, version)  # an install linked before refs existed
         return existing
     npm = _npm()
     entry = root / name / version
@@ -338,32 +409,68 @@ def install_agent(
     tmp.mkdir(mode=0o755)
     try:
         env = _npm_env()
-        _npm_install(npm, tmp, f"{pkg.package}@{version}", env, timeout)
+        _npm_install(npm, tmp, f"{pkg.package}@{version}", env, timeout, progress=progress)
+        if progress:
+            progress(f"checking {pkg.bin} --version")
         _check_runs(tmp / "node_modules" / ".bin" / pkg.bin, pkg.package, version, env)
         for companion in pkg.companions:
-            _install_companion(npm, tmp, companion, env, timeout)
+            _install_companion(npm, tmp, companion, env, timeout, progress)
         installed_at = time.time()
         (tmp / MARKER).write_text(json.dumps({
             "name": name, "package": pkg.package, "version": version,
             "installed_at": installed_at,
         }))
         _chmod_tree(tmp)
-        if real.exists() or real.is_symlink():
-            shutil.rmtree(real) if real.is_dir() and not real.is_symlink() else real.unlink()
-        os.rename(tmp, real)
+        _put_in_place(tmp, real, replace=force or not shared)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     if real != entry:
-        if entry.is_symlink() or entry.is_file():
-            entry.unlink()
-        elif entry.is_dir():
-            shutil.rmtree(entry)
-        entry.symlink_to(real)
+        _link(root, name, version, real) if shared else _symlink(entry, real)
     agent = _read_marker(entry, root)
     if agent is None:  # pragma: no cover - we just wrote it
         raise InstallError(f"install of {name} {version} at {entry} is incomplete")
     return agent
+
+
+def _put_in_place(tmp: Path, real: Path, *, replace: bool) -> None:
+    """Rename the finished install ``tmp`` to ``real``. A shared install that another home
+    finished meanwhile is kept (``replace`` false: ``tmp`` is dropped); a replaced one is
+    moved aside first and deleted after (the rename is what sandboxes see)."""
+    old: Path | None = None
+    if real.exists() or real.is_symlink():
+        if not replace and _read_marker(real, real.parent) is not None:
+            return
+        if real.is_dir() and not real.is_symlink():
+            old = real.parent / f".old-{real.name}-{os.getpid()}-{time.monotonic_ns()}"
+            os.rename(real, old)
+        else:
+            real.unlink()
+    try:
+        os.rename(tmp, real)
+    except OSError:
+        if replace or _read_marker(real, real.parent) is None:
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _symlink(entry: Path, real: Path) -> None:
+    if entry.is_symlink() or entry.is_file():
+        entry.unlink()
+    elif entry.is_dir():
+        shutil.rmtree(entry)
+    entry.symlink_to(real)
+
+
+def _link(root: Path, name: str, version: str, real: Path) -> None:
+    """``root``'s entry for ``name`` ``version`` points at the shared install ``real``, and
+    the shared directory knows (under its lock, so a prune never sees half of it)."""
+    (root / name).mkdir(parents=True, exist_ok=True, mode=0o755)
+    with _shared.locked():
+        _symlink(root / name / version, real)
+        _shared.add_ref(root, name, version)
 
 
 @dataclass(frozen=True, slots=True)

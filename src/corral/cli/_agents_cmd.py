@@ -1,4 +1,4 @@
-"""``corral agents install|ls``: the parsers; :mod:`corral.cli._agents_impl` runs them."""
+"""``corral agents install|ls|prune``: the parsers; :mod:`corral.cli._agents_impl` runs them."""
 
 from __future__ import annotations
 
@@ -26,6 +26,17 @@ def register(subparsers: Any) -> None:
     ls.add_argument("--json", action="store_true", help="print one JSON array of the installs")
     ls.set_defaults(func=_ls)
 
+    prune = sub.add_parser(
+        "prune", help="remove shared agent installs no home uses (root: /var/lib/corral)",
+        description="Remove the agent installs under $CORRAL_SHARED_DIR/agents/installs that "
+                    "no agents directory links to any more (a deleted $CORRAL_HOME stops "
+                    "counting) and no running process uses.")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="say what would be removed, remove nothing")
+    prune.add_argument("--json", action="store_true",
+                       help="print one JSON document: {dry_run, removed, kept, note}")
+    prune.set_defaults(func=_prune)
+
 
 # Lazy imports below: the agent installs load when a `corral agents` command is used, not for
 # every command's parser.
@@ -51,3 +62,9 @@ def _ls(args: argparse.Namespace) -> int:
     from corral.cli._agents_impl import ls
 
     return ls(args)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from corral.cli._agents_impl import prune
+
+    return prune(args)

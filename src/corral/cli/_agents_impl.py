@@ -11,22 +11,23 @@ from corral.agents._installs import (
     agents_report,
     agents_root,
     check_version,
-    find_installed,
     install_agent,
     list_installed,
     missing_companions,
     package_for,
 )
 
-__all__ = ["install", "ls"]
+__all__ = ["install", "ls", "prune"]
 
 
 def install(args: argparse.Namespace) -> int:
     pkg = package_for(args.name)
     version = check_version(args.agent_version or pkg.version)
-    if args.force or find_installed(args.name, version) is None:
-        print(f"installing {pkg.package}@{version} ...", file=sys.stderr)
-    agent = install_agent(args.name, args.agent_version, force=args.force)
+    from corral.cli._stages import Stages
+
+    with Stages(f"installing {args.name} {version}", sys.stderr) as stages:
+        agent = install_agent(args.name, args.agent_version, force=args.force,
+                              progress=stages.stage)
     if getattr(args, "json", False):
         print(json.dumps({"name": agent.name, "version": agent.version,
                           "package": agent.package, "path": str(agent.path),
@@ -58,4 +59,28 @@ def ls(args: argparse.Namespace) -> int:
     for status in agents_report(root):
         if not status.installed and status.supported:
             print(f"{status.name:<12} {'-':<10} {status.message}")
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB"
+
+
+def prune(args: argparse.Namespace) -> int:
+    from corral.agents._shared import prune_installs
+
+    report = prune_installs(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.as_json()))
+        return 0
+    if report.note:
+        print(f"corral: {report.note}", file=sys.stderr)
+    verb = "would remove" if args.dry_run else "removed"
+    for p in report.removed:
+        print(f"{verb} {p.name} {p.version} ({_mb(p.bytes)}) {p.path}")
+    for p in report.kept:
+        print(f"kept {p.name} {p.version} ({_mb(p.bytes)}): {p.reason}")
+    freed = sum(p.bytes for p in report.removed)
+    print(f"corral: {verb} {len(report.removed)} install(s) ({_mb(freed)}), kept "
+          f"{len(report.kept)}", file=sys.stderr)
     return 0

@@ -19,10 +19,21 @@ def run_build(args: argparse.Namespace) -> int:
         _answer(args, tag, built=False)
         return 0
 
-    def progress(line: str) -> None:
-        print(f"corral: {line}", file=sys.stderr, flush=True)
+    from corral.cli._stages import Stages
 
-    build_base_image(tag, docker_host=args.docker_host, suite=args.suite, progress=progress)
+    done: list[str] = []
+
+    def progress(line: str) -> None:
+        if line.startswith("built "):  # the last word, not a stage
+            done.append(line)
+        else:
+            stages.stage(line)
+
+    with Stages(f"building {tag}", sys.stderr) as stages:
+        build_base_image(tag, docker_host=args.docker_host, suite=args.suite,
+                         progress=progress)
+    for line in done:
+        print(f"corral: {line}", file=sys.stderr, flush=True)
     _answer(args, tag, built=True)
     return 0
 

@@ -77,7 +77,18 @@ function el(tag, cls, text) {
   return node;
 }
 
-function fmtTime(t) { return t ? new Date(t * 1000).toLocaleTimeString() : ""; }
+// A time today; with its date (and year, when not this one) on another day.
+function fmtTime(t) {
+  if (!t) return "";
+  const d = new Date(t * 1000);
+  const now = new Date();
+  const time = d.toLocaleTimeString();
+  if (d.toDateString() === now.toDateString()) return time;
+  const opts = { month: "short", day: "numeric" };
+  if (d.getFullYear() !== now.getFullYear()) opts.year = "numeric";
+  return `${d.toLocaleDateString(undefined, opts)} ${time}`;
+}
+const fullTime = (t) => (t ? new Date(t * 1000).toString() : "");
 const errText = (e) => String((e && e.message) || e);
 
 function shellWords(argv) {
@@ -113,10 +124,15 @@ function usageText(usage) {
 
 // ---------------------------------------------------------------- runs list
 
+// The list shows the newest `runsShown` runs; "Show older runs" asks for the next page.
+const RUNS_PAGE = 50;
+const RUNS_MAX = 1000;  // the API's largest page
+let runsShown = RUNS_PAGE;
+
 async function refreshRuns() {
   let data;
   try {
-    data = await api("/v1/runs?limit=50");
+    data = await api(`/v1/runs?limit=${runsShown}`);
   } catch (err) {
     $("#conn").textContent = errText(err);
     return;
@@ -132,13 +148,17 @@ async function refreshRuns() {
     if (view && view.runId === run.run_id) tr.classList.add("selected");
     tr.append(el("td", "id", run.run_id),
       el("td", "", run.status + (run.cancel_requested && run.status === "running" ? " (cancelling)" : "")),
-      el("td", "", fmtTime(run.started_at)));
+      el("td", "when", fmtTime(run.started_at)));
+    tr.lastChild.title = fullTime(run.started_at);
     tr.addEventListener("click", () => select(run.run_id));
     tr.addEventListener("keydown", (e) => { if (e.key === "Enter") select(run.run_id); });
     body.append(tr);
     const turn = view && view.turns.get(run.run_id);
     if (turn) showRecord(turn, run);
   }
+  const more = $("#more-runs");
+  more.hidden = data.runs.length < runsShown || runsShown >= RUNS_MAX;
+  more.textContent = `Show older runs (${data.runs.length} shown)`;
   // A run started elsewhere on the thread being watched joins the conversation.
   if (view && data.runs.some((r) => r.thread_id === view.threadId && !view.turns.has(r.run_id))) {
     loadThread(view);
@@ -231,6 +251,11 @@ $("#cancel").addEventListener("click", async () => {
 });
 
 // The next run of the conversation goes to this thread.
+$("#more-runs").addEventListener("click", () => {
+  runsShown = Math.min(runsShown + RUNS_PAGE, RUNS_MAX);
+  refreshRuns();
+});
+
 $("#reply").addEventListener("click", () => {
   if (!view || !view.threadId) return;
   $("#thread").value = view.threadId;
@@ -346,6 +371,7 @@ function addTurn(v, record) {
   const link = el("a", "id", record.run_id);
   link.href = `#run=${enc(record.run_id)}`;
   head.append(link, el("span", "status"), el("span", "when muted", fmtTime(record.started_at)));
+  head.lastChild.title = fullTime(record.started_at);
   node.append(head, el("div", "items"), el("p", "usage muted"));
   turn = { id: record.run_id, record, node, last: 0, events: [], source: null, done: false, dirty: false,
     messages: new Map(), tools: new Map(), files: new Map(), approvals: new Map(), promptShown: false };
@@ -386,8 +412,10 @@ function showRecord(turn, record) {
   const status = turn.node.querySelector(".turn-head .status");
   status.textContent = record.status;
   status.className = `status ${record.status}`;
-  turn.node.querySelector(".usage").textContent = usageText(record.usage);
-  if (!view || turn.id !== view.runId) return;
+  const selected = view && turn.id === view.runId;
+  // once: the selected run's usage is the header's line; the thread's other turns keep theirs
+  turn.node.querySelector(".usage").textContent = selected ? "" : usageText(record.usage);
+  if (!selected) return;
   const top = $("#run-status");
   top.textContent = record.status + (record.cancel_requested && record.status === "running" ? " (cancelling)" : "");
   top.className = `status ${record.status}`;
