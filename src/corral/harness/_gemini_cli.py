@@ -55,6 +55,7 @@ stops gemini-cli from running hooks (``GEMINI_CLI_TRUST_WORKSPACE``,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -175,7 +176,7 @@ class GeminiCliHarness(CliHarness):
             settings["hooksConfig"] = {"enabled": True}
             # gemini-cli's hook timeout is in ms; one that times out lets the command run
             settings["hooks"] = {"BeforeTool": [{"matcher": f"^{SHELL_TOOL}$", "hooks": [{
-                "type": "command", "name": GATE_HOOK, "command": bash_gate_command(opts),
+                "type": "command", "name": GATE_HOOK, "command": gate_command(opts),
                 "timeout": GATE_TIMEOUT * 1000}]}]}
         return settings
 
@@ -264,6 +265,20 @@ def gemini_settings(opts: CliOptions, *, exclude: tuple[str, ...] = ()) -> dict[
     if exclude:
         settings["tools"] = {"exclude": list(exclude)}
     return settings
+
+
+def gate_command(opts: CliOptions) -> str:
+    """The command gate's hook command. gemini-cli runs it through the shell with its own
+    environment, where the in-sandbox entry has filled the forwarder's port into the MCP
+    server's URL variable (:func:`url_var`); files are never rewritten."""
+    url = opts.mcp_servers[SERVER_NAME]["url"]
+    if "{corral.port." not in url:
+        return bash_gate_command(opts)
+    marker = "CORRAL_GATE_URL"  # shlex leaves it unquoted
+    server = {**opts.mcp_servers[SERVER_NAME], "url": marker}
+    command = bash_gate_command(dataclasses.replace(
+        opts, mcp_servers={**opts.mcp_servers, SERVER_NAME: server}))
+    return command.replace(marker, f'"${{{url_var(SERVER_NAME)}}}"', 1)
 
 
 def check_workspace_settings(data: bytes) -> None:
