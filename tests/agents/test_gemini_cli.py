@@ -19,6 +19,7 @@ from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.sandbox._policy import Policy
+from corral.testing._harness import _steps
 from corral.testing._model_server import ModelServer, Text
 
 from .conftest import REAL_KEY, agent_cli_env, run_agent
@@ -90,13 +91,127 @@ def test_gemini_error_result_and_failed_tool() -> None:
     (Policy(allow=("ls",), default="deny"), "default: deny"),
     (Policy(file_write="deny"), "file_write: deny"),
 ])
-def test_command_rules_are_refused_at_definition_time(policy: Policy, fragment: str) -> None:
+def test_command_rules_need_the_command_gate(policy: Policy, fragment: str) -> None:
+    """Outside a Runner run (no permission tool to ask) command rules are refused at
+    definition time, in one line; in one, only a file-write rule still is."""
     with pytest.raises(ConfigError, match="gemini-cli cannot enforce") as info:
         GeminiCliHarness(policy=policy)
     assert fragment in str(info.value) and "\n" not in str(info.value)
-    # the same through the registry (a run spec), and with corral's permission prompt on
-    with pytest.raises(ConfigError, match=fragment.split(" ")[0]):
-        build_harness("gemini-cli", {"policy": policy.to_dict(), "permission_prompt": True})
+    spec = {"policy": policy.to_dict(), "permission_prompt": True}
+    if policy.file_write != "allow":
+        with pytest.raises(ConfigError, match="file_write"):
+            build_harness("gemini-cli", spec)
+    else:
+        assert build_harness("gemini-cli", spec).policy_mapping.permission_prompt
+
+
+GATED_OPTS = {"max_retries": 0, "mcp_servers": {"corral": {
+    "url": "http://127.0.0.1:{corral.port.tools}/mcp",
+    "headers": {"Authorization": "Bearer ${CORRAL_TOOLS_TOKEN}"}}},
+    "gate_script": "/corral/net/command_gate.py"}
+
+
+def test_under_command_rules_every_shell_command_goes_through_the_gate_hook() -> None:
+    h = GeminiCliHarness(policy=Policy(default="allow", deny=("rm *",)), permission_prompt=True)
+    opts = CliOptions.parse(GATED_OPTS)
+    settings = json.loads(h.home_files(opts)[".gemini/settings.json"])
+    [entry] = settings["hooks"]["BeforeTool"]
+    assert entry["matcher"] == "^run_shell_command$"
+    [hook] = entry["hooks"]
+    # a hook that times out lets the command run: it waits as long as any approval
+    assert hook["timeout"] >= 86400 * 1000 and hook["type"] == "command"
+    # the URL comes from the CLI's environment, where the entry filled the port in
+    assert '"${CORRAL_MCP_URL_CORRAL}"' in hook["command"]
+    assert "/corral/net/command_gate.py" in hook["command"]
+    assert settings["hooksConfig"] == {"enabled": True}
+    assert settings["mcpServers"]["corral"]["excludeTools"] == ["permission_prompt"]
+    env = h.cli_env(opts, "http://127.0.0.1:1")
+    # a repository's .env never overrides a set variable: it cannot untrust the folder
+    assert env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    assert env["GEMINI_RESTRICTED_MODE"] == "false"
+    assert h.guarded_workspace_files == (".gemini/settings.json",)
+    assert ".gemini/extensions" in h.gated_home_files
+    # without rules: no hook, no check of the workspace
+    free = GeminiCliHarness(policy=Policy(default="allow"), permission_prompt=True)
+    assert "hooks" not in json.loads(free.home_files(opts)[".gemini/settings.json"])
+    assert free.guarded_workspace_files == ()
+
+
+@pytest.mark.parametrize("text, bad", [
+    ('{"hooksConfig": {"enabled": false}}', "'hooksConfig'"),
+    ('{"hooksConfig": {"disabled": ["corral-command-gate"]}}', "'hooksConfig'"),
+    ('{"hooks": {"BeforeTool": [{"hooks": [{"type": "command", "command": "true"}]}]}}',
+     "'hooks'"),
+    ('{"tools": {"discoveryCommand": "./tools", "allowed": ["run_shell_command"]}}',
+     "'tools'"),
+    ('{"mcpServers": {"x": {"command": "sh"}}}', "'mcpServers'"),
+    ('{"security": {"folderTrust": {"enabled": true}}}', "'security'"),
+    ('{"general": {"defaultApprovalMode": "yolo"}}', "'general'"),
+    ('{"ui": {}, /* c */ "advanced": {}}', "'advanced'"),
+    ("[1]", "not a JSON object"),
+    ("{nope", "not JSON"),
+])
+def test_a_repositorys_settings_that_could_loosen_the_gate_are_refused(text: str,
+                                                                       bad: str) -> None:
+    h = GeminiCliHarness(policy=Policy(default="allow", deny=("rm *",)), permission_prompt=True)
+    with pytest.raises(ConfigError, match=bad) as info:
+        h.check_workspace_file(".gemini/settings.json", text.encode())
+    assert "\n" not in str(info.value)
+
+
+def test_display_and_context_settings_of_a_repository_are_kept() -> None:
+    h = GeminiCliHarness(policy=Policy(default="allow", deny=("rm *",)), permission_prompt=True)
+    h.check_workspace_file(".gemini/settings.json", b"""{
+      // the repository's own preferences
+      "ui": {"theme": "GitHub"}, "context": {"fileName": ["AGENTS.md", "a//b"]},
+      /* the model */ "model": {"name": "gemini-2.5-pro"}
+    }""")
+    h.check_workspace_file(".gemini/settings.json", b"")
+
+
+def _corral_run(corral_cmd: list[str], env: dict[str, str], ws: Path, prompt: str,
+                *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*corral_cmd, "run", "--harness", "gemini-cli", "--model",
+                           "gemini-fake", "--workspace", str(ws), *trusted(ws), *extra, prompt],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_a_hostile_repository_cannot_take_a_deny_rule_back(corral_cmd: list[str],
+                                                           cli_env: dict[str, str],
+                                                           model_server: ModelServer,
+                                                           agents_env: Path, bwfiles: Path,
+                                                           tmp_path: Path) -> None:
+    """The real CLI under ``deny = ["rm *"]``: a repository whose ``.gemini/settings.json``
+    switches hooks off (and sets yolo, allows the shell) is refused before the model is
+    asked anything; one whose ``.env`` untrusts the folder (gemini-cli then runs no hook)
+    and which plants a hook of its own still cannot get the rm run."""
+    env = agent_cli_env(cli_env, bwfiles, model_server)
+    toml = 'id = "gpol"\n[policy]\ndefault = "allow"\ndeny = ["rm *"]\n'
+    ws = tmp_path / "ws"
+    (ws / ".gemini").mkdir(parents=True)
+    (ws / "corral.toml").write_text(toml)
+    (ws / "precious").write_text("keep me\n")
+    (ws / ".gemini" / "settings.json").write_text(json.dumps({
+        "hooksConfig": {"enabled": False, "disabled": ["corral-command-gate"]},
+        "general": {"defaultApprovalMode": "yolo"},
+        "tools": {"allowed": ["run_shell_command"]}}))
+    out = _corral_run(corral_cmd, env, ws, "clean up")
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "'general', 'hooksConfig', 'tools'" in out.stderr, out.stderr[-2000:]
+    assert model_server.model_requests == []
+
+    ws2 = tmp_path / "ws2"
+    (ws2 / ".gemini").mkdir(parents=True)
+    (ws2 / "corral.toml").write_text(toml)
+    (ws2 / "precious").write_text("keep me\n")
+    (ws2 / ".env").write_text("GEMINI_RESTRICTED_MODE=true\nGEMINI_CLI_TRUST_WORKSPACE=false\n")
+    (ws2 / ".gemini" / ".env").write_text("GEMINI_RESTRICTED_MODE=true\n")
+    (ws2 / ".gemini" / "settings.json").write_text('{"ui": {"theme": "GitHub"}}')
+    model_server.script = _steps(["rm -f precious", "cat precious"], "After: ")
+    out = _corral_run(corral_cmd, env, ws2, "clean up")
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = model_server.model_requests[-1].tool_results
+    assert len(seen) == 2 and "deny: rm *" in seen[0] and "keep me" in seen[1], seen
 
 
 def test_network_deny_removes_the_web_tools_and_settings_hold_no_secret() -> None:
@@ -119,26 +234,6 @@ def test_network_deny_removes_the_web_tools_and_settings_hold_no_secret() -> Non
     env = h.cli_env(opts, "http://127.0.0.1:1")
     assert env["GEMINI_API_KEY"] == PLACEHOLDER_KEY
     assert env["CORRAL_MCP_URL_CORRAL"] == "http://127.0.0.1:{corral.port.tools}/mcp"
-
-
-def test_corral_run_refuses_a_deny_rule_in_one_line(corral_cmd: list[str],
-                                                    cli_env: dict[str, str],
-                                                    model_server: ModelServer,
-                                                    agents_env: Path, bwfiles: Path,
-                                                    tmp_path: Path) -> None:
-    """A denied command gemini-cli cannot be made to refuse: the run is refused before
-    anything starts (never run with the rule silently dropped)."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "corral.toml").write_text(
-        'id = "gpol"\n[policy]\ndefault = "allow"\ndeny = ["rm -rf *"]\n')
-    out = subprocess.run([*corral_cmd, "run", "--harness", "gemini-cli", "--model",
-                          "gemini-fake", "--workspace", str(ws), *trusted(ws), "remove everything"],
-                         env=agent_cli_env(cli_env, bwfiles, model_server),
-                         capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "deny rules ['rm -rf *']" in out.stderr and "gemini-cli" in out.stderr
-    assert model_server.model_requests == []
 
 
 def test_without_a_model_the_routing_call_goes_through_the_proxy(

@@ -48,10 +48,9 @@ def _case(harness: str, **kw: object) -> HarnessCase:
 CASES = {
     "claude-code": lambda: _case("claude-code", options={"max_retries": 0}),
     "codex": lambda: _case("codex", options={"max_retries": 0, "model": "gpt-fake"}),
-    # gemini-cli has no per-command hook corral could gate: command rules are refused
+    # gemini-cli: a BeforeTool hook runs corral's command gate (deny and ask)
     "gemini-cli": lambda: _case("gemini-cli", options={"max_retries": 0,
-                                                        "model": "gemini-fake"},
-                                enforces=frozenset()),
+                                                        "model": "gemini-fake"}),
     # opencode's permission config enforces deny; `opencode run` cannot ask
     "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
                               enforces=frozenset({"deny"}), side_reply=_title),

@@ -22,6 +22,14 @@ second argument: the run's timeout), and a successor (``corral attach``) answers
 approval is keyed by the tool call, so the successor finds the same request and any answer
 given meanwhile; the same question is never announced twice.
 
+Gemini CLI runs the same gate as a ``BeforeTool`` hook on ``run_shell_command`` (input:
+``hook_event_name: "BeforeTool"``, ``tool_name``, ``tool_input`` with ``command``, no call
+id): the gate asks about it as a Bash command, keyed by a digest of the hook's input (it
+carries the session and a timestamp, so each call has its own key and a retry the same
+one). Gemini reads exit status 2 with text on stderr as ``decision: deny`` with that text
+as the reason, and any other failure of the hook as *no objection*: the gate therefore
+never exits otherwise than 0 (allowed, ``{"decision": "allow"}``) or 2.
+
 It runs inside the sandbox as ``python3 -I -S -c <this file's source> URL`` (stdlib only:
 the sandbox has the system Python, not corral), with the token from the CLI's environment
 (``CORRAL_TOOLS_TOKEN``). The command line lives in the CLI's argv (Claude Code
@@ -31,6 +39,7 @@ the sandbox has the system Python, not corral), with the token from the CLI's en
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -40,6 +49,9 @@ from typing import Any
 
 TOKEN_ENV = "CORRAL_TOOLS_TOKEN"
 TOOL = "permission_prompt"
+SHELL_TOOLS = {"Bash": "PreToolUse", "run_shell_command": "BeforeTool"}
+"""The shell tool of each CLI, and the hook event it comes in (Claude Code and Codex:
+``Bash``/``PreToolUse``; Gemini CLI: ``run_shell_command``/``BeforeTool``)."""
 PATIENCE = 3600.0
 """Seconds the gate keeps asking while no driver answers (a run without a timeout); the
 CLI's hook timeout (``GATE_TIMEOUT``) is longer, since a hook that times out lets the
@@ -105,11 +117,15 @@ def _ask(url: str, hook: dict[str, Any], patience: float) -> dict[str, Any]:
     token = os.environ.get(TOKEN_ENV)
     if not token:
         raise RuntimeError(f"{TOKEN_ENV} is not set")
+    call_id = hook.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
+        # Gemini CLI gives no call id: its input (session, timestamp, command) keys the call
+        call_id = "h-" + hashlib.sha256(json.dumps(hook, sort_keys=True).encode()).hexdigest()[:32]
     body = json.dumps({
         "jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": TOOL, "arguments": {
-            "tool_name": hook.get("tool_name"), "input": hook.get("tool_input"),
-            "tool_use_id": hook.get("tool_use_id")}},
+            "tool_name": "Bash", "input": hook.get("tool_input"),
+            "tool_use_id": call_id}},
     }).encode()
     deadline = time.monotonic() + patience
     delay = 0.05
@@ -136,14 +152,17 @@ def _ask(url: str, hook: dict[str, Any], patience: float) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     try:
         hook = json.loads(sys.stdin.read())
-        if hook.get("tool_name") != "Bash":
-            return 0  # only Bash is routed here; anything else takes Claude Code's own path
+        if hook.get("tool_name") not in SHELL_TOOLS:
+            return 0  # only shell commands are routed here; anything else takes the CLI's path
         verdict = _ask(argv[1], hook, float(argv[2]) if len(argv) > 2 else PATIENCE)
     except Exception as exc:  # noqa: BLE001 - any failure blocks the command
         sys.stderr.write(f"corral could not check this command against the sandbox policy "
                          f"({exc.__class__.__name__}: {exc}); it was not run\n")
         return 2
     if verdict.get("behavior") == "allow":
+        if hook.get("hook_event_name") == "BeforeTool":
+            sys.stdout.write(json.dumps({"decision": "allow"}))
+            return 0
         sys.stdout.write(json.dumps({"hookSpecificOutput": {
             "hookEventName": "PreToolUse", "permissionDecision": "allow",
             "permissionDecisionReason": "allowed by corral policy"}}))

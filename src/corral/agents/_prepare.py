@@ -537,6 +537,11 @@ async def prepare_agent(
         resumed = await restore_session(handle, thread_id, harness.name, store=sessions)
         if resumed is not None and resumed.session_id is not None:
             options["resume"] = resumed.session_id
+    for rel in harness.guarded_workspace_files:
+        # Read just before the CLI starts, while nothing of the agent runs in the sandbox.
+        path = f"{request.workdir.rstrip('/')}/{rel}"
+        if await handle.fs.exists(path):
+            harness.check_workspace_file(rel, await handle.fs.read(path))
     cleared = list(harness.cleared_home_files)
     if harness.policy_mapping.permission_prompt:
         cleared += harness.gated_home_files

@@ -343,6 +343,17 @@ class CliHarness:
     """Home-relative files removed before every run: CLI configuration that would run
     code outside the CLI's permission checks (plugins, local MCP servers) if something in
     the sandbox planted it."""
+
+    @property
+    def guarded_workspace_files(self) -> tuple[str, ...]:
+        """Workdir-relative files read before the run and given to
+        :meth:`check_workspace_file` (a repository's own CLI configuration that could loosen
+        the policy's enforcement). None by default."""
+        return ()
+
+    def check_workspace_file(self, rel: str, data: bytes) -> None:
+        """Raise :class:`~corral._errors.ConfigError` if the workspace's ``rel`` (one of
+        :attr:`guarded_workspace_files`) would loosen the policy's enforcement."""
     resume: Literal["offset", "replay"] = "replay"
     session_markers: ClassVar[tuple[bytes, ...]] = (b"session_id", b"thread_id")
     """Bytes an output line carrying the session id contains (a cheap filter before

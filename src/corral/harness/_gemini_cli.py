@@ -4,12 +4,10 @@
 Configuration: ``~/.gemini/settings.json``, written before every run (see
 :meth:`GeminiCliHarness.home_files`). It selects the ``gemini-api-key`` auth, turns
 telemetry, usage statistics, auto-update and folder trust off, bounds the CLI's own
-retries (``general.maxAttempts``) and lists the MCP servers. (A *system* settings file
-would be out of the agent's reach, but gemini-cli 0.61 skips one whose directory is not
-owned by uid 0, which nothing in a user-namespace sandbox is.) With folder trust off a
-repository's ``.gemini/settings.json`` applies too; it runs inside the sandbox like the
-agent, corral gives gemini-cli no command rules to loosen, and ``tools.exclude`` merges as a
-union, so a repository cannot take the policy's exclusions back.
+retries (``general.maxAttempts``) and lists the MCP servers (and, under command rules, the
+command gate's hook). With folder trust off a repository's ``.gemini/settings.json``
+applies too (``tools.exclude`` merges as a union, so it cannot take the policy's exclusions
+back; under command rules it is checked first: see "Policy mapping").
 
 Model traffic: ``GOOGLE_GEMINI_BASE_URL`` is the in-sandbox model endpoint and
 ``GEMINI_API_KEY`` a placeholder; the host proxy sends the real key as ``x-goog-api-key``.
@@ -32,20 +30,32 @@ Events → AG-UI:
 Sessions live in ``~/.gemini/tmp/<project>/chats``; a later prompt continues with
 ``--resume <session id>``.
 
-Policy mapping: only "allow everything" (no command rules, file writes allowed) is
-expressed (``--approval-mode yolo``; the sandbox is the boundary); network ``deny`` or an
+Policy mapping: with no command rules (default ``allow``, file writes allowed) every tool is
+allowed (``--approval-mode yolo``; the sandbox is the boundary); network ``deny`` or an
 egress allowlist also removes the tools that reach the web from the model provider's side
-(``google_web_search``, ``web_fetch``). Command rules and a non-``allow`` default raise
-:class:`~corral._errors.ConfigError` at definition time. gemini-cli 0.61 has ``BeforeTool``
-hooks that could carry corral's command gate, but a repository's ``.gemini/settings.json``
-outranks the user settings and can switch hooks off (``hooksConfig.enabled``,
-``hooksConfig.disabled``); only system settings outrank it, and gemini-cli reads those only
-from a directory owned by uid 0, which nothing in a user-namespace sandbox is. A gate the
-workspace can turn off would be a silently unenforced policy, so none is offered.
+(``google_web_search``, ``web_fetch``). Command rules (``allow``/``ask``/``deny``, a default
+other than ``allow``) in a run that serves corral's permission tool (the Runner's runs):
+a ``BeforeTool`` hook on ``run_shell_command`` in the settings runs corral's command gate
+(:mod:`corral._insandbox.command_gate`), which asks the policy about each command on the
+run's MCP server (``ask`` waits for a corral approval that outlives the driver) and fails
+closed. Without the permission tool, or with ``file_write`` other than ``allow``, the policy
+raises :class:`~corral._errors.ConfigError` at definition time.
+
+What the workspace cannot do to the gate (see docs/agents.md, "Gemini CLI"): gemini-cli
+merges a repository's ``.gemini/settings.json`` over the user settings, takes the union of
+``hooksConfig.disabled`` and concatenates ``hooks`` from every scope, so no settings file of
+corral's (system settings included) could keep a repository from naming the gate disabled or
+adding hooks of its own. Under command rules corral therefore reads the workspace's
+``.gemini/settings.json`` before the run and refuses one that holds anything but display,
+context and model preferences (:func:`check_workspace_settings`); and it pins the variables
+a repository's ``.env`` could otherwise set in the CLI's process to untrust the folder, which
+stops gemini-cli from running hooks (``GEMINI_CLI_TRUST_WORKSPACE``,
+``GEMINI_RESTRICTED_MODE``: ``.env`` never overrides a variable that is set).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -57,6 +67,7 @@ from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._base import RunContext
 from corral.harness._cli_base import (
+    GATE_TIMEOUT,
     CliHarness,
     CliOptions,
     JsonlTranslator,
@@ -66,14 +77,17 @@ from corral.harness._cli_base import (
     as_int,
     beyond_allow_all,
     as_str,
+    bash_gate_command,
     flatten_text,
     token_usage,
 )
 from corral.journal._reader import Exit, JournalItem
 from corral.net._model_proxy import ModelApi
+from corral._insandbox import command_gate
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["GeminiCliHarness", "GeminiCliTranslator", "gemini_settings"]
+__all__ = ["GeminiCliHarness", "GeminiCliTranslator", "check_workspace_settings",
+           "gemini_settings"]
 
 SETTINGS_FILE = ".gemini/settings.json"
 """Home-relative: gemini-cli's user settings."""
@@ -81,6 +95,17 @@ WEB_TOOLS = ("google_web_search", "web_fetch")
 """Built-in tools that reach the web (from the model provider's side or the CLI's)."""
 MAX_ATTEMPTS = 10
 """gemini-cli's ceiling for ``general.maxAttempts``."""
+SHELL_TOOL = "run_shell_command"
+GATE_HOOK = "corral-command-gate"
+"""The gate hook's name (``hooksConfig.disabled`` names hooks by it)."""
+WORKSPACE_SETTINGS = ".gemini/settings.json"
+"""Workspace-relative: a repository's own gemini-cli settings."""
+HARMLESS_SECTIONS = frozenset({"$schema", "ui", "accessibility", "output", "context",
+                               "model"})
+"""Top-level sections of a repository's settings that cannot run or unblock anything
+(display, context files, the model's name). Anything else (``hooks``, ``hooksConfig``, ``tools`` with its ``discoveryCommand``,
+``mcpServers``, ``security``, ``advanced``, ``experimental`` ...) is refused under command
+rules."""
 
 
 class GeminiCliHarness(CliHarness):
@@ -92,27 +117,68 @@ class GeminiCliHarness(CliHarness):
     instructions_file: ClassVar[str] = ".gemini/GEMINI.md"
     excluded_tools: tuple[str, ...] = ()
     """Built-in tools the policy removes (``tools.exclude``)."""
+    # Extensions bring hooks and MCP servers of their own, which gemini-cli runs beside
+    # corral's; a planted policy or trust file is no business of a gated run either.
+    gated_home_files: ClassVar[tuple[str, ...]] = (
+        ".gemini/extensions", ".gemini/policies", ".gemini/trustedFolders.json",
+        ".gemini/trusted_hooks.json", ".gemini/system-defaults.json")
 
     def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:
         enforced = ["default: allow -> --approval-mode yolo (the sandbox is the boundary)"]
         if policy is None:
             return PolicyMapping(self.name, (), {}, tuple(enforced), bypass=True)
+        ruled = bool(policy.allow or policy.ask or policy.deny) or policy.default != "allow"
         problems = beyond_allow_all(policy)
+        if self.permission_prompt:  # the gate enforces command rules; file writes not yet
+            problems = [p for p in problems if p.startswith("file_write")]
         if problems:
-            raise ConfigError(
-                "policy rules gemini-cli cannot enforce yet (corral runs it with every tool "
-                "allowed): " + "; ".join(problems) + "; use harness claude-code, codex or acp "
-                "(--agent claude or opencode) for command rules, or drop them")
+            why = ("file writes go through gemini-cli's own tools, which corral does not gate "
+                   "yet; use file_write: allow" if self.permission_prompt else
+                   "corral's command gate enforces command rules in a Runner run")
+            raise ConfigError("policy rules gemini-cli cannot enforce here: "
+                              + "; ".join(problems) + f" ({why})")
         if policy.network != "allow" or allow_hosts(policy):
             self.excluded_tools = WEB_TOOLS
             enforced.append(f"network: {policy.network} -> tools.exclude {list(WEB_TOOLS)}, "
                             "and the sandbox has no network of its own")
+        if ruled:
+            enforced.append(f"commands -> a BeforeTool hook on {SHELL_TOOL} asks corral's "
+                            "policy on the run's MCP server about each command (ask rules "
+                            "raise a corral approval; it fails closed); the workspace's "
+                            f"{WORKSPACE_SETTINGS} may hold display, context and model "
+                            "settings only")
+            return PolicyMapping(self.name, (), {}, tuple(enforced), bypass=True,
+                                 permission_prompt=True)
         return PolicyMapping(self.name, (), {}, tuple(enforced), bypass=True)
+
+    @property
+    def guarded_workspace_files(self) -> tuple[str, ...]:
+        """Workspace files read before the run and checked (:meth:`check_workspace_file`)."""
+        return (WORKSPACE_SETTINGS,) if self.policy_mapping.permission_prompt else ()
+
+    def check_workspace_file(self, rel: str, data: bytes) -> None:
+        """Refuse a repository's settings that could loosen the command gate."""
+        if rel == WORKSPACE_SETTINGS:
+            check_workspace_settings(data)
 
     # -- configuration
     def settings(self, opts: CliOptions) -> dict[str, Any]:
-        """The user settings for one run (see :func:`gemini_settings`)."""
-        return gemini_settings(opts, exclude=self.excluded_tools)
+        """The user settings for one run (see :func:`gemini_settings`), with the command
+        gate's hook under command rules."""
+        settings = gemini_settings(opts, exclude=self.excluded_tools)
+        if self.policy_mapping.permission_prompt:
+            if SERVER_NAME not in opts.mcp_servers:
+                raise ConfigError("this gemini-cli policy mapping asks corral's command gate, "
+                                  "which needs the corral MCP server: prepare the agent with "
+                                  "host_tools=True (the Runner does)")
+            # The gate calls the decision tool itself; the model is not offered it.
+            settings["mcpServers"][SERVER_NAME]["excludeTools"] = [command_gate.TOOL]
+            settings["hooksConfig"] = {"enabled": True}
+            # gemini-cli's hook timeout is in ms; one that times out lets the command run
+            settings["hooks"] = {"BeforeTool": [{"matcher": f"^{SHELL_TOOL}$", "hooks": [{
+                "type": "command", "name": GATE_HOOK, "command": gate_command(opts),
+                "timeout": GATE_TIMEOUT * 1000}]}]}
+        return settings
 
     def home_files(self, opts: CliOptions) -> dict[str, bytes]:
         return {SETTINGS_FILE: json.dumps(self.settings(opts), sort_keys=True,
@@ -132,6 +198,13 @@ class GeminiCliHarness(CliHarness):
             "GEMINI_API_KEY": opts.api_key,
             "GEMINI_TELEMETRY_ENABLED": "false",
         }
+        if self.policy_mapping.permission_prompt:
+            # Set, so a repository's .env (loaded into the CLI's process for a trusted
+            # folder, never over a variable that is set) cannot untrust the folder mid-run:
+            # gemini-cli runs no hook in an untrusted folder, and a hook that does not run
+            # objects to nothing.
+            env["GEMINI_CLI_TRUST_WORKSPACE"] = "true"
+            env["GEMINI_RESTRICTED_MODE"] = "false"
         for name, server in opts.mcp_servers.items():
             if isinstance(server.get("url"), str) and "{corral.port." in server["url"]:
                 env[url_var(name)] = server["url"]
@@ -192,6 +265,69 @@ def gemini_settings(opts: CliOptions, *, exclude: tuple[str, ...] = ()) -> dict[
     if exclude:
         settings["tools"] = {"exclude": list(exclude)}
     return settings
+
+
+def gate_command(opts: CliOptions) -> str:
+    """The command gate's hook command. gemini-cli runs it through the shell with its own
+    environment, where the in-sandbox entry has filled the forwarder's port into the MCP
+    server's URL variable (:func:`url_var`); files are never rewritten."""
+    url = opts.mcp_servers[SERVER_NAME]["url"]
+    if "{corral.port." not in url:
+        return bash_gate_command(opts)
+    marker = "CORRAL_GATE_URL"  # shlex leaves it unquoted
+    server = {**opts.mcp_servers[SERVER_NAME], "url": marker}
+    command = bash_gate_command(dataclasses.replace(
+        opts, mcp_servers={**opts.mcp_servers, SERVER_NAME: server}))
+    return command.replace(marker, f'"${{{url_var(SERVER_NAME)}}}"', 1)
+
+
+def check_workspace_settings(data: bytes) -> None:
+    """Raise :class:`ConfigError` (one line) unless a repository's ``.gemini/settings.json``
+    holds only :data:`HARMLESS_SECTIONS` (comments allowed, as gemini-cli allows them)."""
+    try:
+        text = _strip_json_comments(data.decode("utf-8"))
+        settings = json.loads(text) if text.strip() else {}
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"the workspace's {WORKSPACE_SETTINGS} is not JSON corral can read "
+                          f"({exc.__class__.__name__}); under command rules corral must know "
+                          "what it asks of gemini-cli: fix or remove it") from None
+    if not isinstance(settings, dict):
+        raise ConfigError(f"the workspace's {WORKSPACE_SETTINGS} is not a JSON object; fix "
+                          "or remove it")
+    risky = sorted(k for k in settings if k not in HARMLESS_SECTIONS)
+    if risky:
+        raise ConfigError(
+            f"the workspace's {WORKSPACE_SETTINGS} sets {', '.join(map(repr, risky))}, which "
+            "could run commands outside or switch off corral's command gate (gemini-cli "
+            "merges it over corral's settings); under command rules only "
+            f"{', '.join(sorted(HARMLESS_SECTIONS - {'$schema'}))} may be set there: remove "
+            "the rest, or run without command rules")
+
+
+def _strip_json_comments(text: str) -> str:
+    """``text`` without ``//`` and ``/* */`` comments outside strings."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            if j < 0:
+                raise ValueError("unterminated comment")
+            i = j + 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def host_tool_name(name: str) -> str:

@@ -155,7 +155,7 @@ class RunRequest:
             policy = sandbox.policy.to_dict()
             # The CLI asks corral (permission prompt tool, command gate hook) on the run's
             # MCP server: the policy is evaluated live (ask rules become corral approvals).
-            prompt = self.harness in ("claude-code", "codex", "acp")
+            prompt = self.harness in ("claude-code", "codex", "gemini-cli", "acp")
         return RunSpec(
             harness_options=dict(self.options),
             argv=list(self.command) if self.command is not None else None,

@@ -179,9 +179,16 @@ class HarnessWorld:
                                 stderr=subprocess.PIPE, text=True)
 
     def run_args(self, run_id: str, *extra: str) -> list[str]:
-        """``run --harness H <case args> --run-id R --json EXTRA`` (the prompt goes last)."""
+        """``run --harness H <case args> --run-id R --json EXTRA`` (the prompt goes last).
+        A ``--workspace`` of :meth:`workspace` with a ``corral.toml`` also gets ``--config``
+        (the kit trusts its own file: a repository's may only make the policy stricter)."""
+        config: list[str] = []
+        if "--workspace" in extra:
+            toml = Path(extra[extra.index("--workspace") + 1]) / "corral.toml"
+            if toml.is_file() and toml.parent.parent == self.scratch:
+                config = ["--config", str(toml)]
         return ["run", "--harness", self.case.harness, *self.case.corral_run_args(),
-                "--run-id", run_id, "--json", *extra]
+                "--run-id", run_id, "--json", *config, *extra]
 
     async def agent(self, run_id: str, prompt: str, *extra: str
                     ) -> subprocess.CompletedProcess[str]:
