@@ -103,6 +103,8 @@ class _Session:
     run_id: str | None = None
     """The run this process follows for the session (a prompt's, or one reattached)."""
     follow: anyio.CancelScope | None = None
+    followed: anyio.Event | None = None
+    """Set when the run reattached by session/load or session/resume has ended."""
     cancelled: bool = False
     asked: set[str] = field(default_factory=set)
 
@@ -325,6 +327,10 @@ class AcpAgent:
     async def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         session = self._session(params)
         text = _prompt_text(params.get("prompt"))
+        if session.followed is not None:
+            # A run from before the editor reopened the session still goes on: the prompt
+            # is its next turn (session/cancel ends that run first).
+            await session.followed.wait()
         if session.run_id is not None or await self.service.store.find_active_run(
                 session.session_id) is not None:
             raise RpcError(INVALID_REQUEST, "this session's previous prompt is still running; "
@@ -376,6 +382,7 @@ class AcpAgent:
         if session.run_id is not None or self._tg is None:
             return
         session.run_id = record.run_id
+        followed = session.followed = anyio.Event()
 
         async def follow() -> None:
             try:
@@ -384,6 +391,8 @@ class AcpAgent:
                 pass
             finally:
                 session.run_id = None
+                session.followed = None
+                followed.set()
 
         self._tg.start_soon(follow)
 

@@ -4,6 +4,7 @@
 //    load: sessionId | null,        // session/load instead of session/new
 //    resume: true | undefined,      // session/resume instead of session/load
 //    prompt: text | null,           // prompt once the session is open
+//    cancelOn: text | null,         // session/cancel once agent text contains it
 //    disconnectOn: text | null,     // close the connection once agent text contains it
 //    until: text | null,            // after a load: wait until agent text contains it
 //    then: text | null,             // after that, one more prompt
@@ -68,6 +69,10 @@ const closed = await app.connectWith(stream, async (cx) => {
   };
   if (plan.prompt) {
     const turn = prompt(plan.prompt);
+    if (plan.cancelOn) {
+      await sawText(plan.cancelOn);
+      await cx.notify(acp.methods.agent.session.cancel, { sessionId });
+    }
     if (plan.disconnectOn) {
       await Promise.race([sawText(plan.disconnectOn), turn]);
       return "disconnected";  // leaving connectWith closes the connection mid-turn
