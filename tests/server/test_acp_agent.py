@@ -89,11 +89,18 @@ class Editor:
 
 
 @pytest.fixture
-def editors() -> Iterator[list[Editor]]:
+def editors(home: Home) -> Iterator[list[Editor]]:
+    """The editors a test starts (killed at its end), and the sandboxes its sessions kept
+    (a session's thread keeps its sandbox between prompts): removed at its end."""
     started: list[Editor] = []
     yield started
     for editor in started:
         editor.stop()
+    listed = home.cli("sandboxes", "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    for sandbox in json.loads(listed.stdout):
+        if sandbox["this_store"]:
+            home.cli("sandboxes", "rm", "--force", sandbox["id"])
 
 
 def ask_in_thread(home: Path, run_id: str, out: dict[str, Any]) -> None:
