@@ -28,6 +28,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli._reap_cmd",  # corral reap
     "corral.cli._gc_cmd",  # corral gc
     "corral.cli._serve_cmd",  # corral serve
+    "corral.cli._acp_cmd",  # corral acp
+    "corral.cli._mcp_cmd",  # corral mcp
     "corral.cli._agents_cmd",  # corral agents install|ls
     "corral.cli._approve_cmd",  # corral approve
     "corral.cli._images_cmd",  # corral images build
@@ -39,7 +41,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Runs", ("run", "attach", "cancel", "ls", "show", "approve")),
     ("Sandboxes", ("exec", "sandboxes", "gc", "reap")),
-    ("Service", ("serve",)),
+    ("Service", ("serve", "acp", "mcp")),
     ("Set-up", ("doctor", "agents", "images", "completion")),
 )
 

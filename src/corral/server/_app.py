@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import resources
@@ -31,8 +30,9 @@ from corral.stores._protocols import RunExists, UnknownRun
 from corral.server._agui import AguiInputError, answers_of, frontend_descriptors, start_body
 from corral.server._agui_answer import apply_answers
 from corral.server._agui_runs import Segments
-from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
+from corral.server._config import ServerConfig
 from corral.server._guard import Guard
+from corral.server._requests import ApiError, request_for, resolve_sandbox
 from corral.server._models import (
     ApprovalAnswer,
     ApprovalList,
@@ -44,7 +44,6 @@ from corral.server._models import (
     RunCreated,
     RunList,
     RunOut,
-    SandboxIn,
     StartRun,
     events_url,
 )
@@ -82,16 +81,6 @@ _SSE_EVENT: Final = {
 }
 
 
-class ApiError(Exception):
-    """A 4xx/5xx answer with a JSON error body."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
 def _error(status: int, code: str, message: str, details: Any = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
@@ -118,40 +107,6 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, list[dict[st
     if len(parts) > 5:
         message += f" (and {len(parts) - 5} more)"
     return message, details
-
-
-def resolve_sandbox(config: ServerConfig, requested: SandboxIn | str | None) -> SandboxDefinition:
-    """The sandbox a request gets: a configured one by name, the server's default, or an
-    inline definition within what the configuration allows."""
-    if requested is None:
-        if config.default_sandbox is not None:
-            return config.sandboxes[config.default_sandbox]
-        requested = SandboxIn(provider=None, workspace=None)
-    if isinstance(requested, str):
-        found = config.sandboxes.get(requested)
-        if found is None:
-            names = ", ".join(sorted(config.sandboxes)) or "none are configured"
-            raise ApiError(400, "unknown_sandbox",
-                           f"no sandbox named {requested!r} on this server ({names})")
-        return found
-    provider = requested.provider or DEFAULT_PROVIDER
-    if provider not in config.allowed_providers:
-        raise ApiError(400, "provider_not_allowed",
-                       f"provider {provider!r} is not allowed here; allowed: "
-                       f"{', '.join(config.allowed_providers) or 'none'} (or name a "
-                       "configured sandbox)")
-    workspace = requested.workspace
-    if workspace is not None:
-        real = os.path.realpath(workspace)
-        roots = [os.path.realpath(r) for r in config.workspace_roots]
-        if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
-            raise ApiError(400, "workspace_not_allowed",
-                           "inline workspaces must lie under one of the server's "
-                           "workspace_roots" + ("" if roots else " (none are configured)"))
-        if not os.path.isdir(real):
-            raise ApiError(400, "invalid_workspace", f"workspace {workspace!r} is not a directory")
-        workspace = real
-    return SandboxDefinition(provider=provider, workspace=workspace)
 
 
 def _http_attrs(request: Request) -> dict[str, str]:
@@ -181,16 +136,20 @@ class CorralApp(Guard):
     another Starlette/FastAPI app under a prefix; Starlette does not run a mounted app's
     lifespan, so enter :meth:`running` from the host app's own lifespan."""
 
-    def __init__(self, app: ASGIApp, service: RunService, *, auth: bool) -> None:
+    def __init__(self, app: ASGIApp, service: RunService, *, auth: bool,
+                 running: Callable[[], AbstractAsyncContextManager[RunService]] | None = None
+                 ) -> None:
         config = service.config
         super().__init__(app, token=config.token, max_body=config.max_body,
                          loopback_only=not auth)
         self.service = service
+        self._running = running or service.running
 
     def running(self) -> AbstractAsyncContextManager[RunService]:
         """Open the store (unless the runner brought one), start the background work (the
-        reaper loop when configured, presence), and on exit detach every drive."""
-        return self.service.running()
+        reaper loop when configured, presence, the MCP endpoint), and on exit detach every
+        drive."""
+        return self._running()
 
 
 def create_app(
@@ -226,9 +185,23 @@ def create_app(
         raise TypeError("create_app: give a service, or runner/config, not both")
     config = service.config
 
+    from corral.server._mcp_tools import CorralMcp  # the MCP SDK: with the app only
+
+    tools = CorralMcp(service)
+    mcp_endpoint: list[Callable[[Scope, Receive, Send], Awaitable[None]]] = []
+
+    @asynccontextmanager
+    async def running() -> AsyncIterator[RunService]:
+        async with service.running(), tools.http() as endpoint:
+            mcp_endpoint.append(endpoint)
+            try:
+                yield service
+            finally:
+                mcp_endpoint.clear()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with service.running():
+        async with running():
             yield
 
     dependencies = []
@@ -323,33 +296,7 @@ def create_app(
                           status=record.status, events_url=url)
 
     def run_request(body: StartRun) -> RunRequest:
-        harness = body.harness or "command"
-        if config.allowed_harnesses is not None and harness not in config.allowed_harnesses:
-            raise ApiError(403, "harness_not_allowed",
-                           f"this server does not run the {harness!r} harness; it allows "
-                           f"{', '.join(config.allowed_harnesses) or 'none'}")
-        sandbox = resolve_sandbox(config, body.sandbox)
-        request = RunRequest(
-            command=body.command,
-            prompt=body.prompt,
-            harness=body.harness or "command",
-            run_id=body.run_id,
-            thread_id=body.thread_id,
-            provider=sandbox.provider,
-            workspace=sandbox.workspace,
-            options={k: v for k, v in (("model", body.model), ("agent", body.agent)) if v},
-            timeout=body.timeout,
-            token_budget=body.token_budget,
-        )
-        if body.file_events:
-            request = replace(request, sandbox=replace(request.definition(),
-                                                       file_events=body.file_events))
-        if sandbox.policy is not None:
-            from corral.sandbox._policy import Policy  # start-up cost: only when used
-
-            request = replace(request, sandbox=replace(request.definition(),
-                                                       policy=Policy(**sandbox.policy)))
-        return request
+        return request_for(config, body)
 
     @app.post(
         "/v1/agui",
@@ -520,6 +467,18 @@ def create_app(
             return Response(status_code=204)
         return _Asgi(EventStream(service, run_id, position))
 
+    # ------------------------------------------------------------------ MCP
+
+    # corral's MCP tools over Streamable HTTP (corral.server._mcp_tools). A route of this
+    # app, so the host app's `auth` dependency covers it; the guard checks the token,
+    # Host and Origin as for /v1.
+    @app.api_route("/mcp", methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    async def mcp(request: Request) -> Response:
+        if not mcp_endpoint:
+            raise ApiError(503, "not_running", "the MCP endpoint is not running (enter "
+                           "the app's running() context)")
+        return _Asgi(mcp_endpoint[0])
+
     # ------------------------------------------------------------------ page
 
     @app.get("/", include_in_schema=False)
@@ -563,13 +522,13 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    return CorralApp(app, service, auth=auth is not None)
+    return CorralApp(app, service, auth=auth is not None, running=running)
 
 
 class _Asgi(Response):
     """Lets a route return a raw ASGI callable (the event stream)."""
 
-    def __init__(self, inner: EventStream) -> None:
+    def __init__(self, inner: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         super().__init__()
         self.inner = inner
 

@@ -1,17 +1,17 @@
 """The ASGI middleware in front of the API: authentication, origin checks, body size.
 
-- With a token configured every ``/v1/`` request needs ``Authorization: Bearer <token>``,
-  compared in constant time. Browsers' EventSource cannot set headers, so the event stream
-  (``GET /v1/runs/{id}/events``) alone also accepts ``?token=``.
+- With a token configured every ``/v1/`` and ``/mcp`` request needs ``Authorization:
+  Bearer <token>``, compared in constant time. Browsers' EventSource cannot set headers,
+  so the event stream (``GET /v1/runs/{id}/events``) alone also accepts ``?token=``.
 - Without a token (loopback only) the Host header must name a loopback address, so a web
   page on another site cannot reach the API through DNS rebinding.
 - A state-changing request that carries an ``Origin`` must come from this server's origin
   (no cross-site form posts or fetches); ``Origin: null`` (sandboxed iframes, ``data:``
   pages, redirects) is a foreign origin.
-- Without a token, a state-changing ``/v1/`` request must have a JSON content type or the
-  ``X-Corral-Request`` header: a web page on another site cannot send either without a
-  CORS preflight, which this server never grants (a form, a ``text/plain`` body or a
-  bodiless ``fetch`` needs none). With a token the ``Authorization`` header does the same.
+- Without a token, a state-changing ``/v1/`` or ``/mcp`` request must have a JSON content
+  type or the ``X-Corral-Request`` header: a web page on another site cannot send either
+  without a CORS preflight, which this server never grants (a form, a ``text/plain`` body
+  or a bodiless ``fetch`` needs none). With a token the ``Authorization`` header does the same.
 - A request body larger than ``max_body`` bytes gets ``413`` before the app sees it.
 
 Every refusal is a JSON body ``{"error": {"code", "message"}}``.
@@ -31,6 +31,8 @@ from corral.server._config import is_loopback
 
 _EVENTS_PATH: Final = re.compile(r"^/v1/runs/[^/]+/events/?$")
 _SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+MCP_PATH: Final = "/mcp"
+"""corral's MCP endpoint (Streamable HTTP): guarded as the ``/v1/`` API is."""
 
 
 async def send_error(
@@ -134,7 +136,7 @@ class Guard:
                              f"Host {host!r} is not a loopback name; this server has no token "
                              "configured and answers only http://127.0.0.1 or localhost")
             return
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/") or path == MCP_PATH or path.startswith(MCP_PATH + "/"):
             if self.token is not None and not self._authorized(scope):
                 await send_error(
                     send, 401, "unauthorized",

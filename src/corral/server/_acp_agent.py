@@ -1,0 +1,572 @@
+"""``corral acp``: corral as an Agent Client Protocol agent, for editors (Zed, any ACP client).
+
+The editor starts ``corral acp`` and speaks ACP (newline-delimited JSON-RPC 2.0) on its
+stdin/stdout. corral answers as one agent whose work runs as durable corral runs:
+
+- ``initialize``: protocol version 1; ``loadSession``, ``session/resume`` and
+  ``session/close`` are supported; prompts may embed context (``resource`` blocks).
+- ``session/new`` (``cwd``: the project directory) opens a session; its id is a new corral
+  **thread** id. The thread's sandbox holds a copy of ``cwd`` and is kept between prompts
+  (``reuse = "thread"``), so each prompt continues where the last one left the files and,
+  for agent CLIs, the conversation.
+- ``session/prompt`` starts a run of the chosen harness on the thread (the command harness
+  runs the prompt as ``sh -c``), and streams its events as ``session/update`` notifications
+  (:mod:`corral.server._acp_updates`) until the run ends: ``end_turn`` (completed),
+  ``cancelled`` (cancelled), ``refusal`` (failed; the reason is the last message chunk).
+- corral's ``ask`` verdicts (pending approvals of the run, read from the store) become
+  ``session/request_permission`` requests to the editor; the option chosen answers the
+  approval (``allow_once`` allows; anything else, or no answer, denies).
+- ``session/cancel`` cancels the running run (:meth:`corral.runs.Runner.cancel`).
+- The editor going away (stdin closed) **detaches** running runs: they go on under their
+  supervisor. ``session/load`` replays the thread's runs as updates (each prompt as a user
+  message) and reattaches to a run still running: its updates and permission requests
+  follow. ``session/resume`` reattaches without the replay.
+
+The editor is trusted as the user is (it starts corral with the user's rights); what a run
+does is confined by the sandbox and the policy as for ``corral run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._ids import check_id
+from corral._log import library_logger
+from corral._version import __version__
+from corral.runs._request import RunRequest, RunStartError
+from corral.server._acp_updates import UpdateTranslator, text_chunk
+from corral.server._service import RunService
+from corral.stores._records import RunRecord, RunStatus
+from corral.tools._approvals import ApprovalError, answer_approval, list_pending
+
+__all__ = ["AcpAgent", "RequestFactory", "SessionRequest"]
+
+log = library_logger("corral.server._acp_agent")
+
+PROTOCOL_VERSION: Final = 1
+PERMISSION_POLL: Final = 0.25
+"""Seconds between looks for a run's pending approvals (the store is the channel)."""
+MAX_PROMPT: Final = 1 << 20
+
+# JSON-RPC error codes
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL_ERROR: Final = -32603
+RESOURCE_NOT_FOUND: Final = -32002
+
+ALLOW_OPTION: Final = "allow"
+DENY_OPTION: Final = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """What a prompt asks for: the session's directory, its thread and the prompt text."""
+
+    cwd: str
+    thread_id: str
+    prompt: str
+
+
+RequestFactory = Callable[[SessionRequest], RunRequest]
+"""Builds the run of a prompt (the command line's harness, provider and sandbox)."""
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ConnectionGone(Exception):
+    """The editor closed the connection."""
+
+
+@dataclass
+class _Session:
+    session_id: str
+    cwd: str
+    run_id: str | None = None
+    """The run this process follows for the session (a prompt's, or one reattached)."""
+    follow: anyio.CancelScope | None = None
+    followed: anyio.Event | None = None
+    """Set when the run reattached by session/load or session/resume has ended."""
+    cancelled: bool = False
+    asked: set[str] = field(default_factory=set)
+
+
+class _Rpc:
+    """Newline-delimited JSON-RPC 2.0 over two byte channels: our requests and their
+    answers, notifications, and answers to the peer's requests."""
+
+    def __init__(self, send_line: Callable[[bytes], Awaitable[None]]) -> None:
+        self._send_line = send_line
+        self._lock = anyio.Lock()
+        self._next = 0
+        self._waiting: dict[int, tuple[anyio.Event, list[Any]]] = {}
+        self.closed = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            raise ConnectionGone()
+        data = json.dumps({"jsonrpc": "2.0", **message}, separators=(",", ":")).encode()
+        async with self._lock:
+            await self._send_line(data + b"\n")
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self.send({"method": method, "params": params})
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        self._next += 1
+        rid = self._next
+        done = anyio.Event()
+        slot: list[Any] = []
+        self._waiting[rid] = (done, slot)
+        try:
+            await self.send({"id": rid, "method": method, "params": params})
+            await done.wait()
+        finally:
+            self._waiting.pop(rid, None)
+        if not slot:
+            raise ConnectionGone()
+        answer = slot[0]
+        if "error" in answer:
+            err = answer["error"] if isinstance(answer["error"], dict) else {}
+            raise RpcError(int(err.get("code", INTERNAL_ERROR)), str(err.get("message", "")))
+        return answer.get("result")
+
+    def answered(self, message: dict[str, Any]) -> None:
+        rid = message.get("id")
+        waiting = self._waiting.get(rid) if isinstance(rid, int) else None
+        if waiting is not None:
+            waiting[1].append(message)
+            waiting[0].set()
+
+    def close(self) -> None:
+        self.closed = True
+        for done, _slot in self._waiting.values():
+            done.set()
+
+
+class AcpAgent:
+    """One ACP connection (see the module docstring), keeping its runs with ``service``
+    (use inside :meth:`RunService.running`); ``make_request`` builds each prompt's run."""
+
+    def __init__(self, service: RunService, make_request: RequestFactory, *,
+                 permission_poll: float = PERMISSION_POLL) -> None:
+        self.service = service
+        self.make_request = make_request
+        self.permission_poll = permission_poll
+        self.sessions: dict[str, _Session] = {}
+        self._rpc: _Rpc | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # ------------------------------------------------------------------ the connection
+
+    async def serve(self, receive_line: Callable[[], Awaitable[bytes]],
+                    send_line: Callable[[bytes], Awaitable[None]]) -> None:
+        """Answer the editor until it closes the connection (``receive_line`` returns
+        ``b""``); then stop following every run (they go on, detached)."""
+        rpc = self._rpc = _Rpc(send_line)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            while True:
+                line = await receive_line()
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    await self._reply_error(None, PARSE_ERROR, "not JSON")
+                    continue
+                if not isinstance(message, dict):
+                    await self._reply_error(None, INVALID_REQUEST,
+                                            "a message must be a JSON object (no batches)")
+                    continue
+                method = message.get("method")
+                if isinstance(method, str):
+                    tg.start_soon(self._dispatch, message, method)
+                elif "id" in message:
+                    rpc.answered(message)
+            log.info("the editor closed the connection; runs go on detached")
+            rpc.close()
+            tg.cancel_scope.cancel()
+
+    async def _reply_error(self, rid: Any, code: int, message: str) -> None:
+        assert self._rpc is not None
+        try:
+            await self._rpc.send({"id": rid, "error": {"code": code, "message": message}})
+        except ConnectionGone:
+            pass
+
+    async def _dispatch(self, message: dict[str, Any], method: str) -> None:
+        assert self._rpc is not None
+        rid = message.get("id")
+        params = message.get("params")
+        if params is None:
+            params = {}
+        is_request = "id" in message
+        try:
+            if not isinstance(params, dict):
+                raise RpcError(INVALID_PARAMS, "params must be an object")
+            handler = _HANDLERS.get(method)
+            if handler is None:
+                if is_request:
+                    raise RpcError(METHOD_NOT_FOUND, f"method {method!r} is not supported")
+                return
+            result = await handler(self, params)
+        except RpcError as exc:
+            if is_request:
+                await self._reply_error(rid, exc.code, exc.message)
+            return
+        except ConnectionGone:
+            return
+        except (ConfigError, PrerequisiteMissing, RunStartError) as exc:
+            if is_request:
+                await self._reply_error(rid, INVALID_PARAMS if isinstance(exc, ConfigError)
+                                        else INTERNAL_ERROR, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - one request's failure is the editor's to see
+            log.error("%s failed: %s", method, exc, exc_info=exc)
+            if is_request:
+                await self._reply_error(rid, INTERNAL_ERROR, f"{method} failed: {exc}")
+            return
+        if is_request:
+            try:
+                await self._rpc.send({"id": rid, "result": result if result is not None
+                                      else {}})
+            except ConnectionGone:
+                pass
+
+    async def _update(self, session_id: str, update: dict[str, Any]) -> None:
+        assert self._rpc is not None
+        await self._rpc.notify("session/update", {"sessionId": session_id, "update": update})
+
+    # ------------------------------------------------------------------ handlers
+
+    async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False,
+                                       "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"resume": {}, "close": {}},
+            },
+            "agentInfo": {"name": "corral", "title": "corral", "version": __version__},
+            "authMethods": [],
+        }
+
+    async def new_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        cwd = _cwd(params)
+        session_id = "acp-" + uuid.uuid4().hex[:20]
+        self.sessions[session_id] = _Session(session_id, cwd)
+        return {"sessionId": session_id}
+
+    async def load_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._reopen(params)
+        runs = await self.service.store.list_by_thread(session.session_id)
+        active: tuple[RunRecord, int, UpdateTranslator] | None = None
+        for record in runs:
+            translator = UpdateTranslator(session.cwd, replay=True)
+            if record.harness == "command":
+                argv = (record.spec or {}).get("argv")
+                if isinstance(argv, list) and argv:
+                    await self._update(session.session_id,
+                                       text_chunk("user_message_chunk", str(argv[-1])))
+            last = 0
+            for logged in await self.service.store.snapshot(record.run_id):
+                last = logged.offset
+                for update in translator.updates(logged.event):
+                    await self._update(session.session_id, update)
+            if not record.terminal:
+                translator.replay = False
+                active = (record, last, translator)
+        if active is not None:
+            self._reattach(session, *active)
+        return {}
+
+    async def resume_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._reopen(params)
+        record = await self.service.store.find_active_run(session.session_id)
+        if record is not None:
+            tail = await self.service.store.tail(record.run_id)
+            self._reattach(session, record, tail.last_offset, UpdateTranslator(session.cwd))
+        return {}
+
+    async def close_session(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        await self._cancel_run(session)
+        if session.follow is not None:
+            session.follow.cancel()
+        self.sessions.pop(session.session_id, None)
+        return {}
+
+    async def cancel(self, params: dict[str, Any]) -> None:
+        session = self.sessions.get(str(params.get("sessionId")))
+        if session is not None:
+            await self._cancel_run(session)
+
+    async def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        text = _prompt_text(params.get("prompt"))
+        if session.followed is not None:
+            # A run from before the editor reopened the session still goes on: the prompt
+            # is its next turn (session/cancel ends that run first).
+            await session.followed.wait()
+        if session.run_id is not None or await self.service.store.find_active_run(
+                session.session_id) is not None:
+            raise RpcError(INVALID_REQUEST, "this session's previous prompt is still running; "
+                           "cancel it (session/cancel) or wait for its end")
+        request = self.make_request(SessionRequest(session.cwd, session.session_id, text))
+        session.cancelled = False
+        try:
+            record = await self.service.start_run(request)
+        except (RunStartError, ConfigError, PrerequisiteMissing, CorralError) as exc:
+            await self._update(session.session_id, text_chunk(
+                "agent_message_chunk", f"corral could not start the run: {exc}"))
+            return {"stopReason": "refusal"}
+        session.run_id = record.run_id
+        try:
+            final = await self._follow(session, record.run_id, 0,
+                                       UpdateTranslator(session.cwd))
+        finally:
+            session.run_id = None
+        return {"stopReason": _stop_reason(final, session.cancelled)}
+
+    # ------------------------------------------------------------------ sessions and runs
+
+    def _session(self, params: dict[str, Any]) -> _Session:
+        sid = params.get("sessionId")
+        session = self.sessions.get(sid) if isinstance(sid, str) else None
+        if session is None:
+            raise RpcError(RESOURCE_NOT_FOUND, f"no session {sid!r} here: session/new, or "
+                           "session/load to reopen one")
+        return session
+
+    def _reopen(self, params: dict[str, Any]) -> _Session:
+        sid = params.get("sessionId")
+        if not isinstance(sid, str):
+            raise RpcError(INVALID_PARAMS, "sessionId must be a string")
+        try:
+            check_id(sid, "sessionId")
+        except ConfigError as exc:
+            raise RpcError(INVALID_PARAMS, str(exc)) from None
+        cwd = _cwd(params)
+        session = self.sessions.get(sid)
+        if session is None:
+            session = self.sessions[sid] = _Session(sid, cwd)
+        return session
+
+    def _reattach(self, session: _Session, record: RunRecord, after: int,
+                  translator: UpdateTranslator) -> None:
+        """Follow a run still running (an earlier connection's) in the background: its
+        updates and permission requests come as they happen."""
+        if session.run_id is not None or self._tg is None:
+            return
+        session.run_id = record.run_id
+        followed = session.followed = anyio.Event()
+
+        async def follow() -> None:
+            try:
+                await self._follow(session, record.run_id, after, translator)
+            except ConnectionGone:
+                pass
+            finally:
+                session.run_id = None
+                session.followed = None
+                followed.set()
+
+        self._tg.start_soon(follow)
+
+    async def _cancel_run(self, session: _Session) -> None:
+        run_id = session.run_id
+        if run_id is None:
+            record = await self.service.store.find_active_run(session.session_id)
+            run_id = record.run_id if record is not None else None
+        if run_id is not None:
+            session.cancelled = True
+            await self.service.cancel(run_id)
+
+    async def _follow(self, session: _Session, run_id: str, after: int,
+                      translator: UpdateTranslator) -> RunRecord | None:
+        """Send the run's events after ``after`` as updates until its log closes, asking
+        the editor about its approvals meanwhile; the run's final record."""
+        service = self.service
+        service.ensure_driving(run_id)  # a run left by a closed editor: drive it again
+        await service.viewer_arrived(run_id)
+        try:
+            with anyio.CancelScope() as scope:
+                session.follow = scope
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._permissions, session, run_id)
+                    async for logged in service.store.read(run_id, after):
+                        for update in translator.updates(logged.event):
+                            await self._update(session.session_id, update)
+                    tg.cancel_scope.cancel()
+        finally:
+            session.follow = None
+            with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                await service.viewer_left(run_id)
+        return await service.store.get(run_id)
+
+    async def _permissions(self, session: _Session, run_id: str) -> None:
+        async with anyio.create_task_group() as tg:
+            while True:
+                for pending in await list_pending(self.service.store, run_id):
+                    if pending.approval_id not in session.asked:
+                        session.asked.add(pending.approval_id)
+                        tg.start_soon(self._ask, session, pending)
+                await anyio.sleep(self.permission_poll)
+
+    async def _ask(self, session: _Session, pending: Any) -> None:
+        assert self._rpc is not None
+        args = pending.args
+        title = pending.tool
+        if isinstance(args, dict):
+            shown = args.get("input") if isinstance(args.get("input"), dict) else args
+            command = shown.get("command") if isinstance(shown, dict) else None
+            tool = args.get("tool_name")
+            if isinstance(command, str):
+                title = command
+            elif isinstance(tool, str):
+                title = tool
+        tool_call: dict[str, Any] = {
+            "toolCallId": pending.call_id or f"corral-approval-{pending.approval_id[:12]}",
+            "title": title[:200], "status": "pending", "rawInput": args}
+        try:
+            answer = await self._rpc.request("session/request_permission", {
+                "sessionId": session.session_id, "toolCall": tool_call,
+                "options": [
+                    {"optionId": ALLOW_OPTION, "name": "Allow", "kind": "allow_once"},
+                    {"optionId": DENY_OPTION, "name": "Deny", "kind": "reject_once"},
+                ]})
+        except ConnectionGone:
+            # The approval stays pending: the next connection's session/load asks again.
+            session.asked.discard(pending.approval_id)
+            return
+        except RpcError as exc:
+            log.warning("the editor did not answer permission request %s: %s",
+                        pending.approval_id, exc.message)
+            answer = None
+        outcome = answer.get("outcome") if isinstance(answer, dict) else None
+        allow = (isinstance(outcome, dict) and outcome.get("outcome") == "selected"
+                 and outcome.get("optionId") == ALLOW_OPTION)
+        try:
+            await answer_approval(self.service.store, pending.run_id, pending.approval_id,
+                                  allow, reason=None if allow else "refused in the editor")
+        except ApprovalError as exc:  # answered elsewhere first (corral approve), expired
+            log.info("approval %s: %s", pending.approval_id, exc)
+
+
+def _cwd(params: dict[str, Any]) -> str:
+    cwd = params.get("cwd")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        raise RpcError(INVALID_PARAMS, "cwd must be an absolute path")
+    if not os.path.isdir(cwd):
+        raise RpcError(INVALID_PARAMS, f"cwd {cwd!r} is not a directory")
+    return os.path.realpath(cwd)
+
+
+def _prompt_text(blocks: Any) -> str:
+    """The prompt's text: its text blocks, embedded text resources, and links by URI."""
+    if not isinstance(blocks, list) or not blocks:
+        raise RpcError(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
+    parts: list[str] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            parts.append(f"[{block.get('name') or block['uri']}]({block['uri']})")
+        elif kind == "resource" and isinstance(block.get("resource"), dict):
+            res = block["resource"]
+            if isinstance(res.get("text"), str):
+                parts.append(f"<context uri={json.dumps(res.get('uri'))}>\n{res['text']}\n"
+                             "</context>")
+    text = "\n".join(parts)
+    if not text.strip():
+        raise RpcError(INVALID_PARAMS, "the prompt has no text")
+    if len(text) > MAX_PROMPT:
+        raise RpcError(INVALID_PARAMS, f"the prompt is longer than {MAX_PROMPT} characters")
+    return text
+
+
+def _stop_reason(record: RunRecord | None, cancelled: bool) -> str:
+    if record is None:
+        return "refusal"
+    if record.status is RunStatus.COMPLETED:
+        return "end_turn"
+    if cancelled or record.status is RunStatus.ABORTED:
+        return "cancelled"
+    return "refusal"
+
+
+_HANDLERS: Final[dict[str, Callable[[AcpAgent, dict[str, Any]], Awaitable[Any]]]] = {
+    "initialize": AcpAgent.initialize,
+    "session/new": AcpAgent.new_session,
+    "session/load": AcpAgent.load_session,
+    "session/resume": AcpAgent.resume_session,
+    "session/close": AcpAgent.close_session,
+    "session/prompt": AcpAgent.prompt,
+    "session/cancel": AcpAgent.cancel,
+}
+
+
+MAX_LINE: Final = 64 << 20
+"""Bytes of one message from the editor; a longer line is refused as not JSON."""
+
+
+async def serve_stdio(service: RunService, make_request: RequestFactory) -> None:
+    """Speak ACP on this process's stdin/stdout until the editor closes stdin. The
+    protocol gets private copies of fds 0 and 1; fd 1 then points at stderr (and fd 0 at
+    ``/dev/null``), so nothing else this process or its children print can corrupt it."""
+    import fcntl
+    import io
+
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    reader = io.BufferedReader(io.FileIO(wire_in, "rb"), buffer_size=1 << 16)
+    writer = io.FileIO(wire_out, "wb")
+
+    async def receive_line() -> bytes:
+        line: bytes = await anyio.to_thread.run_sync(reader.readline, MAX_LINE,
+                                                     abandon_on_cancel=True)
+        return line
+
+    def write_all(data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[writer.write(view) or 0:]
+
+    async def send_line(data: bytes) -> None:
+        try:
+            await anyio.to_thread.run_sync(write_all, data)
+        except OSError:  # the editor is gone (EPIPE)
+            raise ConnectionGone() from None
+
+    async with service.running():
+        await AcpAgent(service, make_request).serve(receive_line, send_line)
