@@ -57,7 +57,8 @@ async def test_gc_collects_orphans_of_its_store_only(
             r = subprocess.run([*corral_cmd, "gc", "--store", url, "--json", *extra],
                                env=cli_env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
-            return [json.loads(line) for line in r.stdout.splitlines()]
+            entries: list[dict[str, str]] = json.loads(r.stdout)["entries"]  # one document
+            return entries
 
         # young orphans are left alone (one may be being made right now)
         assert [e for e in gc() if e["outcome"].startswith("orphan")] == []

@@ -146,7 +146,7 @@ def test_gc_finds_a_bubblewrap_sandbox_whose_record_is_gone_in_any_home_of_its_s
             conn.execute("DELETE FROM instances")
         out = b.run("gc", "--json", "--orphan-grace", "0")
         assert out.returncode == 0, out.stderr
-        entries = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        entries = json.loads(out.stdout)["entries"]  # one document
         mine = [e for e in entries if e["sandbox"] == sandbox_id]
         assert [e["outcome"] for e in mine] == ["orphan-destroyed"], entries
         assert not [e for e in entries if e["sandbox"] == other_id], entries
