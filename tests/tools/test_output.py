@@ -208,3 +208,35 @@ def test_the_record_keeps_output_within_its_limit() -> None:
     assert "output" not in _record().to_dict()  # no output: no key (the shape is kept)
 
 
+
+
+def test_a_secret_in_the_result_is_redacted_before_it_is_stored() -> None:
+    """The agent puts a secret's value in its result: the record (and so the API, ``corral
+    show`` and ``CUSTOM corral.output``) holds it redacted, like every event."""
+    from corral.runs._output_end import output_state
+    from corral.sandbox._redact import Redactor
+
+    secret = "s3cr3t-value-0123456789"
+    redactor = Redactor()
+    redactor.add("API_TOKEN", secret)
+    schema = check_output_schema({"type": "object", "properties": {"s": {"type": "string"}}})
+
+    async def main() -> tuple[RunRecord | None, list[dict[str, Any]]]:
+        store = MemoryStore()
+        await store.create(NewRun("run-o", "t", spec={"version": 1, "output_schema": schema}))
+        state = output_state(store, _record(schema), schema, redactor.redact_obj)
+        assert "accepted" in await SubmitResultTool(state).run({"s": f"it is {secret}"})
+
+        async def produced() -> Any:
+            yield LogBatch([FINISHED], 6, exit_code=0)
+
+        events: list[dict[str, Any]] = []
+        it: Any = settle_output(produced(), store, _record(schema), state, redactor.redact_obj)
+        async for item in it:
+            events += [dict(e) for e in item.events]
+        return await store.get("run-o"), events
+
+    record, events = anyio.run(main)
+    assert record is not None and record.output is not None
+    assert secret not in json.dumps(record.output) and secret not in json.dumps(events)
+    assert "API_TOKEN" in json.dumps(record.output)
