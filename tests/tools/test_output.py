@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import anyio
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -240,3 +240,26 @@ def test_a_secret_in_the_result_is_redacted_before_it_is_stored() -> None:
     assert record is not None and record.output is not None
     assert secret not in json.dumps(record.output) and secret not in json.dumps(events)
     assert "API_TOKEN" in json.dumps(record.output)
+
+
+@pytest.mark.parametrize("harness, file_text, words", [
+    ("codex", "{not json", "not JSON"),
+    ("codex", '{"type": "array"}', "object at its root"),
+    ("codex", None, "cannot read it"),
+    ("command", '{"type": "object"}', "command harness"),
+])
+def test_corral_run_refuses_a_bad_output_schema_in_one_line(
+        cli_env: dict[str, str], corral_cmd: list[str], tmp_path: Any, harness: str,
+        file_text: str | None, words: str) -> None:
+    import subprocess
+
+    path = tmp_path / "schema.json"
+    if file_text is not None:
+        path.write_text(file_text)
+    argv = ["--", "true"] if harness == "command" else ["hi"]
+    out = subprocess.run([*corral_cmd, "run", "--harness", harness, "--output-schema",
+                          str(path), *argv], env=cli_env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, out.stderr
