@@ -98,6 +98,7 @@ async def _end(finished: Mapping[str, Any], store: RunStore, run_id: str, state:
         value = current.output if current is not None else None
     if value is not None:
         return [{"type": "CUSTOM", "name": OUTPUT_EVENT, "value": dict(value)}, finished]
-    why = state.last_error or "the agent never gave one"
+    why = state.last_error or ("the agent never gave one (through submit_result, none its "
+                               "CLI let through)")
     return [run_error_event(RunError(
         f"the run gave no result matching its output schema: {why}", OUTPUT_INVALID))]

@@ -43,6 +43,10 @@ SCHEMA: Final = {
 VALID: Final = {"answer": 42, "city": "Oslo"}
 INVALID: Final = {"answer": "forty-two", "city": "Oslo"}
 ACCEPTED = ("Result accepted", "Structured output provided successfully")
+CLI_CHECKS_TOOL_ARGS: Final = frozenset({"gemini-cli"})
+"""Harnesses whose CLI checks a tool call's arguments against the tool's input schema
+itself (answering the model with its own error): an invalid result never reaches corral."""
+GIVE_UP = ("No tries are left", "no more tries")
 
 
 def _native_codex(req: ModelRequest) -> bool:
@@ -71,6 +75,8 @@ def _script(w: HarnessWorld, answers: Callable[[int], dict[str, Any]]
         results = req.tool_results
         if results and any(a in results[-1] for a in ACCEPTED):
             return Text("Done.")
+        if results and any(a in results[-1] for a in GIVE_UP):
+            return Text("I cannot give a valid result.")
         return structured_answer(w, req, answers(len(results)))
 
     return script
@@ -153,6 +159,13 @@ async def check_output_exhausted(w: HarnessWorld) -> None:
     assert "output" not in rec
     assert "corral.output" not in [e.get("name") for e in events]
     message = rec["error"]["message"]
+    assert rec["error"]["code"] in ("output_invalid", "claude-code:structured_output_retry_"
+                                    "exhausted", "claude-code:error_max_structured_output_"
+                                    "retries"), rec["error"]
+    if w.case.harness in CLI_CHECKS_TOOL_ARGS:
+        # the CLI refused every call itself, so none reached corral to be named
+        assert "never gave one" in message, rec["error"]
+        return
     assert "answer" in message and "integer" in message, rec["error"]
     offered = sum(1 for req in w.server.model_requests if req.tools)
     assert offered <= 4, offered  # three answers, at most one more turn
