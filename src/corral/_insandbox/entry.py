@@ -14,7 +14,8 @@ is retried for ``connect_patience`` seconds, so the host side may start late or 
 an ``await`` socket is waited for, as long, before the agent starts). With ``"announce":
 true`` the entry first writes ``{"corral.ports": {name: port}}`` as one line to stdout (the
 ACP bridge reads the agent's stdout and must know the tools port for ``mcpServers``). ``{corral.port.<name>}`` in the
-agent's argv and environment is replaced by the port actually bound. Then it runs the
+agent's argv and environment is replaced by the port actually bound, ``{corral.home}`` by
+``$HOME`` (a file corral wrote into the agent's home, named in argv). Then it runs the
 agent as a child with inherited stdin/stdout/stderr (stdout is the journal: this script
 never writes to it, but for the ``announce`` line), forwards SIGTERM/SIGINT/SIGHUP to the child's process group, and
 exits with the child's status (``128 + N`` for a death by signal ``N``). (A run's timeout
@@ -107,6 +108,8 @@ def _accept_loop(listener: socket.socket, unix_path: str, patience: float) -> No
 def _substitute(value: str, ports: dict[str, int]) -> str:
     for name, port in ports.items():
         value = value.replace("{corral.port." + name + "}", str(port))
+    if "{corral.home}" in value:
+        value = value.replace("{corral.home}", os.environ.get("HOME", ""))
     return value
 
 

@@ -559,6 +559,15 @@ async def prepare_agent(
         if not await handle.fs.exists(f"{SANDBOX_HOME}/{rel}"):
             await handle.fs.write(f"{SANDBOX_HOME}/{rel}", data)
     request = dataclasses.replace(request, options=options)
+    if harness.output_schema is not None and not harness.native_output:
+        if not host_tools:
+            raise ConfigError(f"the {harness.name} harness gives a structured result through "
+                              "the host tool submit_result: prepare the agent with "
+                              "host_tools=True (the Runner does)")
+        from corral.tools._output import submit_instructions
+
+        request = dataclasses.replace(request, prompt=(request.prompt or "")
+                                      + submit_instructions())
     command = harness.build_command(request)
     bridge = harness.bridge_config(request)
     proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout,

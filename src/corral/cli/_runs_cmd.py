@@ -61,6 +61,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument("--token-budget", type=_positive(int), metavar="N",
                      help="agent harnesses: model tokens the run may use; model calls past "
                           "it are refused")
+    run.add_argument("--output-schema", metavar="FILE",
+                     help="agent harnesses: a JSON Schema file; the run's result is a JSON "
+                          "object matching it (corral show --json, CUSTOM corral.output), "
+                          "or the run fails")
     _common(run)
     run.add_argument("--detach", action="store_true", help="start, print the run id, return")
     run.add_argument("argv", nargs="*", metavar="COMMAND",

@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from corral.cli._progress import CopyProgressLine
 from corral._errors import ConfigError
@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         sandbox=sandbox,
         timeout=args.timeout,
         token_budget=args.token_budget,
+        output_schema=(_output_schema(args.output_schema)
+                       if args.output_schema is not None else None),
         max_output=(validate.size(args.max_output, "--max-output")
                     if args.max_output is not None else DEFAULT_MAX_OUTPUT),
     )
@@ -75,6 +77,26 @@ def run(args: argparse.Namespace) -> int:
 
     with report_copy_progress(CopyProgressLine(sys.stderr, bar=sys.stderr.isatty())):
         return with_store(args, start)
+
+
+def _output_schema(path: str) -> Any:
+    """The JSON Schema in file ``path`` (``--output-schema``), read as JSON; RunRequest
+    checks it."""
+    from corral.tools._output import MAX_SCHEMA_BYTES
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCHEMA_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--output-schema {path}: cannot read it: "
+                          f"{exc.strerror or exc}") from None
+    if len(data) > MAX_SCHEMA_BYTES:
+        raise ConfigError(f"--output-schema {path}: larger than {MAX_SCHEMA_BYTES} bytes; "
+                          "describe the result more briefly")
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise ConfigError(f"--output-schema {path}: not JSON: {exc}") from None
 
 
 def _agent_defaults(args: argparse.Namespace) -> None:

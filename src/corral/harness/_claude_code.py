@@ -66,7 +66,9 @@ from corral.harness._cli_base import (
     policy_words,
     token_usage,
 )
+from corral.harness import _events as ev
 from corral.net._model_proxy import ModelApi
+from corral.tools._output import DEFAULT_OUTPUT_RETRIES, OUTPUT_CANDIDATE_EVENT
 
 __all__ = ["ClaudeCodeHarness", "ClaudeCodeTranslator"]
 
@@ -137,6 +139,7 @@ class ClaudeCodeHarness(CliHarness):
 
     name: ClassVar[str] = "claude-code"
     model_api: ClassVar[ModelApi] = "anthropic"
+    native_output: ClassVar[bool] = True
     session_dirs: ClassVar[tuple[str, ...]] = (".claude/projects",)
     instructions_file: ClassVar[str] = ".claude/CLAUDE.md"
 
@@ -273,11 +276,17 @@ class ClaudeCodeHarness(CliHarness):
                     servers[name] = {"command": s["command"], "args": list(s.get("args") or []),
                                      "env": dict(s.get("env") or {})}
             argv += ["--mcp-config", json.dumps({"mcpServers": servers}), "--strict-mcp-config"]
+        if self.output_schema is not None:
+            # Claude Code's structured output: a StructuredOutput tool it validates itself,
+            # answering the model with the mismatch (bounded: MAX_STRUCTURED_OUTPUT_RETRIES)
+            argv += ["--json-schema", json.dumps(self.output_schema)]
         argv += list(opts.extra_args)
         return argv
 
     def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
         env = self._base_env(opts, base_url)
+        if self.output_schema is not None:
+            env["MAX_STRUCTURED_OUTPUT_RETRIES"] = str(DEFAULT_OUTPUT_RETRIES)
         if "corral" in opts.mcp_servers:
             # Host tools are offered to the model directly; with tool search on, Claude
             # Code hides MCP tools behind a ToolSearch round trip.
@@ -424,6 +433,9 @@ class ClaudeCodeTranslator(JsonlTranslator):
             return out
         self.succeeded = True
         self.error_message = None
+        if "structured_output" in obj:
+            # corral validates it again and logs it as corral.output (runs._output_end)
+            out.append(ev.custom(OUTPUT_CANDIDATE_EVENT, {"value": obj["structured_output"]}))
         self.result = {k: v for k, v in {
             "text": text,
             "sessionId": sid,

@@ -358,6 +358,12 @@ class CliHarness:
     session_markers: ClassVar[tuple[bytes, ...]] = (b"session_id", b"thread_id")
     """Bytes an output line carrying the session id contains (a cheap filter before
     :meth:`session_id` parses a line)."""
+    native_output: ClassVar[bool] = False
+    """The CLI returns a structured result its own way (:meth:`use_output_schema`); else
+    the agent gives it through the host tool ``submit_result``
+    (:mod:`corral.tools._output`)."""
+    output_schema: dict[str, Any] | None = None
+    """The run's output schema (a checked JSON Schema), or ``None``."""
     max_model_failures: ClassVar[int | None] = None
     """Model requests that may fail in a row (upstream unreachable, timed out, 5xx) before
     the model proxy refuses the run's further requests with a 403: for CLIs that would
@@ -397,6 +403,13 @@ class CliHarness:
             raise ConfigError(f"{cls.name}: 'policy' must be a Policy or a mapping")
         return cls(version=version, policy=policy,
                    permission_prompt=spec.get("permission_prompt") is True)
+
+    def use_output_schema(self, schema: Mapping[str, Any]) -> None:
+        """Ask the CLI for a result matching ``schema`` (checked with
+        :func:`corral.tools._output.check_output_schema`)."""
+        from corral.tools._output import check_output_schema
+
+        self.output_schema = check_output_schema(schema)
 
     # -- for subclasses
     def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:

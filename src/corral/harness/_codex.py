@@ -67,11 +67,15 @@ from corral.harness._cli_base import (
     flatten_text,
     token_usage,
 )
+from corral.harness import _events as ev
 from corral.net._model_proxy import ModelApi
+from corral.tools._output import OUTPUT_CANDIDATE_EVENT
 
 __all__ = ["CodexHarness", "CodexTranslator", "mcp_server_config"]
 
 KEY_VAR = "CORRAL_MODEL_KEY"
+OUTPUT_SCHEMA_FILE = ".codex/corral-output-schema.json"
+"""Home-relative file holding the run's output schema (``--output-schema``)."""
 HOST_TOOLS_SERVER = SERVER_NAME
 
 
@@ -84,6 +88,7 @@ class CodexHarness(CliHarness):
 
     name: ClassVar[str] = "codex"
     model_api: ClassVar[ModelApi] = "openai"
+    native_output: ClassVar[bool] = True
     session_dirs: ClassVar[tuple[str, ...]] = (".codex/sessions",)
     instructions_file: ClassVar[str] = ".codex/AGENTS.md"
     # The gate needs --dangerously-bypass-hook-trust, which would also run user-level
@@ -172,6 +177,9 @@ class CodexHarness(CliHarness):
             argv.append("--dangerously-bypass-hook-trust")
         for key, value in config.items():
             argv += ["-c", f"{key}={value}"]
+        if self.output_schema is not None:
+            # the in-sandbox entry puts the sandbox's $HOME in (see home_files)
+            argv += ["--output-schema", "{corral.home}/" + OUTPUT_SCHEMA_FILE]
         argv += list(opts.extra_args)
         if opts.resume:
             argv.append(opts.resume)
@@ -180,6 +188,11 @@ class CodexHarness(CliHarness):
 
     def cli_env(self, opts: CliOptions, base_url: str) -> dict[str, str]:
         return {KEY_VAR: opts.api_key}
+
+    def home_files(self, opts: CliOptions) -> dict[str, bytes]:
+        if self.output_schema is None:
+            return {}
+        return {OUTPUT_SCHEMA_FILE: json.dumps(self.output_schema).encode()}
 
     def session_id(self, obj: Mapping[str, Any]) -> str | None:
         if obj.get("type") == "thread.started" and isinstance(obj.get("thread_id"), str):
@@ -190,7 +203,7 @@ class CodexHarness(CliHarness):
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CodexTranslator:
         if at_offset is not None:
             raise ConfigError("the codex translator resumes by replay, not by offset")
-        return CodexTranslator(ctx)
+        return CodexTranslator(ctx, structured=self.output_schema is not None)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -257,10 +270,13 @@ class CodexTranslator(JsonlTranslator):
 
     harness: ClassVar[str] = "codex"
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, *, structured: bool = False) -> None:
         super().__init__(ctx)
         self.turns = 0
         self.in_turn = False
+        self.structured = structured
+        """The run asked for a structured result: the turn's last message is it (JSON)."""
+        self.last_message: str | None = None
 
     def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
         kind = obj.get("type")
@@ -285,7 +301,7 @@ class CodexTranslator(JsonlTranslator):
                     reasoning=as_int(usage.get("reasoning_output_tokens")),
                 )]
             self.succeeded = True
-            return self._end_turn()
+            return [*self._candidate(), *self._end_turn()]
         if kind == "turn.failed":
             err = obj.get("error")
             msg = as_str(err.get("message")) if isinstance(err, dict) else None
@@ -298,6 +314,21 @@ class CodexTranslator(JsonlTranslator):
                 return self._item(kind, item)
         name = kind if isinstance(kind, str) and kind else "unknown"
         return [self.custom(name, obj)]
+
+    def _candidate(self) -> list[BaseEvent]:
+        """The turn's result (``--output-schema``: its final message, as JSON), for corral
+        to validate (:mod:`corral.runs._output_end`)."""
+        if not self.structured:
+            return []
+        text = self.last_message
+        if text is None:
+            return [ev.custom(OUTPUT_CANDIDATE_EVENT, {"error": "codex gave no final message"})]
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            return [ev.custom(OUTPUT_CANDIDATE_EVENT,
+                              {"error": f"the final message is not JSON ({exc})"})]
+        return [ev.custom(OUTPUT_CANDIDATE_EVENT, {"value": value})]
 
     def _end_turn(self) -> list[BaseEvent]:
         if not self.in_turn:
@@ -316,6 +347,7 @@ class CodexTranslator(JsonlTranslator):
         tool_id = self._tool_id(item)
         if itype == "agent_message" and done:
             text = as_str(item.get("text")) or ""
+            self.last_message = text
             self.result = {"text": text, "sessionId": self.session} if self.session else {
                 "text": text}
             return self.text(tool_id or self.id("m"), text)

@@ -83,4 +83,13 @@ def build_harness(name: str, config: Mapping[str, Any]) -> Harness:
         raise ConfigError(
             f"unknown harness {name!r}: choose one of {', '.join(harness_names())}"
         )
-    return factory(config)
+    harness = factory(config)
+    schema = config.get("output_schema")
+    if schema is not None:
+        use = getattr(harness, "use_output_schema", None)
+        if use is None:
+            raise ConfigError(
+                f"the {name} harness cannot return a structured result (output_schema): "
+                "use an agent CLI harness (claude-code, codex, opencode, gemini-cli, acp)")
+        use(schema)
+    return harness

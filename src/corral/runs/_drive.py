@@ -25,7 +25,7 @@ from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
-from corral.runs._specview import harness_for_record
+from corral.runs._specview import harness_for_record, spec_view
 from corral.sandbox._contracts import Provider
 from corral.sandbox._secrets import Secrets
 from corral.stores._protocols import ClaimLost, ClaimRefused, RefusalReason, Store, UnknownRun
@@ -33,6 +33,7 @@ from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
     from corral.tools._core import Toolset
+    from corral.tools._output import OutputState
 
 __all__ = ["CANCEL_LOG_BUDGET", "POLL", "ClaimedDrive", "JournalRest", "cancel_run"]
 
@@ -125,6 +126,14 @@ class ClaimedDrive:
             return False
 
         logged = LoggedOffset(tail.last_journal_offset or 0)
+        redactor = secrets.redactor() if secrets is not None else None
+        schema = spec_view(record).output_schema
+        output: OutputState | None = None
+        if schema is not None:
+            from corral.runs._output_end import output_state  # only runs with a schema
+
+            output = output_state(store, record, schema,
+                                  redactor.redact_obj if redactor is not None else None)
 
         async def after_journal() -> bool:
             return await logged.wait(complete_end(paths.journal))
@@ -141,8 +150,9 @@ class ClaimedDrive:
                 tg.start_soon(keep_services, store, record, paths, epoch)
             await serve_tools(tg, store, record, tools, epoch,
                               approval_timeout=self.approval_timeout,
-                              redactor=secrets.redactor() if secrets is not None else None,
-                              after_journal=after_journal)
+                              redactor=redactor, after_journal=after_journal,
+                              output=output if not getattr(harness, "native_output", False)
+                              else None)
             if feed is not None:
                 try:
                     await feed.start(e.event for e in await store.snapshot(run_id))
@@ -158,6 +168,11 @@ class ClaimedDrive:
                 redactor=secrets.redactor() if secrets is not None else None,
                 before_exit=before_exit, on_journal_error=on_journal_error,
                 checkpoint=self.checkpoint, logged=logged)
+            if output is not None:
+                from corral.runs._output_end import settle_output
+
+                produced = settle_output(produced, store, record, output,
+                                         redactor.redact_obj if redactor else None)
             result = await pipe_to_run_log(
                 store, run_id, produced, epoch=epoch, abort=abort, stop=stop,
                 journal_offset=tail.last_journal_offset or 0,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ag_ui.core import BaseEvent
 
     from corral.tools._core import Toolset
+    from corral.tools._output import OutputState
 
 __all__ = ["append_aside", "serve_tools"]
 
@@ -39,7 +40,8 @@ async def append_aside(store: EventLog, run_id: str, events: Sequence[Mapping[st
 async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
                       tools: Toolset | None, epoch: int, *, approval_timeout: float,
                       redactor: Redactor | None = None,
-                      after_journal: Callable[[], Awaitable[object]] | None = None) -> None:
+                      after_journal: Callable[[], Awaitable[object]] | None = None,
+                      output: OutputState | None = None) -> None:
     """Serve the run's host tools in ``tg`` (the caller's claimed section), if it has a
     tool socket. Approval requests and answers live in ``store`` (any host sharing it can
     answer); their events go into the run's log under ``epoch``. ``redactor`` (the run's
@@ -52,7 +54,7 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     prompt = spec.permission_prompt and spec.policy is not None
     from corral.tools._core import Toolset  # pydantic: only for a run with a tool socket
 
-    if tools is None and (prompt or spec.frontend_tools):
+    if tools is None and (prompt or spec.frontend_tools or output is not None):
         tools = Toolset()  # the permission prompt and a client's tools need no toolset
     if tools is None:
         log.warning("run %s was started with host tools, and this driver has none: its "
@@ -99,6 +101,12 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
         # application since is kept and the client's of that name is not offered
         tools = Toolset([*tools, *(t for t in frontend_tools(spec.frontend_tools, gate)
                                    if t.name not in tools)])
+    if output is not None:
+        from corral.tools._output import SUBMIT_TOOL, SubmitResultTool
+
+        # corral's own: an application tool of that name is not offered
+        tools = Toolset([*(t for t in tools if t.name != SUBMIT_TOOL),
+                         SubmitResultTool(output)])
     server = HostToolServer(tools, token=await run_tools_token(store, run_id), run_id=run_id,
                             approvals=gate)
     await tg.start(server.serve, socket_path)

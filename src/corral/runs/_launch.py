@@ -104,8 +104,11 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         if not (request.prompt or "").strip():
             raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
         if tools is None and (harness.policy_mapping.permission_prompt
-                              or spec.frontend_tools):
-            # the server is needed for the permission prompt or a client's tools alone
+                              or spec.frontend_tools
+                              or (spec.output_schema is not None
+                                  and not harness.native_output)):
+            # the server is needed for the permission prompt, a client's tools or the
+            # submit_result tool alone
             tools = Toolset()
     else:
         command = harness.build_command(agent_request)

@@ -45,7 +45,7 @@ from corral.runs._reap import (
     ReapStore,
     reap_detached_runs,
 )
-from corral.runs._specview import harness_for_record
+from corral.runs._specview import harness_for_record, spec_view
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,
@@ -154,11 +154,20 @@ def journal_drive(
                 gone = await sandbox_gone(record)
                 if gone is not None:
                     raise gone
+        redactor = redactor_for(record) if redactor_for is not None else None
         batches = continue_run(
             store, record, lambda: harness_for_record(record), paths, nonce,
-            redactor=redactor_for(record) if redactor_for is not None else None,
+            redactor=redactor,
             follow=True, before_exit=before_exit, on_journal_error=on_journal_error,
             checkpoint=checkpoint)
+        schema = spec_view(record).output_schema
+        if schema is not None:
+            # the result the agent gave (stored on the record), or the run fails
+            from corral.runs._output_end import output_state, settle_output
+
+            redact = redactor.redact_obj if redactor is not None else None
+            batches = settle_output(batches, store, record,
+                                    output_state(store, record, schema, redact), redact)
         try:
             async for item in batches:
                 yield item

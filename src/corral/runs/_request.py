@@ -105,6 +105,12 @@ class RunRequest:
     token_budget: int | None = None
     """Model tokens (input + output + cache) an agent CLI run may use; the host model proxy
     refuses further model calls once the total reaches it. ``None``: no limit."""
+    output_schema: Mapping[str, Any] | None = None
+    """A JSON Schema (a JSON object at the root) the run's result must match: the agent
+    CLI is asked for a structured result (its own way where it has one, else the host tool
+    ``submit_result``), corral validates it, gives the agent bounded retries, and stores it
+    as the record's ``output`` (logged as ``CUSTOM corral.output`` before the run's end). A
+    run without a valid result ends ``failed``. Agent-CLI harnesses only."""
     max_output: int = DEFAULT_MAX_OUTPUT
     """Bytes the agent may write to stdout and stderr together: its journal lives on the
     host, outside the sandbox's disk quota. Past it the supervisor stops the agent and the
@@ -124,6 +130,15 @@ class RunRequest:
         if b is not None and self.harness == "command":
             raise ConfigError("token_budget limits an agent CLI's model calls; the command "
                               "harness makes none")
+        if self.output_schema is not None:
+            if self.harness == "command":
+                raise ConfigError("output_schema asks an agent CLI for a structured result; "
+                                  "the command harness only prints lines: use an agent "
+                                  "harness (claude-code, codex, opencode, gemini-cli, acp)")
+            # start-up cost: only a run with a schema loads the validator
+            from corral.tools._output import check_output_schema
+
+            object.__setattr__(self, "output_schema", check_output_schema(self.output_schema))
 
     def definition(self) -> Sandbox:
         """The sandbox definition this run uses."""
@@ -166,6 +181,8 @@ class RunRequest:
             permission_prompt=prompt,
             frontend_tools=([dict(t) for t in self.frontend_tools]
                             if self.frontend_tools and self.harness != "command" else None),
+            output_schema=(dict(self.output_schema) if self.output_schema is not None
+                           else None),
         )
 
 

@@ -67,6 +67,8 @@ class RunSpec(BaseModel):
     frontend_tools: list[dict[str, Any]] | None = None
     """Tools an AG-UI client runs itself (:mod:`corral.tools._frontend`), offered to the
     agent by every driver of the run."""
+    output_schema: dict[str, Any] | None = None
+    """The JSON Schema the run's result must match (``RunRequest.output_schema``)."""
     agent: dict[str, Any] | None = None
     """An agent CLI run's runtime: sockets, the services daemon (its job and pid), the
     resumed session."""
@@ -82,6 +84,8 @@ class RunSpec(BaseModel):
             out["policy"] = dict(self.policy)
         if self.permission_prompt:
             out["permission_prompt"] = True
+        if self.output_schema is not None:
+            out["output_schema"] = dict(self.output_schema)
         return out
 
     def to_json(self) -> dict[str, Any]:

@@ -49,6 +49,7 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
               None),
     "frontend_tools": (_opt(lambda v: type(v) is list and all(_is_str_dict(t) for t in v)),
                        None),
+    "output_schema": (_opt(_is_str_dict), None),
     "agent": (_opt(_is_str_dict), None),
 }
 
@@ -69,6 +70,7 @@ class SpecView:
     files: dict[str, Any] | None
     trace: dict[str, str] | None
     frontend_tools: list[dict[str, Any]] | None
+    output_schema: dict[str, Any] | None
     agent: dict[str, Any] | None
 
     def __init__(self, values: Mapping[str, Any]) -> None:
@@ -101,6 +103,8 @@ class SpecView:
             out["policy"] = dict(self.policy)
         if self.permission_prompt:
             out["permission_prompt"] = True
+        if self.output_schema is not None:
+            out["output_schema"] = dict(self.output_schema)
         return out
 
 

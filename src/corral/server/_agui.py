@@ -46,6 +46,7 @@ class _Options(BaseModel):
     timeout: Any = None
     token_budget: Any = None
     file_events: Any = None
+    output_schema: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +148,16 @@ def start_body(run_input: RunAgentInput, default_harness: str | None = None) -> 
     raw = props.get("corral", {}) if isinstance(props, dict) else {}
     if not isinstance(raw, dict):
         raise AguiInputError("forwardedProps.corral must be an object (harness, model, "
-                             "sandbox, command, timeout, token_budget, file_events)")
+                             "sandbox, command, timeout, token_budget, file_events, "
+                             "output_schema)")
     try:
         options = _Options.model_validate(raw)
     except ValidationError as exc:
         unknown = sorted(str(e["loc"][0]) for e in exc.errors())
         raise AguiInputError(
             f"forwardedProps.corral has unknown fields ({', '.join(unknown)}); it takes "
-            "harness, model, agent, sandbox, command, timeout, token_budget and file_events"
+            "harness, model, agent, sandbox, command, timeout, token_budget, file_events "
+            "and output_schema"
         ) from None
     fields: dict[str, Any] = {k: v for k, v in options.model_dump().items() if v is not None}
     fields.update(thread_id=run_input.thread_id, run_id=run_input.run_id)

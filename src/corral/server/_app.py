@@ -22,6 +22,7 @@ from corral._log import library_logger
 from corral._telemetry import context_of, span
 from corral._version import __version__
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral.tools._output import SUBMIT_TOOL
 from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
 from corral.sandbox._contracts import UnsupportedCapability
@@ -349,7 +350,7 @@ def create_app(
     def reserved_tool_names() -> set[str]:
         """corral's own host tool names: a client's tool never shadows one."""
         own = service.runner.tools
-        return {PERMISSION_TOOL, *(t.name for t in own or ())}
+        return {PERMISSION_TOOL, SUBMIT_TOOL, *(t.name for t in own or ())}
 
     @app.get("/v1/runs", response_model=RunList, responses=_responses(401, 422),
              summary="List runs, newest first")

@@ -114,6 +114,10 @@ class StartRun(BaseModel):
         False, description='log workspace changes as CUSTOM sandbox.file events ("diff": '
         "with sandbox.file.diff patches)"
     )
+    output_schema: dict[str, Any] | None = Field(
+        None, description="agent harnesses: a JSON Schema (an object at its root) the "
+        "run's result must match; the run's `output` holds it, or the run fails"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> StartRun:
@@ -128,6 +132,8 @@ class StartRun(BaseModel):
                 raise ValueError("command runs use the command harness; use prompt for agents")
             if self.token_budget is not None:
                 raise ValueError("token_budget is for agent harnesses (prompt runs)")
+            if self.output_schema is not None:
+                raise ValueError("output_schema is for agent harnesses (prompt runs)")
         elif self.harness in (None, "command"):
             raise ValueError("a prompt needs an agent harness, e.g. \"harness\": \"claude-code\"")
         if self.agent is not None and self.harness != "acp":
@@ -217,6 +223,8 @@ class RunOut(BaseModel):
     cancel_requested: bool = False
     driver_epoch: int = 0
     usage: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None
+    """The run's structured result (a run started with ``output_schema``)."""
     events_url: str
 
     @classmethod
@@ -241,6 +249,7 @@ class RunOut(BaseModel):
             cancel_requested=bool(record.cancel_requested),
             driver_epoch=record.driver_epoch,
             usage=dict(record.usage) if record.usage else None,
+            output=dict(record.output) if record.output is not None else None,
             events_url=root + events_url(record.run_id),
         )
 

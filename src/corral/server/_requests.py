@@ -79,6 +79,7 @@ def request_for(config: ServerConfig, body: StartRun) -> RunRequest:
         options={k: v for k, v in (("model", body.model), ("agent", body.agent)) if v},
         timeout=body.timeout,
         token_budget=body.token_budget,
+        output_schema=body.output_schema,
     )
     if body.file_events:
         request = replace(request, sandbox=replace(request.definition(),

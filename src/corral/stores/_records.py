@@ -122,6 +122,10 @@ class RunRecord:
     driver_epoch: int = 0
     claim_owner: str | None = None
     claim_expires_at: float | None = None
+    output: Mapping[str, Any] | None = None
+    """The run's structured result (a run started with an output schema): the JSON object
+    the agent gave, validated against that schema; at most :data:`MAX_OUTPUT_BYTES` as
+    JSON."""
 
     @property
     def terminal(self) -> bool:
@@ -191,6 +195,7 @@ class RunRecord:
                 "driver_epoch": _opt_int(data, "driver_epoch") or 0,
                 "claim_owner": _opt_str(data, "claim_owner"),
                 "claim_expires_at": _opt_time(data, "claim_expires_at"),
+                "output": _opt_output(data, "output"),
             }
         except CorruptRecord as exc:
             raise CorruptRecord(f"run {run_id!r}: {exc}") from None
@@ -212,6 +217,7 @@ _PATCHABLE: Final = (
     "journal",
     "detached_since",
     "cancel_requested",
+    "output",
 )
 
 
@@ -235,6 +241,7 @@ class RunPatch:
     journal: Patch[Mapping[str, Any]] = UNSET
     detached_since: Patch[float] = UNSET
     cancel_requested: Patch[bool] = UNSET
+    output: Patch[Mapping[str, Any]] = UNSET
 
     def __post_init__(self) -> None:
         status: object = self.status
@@ -331,6 +338,27 @@ def _opt_obj(data: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     return value
 
 
+MAX_OUTPUT_BYTES: Final = 256 * 1024
+"""The largest structured result a run record keeps (``RunRecord.output``, as JSON)."""
+
+
+def output_size(value: object) -> int:
+    """The size of ``value`` as compact JSON (UTF-8 bytes); raises :class:`CorruptRecord`
+    for a value JSON cannot hold (NaN, a non-string key, an object of another type)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecord(f"output must be JSON: {exc}") from None
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _opt_output(data: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    value = _opt_obj(data, key)
+    if value is not None and output_size(value) > MAX_OUTPUT_BYTES:
+        raise CorruptRecord(f"{key} is larger than {MAX_OUTPUT_BYTES} bytes as JSON")
+    return value
+
+
 def _check_error(data: Mapping[str, Any], key: str) -> None:
     if not isinstance(data[key], RunError):
         raise CorruptRecord(f"{key} must be a RunError, got {data[key]!r}")
@@ -348,6 +376,7 @@ _PATCH_CHECKS: Final = {
     "journal": _opt_obj,
     "detached_since": _opt_time,
     "cancel_requested": _opt_bool,
+    "output": _opt_output,
 }
 
 
