@@ -47,6 +47,11 @@ def claude_install() -> InstalledAgent:
     return agent
 
 
+def results_of(run: Any) -> list[str]:
+    """The run's tool call results, in order."""
+    return [e.content for e in run.of(EventType.TOOL_CALL_RESULT)]
+
+
 def one_command(command: str) -> Any:
     def script(req: ModelRequest) -> Reply:
         if req.tool_results:
@@ -160,11 +165,14 @@ def test_gemini_shell_round_trip_and_the_key_stays_on_the_host(
     harness = AcpHarness(agent="gemini", model="gemini-fake")
     run = _round_trip(harness, sandbox_factory, model_server,
                       Upstream("gemini", model_server.url, REAL_KEY))
-    # gemini reports no command output over ACP; the model saw it (the run's token only,
-    # which the model proxy asks of it)
+    # the model saw the command's output (the run's token only, which the model proxy
+    # asks of it), and so does the tool call's result
     (last,) = [r for r in model_server.model_requests if r.tool_results][-1:]
     seen = "\n".join(last.tool_results)
     assert "out.txt" in seen and run.prepared.proxy_token in seen and REAL_KEY not in seen
+    (result,) = results_of(run)
+    assert "out.txt" in result and run.prepared.proxy_token in result, (
+        result, run.paths.journal.read_text(errors="replace")[-6000:])
     assert "after: " in "".join(run.texts())
 
 

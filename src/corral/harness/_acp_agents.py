@@ -305,6 +305,9 @@ class GeminiAcp(AcpAgent):
                                    exclude=tuple(policy.settings.get("exclude") or ()))
         if model:
             settings["model"] = {"name": model}
+        # node-pty's output reaches ACP as a terminal snapshot, which gemini's ACP mode
+        # drops (tool results ""); its child_process shell reports the output as text
+        settings.setdefault("tools", {})["shell"] = {"enableInteractiveShell": False}
         return {GEMINI_SETTINGS_FILE: json.dumps(settings, sort_keys=True,
                                                  indent=1).encode()}
 
