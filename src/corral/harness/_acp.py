@@ -168,6 +168,14 @@ class AcpHarness(CliHarness):
     def upstream_api(self) -> ModelApi:
         return self.profile.upstream_api(self.model)
 
+    @property
+    def guarded_workspace_files(self) -> tuple[str, ...]:
+        """The profile's (gemini's ``.gemini/settings.json`` under command rules)."""
+        return self.profile.guarded_workspace_files(self.acp_policy)
+
+    def check_workspace_file(self, rel: str, data: bytes) -> None:
+        self.profile.check_workspace_file(rel, data)
+
     def bin_under(self, install_dir: str) -> str:
         return f"{install_dir}/{self.profile.bin_dir}/{self.profile.bin}"
 

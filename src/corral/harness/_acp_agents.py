@@ -60,7 +60,8 @@ from corral.harness._cli_base import (
 from corral.harness._claude_code import bash_gate_settings, claude_env, first_start_config
 from corral.harness._gemini_cli import SETTINGS_FILE as GEMINI_SETTINGS_FILE
 from corral.harness._gemini_cli import WEB_TOOLS as GEMINI_WEB_TOOLS
-from corral.harness._gemini_cli import gemini_settings
+from corral.harness._gemini_cli import WORKSPACE_SETTINGS as GEMINI_WORKSPACE_SETTINGS
+from corral.harness._gemini_cli import check_workspace_settings, gemini_settings
 from corral.harness._opencode import ENV as OPENCODE_ENV
 from corral.harness._opencode import DEFAULT_MODEL as OPENCODE_DEFAULT_MODEL
 from corral.harness._opencode import opencode_config, split_model
@@ -116,6 +117,14 @@ class AcpAgent:
 
     def check_model(self, model: str | None) -> None:
         """Raise :class:`ConfigError` for a model this agent cannot use."""
+
+    def guarded_workspace_files(self, policy: AcpPolicy) -> tuple[str, ...]:
+        """Workdir-relative files checked before the run (see
+        :attr:`corral.harness._cli_base.CliHarness.guarded_workspace_files`)."""
+        return ()
+
+    def check_workspace_file(self, rel: str, data: bytes) -> None:
+        """Raise :class:`ConfigError` if the workspace's ``rel`` would loosen the policy."""
 
     def bin_env(self, bin_path: str) -> dict[str, str]:
         """Environment that depends on where the executable is (default: none)."""
@@ -215,6 +224,19 @@ class OpencodeAcp(AcpAgent):
                 "OPENCODE_CONFIG_CONTENT": json.dumps(config, separators=(",", ":"))}
 
 
+GEMINI_POLICY_FILE = ".gemini/policies/corral.toml"
+"""Home-relative: corral's rules in gemini's policy engine (user tier) under command rules."""
+GEMINI_ASK_POLICY = "".join(
+    f'[[rule]]\ntoolName = "{tool}"\n{pattern}decision = "ask_user"\npriority = {prio}\n\n'
+    for tool in ("run_shell_command", "write_file", "replace")
+    for pattern, prio in (('argsPattern = "."\n', 999), ("", 998)))
+"""Every shell command and file edit asks (``session/request_permission``): corral's policy
+answers. Priority 999 in the user tier outranks the default and workspace tiers and the
+settings' allowed tools and trusted MCP servers. The ``argsPattern`` matters: gemini 0.61
+turns a matched rule's ``ask_user`` into ``allow`` for "known safe" shell commands (``echo``,
+``ls``: ``applyShellHeuristics``) unless the rule has an ``argsPattern`` or a
+``commandPrefix``; the rule without one (priority 998) covers a call with no arguments."""
+
 GEMINI_RENAME_SESSIONS = (
     'for f in "$HOME"/.gemini/tmp/*/chats/session-[0-9]*.json*; do '
     '[ -f "$f" ] && mv -f "$f" "${f%/session-*}/session-r${f##*/session-}"; done; '
@@ -230,22 +252,26 @@ class GeminiAcp(AcpAgent):
     bounded retries; the model as ``model.name``; host tools come as ``session/new``
     ``mcpServers``, not from the file).
 
-    Policy: only "allow everything" (no command rules, file writes allowed; the sandbox is
-    the boundary), as for ``--harness gemini-cli``; network ``deny`` or an egress allowlist
-    also drops the web tools (``tools.exclude``). Command rules and a non-``allow`` default
-    are refused at definition time, because gemini 0.61 cannot put every command to corral
-    with the command in hand:
+    Policy: with no command rules, "allow everything" (every permission request allowed; the
+    sandbox is the boundary); network ``deny`` or an egress allowlist also drops the web
+    tools (``tools.exclude``). Under command rules (a run serving corral's permission
+    prompt) every shell command and file edit is put to corral's policy, through gemini's
+    own policy engine: ``~/.gemini/policies/corral.toml`` (user tier, priority 999, above
+    anything a workspace's ``.gemini/policies`` or the default rules can say) makes
+    ``run_shell_command``, ``write_file`` and ``replace`` ``ask_user``, so each one reaches
+    ``session/request_permission`` (its "known safe" shell commands too), and the bridge
+    answers from corral's policy (ask → a corral approval). The command is the call's
+    ``title``: gemini 0.61's shell invocation gives its full ``command`` as the display
+    title (``getDisplayTitle``). Its ``BeforeTool`` hooks would not help: in ACP mode
+    gemini runs a tool's ``execute`` directly, without the scheduler that fires hooks.
 
-    * its ``session/request_permission`` carries no ``rawInput``: the command is only in
-      ``title``, which is the model's *description* instead for commands over 150
-      characters, so corral cannot match rules against it;
-    * even in mode ``default`` its shell heuristics run "known safe" commands (``echo``,
-      ``ls``, ``pwd``) unasked (a policy rule with ``argsPattern`` would stop that, but see
-      the first point);
-    * its ``BeforeTool`` hooks (where corral's command gate could go) do not run in ACP mode;
-    * a repository's ``.gemini/settings.json`` applies in a trusted folder (a stdio MCP
-      server there runs its command at start-up, unasked), and in an untrusted one gemini
-      drops every MCP server, host tools included.
+    What the workspace cannot do: its ``.gemini/settings.json`` is refused unless it holds
+    display, context and model settings only (as for ``--harness gemini-cli``:
+    :func:`corral.harness._gemini_cli.check_workspace_settings`); ``advanced.ignoreLocalEnv``
+    keeps a repository's ``.env`` out of gemini's process (``GEMINI_CLI_HOME`` there would
+    move the user policies into the repository); ``~/.gemini/{extensions,policies,
+    trustedFolders.json,trusted_hooks.json,system-defaults.json}`` are removed first.
+    ``file_write: deny`` needs ``default: deny`` (allowed commands could write files).
     """
 
     name = "gemini"
@@ -256,10 +282,11 @@ class GeminiAcp(AcpAgent):
     # read at start-up and writable by the agent: policies (rules above corral's),
     # extensions (MCP servers, hooks), the trusted-folders list
     cleared_home_files = (".gemini/policies", ".gemini/extensions",
-                          ".gemini/trustedFolders.json")
+                          ".gemini/trustedFolders.json", ".gemini/trusted_hooks.json",
+                          ".gemini/system-defaults.json")
     instructions_file = ".gemini/GEMINI.md"
-    # the command is the title only up to 150 characters (else the model's description):
-    # good enough to show, never used for a policy (gemini gets none)
+    # gemini 0.61's shell invocation reports its full command as the title (getDisplayTitle;
+    # its description, getDescription, is the model's text for long commands)
     command_in_title = True
 
     def argv(self, bin_path: str) -> list[str]:
@@ -279,20 +306,47 @@ class GeminiAcp(AcpAgent):
         if policy is None:
             return AcpPolicy(PolicyMapping("acp:gemini", enforced=tuple(enforced),
                                            bypass=True), settings={"exclude": ()})
-        problems = beyond_allow_all(policy)
-        if problems:
-            raise ConfigError(
-                "policy rules acp --agent gemini cannot enforce (gemini's permission requests "
-                "do not carry the command and it runs some commands unasked): "
-                + "; ".join(problems) + "; use --agent claude or opencode, or --harness "
-                "claude-code or codex, for command rules")
         exclude: tuple[str, ...] = ()
+        network: list[str] = []
         if policy.network != "allow" or allow_hosts(policy):
             exclude = GEMINI_WEB_TOOLS
-            enforced.append(f"network: {policy.network} -> tools.exclude {list(exclude)}, "
-                            "and the sandbox has no network of its own")
-        return AcpPolicy(PolicyMapping("acp:gemini", enforced=tuple(enforced), bypass=True),
-                         settings={"exclude": exclude})
+            network.append(f"network: {policy.network} -> tools.exclude {list(exclude)}, "
+                           "and the sandbox has no network of its own")
+        if not beyond_allow_all(policy):
+            return AcpPolicy(PolicyMapping("acp:gemini", enforced=(*enforced, *network),
+                                           bypass=True), settings={"exclude": exclude})
+        if not prompt:
+            raise ConfigError("acp --agent gemini enforces command rules through corral's "
+                              "permission prompt, which this run does not serve (give the "
+                              "run host tools, as the Runner does)")
+        if policy.file_write == "deny" and policy.default == "allow":
+            raise ConfigError("policy rules acp --agent gemini cannot enforce: file_write: "
+                              "deny with default: allow: allowed shell commands can still "
+                              "write files; use default: deny")
+        gated = (
+            "every run_shell_command -> ask_user in gemini's policy engine "
+            f"(~/{GEMINI_POLICY_FILE}, user tier, priority 999) -> session/request_permission "
+            "with the full command as its title -> corral's policy decides each (allow, deny, "
+            "ask -> a corral approval)",
+            f"file_write: {policy.file_write} -> write_file/replace ask_user, corral's policy "
+            "answers",
+            f"the workspace's {GEMINI_WORKSPACE_SETTINGS} may hold display, context and model "
+            "settings only; advanced.ignoreLocalEnv (no repository .env)",
+        )
+        return AcpPolicy(PolicyMapping("acp:gemini", enforced=(*gated, *network),
+                                       permission_prompt=True),
+                         ask_corral=True, settings={"exclude": exclude, "gated": True})
+
+    def gated(self, policy: AcpPolicy) -> bool:
+        """Whether command rules are put to corral (the policy file, the workspace check)."""
+        return bool(policy.settings.get("gated"))
+
+    def guarded_workspace_files(self, policy: AcpPolicy) -> tuple[str, ...]:
+        return (GEMINI_WORKSPACE_SETTINGS,) if self.gated(policy) else ()
+
+    def check_workspace_file(self, rel: str, data: bytes) -> None:
+        if rel == GEMINI_WORKSPACE_SETTINGS:
+            check_workspace_settings(data)
 
     def env(self, model: str | None, base_url: str, opts: CliOptions,
             policy: AcpPolicy) -> dict[str, str]:
@@ -305,8 +359,17 @@ class GeminiAcp(AcpAgent):
                                    exclude=tuple(policy.settings.get("exclude") or ()))
         if model:
             settings["model"] = {"name": model}
-        return {GEMINI_SETTINGS_FILE: json.dumps(settings, sort_keys=True,
-                                                 indent=1).encode()}
+        files: dict[str, bytes] = {}
+        if self.gated(policy):
+            # a repository's .env would be loaded into gemini's process (GEMINI_CLI_HOME
+            # there moves the user settings and policies into the repository)
+            settings["advanced"] = {"ignoreLocalEnv": True}
+            files[GEMINI_POLICY_FILE] = GEMINI_ASK_POLICY.encode()
+        # node-pty's output reaches ACP as a terminal snapshot, which gemini's ACP mode
+        # drops (tool results ""); its child_process shell reports the output as text
+        settings.setdefault("tools", {})["shell"] = {"enableInteractiveShell": False}
+        files[GEMINI_SETTINGS_FILE] = json.dumps(settings, sort_keys=True, indent=1).encode()
+        return files
 
 
 CLAUDE_ADAPTER_DIR = "acp/node_modules/.bin"
