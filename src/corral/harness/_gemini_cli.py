@@ -174,6 +174,9 @@ class GeminiCliHarness(CliHarness):
             # The gate calls the decision tool itself; the model is not offered it.
             settings["mcpServers"][SERVER_NAME]["excludeTools"] = [command_gate.TOOL]
             settings["hooksConfig"] = {"enabled": True}
+            # a repository's .env is loaded into gemini-cli's process for a trusted folder:
+            # GEMINI_CLI_HOME there would move the user settings (this hook) into it
+            settings["advanced"] = {"ignoreLocalEnv": True}
             # gemini-cli's hook timeout is in ms; one that times out lets the command run
             settings["hooks"] = {"BeforeTool": [{"matcher": f"^{SHELL_TOOL}$", "hooks": [{
                 "type": "command", "name": GATE_HOOK, "command": gate_command(opts),
