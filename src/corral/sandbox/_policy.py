@@ -215,11 +215,14 @@ class Policy:
         if not parts:
             return Decision("allow", "empty", command, "the command runs nothing")
         decisions: list[Decision] = []
+        taints = [_taint(part) for part in parts]
+        # a part in a loop or a function body may run again after any later part
+        anywhere = next((t for t in taints if t is not None), None)
         tainted_by: str | None = None
-        for part in parts:
-            decisions.append(self._judge(part, tainted_by))
+        for part, taint in zip(parts, taints, strict=True):
+            decisions.append(self._judge(part, tainted_by or (anywhere if part.repeats else None)))
             if tainted_by is None:
-                tainted_by = _taint(part)
+                tainted_by = taint
         worst = decisions[0]
         for d in decisions[1:]:
             if _RANK[d.verdict] > _RANK[worst.verdict]:
