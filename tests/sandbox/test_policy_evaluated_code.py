@@ -57,10 +57,10 @@ BYPASSES = [
     f"x=abc; y='a[{P}]'; echo ${{x:y}}",
     f"x=abc; y='a[{P}]'; echo ${{x:0:y}}",
     f"x='a[{P}]'; for y in \"$x\"; do echo $((y)); done",
-    f"read y; echo $((y))",
-    f"read -r y < f; [[ $y -gt 1 ]] && echo big",
+    "read y; echo $((y))",
+    "read -r y < f; [[ $y -gt 1 ]] && echo big",
     f"printf -v y %s 'a[{P}]'; echo $((y))",
-    f"mapfile -t m < f; echo $(( m[0] ))",
+    "mapfile -t m < f; echo $(( m[0] ))",
     f"getopts a: o -a 'a[{P}]'; echo $((OPTARG))",
     f"f() {{ local n=$1; echo $((n + 1)); }}; f 'a[{P}]'",
     f"export x='a[{P}]'; bash -c 'echo $((x))'",
@@ -75,7 +75,7 @@ BYPASSES = [
     f"echo ${{a['{P}']}}",
     f"echo \"${{a['{P}']}}\"",
     f"x=abc; echo ${{x:'{P}'}}",
-    f"echo $((`pwned`))",
+    "echo $((`pwned`))",
     # names given to builtins
     f"printf -v 'a[{P}]' x",
     f"read 'a[{P}]'",
@@ -100,8 +100,8 @@ BYPASSES = [
     f"declare -i x='a[{P}]'",
     f"unset 'a[{P}]'",
     f"wait -p 'a[{P}]'",
-    f"n=PATH; read \"$n\"; ls",
-    f"declare \"$n\"=x",
+    "n=PATH; read \"$n\"; ls",
+    "declare \"$n\"=x",
     # assignment words whose subscript bash reads with quotes
     f"a['{P}']=1",
     f"a['{P}']+=1",
@@ -112,7 +112,7 @@ BYPASSES = [
     f"SRANDOM='a[{P}]'",
     f"OPTIND='a[{P}]'",
     f"HISTCMD='a[{P}]'",
-    f"read OPTIND < f",
+    "read OPTIND < f",
     # a {name} redirection naming an array element
     f"{{a['{P}']}}>/dev/null echo",
     # the prompt transform runs substitutions in the value
@@ -211,7 +211,7 @@ def test_parse_alone_checks_names_too() -> None:
 
 
 _SAFE = st.sampled_from(["1", "i", "$i", "${#a[@]}", "0x1f", "n+1", "a[i]", "(i)", "$#"])
-_BAD = st.sampled_from([f"'{P}'", f"a['{P}']", "$1", f"`pwned`", "${x:-1}", "\\1",
+_BAD = st.sampled_from([f"'{P}'", f"a['{P}']", "$1", "`pwned`", "${x:-1}", "\\1",
                         "$'1'", "x[$(pwned)]", "${!y}"])
 _WRAP = st.sampled_from(["echo $(( {} ))", "echo $[ {} ]", "(( {} ))", "[[ {} -eq 1 ]]",
                          "[[ 1 -lt {} ]]", "echo ${{a[{}]}}", "echo ${{x:{}}}", "a[{}]=1",

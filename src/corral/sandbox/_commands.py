@@ -316,7 +316,7 @@ _OPTS_WITH_ARG: dict[str, str] = {
     "printf": "v",
 }  # fmt: skip
 _NAME_OPTS: dict[str, str] = {"read": "a", "wait": "p", "printf": "v"}
-_DECL_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[.*\])?(\+?=|\Z)", re.S)
+_DECL_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[.*?\])?(\+?=|\Z)", re.S)
 
 
 def _name_operands(name: str, argv: tuple[Word, ...], names: Names) -> tuple[str, ...]:
@@ -408,8 +408,8 @@ def _name_operands(name: str, argv: tuple[Word, ...], names: Names) -> tuple[str
             continue
         if name in _DECLARERS:
             if m.group(3):
-                value = text[m.end() :]
-                names.assigned(var, Word(value, w.expands, w.glob), how)
+                rhs = text[m.end() :]
+                names.assigned(var, Word(rhs, w.expands, w.glob), how)
         else:
             names.assigned(var, None, how)  # read, mapfile, printf -v, getopts
     return tuple(out)

@@ -22,7 +22,12 @@ Matching is asymmetric on purpose, so that uncertainty always lands on the safe 
   (``export PATH=…``, ``alias``, ``source``), is never allowed by a rule.
 
 Strings that cannot be read with certainty get :attr:`Policy.unparseable` (default
-``deny``) with the reason.
+``deny``) with the reason. That includes code bash evaluates where a parser sees data
+(arithmetic, array subscripts, names given to ``read``/``printf -v``/``declare``/``test -v``,
+``${x@P}``) unless it holds only numbers, plain names and operators, and a name bash
+evaluates that the string itself sets to something other than a plain number. Builtins
+that assign (``read PATH``, ``printf -v PATH``, ``for PATH in``) change later names like
+``export`` does; a part in a loop or a function body is tainted by a taint anywhere.
 """
 
 from __future__ import annotations

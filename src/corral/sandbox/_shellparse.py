@@ -10,6 +10,12 @@ subshells and brace groups, ``$(…)``, backticks, ``<(…)``/``>(…)``, ``${�
 redirections. Whatever it cannot read with certainty raises :class:`ShellParseError`;
 callers must then fall back to their safest answer.
 
+bash also runs code hidden in what looks like data: it evaluates arithmetic (where single
+quotes are plain characters) and array subscripts, expanding ``$(…)`` inside them, also in a
+variable's *value* (``x='a[$(id)]'; echo $((x))``). Every such context must hold only
+numbers, plain names, ``$name`` and operators (:func:`check_evaluated`), and a name whose
+value bash evaluates may not be one the string sets to anything else (:class:`Names`).
+
 Words keep a flag for values only known at run time (``$X``, globs, brace expansion), so
 a matcher can treat them as "could be anything" when looking for a denied command.
 """
