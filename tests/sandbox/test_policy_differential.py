@@ -19,8 +19,10 @@ holds ``a[$(pwned)]``, so data read from it is a live payload too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import shlex
 import subprocess
 from dataclasses import dataclass, field
@@ -128,10 +130,17 @@ def _run_batch(lab: Path, strings: list[str]) -> list[_Outcome]:
     log = lab / "log"
     log.write_bytes(b"")
     data = b"".join(s.encode() + b"\0" for s in strings)
-    subprocess.run([SANDBOX_BASH, "--norc", "--noprofile", str(lab / "driver.sh")],
-                   input=data, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                   timeout=240)
+    # its own process group: nothing it started outlives the test, even on a timeout
+    proc = subprocess.Popen([SANDBOX_BASH, "--norc", "--noprofile", str(lab / "driver.sh")],
+                            stdin=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.communicate(data, timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     outcomes: list[_Outcome] = []
     for rec in log.read_bytes().split(b"\0"):
         text = rec.decode(errors="replace")

@@ -68,6 +68,16 @@ _NUMBER_RE = re.compile(r"[-+]?(?:0[xX][0-9A-Fa-f]+|[0-9]+)?\Z")
 _NUM_RANGE_RE = re.compile(r"\{-?[0-9]+\.\.-?[0-9]+(?:\.\.-?[0-9]+)?\}\Z")
 _EVAL_ON_ASSIGN = frozenset({"RANDOM", "SRANDOM", "OPTIND", "HISTCMD"})
 """Variables whose assigned value bash evaluates as arithmetic."""
+_SHELL_SET = {
+    "_": "bash (the previous command's last argument)",
+    "BASH_COMMAND": "bash (the command's own text)",
+    "BASH_EXECUTION_STRING": "bash (the `-c` string)",
+    "BASH_REMATCH": "`[[ … =~ … ]]`", "REPLY": "`read`/`select`", "OPTARG": "`getopts`",
+    "MAPFILE": "`mapfile`", "BASH_ARGV": "bash (the arguments)", "BASH_SOURCE": "bash",
+    "FUNCNAME": "bash", "PWD": "`cd`", "OLDPWD": "`cd`", "DIRSTACK": "`pushd`",
+    "BASH_ARGV0": "bash", "COMP_WORDS": "bash", "COMP_LINE": "bash", "READLINE_LINE": "bash",
+}  # fmt: skip
+"""Variables bash itself sets from the string or its data: never plain numbers."""
 _COND_ARITH_OPS = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge"})
 _COND_NAME_OPS = frozenset({"-v", "-R"})
 _PLAIN_WORD_RE = re.compile(r"[^\s;&|()<>'\"\\`$]+")
@@ -165,7 +175,7 @@ class Names:
     __slots__ = ("refs", "unsafe")
 
     def __init__(self) -> None:
-        self.unsafe: dict[str, str] = {}
+        self.unsafe: dict[str, str] = dict(_SHELL_SET)
         self.refs: dict[str, str] = {}
 
     def assigned(self, name: str, value: Word | None, how: str) -> None:
@@ -626,6 +636,7 @@ class _Parser:
         """
         self.pos += 2
         tokens: list[str | None] = []  # raw source of each word; None for an operator
+        spans: list[tuple[int, int]] = []
         while True:
             self.skip_blanks()
             if self.at_end():
@@ -639,22 +650,36 @@ class _Parser:
                     op = cand
                     break
             if op is not None:
+                spans.append((self.pos, self.pos + len(op)))
                 self.pos += len(op)
                 tokens.append(None)
                 continue
             start = self.pos
             self.read_word()
             tokens.append(self.src[start : self.pos])
+            spans.append((start, self.pos))
         for i, raw in enumerate(tokens):
             if raw in _COND_ARITH_OPS:
-                for j in (i - 1, i + 1):
-                    operand = tokens[j] if 0 <= j < len(tokens) else None
-                    if operand is not None:
-                        self.evaluated(operand, f"an operand of `[[ … {raw} … ]]`")
-            elif raw in _COND_NAME_OPS and i + 1 < len(tokens):
-                operand = tokens[i + 1]
-                if operand is not None:
-                    self.evaluated(operand, f"the name operand of `[[ {raw} … ]]`")
+                sides: tuple[int, ...] = (i - 1, i + 1)
+            elif raw in _COND_NAME_OPS:
+                sides = (i + 1,)
+            else:
+                continue
+            for j in sides:
+                operand = tokens[j] if 0 <= j < len(tokens) else ""
+                if operand is None:  # bash refuses `[[ 1 -lt ( 2 ) ]]` too
+                    raise ShellParseError(self.where(f"an operator next to `{raw}` in `[[ … ]]`"))
+                if operand:
+                    # `1+(i)` is one operand to bash's arithmetic but not to this scan
+                    glued = (j > 0 and tokens[j - 1] is None and spans[j - 1][1] == spans[j][0]) or (
+                        j + 1 < len(tokens) and tokens[j + 1] is None
+                        and spans[j + 1][0] == spans[j][1]
+                    )  # fmt: skip
+                    if glued:
+                        raise ShellParseError(
+                            self.where(f"a parenthesis inside an operand of `{raw}` in `[[ … ]]`")
+                        )
+                    self.evaluated(operand, f"an operand of `[[ … {raw} … ]]`")
         self.trailing_redirects()
 
     def arith_command(self) -> None:
@@ -790,7 +815,7 @@ class _Parser:
                 if end >= 0 and self.src.startswith(("=", "+="), end + 1):
                     self.evaluated(self.src[self.pos + 1 : end], "an array subscript")
                     self.pos = end + 1
-            self.read_word(allow_empty=True)
+            self.read_word()
 
     def process_substitution(self) -> None:
         self.pos += 2
