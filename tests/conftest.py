@@ -183,3 +183,12 @@ def bwrap_works() -> bool:
 def need_bwrap_runs(request: pytest.FixtureRequest) -> None:
     require(request.config, bwrap_works(), "bubblewrap with user namespaces",
             "apt-get install bubblewrap (and allow unprivileged user namespaces)")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Closing lines tests leave as ``record_property("…_summary"-like)`` properties: the
+    policy differential test's tally (it runs on an xdist worker; properties travel)."""
+    for report in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "policy_differential":
+                terminalreporter.write_line(str(value))

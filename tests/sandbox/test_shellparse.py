@@ -37,14 +37,14 @@ def argvs(cmd: str) -> list[list[str]]:
         ("function f { g; }", [["g"]]),
         ("[[ -n $(h) && x ]] && i", [["h"], ["i"]]),
         # bash reads `((…))` as arithmetic, dash as two subshells: both views are judged
-        ("(( $(j) + 1 ))", [["j"], ["j"], ["$(j)", "+", "1"]]),
+        ("(( j + 1 ))", [["j", "+", "1"]]),
         ("((touch x))", [["touch", "x"]]),
         ("diff <(k) >(l)", [["k"], ["l"], ["diff", "<(…)", "<(…)"]]),
         ("cat <<EOF\n$(m)\nEOF\nn", [["cat"], ["m"], ["n"]]),
         ("cat <<'EOF'\n$(m)\nEOF\nn", [["cat"], ["n"]]),
         ("cat <<-EOF\n\t$(m)\n\tEOF", [["cat"], ["m"]]),
         ("echo ${x:-$(o)}", [["o"], ["echo", "${x:-$(o)}"]]),
-        ("a[$(p)]=1", [["p"], ["a[$(p)]=1"]]),
+        ("a[i]=$(p)", [["p"]]),
         ("echo a # $(not run)", [["echo", "a"]]),
         ("! q", [["q"]]),
         ("x=$(r) y=`s`", [["r"], ["s"]]),
@@ -70,6 +70,9 @@ def test_splits_into_every_command(cmd: str, expected: list[list[str]]) -> None:
         "(a",
         "a )",
         "echo \x00",
+        # arithmetic bash evaluates: the output of `j` would be evaluated as code
+        "(( $(j) + 1 ))",
+        "a[$(p)]=1",
     ],
 )
 def test_unreadable_strings_raise(cmd: str) -> None:

@@ -125,6 +125,22 @@ async def test_denied_command_blocks_naming_the_rule(
     assert res.stdout == b""
 
 
+@pytest.mark.parametrize("cli", sorted(HOOKS))
+@pytest.mark.parametrize("command", [
+    "x='a[$(cat /etc/passwd)]'; echo $((x))",      # a value evaluated later as arithmetic
+    "echo $(( '$(cat /etc/passwd)' ))",            # single quotes are literal in arithmetic
+    "[[ -v 'a[$(cat /etc/passwd)]' ]] && echo",    # a [[ … ]] that "runs nothing"
+    "read -r y < f; echo $((y))",                  # data evaluated as code
+])
+async def test_code_bash_evaluates_is_refused_under_deny(
+        gate_url: tuple[str, Approvals], command: str, cli: str) -> None:
+    """Each of these ran `cat` (denied) under bash while the policy saw only `echo`."""
+    res = await _run_hook(gate_url[0], _bash(command), cli=cli)
+    assert res.returncode == 2, res.stdout
+    assert "denied by corral policy (unparseable)" in res.stderr.decode()
+    assert res.stdout == b""
+
+
 async def test_ask_waits_for_the_approval(gate_url: tuple[str, Approvals]) -> None:
     url, gate = gate_url
     results: list[subprocess.CompletedProcess[bytes]] = []

@@ -15,15 +15,18 @@ look for a denied command starting at *any* later word (``scan_suffixes``).
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from corral.sandbox._shellparse import (
     MAX_DEPTH,
+    Names,
     Redirect,
     ShellParseError,
     SimpleCommand,
     Word,
+    check_evaluated,
     parse,
 )
 
@@ -131,6 +134,8 @@ class Part:
     open_tail: bool = False
     """More arguments are appended at run time (``xargs``, ``find -exec … +``)."""
     scan_suffixes: bool = False
+    repeats: bool = False
+    """In a loop or a function body: it may run after parts written later."""
 
     @property
     def text(self) -> str:
@@ -165,8 +170,10 @@ def command_parts(command: str) -> list[Part]:
     string it hands to a shell) cannot be read with certainty.
     """
     parts: list[Part] = []
-    for simple in parse(command):
-        _expand_simple(simple, parts, depth=0)
+    names = Names()
+    for simple in parse(command, names=names):
+        _expand_simple(simple, parts, 0, names)
+    names.check()
     return parts
 
 
@@ -174,23 +181,26 @@ def _writes(redirects: tuple[Redirect, ...]) -> tuple[Word, ...]:
     return tuple(r.target for r in redirects if r.writes)
 
 
-def _expand_simple(cmd: SimpleCommand, out: list[Part], depth: int) -> None:
+def _expand_simple(cmd: SimpleCommand, out: list[Part], depth: int, names: Names) -> None:
     writes = _writes(cmd.redirects)
-    names = tuple(name for name, _ in cmd.assignments)
+    assigned = tuple(name for name, _ in cmd.assignments)
+    first = len(out)
     if not cmd.argv:
-        if names:
-            out.append(Part((), "assignment", cmd.via, sets=names, writes=writes))
+        if assigned:
+            out.append(Part((), "assignment", cmd.via, sets=assigned, writes=writes))
         elif writes:
             out.append(Part((), "redirect", cmd.via, writes=writes))
-        return
-    _expand_argv(cmd.argv, cmd.via, names, writes, out, depth, open_tail=False)
+    else:
+        _expand_argv(cmd.argv, cmd.via, assigned, writes, out, depth, names, open_tail=False)
+    if cmd.in_loop or cmd.is_function_body:
+        out[first:] = [replace(p, repeats=True) for p in out[first:]]
 
 
-def _reparse(text: str, via: tuple[str, ...], out: list[Part], depth: int) -> None:
+def _reparse(text: str, via: tuple[str, ...], out: list[Part], depth: int, names: Names) -> None:
     if depth > MAX_DEPTH:
         raise ShellParseError(f"commands nested deeper than {MAX_DEPTH} levels")
-    for inner in parse(text, via=via, depth=depth + 1):
-        _expand_simple(inner, out, depth + 1)
+    for inner in parse(text, via=via, depth=depth + 1, names=names):
+        _expand_simple(inner, out, depth + 1, names)
 
 
 def _expand_argv(
@@ -200,6 +210,7 @@ def _expand_argv(
     writes: tuple[Word, ...],
     out: list[Part],
     depth: int,
+    names: Names,
     *,
     open_tail: bool,
 ) -> None:
@@ -211,10 +222,8 @@ def _expand_argv(
         out.append(Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail))
         return
 
-    if name in ("export", "declare", "typeset", "readonly", "local"):
-        sets = tuple(
-            w.text.split("=", 1)[0].lstrip("+") for w in argv[1:] if not w.text.startswith("-")
-        )
+    if name in _NAME_BUILTINS:
+        sets = _name_operands(name, argv, names)
         out.append(Part(argv, "command", via, env=env, sets=sets, writes=writes))
         return
 
@@ -224,14 +233,14 @@ def _expand_argv(
             out.append(_wrapper(argv, via, env, writes))
             if script.dynamic:
                 raise ShellParseError(f"`{name} -c` runs a string computed at run time")
-            _reparse(script.text, via + (f"{name} -c",), out, depth)
+            _reparse(script.text, via + (f"{name} -c",), out, depth, names)
             return
 
     if name == "eval":
         out.append(_wrapper(argv, via, env, writes))
         if any(w.dynamic for w in argv[1:]) or open_tail:
             raise ShellParseError("`eval` runs a string computed at run time")
-        _reparse(" ".join(w.text for w in argv[1:]), via + ("eval",), out, depth)
+        _reparse(" ".join(w.text for w in argv[1:]), via + ("eval",), out, depth, names)
         return
 
     if name == "watch":
@@ -240,11 +249,11 @@ def _expand_argv(
         if rest < len(argv):
             if any(w.dynamic for w in argv[rest:]):
                 raise ShellParseError("`watch` runs a string computed at run time")
-            _reparse(" ".join(w.text for w in argv[rest:]), via + ("watch",), out, depth)
+            _reparse(" ".join(w.text for w in argv[rest:]), via + ("watch",), out, depth, names)
         return
 
     if name == "find":
-        _expand_find(argv, via, env, writes, out, depth, open_tail)
+        _expand_find(argv, via, env, writes, out, depth, names, open_tail)
         return
 
     string_opts = _STRING_OPTS.get(name, frozenset())
@@ -260,7 +269,7 @@ def _expand_argv(
         if value is not None:
             if value.dynamic:
                 raise ShellParseError(f"`{name}` runs a string computed at run time")
-            _reparse(value.text, via + (name,), out, depth)
+            _reparse(value.text, via + (name,), out, depth, names)
             found_string = True
     if found_string or name in ("su", "script"):
         # su USER / script FILE: the only command they run is the string (or a shell)
@@ -288,12 +297,122 @@ def _expand_argv(
             return
         out.append(_wrapper(argv, via, env, writes, open_tail))
         _expand_argv(
-            argv[i:], via + (name,), inner_env, (), out, depth + 1,
+            argv[i:], via + (name,), inner_env, (), out, depth + 1, names,
             open_tail=open_tail or name == "xargs",
         )  # fmt: skip
         return
 
     out.append(Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail))
+
+
+_DECLARERS = frozenset({"export", "declare", "typeset", "readonly", "local"})
+_NAME_BUILTINS = _DECLARERS | frozenset(
+    {"read", "mapfile", "readarray", "printf", "getopts", "wait", "unset", "let", "test", "["}
+)
+"""Builtins that take variable names (bash evaluates a subscript in one) or arithmetic."""
+# options (of the builtins above) that take an argument; the key's own names are marked
+_OPTS_WITH_ARG: dict[str, str] = {
+    "read": "adinNptu", "mapfile": "dnOsuCc", "readarray": "dnOsuCc", "wait": "p",
+    "printf": "v",
+}  # fmt: skip
+_NAME_OPTS: dict[str, str] = {"read": "a", "wait": "p", "printf": "v"}
+_DECL_NAME_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[.*?\])?(\+?=|\Z)", re.S)
+
+
+def _name_operands(name: str, argv: tuple[Word, ...], names: Names) -> tuple[str, ...]:
+    """Check the names (and arithmetic) a builtin is given; return the names it sets.
+
+    A name operand must be a plain name, or a name with a subscript holding only what
+    :func:`check_evaluated` accepts: bash evaluates the subscript (``read 'a[$(id)]'``
+    runs ``id``). A name known only at run time could be ``PATH`` or hold a subscript,
+    so it cannot be judged.
+    """
+    how = f"`{name}`"
+    if name in ("test", "["):
+        for i in range(2, len(argv)):
+            prev, word = argv[i - 1], argv[i]
+            if prev.dynamic or prev.text in ("-v", "-R"):  # `-v NAME` (or could be)
+                if word.dynamic or "[" in word.text:
+                    check_evaluated(word.text, f"a name operand of `{name}`", names)
+        return ()
+    if name == "let":
+        sets: set[str] = set()
+        for w in argv[1:]:
+            sets |= check_evaluated(w.text, "`let`", names)
+        return tuple(sorted(sets))
+    operands: list[Word] = []
+    named: list[Word] = []  # names given as option arguments (`read -a NAME`)
+    opts: set[str] = set()
+    i = 1
+    with_arg = _OPTS_WITH_ARG.get(name, "")
+    while i < len(argv):
+        w = argv[i]
+        if w.text == "--" and not w.dynamic:
+            i += 1
+            break
+        if w.dynamic and w.text.startswith(("-", "+", "$", "`")) and name not in _DECLARERS:
+            raise ShellParseError(f"`{name}` is given options or names computed at run time")
+        if w.dynamic or not w.text.startswith(("-", "+")) or len(w.text) < 2:
+            break
+        if name == "printf" and w.text[:2] != "-v":
+            break  # printf's first argument is its format
+        if name == "getopts":
+            break
+        for k, c in enumerate(w.text[1:], start=2):
+            opts.add(c)
+            if c in with_arg:
+                arg = w.text[k:]
+                if not arg:
+                    i += 1
+                    if i >= len(argv):
+                        raise ShellParseError(f"`{name} -{c}` without its argument")
+                    value = argv[i]
+                else:
+                    value = Word(arg, w.expands, w.glob)
+                if c == "C" and name in ("mapfile", "readarray"):
+                    raise ShellParseError(f"`{name} -C` runs a callback string as code")
+                if c in _NAME_OPTS.get(name, ""):
+                    named.append(value)
+                break
+        i += 1
+    operands = list(argv[i:])
+    if name == "printf":
+        operands = []  # the format and its arguments
+    elif name == "getopts":
+        operands = operands[1:2]  # getopts OPTSTRING NAME [ARG…]
+        if operands:
+            names.assigned("OPTARG", None, "`getopts`")
+    elif name in ("wait",):
+        operands = []  # job ids
+    elif name in ("mapfile", "readarray") and not operands:
+        operands = [Word("MAPFILE")]
+    elif name == "read" and not operands and not named:
+        operands = [Word("REPLY")]
+    if name in _DECLARERS and ({"n", "i"} & opts) and name != "export":
+        raise ShellParseError(
+            f"`{name} -{'n' if 'n' in opts else 'i'}`: a nameref or integer variable makes "
+            "bash evaluate values assigned or read later"
+        )
+    out: list[str] = []
+    functions = name in _DECLARERS | {"unset"} and bool({"f", "F"} & opts)
+    for w in named + operands:
+        text = w.text
+        m = _DECL_NAME_RE.match(text)
+        if m is None or "$" in m.group(1):
+            raise ShellParseError(f"`{name}` is given {text!r}, not a plain variable name")
+        if m.group(2) and not functions:
+            check_evaluated(m.group(2)[1:-1], f"the subscript of a name given to `{name}`", names)
+        var = m.group(1)
+        out.append(var)
+        if functions or name == "unset":
+            continue
+        if name in _DECLARERS:
+            if m.group(3):
+                rhs = text[m.end() :]
+                names.assigned(var, Word(rhs, w.expands, w.glob), how)
+        else:
+            names.assigned(var, None, how)  # read, mapfile, printf -v, getopts
+    return tuple(out)
 
 
 def _wrapper(
@@ -358,6 +477,7 @@ def _expand_find(
     writes: tuple[Word, ...],
     out: list[Part],
     depth: int,
+    names: Names,
     open_tail: bool,
 ) -> None:
     execs: list[tuple[tuple[Word, ...], bool]] = []
@@ -382,4 +502,4 @@ def _expand_find(
         return
     out.append(_wrapper(argv, via, env, writes, open_tail))
     for inner, tail in execs:
-        _expand_argv(inner, via + ("find -exec",), (), (), out, depth + 1, open_tail=tail)
+        _expand_argv(inner, via + ("find -exec",), (), (), out, depth + 1, names, open_tail=tail)

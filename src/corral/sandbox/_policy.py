@@ -22,7 +22,12 @@ Matching is asymmetric on purpose, so that uncertainty always lands on the safe 
   (``export PATH=…``, ``alias``, ``source``), is never allowed by a rule.
 
 Strings that cannot be read with certainty get :attr:`Policy.unparseable` (default
-``deny``) with the reason.
+``deny``) with the reason. That includes code bash evaluates where a parser sees data
+(arithmetic, array subscripts, names given to ``read``/``printf -v``/``declare``/``test -v``,
+``${x@P}``) unless it holds only numbers, plain names and operators, and a name bash
+evaluates that the string itself sets to something other than a plain number. Builtins
+that assign (``read PATH``, ``printf -v PATH``, ``for PATH in``) change later names like
+``export`` does; a part in a loop or a function body is tainted by a taint anywhere.
 """
 
 from __future__ import annotations
@@ -215,11 +220,14 @@ class Policy:
         if not parts:
             return Decision("allow", "empty", command, "the command runs nothing")
         decisions: list[Decision] = []
+        taints = [_taint(part) for part in parts]
+        # a part in a loop or a function body may run again after any later part
+        anywhere = next((t for t in taints if t is not None), None)
         tainted_by: str | None = None
-        for part in parts:
-            decisions.append(self._judge(part, tainted_by))
+        for part, taint in zip(parts, taints, strict=True):
+            decisions.append(self._judge(part, tainted_by or (anywhere if part.repeats else None)))
             if tainted_by is None:
-                tainted_by = _taint(part)
+                tainted_by = taint
         worst = decisions[0]
         for d in decisions[1:]:
             if _RANK[d.verdict] > _RANK[worst.verdict]:
