@@ -132,6 +132,26 @@ def test_code_bash_evaluates_is_unparseable(command: str) -> None:
     assert "pwned" not in decision.reason or "cannot read" in decision.reason
 
 
+# trap's action, a completion command and a key binding are code bash runs later
+LATER = ["trap 'rm -rf /' EXIT", "trap -- 'rm x' INT TERM", "trap \"$(echo rm) x\" EXIT",
+         "f() { trap 'rm x' RETURN; }; f", "eval \"trap 'rm x' EXIT\"",
+         "complete -C 'rm x' ls", "bind -x '\"\\C-x\": rm x'", "compgen -F f"]
+
+
+@pytest.mark.parametrize("command", LATER)
+def test_code_a_builtin_runs_later_is_judged_or_unparseable(command: str) -> None:
+    lax = Policy(default="allow", deny=("rm *",))
+    decision = lax.evaluate(command)
+    assert decision.verdict == "deny", decision.explain()
+
+
+@pytest.mark.parametrize("command", ["trap - EXIT", "trap '' INT", "trap -l", "trap -p EXIT",
+                                     "trap 'echo bye' EXIT", "trap EXIT"])
+def test_plain_traps_are_judged_as_what_they_run(command: str) -> None:
+    lax = Policy(default="allow", deny=("rm *",))
+    assert lax.evaluate(command).verdict == "allow", lax.evaluate(command).explain()
+
+
 # names assigned by builtins change what later parts run, like `export PATH=…`
 TAINTS = [
     "printf -v PATH %s /tmp/evil; ls",

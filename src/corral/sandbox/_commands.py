@@ -243,6 +243,29 @@ def _expand_argv(
         _reparse(" ".join(w.text for w in argv[1:]), via + ("eval",), out, depth, names)
         return
 
+    if name == "trap":
+        # `trap ACTION SIG…` runs ACTION later, in this shell: it is code, like eval's
+        out.append(_wrapper(argv, via, env, writes))
+        args = list(argv[1:])
+        if args and args[0].text == "--" and not args[0].dynamic:
+            args = args[1:]
+        listing = any(not w.dynamic and w.text.startswith("-") and w.text not in ("-", "--")
+                      for w in args[:1])
+        if len(args) >= 2 and not listing:
+            action = args[0]
+            if action.dynamic or open_tail:
+                raise ShellParseError("`trap` runs a string computed at run time")
+            if action.text not in ("", "-"):
+                _reparse(action.text, via + ("trap",), out, depth, names)
+        elif open_tail:
+            raise ShellParseError("`trap` runs a string computed at run time")
+        return
+
+    if name in ("complete", "compgen", "bind") and any(
+            w.dynamic or w.text.startswith(("-C", "-F", "-x")) for w in argv[1:]):
+        # a completion command or key binding is code run later
+        raise ShellParseError(f"`{name}` with a command to run later")
+
     if name == "watch":
         out.append(_wrapper(argv, via, env, writes))
         rest = _skip_options(argv, 1, frozenset({"-n", "--interval", "-d", "--differences"}))
