@@ -321,13 +321,27 @@ async def _finish(proc: Process, err: list[bytes], what: str) -> None:
                               + (f": {tail}" if tail else ""))
 
 
-def _known(parent: Checkpoint | None, same_secrets: bool, root: str,
-           entries: tuple[CheckpointEntry, ...]) -> tuple[dict[str, list[Any]],
-                                                        dict[str, CheckpointEntry]]:
+def _known(parent: Checkpoint | None, same_secrets: bool,
+           entries: tuple[CheckpointEntry, ...]) -> dict[str, CheckpointEntry]:
+    """The parent's files the sandbox may skip when unchanged (none when the secrets
+    changed: everything is read and scanned again)."""
     if parent is None or not same_secrets:
-        return {}, {}
-    reuse = {e.path: e for e in entries if e.kind == "file" and e.stamp}
-    return {p: [e.size, e.mtime_ns, e.stamp] for p, e in reuse.items()}, reuse
+        return {}
+    return {e.path: e for e in entries if e.kind == "file" and e.stamp
+            and "\0" not in e.stamp}
+
+
+def _save_request(roots: list[str], reuse: list[dict[str, CheckpointEntry]]) -> bytes:
+    """The in-sandbox script's save request (NUL-separated fields: see the script)."""
+    out = [b"S", str(CHUNK_BYTES).encode(), str(len(roots)).encode()]
+    for root, known in zip(roots, reuse, strict=True):
+        if "\0" in root:
+            raise CheckpointError(f"the checkpoint root {root!r} holds a NUL byte")
+        out += [root.encode("utf-8", "surrogateescape"), str(len(known)).encode()]
+        for path, e in known.items():
+            out += [path.encode("utf-8", "surrogateescape"),
+                    f"{e.size}:{e.mtime_ns}:{e.stamp}".encode("utf-8", "surrogateescape")]
+    return b"\0".join(out)
 
 
 async def checkpoint_workspace(
@@ -380,15 +394,12 @@ async def _checkpoint(
     python: str, now: float | None,
 ) -> Checkpoint | None:
     same = parent is not None and _same_secrets(parent.scan, items)
-    known_ws, reuse_ws = _known(parent, same, ".", parent.entries if parent else ())
+    reuse_ws = _known(parent, same, parent.entries if parent else ())
     parent_session = parent.session if parent is not None else None
-    known_s, reuse_s = ({}, {}) if session is None or parent_session is None or \
-        parent_session.root != session.root else _known(parent, same, session.root,
-                                                        parent_session.entries)
+    reuse_s = {} if session is None or parent_session is None or \
+        parent_session.root != session.root else _known(parent, same, parent_session.entries)
     roots = ["."] + ([session.root] if session is not None else [])
-    request = json.dumps({"op": "save", "roots": roots,
-                          "known": [known_ws, known_s][:len(roots)],
-                          "chunk": CHUNK_BYTES}).encode()
+    request = _save_request(roots, [reuse_ws, reuse_s][:len(roots)])
     pattern, table, longest = _pattern(items)
     uploader = _Uploader(store, now)
     err: list[bytes] = []
