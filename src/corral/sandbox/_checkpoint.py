@@ -206,20 +206,27 @@ class _Frames:
             raise CheckpointError(f"the sandbox sent a frame of {length} bytes (limit {limit})")
         self._pos += _HEAD.size
         await self._fill(length)
-        data = bytes(self._buf[self._pos:self._pos + length])
+        with memoryview(self._buf) as view:
+            data = bytes(view[self._pos:self._pos + length])
         self._pos += length
         return kind, data
 
 
 @dataclass
 class _Uploader:
-    """Chunks waiting for the store, put in batches (only those it lacks)."""
+    """Chunks waiting for the store, put in batches (only those it lacks). A full batch is
+    put by a task in ``tg`` while the stream goes on (one batch in flight at a time), so
+    the sandbox keeps reading while the store writes; the task's error is raised by the
+    next :meth:`add` or :meth:`flush` (never through the task group)."""
 
     store: CheckpointStore
     now: float | None
+    tg: Any = None
     pending: dict[str, bytes] = field(default_factory=dict)
     size: int = 0
     sent: int = 0
+    _busy: anyio.Event | None = None
+    _error: BaseException | None = None
 
     async def add(self, digest: str, raw: bytes) -> None:
         if digest in self.pending:
@@ -227,18 +234,42 @@ class _Uploader:
         self.pending[digest] = raw
         self.size += len(raw)
         if self.size >= _BATCH_BYTES:
-            await self.flush()
+            await self._wait()
+            batch, self.pending, self.size = self.pending, {}, 0
+            if self.tg is None:
+                await self._put(batch)
+            else:
+                self._busy = anyio.Event()
+                self.tg.start_soon(self._background, batch, self._busy)
 
-    async def flush(self) -> None:
-        if not self.pending:
-            return
-        batch, self.pending, self.size = self.pending, {}, 0
+    async def _wait(self) -> None:
+        if self._busy is not None:
+            await self._busy.wait()
+            self._busy = None
+        if self._error is not None:
+            raise self._error
+
+    async def _background(self, batch: dict[str, bytes], done: anyio.Event) -> None:
+        try:
+            await self._put(batch)
+        except Exception as exc:  # raised in the stream's task by the next add/flush
+            self._error = exc
+        finally:
+            done.set()
+
+    async def _put(self, batch: dict[str, bytes]) -> None:
         missing = await self.store.missing_chunks(list(batch), now=self.now)
         if missing:
             encoded = await anyio.to_thread.run_sync(
                 lambda: {d: _encode(batch[d]) for d in missing})
             await self.store.put_chunks(encoded, now=self.now)
             self.sent += sum(len(v) for v in encoded.values())
+
+    async def flush(self) -> None:
+        await self._wait()
+        if self.pending:
+            batch, self.pending, self.size = self.pending, {}, 0
+            await self._put(batch)
 
 
 @dataclass
@@ -290,13 +321,27 @@ async def _finish(proc: Process, err: list[bytes], what: str) -> None:
                               + (f": {tail}" if tail else ""))
 
 
-def _known(parent: Checkpoint | None, same_secrets: bool, root: str,
-           entries: tuple[CheckpointEntry, ...]) -> tuple[dict[str, list[Any]],
-                                                        dict[str, CheckpointEntry]]:
+def _known(parent: Checkpoint | None, same_secrets: bool,
+           entries: tuple[CheckpointEntry, ...]) -> dict[str, CheckpointEntry]:
+    """The parent's files the sandbox may skip when unchanged (none when the secrets
+    changed: everything is read and scanned again)."""
     if parent is None or not same_secrets:
-        return {}, {}
-    reuse = {e.path: e for e in entries if e.kind == "file" and e.stamp}
-    return {p: [e.size, e.mtime_ns, e.stamp] for p, e in reuse.items()}, reuse
+        return {}
+    return {e.path: e for e in entries if e.kind == "file" and e.stamp
+            and "\0" not in e.stamp}
+
+
+def _save_request(roots: list[str], reuse: list[dict[str, CheckpointEntry]]) -> bytes:
+    """The in-sandbox script's save request (NUL-separated fields: see the script)."""
+    out = [b"S", str(CHUNK_BYTES).encode(), str(len(roots)).encode()]
+    for root, known in zip(roots, reuse, strict=True):
+        if "\0" in root:
+            raise CheckpointError(f"the checkpoint root {root!r} holds a NUL byte")
+        out += [root.encode("utf-8", "surrogateescape"), str(len(known)).encode()]
+        for path, e in known.items():
+            out += [path.encode("utf-8", "surrogateescape"),
+                    f"{e.size}:{e.mtime_ns}:{e.stamp}".encode("utf-8", "surrogateescape")]
+    return b"\0".join(out)
 
 
 async def checkpoint_workspace(
@@ -349,15 +394,12 @@ async def _checkpoint(
     python: str, now: float | None,
 ) -> Checkpoint | None:
     same = parent is not None and _same_secrets(parent.scan, items)
-    known_ws, reuse_ws = _known(parent, same, ".", parent.entries if parent else ())
+    reuse_ws = _known(parent, same, parent.entries if parent else ())
     parent_session = parent.session if parent is not None else None
-    known_s, reuse_s = ({}, {}) if session is None or parent_session is None or \
-        parent_session.root != session.root else _known(parent, same, session.root,
-                                                        parent_session.entries)
+    reuse_s = {} if session is None or parent_session is None or \
+        parent_session.root != session.root else _known(parent, same, parent_session.entries)
     roots = ["."] + ([session.root] if session is not None else [])
-    request = json.dumps({"op": "save", "roots": roots,
-                          "known": [known_ws, known_s][:len(roots)],
-                          "chunk": CHUNK_BYTES}).encode()
+    request = _save_request(roots, [reuse_ws, reuse_s][:len(roots)])
     pattern, table, longest = _pattern(items)
     uploader = _Uploader(store, now)
     err: list[bytes] = []
@@ -367,77 +409,100 @@ async def _checkpoint(
     try:
         await proc.write_stdin(request)
         await proc.close_stdin()
-        frames = _Frames(proc.stdout)
-        kind, head = await frames.next(_MAX_HEADER)
-        if kind != b"H":
-            raise CheckpointError("the sandbox's checkpoint output has no listing")
-        try:
-            listings = json.loads(head)["roots"]
-            if not isinstance(listings, list) or len(listings) != len(roots):
-                raise ValueError("wrong number of roots")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
-                                  ) from None
-        total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
-                    if e[1] == "file")
-        if max_bytes is not None and total > max_bytes:
-            await proc.kill(signal.SIGKILL)
-            _too_large(total, max_bytes, on_too_large)
+        failed: Exception | None = None
+        complete = False
+
+        async def stream() -> bool:
+            nonlocal listings
+            frames = _Frames(proc.stdout)
+            kind, head = await frames.next(_MAX_HEADER)
+            if kind != b"H":
+                raise CheckpointError("the sandbox's checkpoint output has no listing")
+            try:
+                listings = json.loads(head)["roots"]
+                if not isinstance(listings, list) or len(listings) != len(roots):
+                    raise ValueError("wrong number of roots")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
+                                      ) from None
+            total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
+                        if e[1] == "file")
+            if max_bytes is not None and total > max_bytes:
+                await proc.kill(signal.SIGKILL)
+                _too_large(total, max_bytes, on_too_large)
+                return False
+            received = 0
+            for index, listing in enumerate(listings):
+                named = _named_secrets(listing, pattern)
+                for e in listing.get("entries", ()):
+                    if not e[7]:
+                        continue
+                    scanner = _Scanner(pattern, table, longest)
+                    if e[0] in named:  # left out of the manifest: its content is not kept
+                        scanner.found = "-"
+                    digests: list[str] = []
+                    size = 0
+                    skipped: str | None = None
+                    while True:
+                        kind, data = await frames.next(CHUNK_BYTES)
+                        if kind == b"D":
+                            size += len(data)
+                            received += len(data)
+                            if max_bytes is not None and received > max_bytes:
+                                await proc.kill(signal.SIGKILL)
+                                _too_large(received, max_bytes, on_too_large)
+                                return False
+                            scanner.feed(data)
+                            if scanner.found is None:
+                                digest = hashlib.sha256(data).hexdigest()
+                                digests.append(digest)
+                                scanner.held.append((digest, data))
+                                if len(scanner.held) > 1:
+                                    await uploader.add(*scanner.held.pop(0))
+                        elif kind == b"E":
+                            break
+                        elif kind == b"X":
+                            skipped = "unreadable"
+                            log.warning("checkpoint of thread %s: %s left out, unreadable "
+                                        "in the sandbox (%s)", thread_id, e[0],
+                                        data[:200].decode("utf-8", "replace"))
+                            break
+                        else:
+                            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+                    if scanner.found == "-":
+                        continue
+                    if scanner.found is not None:
+                        skipped = "secret"
+                        log.warning("checkpoint of thread %s: %s left out, it holds the "
+                                    "value of secret %s", thread_id, e[0], scanner.found)
+                    if skipped is None:
+                        for held in scanner.held:
+                            await uploader.add(*held)
+                        content[(index, e[0])] = (size, tuple(digests), None)
+                    else:  # the listed size: an unchanged file is not read again
+                        content[(index, e[0])] = (int(e[3]), (), skipped)
+            kind, _ = await frames.next(0)
+            if kind != b"Z":
+                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+            await uploader.flush()
+            return True
+
+        # the task group holds the uploader's background batch; the stream's own errors
+        # are caught and raised after it (not as an exception group)
+        async with anyio.create_task_group() as tg:
+            uploader.tg = tg
+            try:
+                complete = await stream()
+            except Exception as exc:
+                failed = exc
+                tg.cancel_scope.cancel()
+            else:
+                if not complete:
+                    tg.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        if not complete:
             return None
-        received = 0
-        for index, listing in enumerate(listings):
-            named = _named_secrets(listing, pattern)
-            for e in listing.get("entries", ()):
-                if not e[7]:
-                    continue
-                scanner = _Scanner(pattern, table, longest)
-                if e[0] in named:  # left out of the manifest: its content is not kept
-                    scanner.found = "-"
-                digests: list[str] = []
-                size = 0
-                skipped: str | None = None
-                while True:
-                    kind, data = await frames.next(CHUNK_BYTES)
-                    if kind == b"D":
-                        size += len(data)
-                        received += len(data)
-                        if max_bytes is not None and received > max_bytes:
-                            await proc.kill(signal.SIGKILL)
-                            _too_large(received, max_bytes, on_too_large)
-                            return None
-                        scanner.feed(data)
-                        if scanner.found is None:
-                            digest = hashlib.sha256(data).hexdigest()
-                            digests.append(digest)
-                            scanner.held.append((digest, data))
-                            if len(scanner.held) > 1:
-                                await uploader.add(*scanner.held.pop(0))
-                    elif kind == b"E":
-                        break
-                    elif kind == b"X":
-                        skipped = "unreadable"
-                        log.warning("checkpoint of thread %s: %s left out, unreadable "
-                                    "in the sandbox (%s)", thread_id, e[0],
-                                    data[:200].decode("utf-8", "replace"))
-                        break
-                    else:
-                        raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-                if scanner.found == "-":
-                    continue
-                if scanner.found is not None:
-                    skipped = "secret"
-                    log.warning("checkpoint of thread %s: %s left out, it holds the "
-                                "value of secret %s", thread_id, e[0], scanner.found)
-                if skipped is None:
-                    for held in scanner.held:
-                        await uploader.add(*held)
-                    content[(index, e[0])] = (size, tuple(digests), None)
-                else:  # the listed size: an unchanged file is not read again
-                    content[(index, e[0])] = (int(e[3]), (), skipped)
-        kind, _ = await frames.next(0)
-        if kind != b"Z":
-            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-        await uploader.flush()
         await _finish(proc, err, "reading the workspace")
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -532,6 +597,10 @@ def _entries(listing: Any, index: int,
                 if old is None:
                     raise CheckpointError(f"the sandbox skipped {path!r}, which the parent "
                                           "checkpoint does not hold")
+                if old.mode == int(mode) & 0o7777 and old.mtime_ns == mtime_ns \
+                        and old.stamp == stamp:
+                    out.append(old)  # the parent's entry itself (already checked)
+                    continue
                 chunks, skipped = old.chunks, old.skipped
                 size = old.size
             out.append(CheckpointEntry(path, "file", int(mode) & 0o7777, int(size), chunks,
@@ -643,14 +712,47 @@ async def _send_files(proc: Process, store: CheckpointStore, files: list[Checkpo
         return await anyio.to_thread.run_sync(
             lambda: {d: _decode(d, data) for d, data in got.items()})
 
+    async def prefetch(batch: list[CheckpointEntry], slot: dict[str, Any],
+                       done: anyio.Event) -> None:
+        try:
+            slot["chunks"] = await fetch(batch)
+        except Exception as exc:  # raised by the writing loop (not as an exception group)
+            slot["error"] = exc
+        finally:
+            done.set()
+
     end = _HEAD.pack(b"E", 0)
-    for batch in batches:
-        chunks = await fetch(batch)
-        out: list[bytes] = []
-        for e in batch:
-            for d in e.chunks:
-                raw = chunks[d]
-                out.append(_HEAD.pack(b"D", len(raw)))
-                out.append(raw)
-            out.append(end)
-        await proc.write_stdin(b"".join(out))
+    failed: Exception | None = None
+    # the next batch is fetched and checked while this one is written into the sandbox
+    async with anyio.create_task_group() as tg:
+
+        def start(batch: list[CheckpointEntry]) -> tuple[dict[str, Any], anyio.Event]:
+            slot: dict[str, Any] = {}
+            done = anyio.Event()
+            tg.start_soon(prefetch, batch, slot, done)
+            return slot, done
+
+        try:
+            ahead = start(batches[0])
+            for i, batch in enumerate(batches):
+                slot, done = ahead
+                await done.wait()
+                if "error" in slot:
+                    raise slot["error"]
+                if i + 1 < len(batches):
+                    ahead = start(batches[i + 1])
+                chunks: dict[str, bytes] = slot["chunks"]
+                out: list[bytes] = []
+                for e in batch:
+                    for d in e.chunks:
+                        raw = chunks[d]
+                        out.append(_HEAD.pack(b"D", len(raw)))
+                        out.append(raw)
+                    out.append(end)
+                del slot, chunks
+                await proc.write_stdin(b"".join(out))
+        except Exception as exc:
+            failed = exc
+            tg.cancel_scope.cancel()
+    if failed is not None:
+        raise failed

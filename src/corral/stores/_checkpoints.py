@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ class CorruptCheckpoint(StoreError, ValueError):
 # --------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class CheckpointEntry:
     """One entry of a checkpointed tree.
 
@@ -140,7 +141,7 @@ class CheckpointEntry:
         if not isinstance(chunks, list):
             raise CorruptCheckpoint(f"checkpoint entry {path!r}: chunks must be a list")
         entry = cls(path, kind, mode, size, tuple(chunks), target, mtime_ns, stamp, skipped)
-        _check_entry(entry)
+        _check_entry_once(entry)
         return entry
 
 
@@ -279,6 +280,21 @@ def _check_entry(e: CheckpointEntry) -> None:
         raise CorruptCheckpoint(f"checkpoint entry {e.path!r}: {e.size} bytes but no chunks")
 
 
+_CHECKED: weakref.WeakValueDictionary[int, CheckpointEntry] = weakref.WeakValueDictionary()
+"""Entries that passed :func:`_check_entry`, by identity (never by equality: ``True == 1``
+and ``1.0 == 1`` would let a bad field pass as a good one), so the unchanged entries a
+child checkpoint shares with its parent are not checked again on every put. Entries are
+frozen, so a checked entry stays valid."""
+
+
+def _check_entry_once(e: CheckpointEntry) -> None:
+    if _CHECKED.get(id(e)) is e:
+        return
+    _check_entry(e)
+    if type(e.chunks) is tuple:  # nothing in it can change afterwards
+        _CHECKED[id(e)] = e
+
+
 def check_entries(entries: Sequence[CheckpointEntry]) -> None:
     """Refuse (:class:`CorruptCheckpoint`) a tree a restore could be steered out of: every
     entry valid, each path once, and every entry's parent directory a ``dir`` entry."""
@@ -286,7 +302,7 @@ def check_entries(entries: Sequence[CheckpointEntry]) -> None:
     for e in entries:
         if not isinstance(e, CheckpointEntry):
             raise CorruptCheckpoint(f"checkpoint entry: expected a CheckpointEntry, got {e!r}")
-        _check_entry(e)
+        _check_entry_once(e)
         if e.path in kinds:
             raise CorruptCheckpoint(f"checkpoint entry {e.path!r} appears twice")
         kinds[e.path] = e.kind

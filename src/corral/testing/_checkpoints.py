@@ -28,7 +28,7 @@ import zlib
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -44,6 +44,7 @@ from corral.stores._checkpoints import (
     CheckpointExists,
     CorruptCheckpoint,
     MissingChunks,
+    check_entries,
 )
 from corral.stores._protocols import CheckpointStore, StoreError
 from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
@@ -140,6 +141,15 @@ async def check_put_refuses_hostile_manifests(store: CheckpointStore) -> None:
         hostile(CheckpointEntry("x", "file", 0o644, 3)),  # content without chunks
         hostile(CheckpointEntry("x", "symlink", 0o777)),  # no target
     ]
+    # entries equal (==) to one already checked, but with a bool or float where an int
+    # belongs: an entry checked once is remembered by identity, never by equality
+    good = CheckpointEntry("x", "file", 1, 0, mtime_ns=1)
+    check_entries([good])
+    for bad in (CheckpointEntry("x", "file", True, 0, mtime_ns=1),
+                CheckpointEntry("x", "file", 1, cast(int, 0.0), mtime_ns=1),
+                CheckpointEntry("x", "file", 1, 0, mtime_ns=True)):
+        assert bad == good
+        cases.append(hostile(bad))
     for cp in cases:
         with raises(CorruptCheckpoint):
             await store.put_checkpoint(cp, now=T0)
