@@ -52,7 +52,8 @@ def test_unknown_keys_are_refused_naming_the_accepted_ones() -> None:
     with pytest.raises(ConfigError) as caught:
         Sandbox(provider="local", provider_config={"hom": "/x"})
     assert str(caught.value) == (
-        "unknown key 'provider.hom' for provider 'local' (accepted keys: home)"
+        "unknown key 'provider.hom' (did you mean 'home'?) for provider 'local' "
+        "(accepted keys: home)"
     )
     with pytest.raises(ConfigError, match=r"unknown key 'provider\.image'.*accepted keys: "
                                           r"home, limits, host_uid, bwrap"):

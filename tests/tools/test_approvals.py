@@ -144,10 +144,10 @@ async def test_call_waits_then_allowed_from_the_cli(
             assert pending.expires_at == ev.value["expiresAt"]
             listed = await anyio.run_process([*approve_cmd, "run-7", "--list",
                                               "--json"], env=cli_env)
-            assert json.loads(listed.stdout) == {
+            assert json.loads(listed.stdout) == [{  # one answer: one document
                 "approval_id": approval_id, "run_id": "run-7", "tool": "deploy",
                 "args": {"env": "staging"}, "created_at": pending.created_at,
-                "expires_at": ev.value["expiresAt"]}
+                "expires_at": ev.value["expiresAt"]}]
             out = await anyio.run_process([*approve_cmd, "run-7", approval_id,
                                            "--allow"], env=cli_env)
             assert out.stdout.decode().strip() == f"allowed {approval_id}"

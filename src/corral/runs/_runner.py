@@ -47,7 +47,7 @@ from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
-from corral.runs._pipe import PipeResult, Produced
+from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
 from corral.runs._specview import harness_for_record, spec_view
@@ -557,14 +557,18 @@ class Runner:
         if paths is None or nonce is None:
             return
 
-        async def stop_before_exit(logged_offset: int, code: int | None) -> None:
-            return None  # the run's end is the cancel's RUN_ERROR
-
         try:
             rest = continue_run(self.store, record, lambda: harness_for_record(record), paths,
-                                nonce, redactor=self.redactor_for(record), follow=False,
-                                before_exit=stop_before_exit)
+                                nonce, redactor=self.redactor_for(record), follow=False)
             async for item in rest:
+                if isinstance(item, LogBatch) and item.exit_code is not None:
+                    # The exit's batch closes what the stop cut short (a result for every
+                    # open tool call, the message's end); the run's end is the cancel's
+                    # RUN_ERROR, not the terminal event the exit translates to.
+                    yield LogBatch([e for e in item.events
+                                    if e.get("type") not in ("RUN_FINISHED", "RUN_ERROR")],
+                                   item.journal_offset)
+                    return
                 yield item
         except AgentNeverStarted:
             return  # no journal: nothing to log
