@@ -13,7 +13,8 @@
   other half: behaviour that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
   :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
-  workspace checkpoints, #27), and :class:`Store`, all of them at once.
+  workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved sessions per
+  thread), and :class:`Store`, all of them at once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         InstanceStore,
         LockStore,
         RunStore,
+        SessionStore,
         Store,
     )
 
@@ -55,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
     **dict.fromkeys(
         ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
+         "SessionStore",
          "Store"),
         "corral.stores._protocols",
     ),
@@ -78,6 +81,7 @@ __all__ = [
     "ProvidesSnapshots",
     "RunStore",
     "SandboxIds",
+    "SessionStore",
     "Snapshotter",
     "Store",
 ]

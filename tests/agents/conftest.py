@@ -180,6 +180,17 @@ async def run_agent(
     prepare_kw.setdefault("upstream", upstream_for(harness, srv))
     prepare_kw.setdefault("timeout", deadline)
     t0 = time.monotonic()
+    if "sessions" not in prepare_kw:
+        # the thread's saved session lives in this test's default store, as a Runner's does
+        from corral.stores import open_store
+
+        store = await open_store()
+        try:
+            return await run_agent(harness, handle, prompt, srv, thread_id=thread_id,
+                                   run_id=run_id, deadline=deadline, options=options,
+                                   sessions=store, **prepare_kw)
+        finally:
+            await store.aclose()
     prepared = await prepare_agent(harness, handle, AgentRequest(prompt=prompt, options=opts),
                                    thread_id=thread_id, run_id=run_id, **prepare_kw)
     paths = JournalPaths.for_run(handle.private_dir, run_id)

@@ -17,7 +17,7 @@ from ag_ui.core import EventType
 
 from corral._errors import ConfigError
 from corral.agents._installs import InstalledAgent, install_agent
-from corral.agents._sessions import SANDBOX_HOME, thread_dir
+from corral.agents._sessions import SANDBOX_HOME
 from corral.harness._opencode import OpencodeHarness
 from corral.net._model_proxy import Upstream
 from corral.sandbox._policy import Policy
@@ -155,7 +155,7 @@ def test_config_and_plugins_planted_in_the_sandbox_do_not_loosen_the_policy(
 
 
 def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
-        sandbox: Any, bwrap: Any, model_server: ModelServer) -> None:
+        sandbox: Any, bwrap: Any, model_server: ModelServer, corral_home: Path) -> None:
     """The session is sqlite, not JSON lines: the saved copy must hold no secret and
     still open in the next sandbox with its whole history (it is redacted through SQL in
     the sandbox before it is copied out)."""
@@ -186,8 +186,11 @@ def test_a_secret_in_the_session_is_redacted_and_the_session_still_resumes(
 
     run1, run2 = anyio.run(go)
     assert run1.terminal.type == EventType.RUN_FINISHED, run1.stderr[-2000:]
-    saved = thread_dir("t-sec")
-    assert files_containing(saved, value.encode()) == []
+    # the saved session (in this test's store) holds no value, nor does the store's file
+    assert files_containing(corral_home, value.encode(),
+                            skip=[corral_home / "sandboxes"]) == []
+    assert any(b"[REDACTED:TOKEN]" in p.read_bytes() for p in corral_home.glob("corral.db*")
+               if p.is_file())
     assert run2.terminal.type == EventType.RUN_FINISHED, (run2.terminal, run2.stderr[-2000:])
     assert run2.report.session_id == run1.report.session_id
     history = "\n".join(model_server.model_requests[-1].texts)

@@ -1,7 +1,11 @@
-"""Saving and restoring CLI session files per thread (hostile sandbox contents)."""
+"""Saving and restoring CLI session files per thread through the store (hostile sandbox
+contents), and the one-time move of what older versions kept under
+``$CORRAL_HOME/sessions``."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -9,14 +13,16 @@ from typing import Any
 import anyio
 import pytest
 
+from corral.agents import _sessions
 from corral.agents._sessions import (
     SessionSaveError,
     load_session,
     restore_session,
     save_session,
-    thread_dir,
 )
 from corral.providers._local import LocalProvider
+from corral.stores import MemoryStore, SessionLimits, open_store
+from corral.stores._protocols import StoredSession
 
 
 @pytest.fixture
@@ -24,8 +30,17 @@ def local(corral_home: Path) -> LocalProvider:
     return LocalProvider()
 
 
-def test_save_then_restore_into_a_fresh_sandbox(local: LocalProvider, tmp_path: Path) -> None:
+@pytest.fixture(autouse=True)
+def _fresh_import_memo(monkeypatch: pytest.MonkeyPatch) -> None:
+    # which (home, store) pairs this process imported is process state: each test starts
+    # with none
+    monkeypatch.setattr(_sessions, "_imported", set())
+
+
+def test_save_then_restore_into_a_fresh_sandbox(local: LocalProvider, corral_home: Path
+                                                ) -> None:
     async def go() -> Any:
+        store = await open_store()
         a = await local.create()
         await a.fs.write("/home/agent/.claude/projects/-workspace/s1.jsonl", b"turn 1\n")
         await a.fs.write("/home/agent/.claude/projects/-workspace/memory/m.md", b"mem")
@@ -33,113 +48,162 @@ def test_save_then_restore_into_a_fresh_sandbox(local: LocalProvider, tmp_path: 
         # a symlink planted by the agent pointing at a host file is not followed
         link = Path(a.host_path("/home/agent/.claude/projects/leak"))
         os.symlink("/etc/hostname", link)
-        saved = await save_session(a, "claude-code", (".claude/projects",), "thread/1", "s1")
+        saved = await save_session(a, "claude-code", (".claude/projects",), "thread/1", "s1",
+                                   store=store, run_id="r1")
         await local.destroy(a.ref)
         b = await local.create()
         await b.fs.write("/home/agent/.claude/projects/-workspace/memory/m.md", b"newer")
-        restored = await restore_session(b, "thread/1", "claude-code")
+        restored = await restore_session(b, "thread/1", "claude-code", store=store)
         files = {
             p: await b.fs.read(p) for p in (
                 "/home/agent/.claude/projects/-workspace/s1.jsonl",
                 "/home/agent/.claude/projects/-workspace/memory/m.md")
         }
-        return saved, restored, files, await b.fs.exists(
-            "/home/agent/.claude/other.json"), await b.fs.exists(
-            "/home/agent/.claude/projects/leak")
+        listed = await load_session(store, "thread/1", "claude-code")
+        other_harness = await load_session(store, "thread/1", "codex")
+        stored = await store.get_session("thread/1", "claude-code")
+        await store.aclose()
+        return (saved, restored, files, listed, other_harness, stored,
+                await b.fs.exists("/home/agent/.claude/other.json"),
+                await b.fs.exists("/home/agent/.claude/projects/leak"))
 
-    saved, restored, files, other, leak = anyio.run(go)
-    assert saved.files == 2 and saved.bytes == len(b"turn 1\n") + 3
-    assert restored == saved == load_session("thread/1", "claude-code")
+    saved, restored, files, listed, other_harness, stored, other, leak = anyio.run(go)
+    assert saved.files == 2 and saved.size == len(b"turn 1\n") + 3 and saved.run_id == "r1"
+    assert restored == saved == listed
+    assert sorted(stored.files) == [".claude/projects/-workspace/memory/m.md",
+                                    ".claude/projects/-workspace/s1.jsonl"]
     assert files["/home/agent/.claude/projects/-workspace/s1.jsonl"] == b"turn 1\n"
     assert files["/home/agent/.claude/projects/-workspace/memory/m.md"] == b"newer"  # kept
     assert not other and not leak
-    assert load_session("thread/1", "codex") is None
+    assert other_harness is None
+    # nothing of it on the host's disk outside the store
+    assert not (corral_home / "sessions").exists()
+    # (the sandbox that got it back excepted)
+    held = {p.name for p in corral_home.rglob("*") if p.is_file() and b"turn 1" in
+            p.read_bytes() and not p.is_relative_to(corral_home / "sandboxes")}
+    assert held and held <= {"corral.db", "corral.db-wal"}, held
 
 
 def test_too_large_sessions_are_refused_not_truncated(local: LocalProvider) -> None:
-    async def go() -> None:
+    async def go() -> Any:
+        store = MemoryStore(session_limits=SessionLimits(max_bytes=1000))
+        await store.put_session(StoredSession("t2", "codex", "old", {"a": b"1"}, 1.0))
         a = await local.create()
         await a.fs.write("/home/agent/.codex/sessions/big.jsonl", b"x" * 5000)
         with pytest.raises(SessionSaveError, match="too large"):
-            await save_session(a, "codex", (".codex/sessions",), "t2", "sid",
-                               max_bytes=1000)
+            await save_session(a, "codex", (".codex/sessions",), "t2", "sid", store=store)
         await local.destroy(a.ref)
+        return await store.get_session("t2", "codex")
+
+    kept = anyio.run(go)
+    assert kept is not None and kept.session_id == "old" and dict(kept.files) == {"a": b"1"}
+
+
+def test_a_hostile_stored_path_is_never_written_outside_the_home(
+        local: LocalProvider, tmp_path: Path) -> None:
+    """A session whose path was changed in the store behind its checks (an attacker with
+    write access to the database) is refused on restore, not written at ../.."""
+
+    class Tampered(MemoryStore):
+        async def get_session(self, thread_id: str, harness: str) -> Any:
+            got = StoredSession(thread_id, harness, "s", {"ok": b"x"}, 1.0)
+            object.__setattr__(got, "files", {"../../../escape": b"owned"})
+            return got
+
+    async def go() -> None:
+        box = await local.create()
+        try:
+            with pytest.raises(Exception, match="component"):
+                await restore_session(box, "t", "claude-code", store=Tampered())
+            home = Path(box.host_path("/home/agent"))
+            assert not any(p.name == "escape" for p in home.parent.parent.rglob("escape"))
+        finally:
+            await local.destroy(box.ref)
 
     anyio.run(go)
-    assert load_session("t2", "codex") is None
 
 
-def test_thread_dir_names(corral_home: Path) -> None:
-    assert thread_dir("t-1.ok").name == "t-1.ok"
-    odd = thread_dir("../../etc")
-    assert odd.parent == corral_home / "sessions" and odd.name.startswith("h-")
-    assert thread_dir("a/b") != thread_dir("a_b")
+# ---------------------------------------------------------------- the one-time move
 
 
-def _redact_in_place(top: Path, table: dict[str, str]) -> list[dict[str, Any]]:
-    """Run the in-sandbox SQLite redaction as the sandbox does (its own Python, -I -S,
-    the request on stdin)."""
-    import json
-    import subprocess
-    import sys
-
-    from corral._insandbox import sqlite_redact
-
-    out = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", Path(sqlite_redact.__file__).read_text()],
-        input=json.dumps({"dirs": [str(top)], "table": table}).encode(),
-        capture_output=True, timeout=60, check=True)
-    return [json.loads(line) for line in out.stdout.splitlines()]
+def _legacy(root: Path, thread: str, harness: str, sid: str, files: dict[str, bytes],
+            saved_at: float = 1000.0) -> Path:
+    base = root / "sessions" / thread / harness
+    for rel, data in files.items():
+        (base / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / "files" / rel).write_bytes(data)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "session.json").write_text(json.dumps(
+        {"harness": harness, "session_id": sid, "saved_at": saved_at, "files": len(files),
+         "bytes": 0}))
+    return base
 
 
-def test_a_secret_in_a_sqlite_session_is_redacted_through_sql(tmp_path: Path) -> None:
-    """Values split across pages, in a WAL not yet checkpointed, in text and blob columns:
-    none survives in any file, everything around them does, and the file stays sound."""
-    import sqlite3
+def test_old_home_sessions_move_into_the_store_once(
+        local: LocalProvider, corral_home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = {".claude/projects/-workspace/s1.jsonl": b'{"turn":1}\n',
+            ".claude/projects/-workspace/memory/m.md": b"mem"}
+    _legacy(corral_home, "t-good", "claude-code", "s1", good)
+    _legacy(corral_home, "t-good", "codex", "c1", {".codex/sessions/r.jsonl": b"{}\n"})
+    _legacy(corral_home, "t-newer", "claude-code", "old", {".claude/projects/x": b"old"})
+    _legacy(corral_home, "h-" + "0" * 32, "claude-code", "lost", {".claude/projects/x": b"?"})
+    corrupt = _legacy(corral_home, "t-corrupt", "codex", "c", {".codex/sessions/a": b"a"})
+    (corrupt / "session.json").write_text("{not json")
+    planted = _legacy(corral_home, "t-link", "claude-code", "l", {".claude/projects/a": b"a"})
+    os.symlink("/etc/passwd", planted / "files" / ".claude" / "projects" / "passwd")
+    big = _legacy(corral_home, "t-big", "codex", "b", {".codex/sessions/big": b"x" * 3000})
+    assert big.is_dir()
 
-    secret = "tok-" + "7f3a" * 8
-    top = tmp_path / "share"
-    top.mkdir()
-    db = top / "opencode.db"
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA wal_autocheckpoint = 0")  # the values stay in the WAL
-    conn.execute("CREATE TABLE part (id INTEGER PRIMARY KEY, data TEXT, raw BLOB)")
-    rows = []
-    for i in range(40):  # overflow pages: some of the values straddle a page boundary
-        pad = "x" * (4096 * (i % 3) + 37 * i)
-        rows.append((i, f"{pad}{secret} after-{i}", f"b{secret}{i}".encode()))
-    conn.executemany("INSERT INTO part VALUES (?, ?, ?)", rows)
-    conn.commit()
-    conn.close()  # the last close checkpoints: what follows stays in the WAL
-    conn = sqlite3.connect(db)
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("UPDATE part SET data = data || ? WHERE id = 3", (secret,))
-    conn.commit()
-    # a full-text index over the text (external content: an UPDATE of the text does not
-    # reach it), holding the secret's tokens
-    conn.execute("CREATE VIRTUAL TABLE notes USING fts5(data, content='part', "
-                 "content_rowid='id')")
-    conn.execute("INSERT INTO notes(notes) VALUES ('rebuild')")
-    conn.commit()
-    (top / "not-a-db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
-    report = _redact_in_place(top, {secret: "TOKEN"})
-    conn.close()
-    assert {r["path"]: "ok" in r for r in report} == {str(db): True, str(top / "not-a-db"): False}
-    for path in top.iterdir():
-        assert secret.encode() not in path.read_bytes(), path
-    check = sqlite3.connect(db)
-    assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    got = check.execute("SELECT id, data, raw FROM part ORDER BY id").fetchall()
-    assert len(got) == 40
-    for i, data, raw in got:
-        assert data.endswith(f"[REDACTED:TOKEN] after-{i}" + ("[REDACTED:TOKEN]" if i == 3
-                                                                else ""))
-        assert raw == f"b[REDACTED:TOKEN]{i}".encode()
-    token = secret.split("-")[1]  # how the index splits the value
-    assert check.execute("SELECT count(*) FROM notes WHERE notes MATCH ?",
-                         (f'"{token}"',)).fetchone() == (0,)
-    assert check.execute("SELECT count(*) FROM notes WHERE notes MATCH 'REDACTED'"
-                         ).fetchone() == (40,)
-    for path in top.iterdir():
-        assert token.encode() not in path.read_bytes(), path
+    async def go() -> Any:
+        store = await open_store()
+        store.session_limits = SessionLimits(max_bytes=2000)
+        await store.put_session(StoredSession("t-newer", "claude-code", "new",
+                                              {".claude/projects/x": b"new"}, 5000.0))
+        box = await local.create()
+        try:
+            restored = await restore_session(box, "t-good", "claude-code", store=store)
+            back = await box.fs.read("/home/agent/.claude/projects/-workspace/s1.jsonl")
+        finally:
+            await local.destroy(box.ref)
+        sessions = {(t, h): await store.get_session(t, h) for t, h in [
+            ("t-good", "codex"), ("t-newer", "claude-code"), ("t-corrupt", "codex"),
+            ("t-link", "claude-code"), ("t-big", "codex"), ("h-" + "0" * 32, "claude-code")]}
+        await store.aclose()
+        return restored, back, sessions
+
+    with caplog.at_level(logging.WARNING):
+        restored, back, sessions = anyio.run(go)
+    assert restored is not None and restored.session_id == "s1" and back == b'{"turn":1}\n'
+    assert sessions[("t-good", "codex")].session_id == "c1"
+    assert sessions[("t-newer", "claude-code")].session_id == "new"  # the store's is kept
+    assert sessions[("t-corrupt", "codex")] is None
+    assert sessions[("t-big", "codex")] is None
+    assert sessions[("h-" + "0" * 32, "claude-code")] is None
+    linked = sessions[("t-link", "claude-code")]
+    assert linked is not None and dict(linked.files) == {".claude/projects/a": b"a"}
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "t-corrupt" in warned and "t-big" in warned and "digest" in warned, warned
+    assert not any(r.exc_info for r in caplog.records)  # warnings, never a traceback
+    assert not (corral_home / "sessions").exists()
+    [moved] = [p for p in corral_home.iterdir() if p.name.startswith("sessions.migrated-")]
+    assert (moved / "t-good" / "claude-code" / "session.json").is_file()
+
+    # once: a later process (a fresh memo) finds nothing to move, and a new old-style
+    # directory is not re-read because the memo says this process did it
+    async def again() -> Any:
+        _sessions._imported.clear()
+        store = await open_store()
+        try:
+            await store.delete_sessions("t-good")
+            return await load_session(store, "t-good", "claude-code")
+        finally:
+            await store.aclose()
+
+    assert anyio.run(again) is None
+
+
+def test_nothing_moves_into_a_memory_store(local: LocalProvider, corral_home: Path) -> None:
+    _legacy(corral_home, "t", "claude-code", "s", {".claude/projects/a": b"a"})
+    store = MemoryStore()
+    assert anyio.run(load_session, store, "t", "claude-code") is None
+    assert (corral_home / "sessions" / "t").is_dir()  # kept for a store that lasts

@@ -94,7 +94,9 @@ def test_doctor(corral_cmd: list[str], cli_env: dict[str, str], need_bwrap: None
     assert "corral agents install claude" in out or "agent claude" in out
     for name in ("cgroups", "git", "python3", "npm", "node", "codex"):
         assert name in out
-    assert "[ ok ] store" in out and "SQLite" in out and "schema version 2" in out
+    from corral.stores._sqlite_tables import SCHEMA_VERSION
+
+    assert "[ ok ] store" in out and "SQLite" in out and f"schema version {SCHEMA_VERSION}" in out
     # what does not exist yet is said once, not offered as a check that passes
     assert "not in this version: the Kubernetes" in out and "[ ok ] redis" not in out
     # ... and is true: nothing corral has is named there (the ACP harness was, once)

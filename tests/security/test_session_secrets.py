@@ -25,6 +25,7 @@ from corral.harness._claude_code import ClaudeCodeHarness
 from corral.agents._sessions import load_session, redact_line, save_session
 from corral.providers._local import LocalProvider
 from corral.sandbox._redact import Redactor
+from corral.stores import open_store
 from corral.testing._leaks import assert_nothing_written_holds, find_secrets
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from tests.agents.conftest import CLIS, agent_cli_env
@@ -83,14 +84,22 @@ def test_saved_sessions_hold_no_secret_and_still_resume(
     results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
     # the agent did run with the value (its output was redacted on the way to the log)
     assert any(f"pw=[REDACTED:{NAME}]" in r for r in results), results
-    # the CLI session was saved for the thread...
-    saved = list((corral_home / "sessions").rglob("*.jsonl"))
-    assert saved, list((corral_home / "sessions").rglob("*"))
-    # ...and nothing corral wrote holds the value, in any encoding
+    # the CLI session was saved for the thread, in the store (never in the home)...
+    with sqlite3.connect(corral_home / "corral.db") as conn:
+        saved = conn.execute("SELECT path, data FROM session_files WHERE thread_id = 'T'"
+                             ).fetchall()
+    assert any(path.endswith(".jsonl") for path, _data in saved), saved
+    assert not (corral_home / "sessions").exists()
+    # ...and nothing corral wrote holds the value, in any encoding (the store's raw file
+    # and its write-ahead log among them)
     roots = assert_nothing_written_holds({NAME: value}, env)
     assert corral_home in roots and bwfiles in roots
-    # the transcript keeps the output, redacted the way events are
-    assert any(f"[REDACTED:{NAME}]".encode() in p.read_bytes() for p in saved)
+    raw = b"".join(p.read_bytes() for p in corral_home.glob("corral.db*") if p.is_file())
+    assert value.encode() not in raw
+    # the transcript keeps the output, redacted the way events are, and the raw store file
+    # shows it (so the scan above would have seen the value)
+    assert any(f"[REDACTED:{NAME}]".encode() in data for _path, data in saved)
+    assert b"KESTREL-5" in raw
 
     second = corral("r2", "second prompt")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -104,8 +113,9 @@ def test_saved_sessions_hold_no_secret_and_still_resume(
                 if e["type"] == "CUSTOM" and e["name"] == "corral.session"]
     assert len(sessions) == 2 and sessions[0] == sessions[1]  # the same CLI session
     assert_nothing_written_holds({NAME: value}, env)
+    assert not (corral_home / "sessions").exists()
     # the scan does see a copy where corral writes
-    (corral_home / "sessions" / "planted").write_text(value)
+    (corral_home / "planted").write_text(value)
     assert find_secrets([corral_home], {NAME: value})
 
 
@@ -130,16 +140,19 @@ def test_the_redacting_copy(corral_home: Path) -> None:
     async def go() -> tuple[bytes, bytes, Any]:
         local = LocalProvider()
         box = await local.create()
+        store = await open_store()
         try:
             await box.fs.write("/home/agent/.claude/projects/-workspace/s.jsonl", transcript)
             await box.fs.write("/home/agent/.claude/projects/notes.txt", raw)
             saved = await save_session(box, "claude-code", (".claude/projects",), "T", "sid",
-                                       redactor=red)
+                                       redactor=red, store=store)
+            stored = await store.get_session("T", "claude-code")
         finally:
+            await store.aclose()
             await local.destroy(box.ref)
-        files = corral_home / "sessions" / "T" / "claude-code" / "files" / ".claude/projects"
-        return ((files / "-workspace" / "s.jsonl").read_bytes(),
-                (files / "notes.txt").read_bytes(), saved)
+        assert stored is not None
+        return (stored.files[".claude/projects/-workspace/s.jsonl"],
+                stored.files[".claude/projects/notes.txt"], saved)
 
     got, notes, saved = anyio.run(go)
     assert find_secrets([corral_home], {"PW": value, "PEM": pem}) == []
@@ -150,7 +163,7 @@ def test_the_redacting_copy(corral_home: Path) -> None:
     assert json.loads(docs[1]["nested"]["args"]) == {"cmd": "echo [REDACTED:PW]"}
     assert docs[2]["value"] == "[REDACTED:PW]" and docs[4] == {"last": "[REDACTED:PW]"}
     assert notes == b"plain [REDACTED:PW]\n[REDACTED:PEM]\nend"
-    assert saved.bytes == len(got) + len(notes)
+    assert saved.size == len(got) + len(notes)
     assert redact_line(b"no secret here\n", red) == b"no secret here\n"
 
 
@@ -162,16 +175,20 @@ def test_a_host_without_the_secret_saves_no_session(corral_home: Path) -> None:
     async def go() -> Any:
         local = LocalProvider()
         box = await local.create()
+        store = await open_store()
         try:
             await box.fs.write("/home/agent/.claude/projects/-workspace/s.jsonl",
                                json.dumps({"content": value}).encode() + b"\n")
-            return await finish_agent_run(
+            report = await finish_agent_run(
                 ClaudeCodeHarness(), box, "T2", None, None, resumed_session="sid",
+                sessions=store,
                 redactor=Redactor({"OTHER": "other-value"}), secret_names=["PW", "OTHER"])
+            return report, await load_session(store, "T2", "claude-code")
         finally:
+            await store.aclose()
             await local.destroy(box.ref)
 
-    report = anyio.run(go)
-    assert report.saved is None and load_session("T2", "claude-code") is None
+    report, kept = anyio.run(go)
+    assert report.saved is None and kept is None
     assert any("PW" in e and "not saved" in e for e in report.errors), report.errors
     assert find_secrets([corral_home], {"PW": value}) == []

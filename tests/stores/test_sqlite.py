@@ -31,7 +31,9 @@ from corral.stores._protocols import (
 )
 from corral.stores import default_store_url, open_store
 from corral.stores._memory import MemoryStore
+from corral.stores._protocols import StoredSession
 from corral.stores._sqlite import SCHEMA_VERSION, SQLiteStore
+from corral.stores._sqlite_tables import MIGRATIONS
 from tests.helpers import one_line_refusal
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -349,18 +351,22 @@ async def test_a_version_1_file_is_migrated_once_keeping_its_data(tmp_path: Path
     answer = ApprovalAnswer("allow", None, 1001.0)
     assert await store.answer_approval("old-run", "a1", answer) == answer
     secret = await store.shared_secret("approvals")
+    # and the saved sessions' (#27)
+    await store.put_session(StoredSession("old-thread", "codex", "c", {"a": b"1"}, 1000.0))
     await store.aclose()
     again = await open_store(f"sqlite://{path}")  # current now: nothing to migrate
     assert isinstance(again, SQLiteStore) and again.migrated_from is None
     assert await again.shared_secret("approvals") == secret
     assert (await again.tail("old-run")).last_offset == 4
+    kept = await again.get_session("old-thread", "codex")
+    assert kept is not None and dict(kept.files) == {"a": b"1"}
     await again.aclose()
 
 
 async def test_a_new_file_gets_the_current_schema(tmp_path: Path) -> None:
     store = await open_store(f"sqlite://{tmp_path / 'new.db'}")
     assert isinstance(store, SQLiteStore) and store.migrated_from == 0
-    assert user_version(tmp_path / "new.db") == SCHEMA_VERSION
+    assert user_version(tmp_path / "new.db") == SCHEMA_VERSION == len(MIGRATIONS)
     await store.aclose()
 
 

@@ -162,3 +162,54 @@ async def test_wait_until_async_takes_plain_and_async_predicates() -> None:
     await wait_until_async(flag.is_set, "the flag again", timeout=0)
     with pytest.raises(WaitTimeout, match="waiting for never"):
         await wait_until_async(lambda: 0, "never", timeout=0.03)
+
+
+class _MergingSessions:
+    """A session store whose put merges files into the old session and enforces no limit,
+    and whose reads may see a writer halfway (header first, files after a yield)."""
+
+    def __init__(self) -> None:
+        from corral.stores import SessionLimits
+
+        self.session_limits = SessionLimits()
+        self.heads: dict[tuple[str, str], Any] = {}
+        self.files: dict[tuple[str, str], dict[str, bytes]] = {}
+
+    async def put_session(self, session: Any) -> Any:
+        key = (session.thread_id, session.harness)
+        self.heads[key] = session
+        await anyio.sleep(0)  # a reader may come in here: the new header, the old files
+        self.files.setdefault(key, {}).update(session.files)
+        return session.info()
+
+    async def get_session(self, thread_id: str, harness: str) -> Any:
+        from corral.stores import StoredSession
+
+        head = self.heads.get((thread_id, harness))
+        if head is None:
+            return None
+        return StoredSession(thread_id, harness, head.session_id,
+                             dict(self.files.get((thread_id, harness), {})), head.saved_at,
+                             head.run_id)
+
+    async def list_sessions(self, thread_id: str) -> list[Any]:
+        return [(await self.get_session(t, h)).info()
+                for t, h in sorted(self.heads) if t == thread_id]
+
+    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
+        keys = [k for k in self.heads if k[0] == thread_id and harness in (None, k[1])]
+        for k in keys:
+            del self.heads[k]
+        return len(keys)
+
+
+async def test_a_session_store_that_merges_fails_the_checks_it_breaks() -> None:
+    from corral.testing import check_session_store
+
+    with raises(KitFailed) as info:
+        await check_session_store(_MergingSessions)
+    failed = set(info.value.report.failed)
+    assert {"put_replaces_the_whole_session", "limits_refuse_and_write_nothing",
+            "hostile_paths_are_refused", "concurrent_writers_never_mix",
+            "delete_all_or_one_harness"} <= failed, info.value.report.outcomes
+    assert "round_trip" in info.value.report.passed

@@ -74,6 +74,7 @@ from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import AgentSpec
 from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxIds, SandboxSpec
 from corral.sandbox._redact import Redactor
+from corral.stores._protocols import SessionStore
 from corral.tools._names import MCP_PATH
 from corral.tools._projection import host_tools_projection
 
@@ -168,6 +169,9 @@ class PreparedAgent:
     ``host_tools.socket`` with ``token=host_tools.token`` while the agent runs."""
     redactor: Redactor | None = None
     """The run's secrets: the saved CLI session goes through it (see :meth:`finish`)."""
+    sessions: SessionStore | None = None
+    """Where the thread's CLI session is restored from and saved to (the run's store);
+    ``None``: the run neither resumes nor saves one."""
     bridge: dict[str, Any] | None = None
     """The harness's part of the ACP bridge's configuration (``acp`` runs: the supervisor
     runs the bridge, which runs :meth:`host_command`; see :func:`bridged_spec`)."""
@@ -250,6 +254,7 @@ class PreparedAgent:
         are listed in the report."""
         report = await finish_agent_run(
             self.harness, self.handle, self.thread_id, paths, nonce,
+            sessions=self.sessions, run_id=self.run_id,
             redactor=self.redactor,
             resumed_session=self.resumed.session_id if self.resumed is not None else None,
             sockets=[s for s in (self.model_socket, self.egress_socket,
@@ -303,6 +308,8 @@ async def finish_agent_run(
     paths: JournalPaths | None,
     nonce: str | None,
     *,
+    sessions: SessionStore | None = None,
+    run_id: str | None = None,
     redactor: Redactor | None = None,
     secret_names: Sequence[str] = (),
     resumed_session: str | None = None,
@@ -310,8 +317,8 @@ async def finish_agent_run(
     own_net_dir: Path | None = None,
 ) -> FinishReport:
     """The end of a run of an agent CLI, from what any host can know: the session id from
-    the journal (else ``resumed_session``) and its files saved for ``thread_id`` (when the
-    sandbox ``handle`` is still there), the usage written by a detached services daemon,
+    the journal (else ``resumed_session``) and its files saved for ``thread_id`` in
+    ``sessions`` (the run's store; when the sandbox ``handle`` is still there), the usage written by a detached services daemon,
     and the run's sockets (and own socket directory) removed. Never raises; problems are
     listed in the report. Saving twice is harmless (the later copy wins).
 
@@ -335,11 +342,11 @@ async def finish_agent_run(
         report.errors.append(
             f"the {harness.name} session is not saved: secrets {', '.join(unknown)} are not "
             "known on this host, so it cannot be redacted")
-    elif report.session_id is not None and handle is not None:
+    elif report.session_id is not None and handle is not None and sessions is not None:
         try:
             report.saved = await save_session(
                 handle, harness.name, harness.session_dirs, thread_id, report.session_id,
-                redactor=redactor)
+                store=sessions, run_id=run_id, redactor=redactor)
         except (OSError, CorralError) as exc:
             report.errors.append(f"cannot save the {harness.name} session: {exc}")
     for sock in sockets:
@@ -423,6 +430,7 @@ async def prepare_agent(
     tools_token: str | None = None,
     redactor: Redactor | None = None,
     proxy_token: str | None = None,
+    sessions: SessionStore | None = None,
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
 
@@ -440,7 +448,10 @@ async def prepare_agent(
     sharing its store derives again). ``redactor``: the run's secrets, redacted from the CLI
     session saved by :meth:`PreparedAgent.finish` (the proxy token joins them).
     ``proxy_token``: the run's token, which the model and egress proxies ask of every
-    request (default: a fresh random one; the Runner passes :func:`run_proxy_token`). The
+    request (default: a fresh random one; the Runner passes :func:`run_proxy_token`).
+    ``sessions``: the store holding the thread's saved CLI sessions (the Runner passes its
+    store): ``resume`` restores from it, :meth:`PreparedAgent.finish` saves to it; without
+    one the run neither resumes nor saves a session. The
     run's socket directory is closed to every uid but the sandbox's (and corral's).
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
@@ -522,9 +533,9 @@ async def prepare_agent(
     if timeout is not None:
         options["timeout"] = timeout
     resumed: SavedSession | None = None
-    if resume and "resume" not in options:
-        resumed = await restore_session(handle, thread_id, harness.name)
-        if resumed is not None:
+    if resume and "resume" not in options and sessions is not None:
+        resumed = await restore_session(handle, thread_id, harness.name, store=sessions)
+        if resumed is not None and resumed.session_id is not None:
             options["resume"] = resumed.session_id
     cleared = list(harness.cleared_home_files)
     if harness.policy_mapping.permission_prompt:
@@ -552,7 +563,8 @@ async def prepare_agent(
                          model_socket=model_socket, proxy_token=secret,
                          egress_proxy=egress_proxy,
                          egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
-                         host_tools=projection, redactor=redactor, bridge=bridge)
+                         host_tools=projection, redactor=redactor, bridge=bridge,
+                         sessions=sessions)
 
 
 def harness_unavailable(name: str) -> PrerequisiteMissing | None:

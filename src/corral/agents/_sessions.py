@@ -1,22 +1,27 @@
-"""CLI sessions kept per thread, so a later prompt resumes even in a fresh sandbox.
+"""CLI sessions kept per thread in the store, so a later prompt resumes on any host, in any
+sandbox.
 
 After a run, the CLI's session files (the harness's ``session_dirs`` under the sandbox
-home) are copied through the sandbox's confined filesystem API to
-``$CORRAL_HOME/sessions/<thread>/<harness>/files/`` and the CLI's session id to
-``session.json`` next to them (written last, atomically). Before the next run on that
-thread, :func:`restore_session` copies back every file the sandbox does not have, and the
-harness resumes the saved session id.
+home) are read through the sandbox's confined filesystem API, redacted, and put in the
+run's store (:class:`corral.stores.SessionStore`) with the CLI's session id, replacing
+the thread's previous session for that harness whole. Before the next run on that
+thread, :func:`restore_session` writes every file the sandbox does not have back into it,
+and the harness resumes the saved session id. Nothing is written under
+``$CORRAL_HOME/sessions`` any more: what an older corral left there moves into the store
+the first time this process uses it (:mod:`corral.stores._sessions_import`).
 
 Sandbox contents are hostile: only regular files are copied (symlinks are skipped), paths
-are checked, and a copy larger than ``max_bytes`` or ``max_files`` is refused with
-:class:`SessionSaveError` rather than truncated.
+are checked (the store refuses any that could climb out of the sandbox home), and a
+session larger than the store's limits (``session_limits``, 256 MiB and 20000 files by
+default) is refused with :class:`SessionSaveError` rather than truncated.
 
 A transcript holds whatever the agent saw, so a command that printed a secret leaves its
-value there. Saved files go through the run's redactor (``redactor=``), line by line: a
-line that is JSON (the CLIs' transcripts are JSON lines) is decoded, its strings redacted
-to ``[REDACTED:NAME]`` and encoded again, so every line stays valid JSON and the CLI still
-resumes it; any other line is redacted as bytes. The restored session then carries the
-redacted text back into the next sandbox, never the value.
+value there. Saved files go through the run's redactor (``redactor=``) before anything
+reaches the store, line by line: a line that is JSON (the CLIs' transcripts are JSON
+lines) is decoded, its strings redacted to ``[REDACTED:NAME]`` and encoded again, so
+every line stays valid JSON and the CLI still resumes it; any other line is redacted as
+bytes. The restored session then carries the redacted text back into the next sandbox,
+never the value.
 
 A session kept in SQLite (opencode) is redacted first inside the sandbox, through SQL
 (:mod:`corral._insandbox.sqlite_redact`, run with the sandbox's Python): byte replacement of
@@ -27,22 +32,27 @@ would not be found. The byte pass still follows.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import posixpath
-import re
-import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from corral._errors import CorralError
 from corral._log import library_logger
-from corral._paths import corral_home
+from corral._paths import home_path
 from corral.harness._cli_base import SANDBOX_PYTHON
 from corral.sandbox._contracts import Handle
 from corral.sandbox._redact import Redactor
+from corral.stores._protocols import (
+    InvalidSession,
+    SessionInfo,
+    SessionStore,
+    SessionTooLarge,
+    StoredSession,
+    StoreError,
+    check_session_path,
+)
+from corral.stores._sessions_import import import_home_sessions
 
 __all__ = [
     "SANDBOX_HOME",
@@ -52,55 +62,49 @@ __all__ = [
     "redact_line",
     "restore_session",
     "save_session",
-    "thread_dir",
 ]
 
 SANDBOX_HOME = "/home/agent"
 DATABASE_REDACT_TIMEOUT = 60.0
 log = library_logger("corral.agents._sessions")
-MAX_BYTES = 256 << 20
-MAX_FILES = 20000
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+SavedSession = SessionInfo
+"""A CLI session saved for a thread, as the store lists it (no bytes)."""
 
 
 class SessionSaveError(CorralError):
     """A CLI session could not be saved (too big, unreadable); the message says which."""
 
 
-@dataclass(frozen=True, slots=True)
-class SavedSession:
-    """A CLI session saved for a thread."""
-
-    harness: str
-    session_id: str
-    saved_at: float
-    files: int
-    bytes: int
+_imported: set[tuple[str, str]] = set()
+"""(home, store URL) pairs whose ``$CORRAL_HOME/sessions`` this process moved already."""
 
 
-def thread_dir(thread_id: str, root: Path | None = None) -> Path:
-    """``$CORRAL_HOME/sessions/<thread>`` (a digest when the id is not a safe name)."""
-    if not isinstance(thread_id, str) or not thread_id:
-        raise CorralError("a thread id must be a non-empty string")
-    name = thread_id if _SAFE.match(thread_id) and ".." not in thread_id else (
-        "h-" + hashlib.sha256(thread_id.encode()).hexdigest()[:32])
-    return (root or corral_home() / "sessions") / name
-
-
-def _harness_dir(thread_id: str, harness: str, root: Path | None) -> Path:
-    return thread_dir(thread_id, root) / harness
-
-
-def load_session(thread_id: str, harness: str, *, root: Path | None = None
-                 ) -> SavedSession | None:
-    """The session saved for ``thread_id`` and ``harness``, if any."""
-    path = _harness_dir(thread_id, harness, root) / "session.json"
+async def import_old_sessions(store: SessionStore) -> None:
+    """Once per process, home and store: move what an older corral saved under
+    ``$CORRAL_HOME/sessions`` into ``store`` (:func:`import_home_sessions`). Never into a
+    ``memory://`` store (they would be gone with the process). Never raises."""
+    url = str(getattr(store, "url", ""))
+    home = home_path()
+    key = (str(home), url)
+    if key in _imported or not url or url.startswith("memory:"):
+        return
+    _imported.add(key)
     try:
-        data = json.loads(path.read_text())
-        return SavedSession(str(data["harness"]), str(data["session_id"]),
-                            float(data["saved_at"]), int(data["files"]), int(data["bytes"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        await import_home_sessions(store, home)
+    except (OSError, StoreError) as exc:
+        log.warning("saved sessions in %s could not be moved into the store: %s",
+                    home / "sessions", exc)
+
+
+async def load_session(store: SessionStore, thread_id: str, harness: str
+                       ) -> SavedSession | None:
+    """The session saved for ``thread_id`` and ``harness`` in ``store``, if any."""
+    await import_old_sessions(store)
+    for info in await store.list_sessions(thread_id):
+        if info.harness == harness:
+            return info
+    return None
 
 
 def redact_line(line: bytes, redactor: Redactor) -> bytes:
@@ -122,23 +126,16 @@ def redact_line(line: bytes, redactor: Redactor) -> bytes:
 
 
 class _Writer:
-    """Writes a file's chunks to ``fd``, through ``redactor`` a whole line at a time."""
+    """Collects a file's chunks, through ``redactor`` a whole line at a time."""
 
-    def __init__(self, fd: int, redactor: Redactor | None) -> None:
-        self.fd = fd
+    def __init__(self, redactor: Redactor | None) -> None:
+        self.out = bytearray()
         self.redactor = redactor if redactor else None  # an empty redactor: plain copy
         # A value with a newline in it (a PEM key) can span lines of a raw file: then the
         # whole file is held and redacted once more as a whole (bounded by max_bytes).
         self.whole = self.redactor is not None and any(
             "\n" in value for _name, value in self.redactor.items())
         self.pending = bytearray()
-        self.written = 0
-
-    def _out(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.written += len(data)
 
     def _redacted(self, data: bytes) -> bytes:
         assert self.redactor is not None
@@ -150,21 +147,22 @@ class _Writer:
 
     def write(self, chunk: bytes) -> None:
         if self.redactor is None:
-            self._out(chunk)
+            self.out += chunk
             return
         self.pending += chunk
         if self.whole:
             return
         cut = self.pending.rfind(b"\n") + 1  # a partial line waits for the rest of it
         if cut:
-            self._out(self._redacted(bytes(self.pending[:cut])))
+            self.out += self._redacted(bytes(self.pending[:cut]))
             del self.pending[:cut]
 
-    def close(self) -> None:
+    def close(self) -> bytes:
         if self.redactor is not None and self.pending:
             data = self._redacted(bytes(self.pending))
-            self._out(self.redactor.redact_bytes(data) if self.whole else data)
+            self.out += self.redactor.redact_bytes(data) if self.whole else data
         self.pending.clear()
+        return bytes(self.out)
 
 
 async def _walk(handle: Handle, top: str, out: list[tuple[str, int]], limit: int) -> None:
@@ -206,93 +204,74 @@ async def save_session(
     thread_id: str,
     session_id: str,
     *,
-    root: Path | None = None,
-    max_bytes: int = MAX_BYTES,
-    max_files: int = MAX_FILES,
+    store: SessionStore,
+    run_id: str | None = None,
     redactor: Redactor | None = None,
 ) -> SavedSession:
-    """Copy ``dirs`` (relative to the sandbox home) out of the sandbox for ``thread_id``,
-    every file through ``redactor`` (the run's secrets; see the module docstring)."""
+    """Copy ``dirs`` (relative to the sandbox home) out of the sandbox into ``store`` as
+    ``thread_id``'s ``harness`` session, every file through ``redactor`` (the run's
+    secrets; see the module docstring). :class:`SessionSaveError` when the session is
+    over the store's limits or cannot be stored (then the store's copy is unchanged)."""
+    await import_old_sessions(store)
+    limits = store.session_limits
     if redactor:
         tops = [posixpath.join(SANDBOX_HOME, d) for d in dirs]
         present = [t for t in tops if await handle.fs.exists(t)]
         if present:
             await _redact_databases(handle, present, redactor)
-    files: list[tuple[str, int]] = []
+    found: list[tuple[str, int]] = []
     for d in dirs:
         top = posixpath.join(SANDBOX_HOME, d)
         if await handle.fs.exists(top):
-            await _walk(handle, top, files, max_files)
-    total = sum(size for _, size in files)
-    if len(files) > max_files or total > max_bytes:
-        raise SessionSaveError(
-            f"the {harness} session of thread {thread_id!r} is too large to save "
-            f"({len(files)} files, {total} bytes; limits {max_files} files, {max_bytes} bytes)"
-        )
-    base = _harness_dir(thread_id, harness, root)
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = base / f".files-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir(mode=0o700)
+            await _walk(handle, top, found, limits.max_files)
+    total = sum(size for _, size in found)
+
+    def too_large(what: str) -> SessionSaveError:
+        return SessionSaveError(
+            f"the {harness} session of thread {thread_id!r} is too large to save ({what}; "
+            f"limits {limits.max_files} files, {limits.max_bytes} bytes)")
+
+    if len(found) > limits.max_files or total > limits.max_bytes:
+        raise too_large(f"{len(found)} files, {total} bytes")
+    files: dict[str, bytes] = {}
     copied = 0
-    written = 0
+    for path, _size in found:
+        rel = posixpath.relpath(path, SANDBOX_HOME)
+        try:
+            check_session_path(rel)
+        except InvalidSession:
+            continue  # outside the home, or a name no session keeps: never copied
+        out = _Writer(redactor)
+        async for chunk in handle.fs.read_stream(path):
+            copied += len(chunk)
+            if copied > limits.max_bytes:  # it grows while being read
+                raise too_large(f"more than {limits.max_bytes} bytes")
+            out.write(chunk)
+        files[rel] = out.close()
     try:
-        for path, _size in files:
-            rel = posixpath.relpath(path, SANDBOX_HOME)
-            if rel.startswith(("..", "/")):
-                continue
-            dest = tmp / rel
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            out = _Writer(fd, redactor)
-            try:
-                async for chunk in handle.fs.read_stream(path):
-                    copied += len(chunk)
-                    if copied > max_bytes:
-                        raise SessionSaveError(
-                            f"the {harness} session of thread {thread_id!r} grew past "
-                            f"{max_bytes} bytes while being saved"
-                        )
-                    out.write(chunk)
-                out.close()
-            finally:
-                os.close(fd)
-            written += out.written
-        old = base / "files"
-        trash = base / f".old-{os.getpid()}-{time.monotonic_ns()}"
-        if old.exists():
-            os.rename(old, trash)
-        os.rename(tmp, old)
-        shutil.rmtree(trash, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    saved = SavedSession(harness, session_id, time.time(), len(files), written)
-    meta = base / "session.json"
-    meta_tmp = base / "session.json.tmp"
-    meta_tmp.write_text(json.dumps(asdict(saved)))
-    os.replace(meta_tmp, meta)
-    return saved
+        return await store.put_session(StoredSession(
+            thread_id, harness, session_id, files, time.time(), run_id))
+    except SessionTooLarge as exc:  # redaction made it larger than the limit
+        raise SessionSaveError(str(exc)) from None
+    except InvalidSession as exc:
+        raise SessionSaveError(f"the {harness} session of thread {thread_id!r} cannot be "
+                               f"saved: {exc}") from None
 
 
 async def restore_session(handle: Handle, thread_id: str, harness: str, *,
-                          root: Path | None = None) -> SavedSession | None:
-    """Copy a saved session's files into the sandbox home (files it already has are kept).
-    Returns the saved session, or ``None`` when the thread has none for ``harness``."""
-    saved = load_session(thread_id, harness, root=root)
+                          store: SessionStore) -> SavedSession | None:
+    """Write a saved session's files from ``store`` into the sandbox home (files it
+    already has are kept). Returns the saved session, or ``None`` when the thread has none
+    for ``harness``."""
+    await import_old_sessions(store)
+    saved = await store.get_session(thread_id, harness)
     if saved is None:
         return None
-    files = _harness_dir(thread_id, harness, root) / "files"
-    if not files.is_dir():
-        return saved
-    for dirpath, _dirnames, filenames in os.walk(files):
-        for name in filenames:
-            host = Path(dirpath) / name
-            if host.is_symlink() or not host.is_file():
-                continue
-            rel = host.relative_to(files).as_posix()
-            target = posixpath.join(SANDBOX_HOME, rel)
-            if await handle.fs.exists(target):
-                continue
-            with contextlib.suppress(IsADirectoryError):
-                await handle.fs.write(target, host.read_bytes())
-    return saved
+    for rel, data in saved.files.items():
+        check_session_path(rel)  # the store checks too; a sandbox path is built from it
+        target = posixpath.join(SANDBOX_HOME, rel)
+        if await handle.fs.exists(target):
+            continue
+        with contextlib.suppress(IsADirectoryError, NotADirectoryError):
+            await handle.fs.write(target, data)
+    return saved.info()

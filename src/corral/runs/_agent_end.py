@@ -74,6 +74,8 @@ async def finish_agent(store: Store, record: RunRecord, paths: JournalPaths | No
         redactor.add(TOKEN_ENV, await run_tools_token(store, record.run_id))
     report = await finish_agent_run(
         harness, await _sandbox(record, provider_for), record.thread_id, paths, nonce,
+        # saved in the store, where the thread's next turn finds it on any host
+        sessions=store, run_id=record.run_id,
         # the saved CLI session can hold whatever the agent printed
         redactor=redactor,
         secret_names=list(spec.secret_names),

@@ -254,6 +254,8 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         redactor=redactor,
         budget=request.token_budget,
         timeout=request.timeout,
+        # the thread's CLI session: restored from the store, whichever host saved it
+        sessions=store,
     )
     # The sandbox's secrets join the agent's environment (as for any agent), under the
     # CLI's own variables: a secret never replaces the placeholder key or the endpoint.

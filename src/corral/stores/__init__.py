@@ -11,9 +11,9 @@
   ``pool_max=N`` (connections each store keeps open / may open, default 1 and 10). Messages
   show the URL with its password masked.
 
-The store protocols (:class:`Store` and its parts), the run records and the checkpoint
-values (:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here
-too.
+The store protocols (:class:`Store` and its parts, among them :class:`SessionStore`: agent
+CLIs' saved sessions per thread), their records and the checkpoint values
+(:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here too.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
 SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
@@ -48,7 +48,13 @@ if TYPE_CHECKING:
         ApprovalRequest,
         ApprovalStore,
         CheckpointStore,
+        InvalidSession,
         SecretStore,
+        SessionInfo,
+        SessionLimits,
+        SessionStore,
+        SessionTooLarge,
+        StoredSession,
         UnknownApproval,
         Claim,
         ClaimLost,
@@ -85,7 +91,13 @@ _EXPORTS: dict[str, str] = {
             "ApprovalRequest",
             "ApprovalStore",
             "CheckpointStore",
+            "InvalidSession",
             "SecretStore",
+            "SessionInfo",
+            "SessionLimits",
+            "SessionStore",
+            "SessionTooLarge",
+            "StoredSession",
             "UnknownApproval",
             "Claim",
             "ClaimLost",
@@ -144,7 +156,13 @@ __all__ = [
     "MissingChunks",
     "SessionPart",
     "UnknownCheckpoint",
+    "InvalidSession",
     "SecretStore",
+    "SessionInfo",
+    "SessionLimits",
+    "SessionStore",
+    "SessionTooLarge",
+    "StoredSession",
     "UnknownApproval",
     "Claim",
     "ClaimLost",

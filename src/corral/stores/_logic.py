@@ -22,7 +22,11 @@ from corral.stores._protocols import (
     ClaimRefused,
     InvalidEvent,
     LogClosed,
+    InvalidSession,
     RefusalReason,
+    SessionLimits,
+    SessionTooLarge,
+    StoredSession,
     StoreError,
     UnknownRun,
 )
@@ -289,3 +293,34 @@ def check_secret_name(name: str) -> str:
         raise StoreError(f"a secret name must be a non-empty string of at most 200 "
                          f"characters, got {name!r}")
     return name
+
+
+def checked_session(session: StoredSession, limits: SessionLimits) -> StoredSession:
+    """``session`` validated again (a subclass or ``object.__setattr__`` may have got round
+    the record's own checks) and measured against ``limits``: :class:`InvalidSession` or
+    :class:`SessionTooLarge` (one line: what, how large, the limit) before anything is
+    written."""
+    if not isinstance(session, StoredSession):
+        raise InvalidSession(f"put_session takes a StoredSession, got {type(session).__name__}")
+    again = StoredSession(session.thread_id, session.harness, session.session_id,
+                          dict(session.files), session.saved_at, session.run_id)
+    count, size = len(again.files), again.size
+    if count > limits.max_files or size > limits.max_bytes:
+        raise SessionTooLarge(
+            f"the {again.harness} session of thread {again.thread_id!r} is too large to "
+            f"store ({count} files, {size} bytes; the store's limits are "
+            f"{limits.max_files} files, {limits.max_bytes} bytes); nothing was written")
+    return again
+
+
+def session_from_rows(thread_id: str, harness: str, session_id: str | None, saved_at: float,
+                      run_id: str | None, files: Sequence[tuple[str, bytes]]
+                      ) -> StoredSession:
+    """A stored session rebuilt from a backend's rows; :class:`CorruptRecord` when the rows
+    do not make a valid one (a path edited in the database, a wrong type)."""
+    try:
+        return StoredSession(thread_id, harness, session_id,
+                             {str(p): bytes(d) for p, d in files}, float(saved_at), run_id)
+    except (StoreError, TypeError, ValueError) as exc:
+        raise CorruptRecord(f"the stored {harness!r} session of thread {thread_id!r} is "
+                            f"corrupt: {exc}") from None

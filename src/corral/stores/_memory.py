@@ -23,6 +23,9 @@ from corral.stores._protocols import (
     LogTail,
     NewRun,
     RunExists,
+    SessionInfo,
+    SessionLimits,
+    StoredSession,
     UnknownApproval,
     UnknownRun,
 )
@@ -48,8 +51,11 @@ class MemoryStore(MemoryCheckpoints):
 
     url = "memory://"
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, *,
+                 session_limits: SessionLimits | None = None) -> None:
         self._clock = clock
+        self.session_limits = session_limits or SessionLimits()
+        self._sessions: dict[tuple[str, str], StoredSession] = {}
         self._runs: dict[str, RunRecord] = {}
         self._logs: dict[str, _Log] = {}
         self._instances: dict[str, InstanceRecord] = {}
@@ -340,3 +346,22 @@ class MemoryStore(MemoryCheckpoints):
     async def shared_secret(self, name: str) -> bytes:
         _logic.check_secret_name(name)
         return self._secrets.setdefault(name, secrets.token_bytes(_logic.SECRET_BYTES))
+
+    # ------------------------------------------------------------------ saved sessions
+
+    async def put_session(self, session: StoredSession) -> SessionInfo:
+        stored = _logic.checked_session(session, self.session_limits)  # a private copy
+        self._sessions[(stored.thread_id, stored.harness)] = stored
+        return stored.info()
+
+    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
+        return self._sessions.get((thread_id, harness))  # immutable: safe to hand out
+
+    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
+        return [s.info() for (t, _h), s in sorted(self._sessions.items()) if t == thread_id]
+
+    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
+        keys = [k for k in self._sessions if k[0] == thread_id and harness in (None, k[1])]
+        for key in keys:
+            del self._sessions[key]
+        return len(keys)

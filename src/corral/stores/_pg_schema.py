@@ -155,10 +155,33 @@ CREATE TABLE {s}.checkpoint_chunks (
 CREATE INDEX checkpoint_chunks_digest ON {s}.checkpoint_chunks (digest);
 """
 
+# sessions (#27): agent CLIs' saved sessions, one per (thread, harness): a header row (whose
+# lock serializes writers of the session) and one row per file.
+_V_SESSIONS: Final = """
+CREATE TABLE {s}.sessions (
+    thread_id text NOT NULL,
+    harness text NOT NULL,
+    session_id text,
+    saved_at double precision NOT NULL,
+    run_id text,
+    size bigint NOT NULL,
+    files integer NOT NULL,
+    PRIMARY KEY (thread_id, harness)
+);
+CREATE TABLE {s}.session_files (
+    thread_id text NOT NULL,
+    harness text NOT NULL,
+    path text NOT NULL,
+    data bytea NOT NULL,
+    PRIMARY KEY (thread_id, harness, path)
+);
+"""
+
 MIGRATIONS: list[tuple[int, str]] = [
     (1, _V1),
     (2, _V2),
     (3, _V_CHECKPOINTS),  # checkpoints (#27)
+    (4, _V_SESSIONS),  # sessions (#27)
 ]
 """``(version, SQL)`` in order; ``{s}`` stands for the quoted schema name. Append, never
 edit: a store records which versions it has."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import json
+import types
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
@@ -108,6 +109,15 @@ class ApprovalExists(StoreError):
         super().__init__(f"run {run_id!r} already has an approval request {approval_id!r}")
         self.run_id = run_id
         self.approval_id = approval_id
+
+
+class InvalidSession(StoreError, ValueError):
+    """A saved CLI session is malformed: an empty or non-text id, a file path that is
+    absolute, climbs out (``..``), holds a NUL, or is both a file and a directory."""
+
+
+class SessionTooLarge(StoreError, ValueError):
+    """A saved CLI session is over the store's :class:`SessionLimits`; nothing was written."""
 
 
 class RefusalReason(enum.StrEnum):
@@ -322,6 +332,135 @@ class ApprovalAnswer:
         if self.decision not in APPROVAL_DECISIONS:
             raise StoreError(f"approval answer: decision must be one of "
                              f"{sorted(APPROVAL_DECISIONS)}, got {self.decision!r}")
+
+
+MAX_SESSION_BYTES: int = 256 << 20
+"""Default largest saved CLI session (its files' bytes together): 256 MiB."""
+MAX_SESSION_FILES: int = 20000
+"""Default largest number of files in a saved CLI session."""
+MAX_SESSION_PATH: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    """How large a saved CLI session a :class:`SessionStore` accepts."""
+
+    max_bytes: int = MAX_SESSION_BYTES
+    max_files: int = MAX_SESSION_FILES
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_files"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StoreError(f"session limits: {name} must be an integer >= 0, "
+                                 f"got {value!r}")
+
+
+def _session_text(what: str, value: object, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        raise InvalidSession(f"saved session: {what} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidSession(f"saved session: {what} holds a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSession(f"saved session: {what} is not valid Unicode text") from None
+
+
+def check_session_path(path: object) -> str:
+    """``path`` when it is a safe relative POSIX path (under the sandbox home): a non-empty
+    string of at most 4096 characters, no NUL, not absolute, no empty, ``.`` or ``..``
+    component. Raises :class:`InvalidSession` naming the problem."""
+    if not isinstance(path, str) or not path:
+        raise InvalidSession(f"saved session: a file path must be a non-empty string, "
+                             f"got {path!r}")
+    shown = repr(path[:200])
+    if len(path) > MAX_SESSION_PATH:
+        raise InvalidSession(f"saved session: file path {shown} is longer than "
+                             f"{MAX_SESSION_PATH} characters")
+    if "\x00" in path:
+        raise InvalidSession(f"saved session: file path {shown} holds a NUL character")
+    if path.startswith("/"):
+        raise InvalidSession(f"saved session: file path {shown} is absolute; paths are "
+                             "relative to the sandbox home")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise InvalidSession(f"saved session: file path {shown} has an empty, '.' or '..' "
+                             "component")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSession(f"saved session: file path {shown} is not valid Unicode "
+                             "text") from None
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSession:
+    """An agent CLI's saved session for one thread and harness: its files (relative POSIX
+    paths under the sandbox home, already redacted) and the id the CLI resumes.
+
+    Validated when made (:func:`check_session_path` for every path); ``files`` is copied
+    into a read-only mapping, so the caller's dict changing later changes nothing."""
+
+    thread_id: str
+    harness: str
+    session_id: str | None
+    files: Mapping[str, bytes]
+    saved_at: float
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _session_text("thread_id", self.thread_id)
+        _session_text("harness", self.harness)
+        _session_text("session_id", self.session_id, optional=True)
+        _session_text("run_id", self.run_id, optional=True)
+        if isinstance(self.saved_at, bool) or not isinstance(self.saved_at, int | float):
+            raise InvalidSession(f"saved session: saved_at must be a number, "
+                                 f"got {self.saved_at!r}")
+        if not isinstance(self.files, Mapping):
+            raise InvalidSession("saved session: files must map paths to bytes")
+        files: dict[str, bytes] = {}
+        for path, data in self.files.items():
+            check_session_path(path)
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise InvalidSession(f"saved session: file {path[:200]!r} must be bytes, "
+                                     f"got {type(data).__name__}")
+            files[path] = bytes(data)
+        # a path that is both a file and a directory cannot be written back
+        dirs = {p.rsplit("/", i)[0] for p in files for i in range(1, p.count("/") + 1)}
+        clash = sorted(dirs & files.keys())
+        if clash:
+            raise InvalidSession(f"saved session: {clash[0][:200]!r} is both a file and a "
+                                 "directory")
+        object.__setattr__(self, "saved_at", float(self.saved_at))
+        object.__setattr__(self, "files", types.MappingProxyType(files))
+
+    @property
+    def size(self) -> int:
+        """The files' bytes together."""
+        return sum(len(data) for data in self.files.values())
+
+    def info(self) -> SessionInfo:
+        """What :meth:`SessionStore.list_sessions` says of this session."""
+        return SessionInfo(self.thread_id, self.harness, self.session_id, self.size,
+                           len(self.files), self.saved_at, self.run_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A saved session as listed: everything but the files' bytes."""
+
+    thread_id: str
+    harness: str
+    session_id: str | None
+    size: int
+    """The files' bytes together."""
+    files: int
+    """How many files."""
+    saved_at: float
+    run_id: str | None = None
 
 
 # --------------------------------------------------------------------------- protocols
@@ -612,6 +751,41 @@ class CheckpointStore(Protocol):
 
 
 @runtime_checkable
+class SessionStore(Protocol):
+    """Agent CLIs' saved sessions, one per thread and harness, shared by every host of the
+    store: a thread's next turn resumes its conversation on any host, in any sandbox.
+
+    A put replaces the thread's session for that harness whole, in one transaction: a
+    concurrent reader gets the old session or the new one, never a mix, and of concurrent
+    writers the last to commit wins whole. The store refuses a session over
+    :attr:`session_limits` with :class:`SessionTooLarge`, writing nothing. Sessions are
+    stored as given: redacting them is the caller's job (corral's agent runtime redacts
+    before anything reaches the store)."""
+
+    session_limits: SessionLimits
+    """The largest session :meth:`put_session` accepts (settable)."""
+
+    async def put_session(self, session: StoredSession) -> SessionInfo:
+        """Store ``session``, replacing the thread's session for its harness (files and
+        all); returns it as :meth:`list_sessions` lists it. :class:`SessionTooLarge` or
+        :class:`InvalidSession` when refused (nothing written)."""
+        ...
+
+    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
+        """The thread's saved session for ``harness``, or ``None``."""
+        ...
+
+    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
+        """The thread's saved sessions (one per harness), by harness name."""
+        ...
+
+    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
+        """Remove the thread's saved sessions (only ``harness``'s when given); returns how
+        many were removed (0 when there were none)."""
+        ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """A store that can check itself for ``corral doctor``."""
 
@@ -623,7 +797,7 @@ class Diagnosable(Protocol):
 
 @runtime_checkable
 class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
-            SecretStore, CheckpointStore, Protocol):
+            SecretStore, CheckpointStore, SessionStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
     returns)."""
 

@@ -52,6 +52,9 @@ from corral.stores._protocols import (
     LogTail,
     NewRun,
     RunExists,
+    SessionInfo,
+    SessionLimits,
+    StoredSession,
     StoreError,
     UnknownApproval,
     UnknownRun,
@@ -250,6 +253,7 @@ class SQLiteStore(SQLiteCheckpoints):
         *,
         synchronous: str = "NORMAL",
         clock: Callable[[], float] = time.time,
+        session_limits: SessionLimits | None = None,
     ) -> None:
         synchronous = synchronous.upper()
         if synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -262,6 +266,7 @@ class SQLiteStore(SQLiteCheckpoints):
         """The schema version this object migrated the file from (0: it created the
         file's tables), ``None`` when the file was current."""
         self._clock = clock
+        self.session_limits = session_limits or SessionLimits()
         self._secrets: dict[str, bytes] = {}
         """Shared secrets read so far: a stored secret never changes (insert-if-absent),
         so each is read once per store object, not once per use (every ensure uses one)."""
@@ -833,3 +838,61 @@ class SQLiteStore(SQLiteCheckpoints):
                                 f"{_logic.SECRET_BYTES} bytes; the store is corrupt")
         self._secrets[name] = value
         return value
+
+    # ------------------------------------------------------------------ saved sessions
+
+    async def put_session(self, session: StoredSession) -> SessionInfo:
+        stored = _logic.checked_session(session, self.session_limits)
+        info = stored.info()
+        key = (stored.thread_id, stored.harness)
+
+        def op(conn: sqlite3.Connection) -> None:
+            # one BEGIN IMMEDIATE transaction: readers see the old session or this one
+            conn.execute("DELETE FROM session_files WHERE thread_id = ? AND harness = ?", key)
+            conn.executemany(
+                "INSERT INTO session_files (thread_id, harness, path, data) VALUES (?, ?, ?, ?)",
+                [(*key, path, data) for path, data in stored.files.items()])
+            conn.execute(
+                "INSERT OR REPLACE INTO sessions (thread_id, harness, session_id, saved_at, "
+                "run_id, size, files) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (*key, info.session_id, info.saved_at, info.run_id, info.size, info.files))
+
+        await self._write(op)
+        return info
+
+    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
+        key = (thread_id, harness)
+
+        def op(conn: sqlite3.Connection) -> tuple[Any, list[Any]] | None:
+            head = conn.execute(
+                "SELECT session_id, saved_at, run_id FROM sessions "
+                "WHERE thread_id = ? AND harness = ?", key).fetchone()
+            if head is None:
+                return None
+            return head, conn.execute(
+                "SELECT path, data FROM session_files WHERE thread_id = ? AND harness = ?",
+                key).fetchall()
+
+        found = await self._read(op)  # one read transaction: one instant
+        if found is None:
+            return None
+        (session_id, saved_at, run_id), files = found
+        return _logic.session_from_rows(thread_id, harness, session_id, saved_at, run_id,
+                                        files)
+
+    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
+        rows = await self._read(lambda conn: conn.execute(
+            "SELECT harness, session_id, size, files, saved_at, run_id FROM sessions "
+            "WHERE thread_id = ? ORDER BY harness", (thread_id,)).fetchall())
+        return [SessionInfo(thread_id, h, sid, int(size), int(n), float(at), rid)
+                for h, sid, size, n, at, rid in rows]
+
+    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
+        where = "thread_id = ?" + ("" if harness is None else " AND harness = ?")
+        args = (thread_id,) if harness is None else (thread_id, harness)
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute(f"DELETE FROM session_files WHERE {where}", args)
+            return int(conn.execute(f"DELETE FROM sessions WHERE {where}", args).rowcount)
+
+        return await self._write(op)

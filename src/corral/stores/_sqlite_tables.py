@@ -73,7 +73,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             value BLOB NOT NULL
         ) WITHOUT ROWID""",
     ),
-    # checkpoints (#27): content-addressed chunks shared by every checkpoint and thread,
+    # 3: checkpoints (#27): content-addressed chunks shared by every checkpoint and thread,
     # the manifests (zlib JSON) per thread, and which manifest names which chunk (what the
     # collector keeps). A separate entry: the integrator may reorder it among others.
     (
@@ -98,6 +98,29 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             PRIMARY KEY (checkpoint_seq, digest)
         ) WITHOUT ROWID""",
         "CREATE INDEX IF NOT EXISTS checkpoint_chunks_digest ON checkpoint_chunks (digest)",
+    ),
+    # 4: sessions (#27): agent CLIs' saved sessions, one per (thread, harness): a header row
+    # and one row per file (plain BLOBs: a transcript is read and written whole, and a
+    # rowid table keeps large rows out of the index's pages)
+    (
+        """CREATE TABLE IF NOT EXISTS sessions (
+            thread_id TEXT NOT NULL,
+            harness TEXT NOT NULL,
+            session_id TEXT,
+            saved_at REAL NOT NULL,
+            run_id TEXT,
+            size INTEGER NOT NULL,
+            files INTEGER NOT NULL,
+            PRIMARY KEY (thread_id, harness)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE IF NOT EXISTS session_files (
+            thread_id TEXT NOT NULL,
+            harness TEXT NOT NULL,
+            path TEXT NOT NULL,
+            data BLOB NOT NULL
+        )""",
+        """CREATE UNIQUE INDEX IF NOT EXISTS session_files_key
+            ON session_files (thread_id, harness, path)""",
     ),
 )
 """Schema migrations in order: entry ``n`` takes a file from version ``n`` (``PRAGMA

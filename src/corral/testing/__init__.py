@@ -2,6 +2,7 @@
 
 Conformance kits are plain async functions taking a factory (modelled on
 ``trio.testing``'s stream checks): :func:`check_provider`, :func:`check_store`,
+:func:`check_session_store` (agent CLIs' saved sessions),
 :func:`check_pipe`, :func:`check_reaper`, :func:`check_checkpoint_store` (workspace
 checkpoints in a store, #27) and :func:`check_harness` (agent harnesses:
 the real CLI in a sandbox against a scripted model server) run every check of their kit, each against a
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from corral.testing._polling import WaitTimeout, wait_until, wait_until_async
     from corral.testing._providers import PROVIDER_KIT, ProviderCase, check_provider
     from corral.testing._reaper import REAPER_KIT, DirSandboxes, ReaperWorld, check_reaper
+    from corral.testing._sessions import SESSION_STORE_KIT, check_session_store
     from corral.testing._stores import STORE_KIT, check_store
     from corral.testing._wrappers import pytest_checks
 
@@ -70,6 +72,8 @@ _EXPORTS: dict[str, str] = {
     "DirSandboxes": "corral.testing._reaper",
     "ReaperWorld": "corral.testing._reaper",
     "check_reaper": "corral.testing._reaper",
+    "SESSION_STORE_KIT": "corral.testing._sessions",
+    "check_session_store": "corral.testing._sessions",
     "STORE_KIT": "corral.testing._stores",
     "check_store": "corral.testing._stores",
     "pytest_checks": "corral.testing._wrappers",
@@ -97,6 +101,7 @@ __all__ = [
     "ProviderCase",
     "REAPER_KIT",
     "ReaperWorld",
+    "SESSION_STORE_KIT",
     "STORE_KIT",
     "WaitTimeout",
     "check_checkpoint_store",
@@ -104,6 +109,7 @@ __all__ = [
     "check_pipe",
     "check_provider",
     "check_reaper",
+    "check_session_store",
     "check_store",
     "pytest_checks",
     "raises",

@@ -453,8 +453,9 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
 
 async def check_resume_on_thread(w: HarnessWorld) -> None:
     """A thread's next prompt continues the CLI's own session: in the thread's sandbox,
-    and again after that sandbox is destroyed (the session saved on the host is restored
-    into a fresh one); the model gets the whole history each time."""
+    and again after that sandbox is destroyed (the session saved in the store is restored
+    into a fresh one); the model gets the whole history each time. Nothing of the session
+    is kept under ``$CORRAL_HOME/sessions``."""
 
     def script(req: ModelRequest) -> Reply:
         last = req.last_user_text
@@ -481,6 +482,10 @@ async def check_resume_on_thread(w: HarnessWorld) -> None:
     sessions = [s["sessionId"] for r in ("s1", "s2", "s3")
                 for s in _customs(w.log(r), "corral.session")]
     assert len(sessions) == 3 and len(set(sessions)) == 1, sessions  # one CLI session
+    async with w.store() as store:
+        saved = await store.list_sessions("T")
+    assert [i.session_id for i in saved] == [sessions[0]], saved  # in the store...
+    assert not (w.home / "sessions").exists()  # ...and nowhere else
 
 
 async def check_token_budget(w: HarnessWorld) -> None:
