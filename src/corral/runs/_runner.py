@@ -288,6 +288,20 @@ class Runner:
                 await self._finish_agent(record)
             except Exception as exc:  # noqa: BLE001 - the reaper goes on
                 log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
+        if record.terminal:
+            await self._checkpoint_turn(record, record.status.value)
+
+    async def _checkpoint_turn(self, record: RunRecord, outcome: str) -> None:
+        """The thread's checkpoint after this turn (#27), before the sandbox may go."""
+        from corral.runs._thread_end import checkpoint_turn
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await checkpoint_turn(self.store, record, outcome,
+                                      provider_for=self._providers_of(record),
+                                      redactor=self.redactor_for(record))
+            except Exception as exc:  # noqa: BLE001 - the run is over; the sandbox's turn
+                log.error("checkpointing the thread of run %s failed: %s", record.run_id, exc)
 
     # ------------------------------------------------------------------ drive
 
@@ -439,22 +453,23 @@ class Runner:
 
     async def _finish_sandbox(self, record: RunRecord, outcome: str) -> None:
         """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
-        an aborted run), or snapshot/keep it for the next run of the thread."""
+        an aborted run), or snapshot/keep it for the next run of the thread. Before that,
+        the agent's session is saved and the thread checkpointed (each bounded on its
+        own: a slow checkpoint never keeps the lifecycle from applying)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(120):
             try:
-                await self._finish_sandbox_now(record, outcome)
+                await self._finish_agent(record)  # before the sandbox may go
+            except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
+                log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
+        await self._checkpoint_turn(record, outcome)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+            try:
+                from corral.runs._release import release_sandbox
+
+                await release_sandbox(self.store, record, outcome,
+                                      provider_for=self._providers_of(record))
             except Exception as exc:  # noqa: BLE001
                 log.error("finishing the sandbox of run %s failed: %s", record.run_id, exc)
-
-    async def _finish_sandbox_now(self, record: RunRecord, outcome: str) -> None:
-        try:
-            await self._finish_agent(record)  # before the sandbox may go
-        except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
-            log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
-        from corral.runs._release import release_sandbox
-
-        await release_sandbox(self.store, record, outcome,
-                              provider_for=self._providers_of(record))
 
     # ------------------------------------------------------------------ reap
 

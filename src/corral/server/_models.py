@@ -217,6 +217,11 @@ class RunOut(BaseModel):
     cancel_requested: bool = False
     driver_epoch: int = 0
     usage: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = Field(
+        default=None, description="the thread's checkpoint taken as the run ended: "
+        "{id, bytes} or {skipped}/{error}")
+    undone_at: float | None = Field(default=None, description="when an undo took this "
+                                    "run's turn back")
     events_url: str
 
     @classmethod
@@ -241,6 +246,8 @@ class RunOut(BaseModel):
             cancel_requested=bool(record.cancel_requested),
             driver_epoch=record.driver_epoch,
             usage=dict(record.usage) if record.usage else None,
+            checkpoint=dict(record.checkpoint) if record.checkpoint else None,
+            undone_at=record.undone_at,
             events_url=root + events_url(record.run_id),
         )
 

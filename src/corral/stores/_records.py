@@ -122,6 +122,14 @@ class RunRecord:
     driver_epoch: int = 0
     claim_owner: str | None = None
     claim_expires_at: float | None = None
+    checkpoint: Mapping[str, Any] | None = None
+    """The thread's checkpoint taken as the run ended (#27): ``{"id", "bytes"}``, or
+    ``{"skipped": why}`` / ``{"error": why}`` when none was recorded."""
+    undone_at: float | None = None
+    """When ``corral threads undo`` took this run's turn back (it stays in the history)."""
+    takeovers: Mapping[str, Any] | None = None
+    """Drivers that took the run over without it making progress: ``{"count", "offset"}``
+    (the log's offset when the count last grew); see ``Runner(max_takeovers=)``."""
 
     @property
     def terminal(self) -> bool:
@@ -191,6 +199,9 @@ class RunRecord:
                 "driver_epoch": _opt_int(data, "driver_epoch") or 0,
                 "claim_owner": _opt_str(data, "claim_owner"),
                 "claim_expires_at": _opt_time(data, "claim_expires_at"),
+                "checkpoint": _opt_obj(data, "checkpoint"),
+                "undone_at": _opt_time(data, "undone_at"),
+                "takeovers": _opt_obj(data, "takeovers"),
             }
         except CorruptRecord as exc:
             raise CorruptRecord(f"run {run_id!r}: {exc}") from None
@@ -212,6 +223,9 @@ _PATCHABLE: Final = (
     "journal",
     "detached_since",
     "cancel_requested",
+    "checkpoint",
+    "undone_at",
+    "takeovers",
 )
 
 
@@ -235,6 +249,9 @@ class RunPatch:
     journal: Patch[Mapping[str, Any]] = UNSET
     detached_since: Patch[float] = UNSET
     cancel_requested: Patch[bool] = UNSET
+    checkpoint: Patch[Mapping[str, Any]] = UNSET
+    undone_at: Patch[float] = UNSET
+    takeovers: Patch[Mapping[str, Any]] = UNSET
 
     def __post_init__(self) -> None:
         status: object = self.status
@@ -348,6 +365,9 @@ _PATCH_CHECKS: Final = {
     "journal": _opt_obj,
     "detached_since": _opt_time,
     "cancel_requested": _opt_bool,
+    "checkpoint": _opt_obj,
+    "undone_at": _opt_time,
+    "takeovers": _opt_obj,
 }
 
 
