@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from corral.runs._launch import StartPlan
     from corral.runs._prune import PruneResult
     from corral.runs._reap import ReapResult
+    from corral.runs._threads import Threads
     from corral.tools._core import Toolset
 
 __all__ = [
@@ -136,6 +137,14 @@ class Runner:
         self.checkpoint: Checkpoint | None = None
         """The produce path's step hook (:data:`corral.runs._produce.Checkpoint`), for
         tests that inject kill points; ``None`` in production."""
+
+    @property
+    def threads(self) -> Threads:
+        """This runner's threads (#27): list, show, undo, fork, remove
+        (:class:`~corral.Threads`)."""
+        from corral.runs._threads import Threads
+
+        return Threads(self)
 
     # ------------------------------------------------------------------ helpers
 
