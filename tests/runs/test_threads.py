@@ -138,4 +138,4 @@ def test_rm_removes_checkpoints_sessions_and_keeps_runs(cli: Cli, ws: Path) -> N
     assert shown["checkpoints"] == [] and [r["run_id"] for r in shown["runs"]] == ["r1"]
     assert cli.turn("T", "r2", "ls", ws).split() == ["seed.txt"]
     one_line_refusal(cli.run("threads", "show", "nope"), "no thread 'nope'")
-    one_line_refusal(cli.run("threads", "fork", "T", "--as", "../x"), "is not valid")
+    one_line_refusal(cli.run("threads", "fork", "T", "--as", "../x"), "is not allowed")

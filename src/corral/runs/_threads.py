@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from corral._errors import CorralError
-from corral._ids import valid_id
+from corral._ids import check_id
 from corral._log import library_logger
 from corral.sandbox._contracts import Provider
 from corral.stores._checkpoints import Checkpoint, CheckpointInfo
@@ -140,10 +140,7 @@ def _run_dict(r: RunRecord, title: str) -> dict[str, Any]:
 
 
 def _check_id(thread_id: str, what: str = "thread id") -> str:
-    if not valid_id(thread_id):
-        raise ThreadError(f"{what} {thread_id[:80]!r} is not valid: use letters, digits, "
-                          "'-', '_' and '.' (at most 128)")
-    return thread_id
+    return check_id(thread_id, what)  # the one id rule of the CLI and the server
 
 
 class Threads:

@@ -142,6 +142,42 @@ class RunCreated(BaseModel):
     events_url: str
 
 
+class ForkBody(BaseModel):
+    """Fork a thread: the new thread's id, and the run after which to take its state
+    (default: the thread's current state)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    as_: Id = Field(alias="as", description="the new thread's id")
+    at: Id | None = Field(default=None, description="a run of the thread: fork from the "
+                          "state after it")
+
+
+class ThreadList(BaseModel):
+    """Threads, newest activity first: ``{thread_id, runs, last_status, last_activity,
+    harness, title, active_run}`` each."""
+
+    threads: list[dict[str, Any]]
+
+
+class ThreadOut(BaseModel):
+    """A thread: its runs, checkpoints (the last is its current state, ``head``) and saved
+    sessions."""
+
+    thread_id: str
+    runs: list[dict[str, Any]]
+    checkpoints: list[dict[str, Any]]
+    head: str | None = None
+    sessions: list[dict[str, Any]]
+
+
+class ThreadRemoved(BaseModel):
+    thread_id: str
+    sessions: int
+    checkpoints: int
+    sandboxes: int
+
+
 class ApprovalAnswer(BaseModel):
     """A viewer's answer to a host tool's approval request."""
 
