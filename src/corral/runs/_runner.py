@@ -58,6 +58,7 @@ from corral.runs._request import (
     RunRequest,
     RunStartError,
     lease_ttl_from_env,
+    max_takeovers_from,
     new_run_id,
 )
 from corral.sandbox._contracts import Provider
@@ -115,15 +116,21 @@ class Runner:
         tools: Toolset | None = None,
         approval_timeout: float = 300.0,
         max_file_watches: int = DEFAULT_MAX_WATCHES,
+        max_takeovers: int | None = None,
     ) -> None:
         """``tools``: host tools for the agent-CLI runs this runner starts and drives (a
         :class:`RunRequest` or :meth:`drive` may give its own). ``approval_timeout``: how long
         a call of an ``approval=True`` tool waits for ``corral approve``.
         ``max_file_watches``: directories a run's file events watch at most (changes in
-        others are logged by a workspace walk before the run's end)."""
+        others are logged by a workspace walk before the run's end). ``max_takeovers``:
+        how many drivers in a row may take a run over and die without it making progress
+        (no new logged event) before the next one ends it ``failed`` (code
+        ``takeover_limit``) instead of driving it; default ``$CORRAL_MAX_TAKEOVERS`` or 3
+        (``none`` there: no limit)."""
         configure_from_env()  # OTEL_* ask for export and the application set up none
         self.store = store
         self.max_file_watches = check_max_watches(max_file_watches)
+        self.max_takeovers = max_takeovers_from(max_takeovers)
         self.tools = tools
         self.approval_timeout = approval_timeout
         self._run_tools: dict[str, Toolset] = {}
@@ -437,7 +444,7 @@ class Runner:
             pass
         drive = ClaimedDrive(self.store, self.owner, self.lease_ttl, self._providers_of(record),
                              self._stop_agent, self.max_file_watches, self.approval_timeout,
-                             self.checkpoint)
+                             self.checkpoint, self.max_takeovers)
         with span(f"invoke_agent {record.harness}", {
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": record.harness,
                 "corral.run.id": record.run_id, "corral.thread.id": record.thread_id,
