@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -61,26 +62,40 @@ def _history(srv: ModelServer, start: int, key: str) -> str:
 def test_a_thread_continues_on_three_homes_then_undo_and_fork(
         corral_cmd: list[str], cli_env: dict[str, str], model_server: ModelServer,
         bwfiles: Path, tmp_path: Path) -> None:
+    # a fresh sandbox for every turn: nothing of an earlier turn but the store reaches it
+    thread_scenario(corral_cmd, agent_cli_env(cli_env, bwfiles, model_server), model_server,
+                    tmp_path, toml='id = "threads"\n[lifecycle]\nreuse = "none"\n')
+
+
+def thread_scenario(corral_cmd: list[str], base_env: dict[str, str],
+                    model_server: ModelServer, tmp_path: Path, *, toml: str,
+                    provider: tuple[str, ...] = (),
+                    between: Callable[[dict[str, str], str], None] | None = None) -> None:
+    """The three homes, undo and fork; ``between(env, run_id)`` runs after each turn (the
+    docker variant deletes the turn's container there)."""
     model_server.script = script
     ws = tmp_path / "ws"
     ws.mkdir()
-    (ws / "corral.toml").write_text('id = "threads"\n[lifecycle]\nreuse = "none"\n')
+    (ws / "corral.toml").write_text(toml)
     homes = {n: tmp_path / f"home-{n}" for n in "abc"}
     with pg_schema_url() as url:
 
-        def corral(home: str, *args: str) -> subprocess.CompletedProcess[str]:
+        def env_of(home: str) -> dict[str, str]:
             homes[home].mkdir(exist_ok=True)
-            env = {**agent_cli_env(cli_env, bwfiles, model_server),
-                   "CORRAL_HOME": str(homes[home]), "CORRAL_STORE": url}
-            out = subprocess.run([*corral_cmd, *args], env=env, capture_output=True,
+            return {**base_env, "CORRAL_HOME": str(homes[home]), "CORRAL_STORE": url}
+
+        def corral(home: str, *args: str) -> subprocess.CompletedProcess[str]:
+            out = subprocess.run([*corral_cmd, *args], env=env_of(home), capture_output=True,
                                  text=True, timeout=240, check=False, cwd=ws)
             assert out.returncode == 0, out.stderr[-3000:]
             return out
 
         def turn(home: str, thread: str, run_id: str, prompt: str) -> int:
             start = len(model_server.model_requests)
-            corral(home, "run", "--harness", "claude-code", "--run-id", run_id, "--thread",
-                   thread, "--workspace", str(ws), "--json", prompt)
+            corral(home, "run", *provider, "--harness", "claude-code", "--run-id", run_id,
+                   "--thread", thread, "--workspace", str(ws), "--json", prompt)
+            if between is not None:
+                between(env_of(home), run_id)
             return start
 
         turn("a", "T", "r1", "TURN-ONE please")
