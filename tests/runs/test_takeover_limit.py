@@ -40,7 +40,7 @@ def test_a_run_whose_drivers_keep_dying_is_ended_after_the_limit(cli: CliHome) -
         proc.wait()
         proc = cli.popen("attach", "doomed", quiet=True)
         # the takeover writes its count once it holds the claim
-        wait_until(lambda: _held_at(cli, "doomed", epoch + n) and (
+        wait_until(lambda n=n: _held_at(cli, "doomed", epoch + n) and (
             (cli.raw("doomed") or {}).get("takeovers") or {}).get("count") == n,
             f"takeover {n}", timeout=60)
         assert (cli.raw("doomed") or {})["status"] == "running"
@@ -66,7 +66,7 @@ def test_a_clean_detach_or_progress_is_no_dying_takeover(cli: CliHome) -> None:
                    timeout=60)
         proc = cli.popen("attach", "fine", quiet=True)
         epoch = (cli.raw("fine") or {})["driver_epoch"]
-        wait_until(lambda: _held_at(cli, "fine", epoch + 1), "attached", timeout=60)
+        wait_until(lambda e=epoch: _held_at(cli, "fine", e + 1), "attached", timeout=60)
         assert not (cli.raw("fine") or {}).get("takeovers")
     proc.send_signal(signal.SIGKILL)
     proc.wait()

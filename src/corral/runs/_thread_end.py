@@ -41,9 +41,28 @@ async def checkpoint_turn(store: Store, record: RunRecord, outcome: str, *,
     raises (but for cancellation)."""
     if outcome not in ("completed", "failed") or record.thread_id == record.run_id:
         return None
+    # Always a note on the record: the thread's next turn waits for it.
     sandbox = definition_of(record)
-    if sandbox is None or sandbox.lifecycle.checkpoint == "none":
-        return None
+    note: dict[str, Any]
+    if sandbox is None:
+        note = {"error": "the run's sandbox definition is unusable on this host"}
+    elif sandbox.lifecycle.checkpoint == "none":
+        note = {"skipped": "checkpoints are off (lifecycle.checkpoint = \"none\")"}
+    else:
+        note = await _bounded(store, record, sandbox, provider_for, redactor)
+    if "error" in note:
+        log.warning("run %s: no checkpoint of thread %s: %s", record.run_id,
+                    record.thread_id, note["error"])
+    try:
+        await store.update(record.run_id, RunPatch(checkpoint=note))
+    except StoreError as exc:
+        log.warning("run %s: recording its checkpoint failed: %s", record.run_id, exc)
+    return note
+
+
+async def _bounded(store: Store, record: RunRecord, sandbox: Any,
+                   provider_for: Callable[[str], Provider],
+                   redactor: Redactor | None) -> dict[str, Any]:
     note: dict[str, Any]
     with anyio.move_on_after(CHECKPOINT_TIMEOUT) as scope:
         try:
@@ -52,13 +71,6 @@ async def checkpoint_turn(store: Store, record: RunRecord, outcome: str, *,
             note = {"error": str(exc)[:500]}
     if scope.cancelled_caught:
         note = {"error": f"the checkpoint took longer than {CHECKPOINT_TIMEOUT:g} s"}
-    if "error" in note:
-        log.warning("run %s: no checkpoint of thread %s: %s", record.run_id,
-                    record.thread_id, note["error"])
-    try:
-        await store.update(record.run_id, RunPatch(checkpoint=note))
-    except StoreError as exc:
-        log.warning("run %s: recording its checkpoint failed: %s", record.run_id, exc)
     return note
 
 

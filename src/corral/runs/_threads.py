@@ -209,9 +209,12 @@ class Threads:
     # ------------------------------------------------------------------ change
 
     async def _idle(self, thread_id: str) -> None:
+        from corral.sandbox._threads import last_turn_recorded
+
         active = await self.store.find_active_run(thread_id)
         if active is not None:
             raise ThreadBusy(thread_id, active.run_id)
+        await last_turn_recorded(self.store, thread_id)  # a turn that just ended
 
     async def _state_after(self, thread_id: str, run: RunRecord | None,
                            runs: Sequence[RunRecord]) -> Checkpoint:
@@ -276,6 +279,9 @@ class Threads:
                 or await self.store.list_checkpoints(new_thread_id)
                 or await self.store.list_sessions(new_thread_id)):
             raise ThreadError(f"thread {new_thread_id!r} exists already; choose another id")
+        from corral.sandbox._threads import last_turn_recorded
+
+        await last_turn_recorded(self.store, thread_id)  # a turn that just ended
         runs = await self.store.list_by_thread(thread_id)
         if at is None:
             infos = await self.store.list_checkpoints(thread_id)

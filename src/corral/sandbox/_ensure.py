@@ -481,11 +481,17 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     what the instance record notes of it."""
     if sandbox.lifecycle.checkpoint == "none" or ctx.thread_id == ctx.run_id:
         return {}  # no thread named (a run is its own thread): nothing to continue
-    from corral.sandbox._threads import initial_checkpoint, restore_head, thread_checkpoints
+    from corral.sandbox._threads import (
+        initial_checkpoint,
+        last_turn_recorded,
+        restore_head,
+        thread_checkpoints,
+    )
 
     checkpoints = thread_checkpoints(store)
     if checkpoints is None:
         return {}
+    await last_turn_recorded(store, ctx.thread_id, but=ctx.run_id)
     restored = await restore_head(handle, checkpoints, ctx)
     if restored is not None:
         return {"restored_checkpoint": restored}

@@ -47,13 +47,14 @@ from corral.stores._checkpoints import (
     CorruptCheckpoint,
     SessionPart,
 )
-from corral.stores._protocols import CheckpointStore, StoredSession
+from corral.stores._protocols import CheckpointStore, RunStore, StoredSession
 
 __all__ = [
     "SESSION_ROOT",
     "copy_checkpoint",
     "head_of",
     "initial_checkpoint",
+    "last_turn_recorded",
     "restore_head",
     "session_of",
     "session_part",
@@ -65,6 +66,34 @@ log = get_logger("corral.sandbox._threads")
 SESSION_ROOT: Final = "/home/agent"
 """Where a saved session's files live in the sandbox (the agent's home): the root of a
 checkpoint's session part."""
+
+
+LAST_TURN_WAIT: Final = 60.0
+"""Seconds to wait for a thread's last turn's checkpoint (taken after that run's end is
+logged, so a client can ask for the next turn, an undo or a fork first)."""
+
+
+async def last_turn_recorded(store: object, thread_id: str, *, but: str | None = None,
+                             wait: float = LAST_TURN_WAIT) -> None:
+    """Wait (bounded by ``wait``) until the thread's latest finished turn (other than run
+    ``but``) has its checkpoint written on its record, or its failure to, so what comes
+    next starts from it rather than from the turn before."""
+    if not isinstance(store, RunStore):
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        runs = [r for r in await store.list_by_thread(thread_id) if r.run_id != but]
+        last = runs[-1] if runs else None
+        if last is None or last.thread_id == last.run_id or not last.terminal \
+                or last.status.value == "aborted" or last.checkpoint is not None \
+                or last.finished_at is None or last.finished_at < time.time() - 600:
+            return
+        if time.monotonic() >= deadline:
+            log.warning("thread %s: run %s's checkpoint is not written after %g s; "
+                        "going on from the thread's last checkpoint", thread_id,
+                        last.run_id, wait)
+            return
+        await anyio.sleep(0.1)
 
 
 def thread_checkpoints(store: object) -> CheckpointStore | None:
