@@ -506,25 +506,25 @@ def create_app(
         return ThreadList(threads=[t.to_dict() for t in found])
 
     @app.get("/v1/threads/{thread_id}", response_model=ThreadOut,
-             responses=_responses(401, 404), summary="A thread's runs and checkpoints")
+             responses=_responses(400, 401, 404), summary="A thread's runs and checkpoints")
     async def get_thread(thread_id: str) -> ThreadOut:
         return ThreadOut(**(await service.runner.threads.show(thread_id)).to_dict())
 
     @app.post("/v1/threads/{thread_id}/undo", response_model=ThreadOut,
-              responses=_responses(401, 403, 404, 409),
+              responses=_responses(400, 401, 403, 404, 409),
               summary="Undo the thread's last turn (workspace and conversation)")
     async def undo_thread(thread_id: str) -> ThreadOut:
         return ThreadOut(**(await service.runner.threads.undo(thread_id)).to_dict())
 
     @app.post("/v1/threads/{thread_id}/fork", response_model=ThreadOut,
-              responses=_responses(401, 403, 404, 409, 422),
+              responses=_responses(400, 401, 403, 404, 409, 413, 422),
               summary="Start a new thread from this one's state after a run")
     async def fork_thread(thread_id: str, body: ForkBody) -> ThreadOut:
         detail = await service.runner.threads.fork(thread_id, body.as_, at=body.at)
         return ThreadOut(**detail.to_dict())
 
     @app.delete("/v1/threads/{thread_id}", response_model=ThreadRemoved,
-                responses=_responses(401, 403, 404, 409),
+                responses=_responses(400, 401, 403, 404, 409),
                 summary="Remove a thread's sessions, checkpoints and sandboxes (runs kept)")
     async def remove_thread(thread_id: str) -> ThreadRemoved:
         removed = await service.runner.threads.remove(thread_id)
