@@ -56,7 +56,8 @@ def test_help_groups_the_commands_by_task(corral_cmd: list[str], cli_env: dict[s
     starts = [text.index(f"\n{title}:\n") for title, _ in COMMAND_GROUPS]
     assert starts == sorted(starts)
     runs = text.split("\nRuns:\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert [line.split()[0] for line in runs] == ["run", "attach", "cancel", "ls", "show", "approve"]
+    assert [line.split()[0] for line in runs] == ["run", "attach", "cancel", "ls", "show", "approve",
+                                                  "threads"]
     assert "  run         start a durable run and stream its events\n" in text
     assert text.endswith("\nRun 'corral COMMAND --help' for a command's options.\n")
 

@@ -24,7 +24,7 @@ PINNED = [
     "ReapOutcome", "ReapResult", "Redactor", "ResourceLimits", "RunContext", "RunExists",
     "RunRecord", "RunRequest", "RunStartError", "RunStatus", "Runner", "Sandbox",
     "SandboxReclaimFailedError", "SandboxRef", "SandboxSpec", "SecretRef", "Secrets", "Step",
-    "StoreError", "Toolset", "UnknownRun", "UnsupportedCapability", "Workspace", "__version__",
+    "StoreError", "ThreadBusy", "ThreadError", "Threads", "Toolset", "UnknownRun", "UnknownThread", "UnsupportedCapability", "Workspace", "__version__",
     "ProviderConfig", "dump_config", "load_config", "open_store", "parallel", "reap_detached_runs",
     "reclaim_sandbox", "register_provider", "sandbox_reclaimer", "tool",
 ]  # fmt: skip

@@ -12,9 +12,9 @@
   boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
   other half: behaviour that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
-  :class:`InstanceStore`, :class:`LockStore`, :class:`SessionStore` (agent CLIs' saved
-  sessions per thread), :class:`CheckpointStore` (content-addressed workspace checkpoints,
-  #27), and :class:`Store`, all of them at once.
+  :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
+  workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved sessions per
+  thread), and :class:`Store`, all of them at once.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
     **dict.fromkeys(
         ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
-         "SessionStore", "Store"),
+         "SessionStore",
+         "Store"),
         "corral.stores._protocols",
     ),
 }

@@ -233,3 +233,20 @@ def test_found_config_cannot_raise_the_time_limits(
         '[lifecycle]\nkeep_alive = "1h"\n[workspace]\nsetup = [{ run = "true", timeout = "5m" }]\n')
     ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_found_config_cannot_raise_the_checkpoint_cap(
+    repo: Path, corral_cmd: list[str], cli_env: dict[str, str]
+) -> None:
+    """A repository's corral.toml makes every turn of its threads store 500 GiB of
+    checkpoints in the shared store: it may only lower the cap (or turn checkpoints off)."""
+    (repo / "corral.toml").write_text('[lifecycle]\ncheckpoint_max_size = "500 GiB"\n')
+    r = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    one_line_refusal(r, "lifecycle.checkpoint_max_size", "1 GiB", "--config")
+    (repo / "corral.toml").write_text(
+        '[lifecycle]\ncheckpoint_max_size = "10 MiB"\non_checkpoint_too_large = "skip"\n')
+    ok = run([*corral_cmd, "run", "--workspace", str(repo), "--", "true"], cli_env, repo)
+    assert ok.returncode == 0, ok.stderr
+    trusted = run([*corral_cmd, "run", "--config", str(repo / "corral.toml"), "--workspace",
+                   str(repo), "--", "true"], cli_env, repo)
+    assert trusted.returncode == 0, trusted.stderr

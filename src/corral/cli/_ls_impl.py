@@ -41,7 +41,7 @@ def record_json(record: RunRecord) -> dict[str, Any]:
     out = {key: data.get(key) for key in SHOW_KEYS}
     out["cancel_requested"] = bool(out["cancel_requested"])
     out["driver_epoch"] = record.driver_epoch
-    for key in ("harness", "usage", "sandbox_ref", "output"):
+    for key in ("harness", "usage", "sandbox_ref", "output", "checkpoint", "undone_at"):
         if data.get(key) is not None:
             out[key] = data[key]
     return out

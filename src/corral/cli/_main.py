@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "corral.cli._sandboxes_cmd",  # corral sandboxes ls|rm
     "corral.cli._doctor_cmd",  # corral doctor
     "corral.cli._runs_cmd",  # corral run|attach|cancel|ls|show
+    "corral.cli._threads_cmd",  # corral threads ls|show|undo|fork|rm
     "corral.cli._reap_cmd",  # corral reap
     "corral.cli._gc_cmd",  # corral gc
     "corral.cli._serve_cmd",  # corral serve
@@ -39,7 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 # `corral --help` lists the commands by task, as `docker --help` and `gh --help` do. Every
 # command is in exactly one group (tests/test_cli_conventions.py checks it).
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Runs", ("run", "attach", "cancel", "ls", "show", "approve")),
+    ("Runs", ("run", "attach", "cancel", "ls", "show", "approve", "threads")),
     ("Sandboxes", ("exec", "sandboxes", "gc", "reap")),
     ("Service", ("serve", "acp", "mcp")),
     ("Set-up", ("doctor", "agents", "images", "completion")),

@@ -24,7 +24,8 @@ the user's own and is trusted. A found file may not
 - raise a limit the user set or gets by default: ``workspace.max_copy_size`` above
   ``$CORRAL_MAX_COPY_SIZE`` (else 1 GiB) unless ``--max-copy-size`` decides, a setup
   step's ``timeout`` above the default 30 minutes, ``lifecycle.keep_alive`` above the
-  default 24 hours (or ``"never"``).
+  default 24 hours (or ``"never"``), ``lifecycle.checkpoint_max_size`` above the default
+  1 GiB (a thread's checkpoints fill the shared store).
 
 Each refusal is one line naming the key and the two ways forward. docs/security.md lists
 every key of the file with what a found file may do with it.
@@ -40,7 +41,7 @@ from corral.sandbox._allowlist import non_public, parse_allowlist
 from corral.providers import get_provider
 from corral.sandbox._contracts import DefaultLimits
 from corral.sandbox._definition import Sandbox
-from corral.sandbox._lifecycle import DEFAULT_KEEP_ALIVE
+from corral.sandbox._lifecycle import DEFAULT_CHECKPOINT_MAX_SIZE, DEFAULT_KEEP_ALIVE
 from corral.sandbox._policy import Policy
 from corral.sandbox._sources import GitSource, LocalDir
 from corral.sandbox._transfer import CopyLimit
@@ -170,6 +171,13 @@ def _check_time_limits(sandbox: Sandbox, config: Path, trust: str) -> None:
             f"{config}: lifecycle.keep_alive {asked} keeps sandboxes longer than the default "
             f"{_hours(DEFAULT_KEEP_ALIVE)}: a repository's corral.toml may only lower it; "
             f"{trust}"
+        )
+    cap = sandbox.lifecycle.checkpoint_max_bytes
+    if cap > DEFAULT_CHECKPOINT_MAX_SIZE:
+        raise ConfigError(
+            f"{config}: lifecycle.checkpoint_max_size {format_size(cap)} is above the default "
+            f"{format_size(DEFAULT_CHECKPOINT_MAX_SIZE)} (checkpoints fill the shared store): "
+            f"a repository's corral.toml may only lower it; {trust}"
         )
 
 

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
     from corral.runs._request import DriveResult, RunRequest, RunStartError
     from corral.runs._runner import Runner
     from corral.runs._spec import SPEC_VERSION, RunSpec
+    from corral.runs._threads import (
+        ThreadBusy,
+        ThreadDetail,
+        ThreadError,
+        ThreadSummary,
+        Threads,
+        UnknownThread,
+    )
 
 # Names resolve on first use (corral._lazy).
 _EXPORTS: dict[str, str] = {
@@ -65,6 +73,8 @@ _EXPORTS: dict[str, str] = {
     "SandboxReclaimFailedError": "corral.runs._reclaim",
     "reclaim_sandbox": "corral.runs._reclaim",
     "sandbox_reclaimer": "corral.runs._reclaim",
+    **dict.fromkeys(("ThreadBusy", "ThreadDetail", "ThreadError", "ThreadSummary", "Threads",
+                     "UnknownThread"), "corral.runs._threads"),
 }
 
 
@@ -92,6 +102,12 @@ __all__ = [
     "RunStartError",
     "Runner",
     "SandboxReclaimFailedError",
+    "ThreadBusy",
+    "ThreadDetail",
+    "ThreadError",
+    "ThreadSummary",
+    "Threads",
+    "UnknownThread",
     "await_log_quiet",
     "hold_claim",
     "journal_location",

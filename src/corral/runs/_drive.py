@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
+from corral._errors import CorralError
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.journal._layout import JournalPaths
@@ -35,13 +36,31 @@ if TYPE_CHECKING:
     from corral.tools._core import Toolset
     from corral.tools._output import OutputState
 
-__all__ = ["CANCEL_LOG_BUDGET", "POLL", "ClaimedDrive", "JournalRest", "cancel_run"]
+__all__ = ["CANCEL_LOG_BUDGET", "DEFAULT_MAX_TAKEOVERS", "POLL", "ClaimedDrive", "JournalRest",
+           "TakeoverLimit", "cancel_run"]
 
 log = library_logger("corral.runs._runner")
 
 POLL: Final = 0.2
 """How often a waiting driver re-reads the record (takeover of a dead local driver and
 noticing a cancel both happen within about this)."""
+
+
+DEFAULT_MAX_TAKEOVERS: Final = 3
+"""Drivers that may take a run over and die without it making progress before the next
+one ends it ``failed`` (``Runner(max_takeovers=)``, ``$CORRAL_MAX_TAKEOVERS``)."""
+
+
+class TakeoverLimit(CorralError):
+    """A run whose drivers keep dying is ended rather than taken over again."""
+
+    code = "takeover_limit"
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(
+            f"the run was ended after {count - 1} drivers in a row took it over and died "
+            f"without it making progress (the limit is {limit}: Runner(max_takeovers=), "
+            "$CORRAL_MAX_TAKEOVERS); it may be what kills its hosts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +75,7 @@ class ClaimedDrive:
     max_watches: int
     approval_timeout: float
     checkpoint: Checkpoint | None = None
+    max_takeovers: int | None = DEFAULT_MAX_TAKEOVERS
 
     async def __call__(self, record: RunRecord, paths: JournalPaths, nonce: str,
                        secrets: Secrets | None, *, stop: anyio.Event | None,
@@ -66,11 +86,32 @@ class ClaimedDrive:
         async with hold_claim(self.store, record.run_id, self.owner, self.lease_ttl,
                               clear_detached=clear_detached,
                               break_lease_of=breaking) as held:
-            return await self._claimed(record, paths, nonce, secrets, held.epoch, stop, tools)
+            # a takeover: the driver before never let go (it died, or its lease lapsed)
+            takeover = record.claim_owner is not None
+            return await self._claimed(record, paths, nonce, secrets, held.epoch, stop, tools,
+                                       takeover)
+
+    async def _count_takeover(self, record: RunRecord, offset: int, epoch: int,
+                              takeover: bool) -> int:
+        """Consecutive takeovers of the run at the same log offset (progress resets the
+        count, and so does a driver that let go cleanly), written on the record fenced by
+        this claim; returns the count."""
+        prev = record.takeovers or {}
+        count = 0
+        if takeover:
+            same = prev.get("offset") == offset and isinstance(prev.get("count"), int)
+            count = int(prev["count"]) + 1 if same else 1
+        if count or prev:
+            from corral.stores._records import RunPatch
+
+            await self.store.update(record.run_id, RunPatch(
+                takeovers={"count": count, "offset": offset} if count else None),
+                expect_epoch=epoch)
+        return count
 
     async def _claimed(self, record: RunRecord, paths: JournalPaths, nonce: str,
                        secrets: Secrets | None, epoch: int, stop: anyio.Event | None,
-                       tools: Toolset | None) -> PipeResult:
+                       tools: Toolset | None, takeover: bool = False) -> PipeResult:
         run_id, store = record.run_id, self.store
         inside = await inside_handle(record, self.provider_for) if is_inside(record) else None
         if inside is not None:
@@ -83,6 +124,12 @@ class ClaimedDrive:
             return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch,
                                          detach_on_cancel=True)
         tail = await store.tail(run_id)
+        count = await self._count_takeover(record, tail.last_offset, epoch, takeover)
+        if self.max_takeovers is not None and count > self.max_takeovers:
+            await self.stop_agent(record)
+            return await pipe_to_run_log(
+                store, run_id, _raising(TakeoverLimit(count, self.max_takeovers)),
+                epoch=epoch, detach_on_cancel=True)
         if is_inside(record) and inside is None and \
                 (await probe_exit(paths, nonce)).state != "finished":
             # The journal lives in the sandbox: with the sandbox gone, what this host's

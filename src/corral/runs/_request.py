@@ -31,6 +31,7 @@ __all__ = [
     "RunRequest",
     "RunStartError",
     "lease_ttl_from_env",
+    "max_takeovers_from",
     "new_run_id",
 ]
 
@@ -46,6 +47,28 @@ class RunStartError(CorralError):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+def max_takeovers_from(given: int | None) -> int | None:
+    """The takeover limit: ``given``, else ``$CORRAL_MAX_TAKEOVERS``, else 3; ``0`` or
+    ``"none"`` in the environment turns it off (``None``)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise ConfigError(f"max_takeovers must be a positive integer, not {given!r}")
+        return given
+    raw = os.environ.get("CORRAL_MAX_TAKEOVERS")
+    if raw is None or not raw.strip():
+        return 3
+    if raw.strip().lower() in ("0", "none", "off"):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise ConfigError(f"CORRAL_MAX_TAKEOVERS must be a positive integer (or 'none'), "
+                          f"got {raw!r}")
+    return value
 
 
 def lease_ttl_from_env() -> float:

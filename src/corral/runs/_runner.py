@@ -58,6 +58,7 @@ from corral.runs._request import (
     RunRequest,
     RunStartError,
     lease_ttl_from_env,
+    max_takeovers_from,
     new_run_id,
 )
 from corral.sandbox._contracts import Provider
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
     from corral.runs._launch import StartPlan
     from corral.runs._prune import PruneResult
     from corral.runs._reap import ReapResult
+    from corral.runs._threads import Threads
     from corral.tools._core import Toolset
 
 __all__ = [
@@ -114,15 +116,21 @@ class Runner:
         tools: Toolset | None = None,
         approval_timeout: float = 300.0,
         max_file_watches: int = DEFAULT_MAX_WATCHES,
+        max_takeovers: int | None = None,
     ) -> None:
         """``tools``: host tools for the agent-CLI runs this runner starts and drives (a
         :class:`RunRequest` or :meth:`drive` may give its own). ``approval_timeout``: how long
         a call of an ``approval=True`` tool waits for ``corral approve``.
         ``max_file_watches``: directories a run's file events watch at most (changes in
-        others are logged by a workspace walk before the run's end)."""
+        others are logged by a workspace walk before the run's end). ``max_takeovers``:
+        how many drivers in a row may take a run over and die without it making progress
+        (no new logged event) before the next one ends it ``failed`` (code
+        ``takeover_limit``) instead of driving it; default ``$CORRAL_MAX_TAKEOVERS`` or 3
+        (``none`` there: no limit)."""
         configure_from_env()  # OTEL_* ask for export and the application set up none
         self.store = store
         self.max_file_watches = check_max_watches(max_file_watches)
+        self.max_takeovers = max_takeovers_from(max_takeovers)
         self.tools = tools
         self.approval_timeout = approval_timeout
         self._run_tools: dict[str, Toolset] = {}
@@ -136,6 +144,14 @@ class Runner:
         self.checkpoint: Checkpoint | None = None
         """The produce path's step hook (:data:`corral.runs._produce.Checkpoint`), for
         tests that inject kill points; ``None`` in production."""
+
+    @property
+    def threads(self) -> Threads:
+        """This runner's threads (#27): list, show, undo, fork, remove
+        (:class:`~corral.Threads`)."""
+        from corral.runs._threads import Threads
+
+        return Threads(self)
 
     # ------------------------------------------------------------------ helpers
 
@@ -288,6 +304,20 @@ class Runner:
                 await self._finish_agent(record)
             except Exception as exc:  # noqa: BLE001 - the reaper goes on
                 log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
+        if record.terminal:
+            await self._checkpoint_turn(record, record.status.value)
+
+    async def _checkpoint_turn(self, record: RunRecord, outcome: str) -> None:
+        """The thread's checkpoint after this turn (#27), before the sandbox may go."""
+        from corral.runs._thread_end import checkpoint_turn
+
+        with anyio.CancelScope(shield=True):
+            try:
+                await checkpoint_turn(self.store, record, outcome,
+                                      provider_for=self._providers_of(record),
+                                      redactor=self.redactor_for(record))
+            except Exception as exc:  # noqa: BLE001 - the run is over; the sandbox's turn
+                log.error("checkpointing the thread of run %s failed: %s", record.run_id, exc)
 
     # ------------------------------------------------------------------ drive
 
@@ -414,7 +444,7 @@ class Runner:
             pass
         drive = ClaimedDrive(self.store, self.owner, self.lease_ttl, self._providers_of(record),
                              self._stop_agent, self.max_file_watches, self.approval_timeout,
-                             self.checkpoint)
+                             self.checkpoint, self.max_takeovers)
         with span(f"invoke_agent {record.harness}", {
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": record.harness,
                 "corral.run.id": record.run_id, "corral.thread.id": record.thread_id,
@@ -439,22 +469,23 @@ class Runner:
 
     async def _finish_sandbox(self, record: RunRecord, outcome: str) -> None:
         """Apply the run's lifecycle to its sandbox: destroy it (``destroy_on_complete`` or
-        an aborted run), or snapshot/keep it for the next run of the thread."""
+        an aborted run), or snapshot/keep it for the next run of the thread. Before that,
+        the agent's session is saved and the thread checkpointed (each bounded on its
+        own: a slow checkpoint never keeps the lifecycle from applying)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(120):
             try:
-                await self._finish_sandbox_now(record, outcome)
+                await self._finish_agent(record)  # before the sandbox may go
+            except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
+                log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
+        await self._checkpoint_turn(record, outcome)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+            try:
+                from corral.runs._release import release_sandbox
+
+                await release_sandbox(self.store, record, outcome,
+                                      provider_for=self._providers_of(record))
             except Exception as exc:  # noqa: BLE001
                 log.error("finishing the sandbox of run %s failed: %s", record.run_id, exc)
-
-    async def _finish_sandbox_now(self, record: RunRecord, outcome: str) -> None:
-        try:
-            await self._finish_agent(record)  # before the sandbox may go
-        except Exception as exc:  # noqa: BLE001 - the sandbox's lifecycle still applies
-            log.error("finishing the agent of run %s failed: %s", record.run_id, exc)
-        from corral.runs._release import release_sandbox
-
-        await release_sandbox(self.store, record, outcome,
-                              provider_for=self._providers_of(record))
 
     # ------------------------------------------------------------------ reap
 

@@ -358,6 +358,8 @@ async def checkpoint_workspace(
     checkpoint_id: str | None = None,
     python: str = SANDBOX_PYTHON,
     now: float | None = None,
+    session_part: SessionPart | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Checkpoint | None:
     """Checkpoint ``handle``'s workspace (its workdir) into ``store`` for ``thread_id``.
 
@@ -365,7 +367,10 @@ async def checkpoint_workspace(
     files are not read again. ``secrets`` are the run's secrets (name → value, or a
     :class:`~corral.Redactor`): a file holding one is left out (see the module docstring).
     Over ``max_bytes`` of content: :class:`CheckpointTooLarge`, or ``None`` and a warning
-    with ``on_too_large="skip"``. Returns the stored :class:`~corral.stores.Checkpoint`."""
+    with ``on_too_large="skip"``. ``session_part`` (instead of ``session``): a saved
+    session already in the store's chunks (:func:`corral.sandbox._threads.session_part`),
+    carried as is; ``meta`` is merged into the checkpoint's ``meta``. Returns the stored
+    :class:`~corral.stores.Checkpoint`."""
     if on_too_large not in ("error", "skip"):
         raise CheckpointError(f"on_too_large must be 'error' or 'skip', got {on_too_large!r}")
     if isinstance(parent, str):
@@ -376,7 +381,7 @@ async def checkpoint_workspace(
     try:
         return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
                                  max_bytes, on_too_large, parent, session, checkpoint_id,
-                                 python, now)
+                                 python, now, session_part, meta)
     except MissingChunks:
         # A chunk the parent named was collected underneath us (its manifest deleted
         # meanwhile): take the checkpoint again reading everything.
@@ -384,14 +389,15 @@ async def checkpoint_workspace(
             raise
         return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
                                  max_bytes, on_too_large, None, session, checkpoint_id,
-                                 python, now)
+                                 python, now, session_part, meta)
 
 
 async def _checkpoint(
     handle: Handle, store: CheckpointStore, thread_id: str, run_id: str | None,
     items: list[tuple[str, str]], max_bytes: int | None, on_too_large: str,
     parent: Checkpoint | None, session: SessionSource | None, checkpoint_id: str | None,
-    python: str, now: float | None,
+    python: str, now: float | None, attached: SessionPart | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Checkpoint | None:
     same = parent is not None and _same_secrets(parent.scan, items)
     reuse_ws = _known(parent, same, parent.entries if parent else ())
@@ -516,6 +522,8 @@ async def _checkpoint(
         s_entries = _entries(listings[1], 1, content, reuse_s, pattern, thread_id)
         session_part = SessionPart(session.harness, session.session_id, session.root,
                                    s_entries)
+    elif attached is not None:
+        session_part = attached
     cp = Checkpoint(
         checkpoint_id=checkpoint_id or f"ckpt-{uuid.uuid4().hex}",
         thread_id=thread_id,
@@ -528,7 +536,7 @@ async def _checkpoint(
             sum(e.size for e in session_part.entries) if session_part else 0),
         session=session_part,
         scan=_fingerprint(items, _secrets.token_bytes(16)),
-        meta={"sent_bytes": uploader.sent},
+        meta={**(meta or {}), "sent_bytes": uploader.sent},
     )
     await store.put_checkpoint(cp, now=now)
     return cp

@@ -241,7 +241,9 @@ class Sandbox:
         life = data.get("lifecycle", {})
         if not isinstance(life, Mapping):
             raise ConfigError("lifecycle: expected a table")
-        v.no_unknown(life, ("reuse", "snapshot", "keep_alive", "destroy_on_complete"), "lifecycle")
+        v.no_unknown(life, ("reuse", "snapshot", "keep_alive", "destroy_on_complete",
+                           "checkpoint", "checkpoint_max_size", "on_checkpoint_too_large"),
+                     "lifecycle")
         lifecycle = Lifecycle(**life)
 
         return cls(

@@ -421,6 +421,14 @@ async def _ensure_locked(
                         raise gone from exc
                     raise
                 origin = "rebootstrapped"
+            if origin != "resumed":
+                try:
+                    extra.update(await _thread_state(sandbox, ctx, handle, store))
+                except BaseException:
+                    await _destroy_quietly(provider, handle.id)
+                    await _forget(store, key, snapshots, provider.name,
+                                  existing.latest_snapshot_id)
+                    raise
             now = time.time()
             record = _record(
                 sandbox, ctx, key, handle,
@@ -446,6 +454,7 @@ async def _ensure_locked(
             snap = await snapshots.snapshot(handle, "after-setup")
             snap_id = snap.id
             extra["snapshot_taken_at"] = time.time()
+        extra.update(await _thread_state(sandbox, ctx, handle, store))
     except BaseException as exc:
         gone = await _gone_under(provider, handle.id, exc)
         await _destroy_quietly(provider, handle.id)
@@ -462,6 +471,33 @@ async def _ensure_locked(
     )
     await _write_last(store, held, record)
     return Ensured(handle, key, record, "created", sandbox.secrets)
+
+
+async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store: object
+                        ) -> dict[str, Any]:
+    """A fresh sandbox of a named thread (#27) gets the thread's state: its head checkpoint's
+    workspace (the last turn's files, whichever host ran it), or, for the thread's first
+    turn, the state before it is recorded (what undo of that turn brings back). Returns
+    what the instance record notes of it."""
+    if sandbox.lifecycle.checkpoint == "none" or ctx.thread_id == ctx.run_id:
+        return {}  # no thread named (a run is its own thread): nothing to continue
+    from corral.sandbox._threads import (
+        initial_checkpoint,
+        last_turn_recorded,
+        restore_head,
+        thread_checkpoints,
+    )
+
+    checkpoints = thread_checkpoints(store)
+    if checkpoints is None:
+        return {}
+    await last_turn_recorded(store, ctx.thread_id, but=ctx.run_id)
+    restored = await restore_head(handle, checkpoints, ctx)
+    if restored is not None:
+        return {"restored_checkpoint": restored}
+    await initial_checkpoint(handle, checkpoints, ctx, secrets=sandbox.secrets.redactor(),
+                             max_bytes=sandbox.lifecycle.checkpoint_max_bytes)
+    return {}
 
 
 async def _write_last(store: InstanceStore, held: KeyLock | None, record: InstanceRecord) -> None:

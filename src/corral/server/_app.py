@@ -27,6 +27,7 @@ from corral.harness._registry import harness_names
 from corral.stores._records import RunStatus
 from corral.sandbox._contracts import UnsupportedCapability
 from corral.runs._runner import Runner, RunRequest, RunStartError
+from corral.runs._threads import ThreadBusy, ThreadError, UnknownThread
 from corral.stores._protocols import RunExists, UnknownRun
 from corral.server._agui import AguiInputError, answers_of, frontend_descriptors, start_body
 from corral.server._agui_answer import apply_answers
@@ -40,12 +41,16 @@ from corral.server._models import (
     ApprovalOut,
     ApprovalResult,
     ErrorBody,
+    ForkBody,
     HarnessList,
     HarnessUnavailable,
     RunCreated,
     RunList,
     RunOut,
     StartRun,
+    ThreadList,
+    ThreadOut,
+    ThreadRemoved,
     events_url,
 )
 from corral.server._service import RunService, TooManyRuns
@@ -254,6 +259,8 @@ def create_app(
         UnknownRun: (404, "run_not_found"), RunExists: (409, "run_exists"),
         TooManyRuns: (429, "too_many_runs"), RunStartError: (500, "run_start_failed"),
         ConfigError: (400, "invalid_request"),
+        UnknownThread: (404, "thread_not_found"), ThreadBusy: (409, "thread_busy"),
+        ThreadError: (409, "thread_refused"),
     }.items():
         app.add_exception_handler(exc_type, mapped(status, code))
 
@@ -439,6 +446,37 @@ def create_app(
         if record is None:
             raise ApiError(404, "no_active_run", f"thread {thread_id!r} has no running run")
         return RunOut.of(record, _root(request))
+
+    @app.get("/v1/threads", response_model=ThreadList, responses=_responses(401, 422),
+             summary="List threads, newest activity first")
+    async def list_threads(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> ThreadList:
+        found = await service.runner.threads.list(limit=limit)
+        return ThreadList(threads=[t.to_dict() for t in found])
+
+    @app.get("/v1/threads/{thread_id}", response_model=ThreadOut,
+             responses=_responses(400, 401, 404), summary="A thread's runs and checkpoints")
+    async def get_thread(thread_id: str) -> ThreadOut:
+        return ThreadOut(**(await service.runner.threads.show(thread_id)).to_dict())
+
+    @app.post("/v1/threads/{thread_id}/undo", response_model=ThreadOut,
+              responses=_responses(400, 401, 403, 404, 409),
+              summary="Undo the thread's last turn (workspace and conversation)")
+    async def undo_thread(thread_id: str) -> ThreadOut:
+        return ThreadOut(**(await service.runner.threads.undo(thread_id)).to_dict())
+
+    @app.post("/v1/threads/{thread_id}/fork", response_model=ThreadOut,
+              responses=_responses(400, 401, 403, 404, 409, 413, 422),
+              summary="Start a new thread from this one's state after a run")
+    async def fork_thread(thread_id: str, body: ForkBody) -> ThreadOut:
+        detail = await service.runner.threads.fork(thread_id, body.as_, at=body.at)
+        return ThreadOut(**detail.to_dict())
+
+    @app.delete("/v1/threads/{thread_id}", response_model=ThreadRemoved,
+                responses=_responses(400, 401, 403, 404, 409),
+                summary="Remove a thread's sessions, checkpoints and sandboxes (runs kept)")
+    async def remove_thread(thread_id: str) -> ThreadRemoved:
+        removed = await service.runner.threads.remove(thread_id)
+        return ThreadRemoved(thread_id=thread_id, **removed)
 
     @app.get(
         "/v1/runs/{run_id}/events",

@@ -148,6 +148,42 @@ class RunCreated(BaseModel):
     events_url: str
 
 
+class ForkBody(BaseModel):
+    """Fork a thread: the new thread's id, and the run after which to take its state
+    (default: the thread's current state)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    as_: Id = Field(alias="as", description="the new thread's id")
+    at: Id | None = Field(default=None, description="a run of the thread: fork from the "
+                          "state after it")
+
+
+class ThreadList(BaseModel):
+    """Threads, newest activity first: ``{thread_id, runs, last_status, last_activity,
+    harness, title, active_run}`` each."""
+
+    threads: list[dict[str, Any]]
+
+
+class ThreadOut(BaseModel):
+    """A thread: its runs, checkpoints (the last is its current state, ``head``) and saved
+    sessions."""
+
+    thread_id: str
+    runs: list[dict[str, Any]]
+    checkpoints: list[dict[str, Any]]
+    head: str | None = None
+    sessions: list[dict[str, Any]]
+
+
+class ThreadRemoved(BaseModel):
+    thread_id: str
+    sessions: int
+    checkpoints: int
+    sandboxes: int
+
+
 class ApprovalAnswer(BaseModel):
     """A viewer's answer to a host tool's approval request."""
 
@@ -225,6 +261,11 @@ class RunOut(BaseModel):
     usage: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     """The run's structured result (a run started with ``output_schema``)."""
+    checkpoint: dict[str, Any] | None = Field(
+        default=None, description="the thread's checkpoint taken as the run ended: "
+        "{id, bytes} or {skipped}/{error}")
+    undone_at: float | None = Field(default=None, description="when an undo took this "
+                                    "run's turn back")
     events_url: str
 
     @classmethod
@@ -250,6 +291,8 @@ class RunOut(BaseModel):
             driver_epoch=record.driver_epoch,
             usage=dict(record.usage) if record.usage else None,
             output=dict(record.output) if record.output is not None else None,
+            checkpoint=dict(record.checkpoint) if record.checkpoint else None,
+            undone_at=record.undone_at,
             events_url=root + events_url(record.run_id),
         )
 

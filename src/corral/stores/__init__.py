@@ -12,7 +12,7 @@
   show the URL with its password masked.
 
 The store protocols (:class:`Store` and its parts, among them :class:`SessionStore`: agent
-CLIs' saved sessions per thread), the run records and the checkpoint values
+CLIs' saved sessions per thread), their records and the checkpoint values
 (:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here too.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A

@@ -692,40 +692,6 @@ class SecretStore(Protocol):
 
 
 @runtime_checkable
-class SessionStore(Protocol):
-    """Agent CLIs' saved sessions, one per thread and harness, shared by every host of the
-    store: a thread's next turn resumes its conversation on any host, in any sandbox.
-
-    A put replaces the thread's session for that harness whole, in one transaction: a
-    concurrent reader gets the old session or the new one, never a mix, and of concurrent
-    writers the last to commit wins whole. The store refuses a session over
-    :attr:`session_limits` with :class:`SessionTooLarge`, writing nothing. Sessions are
-    stored as given: redacting them is the caller's job (corral's agent runtime redacts
-    before anything reaches the store)."""
-
-    session_limits: SessionLimits
-    """The largest session :meth:`put_session` accepts (settable)."""
-
-    async def put_session(self, session: StoredSession) -> SessionInfo:
-        """Store ``session``, replacing the thread's session for its harness (files and
-        all); returns it as :meth:`list_sessions` lists it. :class:`SessionTooLarge` or
-        :class:`InvalidSession` when refused (nothing written)."""
-        ...
-
-    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
-        """The thread's saved session for ``harness``, or ``None``."""
-        ...
-
-    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
-        """The thread's saved sessions (one per harness), by harness name."""
-        ...
-
-    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
-        """Remove the thread's saved sessions (only ``harness``'s when given); returns how
-        many were removed (0 when there were none)."""
-        ...
-
-
 class CheckpointStore(Protocol):
     """Checkpoints of threads' workspaces (#27): content-addressed chunks, shared by every
     checkpoint and thread that holds the same bytes, and per-thread manifests naming them.
@@ -785,6 +751,41 @@ class CheckpointStore(Protocol):
 
 
 @runtime_checkable
+class SessionStore(Protocol):
+    """Agent CLIs' saved sessions, one per thread and harness, shared by every host of the
+    store: a thread's next turn resumes its conversation on any host, in any sandbox.
+
+    A put replaces the thread's session for that harness whole, in one transaction: a
+    concurrent reader gets the old session or the new one, never a mix, and of concurrent
+    writers the last to commit wins whole. The store refuses a session over
+    :attr:`session_limits` with :class:`SessionTooLarge`, writing nothing. Sessions are
+    stored as given: redacting them is the caller's job (corral's agent runtime redacts
+    before anything reaches the store)."""
+
+    session_limits: SessionLimits
+    """The largest session :meth:`put_session` accepts (settable)."""
+
+    async def put_session(self, session: StoredSession) -> SessionInfo:
+        """Store ``session``, replacing the thread's session for its harness (files and
+        all); returns it as :meth:`list_sessions` lists it. :class:`SessionTooLarge` or
+        :class:`InvalidSession` when refused (nothing written)."""
+        ...
+
+    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
+        """The thread's saved session for ``harness``, or ``None``."""
+        ...
+
+    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
+        """The thread's saved sessions (one per harness), by harness name."""
+        ...
+
+    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
+        """Remove the thread's saved sessions (only ``harness``'s when given); returns how
+        many were removed (0 when there were none)."""
+        ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """A store that can check itself for ``corral doctor``."""
 
@@ -796,7 +797,7 @@ class Diagnosable(Protocol):
 
 @runtime_checkable
 class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
-            SecretStore, SessionStore, CheckpointStore, Protocol):
+            SecretStore, CheckpointStore, SessionStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
     returns)."""
 

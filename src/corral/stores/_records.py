@@ -126,6 +126,14 @@ class RunRecord:
     """The run's structured result (a run started with an output schema): the JSON object
     the agent gave, validated against that schema; at most :data:`MAX_OUTPUT_BYTES` as
     JSON."""
+    checkpoint: Mapping[str, Any] | None = None
+    """The thread's checkpoint taken as the run ended (#27): ``{"id", "bytes"}``, or
+    ``{"skipped": why}`` / ``{"error": why}`` when none was recorded."""
+    undone_at: float | None = None
+    """When ``corral threads undo`` took this run's turn back (it stays in the history)."""
+    takeovers: Mapping[str, Any] | None = None
+    """Drivers that took the run over without it making progress: ``{"count", "offset"}``
+    (the log's offset when the count last grew); see ``Runner(max_takeovers=)``."""
 
     @property
     def terminal(self) -> bool:
@@ -196,6 +204,9 @@ class RunRecord:
                 "claim_owner": _opt_str(data, "claim_owner"),
                 "claim_expires_at": _opt_time(data, "claim_expires_at"),
                 "output": _opt_output(data, "output"),
+                "checkpoint": _opt_obj(data, "checkpoint"),
+                "undone_at": _opt_time(data, "undone_at"),
+                "takeovers": _opt_obj(data, "takeovers"),
             }
         except CorruptRecord as exc:
             raise CorruptRecord(f"run {run_id!r}: {exc}") from None
@@ -218,6 +229,9 @@ _PATCHABLE: Final = (
     "detached_since",
     "cancel_requested",
     "output",
+    "checkpoint",
+    "undone_at",
+    "takeovers",
 )
 
 
@@ -242,6 +256,9 @@ class RunPatch:
     detached_since: Patch[float] = UNSET
     cancel_requested: Patch[bool] = UNSET
     output: Patch[Mapping[str, Any]] = UNSET
+    checkpoint: Patch[Mapping[str, Any]] = UNSET
+    undone_at: Patch[float] = UNSET
+    takeovers: Patch[Mapping[str, Any]] = UNSET
 
     def __post_init__(self) -> None:
         status: object = self.status
@@ -377,6 +394,9 @@ _PATCH_CHECKS: Final = {
     "detached_since": _opt_time,
     "cancel_requested": _opt_bool,
     "output": _opt_output,
+    "checkpoint": _opt_obj,
+    "undone_at": _opt_time,
+    "takeovers": _opt_obj,
 }
 
 

@@ -73,7 +73,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             value BLOB NOT NULL
         ) WITHOUT ROWID""",
     ),
-    # checkpoints (#27): content-addressed chunks shared by every checkpoint and thread,
+    # 3: checkpoints (#27): content-addressed chunks shared by every checkpoint and thread,
     # the manifests (zlib JSON) per thread, and which manifest names which chunk (what the
     # collector keeps). A separate entry: the integrator may reorder it among others.
     (
@@ -99,7 +99,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX IF NOT EXISTS checkpoint_chunks_digest ON checkpoint_chunks (digest)",
     ),
-    # sessions (#27): agent CLIs' saved sessions, one per (thread, harness): a header row
+    # 4: sessions (#27): agent CLIs' saved sessions, one per (thread, harness): a header row
     # and one row per file (plain BLOBs: a transcript is read and written whole, and a
     # rowid table keeps large rows out of the index's pages)
     (

@@ -147,7 +147,8 @@ async function refreshRuns() {
     tr.setAttribute("aria-label", `run ${run.run_id}, ${run.status}`);
     if (view && view.runId === run.run_id) tr.classList.add("selected");
     tr.append(el("td", "id", run.run_id),
-      el("td", "", run.status + (run.cancel_requested && run.status === "running" ? " (cancelling)" : "")),
+      el("td", "", run.status + (run.cancel_requested && run.status === "running" ? " (cancelling)" : "")
+        + (run.undone_at ? " (undone)" : "")),
       el("td", "when", fmtTime(run.started_at)));
     tr.lastChild.title = fullTime(run.started_at);
     tr.addEventListener("click", () => select(run.run_id));
@@ -164,6 +165,73 @@ async function refreshRuns() {
     loadThread(view);
   }
 }
+
+// ---------------------------------------------------------------- threads
+
+async function refreshThreads() {
+  let data;
+  try {
+    data = await api("/v1/threads?limit=50");
+  } catch {
+    return; // refreshRuns says why
+  }
+  const body = $("#threads tbody");
+  body.replaceChildren();
+  for (const t of data.threads) {
+    const tr = document.createElement("tr");
+    tr.dataset.threadId = t.thread_id;
+    tr.tabIndex = 0;
+    tr.setAttribute("aria-label", `thread ${t.thread_id}, ${t.runs} runs, ${t.last_status}`);
+    tr.append(el("td", "id", t.thread_id), el("td", "", String(t.runs)),
+      el("td", "", t.last_status), el("td", "", t.title));
+    const open = async () => {
+      try {
+        const thread = await api(`/v1/threads/${enc(t.thread_id)}`);
+        const last = thread.runs[thread.runs.length - 1];
+        if (last) select(last.run_id);
+      } catch (e) {
+        $("#conn").textContent = errText(e);
+      }
+    };
+    tr.addEventListener("click", open);
+    tr.addEventListener("keydown", (e) => { if (e.key === "Enter") open(); });
+    body.append(tr);
+  }
+}
+
+// Undo: the thread's files and conversation go back to before its last turn (which stays
+// in the history, marked undone).
+$("#undo").addEventListener("click", async () => {
+  if (!view || !view.threadId) return;
+  try {
+    const thread = await api(`/v1/threads/${enc(view.threadId)}/undo`, { method: "POST" });
+    const undone = thread.runs.filter((r) => r.undone_at)
+      .sort((a, b) => a.undone_at - b.undone_at).map((r) => r.run_id);
+    $("#errors").append(el("div", "banner good",
+      `undone: ${undone[undone.length - 1]}; the files and conversation are as before it`));
+  } catch (e) {
+    $("#errors").append(el("div", "banner bad", errText(e)));
+  }
+  refreshRuns();
+  refreshThreads();
+});
+
+// Fork: a new thread from the state after the selected run; the next run goes to it.
+$("#fork-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  if (!view || !view.threadId) return;
+  const name = $("#fork-as").value.trim();
+  try {
+    await api(`/v1/threads/${enc(view.threadId)}/fork`,
+      { method: "POST", body: JSON.stringify({ as: name, at: view.runId }) });
+    $("#thread").value = name;
+    $("#errors").append(el("div", "banner good",
+      `forked as ${name} from the state after ${view.runId}: the next run goes to it`));
+  } catch (err) {
+    $("#errors").append(el("div", "banner bad", errText(err)));
+  }
+  refreshThreads();
+});
 
 // ---------------------------------------------------------------- start / cancel / detach
 
@@ -662,6 +730,8 @@ window.addEventListener("hashchange", () => {
 showKind();
 loadHarnesses();
 refreshRuns();
+refreshThreads();
 setInterval(refreshRuns, 3000);
+setInterval(refreshThreads, 3000);
 const initial = runFromHash();
 if (initial) watch(initial);
