@@ -82,9 +82,9 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
 def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
     modules = _modules_of(argv, tmp_path)  # the first: it creates the store
-    store_side = (*PARSER, "corral._log", "corral.cli._ls_impl", "corral.cli._run_text", "corral.cli._store",
-                  "corral.stores",
-                  "corral.stores.")
+    store_side = (*PARSER, "corral._log", "corral.cli._ls_impl", "corral.cli._run_text",
+                  "corral.cli._store", "corral.stores", "corral.stores.",
+                  "corral._ids")  # the checkpoint tables' id rule (the store opened whole)
     assert _outside(modules, store_side) == set()
     assert _heavy(modules) == set() and "rich" not in modules
     for never in ("corral.runs._runner", "corral.harness", "corral.providers",
