@@ -76,6 +76,12 @@ SKIPPED = {
     ".venv/bin/corral approve RUN_ID APPROVAL_ID --allow":
         "needs a host tool's pending approval: tests/tools",
     "bash scripts/test.sh": "the whole suite, this test included",
+    'ANTHROPIC_API_KEY=… .venv/bin/corral run --harness claude-code --output-schema '
+    'result.json "triage the bug"': "needs a model key: tests/agents/"
+                                    "test_structured_output.py",
+    ".venv/bin/corral acp --harness claude-code": "an ACP agent on stdio for an editor: "
+                                                  "tests/server/test_acp_agent.py",
+    ".venv/bin/corral mcp": "an MCP server on stdio: tests/server/test_mcp_tools.py",
 }
 
 RUN_LINE = re.compile(r"run-[0-9a-f]{20}")
@@ -196,6 +202,14 @@ def _prune(c: Checkout, out: subprocess.CompletedProcess[str]) -> None:
     assert out.stderr.splitlines()[-1].startswith("corral: would remove "), out.stderr
 
 
+def _threads_ls(c: Checkout, out: subprocess.CompletedProcess[str]) -> None:
+    # every run is a turn of a thread (its own, when none is named): the quick start's too
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    assert header.split()[:3] == ["THREAD", "RUNS", "LAST"], out.stdout
+    assert any(row.endswith("python3 count.py") for row in rows), out.stdout
+
+
 def _sandboxes_rm(c: Checkout, out: subprocess.CompletedProcess[str]) -> None:
     assert out.returncode == 0, out.stderr
     left = c.sh(".venv/bin/corral sandboxes ls --json")
@@ -218,6 +232,7 @@ RUN: dict[str, Callable[[Checkout, CompletedProcess], None]] = {
     ".venv/bin/corral sandboxes ls": _sandboxes_ls,
     ".venv/bin/corral sandboxes rm ID": _sandboxes_rm,
     ".venv/bin/corral agents prune --dry-run": _prune,
+    ".venv/bin/corral threads ls": _threads_ls,
 }
 
 

@@ -78,7 +78,7 @@ async def _checkpoint(store: Store, record: RunRecord, sandbox: Any,
                       provider_for: Callable[[str], Provider],
                       redactor: Redactor | None) -> dict[str, Any]:
     from corral.sandbox._checkpoint import CheckpointTooLarge, checkpoint_workspace
-    from corral.sandbox._threads import head_of, session_part
+    from corral.sandbox._threads import head_of, lineage, session_part
 
     # A host that does not know every secret of the run cannot keep them out of the
     # checkpoint (as it saves no session): it takes none.
@@ -108,7 +108,8 @@ async def _checkpoint(store: Store, record: RunRecord, sandbox: Any,
             secrets=redactor if redactor is not None else (),
             max_bytes=lifecycle.checkpoint_max_bytes,
             on_too_large=lifecycle.on_checkpoint_too_large, parent=parent,
-            session_part=part, meta={"outcome": record.status.value})
+            session_part=part, meta={"outcome": record.status.value,
+                                     "lineage": lineage(sandbox.id, sandbox.workspace.hash())})
     except CheckpointTooLarge as exc:
         return {"error": str(exc)}
     if cp is None:

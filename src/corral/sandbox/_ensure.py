@@ -421,7 +421,7 @@ async def _ensure_locked(
                         raise gone from exc
                     raise
                 origin = "rebootstrapped"
-            if origin != "resumed":
+            if origin == "restored":  # a rebootstrap keeps its workspace, in place
                 try:
                     extra.update(await _thread_state(sandbox, ctx, handle, store))
                 except BaseException:
@@ -484,6 +484,7 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     from corral.sandbox._threads import (
         initial_checkpoint,
         last_turn_recorded,
+        lineage,
         restore_head,
         thread_checkpoints,
     )
@@ -491,12 +492,14 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     checkpoints = thread_checkpoints(store)
     if checkpoints is None:
         return {}
+    of = lineage(sandbox.id, sandbox.workspace.hash())
     await last_turn_recorded(store, ctx.thread_id, but=ctx.run_id)
-    restored = await restore_head(handle, checkpoints, ctx)
+    restored = await restore_head(handle, checkpoints, ctx, of=of)
     if restored is not None:
         return {"restored_checkpoint": restored}
     await initial_checkpoint(handle, checkpoints, ctx, secrets=sandbox.secrets.redactor(),
-                             max_bytes=sandbox.lifecycle.checkpoint_max_bytes)
+                             max_bytes=sandbox.lifecycle.checkpoint_max_bytes,
+                             extra_meta={"lineage": of})
     return {}
 
 

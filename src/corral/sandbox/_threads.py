@@ -164,14 +164,28 @@ async def copy_checkpoint(store: CheckpointStore, source: Checkpoint, *, thread_
     return copy
 
 
-async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext
-                       ) -> str | None:
+def lineage(definition_id: str, workspace_hash: str) -> str:
+    """What a thread's checkpoints must share with a sandbox to be restored into it: the
+    same definition over the same workspace source (a turn on another definition of the
+    same thread starts from its own workspace, never from another definition's files)."""
+    import hashlib
+
+    return hashlib.sha256(f"{definition_id}\0{workspace_hash}".encode()).hexdigest()[:32]
+
+
+async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext, *,
+                       of: str | None = None) -> str | None:
     """Make a fresh sandbox's workspace the thread's head (its files as the last turn
     left them, on whatever host that ran); returns the checkpoint id, or ``None`` when the
-    thread has none. Raises what :func:`restore_checkpoint` raises."""
+    thread has none (or, with ``of``, when its head is of another :func:`lineage`). Raises
+    what :func:`restore_checkpoint` raises."""
     head = await head_of(store, ctx.thread_id)
     if head is None:
         return None
+    if of is not None:
+        checkpoint = await store.get_checkpoint(head.checkpoint_id)
+        if checkpoint is None or checkpoint.meta.get("lineage") != of:
+            return None
     await restore_checkpoint(handle, store, head.checkpoint_id, session=False)
     log.info("thread %s: workspace restored from checkpoint %s", ctx.thread_id,
              head.checkpoint_id)
@@ -179,14 +193,16 @@ async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext
 
 
 async def initial_checkpoint(handle: Handle, store: CheckpointStore, ctx: RunContext, *,
-                             secrets: Redactor, max_bytes: int) -> Checkpoint | None:
+                             secrets: Redactor, max_bytes: int,
+                             extra_meta: Mapping[str, str] | None = None
+                             ) -> Checkpoint | None:
     """Record the state before the thread's first turn (what undo of that turn brings
     back). Never raises: a failure is logged, and undo of the first turn is then refused."""
     try:
         return await checkpoint_workspace(
             handle, store, thread_id=ctx.thread_id, run_id=None, secrets=secrets,
             max_bytes=max_bytes, on_too_large="skip",
-            meta={"initial": True, "before_run": ctx.run_id})
+            meta={"initial": True, "before_run": ctx.run_id, **(extra_meta or {})})
     except (CorralError, OSError) as exc:
         log.warning("thread %s: the state before its first turn was not recorded: %s",
                     ctx.thread_id, exc)
