@@ -423,7 +423,8 @@ async def _ensure_locked(
                 origin = "rebootstrapped"
             if origin == "restored":  # a rebootstrap keeps its workspace, in place
                 try:
-                    extra.update(await _thread_state(sandbox, ctx, handle, store))
+                    extra.update(await _thread_state(sandbox, ctx, handle, store,
+                                                     bootstrapped=False))
                 except BaseException:
                     await _destroy_quietly(provider, handle.id)
                     await _forget(store, key, snapshots, provider.name,
@@ -454,7 +455,7 @@ async def _ensure_locked(
             snap = await snapshots.snapshot(handle, "after-setup")
             snap_id = snap.id
             extra["snapshot_taken_at"] = time.time()
-        extra.update(await _thread_state(sandbox, ctx, handle, store))
+        extra.update(await _thread_state(sandbox, ctx, handle, store, bootstrapped=True))
     except BaseException as exc:
         gone = await _gone_under(provider, handle.id, exc)
         await _destroy_quietly(provider, handle.id)
@@ -473,8 +474,8 @@ async def _ensure_locked(
     return Ensured(handle, key, record, "created", sandbox.secrets)
 
 
-async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store: object
-                        ) -> dict[str, Any]:
+async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store: object, *,
+                        bootstrapped: bool) -> dict[str, Any]:
     """A fresh sandbox of a named thread (#27) gets the thread's state: its head checkpoint's
     workspace (the last turn's files, whichever host ran it), or, for the thread's first
     turn, the state before it is recorded (what undo of that turn brings back). Returns
@@ -494,7 +495,7 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
         return {}
     of = lineage(sandbox.id, sandbox.workspace.hash())
     await last_turn_recorded(store, ctx.thread_id, but=ctx.run_id)
-    restored = await restore_head(handle, checkpoints, ctx, of=of)
+    restored = await restore_head(handle, checkpoints, ctx, of=of, bootstrapped=bootstrapped)
     if restored is not None:
         return {"restored_checkpoint": restored}
     await initial_checkpoint(handle, checkpoints, ctx, secrets=sandbox.secrets.redactor(),

@@ -174,11 +174,13 @@ def lineage(definition_id: str, workspace_hash: str) -> str:
 
 
 async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext, *,
-                       of: str | None = None) -> str | None:
+                       of: str | None = None, bootstrapped: bool = False) -> str | None:
     """Make a fresh sandbox's workspace the thread's head (its files as the last turn
     left them, on whatever host that ran); returns the checkpoint id, or ``None`` when the
-    thread has none (or, with ``of``, when its head is of another :func:`lineage`). Raises
-    what :func:`restore_checkpoint` raises."""
+    thread has none (or, with ``of``, when its head is of another :func:`lineage`).
+    ``bootstrapped``: the sandbox was just made and bootstrapped from that lineage, so a
+    head that is the thread's initial state needs no copy. Raises what
+    :func:`restore_checkpoint` raises."""
     head = await head_of(store, ctx.thread_id)
     if head is None:
         return None
@@ -186,6 +188,11 @@ async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext, 
         checkpoint = await store.get_checkpoint(head.checkpoint_id)
         if checkpoint is None or checkpoint.meta.get("lineage") != of:
             return None
+        if bootstrapped and checkpoint.meta.get("initial"):
+            # the state before the thread's first turn is what a sandbox of this lineage
+            # holds right after its bootstrap: nothing to copy (an ensure per turn stays
+            # as cheap as before threads, while the thread has no turn recorded)
+            return head.checkpoint_id
     await restore_checkpoint(handle, store, head.checkpoint_id, session=False)
     log.info("thread %s: workspace restored from checkpoint %s", ctx.thread_id,
              head.checkpoint_id)
