@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from corral._lazy import lazy_namespace
 
 # Protocols live in corral.abc only: their old names here resolve with a warning
-_MOVED = dict.fromkeys(("ToolLike"), "corral.abc")
+_MOVED = {"ToolLike": "corral.abc"}
 
 # The public names, listed once: resolved on first use (corral._lazy)
 if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
