@@ -63,7 +63,8 @@ def lazy_namespace(namespace: dict[str, Any], *, moved: Mapping[str, str] | None
             if name in moved:
                 return _moved(package, name, moved[name])
             if name == "__all__" and source is None:  # the block was imported: its names
-                return [n for n in namespace if n not in eager_before]
+                return [n for n, v in namespace.items()
+                        if n not in eager_before and not isinstance(v, types.ModuleType)]
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(target[0]), target[1])
         publish(value, public_name(package, name))
