@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import corral
@@ -118,6 +118,8 @@ def blocks(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
+# no timings in a pass/fail test: neither a deadline nor the generation-speed check
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(blocks())
 def test_generated_blocks_read_as_ast_reads_them(source: str) -> None:
     package = "corral.pkg.sub"
