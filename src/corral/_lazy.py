@@ -9,13 +9,14 @@ NAME`` (so mypy ``--strict`` and IDEs see every name, and only those)::
     if TYPE_CHECKING or not lazy_namespace(globals()):
         from corral.runs._runner import Runner as Runner
 
-:func:`lazy_namespace` reads that block from the package's source and derives the rest: the
-name → module map its ``__getattr__`` resolves, ``__all__`` (in the block's order) and
-``__dir__``. The block is read with string methods, not :mod:`ast`: the first AST parse in a
-process costs about a millisecond, more than the whole derivation (tests/test_lazy.py checks
-that this reading agrees with :mod:`ast` on every namespace, and anything it does not
-understand is an ImportError naming the line). Where the source cannot be read (a sourceless
-install), :func:`lazy_namespace` returns ``False`` and the block runs as plain imports.
+Importing the namespace reads its source file and nothing more; its first lookup (a name,
+``__all__``, ``dir()``) reads the block and derives the rest: the name → module map its
+``__getattr__`` resolves, ``__all__`` (in the block's order) and ``__dir__``. The block is
+read with string methods, not :mod:`ast` (the first AST parse in a process costs about a
+millisecond, ten times the whole derivation); tests/test_lazy.py checks that this reading
+agrees with :mod:`ast` on every namespace, and anything it does not understand is an
+ImportError naming the line. Where the source cannot be read (a sourceless install),
+:func:`lazy_namespace` returns ``False`` and the block runs as plain imports.
 
 A resolved class or function gets ``__module__`` set to the public-most namespace that exports
 it (as anyio and trio do), so reprs, tracebacks and docs say ``corral.Runner``, not
@@ -37,8 +38,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-# package name -> its exports (name -> (module, attribute)), for every lazy namespace imported
-# so far. A package's parents are always imported before it, so an ancestor is always in here.
+# package name -> (source, file name) of every lazy namespace imported so far; its exports
+# (name -> (module, attribute)) are read from the source on the package's first lookup, so
+# importing a namespace costs one file read. A package's parents are always imported before
+# it, so an ancestor is always in here.
+_SOURCES: dict[str, tuple[str, str]] = {}
 _NAMESPACES: dict[str, dict[str, tuple[str, str]]] = {}
 
 _FORM = "`from MODULE import NAME as NAME` lines (and comments)"
@@ -47,24 +51,28 @@ _FORM = "`from MODULE import NAME as NAME` lines (and comments)"
 def lazy_namespace(namespace: dict[str, Any], *, moved: Mapping[str, str] | None = None
                    ) -> bool:
     """Make the package whose globals are ``namespace`` lazy, its exports read from its
-    ``TYPE_CHECKING`` block; install ``__getattr__``, ``__dir__`` and ``__all__`` there.
-    ``moved`` maps a former export to the namespace that has it now (a deprecated alias).
-    ``False`` when the package's source cannot be read: the caller then imports the block."""
+    ``TYPE_CHECKING`` block (on first lookup); install ``__getattr__`` (which also answers
+    ``__all__``) and ``__dir__`` there. ``moved`` maps a former export to the namespace that
+    has it now (a deprecated alias). ``False`` when the package's source cannot be read: the
+    caller then imports the block."""
     package: str = namespace["__name__"]
     moved = dict(moved or {})
     source = _source(namespace.get("__file__"))
-    exports = {} if source is None else exports_of(source, package, namespace["__file__"])
-    _NAMESPACES[package] = exports
-    eager_before = set(namespace) | {"__getattr__", "__dir__", "__all__"}
+    if source is not None:
+        _SOURCES[package] = (source, namespace["__file__"])
+    eager_before = set(namespace) | {"__getattr__", "__dir__"}
 
     def getattr_(name: str) -> Any:
-        target = exports.get(name)
+        target = _exports(package).get(name)
         if target is None:
+            if name == "__all__":
+                if source is None:  # the block was imported: its names are the exports
+                    return [n for n, v in namespace.items()
+                            if n not in eager_before and not isinstance(v, types.ModuleType)]
+                namespace["__all__"] = list(_exports(package))
+                return namespace["__all__"]
             if name in moved:
                 return _moved(package, name, moved[name])
-            if name == "__all__" and source is None:  # the block was imported: its names
-                return [n for n, v in namespace.items()
-                        if n not in eager_before and not isinstance(v, types.ModuleType)]
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(target[0]), target[1])
         publish(value, public_name(package, name))
@@ -72,12 +80,21 @@ def lazy_namespace(namespace: dict[str, Any], *, moved: Mapping[str, str] | None
         return value
 
     def dir_() -> list[str]:
-        return sorted(set(namespace) | set(exports))
+        return sorted(set(namespace) | set(_exports(package)))
 
     namespace["__getattr__"], namespace["__dir__"] = getattr_, dir_
-    if source is not None:
-        namespace["__all__"] = list(exports)
     return source is not None
+
+
+def _exports(package: str) -> dict[str, tuple[str, str]]:
+    """``package``'s exports, read from its source the first time (``{}`` for a package
+    that is not a lazy namespace, or whose block was imported as it stands)."""
+    exports = _NAMESPACES.get(package)
+    if exports is None:
+        pending = _SOURCES.get(package)  # kept: a thread reading at the same time needs it
+        exports = {} if pending is None else exports_of(pending[0], package, pending[1])
+        _NAMESPACES[package] = exports
+    return exports
 
 
 def exports_of(source: str, package: str, filename: str) -> dict[str, tuple[str, str]]:
@@ -98,15 +115,14 @@ def exports_of(source: str, package: str, filename: str) -> dict[str, tuple[str,
         line = raw.partition("#")[0].strip()  # no '#' in an import line but a comment's
         if not line:
             continue
-        if not statement and raw[:1] not in (" ", "\t"):
-            break  # the first statement after the block
         if not statement:
+            if raw[0] not in " \t":
+                break  # the first statement after the block
             first = number
         statement.append(line)
-        text = " ".join(statement)
-        if "(" in text and ")" not in text:
+        if "(" in statement[0] and ")" not in line:
             continue  # a parenthesised list goes on
-        for name, target in _names(text, package, f"{filename}:{first}"):
+        for name, target in _names(" ".join(statement), package, f"{filename}:{first}"):
             if name in exports:
                 raise ImportError(f"{filename}:{first}: {name!r} is exported twice")
             exports[name] = target
@@ -135,12 +151,12 @@ def _names(text: str, package: str, where: str) -> list[tuple[str, tuple[str, st
         items.pop()  # the trailing comma
     found: list[tuple[str, tuple[str, str]]] = []
     for item in items:
-        parts = item.split()
-        if (len(parts) != 3 or parts[1] != "as" or not parts[0].isidentifier()
-                or not parts[2].isidentifier()):
+        name, _, alias = item.partition(" as ")
+        name, alias = name.strip(), alias.strip()
+        if not (name.isidentifier() and alias.isidentifier()):
             raise ImportError(f"{where}: {item.strip()!r} is not `NAME as NAME` (an explicit "
                               "re-export, so type checkers see the name as public)")
-        found.append((parts[2], (module, parts[0])))
+        found.append((alias, (module, name)))
     return found
 
 
@@ -177,12 +193,12 @@ def public_name(package: str, name: str) -> str:
     """The highest namespace that exports ``package``'s ``name`` as the same object: an
     ancestor of ``package`` whose export of ``name`` comes from the same place, or from
     ``package`` itself (``corral`` maps ``Runner`` to ``corral.runs``)."""
-    source = _NAMESPACES[package][name]
+    source = _exports(package)[name]
     best = package
     parts = package.split(".")
     for depth in range(len(parts) - 1, 0, -1):
         ancestor = ".".join(parts[:depth])
-        mapped = _NAMESPACES.get(ancestor, {}).get(name)
+        mapped = _exports(ancestor).get(name)
         if mapped is not None and (mapped == source or
                                    (mapped[1] == name and _within(mapped[0], best))):
             best = ancestor
