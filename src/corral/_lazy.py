@@ -6,8 +6,14 @@ One list per namespace. A public ``__init__.py`` lists its names once, as the im
 ``TYPE_CHECKING`` block, each in the explicit re-export form ``from MODULE import NAME as
 NAME`` (so mypy ``--strict`` and IDEs see every name, and only those)::
 
+    from corral._lazy import TYPE_CHECKING, lazy_namespace
+
     if TYPE_CHECKING or not lazy_namespace(globals()):
         from corral.runs._runner import Runner as Runner
+
+(``TYPE_CHECKING`` is ``False`` here, as :data:`typing.TYPE_CHECKING` is, without importing
+:mod:`typing`, which costs more than the rest of ``import corral``: mypy and pyright take any
+name ``TYPE_CHECKING`` as true.)
 
 Importing the namespace reads its source file and nothing more; its first lookup (a name,
 ``__all__``, ``dir()``) reads the block and derives the rest: the name → module map its
@@ -33,7 +39,7 @@ from __future__ import annotations
 import importlib
 import types
 
-TYPE_CHECKING = False  # typing costs more than all of ``import corral``; mypy knows the idiom
+TYPE_CHECKING = False  # see the module docstring
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any

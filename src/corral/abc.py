@@ -31,9 +31,7 @@ here only: no other namespace exports one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from corral._lazy import lazy_namespace
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
 # The public names, listed once: resolved on first use (corral._lazy)
 if TYPE_CHECKING or not lazy_namespace(globals()):

@@ -3,9 +3,7 @@ their sessions per thread, and the host services (model and egress proxies) of a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from corral._lazy import lazy_namespace
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
 # The public names, listed once: resolved on first use (corral._lazy)
 if TYPE_CHECKING or not lazy_namespace(globals()):

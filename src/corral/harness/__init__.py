@@ -9,9 +9,7 @@ harness implements (``Harness``, ``Translator``) is in :mod:`corral.abc`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from corral._lazy import lazy_namespace
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
 # Protocols live in corral.abc only: their old names here resolve with a warning
 _MOVED = dict.fromkeys(("Harness", "Translator"), "corral.abc")

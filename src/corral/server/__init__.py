@@ -8,9 +8,7 @@ a web app (docs/embedding.md); :func:`serve_async` runs it under uvicorn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from corral._lazy import lazy_namespace
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
 # The public names, listed once: resolved on first use (corral._lazy)
 if TYPE_CHECKING or not lazy_namespace(globals()):

@@ -21,9 +21,7 @@ SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first us
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from corral._lazy import lazy_namespace
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
 # Protocols live in corral.abc only: their old names here resolve with a warning
 _MOVED = dict.fromkeys((
