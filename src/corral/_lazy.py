@@ -64,8 +64,11 @@ def lazy_namespace(namespace: dict[str, Any], *, moved: Mapping[str, str] | None
     package: str = namespace["__name__"]
     moved = dict(moved or {})
     source = _source(namespace.get("__file__"))
-    if source is not None:
+    if source is None:
+        _SOURCES.pop(package, None)
+    else:
         _SOURCES[package] = (source, namespace["__file__"])
+    _NAMESPACES.pop(package, None)  # a reloaded namespace reads its block again
     eager_before = set(namespace) | {"__getattr__", "__dir__"}
 
     def getattr_(name: str) -> Any:
