@@ -195,3 +195,11 @@ def test_a_sourceless_install_imports_each_block_as_it_stands(tmp_path: Path) ->
     assert got["names"] == {p: sorted(importlib.import_module(p).__all__) for p in packages}
     assert got["moved"] and any("corral.abc.Store" in w for w in got["warned"])
     assert got["star"] == sorted(corral.__all__)
+
+
+def test_a_reloaded_namespace_reads_its_block_again() -> None:
+    import corral.net
+
+    before = list(corral.net.__all__)
+    importlib.reload(corral.net)
+    assert corral.net.__all__ == before and corral.net.EgressProxy.__module__ == "corral.net"
