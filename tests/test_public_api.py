@@ -19,8 +19,8 @@ import corral
 
 PINNED = [
     "Capabilities", "ConfigError", "CorralError", "Decision", "ExecResult", "FileEvent",
-    "Files", "GitSource", "Handle", "Hooks", "Lifecycle", "LocalDir", "LoggedEvent",
-    "NoSource", "Parallel", "Policy", "PrerequisiteMissing", "Process", "Provider",
+    "Files", "GitSource", "Hooks", "Lifecycle", "LocalDir", "LoggedEvent",
+    "NoSource", "Parallel", "Policy", "PrerequisiteMissing",
     "ReapOutcome", "ReapResult", "Redactor", "ResourceLimits", "RunContext", "RunExists",
     "RunRecord", "RunRequest", "RunStartError", "RunStatus", "Runner", "Sandbox",
     "SandboxReclaimFailedError", "SandboxRef", "SandboxSpec", "SecretRef", "Secrets", "Step",
@@ -28,6 +28,42 @@ PINNED = [
     "ProviderConfig", "dump_config", "load_config", "open_store", "parallel", "reap_detached_runs",
     "reclaim_sandbox", "register_provider", "sandbox_reclaimer", "tool",
 ]  # fmt: skip
+
+# What an implementer of a seam needs, and nothing else: protocols live here only.
+ABC = [
+    "ApprovalGate", "ApprovalStore", "CheckpointStore", "ClaimStore", "DefaultLimits",
+    "Described", "Diagnosable", "EventLog", "FileSystem", "Handle", "Harness", "HostPaths",
+    "InsideSupervisor", "InstanceStore", "ListsLabelled", "LockStore", "NeedsAgentRuntime",
+    "Process", "ProcessApi", "Provider", "ProvidesSnapshots", "RunStore", "SandboxIds",
+    "SecretStore", "SessionStore", "Snapshotter", "Store", "ToolLike", "Translator",
+]  # fmt: skip
+
+# Protocols other namespaces exported before they lived in corral.abc only: the old names
+# still resolve (to the same object, with a DeprecationWarning) but are listed nowhere.
+MOVED = {
+    "corral": ["Handle", "Process", "Provider"],
+    "corral.sandbox": ["FileSystem", "Handle", "Process", "ProcessApi", "Provider"],
+    "corral.stores": ["ApprovalStore", "CheckpointStore", "ClaimStore", "Diagnosable",
+                      "EventLog", "InstanceStore", "LockStore", "RunStore", "SecretStore",
+                      "SessionStore", "Store"],
+    "corral.harness": ["Harness", "Translator"],
+    "corral.tools": ["ToolLike"],
+}
+
+# Protocols under src/corral that are not a seam a third party implements: each narrows a
+# corral type to what one function uses, or is a private helper's.
+INTERNAL_PROTOCOLS = {
+    "ApprovalChannel": "the part of a Store approvals use (ApprovalStore + SecretStore)",
+    "Destroys": "what destroying needs of a provider (gc, reclaim)",
+    "PipeStore": "the part of a Store the pipe uses",
+    "PolicyLike": "the part of corral's Policy a harness maps",
+    "ReapStore": "the part of a Store the reaper uses",
+    "ReclaimProvider": "the part of a Provider reclaim uses",
+    "RecordReader": "the part of a Store pruning uses",
+    "TailReader": "the part of a Store quiescing uses",
+    "ToolExecutor": "the transport behind corral's own remote tool stub",
+    "_HasSecretValues": "private to the redactor",
+}
 
 NAMESPACES = [
     "corral", "corral.abc", "corral.agents", "corral.harness", "corral.journal", "corral.net",
@@ -64,6 +100,55 @@ def test_every_namespace_resolves_to_public_modules(package: str) -> None:
             assert _public(value.__module__), f"{package}.{name}: {value.__module__}"
             # the namespace the object names really has it (pickle, docs and reprs rely on it)
             assert getattr(importlib.import_module(value.__module__), name) is value
+
+
+def test_abc_exports_exactly_the_pinned_protocols() -> None:
+    import corral.abc
+
+    assert sorted(corral.abc.__all__) == sorted(ABC)
+    for name in ABC:
+        value = getattr(corral.abc, name)
+        assert getattr(value, "_is_protocol", False), f"corral.abc.{name} is not a protocol"
+
+
+@pytest.mark.parametrize("package", [n for n in NAMESPACES if n != "corral.abc"])
+def test_no_other_namespace_exports_a_protocol(package: str) -> None:
+    module = importlib.import_module(package)
+    protocols = [n for n in module.__all__
+                 if getattr(getattr(module, n), "_is_protocol", False)]
+    assert protocols == [], f"{package} exports protocols; they belong in corral.abc"
+
+
+def test_every_protocol_is_in_abc_or_said_to_be_internal() -> None:
+    # A new protocol is a decision: a seam third parties implement (corral.abc) or a
+    # narrowing for one caller (INTERNAL_PROTOCOLS, with the reason).
+    import ast
+
+    import corral.abc
+
+    found: set[str] = set()
+    for path in Path(corral.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    ast.unparse(b).split("[")[0].endswith("Protocol") and
+                    ast.unparse(b).split("[")[0] in ("Protocol", "typing.Protocol")
+                    for b in node.bases):
+                found.add(node.name)
+    assert found - set(corral.abc.__all__) - set(INTERNAL_PROTOCOLS) == set()
+    assert set(INTERNAL_PROTOCOLS) <= found, "INTERNAL_PROTOCOLS names a protocol that is gone"
+
+
+@pytest.mark.parametrize(("package", "name"),
+                         [(p, n) for p, names in MOVED.items() for n in names])
+def test_a_moved_protocol_still_resolves_with_a_warning(package: str, name: str) -> None:
+    import corral.abc
+
+    module = importlib.import_module(package)
+    assert name not in module.__all__ and name not in dir(module)
+    with pytest.warns(DeprecationWarning, match=f"corral.abc.{name}") as caught:
+        value = getattr(module, name)
+    assert value is getattr(corral.abc, name)
+    assert caught[0].filename == __file__  # it points at the code that used the old name
 
 
 def test_the_first_line_a_user_writes_works() -> None:

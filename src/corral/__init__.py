@@ -12,182 +12,88 @@ private.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
+# Protocols live in corral.abc only: their old names here resolve with a warning
+_MOVED = dict.fromkeys(("Handle", "Process", "Provider"), "corral.abc")
 
-if TYPE_CHECKING:
-    from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
+    from corral._errors import (
+        ConfigError as ConfigError,
+        CorralError as CorralError,
+        PrerequisiteMissing as PrerequisiteMissing,
+    )
+    from corral._version import __version__ as __version__
     from corral.runs import (
-        RunRequest,
-        Runner,
-        RunStartError,
-        ReapOutcome,
-        ReapResult,
-        SandboxReclaimFailedError,
-        ThreadBusy,
-        ThreadError,
-        Threads,
-        UnknownThread,
-        reap_detached_runs,
-        reclaim_sandbox,
-        sandbox_reclaimer,
+        RunRequest as RunRequest,
+        Runner as Runner,
+        RunStartError as RunStartError,
+        ReapOutcome as ReapOutcome,
+        ReapResult as ReapResult,
+        SandboxReclaimFailedError as SandboxReclaimFailedError,
+        ThreadBusy as ThreadBusy,
+        ThreadError as ThreadError,
+        Threads as Threads,
+        UnknownThread as UnknownThread,
+        reap_detached_runs as reap_detached_runs,
+        reclaim_sandbox as reclaim_sandbox,
+        sandbox_reclaimer as sandbox_reclaimer,
     )
-    from corral.providers import ProviderConfig, register_provider
-    from corral.sandbox._config_file import dump_config, load_config
+    from corral.providers import (
+        ProviderConfig as ProviderConfig,
+        register_provider as register_provider,
+    )
+    from corral.sandbox._config_file import (
+        dump_config as dump_config,
+        load_config as load_config,
+    )
     from corral.sandbox._contracts import (
-        Capabilities,
-        ExecResult,
-        Handle,
-        Process,
-        Provider,
-        ResourceLimits,
-        SandboxRef,
-        SandboxSpec,
-        UnsupportedCapability,
+        Capabilities as Capabilities,
+        ExecResult as ExecResult,
+        ResourceLimits as ResourceLimits,
+        SandboxRef as SandboxRef,
+        SandboxSpec as SandboxSpec,
+        UnsupportedCapability as UnsupportedCapability,
     )
-    from corral.sandbox._definition import Sandbox
-    from corral.sandbox._hooks import FileEvent, Hooks
-    from corral.sandbox._key import RunContext
-    from corral.sandbox._lifecycle import Lifecycle
-    from corral.sandbox._policy import Decision, Policy
-    from corral.sandbox._redact import Redactor
-    from corral.sandbox._secrets import SecretRef, Secrets
-    from corral.sandbox._sources import Files, GitSource, LocalDir, NoSource
-    from corral.sandbox._workspace import Parallel, Step, Workspace, parallel
-    from corral.stores import open_store
+    from corral.sandbox._definition import Sandbox as Sandbox
+    from corral.sandbox._hooks import (
+        FileEvent as FileEvent,
+        Hooks as Hooks,
+    )
+    from corral.sandbox._key import RunContext as RunContext
+    from corral.sandbox._lifecycle import Lifecycle as Lifecycle
+    from corral.sandbox._policy import (
+        Decision as Decision,
+        Policy as Policy,
+    )
+    from corral.sandbox._redact import Redactor as Redactor
+    from corral.sandbox._secrets import (
+        SecretRef as SecretRef,
+        Secrets as Secrets,
+    )
+    from corral.sandbox._sources import (
+        Files as Files,
+        GitSource as GitSource,
+        LocalDir as LocalDir,
+        NoSource as NoSource,
+    )
+    from corral.sandbox._workspace import (
+        Parallel as Parallel,
+        Step as Step,
+        Workspace as Workspace,
+        parallel as parallel,
+    )
     from corral.stores import (
-        LoggedEvent,
-        RunExists,
-        RunRecord,
-        RunStatus,
-        StoreError,
-        UnknownRun,
+        open_store as open_store,
+        LoggedEvent as LoggedEvent,
+        RunExists as RunExists,
+        RunRecord as RunRecord,
+        RunStatus as RunStatus,
+        StoreError as StoreError,
+        UnknownRun as UnknownRun,
     )
-    from corral.tools import Toolset, tool
-
-# Names resolve on first use (corral._lazy): the journal supervisor starts a fresh
-# interpreter per run and must not import all of corral to get at one module.
-_EXPORTS: dict[str, str] = {
-    "ConfigError": "corral._errors",
-    "CorralError": "corral._errors",
-    "PrerequisiteMissing": "corral._errors",
-    "dump_config": "corral.sandbox._config_file",
-    "load_config": "corral.sandbox._config_file",
-    "Capabilities": "corral.sandbox._contracts",
-    "ExecResult": "corral.sandbox._contracts",
-    "Handle": "corral.sandbox._contracts",
-    "Process": "corral.sandbox._contracts",
-    "Provider": "corral.sandbox._contracts",
-    "ResourceLimits": "corral.sandbox._contracts",
-    "SandboxRef": "corral.sandbox._contracts",
-    "SandboxSpec": "corral.sandbox._contracts",
-    "UnsupportedCapability": "corral.sandbox._contracts",
-    "Sandbox": "corral.sandbox._definition",
-    "FileEvent": "corral.sandbox._hooks",
-    "Hooks": "corral.sandbox._hooks",
-    "RunContext": "corral.sandbox._key",
-    "Lifecycle": "corral.sandbox._lifecycle",
-    "Decision": "corral.sandbox._policy",
-    "Policy": "corral.sandbox._policy",
-    "Redactor": "corral.sandbox._redact",
-    "SecretRef": "corral.sandbox._secrets",
-    "Secrets": "corral.sandbox._secrets",
-    "Files": "corral.sandbox._sources",
-    "GitSource": "corral.sandbox._sources",
-    "LocalDir": "corral.sandbox._sources",
-    "NoSource": "corral.sandbox._sources",
-    "Parallel": "corral.sandbox._workspace",
-    "Step": "corral.sandbox._workspace",
-    "Workspace": "corral.sandbox._workspace",
-    "parallel": "corral.sandbox._workspace",
-    "open_store": "corral.stores",
-    "LoggedEvent": "corral.stores",
-    "RunExists": "corral.stores",
-    "StoreError": "corral.stores",
-    "UnknownRun": "corral.stores",
-    "RunRecord": "corral.stores",
-    "RunStatus": "corral.stores",
-    "register_provider": "corral.providers",
-    "ProviderConfig": "corral.providers",
-    "Toolset": "corral.tools",
-    "tool": "corral.tools",
-    "RunRequest": "corral.runs",
-    "RunStartError": "corral.runs",
-    "Runner": "corral.runs",
-    "ReapOutcome": "corral.runs",
-    "ReapResult": "corral.runs",
-    "SandboxReclaimFailedError": "corral.runs",
-    "reap_detached_runs": "corral.runs",
-    "reclaim_sandbox": "corral.runs",
-    "sandbox_reclaimer": "corral.runs",
-    "ThreadBusy": "corral.runs",
-    "ThreadError": "corral.runs",
-    "Threads": "corral.runs",
-    "UnknownThread": "corral.runs",
-}
-
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-from corral._version import __version__  # noqa: E402
-
-__all__ = [
-    "Capabilities",
-    "ConfigError",
-    "CorralError",
-    "Decision",
-    "ExecResult",
-    "FileEvent",
-    "Files",
-    "GitSource",
-    "Handle",
-    "Hooks",
-    "Lifecycle",
-    "LocalDir",
-    "LoggedEvent",
-    "NoSource",
-    "Parallel",
-    "Policy",
-    "PrerequisiteMissing",
-    "Process",
-    "Provider",
-    "ReapOutcome",
-    "ReapResult",
-    "Redactor",
-    "ResourceLimits",
-    "RunContext",
-    "RunExists",
-    "RunRecord",
-    "RunRequest",
-    "RunStartError",
-    "RunStatus",
-    "Runner",
-    "Sandbox",
-    "SandboxReclaimFailedError",
-    "SandboxRef",
-    "SandboxSpec",
-    "SecretRef",
-    "Secrets",
-    "Step",
-    "StoreError",
-    "ThreadBusy",
-    "ThreadError",
-    "Threads",
-    "Toolset",
-    "UnknownRun",
-    "UnknownThread",
-    "UnsupportedCapability",
-    "Workspace",
-    "__version__",
-    "dump_config",
-    "load_config",
-    "open_store",
-    "parallel",
-    "reap_detached_runs",
-    "reclaim_sandbox",
-    "register_provider",
-    "ProviderConfig",
-    "sandbox_reclaimer",
-    "tool",
-]
+    from corral.tools import (
+        Toolset as Toolset,
+        tool as tool,
+    )

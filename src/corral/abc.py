@@ -1,4 +1,5 @@
-"""The protocols behind corral's seams, for code that implements or checks them.
+"""The protocols behind corral's seams, for code that implements or checks them. Protocols live
+here only: no other namespace exports one.
 
 * :class:`Provider` and :class:`Handle` (with :class:`ProcessApi`, :class:`Process` and
   :class:`FileSystem`): what a sandbox provider offers (DESIGN §2). Register one with
@@ -7,81 +8,67 @@
   ``isinstance`` (never by probing attributes): :class:`HostPaths` (a handle whose files
   are a host directory), :class:`Described` (a handle that tells what it was created
   with), :class:`SandboxIds` (a handle that knows its processes' host gid, so a run's
-  sockets open to it alone), :class:`DefaultLimits` (a provider's default resource limits),
-  :class:`ProvidesSnapshots` (a provider that hands out a :class:`Snapshotter`). The
-  boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
-  other half: behaviour that no method signature shows.
+  sockets open to it alone), :class:`InsideSupervisor` (a handle whose sandbox hosts its
+  runs' supervisors: container providers), :class:`DefaultLimits` (a provider's default
+  resource limits), :class:`ProvidesSnapshots` (a provider that hands out a
+  :class:`Snapshotter`), :class:`ListsLabelled` (a provider that lists its sandboxes with
+  their labels from any process, so ``corral gc`` finds orphans). The boolean
+  :class:`~corral.sandbox.Capabilities` a provider declares are the other half: behaviour
+  that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
-  :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
-  workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved sessions per
-  thread), and :class:`Store`, all of them at once.
+  :class:`InstanceStore`, :class:`LockStore`, :class:`ApprovalStore` (approval requests and
+  answers), :class:`SecretStore` (corral's own shared keys), :class:`CheckpointStore`
+  (content-addressed workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved
+  sessions per thread), and :class:`Store`, all of them at once; :class:`Diagnosable` (a
+  store that checks itself for ``corral doctor``).
+* Harnesses: :class:`Harness` (an agent CLI adapter, registered with
+  :func:`corral.harness.register_harness`) and its :class:`Translator`;
+  :class:`NeedsAgentRuntime` (a harness whose runs need the agent runtime).
+* Host tools: :class:`ToolLike` (what a :class:`~corral.tools.Toolset` holds besides
+  functions) and :class:`ApprovalGate` (what holds an "ask" tool call for
+  :func:`corral.tools.execute_host_tool`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
-
-if TYPE_CHECKING:
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals()):
+    from corral.harness._base import (
+        Harness as Harness,
+        NeedsAgentRuntime as NeedsAgentRuntime,
+        Translator as Translator,
+    )
     from corral.sandbox._contracts import (
-        DefaultLimits,
-        Described,
-        FileSystem,
-        Handle,
-        HostPaths,
-        Process,
-        ProcessApi,
-        Provider,
-        SandboxIds,
+        DefaultLimits as DefaultLimits,
+        Described as Described,
+        FileSystem as FileSystem,
+        Handle as Handle,
+        HostPaths as HostPaths,
+        Process as Process,
+        ProcessApi as ProcessApi,
+        Provider as Provider,
+        SandboxIds as SandboxIds,
     )
-    from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
+    from corral.sandbox._gc import ListsLabelled as ListsLabelled
+    from corral.sandbox._inside import InsideSupervisor as InsideSupervisor
+    from corral.sandbox._snapshots import (
+        ProvidesSnapshots as ProvidesSnapshots,
+        Snapshotter as Snapshotter,
+    )
     from corral.stores._protocols import (
-        CheckpointStore,
-        ClaimStore,
-        EventLog,
-        InstanceStore,
-        LockStore,
-        RunStore,
-        SessionStore,
-        Store,
+        ApprovalStore as ApprovalStore,
+        CheckpointStore as CheckpointStore,
+        ClaimStore as ClaimStore,
+        Diagnosable as Diagnosable,
+        EventLog as EventLog,
+        InstanceStore as InstanceStore,
+        LockStore as LockStore,
+        RunStore as RunStore,
+        SecretStore as SecretStore,
+        SessionStore as SessionStore,
+        Store as Store,
     )
-
-# Names resolve on first use (corral._lazy), named for this namespace.
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        ("DefaultLimits", "Described", "FileSystem", "Handle", "HostPaths", "Process",
-         "ProcessApi", "Provider", "SandboxIds"),
-        "corral.sandbox._contracts",
-    ),
-    **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
-    **dict.fromkeys(
-        ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
-         "SessionStore",
-         "Store"),
-        "corral.stores._protocols",
-    ),
-}
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "CheckpointStore",
-    "ClaimStore",
-    "DefaultLimits",
-    "Described",
-    "EventLog",
-    "FileSystem",
-    "Handle",
-    "HostPaths",
-    "InstanceStore",
-    "LockStore",
-    "Process",
-    "ProcessApi",
-    "Provider",
-    "ProvidesSnapshots",
-    "RunStore",
-    "SandboxIds",
-    "SessionStore",
-    "Snapshotter",
-    "Store",
-]
+    from corral.tools._core import ToolLike as ToolLike
+    from corral.tools._remote import ApprovalGate as ApprovalGate

@@ -3,51 +3,25 @@ their sessions per thread, and the host services (model and egress proxies) of a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from corral.agents._installs import InstallError, InstalledAgent, install_agent, list_installed
-    from corral.agents._prepare import (
-        FinishReport,
-        PreparedAgent,
-        finish_agent_run,
-        prepare_agent,
-        with_agent_binds,
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals()):
+    from corral.agents._installs import (
+        InstallError as InstallError,
+        InstalledAgent as InstalledAgent,
+        install_agent as install_agent,
+        list_installed as list_installed,
     )
-    from corral.agents._services import ServicesStartError
-    from corral.agents._sessions import SessionSaveError, load_session
-
-# Names resolve on first use (corral._lazy).
-_EXPORTS: dict[str, str] = {
-    "InstallError": "corral.agents._installs",
-    "InstalledAgent": "corral.agents._installs",
-    "install_agent": "corral.agents._installs",
-    "list_installed": "corral.agents._installs",
-    "FinishReport": "corral.agents._prepare",
-    "PreparedAgent": "corral.agents._prepare",
-    "finish_agent_run": "corral.agents._prepare",
-    "prepare_agent": "corral.agents._prepare",
-    "with_agent_binds": "corral.agents._prepare",
-    "ServicesStartError": "corral.agents._services",
-    "SessionSaveError": "corral.agents._sessions",
-    "load_session": "corral.agents._sessions",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "FinishReport",
-    "InstallError",
-    "InstalledAgent",
-    "PreparedAgent",
-    "ServicesStartError",
-    "SessionSaveError",
-    "finish_agent_run",
-    "install_agent",
-    "list_installed",
-    "load_session",
-    "prepare_agent",
-    "with_agent_binds",
-]
+    from corral.agents._prepare import (
+        FinishReport as FinishReport,
+        PreparedAgent as PreparedAgent,
+        finish_agent_run as finish_agent_run,
+        prepare_agent as prepare_agent,
+        with_agent_binds as with_agent_binds,
+    )
+    from corral.agents._services import ServicesStartError as ServicesStartError
+    from corral.agents._sessions import (
+        SessionSaveError as SessionSaveError,
+        load_session as load_session,
+    )

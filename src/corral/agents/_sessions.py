@@ -3,7 +3,7 @@ sandbox.
 
 After a run, the CLI's session files (the harness's ``session_dirs`` under the sandbox
 home) are read through the sandbox's confined filesystem API, redacted, and put in the
-run's store (:class:`corral.stores.SessionStore`) with the CLI's session id, replacing
+run's store (:class:`corral.abc.SessionStore`) with the CLI's session id, replacing
 the thread's previous session for that harness whole. Before the next run on that
 thread, :func:`restore_session` writes every file the sandbox does not have back into it,
 and the harness resumes the saved session id. Nothing is written under

@@ -170,7 +170,8 @@ def _store(url: str | None) -> Check:
     """Open the configured store (``--store``, ``$CORRAL_STORE`` or the SQLite default) and
     let it check itself: reachable, schema version, notifications."""
     from corral._errors import CorralError
-    from corral.stores import Diagnosable, default_store_url, open_store
+    from corral.stores import default_store_url, open_store
+    from corral.stores._protocols import Diagnosable
 
     shown = url or default_store_url()
 

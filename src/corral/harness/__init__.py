@@ -3,87 +3,41 @@
 Adapters (:class:`CommandHarness`, :class:`ClaudeCodeHarness`, :class:`CodexHarness`,
 :class:`GeminiCliHarness`) are
 pure: argv, env, session paths, policy projection, and a translator from journal lines to
-events. :func:`register_harness` adds one by name; :func:`build_harness` builds one.
+events. :func:`register_harness` adds one by name; :func:`build_harness` builds one. What a
+harness implements (``Harness``, ``Translator``) is in :mod:`corral.abc`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
+# Protocols live in corral.abc only: their old names here resolve with a warning
+_MOVED = dict.fromkeys(("Harness", "Translator"), "corral.abc")
 
-if TYPE_CHECKING:
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
     from corral.harness._base import (
-        AgentCommand,
-        AgentRequest,
-        Batch,
-        Harness,
-        RunContext,
-        Translator,
-        translate_run,
+        AgentCommand as AgentCommand,
+        AgentRequest as AgentRequest,
+        Batch as Batch,
+        RunContext as RunContext,
+        translate_run as translate_run,
     )
-    from corral.harness._claude_code import ClaudeCodeHarness
-    from corral.harness._codex import CodexHarness
-    from corral.harness._opencode import OpencodeHarness
-    from corral.harness._command import CommandHarness
-    from corral.harness._gemini_cli import GeminiCliHarness
+    from corral.harness._claude_code import ClaudeCodeHarness as ClaudeCodeHarness
+    from corral.harness._codex import CodexHarness as CodexHarness
+    from corral.harness._opencode import OpencodeHarness as OpencodeHarness
+    from corral.harness._command import CommandHarness as CommandHarness
+    from corral.harness._gemini_cli import GeminiCliHarness as GeminiCliHarness
     from corral.harness._events import (
-        EventParseError,
-        event_from_dict,
-        event_from_json,
-        event_to_dict,
-        event_to_json,
-        is_terminal,
+        EventParseError as EventParseError,
+        event_from_dict as event_from_dict,
+        event_from_json as event_from_json,
+        event_to_dict as event_to_dict,
+        event_to_json as event_to_json,
+        is_terminal as is_terminal,
     )
-    from corral.harness._registry import build_harness, harness_names, register_harness
-
-# Names resolve on first use (corral._lazy).
-_EXPORTS: dict[str, str] = {
-    "AgentCommand": "corral.harness._base",
-    "AgentRequest": "corral.harness._base",
-    "Batch": "corral.harness._base",
-    "Harness": "corral.harness._base",
-    "RunContext": "corral.harness._base",
-    "Translator": "corral.harness._base",
-    "translate_run": "corral.harness._base",
-    "ClaudeCodeHarness": "corral.harness._claude_code",
-    "CodexHarness": "corral.harness._codex",
-    "OpencodeHarness": "corral.harness._opencode",
-    "CommandHarness": "corral.harness._command",
-    "GeminiCliHarness": "corral.harness._gemini_cli",
-    "EventParseError": "corral.harness._events",
-    "event_from_dict": "corral.harness._events",
-    "event_from_json": "corral.harness._events",
-    "event_to_dict": "corral.harness._events",
-    "event_to_json": "corral.harness._events",
-    "is_terminal": "corral.harness._events",
-    "build_harness": "corral.harness._registry",
-    "harness_names": "corral.harness._registry",
-    "register_harness": "corral.harness._registry",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "AgentCommand",
-    "AgentRequest",
-    "Batch",
-    "ClaudeCodeHarness",
-    "CodexHarness",
-    "OpencodeHarness",
-    "CommandHarness",
-    "EventParseError",
-    "GeminiCliHarness",
-    "Harness",
-    "RunContext",
-    "Translator",
-    "build_harness",
-    "event_from_dict",
-    "event_from_json",
-    "event_to_dict",
-    "event_to_json",
-    "harness_names",
-    "is_terminal",
-    "register_harness",
-    "translate_run",
-]
+    from corral.harness._registry import (
+        build_harness as build_harness,
+        harness_names as harness_names,
+        register_harness as register_harness,
+    )

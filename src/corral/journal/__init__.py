@@ -5,66 +5,26 @@ interpreter per run and imports only what it needs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from corral.journal._layout import JournalPaths
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals()):
+    from corral.journal._layout import JournalPaths as JournalPaths
     from corral.journal._reader import (
-        Exit,
-        JournalAbandonedError,
-        JournalError,
-        JournalTamperedError,
-        Line,
-        Probe,
-        probe_journal_tail,
-        read_journal,
+        Exit as Exit,
+        JournalAbandonedError as JournalAbandonedError,
+        JournalError as JournalError,
+        JournalTamperedError as JournalTamperedError,
+        Line as Line,
+        Probe as Probe,
+        probe_journal_tail as probe_journal_tail,
+        read_journal as read_journal,
     )
-    from corral.journal._sentinel import new_nonce
+    from corral.journal._sentinel import new_nonce as new_nonce
     from corral.journal._supervisor import (
-        AgentSpec,
-        SupervisedRun,
-        SupervisorError,
-        kill_supervised_async,
-        launch_supervised_async,
+        AgentSpec as AgentSpec,
+        SupervisedRun as SupervisedRun,
+        SupervisorError as SupervisorError,
+        kill_supervised_async as kill_supervised_async,
+        launch_supervised_async as launch_supervised_async,
     )
-
-# Names resolve on first use (corral._lazy).
-_EXPORTS: dict[str, str] = {
-    "JournalPaths": "corral.journal._layout",
-    "Exit": "corral.journal._reader",
-    "JournalAbandonedError": "corral.journal._reader",
-    "JournalError": "corral.journal._reader",
-    "JournalTamperedError": "corral.journal._reader",
-    "Line": "corral.journal._reader",
-    "Probe": "corral.journal._reader",
-    "probe_journal_tail": "corral.journal._reader",
-    "read_journal": "corral.journal._reader",
-    "new_nonce": "corral.journal._sentinel",
-    "AgentSpec": "corral.journal._supervisor",
-    "SupervisedRun": "corral.journal._supervisor",
-    "SupervisorError": "corral.journal._supervisor",
-    "kill_supervised_async": "corral.journal._supervisor",
-    "launch_supervised_async": "corral.journal._supervisor",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "AgentSpec",
-    "Exit",
-    "JournalAbandonedError",
-    "JournalError",
-    "JournalPaths",
-    "JournalTamperedError",
-    "Line",
-    "Probe",
-    "SupervisedRun",
-    "SupervisorError",
-    "kill_supervised_async",
-    "launch_supervised_async",
-    "new_nonce",
-    "probe_journal_tail",
-    "read_journal",
-]

@@ -8,42 +8,25 @@ a web app (docs/embedding.md); :func:`serve_async` runs it under uvicorn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from corral.server._app import CorralApp, create_app
-    from corral.server._config import SandboxDefinition, ServerConfig, load_config_file
-    from corral.server._command import add_serve_options, config_from_args
-    from corral.server._serve import serve_async
-    from corral.server._service import RunService, TooManyRuns
-
-# Names resolve on first use (corral._lazy).
-_EXPORTS: dict[str, str] = {
-    "CorralApp": "corral.server._app",
-    "create_app": "corral.server._app",
-    "SandboxDefinition": "corral.server._config",
-    "ServerConfig": "corral.server._config",
-    "load_config_file": "corral.server._config",
-    "add_serve_options": "corral.server._command",
-    "config_from_args": "corral.server._command",
-    "serve_async": "corral.server._serve",
-    "RunService": "corral.server._service",
-    "TooManyRuns": "corral.server._service",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "CorralApp",
-    "RunService",
-    "SandboxDefinition",
-    "ServerConfig",
-    "TooManyRuns",
-    "add_serve_options",
-    "config_from_args",
-    "create_app",
-    "load_config_file",
-    "serve_async",
-]
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals()):
+    from corral.server._app import (
+        CorralApp as CorralApp,
+        create_app as create_app,
+    )
+    from corral.server._config import (
+        SandboxDefinition as SandboxDefinition,
+        ServerConfig as ServerConfig,
+        load_config_file as load_config_file,
+    )
+    from corral.server._command import (
+        add_serve_options as add_serve_options,
+        config_from_args as config_from_args,
+    )
+    from corral.server._serve import serve_async as serve_async
+    from corral.server._service import (
+        RunService as RunService,
+        TooManyRuns as TooManyRuns,
+    )

@@ -11,9 +11,9 @@
   ``pool_max=N`` (connections each store keeps open / may open, default 1 and 10). Messages
   show the URL with its password masked.
 
-The store protocols (:class:`Store` and its parts, among them :class:`SessionStore`: agent
-CLIs' saved sessions per thread), their records and the checkpoint values
-(:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here too.
+The store protocols (``Store`` and its parts, among them ``SessionStore``: agent CLIs' saved
+sessions per thread) are in :mod:`corral.abc`; their records, errors and the checkpoint values
+(:class:`Checkpoint`, its entries, the chunk store's errors; #27) are exported here.
 
 The default URL is ``$CORRAL_STORE`` if set, else ``sqlite://$CORRAL_HOME/corral.db``. A
 SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first use).
@@ -21,179 +21,63 @@ SQLite file's directory must exist (only ``$CORRAL_HOME`` is created on first us
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
+# Protocols live in corral.abc only: their old names here resolve with a warning
+_MOVED = dict.fromkeys((
+    "ApprovalStore", "CheckpointStore", "SecretStore", "SessionStore", "ClaimStore",
+    "Diagnosable", "EventLog", "InstanceStore", "LockStore", "RunStore", "Store",
+), "corral.abc")
 
-if TYPE_CHECKING:
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
     from corral.stores._checkpoints import (
-        CHUNK_GRACE,
-        Checkpoint,
-        CheckpointEntry,
-        CheckpointExists,
-        CheckpointInfo,
-        ChunkStats,
-        CorruptCheckpoint,
-        MissingChunks,
-        SessionPart,
-        UnknownCheckpoint,
+        CHUNK_GRACE as CHUNK_GRACE,
+        Checkpoint as Checkpoint,
+        CheckpointEntry as CheckpointEntry,
+        CheckpointExists as CheckpointExists,
+        CheckpointInfo as CheckpointInfo,
+        ChunkStats as ChunkStats,
+        CorruptCheckpoint as CorruptCheckpoint,
+        MissingChunks as MissingChunks,
+        SessionPart as SessionPart,
+        UnknownCheckpoint as UnknownCheckpoint,
     )
-    from corral.stores._memory import MemoryStore
-    from corral.stores._open import open_store
-    from corral.stores._url import default_store_url
-    from corral.stores._postgres import PostgresStore
+    from corral.stores._memory import MemoryStore as MemoryStore
+    from corral.stores._open import open_store as open_store
+    from corral.stores._url import default_store_url as default_store_url
+    from corral.stores._postgres import PostgresStore as PostgresStore
     from corral.stores._protocols import (
-        ApprovalAnswer,
-        ApprovalExists,
-        ApprovalRequest,
-        ApprovalStore,
-        CheckpointStore,
-        InvalidSession,
-        SecretStore,
-        SessionInfo,
-        SessionLimits,
-        SessionStore,
-        SessionTooLarge,
-        StoredSession,
-        UnknownApproval,
-        Claim,
-        ClaimLost,
-        ClaimRefused,
-        ClaimStore,
-        Diagnosable,
-        EventLog,
-        InstanceRecord,
-        InstanceStore,
-        InvalidEvent,
-        LockStore,
-        LogClosed,
-        LoggedEvent,
-        LogTail,
-        NewRun,
-        RefusalReason,
-        RunExists,
-        RunStore,
-        SpecTooLarge,
-        Store,
-        StoreError,
-        StoreUnavailable,
-        UnknownRun,
+        ApprovalAnswer as ApprovalAnswer,
+        ApprovalExists as ApprovalExists,
+        ApprovalRequest as ApprovalRequest,
+        InvalidSession as InvalidSession,
+        SessionInfo as SessionInfo,
+        SessionLimits as SessionLimits,
+        SessionTooLarge as SessionTooLarge,
+        StoredSession as StoredSession,
+        UnknownApproval as UnknownApproval,
+        Claim as Claim,
+        ClaimLost as ClaimLost,
+        ClaimRefused as ClaimRefused,
+        InstanceRecord as InstanceRecord,
+        InvalidEvent as InvalidEvent,
+        LogClosed as LogClosed,
+        LoggedEvent as LoggedEvent,
+        LogTail as LogTail,
+        NewRun as NewRun,
+        RefusalReason as RefusalReason,
+        RunExists as RunExists,
+        SpecTooLarge as SpecTooLarge,
+        StoreError as StoreError,
+        StoreUnavailable as StoreUnavailable,
+        UnknownRun as UnknownRun,
     )
-    from corral.stores._records import UNSET, RunError, RunPatch, RunRecord, RunStatus
-    from corral.stores._sqlite import SQLiteStore
-
-# Names resolve on first use (corral._lazy), named for this namespace.
-_EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "ApprovalAnswer",
-            "ApprovalExists",
-            "ApprovalRequest",
-            "ApprovalStore",
-            "CheckpointStore",
-            "InvalidSession",
-            "SecretStore",
-            "SessionInfo",
-            "SessionLimits",
-            "SessionStore",
-            "SessionTooLarge",
-            "StoredSession",
-            "UnknownApproval",
-            "Claim",
-            "ClaimLost",
-            "ClaimRefused",
-            "ClaimStore",
-            "Diagnosable",
-            "EventLog",
-            "InstanceRecord",
-            "InstanceStore",
-            "InvalidEvent",
-            "LockStore",
-            "LogClosed",
-            "LoggedEvent",
-            "LogTail",
-            "NewRun",
-            "RefusalReason",
-            "RunExists",
-            "RunStore",
-            "SpecTooLarge",
-            "Store",
-            "StoreError",
-            "StoreUnavailable",
-            "UnknownRun",
-        ),
-        "corral.stores._protocols",
-    ),
-    **dict.fromkeys(
-        ("UNSET", "RunError", "RunPatch", "RunRecord", "RunStatus"), "corral.stores._records"
-    ),
-    **dict.fromkeys(
-        ("CHUNK_GRACE", "Checkpoint", "CheckpointEntry", "CheckpointExists", "CheckpointInfo",
-         "ChunkStats", "CorruptCheckpoint", "MissingChunks", "SessionPart", "UnknownCheckpoint"),
-        "corral.stores._checkpoints",
-    ),
-    "MemoryStore": "corral.stores._memory",
-    "SQLiteStore": "corral.stores._sqlite",
-    "PostgresStore": "corral.stores._postgres",
-    "default_store_url": "corral.stores._url",
-    "open_store": "corral.stores._open",
-}
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "ApprovalAnswer",
-    "ApprovalExists",
-    "ApprovalRequest",
-    "ApprovalStore",
-    "CHUNK_GRACE",
-    "Checkpoint",
-    "CheckpointEntry",
-    "CheckpointExists",
-    "CheckpointInfo",
-    "CheckpointStore",
-    "ChunkStats",
-    "CorruptCheckpoint",
-    "MissingChunks",
-    "SessionPart",
-    "UnknownCheckpoint",
-    "InvalidSession",
-    "SecretStore",
-    "SessionInfo",
-    "SessionLimits",
-    "SessionStore",
-    "SessionTooLarge",
-    "StoredSession",
-    "UnknownApproval",
-    "Claim",
-    "ClaimLost",
-    "ClaimRefused",
-    "ClaimStore",
-    "Diagnosable",
-    "EventLog",
-    "InstanceRecord",
-    "InstanceStore",
-    "InvalidEvent",
-    "LockStore",
-    "LogClosed",
-    "LogTail",
-    "LoggedEvent",
-    "MemoryStore",
-    "NewRun",
-    "PostgresStore",
-    "RefusalReason",
-    "RunError",
-    "RunExists",
-    "RunPatch",
-    "RunRecord",
-    "RunStatus",
-    "RunStore",
-    "SQLiteStore",
-    "SpecTooLarge",
-    "Store",
-    "StoreError",
-    "StoreUnavailable",
-    "UNSET",
-    "UnknownRun",
-    "default_store_url",
-    "open_store",
-]
+    from corral.stores._records import (
+        UNSET as UNSET,
+        RunError as RunError,
+        RunPatch as RunPatch,
+        RunRecord as RunRecord,
+        RunStatus as RunStatus,
+    )
+    from corral.stores._sqlite import SQLiteStore as SQLiteStore

@@ -2,7 +2,7 @@
 
 corral used to keep each thread's saved CLI session on the host that ran its last turn, as
 ``$CORRAL_HOME/sessions/<thread>/<harness>/`` (``files/`` and ``session.json``). Sessions
-now live in the store (:class:`~corral.stores.SessionStore`), where any host finds them.
+now live in the store (:class:`~corral.abc.SessionStore`), where any host finds them.
 :func:`import_home_sessions` copies what such a directory holds into a store (only where
 the store has no session for that thread and harness: a newer one wins), then renames the
 directory to ``sessions.migrated-<time>`` so that it happens once. The files were redacted

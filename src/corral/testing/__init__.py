@@ -14,106 +14,63 @@ an in-memory provider honest about what it cannot do; :func:`wait_until` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from corral.testing._checkpoints import CHECKPOINT_KIT, check_checkpoint_store
-    from corral.testing._fake import FakeCommand, FakeProvider
-    from corral.testing._kit import (
-        Check,
-        CheckSkipped,
-        Factory,
-        Kit,
-        KitFailed,
-        KitReport,
-        raises,
-        run_kit,
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals()):
+    from corral.testing._checkpoints import (
+        CHECKPOINT_KIT as CHECKPOINT_KIT,
+        check_checkpoint_store as check_checkpoint_store,
     )
-    from corral.testing._harness import HARNESS_KIT, check_harness
-    from corral.testing._harness_world import FEATURES, HarnessCase, HarnessWorld
-    from corral.testing._pipe import PIPE_KIT, check_pipe
-    from corral.testing._polling import WaitTimeout, wait_until, wait_until_async
-    from corral.testing._providers import PROVIDER_KIT, ProviderCase, check_provider
-    from corral.testing._reaper import REAPER_KIT, DirSandboxes, ReaperWorld, check_reaper
-    from corral.testing._sessions import SESSION_STORE_KIT, check_session_store
-    from corral.testing._stores import STORE_KIT, check_store
-    from corral.testing._wrappers import pytest_checks
-
-# Names resolve on first use (corral._lazy): importing the package does not import pytest.
-_EXPORTS: dict[str, str] = {
-    "CHECKPOINT_KIT": "corral.testing._checkpoints",
-    "check_checkpoint_store": "corral.testing._checkpoints",
-    "FakeCommand": "corral.testing._fake",
-    "FakeProvider": "corral.testing._fake",
-    "Check": "corral.testing._kit",
-    "CheckSkipped": "corral.testing._kit",
-    "Factory": "corral.testing._kit",
-    "Kit": "corral.testing._kit",
-    "KitFailed": "corral.testing._kit",
-    "KitReport": "corral.testing._kit",
-    "raises": "corral.testing._kit",
-    "run_kit": "corral.testing._kit",
-    "HARNESS_KIT": "corral.testing._harness",
-    "check_harness": "corral.testing._harness",
-    "FEATURES": "corral.testing._harness_world",
-    "HarnessCase": "corral.testing._harness_world",
-    "HarnessWorld": "corral.testing._harness_world",
-    "PIPE_KIT": "corral.testing._pipe",
-    "check_pipe": "corral.testing._pipe",
-    "WaitTimeout": "corral.testing._polling",
-    "wait_until": "corral.testing._polling",
-    "wait_until_async": "corral.testing._polling",
-    "PROVIDER_KIT": "corral.testing._providers",
-    "ProviderCase": "corral.testing._providers",
-    "check_provider": "corral.testing._providers",
-    "REAPER_KIT": "corral.testing._reaper",
-    "DirSandboxes": "corral.testing._reaper",
-    "ReaperWorld": "corral.testing._reaper",
-    "check_reaper": "corral.testing._reaper",
-    "SESSION_STORE_KIT": "corral.testing._sessions",
-    "check_session_store": "corral.testing._sessions",
-    "STORE_KIT": "corral.testing._stores",
-    "check_store": "corral.testing._stores",
-    "pytest_checks": "corral.testing._wrappers",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "CHECKPOINT_KIT",
-    "Check",
-    "CheckSkipped",
-    "DirSandboxes",
-    "FEATURES",
-    "Factory",
-    "FakeCommand",
-    "FakeProvider",
-    "Kit",
-    "KitFailed",
-    "HARNESS_KIT",
-    "HarnessCase",
-    "HarnessWorld",
-    "KitReport",
-    "PIPE_KIT",
-    "PROVIDER_KIT",
-    "ProviderCase",
-    "REAPER_KIT",
-    "ReaperWorld",
-    "SESSION_STORE_KIT",
-    "STORE_KIT",
-    "WaitTimeout",
-    "check_checkpoint_store",
-    "check_harness",
-    "check_pipe",
-    "check_provider",
-    "check_reaper",
-    "check_session_store",
-    "check_store",
-    "pytest_checks",
-    "raises",
-    "run_kit",
-    "wait_until",
-    "wait_until_async",
-]
+    from corral.testing._fake import (
+        FakeCommand as FakeCommand,
+        FakeProvider as FakeProvider,
+    )
+    from corral.testing._kit import (
+        Check as Check,
+        CheckSkipped as CheckSkipped,
+        Factory as Factory,
+        Kit as Kit,
+        KitFailed as KitFailed,
+        KitReport as KitReport,
+        raises as raises,
+        run_kit as run_kit,
+    )
+    from corral.testing._harness import (
+        HARNESS_KIT as HARNESS_KIT,
+        check_harness as check_harness,
+    )
+    from corral.testing._harness_world import (
+        FEATURES as FEATURES,
+        HarnessCase as HarnessCase,
+        HarnessWorld as HarnessWorld,
+    )
+    from corral.testing._pipe import (
+        PIPE_KIT as PIPE_KIT,
+        check_pipe as check_pipe,
+    )
+    from corral.testing._polling import (
+        WaitTimeout as WaitTimeout,
+        wait_until as wait_until,
+        wait_until_async as wait_until_async,
+    )
+    from corral.testing._providers import (
+        PROVIDER_KIT as PROVIDER_KIT,
+        ProviderCase as ProviderCase,
+        check_provider as check_provider,
+    )
+    from corral.testing._reaper import (
+        REAPER_KIT as REAPER_KIT,
+        DirSandboxes as DirSandboxes,
+        ReaperWorld as ReaperWorld,
+        check_reaper as check_reaper,
+    )
+    from corral.testing._sessions import (
+        SESSION_STORE_KIT as SESSION_STORE_KIT,
+        check_session_store as check_session_store,
+    )
+    from corral.testing._stores import (
+        STORE_KIT as STORE_KIT,
+        check_store as check_store,
+    )
+    from corral.testing._wrappers import pytest_checks as pytest_checks

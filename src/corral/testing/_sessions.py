@@ -1,4 +1,4 @@
-"""Session store conformance kit: the :class:`~corral.stores.SessionStore` contract.
+"""Session store conformance kit: the :class:`~corral.abc.SessionStore` contract.
 
 Every backend that keeps agent CLIs' saved sessions must pass it::
 

@@ -1,4 +1,4 @@
-"""Store conformance kit: the :class:`~corral.stores.Store` contract, as plain checks.
+"""Store conformance kit: the :class:`~corral.abc.Store` contract, as plain checks.
 
 Every backend (memory, SQLite, and third-party ones) must pass it::
 

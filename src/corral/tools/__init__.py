@@ -3,88 +3,41 @@
 :func:`tool` and :class:`Toolset` define them (the schema comes from type hints or a pydantic
 model); :class:`HostToolServer` serves a toolset to one run as the MCP server ``corral``;
 :class:`Approvals` gates "ask" tools until ``corral approve`` answers (the requests and
-answers live in the run's store, so any host sharing it can answer).
+answers live in the run's store, so any host sharing it can answer). The protocols a tool
+object or an approval gate implements (``ToolLike``, ``ApprovalGate``) are in :mod:`corral.abc`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from corral._lazy import TYPE_CHECKING, lazy_namespace
 
-from corral._lazy import lazy_exports
+# Protocols live in corral.abc only: their old names here resolve with a warning
+_MOVED = {"ToolLike": "corral.abc"}
 
-if TYPE_CHECKING:
+# The public names, listed once: resolved on first use (corral._lazy)
+if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
     from corral.tools._approvals import (
-        ApprovalError,
-        Approvals,
-        answer_approval,
-        list_pending,
+        ApprovalError as ApprovalError,
+        Approvals as Approvals,
+        answer_approval as answer_approval,
+        list_pending as list_pending,
     )
     from corral.tools._core import (
-        HostTool,
-        ToolArgumentsError,
-        ToolContext,
-        ToolError,
-        ToolLike,
-        Toolset,
-        UnknownToolError,
-        result_text,
-        tool,
+        HostTool as HostTool,
+        ToolArgumentsError as ToolArgumentsError,
+        ToolContext as ToolContext,
+        ToolError as ToolError,
+        Toolset as Toolset,
+        UnknownToolError as UnknownToolError,
+        result_text as result_text,
+        tool as tool,
     )
-    from corral.tools._mcp_server import HostToolServer
-    from corral.tools._permission import PermissionPromptTool
-    from corral.tools._projection import run_tools_token
+    from corral.tools._mcp_server import HostToolServer as HostToolServer
+    from corral.tools._permission import PermissionPromptTool as PermissionPromptTool
+    from corral.tools._projection import run_tools_token as run_tools_token
     from corral.tools._remote import (
-        RemoteToolError,
-        ToolDeniedError,
-        ToolTimeoutError,
-        execute_host_tool,
+        RemoteToolError as RemoteToolError,
+        ToolDeniedError as ToolDeniedError,
+        ToolTimeoutError as ToolTimeoutError,
+        execute_host_tool as execute_host_tool,
     )
-
-# Names resolve on first use (corral._lazy).
-_EXPORTS: dict[str, str] = {
-    "ApprovalError": "corral.tools._approvals",
-    "Approvals": "corral.tools._approvals",
-    "answer_approval": "corral.tools._approvals",
-    "list_pending": "corral.tools._approvals",
-    "HostTool": "corral.tools._core",
-    "ToolArgumentsError": "corral.tools._core",
-    "ToolContext": "corral.tools._core",
-    "ToolError": "corral.tools._core",
-    "ToolLike": "corral.tools._core",
-    "Toolset": "corral.tools._core",
-    "UnknownToolError": "corral.tools._core",
-    "result_text": "corral.tools._core",
-    "tool": "corral.tools._core",
-    "HostToolServer": "corral.tools._mcp_server",
-    "PermissionPromptTool": "corral.tools._permission",
-    "run_tools_token": "corral.tools._projection",
-    "RemoteToolError": "corral.tools._remote",
-    "ToolDeniedError": "corral.tools._remote",
-    "ToolTimeoutError": "corral.tools._remote",
-    "execute_host_tool": "corral.tools._remote",
-}
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
-
-__all__ = [
-    "ApprovalError",
-    "Approvals",
-    "HostTool",
-    "HostToolServer",
-    "PermissionPromptTool",
-    "RemoteToolError",
-    "ToolArgumentsError",
-    "ToolContext",
-    "ToolDeniedError",
-    "ToolError",
-    "ToolLike",
-    "ToolTimeoutError",
-    "Toolset",
-    "UnknownToolError",
-    "answer_approval",
-    "execute_host_tool",
-    "list_pending",
-    "result_text",
-    "run_tools_token",
-    "tool",
-]

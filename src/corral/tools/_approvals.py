@@ -6,7 +6,7 @@ When a tool marked ``approval=True`` is called, :class:`Approvals` (the run's
 1. mints an approval id signed with corral's key (:mod:`corral.tools._keys`):
    ``<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "corral-approval-id" NUL run_id NUL
    nonce)``, so a client cannot forge an id nor replay one against another run;
-2. stores the request (:meth:`corral.stores.ApprovalStore.add_approval`);
+2. stores the request (:meth:`corral.abc.ApprovalStore.add_approval`);
 3. emits ``CUSTOM corral.approval_request`` ``{approvalId, runId, tool, args,
    expiresAt}`` through the run's ``emit`` hook;
 

@@ -1,7 +1,7 @@
 """corral's own key: what signs approval ids and derives per-run tool tokens.
 
 Every host that drives or answers a run must hold the same key, so it lives where they all
-look: the store (:meth:`corral.stores.SecretStore.shared_secret`, made on first use), or,
+look: the store (:meth:`corral.abc.SecretStore.shared_secret`, made on first use), or,
 when an operator sets it, ``CORRAL_SECRET`` in each host's environment (then the key is in
 no database). ``CORRAL_SECRET`` is any string of at least 32 characters (base64, hex or
 other text, e.g. ``openssl rand -base64 32``); it is hashed (SHA-256) into the key, never
