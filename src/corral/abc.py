@@ -14,7 +14,8 @@
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
   :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
   workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved sessions per
-  thread), and :class:`Store`, all of them at once.
+  thread), :class:`ThreadStore` (a thread's head in one read), and :class:`Store`, all of
+  them at once.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         RunStore,
         SessionStore,
         Store,
+        ThreadStore,
     )
 
 # Names resolve on first use (corral._lazy), named for this namespace.
@@ -58,7 +60,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
          "SessionStore",
-         "Store"),
+         "Store", "ThreadStore"),
         "corral.stores._protocols",
     ),
 }
@@ -84,4 +86,5 @@ __all__ = [
     "SessionStore",
     "Snapshotter",
     "Store",
+    "ThreadStore",
 ]
