@@ -35,7 +35,8 @@ ABC = [
     "Described", "Diagnosable", "EventLog", "FileSystem", "Handle", "Harness", "HostPaths",
     "InsideSupervisor", "InstanceStore", "ListsLabelled", "LockStore", "NeedsAgentRuntime",
     "Process", "ProcessApi", "Provider", "ProvidesSnapshots", "RunStore", "SandboxIds",
-    "SecretStore", "SessionStore", "Snapshotter", "Store", "ToolLike", "Translator",
+    "SecretStore", "SessionStore", "Snapshotter", "Store", "ThreadStore", "ToolLike",
+    "Translator",
 ]  # fmt: skip
 
 # Protocols other namespaces exported before they lived in corral.abc only: the old names

@@ -19,8 +19,9 @@ here only: no other namespace exports one.
   :class:`InstanceStore`, :class:`LockStore`, :class:`ApprovalStore` (approval requests and
   answers), :class:`SecretStore` (corral's own shared keys), :class:`CheckpointStore`
   (content-addressed workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved
-  sessions per thread), and :class:`Store`, all of them at once; :class:`Diagnosable` (a
-  store that checks itself for ``corral doctor``).
+  sessions per thread), :class:`ThreadStore` (a thread's head in one read), and
+  :class:`Store`, all of them at once; :class:`Diagnosable` (a store that checks itself
+  for ``corral doctor``).
 * Harnesses: :class:`Harness` (an agent CLI adapter, registered with
   :func:`corral.harness.register_harness`) and its :class:`Translator`;
   :class:`NeedsAgentRuntime` (a harness whose runs need the agent runtime).
@@ -69,6 +70,7 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         SecretStore as SecretStore,
         SessionStore as SessionStore,
         Store as Store,
+        ThreadStore as ThreadStore,
     )
     from corral.tools._core import ToolLike as ToolLike
     from corral.tools._remote import ApprovalGate as ApprovalGate

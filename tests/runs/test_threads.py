@@ -1,7 +1,8 @@
 """Threads (#27) with the command harness on bubblewrap, through the real CLI: each turn in a
 fresh sandbox gets the thread's workspace from its checkpoints; undo (down to the state
 before the first turn), refused while a run is active; the size cap; a secret never enters
-a thread's checkpoint; ``corral threads rm``."""
+a thread's checkpoint; ``corral threads rm`` (with ``--runs``: the runs and their logs
+too)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_undo_is_refused_while_a_run_of_the_thread_is_active(cli: Cli, ws: Path)
         wait_until(lambda: (cli.raw("r2") or {}).get("sandbox_ref") is not None
                    and (cli.raw("r2") or {}).get("status") == "running", "r2 running",
                    timeout=60)
-        for args in (("undo", "T"), ("rm", "T")):
+        for args in (("undo", "T"), ("rm", "T"), ("rm", "T", "--runs")):
             refused = cli.run("threads", *args)
             one_line_refusal(refused, "active run (r2)", "corral cancel r2")
         # a fork reads only finished turns' checkpoints: the state before r2
@@ -139,3 +140,23 @@ def test_rm_removes_checkpoints_sessions_and_keeps_runs(cli: Cli, ws: Path) -> N
     assert cli.turn("T", "r2", "ls", ws).split() == ["seed.txt"]
     one_line_refusal(cli.run("threads", "show", "nope"), "no thread 'nope'")
     one_line_refusal(cli.run("threads", "fork", "T", "--as", "../x"), "is not allowed")
+
+
+def test_rm_with_runs_removes_the_runs_and_their_logs_too(cli: Cli, ws: Path) -> None:
+    cli.turn("T", "r1", "echo a > f.txt", ws)
+    cli.turn("T", "r2", "cat f.txt", ws)
+    cli.turn("U", "u1", "echo u > u.txt", ws)  # another thread: untouched
+    removed = json.loads(cli.ok("threads", "rm", "T", "--runs", "--json").stdout)
+    assert removed["runs"] == 2 and removed["checkpoints"] == 3, removed
+    one_line_refusal(cli.run("threads", "show", "T"), "no thread 'T'")
+    with sqlite3.connect(cli.db) as conn:
+        for table in ("runs", "events", "approvals"):
+            assert conn.execute(f"SELECT count(*) FROM {table} WHERE run_id IN "
+                                "('r1', 'r2')").fetchone() == (0,), table
+        assert conn.execute("SELECT count(*) FROM events WHERE run_id = 'u1'"
+                            ).fetchone()[0] > 0
+    assert cli.raw("r1") is None
+    assert [r["run_id"] for r in cli.show("U")["runs"]] == ["u1"]
+    assert cli.turn("U", "u2", "cat u.txt", ws).strip() == "u"
+    # the run ids may be used again, for a new thread's first turn
+    assert cli.turn("T", "r1", "ls", ws).split() == ["seed.txt"]

@@ -1,7 +1,8 @@
 """Workspace checkpoints (#27) in real bubblewrap sandboxes, on a SQLite store: a round trip
 into a fresh sandbox, a secret-bearing file that never reaches the store file, hostile
 manifests and planted symlinks that a restore refuses or does not follow, and concurrent
-checkpoints of one thread."""
+checkpoints of one thread; and a workspace read from the host (bubblewrap keeps it in a host
+directory), which never follows a symlink the sandbox planted, before or during the read."""
 
 from __future__ import annotations
 
@@ -188,5 +189,78 @@ async def test_a_truncated_stream_from_the_sandbox_is_an_error(
     (ws(a) / "f").write_text("x")
     async with SQLiteStore(tmp_path / "s.db") as store:
         with pytest.raises(CheckpointError, match="ended early|failed"):
-            await checkpoint_workspace(a, store, thread_id="t", python="/bin/true")
+            await checkpoint_workspace(a, store, thread_id="t", python="/bin/true",
+                                       host_read=False)
         assert await store.list_checkpoints("t") == []
+
+
+async def test_a_host_side_read_never_follows_the_sandboxs_symlinks(
+        sandboxes: list[BubblewrapHandle], tmp_path: Path) -> None:
+    a, b = sandboxes
+    host_secret = tmp_path / "host-only"
+    (host_secret / "d").mkdir(parents=True)
+    (host_secret / "d" / "f.txt").write_text("HOST-PRIVATE-BYTES")
+    (host_secret / "top.txt").write_text("HOST-PRIVATE-BYTES")
+    w = ws(a)
+    (w / "d").mkdir()
+    (w / "d" / "f.txt").write_text("mine")
+    (w / "escape").symlink_to(host_secret)            # a directory outside
+    (w / "top-link").symlink_to(host_secret / "top.txt")  # a file outside
+    os.mkfifo(w / "pipe")  # would block a reader that opened it for reading
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        with anyio.fail_after(60):
+            cp = await checkpoint_workspace(a, store, thread_id="t")
+        assert cp is not None
+        kinds = {e.path: e.kind for e in cp.entries}
+        assert kinds == {"d": "dir", "d/f.txt": "file", "escape": "symlink",
+                         "top-link": "symlink"}
+        await restore_checkpoint(b, store, cp)
+        assert (ws(b) / "d" / "f.txt").read_text() == "mine"
+        assert os.readlink(ws(b) / "escape") == str(host_secret)
+        assert await store.get_chunks([_digest(b"HOST-PRIVATE-BYTES")]) == {}
+    assert b"HOST-PRIVATE-BYTES" not in _store_bytes(tmp_path / "s.db")
+
+
+async def test_a_directory_swapped_for_a_symlink_during_a_host_read_is_not_followed(
+        sandboxes: list[BubblewrapHandle], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a hostile agent would run: the walk sees ``d/f.txt`` in a directory, then
+    ``d`` becomes a symlink to a host directory holding an ``f.txt`` before the content is
+    read. The read is refused by the kernel (no symlink on the way): the file is recorded
+    unreadable, and no byte of the host's file reaches the store."""
+    from corral.sandbox import _checkpoint_host
+
+    a, _b = sandboxes
+    host_secret = tmp_path / "host-only"
+    host_secret.mkdir()
+    (host_secret / "f.txt").write_text("HOST-PRIVATE-BYTES")
+    w = ws(a)
+    (w / "d").mkdir()
+    (w / "d" / "f.txt").write_text("mine")
+    walk = _checkpoint_host._walk
+
+    def walk_then_swap(*args: object) -> None:
+        walk(*args)  # type: ignore[arg-type]
+        (w / "d").rename(w / "d-gone")
+        (w / "d").symlink_to(host_secret)
+
+    monkeypatch.setattr(_checkpoint_host, "_walk", walk_then_swap)
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        cp = await checkpoint_workspace(a, store, thread_id="t")
+        assert cp is not None
+        [f] = [e for e in cp.entries if e.path == "d/f.txt"]
+        assert f.skipped == "unreadable" and not f.chunks
+        assert await store.get_chunks([_digest(b"HOST-PRIVATE-BYTES")]) == {}
+    assert b"HOST-PRIVATE-BYTES" not in _store_bytes(tmp_path / "s.db")
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _store_bytes(db: Path) -> bytes:
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*") if p.is_file())

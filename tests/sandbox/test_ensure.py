@@ -288,7 +288,7 @@ def test_corral_gc_cli(cli_env: dict[str, str], corral_cmd: list[str], corral_ho
     again = subprocess.run([*corral_cmd, "gc", "--json"], env=cli_env, capture_output=True,
                            text=True)
     assert (again.returncode, again.stdout) == (
-        0, '{"dry_run": false, "entries": [], "counts": {}}\n')
+        0, '{"dry_run": false, "entries": [], "counts": {}, "chunks": 0}\n')
 
 
 async def test_local_dir_and_inline_files_sources(store: Store, tmp_path: Path) -> None:

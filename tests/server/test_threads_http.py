@@ -1,5 +1,5 @@
 """Threads over HTTP (#27) against a real ``corral serve`` (bubblewrap, SQLite): list, show,
-undo, fork, delete; refused while a run is active (409) and, without a token, from a web
+undo, fork, delete (``?runs=true``: the runs too); refused while a run is active (409) and, without a token, from a web
 page (the cross-site guard)."""
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ def test_list_show_undo_fork_and_delete_a_thread(home: Home) -> None:
         assert removed.status_code == 200, removed.text
         assert removed.json()["checkpoints"] >= 1
         assert c.get("/v1/threads/fk").json()["runs"][0]["run_id"] == "r4"  # runs kept
+        gone = c.delete("/v1/threads/fk", params={"runs": "true"})
+        assert gone.status_code == 200, gone.text
+        assert gone.json()["runs"] == 1 and gone.json()["checkpoints"] == 0
+        assert c.get("/v1/threads/fk").status_code == 404
+        assert c.get("/v1/runs/r4").status_code == 404
+        assert c.get("/v1/runs/r3").status_code == 200  # the thread it was forked from
 
 
 def test_undo_and_delete_are_refused_while_a_run_is_active(home: Home) -> None:

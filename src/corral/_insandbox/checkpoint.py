@@ -145,6 +145,12 @@ def _send_file(out: BinaryIO, path: str, chunk: int) -> None:
     except OSError as exc:
         _frame(out, b"X", str(exc.strerror or exc).encode())
         return
+    send_open(out, fd, chunk)
+
+
+def send_open(out: BinaryIO, fd: int, chunk: int) -> None:
+    """The content of the file open as ``fd`` (then closed) as ``D`` frames of ``chunk``
+    bytes and an ``E`` frame, or an ``X`` frame when it is no regular file or unreadable."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             _frame(out, b"X", b"not a regular file any more")
@@ -168,7 +174,7 @@ def _send_file(out: BinaryIO, path: str, chunk: int) -> None:
         os.close(fd)
 
 
-def _parse_save(data: bytes) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+def parse_save(data: bytes) -> tuple[int, list[tuple[str, dict[str, str]]]]:
     """The save request: NUL-separated ``S``, chunk, root count, then per root: root,
     known count, and that many ``path, size:mtime_ns:stamp`` pairs."""
     tokens = data.split(b"\0")
@@ -188,7 +194,7 @@ def _parse_save(data: bytes) -> tuple[int, list[tuple[str, dict[str, str]]]]:
 
 
 def save(data: bytes, out: BinaryIO) -> None:
-    chunk, roots = _parse_save(data)
+    chunk, roots = parse_save(data)
     _grow_pipe(out)
     docs: list[str] = []
     sends: list[tuple[str, list[str]]] = []

@@ -1,5 +1,5 @@
-"""``corral gc``: destroy sandboxes idle past their keep_alive (the parser is in
-:mod:`corral.cli._gc_cmd`)."""
+"""``corral gc``: destroy sandboxes idle past their keep_alive, then free the checkpoint
+chunks no checkpoint names (the parser is in :mod:`corral.cli._gc_cmd`)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,13 @@ def handler(args: argparse.Namespace) -> int:
             "entries": [{"key": e.key, "provider": e.provider, "sandbox": e.sandbox_id,
                          "outcome": e.outcome, "detail": e.detail} for e in report.entries],
             "counts": dict(sorted(report.counts.items())),
+            "chunks": report.chunks,
         }))
     else:
         for e in report.entries:
             print(f"{e.outcome:15} {e.provider}/{e.sandbox_id} {e.detail}".rstrip())
         summary = ", ".join(f"{n} {k}" for k, n in sorted(report.counts.items())) or "nothing idle"
+        if report.chunks:
+            summary += f"; {report.chunks} checkpoint chunk(s) no checkpoint names freed"
         print(f"gc: {summary}")
     return 1 if report.counts.get("destroy-failed") else 0

@@ -40,11 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fork.add_argument("--json", action="store_true", help="the new thread as one JSON object")
     fork.set_defaults(func=_run_fork)
     rm = cmds.add_parser("rm", help="remove a thread's saved sessions, checkpoints and "
-                         "sandboxes (its run logs are kept)")
+                         "sandboxes (its run logs are kept unless --runs)")
     add_store_option(rm)
     rm.add_argument("thread", metavar="THREAD", help="the thread id")
     rm.add_argument("--runs", action="store_true",
-                    help="also remove its runs and their logs (not supported yet: refused)")
+                    help="also remove its runs: their records, event logs and approvals")
     rm.add_argument("--json", action="store_true", help="what was removed, one JSON object")
     rm.set_defaults(func=_run_rm)
 

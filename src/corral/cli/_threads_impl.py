@@ -123,7 +123,10 @@ def run_rm(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"thread_id": args.thread, **removed})
     else:
+        runs = (f"{removed['runs']} run(s) with their logs" if args.runs
+                else "its runs are kept")
         print(f"corral: thread {args.thread}: removed {removed['sessions']} saved "
-              f"session(s), {removed['checkpoints']} checkpoint(s), {removed['sandboxes']} "
-              "sandbox(es); its runs are kept", file=sys.stderr)
+              f"session(s), {removed['checkpoints']} checkpoint(s) ({removed['chunks']} "
+              f"chunk(s) freed), {removed['sandboxes']} sandbox(es); {runs}",
+              file=sys.stderr)
     return 0

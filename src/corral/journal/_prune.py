@@ -40,6 +40,7 @@ __all__ = [
     "PruneResult",
     "RunEnded",
     "decode_run_id",
+    "delete_journal",
     "prune_journal_dir",
 ]
 
@@ -167,6 +168,13 @@ async def prune_journal_dir(
         else:
             result.deleted.append(run_id)
     return result
+
+
+def delete_journal(paths: JournalPaths) -> str:
+    """Delete the files of one run's journal (a run deleted from the store, whose id may be
+    used again: a new run must never find the old one's journal). Never raises: returns
+    what failed ("" when nothing did)."""
+    return _delete(paths.directory, [p.name for p in paths.all()])
 
 
 async def _verdict(

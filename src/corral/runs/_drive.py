@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from corral._errors import CorralError
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.journal._layout import JournalPaths
@@ -27,6 +26,7 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
 from corral.runs._specview import harness_for_record, spec_view
+from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover
 from corral.sandbox._contracts import Provider
 from corral.sandbox._secrets import Secrets
 from corral.stores._protocols import ClaimLost, ClaimRefused, RefusalReason, Store, UnknownRun
@@ -44,23 +44,6 @@ log = library_logger("corral.runs._runner")
 POLL: Final = 0.2
 """How often a waiting driver re-reads the record (takeover of a dead local driver and
 noticing a cancel both happen within about this)."""
-
-
-DEFAULT_MAX_TAKEOVERS: Final = 3
-"""Drivers that may take a run over and die without it making progress before the next
-one ends it ``failed`` (``Runner(max_takeovers=)``, ``$CORRAL_MAX_TAKEOVERS``)."""
-
-
-class TakeoverLimit(CorralError):
-    """A run whose drivers keep dying is ended rather than taken over again."""
-
-    code = "takeover_limit"
-
-    def __init__(self, count: int, limit: int) -> None:
-        super().__init__(
-            f"the run was ended after {count - 1} drivers in a row took it over and died "
-            f"without it making progress (the limit is {limit}: Runner(max_takeovers=), "
-            "$CORRAL_MAX_TAKEOVERS); it may be what kills its hosts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,24 +74,6 @@ class ClaimedDrive:
             return await self._claimed(record, paths, nonce, secrets, held.epoch, stop, tools,
                                        takeover)
 
-    async def _count_takeover(self, record: RunRecord, offset: int, epoch: int,
-                              takeover: bool) -> int:
-        """Consecutive takeovers of the run at the same log offset (progress resets the
-        count, and so does a driver that let go cleanly), written on the record fenced by
-        this claim; returns the count."""
-        prev = record.takeovers or {}
-        count = 0
-        if takeover:
-            same = prev.get("offset") == offset and isinstance(prev.get("count"), int)
-            count = int(prev["count"]) + 1 if same else 1
-        if count or prev:
-            from corral.stores._records import RunPatch
-
-            await self.store.update(record.run_id, RunPatch(
-                takeovers={"count": count, "offset": offset} if count else None),
-                expect_epoch=epoch)
-        return count
-
     async def _claimed(self, record: RunRecord, paths: JournalPaths, nonce: str,
                        secrets: Secrets | None, epoch: int, stop: anyio.Event | None,
                        tools: Toolset | None, takeover: bool = False) -> PipeResult:
@@ -124,7 +89,7 @@ class ClaimedDrive:
             return await pipe_to_run_log(store, run_id, _once(end), epoch=epoch,
                                          detach_on_cancel=True)
         tail = await store.tail(run_id)
-        count = await self._count_takeover(record, tail.last_offset, epoch, takeover)
+        count = await count_takeover(store, record, tail.last_offset, epoch, takeover)
         if self.max_takeovers is not None and count > self.max_takeovers:
             await self.stop_agent(record)
             return await pipe_to_run_log(

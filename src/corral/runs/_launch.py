@@ -158,6 +158,16 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
     sandbox (``plan.ensured``: a failure after it must destroy it), record the file events'
     baseline, launch the agent."""
     sandbox, provider = plan.sandbox, plan.provider
+    if any(p.exists() for p in paths.all()):
+        # a journal of an earlier run with this id, deleted from the store since (corral
+        # threads rm --runs on this host deletes it too; another host's is left): this run
+        # must not read it as its own
+        from corral.journal._prune import delete_journal
+
+        failed = delete_journal(paths)
+        if failed:
+            raise RunStartError(f"a stale journal of an earlier run {run_id!r} is in the "
+                                f"way and could not be deleted: {failed}")
     start = with_prompt(plan.harness.translator(RunContext(run_id, thread_id)).start(),
                         plan.request)
     if start:

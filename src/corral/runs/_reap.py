@@ -41,6 +41,7 @@ from corral.runs._claims import hold_claim
 from corral.runs._owner import new_owner_id, owner_is_dead
 from corral.runs._pipe import PipeResult, PipeStore, Produced, pipe_to_run_log
 from corral.runs._quiesce import DEFAULT_QUIET, await_log_quiet
+from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover, raising
 from corral.stores._records import RunRecord, RunStatus
 from corral.stores._protocols import ClaimLost, ClaimRefused, ClaimStore
 
@@ -224,6 +225,7 @@ class _Sweep:
     owner: str
     lease_ttl: float
     logger: logging.Logger
+    max_takeovers: int | None = DEFAULT_MAX_TAKEOVERS
     probed: int = 0
 
     async def reap_one(self, record: RunRecord) -> ReapEntry:
@@ -288,6 +290,16 @@ class _Sweep:
                                       "driver took it) since it was listed")
                 await self.store.request_cancel(run_id)
             await await_log_quiet(self.store, run_id, self.quiet)
+            # Taking over from a driver that never let go counts toward the takeover limit,
+            # as a Runner's driver does (corral.runs._takeovers): a run whose replay kills
+            # the host driving it stops being adopted by one sweep after another.
+            limit: TakeoverLimit | None = None
+            count = await count_takeover(
+                self.store, current, (await self.store.tail(run_id)).last_offset,
+                held.epoch, record.claim_owner is not None)
+            if self.max_takeovers is not None and count > self.max_takeovers:
+                limit = TakeoverLimit(count, self.max_takeovers)
+                self.logger.warning("reap: run %s: %s", run_id, limit)
             # Armed only now: the budget bounds the drive, not the wait for the claim or the
             # quiet window (a budget spent on waiting would record a finished agent as
             # aborted, close its log, and then reclaim the sandbox holding its journal).
@@ -304,7 +316,8 @@ class _Sweep:
                 pipe = await pipe_to_run_log(
                     self.store,
                     run_id,
-                    _lazy(self.drive, current, held.epoch, abort),
+                    _lazy(self.drive, current, held.epoch, abort) if limit is None
+                    else raising(limit),
                     epoch=held.epoch,
                     abort=abort,
                 )
@@ -372,6 +385,7 @@ async def reap_detached_runs(
     owner: str | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     logger: logging.Logger | None = None,
+    max_takeovers: int | None = DEFAULT_MAX_TAKEOVERS,
 ) -> ReapResult:
     """Sweep unattended runs once: finalize those whose agent exited (or was never
     launched), expire those unattended for at least ``ttl`` seconds, and leave every other
@@ -386,6 +400,11 @@ async def reap_detached_runs(
     ``finished`` claim. Then wait for the log to be quiet (``quiet`` seconds), arm the
     ``budget``, drive with ``drive`` through the fenced pipe, classify, and — only for a
     terminal run — ``stop`` (expired runs) and ``reclaim`` with the listed record.
+
+    Claiming a run whose driver never let go is a takeover, counted as a Runner's driver
+    counts it (:mod:`corral.runs._takeovers`): past ``max_takeovers`` in a row without
+    progress (``None``: no limit) the run is ended ``failed`` (code ``takeover_limit``)
+    instead of driven, then reclaimed like any ended run.
 
     Never raises for a run or a store failure: every failure is logged and counted. Task
     cancellation from outside is not swallowed.
@@ -412,6 +431,7 @@ async def reap_detached_runs(
             owner=owner or new_owner_id(),
             lease_ttl=lease_ttl,
             logger=logger,
+            max_takeovers=max_takeovers,
         )
         result.considered = len(batch)
         # One run at a time: each may cost a claim, a provider call and a replay; fanning out

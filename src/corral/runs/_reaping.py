@@ -36,6 +36,7 @@ from corral.journal._probe import probe_exit
 from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
 from corral.runs._quiesce import DEFAULT_QUIET
+from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS
 from corral.runs._reap import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_RUNS,
@@ -260,11 +261,12 @@ async def reap_runner_runs(
     redactor_for: Callable[[RunRecord], Redactor | None] | None = None,
     before_reclaim: Callable[[RunRecord], Awaitable[None]] | None = None,
     files_for: Callable[[RunRecord], Awaitable[list[dict[str, Any]]]] | None = None,
+    max_takeovers: int | None = DEFAULT_MAX_TAKEOVERS,
 ) -> tuple[ReapResult, PruneResult | None]:
     """One sweep over Runner-started runs with the collaborators above, then (when
     ``journals_dir`` is given) one journal prune of that directory. ``before_reclaim`` runs
     before a run's sandbox is reclaimed (e.g. to save an agent CLI's session from it); it
-    must not raise."""
+    must not raise. ``max_takeovers``: the takeover limit (:func:`reap_detached_runs`)."""
     reclaim = record_reclaimer(provider_for, store, logger=logger)
     if before_reclaim is not None:
         plain, first = reclaim, before_reclaim
@@ -286,6 +288,7 @@ async def reap_runner_runs(
         quiet=quiet,
         owner=owner,
         logger=logger,
+        max_takeovers=max_takeovers,
     )
     pruned = None
     if journals_dir is not None:

@@ -515,6 +515,7 @@ class Runner:
             redactor_for=self.redactor_for,
             before_reclaim=self._finish_agent_quietly,
             files_for=self.unlogged_file_events,
+            max_takeovers=self.max_takeovers,
         )
         # keep_alive is enforced as part of every sweep (idle sandboxes past it go).
         # Imported here for start-up cost: the sandbox machinery (ensure, bootstrap) is for

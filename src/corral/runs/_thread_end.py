@@ -78,7 +78,7 @@ async def _checkpoint(store: Store, record: RunRecord, sandbox: Any,
                       provider_for: Callable[[str], Provider],
                       redactor: Redactor | None) -> dict[str, Any]:
     from corral.sandbox._checkpoint import CheckpointTooLarge, checkpoint_workspace
-    from corral.sandbox._threads import head_of, lineage, session_part
+    from corral.sandbox._threads import lineage, session_part
 
     # A host that does not know every secret of the run cannot keep them out of the
     # checkpoint (as it saves no session): it takes none.
@@ -99,8 +99,7 @@ async def _checkpoint(store: Store, record: RunRecord, sandbox: Any,
         saved = await store.get_session(record.thread_id, record.harness)
         if saved is not None:
             part = await session_part(store, saved)
-    head = await head_of(store, record.thread_id)
-    parent = await store.get_checkpoint(head.checkpoint_id) if head is not None else None
+    parent = (await store.thread_head(record.thread_id)).checkpoint
     lifecycle = sandbox.lifecycle
     try:
         cp = await checkpoint_workspace(

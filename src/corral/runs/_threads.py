@@ -304,13 +304,16 @@ class Threads:
         return await self.show(new_thread_id)
 
     async def remove(self, thread_id: str, *, runs: bool = False) -> dict[str, int]:
-        """Remove the thread's saved sessions, checkpoints (their chunks go with the next
-        ``collect_chunks``) and sandboxes. Its runs and their logs stay (``runs=True`` is
-        refused: stores keep run records). :class:`ThreadBusy` while a run is active."""
+        """Remove the thread's saved sessions, checkpoints and sandboxes, then collect the
+        chunks no checkpoint names any more (those nobody put or touched for
+        :data:`~corral.stores.CHUNK_GRACE`: a writer may be about to name a newer one; the
+        next ``corral gc`` frees those). With ``runs``, its runs go too: their records,
+        event logs and approval requests; without, they are kept. Returns how many of each
+        were removed. :class:`ThreadBusy` while a run of the thread is active (a run
+        started meanwhile is kept, and named)."""
+        from corral.stores._protocols import RunActive
+
         _check_id(thread_id)
-        if runs:
-            raise ThreadError("removing a thread's run logs is not supported by the stores "
-                              "yet; run without --runs to keep them")
         await self._idle(thread_id)
         records = await self.store.list_by_thread(thread_id)
         infos = await self.store.list_checkpoints(thread_id)
@@ -323,7 +326,17 @@ class Threads:
         for key in dict.fromkeys(r.sandbox_key for r in records if r.sandbox_key):
             if await self._destroy_sandbox(records[-1], key):
                 sandboxes += 1
-        return {"sessions": sessions, "checkpoints": len(infos), "sandboxes": sandboxes}
+        removed = {"sessions": sessions, "checkpoints": len(infos), "sandboxes": sandboxes,
+                   "runs": 0, "chunks": await self.store.collect_chunks()}
+        if runs:
+            for r in records:
+                try:
+                    if await self.store.delete_run(r.run_id):
+                        removed["runs"] += 1
+                except RunActive:
+                    raise ThreadBusy(thread_id, r.run_id) from None
+                await _forget_journal(r)
+        return removed
 
     # ------------------------------------------------------------------ helpers
 
@@ -396,6 +409,21 @@ class Threads:
                             last.thread_id, exc)
             await self.store.delete_instance(key)
             return True
+
+
+async def _forget_journal(record: RunRecord) -> None:
+    """Delete this host's journal of a deleted run (its id may be used again; a journal
+    on another host is that host's prune's, once the run is unknown there too)."""
+    from corral.journal._probe import JournalLocationError, locate_journal
+    from corral.journal._prune import delete_journal
+
+    try:
+        paths, _nonce = locate_journal(record.journal, record.run_id)
+    except JournalLocationError:
+        return
+    failed = await anyio.to_thread.run_sync(delete_journal, paths)
+    if failed:
+        log.warning("run %s: deleting its journal failed: %s", record.run_id, failed)
 
 
 def _cut(text: str) -> str:

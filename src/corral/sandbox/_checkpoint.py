@@ -41,6 +41,7 @@ import hashlib
 import hmac
 import json
 import logging
+import posixpath
 import secrets as _secrets
 import signal
 import struct
@@ -48,14 +49,18 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from corral._errors import CorralError
-from corral.sandbox._contracts import Handle, Process
+from corral.sandbox._contracts import Described, Handle, HostPaths, Process
 from corral.sandbox._leakscan import _pattern
 from corral.sandbox._redact import Redactor
 from corral.stores._checkpoints import (
@@ -321,6 +326,107 @@ async def _finish(proc: Process, err: list[bytes], what: str) -> None:
                               + (f": {tail}" if tail else ""))
 
 
+class _SandboxSource:
+    """The save request answered by the script in the sandbox (one exec)."""
+
+    def __init__(self, proc: Process) -> None:
+        self.proc = proc
+        self.stdout: AsyncIterator[bytes] = proc.stdout
+        self.err: list[bytes] = []
+
+    async def kill(self) -> None:
+        await self.proc.kill(signal.SIGKILL)
+
+    async def finish(self) -> None:
+        await _finish(self.proc, self.err, "reading the workspace")
+
+
+@asynccontextmanager
+async def _sandbox_source(handle: Handle, python: str, request: bytes
+                          ) -> AsyncIterator[_SandboxSource]:
+    proc = await _spawn(handle, python, handle.workdir)
+    try:
+        await proc.write_stdin(request)
+        await proc.close_stdin()
+        yield _SandboxSource(proc)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await proc.kill(signal.SIGKILL)
+        raise
+    finally:
+        await _release(proc)
+
+
+class _HostSource:
+    """The save request answered on the host (:func:`host_save`, in a worker thread),
+    its frames handed over about 1 MiB at a time through a bounded stream."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
+        self.stdout: AsyncIterator[bytes] = receive
+        self._receive = receive
+        self._done = anyio.Event()
+        self._error: BaseException | None = None
+
+    async def produce(self, send: MemoryObjectSendStream[bytes], request: bytes,
+                      root: str) -> None:
+        from corral.sandbox._checkpoint_host import Buffered, host_save
+
+        def run() -> None:
+            out = Buffered(lambda data: anyio.from_thread.run(send.send, data), CHUNK_BYTES)
+            host_save(request, out, root)
+            out.close()
+
+        try:
+            async with send:
+                await anyio.to_thread.run_sync(run)
+        except Exception as exc:  # raised by finish (a reader stopped early sees no end)
+            self._error = exc
+        finally:
+            self._done.set()
+
+    async def kill(self) -> None:
+        await self._receive.aclose()  # the producer's next hand-over fails: it stops
+
+    async def finish(self) -> None:
+        await self._done.wait()
+        if self._error is not None:
+            raise CheckpointError(f"reading the workspace from the host failed: "
+                                  f"{self._error}") from self._error
+
+
+@asynccontextmanager
+async def _host_source(request: bytes, root: str) -> AsyncIterator[_HostSource]:
+    send, receive = anyio.create_memory_object_stream[bytes](4)
+    source = _HostSource(receive)
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(source.produce, send, request, root)
+        try:
+            yield source
+        except Exception as exc:  # raised after the group (not as an exception group)
+            failed = exc
+        finally:
+            await receive.aclose()
+    if failed is not None:
+        raise failed
+
+
+def _host_workspace(handle: Handle) -> str | None:
+    """The host directory of ``handle``'s workspace, when a checkpoint may read it there:
+    the provider keeps it in a host directory (:class:`HostPaths`) and binds nothing
+    under it (what the sandbox sees there is then exactly that directory)."""
+    if not isinstance(handle, HostPaths):
+        return None
+    workdir = posixpath.normpath(handle.workdir)
+    binds = handle.binds if isinstance(handle, Described) else ()
+    for _host, inside in binds:
+        inside = posixpath.normpath(inside)
+        if inside == workdir or inside.startswith(workdir.rstrip("/") + "/") \
+                or workdir.startswith(inside.rstrip("/") + "/"):
+            return None
+    return handle.host_path(workdir)
+
+
 def _known(parent: Checkpoint | None, same_secrets: bool,
            entries: tuple[CheckpointEntry, ...]) -> dict[str, CheckpointEntry]:
     """The parent's files the sandbox may skip when unchanged (none when the secrets
@@ -360,6 +466,7 @@ async def checkpoint_workspace(
     now: float | None = None,
     session_part: SessionPart | None = None,
     meta: Mapping[str, Any] | None = None,
+    host_read: bool = True,
 ) -> Checkpoint | None:
     """Checkpoint ``handle``'s workspace (its workdir) into ``store`` for ``thread_id``.
 
@@ -369,7 +476,10 @@ async def checkpoint_workspace(
     Over ``max_bytes`` of content: :class:`CheckpointTooLarge`, or ``None`` and a warning
     with ``on_too_large="skip"``. ``session_part`` (instead of ``session``): a saved
     session already in the store's chunks (:func:`corral.sandbox._threads.session_part`),
-    carried as is; ``meta`` is merged into the checkpoint's ``meta``. Returns the stored
+    carried as is; ``meta`` is merged into the checkpoint's ``meta``. ``host_read``: where
+    the provider keeps the workspace in a host directory (bubblewrap, local) and mounts
+    nothing else under it, read it from the host (:mod:`corral.sandbox._checkpoint_host`)
+    rather than by a command in the sandbox. Returns the stored
     :class:`~corral.stores.Checkpoint`."""
     if on_too_large not in ("error", "skip"):
         raise CheckpointError(f"on_too_large must be 'error' or 'skip', got {on_too_large!r}")
@@ -381,7 +491,7 @@ async def checkpoint_workspace(
     try:
         return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
                                  max_bytes, on_too_large, parent, session, checkpoint_id,
-                                 python, now, session_part, meta)
+                                 python, now, session_part, meta, host_read)
     except MissingChunks:
         # A chunk the parent named was collected underneath us (its manifest deleted
         # meanwhile): take the checkpoint again reading everything.
@@ -389,7 +499,7 @@ async def checkpoint_workspace(
             raise
         return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
                                  max_bytes, on_too_large, None, session, checkpoint_id,
-                                 python, now, session_part, meta)
+                                 python, now, session_part, meta, host_read)
 
 
 async def _checkpoint(
@@ -397,7 +507,7 @@ async def _checkpoint(
     items: list[tuple[str, str]], max_bytes: int | None, on_too_large: str,
     parent: Checkpoint | None, session: SessionSource | None, checkpoint_id: str | None,
     python: str, now: float | None, attached: SessionPart | None = None,
-    meta: Mapping[str, Any] | None = None,
+    meta: Mapping[str, Any] | None = None, host_read: bool = True,
 ) -> Checkpoint | None:
     same = parent is not None and _same_secrets(parent.scan, items)
     reuse_ws = _known(parent, same, parent.entries if parent else ())
@@ -408,114 +518,110 @@ async def _checkpoint(
     request = _save_request(roots, [reuse_ws, reuse_s][:len(roots)])
     pattern, table, longest = _pattern(items)
     uploader = _Uploader(store, now)
-    err: list[bytes] = []
-    proc = await _spawn(handle, python, handle.workdir)
     listings: list[Any] = []
     content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]] = {}
-    try:
-        await proc.write_stdin(request)
-        await proc.close_stdin()
-        failed: Exception | None = None
-        complete = False
+    host_root = _host_workspace(handle) if session is None and host_read else None
+    failed: Exception | None = None
+    complete = False
+    async with (_host_source(request, host_root) if host_root is not None
+                else _sandbox_source(handle, python, request)) as proc:
+        try:
+            async def stream() -> bool:
+                nonlocal listings
+                frames = _Frames(proc.stdout)
+                kind, head = await frames.next(_MAX_HEADER)
+                if kind != b"H":
+                    raise CheckpointError("the sandbox's checkpoint output has no listing")
+                try:
+                    listings = json.loads(head)["roots"]
+                    if not isinstance(listings, list) or len(listings) != len(roots):
+                        raise ValueError("wrong number of roots")
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
+                                          ) from None
+                total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
+                            if e[1] == "file")
+                if max_bytes is not None and total > max_bytes:
+                    await proc.kill()
+                    _too_large(total, max_bytes, on_too_large)
+                    return False
+                received = 0
+                for index, listing in enumerate(listings):
+                    named = _named_secrets(listing, pattern)
+                    for e in listing.get("entries", ()):
+                        if not e[7]:
+                            continue
+                        scanner = _Scanner(pattern, table, longest)
+                        if e[0] in named:  # left out of the manifest: its content is not kept
+                            scanner.found = "-"
+                        digests: list[str] = []
+                        size = 0
+                        skipped: str | None = None
+                        while True:
+                            kind, data = await frames.next(CHUNK_BYTES)
+                            if kind == b"D":
+                                size += len(data)
+                                received += len(data)
+                                if max_bytes is not None and received > max_bytes:
+                                    await proc.kill()
+                                    _too_large(received, max_bytes, on_too_large)
+                                    return False
+                                scanner.feed(data)
+                                if scanner.found is None:
+                                    digest = hashlib.sha256(data).hexdigest()
+                                    digests.append(digest)
+                                    scanner.held.append((digest, data))
+                                    if len(scanner.held) > 1:
+                                        await uploader.add(*scanner.held.pop(0))
+                            elif kind == b"E":
+                                break
+                            elif kind == b"X":
+                                skipped = "unreadable"
+                                log.warning("checkpoint of thread %s: %s left out, unreadable "
+                                            "in the sandbox (%s)", thread_id, e[0],
+                                            data[:200].decode("utf-8", "replace"))
+                                break
+                            else:
+                                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+                        if scanner.found == "-":
+                            continue
+                        if scanner.found is not None:
+                            skipped = "secret"
+                            log.warning("checkpoint of thread %s: %s left out, it holds the "
+                                        "value of secret %s", thread_id, e[0], scanner.found)
+                        if skipped is None:
+                            for held in scanner.held:
+                                await uploader.add(*held)
+                            content[(index, e[0])] = (size, tuple(digests), None)
+                        else:  # the listed size: an unchanged file is not read again
+                            content[(index, e[0])] = (int(e[3]), (), skipped)
+                kind, _ = await frames.next(0)
+                if kind != b"Z":
+                    raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+                await uploader.flush()
+                return True
 
-        async def stream() -> bool:
-            nonlocal listings
-            frames = _Frames(proc.stdout)
-            kind, head = await frames.next(_MAX_HEADER)
-            if kind != b"H":
-                raise CheckpointError("the sandbox's checkpoint output has no listing")
-            try:
-                listings = json.loads(head)["roots"]
-                if not isinstance(listings, list) or len(listings) != len(roots):
-                    raise ValueError("wrong number of roots")
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
-                                      ) from None
-            total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
-                        if e[1] == "file")
-            if max_bytes is not None and total > max_bytes:
-                await proc.kill(signal.SIGKILL)
-                _too_large(total, max_bytes, on_too_large)
-                return False
-            received = 0
-            for index, listing in enumerate(listings):
-                named = _named_secrets(listing, pattern)
-                for e in listing.get("entries", ()):
-                    if not e[7]:
-                        continue
-                    scanner = _Scanner(pattern, table, longest)
-                    if e[0] in named:  # left out of the manifest: its content is not kept
-                        scanner.found = "-"
-                    digests: list[str] = []
-                    size = 0
-                    skipped: str | None = None
-                    while True:
-                        kind, data = await frames.next(CHUNK_BYTES)
-                        if kind == b"D":
-                            size += len(data)
-                            received += len(data)
-                            if max_bytes is not None and received > max_bytes:
-                                await proc.kill(signal.SIGKILL)
-                                _too_large(received, max_bytes, on_too_large)
-                                return False
-                            scanner.feed(data)
-                            if scanner.found is None:
-                                digest = hashlib.sha256(data).hexdigest()
-                                digests.append(digest)
-                                scanner.held.append((digest, data))
-                                if len(scanner.held) > 1:
-                                    await uploader.add(*scanner.held.pop(0))
-                        elif kind == b"E":
-                            break
-                        elif kind == b"X":
-                            skipped = "unreadable"
-                            log.warning("checkpoint of thread %s: %s left out, unreadable "
-                                        "in the sandbox (%s)", thread_id, e[0],
-                                        data[:200].decode("utf-8", "replace"))
-                            break
-                        else:
-                            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-                    if scanner.found == "-":
-                        continue
-                    if scanner.found is not None:
-                        skipped = "secret"
-                        log.warning("checkpoint of thread %s: %s left out, it holds the "
-                                    "value of secret %s", thread_id, e[0], scanner.found)
-                    if skipped is None:
-                        for held in scanner.held:
-                            await uploader.add(*held)
-                        content[(index, e[0])] = (size, tuple(digests), None)
-                    else:  # the listed size: an unchanged file is not read again
-                        content[(index, e[0])] = (int(e[3]), (), skipped)
-            kind, _ = await frames.next(0)
-            if kind != b"Z":
-                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-            await uploader.flush()
-            return True
-
-        # the task group holds the uploader's background batch; the stream's own errors
-        # are caught and raised after it (not as an exception group)
-        async with anyio.create_task_group() as tg:
-            uploader.tg = tg
-            try:
-                complete = await stream()
-            except Exception as exc:
-                failed = exc
-                tg.cancel_scope.cancel()
-            else:
-                if not complete:
+            # the task group holds the uploader's background batch; the stream's own errors
+            # are caught and raised after it (not as an exception group)
+            async with anyio.create_task_group() as tg:
+                uploader.tg = tg
+                try:
+                    complete = await stream()
+                except Exception as exc:
+                    failed = exc
                     tg.cancel_scope.cancel()
-        if failed is not None:
-            raise failed
-        if not complete:
-            return None
-        await _finish(proc, err, "reading the workspace")
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await proc.kill(signal.SIGKILL)
-        raise
-    finally:
-        await _release(proc)
+                else:
+                    if not complete:
+                        tg.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+            if not complete:
+                return None
+            await proc.finish()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await proc.kill()
+            raise
     entries = _entries(listings[0], 0, content, reuse_ws, pattern, thread_id)
     session_part = None
     if session is not None:

@@ -483,8 +483,8 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     if sandbox.lifecycle.checkpoint == "none" or ctx.thread_id == ctx.run_id:
         return {}  # no thread named (a run is its own thread): nothing to continue
     from corral.sandbox._threads import (
+        current_head,
         initial_checkpoint,
-        last_turn_recorded,
         lineage,
         restore_head,
         thread_checkpoints,
@@ -494,8 +494,11 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     if checkpoints is None:
         return {}
     of = lineage(sandbox.id, sandbox.workspace.hash())
-    await last_turn_recorded(store, ctx.thread_id, but=ctx.run_id)
-    restored = await restore_head(handle, checkpoints, ctx, of=of, bootstrapped=bootstrapped)
+    # one store read: the head, once the thread's last turn recorded its checkpoint
+    head = await current_head(store, ctx.thread_id, but=ctx.run_id)
+    restored = await restore_head(handle, checkpoints, ctx,
+                                  head.checkpoint if head is not None else None,
+                                  of=of, bootstrapped=bootstrapped)
     if restored is not None:
         return {"restored_checkpoint": restored}
     await initial_checkpoint(handle, checkpoints, ctx, secrets=sandbox.secrets.redactor(),

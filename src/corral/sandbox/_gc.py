@@ -1,5 +1,6 @@
 """Collect idle sandboxes: destroy every instance whose ``keep_alive`` has run out, and
-orphans: sandboxes a provider lists by label that no instance record points to.
+orphans: sandboxes a provider lists by label that no instance record points to; then the
+checkpoint chunks no checkpoint names any more (#27).
 
 ``collect_idle`` is what ``corral gc`` runs and what a reaper sweep calls. An instance
 is skipped while its latest run is still running (the run keeps it alive), or while
@@ -11,6 +12,13 @@ for an instance key of *this* store (label ``corral.store``) whose record is gon
 another sandbox, older than a grace period (a sandbox is made before its record is
 written), is destroyed under the key's lock. Sandboxes of other stores, and sandboxes made
 without a key (``corral exec --keep``), are never touched.
+
+Chunks (``collect_chunks``): a removed checkpoint's chunks that no other checkpoint names
+are deleted once nobody put or touched them for :data:`~corral.stores.CHUNK_GRACE`. That
+grace is what keeps a concurrent writer safe: a checkpoint being taken puts (or touches)
+its chunks before its manifest, and the store refuses a manifest naming a chunk it no
+longer holds (the collector and ``put_checkpoint`` serialize), so the writer is told to put
+it again rather than left with a checkpoint that cannot be restored.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from corral._errors import CorralError
-from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, RunStore
+from corral.stores._protocols import (
+    CheckpointStore,
+    InstanceRecord,
+    InstanceStore,
+    LockStore,
+    RunStore,
+)
 from corral.sandbox._contracts import Provider, SandboxRef
 from corral.sandbox._ensure import destroy_record, key_lock_name, store_id
 from corral.sandbox._redact import get_logger
@@ -78,6 +92,8 @@ class GcEntry:
 class GcReport:
     entries: tuple[GcEntry, ...] = ()
     counts: Mapping[str, int] = field(default_factory=dict)
+    chunks: int = 0
+    """Checkpoint chunks deleted (none with ``dry_run``)."""
 
 
 async def collect_idle(
@@ -89,8 +105,12 @@ async def collect_idle(
     limit: int = 100,
     orphans: bool = True,
     orphan_grace: float = ORPHAN_GRACE,
+    chunks: bool = True,
 ) -> GcReport:
     """Destroy idle sandboxes past their ``keep_alive``; never raises for one sandbox.
+    Then (``chunks``, and not ``dry_run``), when ``store`` keeps checkpoints, delete the
+    chunks no checkpoint names and nobody put or touched for
+    :data:`~corral.stores.CHUNK_GRACE` before ``now`` (see the module docstring).
 
     Each sandbox's provider is rebuilt from the registry with the configuration its
     instance record names (``providers`` maps a provider name to an object to use instead,
@@ -140,7 +160,10 @@ async def collect_idle(
                    if isinstance(p, ListsLabelled)]
         entries += await collect_orphans(store, listing, now=now, dry_run=dry_run,
                                          grace=orphan_grace, limit=limit)
-    return GcReport(tuple(entries), dict(Counter(e.outcome for e in entries)))
+    freed = 0
+    if chunks and not dry_run and isinstance(store, CheckpointStore):
+        freed = await store.collect_chunks(now=now)
+    return GcReport(tuple(entries), dict(Counter(e.outcome for e in entries)), freed)
 
 
 def _labelling_providers() -> dict[str, Provider]:

@@ -46,12 +46,14 @@ from corral.stores._checkpoints import (
     CheckpointInfo,
     CorruptCheckpoint,
     SessionPart,
+    ThreadHead,
 )
-from corral.stores._protocols import CheckpointStore, RunStore, StoredSession
+from corral.stores._protocols import CheckpointStore, RunStore, StoredSession, ThreadStore
 
 __all__ = [
     "SESSION_ROOT",
     "copy_checkpoint",
+    "current_head",
     "head_of",
     "initial_checkpoint",
     "last_turn_recorded",
@@ -73,27 +75,49 @@ LAST_TURN_WAIT: Final = 60.0
 logged, so a client can ask for the next turn, an undo or a fork first)."""
 
 
-async def last_turn_recorded(store: object, thread_id: str, *, but: str | None = None,
-                             wait: float = LAST_TURN_WAIT) -> None:
-    """Wait (bounded by ``wait``) until the thread's latest finished turn (other than run
-    ``but``) has its checkpoint written on its record, or its failure to, so what comes
-    next starts from it rather than from the turn before."""
+async def current_head(store: object, thread_id: str, *, but: str | None = None,
+                       wait: float = LAST_TURN_WAIT) -> ThreadHead | None:
+    """The thread's head checkpoint and its latest run (other than run ``but``), once
+    that run's checkpoint is written on its record, or its failure to (waiting for it,
+    bounded by ``wait``), so what comes next starts from it rather than from the turn
+    before. One store read (:meth:`~corral.abc.ThreadStore.thread_head`) when nothing is
+    pending. ``None`` for a store that keeps neither runs nor checkpoints."""
     if not isinstance(store, RunStore):
-        return
+        return None
     deadline = time.monotonic() + wait
     while True:
-        runs = [r for r in await store.list_by_thread(thread_id) if r.run_id != but]
-        last = runs[-1] if runs else None
+        head = await _read_head(store, thread_id, but)
+        last = head.last_run
         if last is None or last.thread_id == last.run_id or not last.terminal \
                 or last.status.value == "aborted" or last.checkpoint is not None \
                 or last.finished_at is None or last.finished_at < time.time() - 600:
-            return
+            return head
         if time.monotonic() >= deadline:
             log.warning("thread %s: run %s's checkpoint is not written after %g s; "
                         "going on from the thread's last checkpoint", thread_id,
                         last.run_id, wait)
-            return
+            return head
         await anyio.sleep(0.1)
+
+
+async def _read_head(store: RunStore, thread_id: str, but: str | None) -> ThreadHead:
+    if isinstance(store, ThreadStore):
+        return await store.thread_head(thread_id, but=but)
+    # a store without the one-read method: the same answer in three
+    runs = [r for r in await store.list_by_thread(thread_id) if r.run_id != but]
+    checkpoint = None
+    if isinstance(store, CheckpointStore):
+        infos = await store.list_checkpoints(thread_id)
+        checkpoint = await store.get_checkpoint(infos[-1].checkpoint_id) if infos else None
+    return ThreadHead(checkpoint, runs[-1] if runs else None)
+
+
+async def last_turn_recorded(store: object, thread_id: str, *, but: str | None = None,
+                             wait: float = LAST_TURN_WAIT) -> None:
+    """Wait (bounded by ``wait``) until the thread's latest finished turn (other than run
+    ``but``) has its checkpoint written on its record, or its failure to
+    (:func:`current_head`)."""
+    await current_head(store, thread_id, but=but, wait=wait)
 
 
 def thread_checkpoints(store: object) -> CheckpointStore | None:
@@ -173,27 +197,26 @@ def lineage(definition_id: str, workspace_hash: str) -> str:
     return hashlib.sha256(f"{definition_id}\0{workspace_hash}".encode()).hexdigest()[:32]
 
 
-async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext, *,
-                       of: str | None = None, bootstrapped: bool = False) -> str | None:
-    """Make a fresh sandbox's workspace the thread's head (its files as the last turn
-    left them, on whatever host that ran); returns the checkpoint id, or ``None`` when the
-    thread has none (or, with ``of``, when its head is of another :func:`lineage`).
-    ``bootstrapped``: the sandbox was just made and bootstrapped from that lineage, so a
-    head that is the thread's initial state needs no copy. Raises what
-    :func:`restore_checkpoint` raises."""
-    head = await head_of(store, ctx.thread_id)
+async def restore_head(handle: Handle, store: CheckpointStore, ctx: RunContext,
+                       head: Checkpoint | None, *, of: str | None = None,
+                       bootstrapped: bool = False) -> str | None:
+    """Make a fresh sandbox's workspace the thread's ``head`` checkpoint (its files as the
+    last turn left them, on whatever host that ran: :func:`current_head`); returns the
+    checkpoint id, or ``None`` when the thread has none (or, with ``of``, when its head is
+    of another :func:`lineage`). ``bootstrapped``: the sandbox was just made and
+    bootstrapped from that lineage, so a head that is the thread's initial state needs no
+    copy. Raises what :func:`restore_checkpoint` raises."""
     if head is None:
         return None
     if of is not None:
-        checkpoint = await store.get_checkpoint(head.checkpoint_id)
-        if checkpoint is None or checkpoint.meta.get("lineage") != of:
+        if head.meta.get("lineage") != of:
             return None
-        if bootstrapped and checkpoint.meta.get("initial"):
+        if bootstrapped and head.meta.get("initial"):
             # the state before the thread's first turn is what a sandbox of this lineage
             # holds right after its bootstrap: nothing to copy (an ensure per turn stays
             # as cheap as before threads, while the thread has no turn recorded)
             return head.checkpoint_id
-    await restore_checkpoint(handle, store, head.checkpoint_id, session=False)
+    await restore_checkpoint(handle, store, head, session=False)
     log.info("thread %s: workspace restored from checkpoint %s", ctx.thread_id,
              head.checkpoint_id)
     return head.checkpoint_id

@@ -473,9 +473,14 @@ def create_app(
 
     @app.delete("/v1/threads/{thread_id}", response_model=ThreadRemoved,
                 responses=_responses(400, 401, 403, 404, 409),
-                summary="Remove a thread's sessions, checkpoints and sandboxes (runs kept)")
-    async def remove_thread(thread_id: str) -> ThreadRemoved:
-        removed = await service.runner.threads.remove(thread_id)
+                summary="Remove a thread's sessions, checkpoints and sandboxes (and, with "
+                        "?runs=true, its runs and their logs)")
+    async def remove_thread(
+        thread_id: str,
+        runs: Annotated[bool, Query(description="also remove the thread's runs: their "
+                                    "records, event logs and approvals")] = False,
+    ) -> ThreadRemoved:
+        removed = await service.runner.threads.remove(thread_id, runs=runs)
         return ThreadRemoved(thread_id=thread_id, **removed)
 
     @app.get(

@@ -182,6 +182,10 @@ class ThreadRemoved(BaseModel):
     sessions: int
     checkpoints: int
     sandboxes: int
+    runs: int = 0
+    """Runs removed with their logs (``?runs=true``)."""
+    chunks: int = 0
+    """Checkpoint chunks freed (no checkpoint names them any more)."""
 
 
 class ApprovalAnswer(BaseModel):

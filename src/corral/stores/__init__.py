@@ -41,6 +41,7 @@ if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
         CorruptCheckpoint as CorruptCheckpoint,
         MissingChunks as MissingChunks,
         SessionPart as SessionPart,
+        ThreadHead as ThreadHead,
         UnknownCheckpoint as UnknownCheckpoint,
     )
     from corral.stores._memory import MemoryStore as MemoryStore
@@ -67,6 +68,7 @@ if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
         LogTail as LogTail,
         NewRun as NewRun,
         RefusalReason as RefusalReason,
+        RunActive as RunActive,
         RunExists as RunExists,
         SpecTooLarge as SpecTooLarge,
         StoreError as StoreError,

@@ -36,6 +36,7 @@ from typing import Any, Final, Literal
 
 from corral._ids import valid_id
 from corral.stores._protocols import StoreError
+from corral.stores._records import RunRecord
 
 __all__ = [
     "CHUNK_GRACE",
@@ -48,6 +49,7 @@ __all__ = [
     "EntryKind",
     "MissingChunks",
     "SessionPart",
+    "ThreadHead",
     "UnknownCheckpoint",
     "check_digest",
     "check_entries",
@@ -214,6 +216,15 @@ class CheckpointInfo:
     total_bytes: int
     entry_count: int
     has_session: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHead:
+    """A thread's current state as :meth:`~corral.abc.Store.thread_head` reads it: its
+    newest checkpoint (whole) and its newest run (``None`` when it has none)."""
+
+    checkpoint: Checkpoint | None
+    last_run: RunRecord | None
 
 
 @dataclass(frozen=True, slots=True)

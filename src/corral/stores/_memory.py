@@ -22,6 +22,7 @@ from corral.stores._protocols import (
     LoggedEvent,
     LogTail,
     NewRun,
+    RunActive,
     RunExists,
     SessionInfo,
     SessionLimits,
@@ -31,6 +32,7 @@ from corral.stores._protocols import (
 )
 from corral.stores import _logic
 from corral.stores._signal import LocalSignal
+from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._memory_checkpoints import CheckpointState, MemoryCheckpoints
 
 
@@ -158,6 +160,31 @@ class MemoryStore(MemoryCheckpoints):
             new = self._runs[run_id] = _frozen(new)
         return new
 
+    async def delete_run(self, run_id: str) -> bool:
+        record = self._runs.get(run_id)
+        if record is None:
+            return False
+        if not record.status.terminal:
+            raise RunActive(run_id, record.status.value)
+        del self._runs[run_id]
+        self._logs.pop(run_id, None)
+        for key in [k for k in self._approvals if k[0] == run_id]:
+            del self._approvals[key]
+        self._signal.notify()  # a tailer of its log looks again, and finds it gone
+        return True
+
+    async def thread_head(self, thread_id: str, *, but: str | None = None) -> ThreadHead:
+        last: RunRecord | None = None
+        for record in self._runs.values():  # insertion order breaks started_at ties
+            if record.thread_id == thread_id and record.run_id != but and (
+                    last is None or record.started_at >= last.started_at):
+                last = record
+        newest: tuple[float, bytes] | None = None
+        for tid, data, created in self._checkpoint_state.manifests.values():  # put order
+            if tid == thread_id and (newest is None or created >= newest[0]):
+                newest = (created, data)
+        return ThreadHead(None if newest is None else manifest_from_bytes(newest[1]), last)
+
     # ------------------------------------------------------------------ claims
 
     async def acquire_claim(
@@ -229,7 +256,9 @@ class MemoryStore(MemoryCheckpoints):
         position = max(after, 0)
         while True:
             seen = self._signal.generation
-            log = self._logs[run_id]
+            log = self._logs.get(run_id)
+            if log is None:  # deleted meanwhile
+                raise UnknownRun(run_id)
             while position < len(log.events):
                 journal_offset, text = log.events[position]
                 position += 1

@@ -29,8 +29,9 @@ __all__ = ["CheckpointState", "MemoryCheckpoints"]
 class CheckpointState:
     chunks: dict[str, tuple[bytes, float]] = field(default_factory=dict)
     """digest -> (data, when last put or touched)"""
-    manifests: dict[str, tuple[str, bytes]] = field(default_factory=dict)
-    """checkpoint id -> (thread id, stored form); dict order is the order they were put"""
+    manifests: dict[str, tuple[str, bytes, float]] = field(default_factory=dict)
+    """checkpoint id -> (thread id, stored form, created_at); dict order is the order they
+    were put"""
     refs: dict[str, int] = field(default_factory=dict)
     """digest -> how many manifests name it"""
 
@@ -85,14 +86,15 @@ class MemoryCheckpoints:
         for d in digests:
             state.chunks[d] = (state.chunks[d][0], at)
             state.refs[d] = state.refs.get(d, 0) + 1
-        state.manifests[checkpoint.checkpoint_id] = (checkpoint.thread_id, stored)
+        state.manifests[checkpoint.checkpoint_id] = (checkpoint.thread_id, stored,
+                                                     float(checkpoint.created_at))
 
     async def get_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         got = self._checkpoint_state.manifests.get(checkpoint_id)
         return None if got is None else manifest_from_bytes(got[1])
 
     async def list_checkpoints(self, thread_id: str) -> list[CheckpointInfo]:
-        found = [manifest_from_bytes(data) for tid, data in
+        found = [manifest_from_bytes(data) for tid, data, _at in
                  self._checkpoint_state.manifests.values() if tid == thread_id]
         # stable: ties keep the order they were put in
         return [cp.info() for cp in sorted(found, key=lambda cp: cp.created_at)]

@@ -65,6 +65,7 @@ from corral.stores._protocols import (
     LoggedEvent,
     LogTail,
     NewRun,
+    RunActive,
     RunExists,
     SessionInfo,
     SessionLimits,
@@ -74,7 +75,14 @@ from corral.stores._protocols import (
     UnknownApproval,
     UnknownRun,
 )
-from corral.stores._records import RunPatch, RunRecord, RunStatus, record_from_json
+from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
+from corral.stores._records import (
+    RunPatch,
+    RunRecord,
+    RunStatus,
+    is_terminal_status,
+    record_from_json,
+)
 
 # While the server is down the pool logs a warning per reconnect attempt, several a second;
 # the LISTEN thread already says once that PostgreSQL is unreachable. An application that
@@ -198,6 +206,17 @@ _SQL: Final = {
         "ORDER BY started_at DESC, seq DESC LIMIT 1"
     ),
     "by_thread": "SELECT doc FROM {s}.runs WHERE thread_id = %s ORDER BY started_at, seq",
+    "lock_status": "SELECT seq, status FROM {s}.runs WHERE run_id = %s FOR UPDATE",
+    "delete_events": "DELETE FROM {s}.events WHERE run_seq = %s",
+    "delete_approvals": "DELETE FROM {s}.approvals WHERE run_id = %s",
+    "delete_run": "DELETE FROM {s}.runs WHERE seq = %s",
+    # one statement, one snapshot: the thread's newest run (but one) and newest checkpoint
+    "thread_head": (
+        "SELECT (SELECT doc FROM {s}.runs WHERE thread_id = %(t)s "
+        "AND run_id IS DISTINCT FROM %(but)s::text ORDER BY started_at DESC, seq DESC LIMIT 1), "
+        "(SELECT manifest FROM {s}.checkpoints WHERE thread_id = %(t)s "
+        "ORDER BY created_at DESC, seq DESC LIMIT 1)"
+    ),
     "newest": "SELECT doc FROM {s}.runs ORDER BY started_at DESC, seq DESC LIMIT %s",
     "newest_status": (
         "SELECT doc FROM {s}.runs WHERE status = %s ORDER BY started_at DESC, seq DESC LIMIT %s"
@@ -638,6 +657,36 @@ class PostgresStore(PostgresCheckpoints):
             return found[0] if found else None
 
         return await self._stmt(op)
+
+    async def delete_run(self, run_id: str) -> bool:
+        sql = self._sql
+        note = payload(self.schema, run_id)
+
+        def op(conn: Conn) -> bool:
+            row = conn.execute(sql["lock_status"], (run_id,)).fetchone()
+            if row is None:
+                return False
+            if not is_terminal_status(row[1]):
+                raise RunActive(run_id, str(row[1]))
+            conn.execute(sql["delete_events"], (row[0],))
+            conn.execute(sql["delete_approvals"], (run_id,))
+            conn.execute(sql["delete_run"], (row[0],))
+            # a tailer of its log looks again (at commit), and finds it gone
+            conn.execute(sql["notify"], (CHANNEL, note))
+            return True
+
+        return await self._tx(op)
+
+    async def thread_head(self, thread_id: str, *, but: str | None = None) -> ThreadHead:
+        sql = self._sql["thread_head"]
+
+        def op(conn: Conn) -> tuple[Any, ...] | None:
+            return conn.execute(sql, {"t": thread_id, "but": but}).fetchone()
+
+        row = await self._stmt(op)
+        doc, manifest = (None, None) if row is None else row
+        return ThreadHead(None if manifest is None else manifest_from_bytes(bytes(manifest)),
+                          None if doc is None else record_from_json(doc))
 
     async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
         sql = self._sql["by_thread"]

@@ -25,7 +25,7 @@ from corral.stores._records import CorruptRecord
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from corral.stores._checkpoints import Checkpoint, CheckpointInfo, ChunkStats
+    from corral.stores._checkpoints import Checkpoint, CheckpointInfo, ChunkStats, ThreadHead
 
 JsonObject: TypeAlias = dict[str, Any]
 
@@ -65,6 +65,17 @@ class RunExists(StoreError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} already exists; run ids are unique, pick another")
         self.run_id = run_id
+
+
+class RunActive(StoreError):
+    """``delete_run`` was asked to delete a run that has not ended (``running`` or
+    ``interrupted``): nothing was deleted. Cancel it, or wait for it to end, first."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status}, not ended; cancel it (corral cancel "
+                         f"{run_id}) or wait for its end before deleting it")
+        self.run_id = run_id
+        self.status = status
 
 
 class InvalidEvent(StoreError, ValueError):
@@ -537,6 +548,16 @@ class RunStore(Protocol):
         """
         ...
 
+    async def delete_run(self, run_id: str) -> bool:
+        """Delete an ended run (``completed``, ``failed`` or ``aborted``) and everything that
+        belongs to it, in one transaction: its record, its event log and its approval
+        requests. Returns whether there was one. A run that has not ended (``running``,
+        ``interrupted``) is refused with :class:`RunActive`, checked in the same
+        transaction, and nothing is deleted. Afterwards the run is unknown: ``get`` is
+        ``None``, ``read`` and ``tail`` raise :class:`UnknownRun` (a tailer of its log
+        wakes and raises it too), and its id may be created again, with an empty log."""
+        ...
+
 
 @runtime_checkable
 class ClaimStore(Protocol):
@@ -786,6 +807,21 @@ class SessionStore(Protocol):
 
 
 @runtime_checkable
+class ThreadStore(Protocol):
+    """A thread's current state in one read (#27): what a fresh sandbox of a named thread
+    needs before its turn, from any host."""
+
+    async def thread_head(self, thread_id: str, *, but: str | None = None) -> ThreadHead:
+        """In one round trip and one snapshot: the thread's newest checkpoint, whole (by
+        ``created_at``, ties in the order they were put; what
+        :meth:`CheckpointStore.list_checkpoints` lists last), and its newest run other
+        than run ``but`` (by ``started_at``, ties in creation order; what
+        :meth:`RunStore.list_by_thread` lists last). Either is ``None`` when there is
+        none."""
+        ...
+
+
+@runtime_checkable
 class Diagnosable(Protocol):
     """A store that can check itself for ``corral doctor``."""
 
@@ -797,7 +833,7 @@ class Diagnosable(Protocol):
 
 @runtime_checkable
 class Store(RunStore, ClaimStore, EventLog, InstanceStore, LockStore, ApprovalStore,
-            SecretStore, CheckpointStore, SessionStore, Protocol):
+            SecretStore, CheckpointStore, SessionStore, ThreadStore, Protocol):
     """Everything durable runs need, as one object (what :func:`corral.stores.open_store`
     returns)."""
 

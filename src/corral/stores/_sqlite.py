@@ -41,7 +41,14 @@ import anyio.to_thread
 
 from corral._log import library_logger
 from corral._paths import storage_problem
-from corral.stores._records import CorruptRecord, RunPatch, RunRecord, RunStatus, record_from_json
+from corral.stores._records import (
+    CorruptRecord,
+    RunPatch,
+    RunRecord,
+    RunStatus,
+    is_terminal_status,
+    record_from_json,
+)
 from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
@@ -51,6 +58,7 @@ from corral.stores._protocols import (
     LoggedEvent,
     LogTail,
     NewRun,
+    RunActive,
     RunExists,
     SessionInfo,
     SessionLimits,
@@ -61,6 +69,7 @@ from corral.stores._protocols import (
 )
 from corral.stores import _logic
 from corral.stores._signal import NotifySignal
+from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._sqlite_checkpoints import SQLiteCheckpoints
 from corral.stores._sqlite_tables import (
     MIGRATIONS,
@@ -457,6 +466,36 @@ class SQLiteStore(SQLiteCheckpoints):
             return found[0] if found else None
 
         return await self._read(op)
+
+    async def delete_run(self, run_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                return False
+            if not is_terminal_status(row[0]):
+                raise RunActive(run_id, str(row[0]))
+            conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            conn.execute("DELETE FROM approvals WHERE run_id = ?", (run_id,))
+            return True
+
+        deleted = await self._write(op)
+        if deleted:
+            self._signal.poke()  # a tailer of its log looks again, and finds it gone
+        return deleted
+
+    async def thread_head(self, thread_id: str, *, but: str | None = None) -> ThreadHead:
+        def op(conn: sqlite3.Connection) -> tuple[Any, Any]:
+            row = conn.execute(
+                "SELECT (SELECT doc FROM runs WHERE thread_id = ?1 AND run_id IS NOT ?2 "
+                "ORDER BY started_at DESC, seq DESC LIMIT 1), "
+                "(SELECT manifest FROM checkpoints WHERE thread_id = ?1 "
+                "ORDER BY created_at DESC, seq DESC LIMIT 1)", (thread_id, but)).fetchone()
+            return row[0], row[1]
+
+        doc, manifest = await self._read_soon(op)
+        return ThreadHead(None if manifest is None else manifest_from_bytes(bytes(manifest)),
+                          None if doc is None else record_from_json(doc))
 
     async def list_by_thread(self, thread_id: str) -> list[RunRecord]:
         return await self._read(partial(runs_of_thread, thread_id=thread_id))

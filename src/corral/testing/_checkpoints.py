@@ -10,7 +10,8 @@ The store checks cover chunks (idempotent puts, what is missing, touching), mani
 (round trip, per-thread listing, ids, refusal of a manifest naming absent chunks or breaking
 the path rules), dedup across threads, and the collector (grace, named chunks kept, and
 writers racing it never leaving a manifest that names a collected chunk). The engine checks
-run :func:`corral.sandbox.checkpoint_workspace` and :func:`corral.sandbox.restore_checkpoint`
+run :func:`corral.sandbox.checkpoint_workspace` (reading the workspace both from the host
+and by the in-sandbox script) and :func:`corral.sandbox.restore_checkpoint`
 through the store against a ``local`` sandbox in a temporary directory (the same
 in-sandbox script every provider runs): save and restore (contents, modes, symlinks, empty
 directories), an incremental checkpoint reading only what changed, dedup, the size cap
@@ -305,35 +306,43 @@ def sample(ws: Path, exec_mode: int = 0o750) -> None:
 
 
 async def check_workspace_round_trip(store: CheckpointStore) -> None:
-    async with local_sandbox() as (h1, ws1, _p1), local_sandbox() as (h2, ws2, _p2):
-        sample(ws1)
-        cp = await checkpoint_workspace(h1, store, thread_id="t", run_id="r1", python=PY)
-        assert cp is not None and cp.total_bytes == sum(
-            p.stat().st_size for p in ws1.rglob("*") if p.is_file() and not p.is_symlink())
-        (ws2 / "stale").write_text("not in the checkpoint")
-        await restore_checkpoint(h2, store, cp.checkpoint_id, python=PY)
-        assert tree(ws2) == tree(ws1)
-        for ws in (ws1, ws2):
-            (ws / "ro").chmod(0o755)  # so the temporary directory can be removed
+    # both ways of reading a workspace: from the host (a host-directory provider) and by
+    # the script in the sandbox
+    for host_read in (True, False):
+        async with local_sandbox() as (h1, ws1, _p1), local_sandbox() as (h2, ws2, _p2):
+            sample(ws1)
+            cp = await checkpoint_workspace(h1, store, thread_id="t", run_id="r1", python=PY,
+                                            host_read=host_read)
+            assert cp is not None and cp.total_bytes == sum(
+                p.stat().st_size for p in ws1.rglob("*") if p.is_file() and not p.is_symlink())
+            (ws2 / "stale").write_text("not in the checkpoint")
+            await restore_checkpoint(h2, store, cp.checkpoint_id, python=PY)
+            assert tree(ws2) == tree(ws1)
+            for ws in (ws1, ws2):
+                (ws / "ro").chmod(0o755)  # so the temporary directory can be removed
 
 
 async def check_incremental_reads_only_what_changed(store: CheckpointStore) -> None:
-    async with local_sandbox() as (h, ws, _p):
-        sample(ws)
-        first = await checkpoint_workspace(h, store, thread_id="t", python=PY)
-        assert first is not None
-        (ws / "src" / "pkg" / "mod.py").write_text("print('changed')\n")
-        (ws / "new.txt").write_text("new")
-        second = await checkpoint_workspace(h, store, thread_id="t", python=PY, parent=first)
-        assert second is not None and second.parent_id == first.checkpoint_id
-        assert second.meta["sent_bytes"] < 1000, second.meta  # not the 3 MiB again
-        big = [e for e in second.entries if e.path == "big.bin"]
-        assert big[0].chunks == [e for e in first.entries if e.path == "big.bin"][0].chunks
-        async with local_sandbox() as (h2, ws2, _p2):
-            await restore_checkpoint(h2, store, second, python=PY)
-            assert tree(ws2) == tree(ws)
-            (ws2 / "ro").chmod(0o755)
-        (ws / "ro").chmod(0o755)
+    for host_read in (True, False):
+        async with local_sandbox() as (h, ws, _p):
+            sample(ws)
+            first = await checkpoint_workspace(h, store, thread_id="t", python=PY,
+                                               host_read=host_read)
+            assert first is not None
+            (ws / "src" / "pkg" / "mod.py").write_text("print('changed')\n")
+            (ws / "new.txt").write_text("new")
+            second = await checkpoint_workspace(h, store, thread_id="t", python=PY,
+                                                parent=first, host_read=host_read)
+            assert second is not None and second.parent_id == first.checkpoint_id
+            assert second.meta["sent_bytes"] < 1000, second.meta  # not the 3 MiB again
+            big = [e for e in second.entries if e.path == "big.bin"]
+            assert big[0].chunks == [e for e in first.entries if e.path == "big.bin"][0].chunks
+            assert big[0] is [e for e in first.entries if e.path == "big.bin"][0]
+            async with local_sandbox() as (h2, ws2, _p2):
+                await restore_checkpoint(h2, store, second, python=PY)
+                assert tree(ws2) == tree(ws)
+                (ws2 / "ro").chmod(0o755)
+            (ws / "ro").chmod(0o755)
 
 
 async def check_dedup_of_workspaces_across_threads(store: CheckpointStore) -> None:
@@ -370,8 +379,9 @@ async def check_secrets_never_enter_a_checkpoint(store: CheckpointStore) -> None
         (ws / "dump.bin").write_bytes(b"a" * ((1 << 20) - 5) + secret.encode() + b"b" * 100)
         (ws / "ok.txt").write_text("nothing to hide")
         (ws / f"named-{secret}").write_text("the name is the secret")
-        cp = await checkpoint_workspace(h, store, thread_id="t", python=PY,
-                                        secrets={"API_KEY": secret})
+        for host_read in (False, True):
+            cp = await checkpoint_workspace(h, store, thread_id="t", python=PY,
+                                            secrets={"API_KEY": secret}, host_read=host_read)
         assert cp is not None
         by_path = {e.path: e for e in cp.entries}
         assert by_path[".env"].skipped == "secret" and not by_path[".env"].chunks

@@ -82,6 +82,8 @@ __all__ = [
     "check_budget_exceeded_on_finalization_is_an_anomaly",
     "check_budget_is_armed_after_the_quiet_window",
     "check_cancel_recorded_by_a_dead_host_is_still_finalized",
+    "check_takeovers_past_the_limit_end_the_run_instead_of_driving_it",
+    "check_a_takeover_after_progress_counts_from_one",
     "check_destroy_failed_deletes_the_record_and_reclaimer_raises",
     "check_destroy_failing_is_reclaim_failed_with_transcript_saved",
     "check_destroy_that_hangs_is_bounded_by_its_own_timeout",
@@ -768,6 +770,53 @@ async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
 # ------------------------------------------------------------------ reclaim
 # ``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering.
 
+async def check_takeovers_past_the_limit_end_the_run_instead_of_driving_it(
+    reaper_world: ReaperWorld
+) -> None:
+    """The reaper's claim on a run whose driver never let go is a takeover, counted as a
+    Runner's driver counts it: two drivers already died at this log offset, so a third
+    takeover over a limit of 2 ends the run ``failed`` without replaying its journal."""
+    w = reaper_world
+    done = await w.start("echo never-replayed", wait_exit=True, detached_ago=None)
+    at = (await w.store.tail(done.run_id)).last_offset
+    await w.store.update(done.run_id, RunPatch(takeovers={"count": 2, "offset": at}))
+    busy, busy_before = await w.bystander()
+    result = await w.sweep(max_takeovers=2)
+    e = entry(result, done.run_id)
+    assert (e.outcome, e.status) == (ReapOutcome.FINALIZED, RunStatus.FAILED), e
+    record = await w.record(done.run_id)
+    assert record.error is not None and record.error.code == "takeover_limit", record.error
+    assert "2 drivers in a row took it over and died" in record.error.message
+    assert record.takeovers == {"count": 3, "offset": at}
+    assert "never-replayed" not in await w.text(done.run_id)
+    log = await w.store.snapshot(done.run_id)
+    assert log[-1].event["type"] == "RUN_ERROR" and (await w.store.tail(done.run_id)).closed
+    assert done.sandbox_id is not None and not w.sandboxes.exists(done.sandbox_id)
+    await assert_untouched(w, busy, busy_before)
+
+
+async def check_a_takeover_after_progress_counts_from_one(reaper_world: ReaperWorld) -> None:
+    """Drivers that died at an earlier log offset do not count: the run made progress
+    since, so the reaper's takeover is the first at this offset and it drives the run."""
+    w = reaper_world
+    done = await w.start("echo replayed", wait_exit=True, detached_ago=None)
+    at = (await w.store.tail(done.run_id)).last_offset
+    await w.store.update(done.run_id, RunPatch(takeovers={"count": 2, "offset": at - 1}))
+    seen: list[Any] = []
+    plain = journal_drive(w.store)
+
+    async def drive(record: RunRecord, epoch: int, abort: anyio.Event
+                    ) -> AsyncIterator[Produced]:
+        seen.append((await w.record(record.run_id)).takeovers)  # under the reaper's claim
+        async for item in plain(record, epoch, abort):
+            yield item
+
+    result = await w.sweep(max_takeovers=2, drive=drive)
+    assert entry(result, done.run_id).status is RunStatus.COMPLETED
+    assert seen == [{"count": 1, "offset": at}]
+    assert await w.text(done.run_id) == "replayed\n"
+
+
 async def _bound(w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord, str]:
     sandbox_id, _ = await w.sandboxes.create()
     await w.store.create(NewRun("r-bound", "t", sandbox_key="k1"))
@@ -866,6 +915,8 @@ REAPER_KIT: Kit[ReaperWorld] = Kit(
         check_nothing_to_do_and_listing_failure_give_full_zero_results,
         check_two_reapers_at_once_drive_each_run_at_most_once,
         check_cancel_recorded_by_a_dead_host_is_still_finalized,
+        check_takeovers_past_the_limit_end_the_run_instead_of_driving_it,
+        check_a_takeover_after_progress_counts_from_one,
         check_destroyed,
         check_no_sandbox_key_and_not_found,
         check_provider_mismatch_touches_nothing,

@@ -13,7 +13,8 @@ Each check gets a fresh, empty store from the factory. The checks cover run reco
 (create, resume, patch semantics, queries), ``list_runs``, driver claims (leases, epochs,
 refusals: the fencing a takeover relies on), the event log (append under the epoch fence,
 read/tail, close, snapshot), sandbox instance records, named locks, approval requests and
-their answers (first answer wins) and corral's shared secrets. They use anyio and
+their answers (first answer wins), corral's shared secrets, deleting an ended run (and
+refusing one that has not ended) and a thread's head in one read. They use anyio and
 run on asyncio or trio. ``corral.testing.pytest_checks(STORE_KIT, ...)`` makes one pytest
 test per check.
 """
@@ -37,12 +38,14 @@ from corral.stores._protocols import (
     LogClosed,
     NewRun,
     RefusalReason,
+    RunActive,
     RunExists,
     Store,
     StoreError,
     UnknownApproval,
     UnknownRun,
 )
+from corral.stores._checkpoints import Checkpoint, CheckpointEntry
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
 from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
 from corral.testing._polling import wait_until_async
@@ -71,6 +74,10 @@ __all__ = [
     "check_create_and_get_round_trip",
     "check_create_or_resume_never_overwrites",
     "check_create_refuses_existing_id",
+    "check_delete_run_refuses_a_run_that_has_not_ended",
+    "check_delete_run_removes_its_record_log_and_approvals",
+    "check_delete_run_ends_a_tail_of_its_log",
+    "check_thread_head_is_the_newest_run_and_checkpoint",
     "check_empty_patch_leaves_fields_alone",
     "check_events_round_trip_as_json",
     "check_exclusive_until_released_or_expired",
@@ -878,6 +885,115 @@ async def check_shared_secret_first_callers_agree(store: Store) -> None:
                 tg.start_soon(ask)
     assert len(got) == 10 and len(set(got)) == 1
 
+
+# ------------------------------------------------------------------ deleting runs
+
+
+async def check_delete_run_removes_its_record_log_and_approvals(store: Store) -> None:
+    epoch = await claimed_run(store, "gone")
+    await store.append("gone", [(event(1), 1), (event(2), 2)], epoch=epoch)
+    await store.add_approval(approval("a1", "gone"))
+    await store.update("gone", RunPatch(status=RunStatus.COMPLETED, finished_at=T0 + 1))
+    await store.close("gone")
+    e2 = await claimed_run(store, "kept")  # a neighbour of the same thread: untouched
+    await store.append("kept", [(event(1), 1)], epoch=e2)
+    await store.add_approval(approval("a1", "kept"))
+    assert await store.delete_run("gone") is True
+    assert await store.get("gone") is None
+    assert await store.snapshot("gone") == []
+    with raises(UnknownRun):
+        await store.tail("gone")
+    with raises(UnknownRun):
+        async for _ in store.read("gone"):
+            pass
+    assert await store.get_approval("gone", "a1") is None
+    assert await store.list_pending_approvals("gone") == []
+    assert [r.run_id for r in await store.list_by_thread("thread-1")] == ["kept"]
+    assert [r.run_id for r in await store.list_runs()] == ["kept"]
+    assert [e.offset for e in await store.snapshot("kept")] == [1]
+    assert await store.get_approval("kept", "a1") is not None
+    assert await store.delete_run("gone") is False  # once
+    assert await store.delete_run("never") is False
+    # the id may be used again: a new run, with a log of its own (nothing comes back)
+    await new_run(store, "gone")
+    claim = await store.acquire_claim("gone", "host-b", 30.0)
+    assert await store.append("gone", [(event(9), 9)], epoch=claim.epoch) == [1]
+    assert [e.event["delta"] for e in await store.snapshot("gone")] == ["d9"]
+    assert await store.get_approval("gone", "a1") is None
+
+
+async def check_delete_run_refuses_a_run_that_has_not_ended(store: Store) -> None:
+    epoch = await claimed_run(store, "live")
+    await store.append("live", [(event(1), 1)], epoch=epoch)
+    await new_run(store, "paused")
+    await store.update("paused", RunPatch(status=RunStatus.INTERRUPTED))
+    for run_id, status in (("live", "running"), ("paused", "interrupted")):
+        before = await store.get(run_id)
+        with raises(RunActive) as info:
+            await store.delete_run(run_id)
+        assert info.value.status == status
+        assert await store.get(run_id) == before
+    assert [e.offset for e in await store.snapshot("live")] == [1]
+    for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.ABORTED):
+        await new_run(store, f"ended-{status.value}")
+        await store.update(f"ended-{status.value}", RunPatch(status=status))
+        assert await store.delete_run(f"ended-{status.value}") is True
+
+
+async def check_delete_run_ends_a_tail_of_its_log(store: Store) -> None:
+    # an ended run whose log was never closed (its driver died between the two writes)
+    epoch = await claimed_run(store)
+    await store.append("run-1", [(event(1), 1)], epoch=epoch)
+    await store.update("run-1", RunPatch(status=RunStatus.FAILED))
+    got: list[int] = []
+    ended: list[BaseException] = []
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                try:
+                    async for e in store.read("run-1"):
+                        got.append(e.offset)
+                except UnknownRun as exc:
+                    ended.append(exc)
+
+            tg.start_soon(reader)
+            await wait_until_async(lambda: got == [1], "the reader to see offset 1",
+                                   timeout=DEADLINE)
+            assert await store.delete_run("run-1") is True
+    assert got == [1] and len(ended) == 1
+
+
+def _head_checkpoint(cid: str, thread: str, at: float) -> Checkpoint:
+    return Checkpoint(cid, thread, None, at, "/workspace",
+                      (CheckpointEntry("d", "dir", 0o755),
+                       CheckpointEntry("d/empty", "file", 0o644)), meta={"n": cid})
+
+
+async def check_thread_head_is_the_newest_run_and_checkpoint(store: Store) -> None:
+    empty = await store.thread_head("t")
+    assert empty.checkpoint is None and empty.last_run is None
+    await new_run(store, "b", "t", started_at=T0 + 2)
+    await new_run(store, "a", "t", started_at=T0 + 1)
+    await new_run(store, "tie", "t", started_at=T0 + 2)  # same start: creation order
+    await new_run(store, "other", "u", started_at=T0 + 9)
+    for cid, thread, at in (("ckpt-2", "t", T0 + 2), ("ckpt-1", "t", T0 + 1),
+                            ("ckpt-3", "t", T0 + 2), ("ckpt-9", "u", T0 + 9)):
+        await store.put_checkpoint(_head_checkpoint(cid, thread, at))
+    head = await store.thread_head("t")
+    assert head.last_run is not None and head.last_run.run_id == "tie"
+    assert head.last_run == (await store.list_by_thread("t"))[-1]
+    assert head.checkpoint is not None and head.checkpoint.checkpoint_id == "ckpt-3"
+    assert head.checkpoint.meta == {"n": "ckpt-3"}  # the whole manifest
+    assert head.checkpoint.entries == _head_checkpoint("ckpt-3", "t", T0 + 2).entries
+    assert (await store.list_checkpoints("t"))[-1].checkpoint_id == "ckpt-3"
+    but = await store.thread_head("t", but="tie")
+    assert but.last_run is not None and but.last_run.run_id == "b"
+    assert but.checkpoint is not None and but.checkpoint.checkpoint_id == "ckpt-3"
+    only = await store.thread_head("u", but="other")
+    assert only.last_run is None
+    assert only.checkpoint is not None and only.checkpoint.checkpoint_id == "ckpt-9"
+
 STORE_KIT: Kit[Store] = Kit(
     "store",
     tuple(check(fn) for fn in (
@@ -934,6 +1050,10 @@ STORE_KIT: Kit[Store] = Kit(
         check_approvals_are_per_run,
         check_shared_secret_is_stable_and_per_name,
         check_shared_secret_first_callers_agree,
+        check_delete_run_removes_its_record_log_and_approvals,
+        check_delete_run_refuses_a_run_that_has_not_ended,
+        check_delete_run_ends_a_tail_of_its_log,
+        check_thread_head_is_the_newest_run_and_checkpoint,
     )),
     subject=opened,
 )
