@@ -24,7 +24,6 @@ the package says which one to install.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
+from corral._plugins import EntryPointGroup, config_message
 from corral._suggest import did_you_mean
 from corral.sandbox._contracts import Provider
 from corral.sandbox._workspace import canonical_json
@@ -64,9 +64,6 @@ BUILTIN: Mapping[str, str] = {
 """corral's own providers, as declared in its ``pyproject.toml`` (used when the install
 metadata is missing, e.g. ``PYTHONPATH=src``)."""
 
-CORE_PACKAGE = "corral"
-
-
 class ProviderConfig(BaseModel):
     """Base of a provider's configuration model: unknown keys are refused, values frozen.
 
@@ -96,7 +93,7 @@ class Registration:
 _lock = threading.Lock()
 _registered: dict[str, Registration] = {}
 _loaded: dict[str, Registration] = {}
-_points: dict[str, metadata.EntryPoint] | None = None
+_group = EntryPointGroup(GROUP, BUILTIN, "provider")
 
 
 def _config_model(factory: object, config: type[BaseModel] | None) -> type[ProviderConfig]:
@@ -145,49 +142,16 @@ def unregister_provider(name: str) -> None:
         _registered.pop(name, None)
 
 
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    found = {
-        name: metadata.EntryPoint(name=name, value=value, group=GROUP)
-        for name, value in BUILTIN.items()
-    }
-    for ep in metadata.entry_points(group=GROUP):
-        if ep.name not in BUILTIN:  # corral's own names are not another package's to take
-            found.setdefault(ep.name, ep)
-    return found
-
-
-def _package_of(ep: metadata.EntryPoint) -> str:
-    if ep.name in BUILTIN:
-        return CORE_PACKAGE
-    dist = ep.dist
-    return dist.name if dist is not None else ep.module.split(".")[0]
-
-
-def _declared() -> dict[str, metadata.EntryPoint]:
-    """The declared entry points, read once per process."""
-    global _points
-    with _lock:
-        if _points is None:
-            _points = _entry_points()
-        return _points
-
-
 def _load(name: str) -> Registration | None:
     """The entry point called ``name``, imported on first use."""
     with _lock:
         if name in _loaded:
             return _loaded[name]
-    ep = _declared().get(name)
-    if ep is None:
+    found = _group.load(name)
+    if found is None:
         return None
-    try:
-        factory = ep.load()
-    except Exception as exc:  # noqa: BLE001 - any import failure is the package's to fix
-        raise ConfigError(
-            f"provider {name!r}: loading entry point {ep.value!r} of package "
-            f"{_package_of(ep)!r} failed: {exc}"
-        ) from None
-    reg = Registration(name, factory, _config_model(factory, None), _package_of(ep))
+    factory: Any = found.obj
+    reg = Registration(name, factory, _config_model(factory, None), found.package)
     with _lock:
         _loaded[name] = reg
     return reg
@@ -195,7 +159,7 @@ def _load(name: str) -> Registration | None:
 
 def provider_names() -> list[str]:
     """Every provider name this process can build (registered or declared), sorted."""
-    declared = _declared()
+    declared = _group.declared()
     with _lock:
         return sorted(set(_registered) | set(declared))
 
@@ -221,24 +185,6 @@ def registration(name: str, *, package: str | None = None) -> Registration:
     )
 
 
-def _message(name: str, model: type[ProviderConfig], exc: ValidationError) -> str:
-    accepted = ", ".join(model.model_fields) or "none"
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            hint = did_you_mean(str(err["loc"][-1]), model.model_fields)
-            parts.append(f"unknown key 'provider.{where}'{hint} for provider {name!r} "
-                         f"(accepted keys: {accepted})")
-            continue
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, ConfigError):
-            parts.append(str(cause))
-        else:
-            parts.append(f"provider.{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = None,
                  *, package: str | None = None) -> ProviderConfig:
     """Validate ``raw`` against the configuration model of provider ``name``."""
@@ -253,7 +199,8 @@ def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = Non
     try:
         return reg.config.model_validate(dict(raw or {}))
     except ValidationError as exc:
-        raise ConfigError(_message(name, reg.config, exc)) from None
+        raise ConfigError(config_message(exc, reg.config.model_fields, where="provider.",
+                                         unknown=f"for provider {name!r}")) from None
 
 
 def config_data(config: ProviderConfig) -> dict[str, Any]:
