@@ -98,11 +98,11 @@ class EntryPointGroup:
         return loaded
 
 
-def config_message(exc: ValidationError, fields: Collection[str], *, unknown: str,
+def config_message(exc: ValidationError, fields: Collection[str], *, key: str, unknown: str,
                    where: str) -> str:
     """One line for a configuration model's refusal ``exc``: each error in turn, ``"; "``
-    between them. A key the model does not take reads ``unknown key '<key>' (did you mean
-    ...?) <unknown> (accepted keys: <fields>)``; any other error ``<where><field>:
+    between them. A key the model does not take reads ``unknown key '<key><field>' (did
+    you mean ...?) <unknown> (accepted keys: <fields>)``; any other error ``<where><field>:
     <message>``, or the :class:`ConfigError` a validator of the model raised, as it
     is."""
     accepted = ", ".join(fields) or "none"
@@ -111,7 +111,7 @@ def config_message(exc: ValidationError, fields: Collection[str], *, unknown: st
         at = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             hint = did_you_mean(str(err["loc"][-1]), fields)
-            parts.append(f"unknown key '{where}{at}'{hint} {unknown} (accepted keys: "
+            parts.append(f"unknown key '{key}{at}'{hint} {unknown} (accepted keys: "
                          f"{accepted})")
             continue
         cause = (err.get("ctx") or {}).get("error")

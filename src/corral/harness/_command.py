@@ -26,17 +26,21 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
 
 from corral._errors import ConfigError
 from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
+from corral.harness._config import HarnessConfig
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
 
 if TYPE_CHECKING:
     from ag_ui.core import BaseEvent
 
-__all__ = ["RAW_BYTES_EVENT", "CommandHarness", "CommandTranslator", "wire_twin"]
+__all__ = ["RAW_BYTES_EVENT", "CommandConfig", "CommandHarness", "CommandTranslator",
+           "wire_twin"]
 
 RAW_BYTES_EVENT = "corral.stdout.bytes"
 STDERR_MESSAGE_CHARS = 1000
@@ -162,11 +166,28 @@ class CommandTranslator:
         return out
 
 
+class CommandConfig(HarnessConfig):
+    """The command harness's configuration: the run's command. Other options are
+    ignored (``corral run --model M -- CMD`` runs ``CMD``)."""
+
+    argv: list[str] = Field(default=None, validate_default=True)
+
+    @field_validator("argv", mode="before")
+    @classmethod
+    def _command(cls, argv: Any) -> list[str]:
+        if not isinstance(argv, list | tuple) or not argv or \
+                not all(isinstance(a, str) for a in argv):
+            raise ConfigError("the command harness needs a command: a non-empty list of "
+                              "strings")
+        return list(argv)
+
+
 class CommandHarness:
     """Runs a fixed argv (or ``request.options["argv"]``); the prompt, if any, is its stdin."""
 
     name = "command"
     resume: Literal["offset", "replay"] = "offset"
+    config_model: ClassVar[type[HarnessConfig]] = CommandConfig
 
     def __init__(self, argv: Sequence[str] | None = None, *, max_delta_chars: int = 1 << 20):
         if isinstance(argv, str):

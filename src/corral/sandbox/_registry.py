@@ -199,7 +199,8 @@ def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = Non
     try:
         return reg.config.model_validate(dict(raw or {}))
     except ValidationError as exc:
-        raise ConfigError(config_message(exc, reg.config.model_fields, where="provider.",
+        raise ConfigError(config_message(exc, reg.config.model_fields, key="provider.",
+                                         where="provider.",
                                          unknown=f"for provider {name!r}")) from None
 
 
