@@ -201,9 +201,10 @@ def _missing(name: str, recorded: Mapping[str, Any] | None) -> str:
     version = recorded.get("version") if recorded is not None else None
     what = f"{package!r}" + (f" {version}" if isinstance(version, str) else "")
     if recorded is not None and recorded.get("in_process") is True:
-        return (f"harness {name!r} is not installed here: it was registered with "
-                f"register_harness (package {what}) in the process that started the run "
-                f"only; declare it as an entry point in group {GROUP!r} of an installed "
+        return (f"harness {name!r} is not installed here: only the process that started "
+                "the run registered it (register_harness"
+                + (f", package {what}" if isinstance(version, str) else "")
+                + f"); declare it as an entry point in group {GROUP!r} of an installed "
                 f"package to drive its runs from any process; known harnesses: {known}")
     return (f"harness {name!r} is not installed here: install the package {what}, which "
             f"declares it (entry point {name!r} in group {GROUP!r}); known harnesses: "
