@@ -3,7 +3,10 @@
 Adapters (:class:`CommandHarness`, :class:`ClaudeCodeHarness`, :class:`CodexHarness`,
 :class:`GeminiCliHarness`) are
 pure: argv, env, session paths, policy projection, and a translator from journal lines to
-events. :func:`register_harness` adds one by name; :func:`build_harness` builds one.
+events. Harnesses are found by name (:mod:`corral.harness._registry`): corral's own and
+those installed packages declare in the entry-point group ``corral.harnesses``, or
+:func:`register_harness` in this process; each has a typed configuration
+(:class:`HarnessConfig`); :func:`build_harness` builds one.
 """
 
 from __future__ import annotations
@@ -35,7 +38,13 @@ if TYPE_CHECKING:
         event_to_json,
         is_terminal,
     )
-    from corral.harness._registry import build_harness, harness_names, register_harness
+    from corral.harness._config import HarnessConfig
+    from corral.harness._registry import (
+        build_harness,
+        harness_names,
+        register_harness,
+        unregister_harness,
+    )
 
 # Names resolve on first use (corral._lazy).
 _EXPORTS: dict[str, str] = {
@@ -57,9 +66,11 @@ _EXPORTS: dict[str, str] = {
     "event_to_dict": "corral.harness._events",
     "event_to_json": "corral.harness._events",
     "is_terminal": "corral.harness._events",
+    "HarnessConfig": "corral.harness._config",
     "build_harness": "corral.harness._registry",
     "harness_names": "corral.harness._registry",
     "register_harness": "corral.harness._registry",
+    "unregister_harness": "corral.harness._registry",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
@@ -75,6 +86,7 @@ __all__ = [
     "EventParseError",
     "GeminiCliHarness",
     "Harness",
+    "HarnessConfig",
     "RunContext",
     "Translator",
     "build_harness",
@@ -86,4 +98,5 @@ __all__ = [
     "is_terminal",
     "register_harness",
     "translate_run",
+    "unregister_harness",
 ]
