@@ -18,12 +18,15 @@ import importlib.metadata as metadata
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
 
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
 from corral._version import __version__
+
+if TYPE_CHECKING:
+    # pydantic only on the error path: a driver taking over a command run never loads it
+    from pydantic import ValidationError
 
 __all__ = ["CORE_PACKAGE", "EntryPointGroup", "Loaded", "config_message"]
 

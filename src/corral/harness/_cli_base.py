@@ -58,7 +58,7 @@ from ag_ui.core import TokenUsage as AguiTokenUsage
 from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
-from corral.harness._config import HarnessConfig, config_kwargs
+from corral.harness._config import HarnessConfig
 from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
 from corral._insandbox import command_gate as command_gate
 from corral._insandbox import entry as sandbox_entry
@@ -425,7 +425,7 @@ class CliHarness:
     def from_spec(cls, spec: Mapping[str, Any]) -> CliHarness:
         """Build from a run's harness configuration, validated by :attr:`config_model`
         (what the registry does, :func:`corral.harness._registry.build_harness`)."""
-        return cls(**config_kwargs(cls.name, cls.config_model, spec))
+        return cls(**cls.config_model.factory_kwargs(cls.name, spec))
 
     def use_output_schema(self, schema: Mapping[str, Any]) -> None:
         """Ask the CLI for a result matching ``schema`` (checked with

@@ -25,14 +25,11 @@ The translator's state is a function of the journal offset alone (``resume = "of
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-from pydantic import Field, field_validator
 
 from corral._errors import ConfigError
 from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
-from corral.harness._config import HarnessConfig
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
 
@@ -166,20 +163,23 @@ class CommandTranslator:
         return out
 
 
-class CommandConfig(HarnessConfig):
-    """The command harness's configuration: the run's command. Other options are
-    ignored (``corral run --model M -- CMD`` runs ``CMD``)."""
+class CommandConfig:
+    """The command harness's configuration: the run's command (``argv``, a non-empty list
+    of strings); other options are ignored (``corral run --model M -- CMD`` runs
+    ``CMD``). A configuration model as the registry uses them
+    (:class:`corral.harness._registry.ConfigModel`), without pydantic: a driver taking over
+    a command run (``corral attach``) would otherwise import it before its first event."""
 
-    argv: list[str] = Field(default=None, validate_default=True)
-
-    @field_validator("argv", mode="before")
     @classmethod
-    def _command(cls, argv: Any) -> list[str]:
+    def factory_kwargs(cls, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"argv": [...]}`` (a one-line :class:`ConfigError` for a missing or bad
+        command)."""
+        argv = config.get("argv")
         if not isinstance(argv, list | tuple) or not argv or \
                 not all(isinstance(a, str) for a in argv):
-            raise ConfigError("the command harness needs a command: a non-empty list of "
+            raise ConfigError(f"the {name} harness needs a command: a non-empty list of "
                               "strings")
-        return list(argv)
+        return {"argv": list(argv)}
 
 
 class CommandHarness:
@@ -187,7 +187,7 @@ class CommandHarness:
 
     name = "command"
     resume: Literal["offset", "replay"] = "offset"
-    config_model: ClassVar[type[HarnessConfig]] = CommandConfig
+    config_model: ClassVar[type[CommandConfig]] = CommandConfig
 
     def __init__(self, argv: Sequence[str] | None = None, *, max_delta_chars: int = 1 << 20):
         if isinstance(argv, str):

@@ -1,5 +1,6 @@
-"""The base of a harness's configuration model (:class:`HarnessConfig`); the registry
-(:mod:`corral.harness._registry`) validates a run's harness configuration with it."""
+"""The base of a harness's configuration model (:class:`HarnessConfig`, pydantic): the
+registry (:mod:`corral.harness._registry`) asks it for the factory's keyword arguments of a
+run's harness configuration (:meth:`HarnessConfig.factory_kwargs`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from corral._errors import ConfigError
 from corral._plugins import config_message
 
-__all__ = ["HarnessConfig", "config_kwargs"]
+__all__ = ["HarnessConfig"]
 
 
 class HarnessConfig(BaseModel):
@@ -28,15 +29,15 @@ class HarnessConfig(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, arbitrary_types_allowed=True)
 
+    @classmethod
+    def factory_kwargs(cls, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of harness ``name``'s factory: the keys of ``config`` this
+        model declares, validated (a one-line :class:`ConfigError` otherwise)."""
+        try:
+            cfg = cls.model_validate(dict(config))
+        except ValidationError as exc:
+            raise ConfigError(config_message(exc, list(cls.model_fields), key="",
+                                             where=f"harness {name!r}: ",
+                                             unknown=f"for harness {name!r}")) from None
+        return {key: getattr(cfg, key) for key in cfg.model_fields_set}
 
-def config_kwargs(name: str, model: type[HarnessConfig],
-                  config: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of harness ``name``'s factory: the keys of ``config`` that
-    ``model`` declares, validated (a one-line :class:`ConfigError` otherwise)."""
-    try:
-        cfg = model.model_validate(dict(config))
-    except ValidationError as exc:
-        raise ConfigError(config_message(exc, list(model.model_fields), key="",
-                                         where=f"harness {name!r}: ",
-                                         unknown=f"for harness {name!r}")) from None
-    return {key: getattr(cfg, key) for key in cfg.model_fields_set}

@@ -5,7 +5,11 @@ A harness is registered under a name with a *factory* (usually the harness's cla
 keyword arguments are its configuration, declared as a pydantic model (a subclass of
 :class:`~corral.harness._config.HarnessConfig`): the factory's ``config_model`` attribute,
 or given to :func:`register_harness`. A factory registered without one is called with the
-configuration mapping itself (the form :func:`register_harness` always took).
+configuration mapping itself (the form :func:`register_harness` always took). The registry
+asks the model for the factory's arguments (:class:`ConfigModel`), so one that must not
+load pydantic may do without it: the ``command`` harness's
+(:class:`~corral.harness._command.CommandConfig`), since a driver taking over a command
+run (``corral attach``) would otherwise import pydantic before its first event.
 
 Harnesses are found, in this order:
 
@@ -29,17 +33,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from corral._errors import ConfigError
 from corral._plugins import EntryPointGroup
 from corral._suggest import did_you_mean
 from corral.harness._base import Harness
-from corral.harness._config import HarnessConfig, config_kwargs
 
 __all__ = [
     "BUILTIN",
     "GROUP",
+    "ConfigModel",
     "HarnessFactory",
     "HarnessNotInstalled",
     "Registration",
@@ -69,6 +73,17 @@ HarnessFactory = Callable[..., Harness]
 run gave, or ``factory(mapping)`` for a factory registered without a model."""
 
 
+class ConfigModel(Protocol):
+    """A harness's configuration model, as the registry uses it (what
+    :class:`~corral.harness._config.HarnessConfig` implements)."""
+
+    @classmethod
+    def factory_kwargs(cls, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of harness ``name``'s factory from the run's harness
+        configuration ``config``; a one-line :class:`ConfigError` for a bad value."""
+        ...
+
+
 class HarnessNotInstalled(ConfigError):
     """A run's harness is neither registered in this process nor declared by an installed
     package: the message names the package to install (as the run recorded it)."""
@@ -82,7 +97,7 @@ class Registration:
 
     name: str
     factory: HarnessFactory
-    config: type[HarnessConfig] | None
+    config: type[ConfigModel] | None
     """Its configuration model (``None``: the factory takes the mapping as is)."""
     package: str
     """The distribution that provides it (``corral`` for the built-ins), named in errors
@@ -109,12 +124,14 @@ _group = EntryPointGroup(GROUP, BUILTIN, "harness")
 
 
 def _config_model(name: str, factory: object,
-                  config: type[HarnessConfig] | None) -> type[HarnessConfig] | None:
+                  config: type[ConfigModel] | None) -> type[ConfigModel] | None:
     model = config if config is not None else getattr(factory, "config_model", None)
-    if model is not None and not (isinstance(model, type) and issubclass(model, HarnessConfig)):
+    if model is not None and not (isinstance(model, type)
+                                  and callable(getattr(model, "factory_kwargs", None))):
         raise ConfigError(f"harness {name!r}: its config model {model!r} must subclass "
                           "corral.harness.HarnessConfig")
-    return model
+    model_type: type[ConfigModel] | None = model
+    return model_type
 
 
 def _version_of(package: str) -> str | None:
@@ -130,7 +147,7 @@ def register_harness(
     name: str,
     factory: HarnessFactory,
     *,
-    config: type[HarnessConfig] | None = None,
+    config: type[ConfigModel] | None = None,
     package: str | None = None,
 ) -> None:
     """Register ``factory`` as the harness called ``name`` in this process.
@@ -237,7 +254,7 @@ def build_harness(name: str, config: Mapping[str, Any], *,
     if reg.config is None:
         harness = reg.factory(given)
     else:
-        harness = reg.factory(**config_kwargs(name, reg.config, given))
+        harness = reg.factory(**reg.config.factory_kwargs(name, given))
     schema = config.get("output_schema")
     if schema is not None:
         use = getattr(harness, "use_output_schema", None)
