@@ -2,7 +2,8 @@
 (:mod:`corral.sandbox._registry`, group ``corral.providers``) and harnesses
 (:mod:`corral.harness._registry`, group ``corral.harnesses``).
 
-An :class:`EntryPointGroup` holds corral's own names (as its ``pyproject.toml`` declares
+A :class:`Registry` holds what :meth:`Registry.register` registered in this process (it wins
+over an entry point of the same name) over an :class:`EntryPointGroup`: corral's own names (as its ``pyproject.toml`` declares
 them; used too where the install metadata is missing, e.g. ``PYTHONPATH=src``) and the
 entry points the installed packages declare in the group, read once per process; each is
 imported on first use (``importlib``: a low module builds plugins of packages above it
@@ -17,8 +18,9 @@ from __future__ import annotations
 import importlib.metadata as metadata
 import threading
 from collections.abc import Collection, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
     # pydantic only on the error path: a driver taking over a command run never loads it
     from pydantic import ValidationError
 
-__all__ = ["CORE_PACKAGE", "EntryPointGroup", "Loaded", "config_message"]
+__all__ = ["CORE_PACKAGE", "EntryPointGroup", "Loaded", "Registry", "config_message",
+           "registering"]
 
 CORE_PACKAGE = "corral"
 """The distribution corral's own plugins belong to."""
@@ -99,6 +102,61 @@ class EntryPointGroup:
         with self._lock:
             self._loaded[name] = loaded
         return loaded
+
+
+R = TypeVar("R")
+
+
+class Registry(Generic[R]):
+    """Registrations of one kind of plugin (``R``): those made in this process first, then
+    the entry points of ``group``, each made into an ``R`` once by ``make(name, loaded)``
+    on first use."""
+
+    def __init__(self, group: EntryPointGroup, make: Callable[[str, Loaded], R]) -> None:
+        self.group, self._make = group, make
+        self._lock = threading.Lock()
+        self._registered: dict[str, R] = {}
+        self._made: dict[str, R] = {}
+
+    def register(self, name: str, registration: R) -> None:
+        """Make ``name`` this process's ``registration`` (over an entry point's)."""
+        with self._lock:
+            self._registered[name] = registration
+
+    def unregister(self, name: str) -> None:
+        """Forget what :meth:`register` registered as ``name`` (missing: a no-op)."""
+        with self._lock:
+            self._registered.pop(name, None)
+
+    def find(self, name: str) -> R | None:
+        """The registration of ``name``, ``None`` if nothing registers it."""
+        with self._lock:
+            found = self._registered.get(name) or self._made.get(name)
+        if found is not None:
+            return found
+        loaded = self.group.load(name)
+        if loaded is None:
+            return None
+        made = self._make(name, loaded)
+        with self._lock:
+            return self._made.setdefault(name, made)
+
+    def names(self) -> list[str]:
+        """Every name this process can find (registered or declared), sorted."""
+        declared = self.group.declared()
+        with self._lock:
+            return sorted(set(self._registered) | set(declared))
+
+
+def registering(kind: str, name: object, factory: object, package: str | None) -> str:
+    """Check a registration of ``factory`` as the ``kind`` called ``name`` (one-line
+    :class:`ConfigError`s); the package it belongs to: ``package``, else the factory's
+    top-level module."""
+    if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
+        raise ConfigError(f"{kind} name {name!r}: use letters, digits, '_' or '-'")
+    if not callable(factory):
+        raise ConfigError(f"{kind} {name!r}: the factory must be callable")
+    return package or str(getattr(factory, "__module__", "") or name).split(".")[0]
 
 
 def config_message(exc: ValidationError, fields: Collection[str], *, key: str, unknown: str,

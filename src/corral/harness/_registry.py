@@ -30,13 +30,12 @@ knows nothing of run records.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corral._errors import ConfigError
-from corral._plugins import EntryPointGroup
+from corral._plugins import EntryPointGroup, Loaded, Registry, registering
 from corral._suggest import did_you_mean
 from corral.harness._base import Harness
 
@@ -117,12 +116,6 @@ class Registration:
         return out
 
 
-_lock = threading.Lock()
-_registered: dict[str, Registration] = {}
-_loaded: dict[str, Registration] = {}
-_group = EntryPointGroup(GROUP, BUILTIN, "harness")
-
-
 def _config_model(name: str, factory: object,
                   config: type[ConfigModel] | None) -> type[ConfigModel] | None:
     model = config if config is not None else getattr(factory, "config_model", None)
@@ -141,6 +134,18 @@ def _version_of(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _from_entry_point(name: str, found: Loaded) -> Registration:
+    factory: Any = found.obj
+    if not callable(factory):
+        raise ConfigError(f"harness {name!r}: entry point of package {found.package!r} "
+                          f"names {factory!r}, which is not callable")
+    return Registration(name, factory, _config_model(name, factory, None), found.package,
+                        found.version, in_process=False)
+
+
+_harnesses = Registry(EntryPointGroup(GROUP, BUILTIN, "harness"), _from_entry_point)
 
 
 def register_harness(
@@ -164,46 +169,19 @@ def register_harness(
         [project.entry-points."corral.harnesses"]
         mine = "my_package.harness:MyHarness"
     """
-    if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
-        raise ConfigError(f"harness name {name!r}: use letters, digits, '_' or '-'")
-    if not callable(factory):
-        raise ConfigError(f"harness {name!r}: the factory must be callable")
-    pkg = package or str(getattr(factory, "__module__", "") or name).split(".")[0]
-    reg = Registration(name, factory, _config_model(name, factory, config), pkg,
-                       _version_of(pkg), in_process=True)
-    with _lock:
-        _registered[name] = reg
+    pkg = registering("harness", name, factory, package)
+    _harnesses.register(name, Registration(name, factory, _config_model(name, factory, config),
+                                           pkg, _version_of(pkg), in_process=True))
 
 
 def unregister_harness(name: str) -> None:
     """Forget a harness registered with :func:`register_harness` (missing: a no-op)."""
-    with _lock:
-        _registered.pop(name, None)
-
-
-def _load(name: str) -> Registration | None:
-    with _lock:
-        if name in _loaded:
-            return _loaded[name]
-    found = _group.load(name)
-    if found is None:
-        return None
-    factory: Any = found.obj
-    if not callable(factory):
-        raise ConfigError(f"harness {name!r}: entry point of package {found.package!r} "
-                          f"names {factory!r}, which is not callable")
-    reg = Registration(name, factory, _config_model(name, factory, None), found.package,
-                       found.version, in_process=False)
-    with _lock:
-        _loaded[name] = reg
-    return reg
+    _harnesses.unregister(name)
 
 
 def harness_names() -> list[str]:
     """Every harness name this process can build (registered or declared), sorted."""
-    declared = _group.declared()
-    with _lock:
-        return sorted(set(_registered) | set(declared))
+    return _harnesses.names()
 
 
 def _missing(name: str, recorded: Mapping[str, Any] | None) -> str:
@@ -233,10 +211,7 @@ def registration(name: str, *, recorded: Mapping[str, Any] | None = None) -> Reg
     package ``recorded`` by a run, when given) if nothing registers it."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"harness: expected a harness name, got {name!r}")
-    with _lock:
-        reg = _registered.get(name)
-    if reg is None:
-        reg = _load(name)
+    reg = _harnesses.find(name)
     if reg is None:
         raise HarnessNotInstalled(_missing(name, recorded))
     return reg

@@ -24,7 +24,6 @@ the package says which one to install.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
-from corral._plugins import EntryPointGroup, config_message
+from corral._plugins import EntryPointGroup, Loaded, Registry, config_message, registering
 from corral._suggest import did_you_mean
 from corral.sandbox._contracts import Provider
 from corral.sandbox._workspace import canonical_json
@@ -64,6 +63,7 @@ BUILTIN: Mapping[str, str] = {
 """corral's own providers, as declared in its ``pyproject.toml`` (used when the install
 metadata is missing, e.g. ``PYTHONPATH=src``)."""
 
+
 class ProviderConfig(BaseModel):
     """Base of a provider's configuration model: unknown keys are refused, values frozen.
 
@@ -90,12 +90,6 @@ class Registration:
     and recorded with the sandboxes it makes."""
 
 
-_lock = threading.Lock()
-_registered: dict[str, Registration] = {}
-_loaded: dict[str, Registration] = {}
-_group = EntryPointGroup(GROUP, BUILTIN, "provider")
-
-
 def _config_model(factory: object, config: type[BaseModel] | None) -> type[ProviderConfig]:
     model = config if config is not None else getattr(factory, "config_model", None)
     if model is None:
@@ -105,6 +99,14 @@ def _config_model(factory: object, config: type[BaseModel] | None) -> type[Provi
             f"provider config model {model!r} must subclass corral.providers.ProviderConfig"
         )
     return model
+
+
+def _from_entry_point(name: str, found: Loaded) -> Registration:
+    factory: Any = found.obj
+    return Registration(name, factory, _config_model(factory, None), found.package)
+
+
+_providers = Registry(EntryPointGroup(GROUP, BUILTIN, "provider"), _from_entry_point)
 
 
 def register_provider(
@@ -126,51 +128,24 @@ def register_provider(
         [project.entry-points."corral.providers"]
         mine = "my_package.provider:MyProvider"
     """
-    if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
-        raise ConfigError(f"provider name {name!r}: use letters, digits, '_' or '-'")
-    if not callable(factory):
-        raise ConfigError(f"provider {name!r}: the factory must be callable")
-    pkg = package or str(getattr(factory, "__module__", "") or name).split(".")[0]
-    reg = Registration(name, factory, _config_model(factory, config), pkg)
-    with _lock:
-        _registered[name] = reg
+    pkg = registering("provider", name, factory, package)
+    _providers.register(name, Registration(name, factory, _config_model(factory, config), pkg))
 
 
 def unregister_provider(name: str) -> None:
     """Forget a provider registered with :func:`register_provider` (missing: a no-op)."""
-    with _lock:
-        _registered.pop(name, None)
-
-
-def _load(name: str) -> Registration | None:
-    """The entry point called ``name``, imported on first use."""
-    with _lock:
-        if name in _loaded:
-            return _loaded[name]
-    found = _group.load(name)
-    if found is None:
-        return None
-    factory: Any = found.obj
-    reg = Registration(name, factory, _config_model(factory, None), found.package)
-    with _lock:
-        _loaded[name] = reg
-    return reg
+    _providers.unregister(name)
 
 
 def provider_names() -> list[str]:
     """Every provider name this process can build (registered or declared), sorted."""
-    declared = _group.declared()
-    with _lock:
-        return sorted(set(_registered) | set(declared))
+    return _providers.names()
 
 
 def registration(name: str, *, package: str | None = None) -> Registration:
     """The registration of ``name``; a one-line :class:`ConfigError` naming the package to
     install (``package``, from a record, when known) if nothing registers it."""
-    with _lock:
-        reg = _registered.get(name)
-    if reg is None:
-        reg = _load(name)
+    reg = _providers.find(name)
     if reg is not None:
         return reg
     if not isinstance(name, str) or not name:
