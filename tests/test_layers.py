@@ -16,7 +16,7 @@ SRC = Path(corral.__file__).parent
 # Bottom to top. Packages on one line may not import each other.
 LAYERS: list[set[str]] = [
     {"_errors", "_lazy", "_log", "_suggest", "_telemetry", "_version"},
-    {"_durations"},
+    {"_durations", "_plugins"},
     {"_paths", "_ids"},
     {"journal"},
     {"stores"},

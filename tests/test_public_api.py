@@ -55,6 +55,7 @@ MOVED = {
 # corral type to what one function uses, or is a private helper's.
 INTERNAL_PROTOCOLS = {
     "ApprovalChannel": "the part of a Store approvals use (ApprovalStore + SecretStore)",
+    "ConfigModel": "the part of a harness configuration class the harness registry uses",
     "Destroys": "what destroying needs of a provider (gc, reclaim)",
     "PipeStore": "the part of a Store the pipe uses",
     "PolicyLike": "the part of corral's Policy a harness maps",

@@ -1,1 +1,2 @@
-"""Test-only provider packages, installed into subprocesses by a directory on PYTHONPATH."""
+"""Test-only plugin packages (a provider, a harness), installed into subprocesses by a
+directory on PYTHONPATH."""

@@ -33,7 +33,7 @@ json_values = st.recursive(
     max_leaves=6,
 )
 FIELDS = ("version", "harness_options", "argv", "sandbox", "secret_names", "policy",
-          "permission_prompt", "files", "trace", "frontend_tools", "agent")
+          "permission_prompt", "files", "trace", "frontend_tools", "agent", "harness_package")
 # Values of each field's right type and of wrong ones (some of which pydantic coerces:
 # "yes" and 1 for a bool, 1.0 for the version).
 good_values: dict[str, Any] = {
@@ -49,6 +49,8 @@ good_values: dict[str, Any] = {
     "frontend_tools": st.none() | st.lists(
         st.dictionaries(st.text(max_size=4), json_values, max_size=2), max_size=2),
     "agent": st.none() | st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+    "harness_package": st.none() | st.dictionaries(st.text(max_size=4), json_values,
+                                                   max_size=3),
 }
 odd_values = json_values | st.sampled_from([1.0, 2, 0, "1", "yes", "off", True, [1], {"a": 1}])
 

@@ -3,8 +3,11 @@
 Adapters (:class:`CommandHarness`, :class:`ClaudeCodeHarness`, :class:`CodexHarness`,
 :class:`GeminiCliHarness`) are
 pure: argv, env, session paths, policy projection, and a translator from journal lines to
-events. :func:`register_harness` adds one by name; :func:`build_harness` builds one. What a
-harness implements (``Harness``, ``Translator``) is in :mod:`corral.abc`.
+events. Harnesses are found by name (:mod:`corral.harness._registry`): corral's own and
+those installed packages declare in the entry-point group ``corral.harnesses``, or
+:func:`register_harness` in this process; each has a typed configuration
+(:class:`HarnessConfig`); :func:`build_harness` builds one. What a harness implements
+(``Harness``, ``Translator``) is in :mod:`corral.abc`.
 """
 
 from __future__ import annotations
@@ -40,4 +43,6 @@ if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
         build_harness as build_harness,
         harness_names as harness_names,
         register_harness as register_harness,
+        unregister_harness as unregister_harness,
     )
+    from corral.harness._config import HarnessConfig as HarnessConfig

@@ -11,7 +11,7 @@ configuration; ``PreparedAgent.agent_spec`` adds the sandbox's host command and 
 permission channel.
 
 ``AgentRequest.options``: those of every CLI harness (:mod:`corral.harness._cli_base`) plus
-``agent`` / ``agent_command`` (read when the harness is built: :meth:`AcpHarness.from_spec`,
+``agent`` / ``agent_command`` (read when the harness is built: :class:`AcpConfig`,
 so the run spec keeps them for a successor host).
 
 Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
@@ -55,11 +55,15 @@ from ag_ui.core import (
     ReasoningStartEvent,
 )
 
+from pydantic import ValidationInfo, field_validator
+
 from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._acp_agents import AcpAgent, agent_profile
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
+from corral.harness._config import HarnessConfig
 from corral.harness._cli_base import (
+    CliConfig,
     CliHarness,
     CliOptions,
     JsonlTranslator,
@@ -74,7 +78,6 @@ from corral.harness._cli_base import (
 from corral.harness._packages import AGENTS_MOUNT, package_for
 from corral.journal._reader import Exit, JournalItem
 from corral.net._model_proxy import ModelApi
-from corral.sandbox._policy import Policy
 from corral.tools._names import SERVER_NAME
 
 __all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
@@ -110,10 +113,27 @@ def acp_mcp_servers(servers: Mapping[str, Mapping[str, Any]]) -> list[dict[str, 
     return out
 
 
+class AcpConfig(CliConfig):
+    """What the acp harness is built from: :class:`CliConfig` plus the ACP agent
+    (``agent`` or ``agent_command``) and the run's ``model``."""
+
+    agent: str | None = None
+    agent_command: str | None = None
+    model: str | None = None
+
+    @field_validator("agent", "agent_command", "model", mode="before")
+    @classmethod
+    def _text(cls, value: Any, info: ValidationInfo) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"acp: {info.field_name!r} must be a non-empty string")
+        return value
+
+
 class AcpHarness(CliHarness):
     """The ACP harness (see the module docstring)."""
 
     name: ClassVar[str] = "acp"
+    config_model: ClassVar[type[HarnessConfig]] = AcpConfig
     session_markers: ClassVar[tuple[bytes, ...]] = (b'"sessionId"',)
 
     def __init__(self, *, agent: str | None = None, agent_command: str | None = None,
@@ -142,28 +162,6 @@ class AcpHarness(CliHarness):
     def needs_install(self) -> bool:
         """Whether the agent comes from a corral install (not ``--agent-command``)."""
         return self.profile.package is not None
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> AcpHarness:
-        """From a run's spec: ``agent`` or ``agent_command``, ``model``, ``version``,
-        ``policy``, ``permission_prompt``."""
-        def opt(key: str) -> str | None:
-            v = spec.get(key)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise ConfigError(f"acp: {key!r} must be a non-empty string")
-            return v
-
-        policy = spec.get("policy")
-        if isinstance(policy, Mapping):
-            try:
-                policy = Policy(**dict(policy))
-            except TypeError as exc:
-                raise ConfigError(f"acp: bad policy in the run spec: {exc}") from None
-        if policy is not None and not isinstance(policy, PolicyLike):
-            raise ConfigError("acp: 'policy' must be a Policy or a mapping")
-        return cls(agent=opt("agent"), agent_command=opt("agent_command"),
-                   model=opt("model"), version=opt("version"), policy=policy,
-                   permission_prompt=spec.get("permission_prompt") is True)
 
     def upstream_api(self) -> ModelApi:
         return self.profile.upstream_api(self.model)

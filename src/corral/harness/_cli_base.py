@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from pydantic import field_validator
+
 from ag_ui.core import (
     BaseEvent,
     ReasoningEndEvent,
@@ -56,6 +58,7 @@ from ag_ui.core import TokenUsage as AguiTokenUsage
 from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
+from corral.harness._config import HarnessConfig
 from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
 from corral._insandbox import command_gate as command_gate
 from corral._insandbox import entry as sandbox_entry
@@ -169,7 +172,7 @@ _OPTION_KEYS = frozenset({
     "model", "resume", "base_url", "api_key", "proxy_token", "bin", "forward", "timeout",
     "egress", "python",
     "max_retries", "mcp_servers", "extra_args", "env", "argv", "gate_script",
-    # the acp harness's own (read by AcpHarness.from_spec; the run spec keeps them)
+    # the acp harness's own (its AcpConfig; the run spec keeps them)
     "agent", "agent_command",
 })  # fmt: skip
 
@@ -322,6 +325,39 @@ def entry_argv(python: str, command: Sequence[str], *,
             *command]
 
 
+# ---------------------------------------------------------------- configuration
+
+
+class CliConfig(HarnessConfig):
+    """What an agent-CLI harness is built from (the rest of a run's harness configuration
+    are its options, :class:`CliOptions`, checked when the command is built)."""
+
+    version: str | None = None
+    """The agent CLI's version (default: the pinned one)."""
+    policy: Any = None
+    """The policy the CLI enforces: a :class:`~corral.sandbox._policy.Policy` or its
+    ``to_dict()`` form."""
+    permission_prompt: bool = False
+    """The CLI asks corral (on the run's MCP server) before acting."""
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy(cls, policy: Any) -> PolicyLike | None:
+        if isinstance(policy, Mapping):
+            try:
+                return Policy(**dict(policy))
+            except TypeError as exc:
+                raise ConfigError(f"bad policy in the run spec: {exc}") from None
+        if policy is not None and not isinstance(policy, PolicyLike):
+            raise ConfigError("'policy' must be a Policy or a mapping")
+        return policy
+
+    @field_validator("permission_prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> bool:
+        return value is True
+
+
 # ---------------------------------------------------------------- harness base
 
 
@@ -330,6 +366,7 @@ class CliHarness:
     :meth:`cli_argv`, :meth:`cli_env`, :meth:`map_policy` and :meth:`translator`."""
 
     name: ClassVar[str] = ""
+    config_model: ClassVar[type[HarnessConfig]] = CliConfig
     needs_agent_runtime: ClassVar[Literal[True]] = True  # harness._base.NeedsAgentRuntime
     model_api: ClassVar[ModelApi] = "anthropic"
     session_dirs: ClassVar[tuple[str, ...]] = ()
@@ -386,23 +423,9 @@ class CliHarness:
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> CliHarness:
-        """Build from a run's JSON spec (for ``corral.harness._registry``): optional
-        ``version`` (str) and ``policy`` (a :class:`corral.sandbox._policy.Policy` or its
-        ``to_dict()`` form)."""
-        version = spec.get("version")
-        if version is not None and not isinstance(version, str):
-            raise ConfigError(f"{cls.name}: 'version' must be a string")
-        policy = spec.get("policy")
-        if isinstance(policy, Mapping):
-
-            try:
-                policy = Policy(**dict(policy))
-            except TypeError as exc:
-                raise ConfigError(f"{cls.name}: bad policy in the run spec: {exc}") from None
-        if policy is not None and not isinstance(policy, PolicyLike):
-            raise ConfigError(f"{cls.name}: 'policy' must be a Policy or a mapping")
-        return cls(version=version, policy=policy,
-                   permission_prompt=spec.get("permission_prompt") is True)
+        """Build from a run's harness configuration, validated by :attr:`config_model`
+        (what the registry does, :func:`corral.harness._registry.build_harness`)."""
+        return cls(**cls.config_model.factory_kwargs(cls.name, spec))
 
     def use_output_schema(self, schema: Mapping[str, Any]) -> None:
         """Ask the CLI for a result matching ``schema`` (checked with

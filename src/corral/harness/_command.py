@@ -25,8 +25,8 @@ The translator's state is a function of the journal offset alone (``resume = "of
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from corral._errors import ConfigError
 from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
@@ -36,7 +36,8 @@ from corral.sandbox._contracts import signal_name
 if TYPE_CHECKING:
     from ag_ui.core import BaseEvent
 
-__all__ = ["RAW_BYTES_EVENT", "CommandHarness", "CommandTranslator", "wire_twin"]
+__all__ = ["RAW_BYTES_EVENT", "CommandConfig", "CommandHarness", "CommandTranslator",
+           "wire_twin"]
 
 RAW_BYTES_EVENT = "corral.stdout.bytes"
 STDERR_MESSAGE_CHARS = 1000
@@ -162,11 +163,31 @@ class CommandTranslator:
         return out
 
 
+class CommandConfig:
+    """The command harness's configuration: the run's command (``argv``, a non-empty list
+    of strings); other options are ignored (``corral run --model M -- CMD`` runs
+    ``CMD``). A configuration model as the registry uses them
+    (:class:`corral.harness._registry.ConfigModel`), without pydantic: a driver taking over
+    a command run (``corral attach``) would otherwise import it before its first event."""
+
+    @classmethod
+    def factory_kwargs(cls, name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"argv": [...]}`` (a one-line :class:`ConfigError` for a missing or bad
+        command)."""
+        argv = config.get("argv")
+        if not isinstance(argv, list | tuple) or not argv or \
+                not all(isinstance(a, str) for a in argv):
+            raise ConfigError(f"the {name} harness needs a command: a non-empty list of "
+                              "strings")
+        return {"argv": list(argv)}
+
+
 class CommandHarness:
     """Runs a fixed argv (or ``request.options["argv"]``); the prompt, if any, is its stdin."""
 
     name = "command"
     resume: Literal["offset", "replay"] = "offset"
+    config_model: ClassVar[type[CommandConfig]] = CommandConfig
 
     def __init__(self, argv: Sequence[str] | None = None, *, max_delta_chars: int = 1 << 20):
         if isinstance(argv, str):

@@ -51,10 +51,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
+from pydantic import field_validator
 
 from corral._errors import ConfigError
 from corral.harness._base import RunContext
+from corral.harness._config import HarnessConfig
 from corral.harness._cli_base import (
+    CliConfig,
     CliHarness,
     CliOptions,
     JsonlTranslator,
@@ -103,10 +106,25 @@ def split_model(model: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
+class OpencodeConfig(CliConfig):
+    """What the opencode harness is built from: :class:`CliConfig` plus the run's
+    ``model`` (``provider/model``)."""
+
+    model: str | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, model: Any) -> str | None:
+        if model is not None and not isinstance(model, str):
+            raise ConfigError("opencode: 'model' must be a string like " + DEFAULT_MODEL)
+        return model
+
+
 class OpencodeHarness(CliHarness):
     """The opencode adapter (see the module docstring)."""
 
     name: ClassVar[str] = "opencode"
+    config_model: ClassVar[type[HarnessConfig]] = OpencodeConfig
     session_dirs: ClassVar[tuple[str, ...]] = (".local/share/opencode",)
     instructions_file: ClassVar[str] = ".config/opencode/AGENTS.md"
     max_model_failures: ClassVar[int | None] = 3
@@ -120,19 +138,6 @@ class OpencodeHarness(CliHarness):
         self.model = model or DEFAULT_MODEL
         split_model(self.model)  # a bad model is refused here, not at the first run
         super().__init__(version=version, policy=policy, permission_prompt=permission_prompt)
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> CliHarness:
-        """As :meth:`CliHarness.from_spec`, plus the run's ``model`` (``provider/model``)."""
-        model = spec.get("model")
-        if model is not None and not isinstance(model, str):
-            raise ConfigError("opencode: 'model' must be a string like " + DEFAULT_MODEL)
-        harness = super().from_spec(spec)
-        assert isinstance(harness, OpencodeHarness)
-        if model:
-            split_model(model)
-            harness.model = model
-        return harness
 
     @property
     def provider(self) -> str:

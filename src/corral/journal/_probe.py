@@ -108,8 +108,9 @@ class ProbeResult:
 
     @classmethod
     def elsewhere(cls, reason: str) -> ProbeResult:
-        """The journal is on another host (:class:`JournalUnreachable`): only that host
-        can tell, or stop the agent; here nothing may be decided, expiry included."""
+        """The journal is on another host (:class:`JournalUnreachable`), or the run's
+        harness is not installed in this process: only a host that has both can tell, or
+        stop the agent; here nothing may be decided, expiry included."""
         return cls("elsewhere", error=reason)
 
 

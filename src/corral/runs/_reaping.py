@@ -22,6 +22,7 @@ import anyio
 import anyio.to_thread
 
 from corral._log import library_logger
+from corral.harness._registry import HarnessNotInstalled
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, Produced
 from corral.runs._produce import (
@@ -46,7 +47,7 @@ from corral.runs._reap import (
     ReapStore,
     reap_detached_runs,
 )
-from corral.runs._specview import harness_for_record, spec_view
+from corral.runs._specview import check_harness, harness_for_record, spec_view
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,
@@ -86,7 +87,11 @@ async def probe_runner_run(record: RunRecord) -> ProbeResult:
     it now instead of calling it ``producing`` until the TTL runs out.
 
     Only a dead starter proves it: a live one (or one on another machine, whose journal is
-    not here to look at) may still launch the agent."""
+    not here to look at) may still launch the agent.
+
+    Any other run whose harness is not installed here is ``elsewhere``: this process cannot
+    translate its journal, so it must not act on it (expiry included); the error says
+    which package the run's harness needs."""
     if record.detached_since is None and owner_is_dead(record.claim_owner):
         try:
             paths, _ = journal_location(record)
@@ -100,6 +105,10 @@ async def probe_runner_run(record: RunRecord) -> ProbeResult:
 
             if not await anyio.to_thread.run_sync(launched):
                 return ProbeResult.not_started(NOT_STARTED)
+    try:
+        check_harness(record)
+    except HarnessNotInstalled as exc:
+        return ProbeResult.elsewhere(f"run {record.run_id}: {exc}")
     return await probe_run_exit(record)
 
 

@@ -182,6 +182,7 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> RunSpec:
         """The run spec recorded for this request run in ``sandbox``."""
+        from corral.harness._registry import registration
         from corral.runs._spec import RunSpec
         from corral.sandbox._policy import Policy  # start-up cost: see the imports
 
@@ -206,6 +207,7 @@ class RunRequest:
                             if self.frontend_tools and self.harness != "command" else None),
             output_schema=(dict(self.output_schema) if self.output_schema is not None
                            else None),
+            harness_package=registration(self.harness).recorded(),
         )
 
 

@@ -50,7 +50,7 @@ from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
-from corral.runs._specview import harness_for_record, spec_view
+from corral.runs._specview import check_harness, harness_for_record, spec_view
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -239,7 +239,7 @@ class Runner:
                      thread_id: str) -> RunRecord:
         from corral.runs._launch import fail_start, launch_run
 
-        sandbox, harness = plan.sandbox, plan.harness
+        sandbox = plan.sandbox
         trace = carrier()  # this start's span: drivers on any host continue its trace
         if trace:
             plan.spec = plan.spec.model_copy(update={"trace": trace})
@@ -258,7 +258,7 @@ class Runner:
             NewRun(
                 run_id=run_id,
                 thread_id=thread_id,
-                harness=harness.name,
+                harness=request.harness,  # the registry's name: any process rebuilds it
                 spec=plan.spec.to_json(),
                 journal={"dir": str(self.journals_dir), "nonce": nonce, "host": machine_id(),
                          # the supervisor and journal live in the sandbox (docker)
@@ -442,6 +442,9 @@ class Runner:
             raise
         except JournalLocationError:
             pass
+        # A harness not installed here cannot translate the journal: say so before claiming
+        # (a takeover counted, a run failed), and leave the run as it is.
+        check_harness(record)
         drive = ClaimedDrive(self.store, self.owner, self.lease_ttl, self._providers_of(record),
                              self._stop_agent, self.max_file_watches, self.approval_timeout,
                              self.checkpoint, self.max_takeovers)

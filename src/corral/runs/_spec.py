@@ -72,6 +72,11 @@ class RunSpec(BaseModel):
     agent: dict[str, Any] | None = None
     """An agent CLI run's runtime: sockets, the services daemon (its job and pid), the
     resumed session."""
+    harness_package: dict[str, Any] | None = None
+    """The package providing the run's harness (``{"name", "version"}``, and
+    ``"in_process": true`` for a harness only ``register_harness`` registered in the
+    starting process): what a process lacking the harness names
+    (:meth:`corral.harness._registry.Registration.recorded`)."""
 
     def harness_config(self) -> dict[str, Any]:
         """The mapping a harness is built from (``build_harness(name, config)``): its

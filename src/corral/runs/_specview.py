@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from corral.harness._base import Harness
-from corral.harness._registry import build_harness
+from corral.harness._registry import build_harness, registration
 from corral.stores._records import RunRecord
 
-__all__ = ["SpecView", "harness_for_record", "spec_view"]
+__all__ = ["SpecView", "check_harness", "harness_for_record", "spec_view"]
 
 
 def _is_str_dict(value: object) -> bool:
@@ -51,6 +51,7 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
                        None),
     "output_schema": (_opt(_is_str_dict), None),
     "agent": (_opt(_is_str_dict), None),
+    "harness_package": (_opt(_is_str_dict), None),
 }
 
 
@@ -72,6 +73,7 @@ class SpecView:
     frontend_tools: list[dict[str, Any]] | None
     output_schema: dict[str, Any] | None
     agent: dict[str, Any] | None
+    harness_package: dict[str, Any] | None
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         for name, (_, default) in _FIELDS.items():
@@ -132,5 +134,16 @@ def spec_view(record: RunRecord) -> SpecView:
 
 
 def harness_for_record(record: RunRecord) -> Harness:
-    """The harness a run was started with, rebuilt from its record (name and spec)."""
-    return build_harness(record.harness or "command", spec_view(record).harness_config())
+    """The harness a run was started with, rebuilt from its record (name and spec);
+    :class:`~corral.harness._registry.HarnessNotInstalled` (one line naming the package
+    the run recorded) where it is not installed."""
+    spec = spec_view(record)
+    return build_harness(record.harness or "command", spec.harness_config(),
+                         recorded=spec.harness_package)
+
+
+def check_harness(record: RunRecord) -> None:
+    """Raise :class:`~corral.harness._registry.HarnessNotInstalled` if the harness of
+    ``record`` is not installed in this process (the check a driver makes before it claims
+    the run: one that cannot translate its journal must leave it as it is)."""
+    registration(record.harness or "command", recorded=spec_view(record).harness_package)

@@ -24,8 +24,6 @@ the package says which one to install.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
+from corral._plugins import EntryPointGroup, Loaded, Registry, config_message, registering
 from corral._suggest import did_you_mean
 from corral.sandbox._contracts import Provider
 from corral.sandbox._workspace import canonical_json
@@ -64,8 +63,6 @@ BUILTIN: Mapping[str, str] = {
 """corral's own providers, as declared in its ``pyproject.toml`` (used when the install
 metadata is missing, e.g. ``PYTHONPATH=src``)."""
 
-CORE_PACKAGE = "corral"
-
 
 class ProviderConfig(BaseModel):
     """Base of a provider's configuration model: unknown keys are refused, values frozen.
@@ -93,12 +90,6 @@ class Registration:
     and recorded with the sandboxes it makes."""
 
 
-_lock = threading.Lock()
-_registered: dict[str, Registration] = {}
-_loaded: dict[str, Registration] = {}
-_points: dict[str, metadata.EntryPoint] | None = None
-
-
 def _config_model(factory: object, config: type[BaseModel] | None) -> type[ProviderConfig]:
     model = config if config is not None else getattr(factory, "config_model", None)
     if model is None:
@@ -108,6 +99,14 @@ def _config_model(factory: object, config: type[BaseModel] | None) -> type[Provi
             f"provider config model {model!r} must subclass corral.providers.ProviderConfig"
         )
     return model
+
+
+def _from_entry_point(name: str, found: Loaded) -> Registration:
+    factory: Any = found.obj
+    return Registration(name, factory, _config_model(factory, None), found.package)
+
+
+_providers = Registry(EntryPointGroup(GROUP, BUILTIN, "provider"), _from_entry_point)
 
 
 def register_provider(
@@ -129,84 +128,24 @@ def register_provider(
         [project.entry-points."corral.providers"]
         mine = "my_package.provider:MyProvider"
     """
-    if not isinstance(name, str) or not name or not name.replace("-", "_").isidentifier():
-        raise ConfigError(f"provider name {name!r}: use letters, digits, '_' or '-'")
-    if not callable(factory):
-        raise ConfigError(f"provider {name!r}: the factory must be callable")
-    pkg = package or str(getattr(factory, "__module__", "") or name).split(".")[0]
-    reg = Registration(name, factory, _config_model(factory, config), pkg)
-    with _lock:
-        _registered[name] = reg
+    pkg = registering("provider", name, factory, package)
+    _providers.register(name, Registration(name, factory, _config_model(factory, config), pkg))
 
 
 def unregister_provider(name: str) -> None:
     """Forget a provider registered with :func:`register_provider` (missing: a no-op)."""
-    with _lock:
-        _registered.pop(name, None)
-
-
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    found = {
-        name: metadata.EntryPoint(name=name, value=value, group=GROUP)
-        for name, value in BUILTIN.items()
-    }
-    for ep in metadata.entry_points(group=GROUP):
-        if ep.name not in BUILTIN:  # corral's own names are not another package's to take
-            found.setdefault(ep.name, ep)
-    return found
-
-
-def _package_of(ep: metadata.EntryPoint) -> str:
-    if ep.name in BUILTIN:
-        return CORE_PACKAGE
-    dist = ep.dist
-    return dist.name if dist is not None else ep.module.split(".")[0]
-
-
-def _declared() -> dict[str, metadata.EntryPoint]:
-    """The declared entry points, read once per process."""
-    global _points
-    with _lock:
-        if _points is None:
-            _points = _entry_points()
-        return _points
-
-
-def _load(name: str) -> Registration | None:
-    """The entry point called ``name``, imported on first use."""
-    with _lock:
-        if name in _loaded:
-            return _loaded[name]
-    ep = _declared().get(name)
-    if ep is None:
-        return None
-    try:
-        factory = ep.load()
-    except Exception as exc:  # noqa: BLE001 - any import failure is the package's to fix
-        raise ConfigError(
-            f"provider {name!r}: loading entry point {ep.value!r} of package "
-            f"{_package_of(ep)!r} failed: {exc}"
-        ) from None
-    reg = Registration(name, factory, _config_model(factory, None), _package_of(ep))
-    with _lock:
-        _loaded[name] = reg
-    return reg
+    _providers.unregister(name)
 
 
 def provider_names() -> list[str]:
     """Every provider name this process can build (registered or declared), sorted."""
-    declared = _declared()
-    with _lock:
-        return sorted(set(_registered) | set(declared))
+    return _providers.names()
 
 
 def registration(name: str, *, package: str | None = None) -> Registration:
     """The registration of ``name``; a one-line :class:`ConfigError` naming the package to
     install (``package``, from a record, when known) if nothing registers it."""
-    with _lock:
-        reg = _registered.get(name)
-    if reg is None:
-        reg = _load(name)
+    reg = _providers.find(name)
     if reg is not None:
         return reg
     if not isinstance(name, str) or not name:
@@ -219,24 +158,6 @@ def registration(name: str, *, package: str | None = None) -> Registration:
         f"in group {GROUP!r}); {where}, or call corral.providers.register_provider({name!r}, "
         f"factory); known providers: {', '.join(known)}"
     )
-
-
-def _message(name: str, model: type[ProviderConfig], exc: ValidationError) -> str:
-    accepted = ", ".join(model.model_fields) or "none"
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            hint = did_you_mean(str(err["loc"][-1]), model.model_fields)
-            parts.append(f"unknown key 'provider.{where}'{hint} for provider {name!r} "
-                         f"(accepted keys: {accepted})")
-            continue
-        cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, ConfigError):
-            parts.append(str(cause))
-        else:
-            parts.append(f"provider.{where}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = None,
@@ -253,7 +174,9 @@ def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = Non
     try:
         return reg.config.model_validate(dict(raw or {}))
     except ValidationError as exc:
-        raise ConfigError(_message(name, reg.config, exc)) from None
+        raise ConfigError(config_message(exc, reg.config.model_fields, key="provider.",
+                                         where="provider.",
+                                         unknown=f"for provider {name!r}")) from None
 
 
 def config_data(config: ProviderConfig) -> dict[str, Any]:
