@@ -8,13 +8,19 @@
   are a host directory), :class:`Described` (a handle that tells what it was created
   with), :class:`SandboxIds` (a handle that knows its processes' host gid, so a run's
   sockets open to it alone), :class:`DefaultLimits` (a provider's default resource limits),
-  :class:`ProvidesSnapshots` (a provider that hands out a :class:`Snapshotter`). The
+  :class:`ProvidesSnapshots` (a provider that hands out a :class:`Snapshotter`),
+  :class:`SandboxDirs` (a provider whose sandboxes are host directories under its
+  ``base_dir``), :class:`PrunesOrphans` (a provider that destroys sandboxes whose state
+  vanished), :class:`InsideSupervisor` (a handle whose sandbox hosts its durable runs'
+  supervisors: a provider that declares ``supervisor_inside``). The
   boolean :class:`~corral.sandbox._contracts.Capabilities` a provider declares are the
   other half: behaviour that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
   :class:`InstanceStore`, :class:`LockStore`, :class:`CheckpointStore` (content-addressed
   workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved sessions per
-  thread), and :class:`Store`, all of them at once.
+  thread), and :class:`Store`, all of them at once; optional store capabilities:
+  :class:`LocksReadingInstance` and :class:`UpsertsUnlocking` (``ensure``'s lock and
+  instance record in one transaction each).
 """
 
 from __future__ import annotations
@@ -33,32 +39,37 @@ if TYPE_CHECKING:
         Process,
         ProcessApi,
         Provider,
+        PrunesOrphans,
+        SandboxDirs,
         SandboxIds,
     )
+    from corral.sandbox._inside import InsideSupervisor
     from corral.sandbox._snapshots import ProvidesSnapshots, Snapshotter
     from corral.stores._protocols import (
         CheckpointStore,
         ClaimStore,
         EventLog,
         InstanceStore,
+        LocksReadingInstance,
         LockStore,
         RunStore,
         SessionStore,
         Store,
+        UpsertsUnlocking,
     )
 
 # Names resolve on first use (corral._lazy), named for this namespace.
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("DefaultLimits", "Described", "FileSystem", "Handle", "HostPaths", "Process",
-         "ProcessApi", "Provider", "SandboxIds"),
+         "ProcessApi", "Provider", "PrunesOrphans", "SandboxDirs", "SandboxIds"),
         "corral.sandbox._contracts",
     ),
+    "InsideSupervisor": "corral.sandbox._inside",
     **dict.fromkeys(("ProvidesSnapshots", "Snapshotter"), "corral.sandbox._snapshots"),
     **dict.fromkeys(
-        ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore", "RunStore",
-         "SessionStore",
-         "Store"),
+        ("CheckpointStore", "ClaimStore", "EventLog", "InstanceStore", "LockStore",
+         "LocksReadingInstance", "RunStore", "SessionStore", "Store", "UpsertsUnlocking"),
         "corral.stores._protocols",
     ),
 }
@@ -73,15 +84,20 @@ __all__ = [
     "FileSystem",
     "Handle",
     "HostPaths",
+    "InsideSupervisor",
     "InstanceStore",
     "LockStore",
+    "LocksReadingInstance",
     "Process",
     "ProcessApi",
     "Provider",
     "ProvidesSnapshots",
+    "PrunesOrphans",
     "RunStore",
+    "SandboxDirs",
     "SandboxIds",
     "SessionStore",
     "Snapshotter",
     "Store",
+    "UpsertsUnlocking",
 ]
