@@ -33,10 +33,10 @@ PINNED = [
 ABC = [
     "ApprovalGate", "ApprovalStore", "CheckpointStore", "ClaimStore", "DefaultLimits",
     "Described", "Diagnosable", "EventLog", "FileSystem", "Handle", "Harness", "HostPaths",
-    "InsideSupervisor", "InstanceStore", "ListsLabelled", "LockStore", "NeedsAgentRuntime",
-    "Process", "ProcessApi", "Provider", "ProvidesSnapshots", "RunStore", "SandboxIds",
-    "SecretStore", "SessionStore", "Snapshotter", "Store", "ThreadStore", "ToolLike",
-    "Translator",
+    "InsideSupervisor", "InstanceStore", "ListsLabelled", "LockStore", "LocksReadingInstance",
+    "NeedsAgentRuntime", "Process", "ProcessApi", "Provider", "ProvidesSnapshots",
+    "PrunesOrphans", "RunStore", "SandboxDirs", "SandboxIds", "SecretStore", "SessionStore",
+    "Snapshotter", "Store", "ThreadStore", "ToolLike", "Translator", "UpsertsUnlocking",
 ]  # fmt: skip
 
 # Protocols other namespaces exported before they lived in corral.abc only: the old names
@@ -55,6 +55,7 @@ MOVED = {
 # corral type to what one function uses, or is a private helper's.
 INTERNAL_PROTOCOLS = {
     "ApprovalChannel": "the part of a Store approvals use (ApprovalStore + SecretStore)",
+    "AgentSite": "where a run's supervisor lives: corral's own two sites, chosen by a provider's capabilities",
     "ConfigModel": "the part of a harness configuration class the harness registry uses",
     "Destroys": "what destroying needs of a provider (gc, reclaim)",
     "PipeStore": "the part of a Store the pipe uses",

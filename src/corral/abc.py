@@ -12,7 +12,10 @@ here only: no other namespace exports one.
   runs' supervisors: container providers), :class:`DefaultLimits` (a provider's default
   resource limits), :class:`ProvidesSnapshots` (a provider that hands out a
   :class:`Snapshotter`), :class:`ListsLabelled` (a provider that lists its sandboxes with
-  their labels from any process, so ``corral gc`` finds orphans). The boolean
+  their labels from any process, so ``corral gc`` finds orphans), :class:`SandboxDirs` (a
+  provider whose sandboxes are host directories under its ``base_dir``),
+  :class:`PrunesOrphans` (a provider that destroys sandboxes whose state vanished). The
+  boolean
   :class:`~corral.sandbox.Capabilities` a provider declares are the other half: behaviour
   that no method signature shows.
 * The stores: :class:`RunStore`, :class:`ClaimStore`, :class:`EventLog`,
@@ -21,7 +24,9 @@ here only: no other namespace exports one.
   (content-addressed workspace checkpoints, #27), :class:`SessionStore` (agent CLIs' saved
   sessions per thread), :class:`ThreadStore` (a thread's head in one read), and
   :class:`Store`, all of them at once; :class:`Diagnosable` (a store that checks itself
-  for ``corral doctor``).
+  for ``corral doctor``); optional store capabilities: :class:`LocksReadingInstance` and
+  :class:`UpsertsUnlocking` (``ensure``'s lock and instance record in one transaction
+  each).
 * Harnesses: :class:`Harness` (an agent CLI adapter, registered with
   :func:`corral.harness.register_harness`) and its :class:`Translator`;
   :class:`NeedsAgentRuntime` (a harness whose runs need the agent runtime).
@@ -50,6 +55,8 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         Process as Process,
         ProcessApi as ProcessApi,
         Provider as Provider,
+        PrunesOrphans as PrunesOrphans,
+        SandboxDirs as SandboxDirs,
         SandboxIds as SandboxIds,
     )
     from corral.sandbox._gc import ListsLabelled as ListsLabelled
@@ -65,12 +72,14 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         Diagnosable as Diagnosable,
         EventLog as EventLog,
         InstanceStore as InstanceStore,
+        LocksReadingInstance as LocksReadingInstance,
         LockStore as LockStore,
         RunStore as RunStore,
         SecretStore as SecretStore,
         SessionStore as SessionStore,
         Store as Store,
         ThreadStore as ThreadStore,
+        UpsertsUnlocking as UpsertsUnlocking,
     )
     from corral.tools._core import ToolLike as ToolLike
     from corral.tools._remote import ApprovalGate as ApprovalGate

@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from corral.journal._layout import encode_run_id
-from corral.runs._inside import mirror_paths
+from corral.runs._sandbox_site import mirror_paths
 from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name

@@ -38,7 +38,7 @@ async def test_the_kit_skips_exactly_what_the_fake_does_not_claim() -> None:
         "background_process_outlives_its_creator", "fifos_planted_inside_never_block_the_host",
         "symlinks_planted_inside_cannot_reach_out", "resume_from_a_second_process",
         "host_command_from_a_detached_process", "host_command_processes_die_with_the_sandbox",
-        "private_dir_is_invisible_inside",
+        "private_dir_is_invisible_inside", "agent_site_launches_probes_and_stops",
     }
     assert "names" in report.passed and "missing_capabilities_raise" in report.passed
 

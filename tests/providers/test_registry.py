@@ -11,7 +11,14 @@ import pytest
 
 from corral import Lifecycle, RunContext, Sandbox
 from corral._errors import ConfigError
-from corral.abc import Described, HostPaths, Provider, ProvidesSnapshots
+from corral.abc import (
+    Described,
+    HostPaths,
+    Provider,
+    ProvidesSnapshots,
+    PrunesOrphans,
+    SandboxDirs,
+)
 from corral.providers import (
     ProviderConfig,
     get_provider,
@@ -151,7 +158,17 @@ def test_a_factory_that_returns_no_provider_is_refused() -> None:
         unregister_provider("broken")
 
 
-def test_the_builtins_offer_their_capabilities() -> None:
+def test_the_builtins_offer_their_capabilities(corral_home: Path) -> None:
     assert isinstance(LocalProvider(), ProvidesSnapshots)
+    # what `corral sandboxes ls|rm|prune` ask of a provider, by protocol (never by probing
+    # an attribute): host-directory sandboxes, and who prunes orphaned ones
+    local, bwrap = get_provider("local"), get_provider("bubblewrap")
+    assert isinstance(local, SandboxDirs) and isinstance(bwrap, SandboxDirs)
+    assert isinstance(bwrap, PrunesOrphans) and not isinstance(local, PrunesOrphans)
+    assert bwrap.base_dir.is_relative_to(corral_home)
+    from corral.providers._docker import DockerProvider
+
+    docker = DockerProvider()
+    assert not isinstance(docker, SandboxDirs) and not isinstance(docker, PrunesOrphans)
     assert BubblewrapProvider.config_model.model_fields.keys() == {"home", "limits",
                                                                   "host_uid", "bwrap"}

@@ -21,7 +21,7 @@ from corral._paths import home_label
 from corral.cli._store import with_store
 from corral.providers import get_provider, provider_names
 from corral.providers._state import validate_id
-from corral.sandbox._contracts import Described, Provider
+from corral.sandbox._contracts import Described, Provider, PrunesOrphans, SandboxDirs
 from corral.sandbox._ensure import store_id
 from corral.stores._protocols import InstanceStore, Store
 from corral.stores._records import RunStatus
@@ -30,11 +30,12 @@ __all__ = ["run_ls", "run_prune", "run_rm"]
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    # bubblewrap's module loads for this command only, not for `sandboxes ls|rm`
-    from corral.providers._bubblewrap import BubblewrapProvider
+    provider = get_provider("bubblewrap")  # (its module loads for this command only)
+    if not isinstance(provider, PrunesOrphans):
+        raise ConfigError(f"the {provider.name} provider cannot prune orphaned sandboxes")
 
     async def main() -> int:
-        for path in await BubblewrapProvider().prune_orphans():
+        for path in await provider.prune_orphans():
             print(f"pruned {path}")
         return 0
 
@@ -93,7 +94,7 @@ class _Scope:
         elif home is not None:
             this = home == self.home
         else:
-            this = getattr(provider, "base_dir", None) is not None
+            this = isinstance(provider, SandboxDirs)
         run_id, status = labels.get("corral.run"), None
         if this:
             run_id, status = await self._run_of(provider, sandbox_id, labels)
@@ -174,9 +175,9 @@ def run_rm(args: argparse.Namespace) -> int:
             validate_id(sandbox_id)
             found = False
             for provider in providers:
-                base = getattr(provider, "base_dir", None)  # host-directory providers
                 handle = await _resume(provider, sandbox_id, args.provider)
-                if handle is None and not (base is not None and (base / sandbox_id).exists()):
+                if handle is None and not (isinstance(provider, SandboxDirs)
+                                           and (provider.base_dir / sandbox_id).exists()):
                     continue
                 found = True
                 row = await scope.row(provider, sandbox_id, handle)

@@ -101,7 +101,7 @@ class JournalPaths:
     @property
     def agent_state(self) -> Path:
         """A supervisor-inside run's agent state as this host last saw it, which its
-        services daemon watches (:func:`corral.runs._inside.agent_state`)."""
+        services daemon watches (:class:`corral.runs._sandbox_site.SandboxSite`)."""
         return self.directory / f"{self.token}.agent-state.json"
 
     def all(self) -> tuple[Path, ...]:

@@ -30,7 +30,6 @@ from typing import Any, Literal
 import anyio.to_thread
 
 from corral._errors import CorralError
-from corral._paths import corral_home
 from corral.journal._layout import JournalPaths
 from corral.journal._reader import probe_journal_tail
 from corral.journal._sentinel import normalize_nonce
@@ -39,6 +38,8 @@ __all__ = [
     "JournalLocationError",
     "JournalUnreachable",
     "ProbeResult",
+    "check_here",
+    "journal_entry",
     "locate_journal",
     "machine_id",
     "probe_exit",
@@ -114,9 +115,10 @@ class ProbeResult:
         return cls("elsewhere", error=reason)
 
 
-def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[JournalPaths, str]:
-    """The journal paths and nonce of run ``run_id`` from its journal mapping (keys
-    ``dir``, ``nonce``). Raises :class:`JournalLocationError` naming what is missing."""
+def journal_entry(info: Mapping[str, Any] | None, run_id: str) -> tuple[str, str]:
+    """The journal directory and nonce of run ``run_id`` from its journal mapping (keys
+    ``dir``, ``nonce``), checked. Raises :class:`JournalLocationError` naming what is
+    missing or malformed."""
     if info is None:
         raise JournalLocationError(
             f"run {run_id!r} has no journal in its record; it was not started as a "
@@ -135,20 +137,30 @@ def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[Journal
         normalize_nonce(nonce)
     except ValueError as exc:
         raise JournalLocationError(f"run {run_id!r}: journal.nonce: {exc}") from None
-    if info.get("inside"):
-        # The journal lives in the run's sandbox; every host reads its own mirror of it
-        # (corral.runs._inside), never the starting host's directory.
-        return JournalPaths.for_run(corral_home() / "journals", run_id), nonce
-    paths = JournalPaths.for_run(directory, run_id)
+    return directory, nonce
+
+
+def check_here(info: Mapping[str, Any], paths: JournalPaths, run_id: str) -> None:
+    """Raise :class:`JournalUnreachable` when the journal at ``paths`` was written by
+    another machine (``info["host"]``) and this one sees none of it."""
     host = info.get("host")
     if (isinstance(host, str) and host != machine_id()
             and not (paths.journal.exists() or paths.status.exists())):
         # (Not "is the directory there": another host may have the same path for its own.)
         raise JournalUnreachable(
             f"run {run_id!r}: its journal is on another host (machine id {host[:12]}…, "
-            f"directory {directory}), which this host cannot reach; attach to, cancel or "
-            "reap this run from that host, or give the hosts a shared journals directory"
+            f"directory {info.get('dir')}), which this host cannot reach; attach to, cancel "
+            "or reap this run from that host, or give the hosts a shared journals directory"
         )
+
+
+def locate_journal(info: Mapping[str, Any] | None, run_id: str) -> tuple[JournalPaths, str]:
+    """The journal paths and nonce of run ``run_id`` from its journal mapping
+    (:func:`journal_entry`), when this host can read them (:func:`check_here`)."""
+    directory, nonce = journal_entry(info, run_id)
+    paths = JournalPaths.for_run(directory, run_id)
+    assert info is not None  # journal_entry refused None
+    check_here(info, paths, run_id)
     return paths, nonce
 
 

@@ -13,10 +13,9 @@ import anyio
 from corral._errors import ConfigError, CorralError
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime
-from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
 from corral.runs._pricing import load_prices, price_usage
-from corral.runs._inside import is_inside, note_exited
+from corral.runs._site import AgentSite
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
@@ -28,8 +27,8 @@ __all__ = ["finish_agent"]
 log = library_logger("corral.runs._runner")
 
 
-async def finish_agent(store: Store, record: RunRecord, paths: JournalPaths | None,
-                       nonce: str | None, *, provider_for: Callable[[str], Provider],
+async def finish_agent(store: Store, record: RunRecord, site: AgentSite | None, *,
+                       provider_for: Callable[[str], Provider],
                        redactor: Redactor | None) -> None:
     """Finish an agent-CLI run (nothing for other harnesses): wait for its services daemon
     to write its last usage, save the session, record the usage."""
@@ -53,10 +52,9 @@ async def finish_agent(store: Store, record: RunRecord, paths: JournalPaths | No
     spec = run_spec_of(record)
     info = spec.agent or {}
     pid = info.get("services_pid")
-    if paths is not None and is_inside(record):
-        # the agent's end as this host's services daemon learns it (its supervisor's
-        # status is in the sandbox)
-        await note_exited(paths)
+    paths, nonce = (site.paths, site.nonce) if site is not None else (None, None)
+    if site is not None:
+        await site.note_exited()  # this host's services daemon learns the agent's end
     if isinstance(pid, int):
         # The daemon writes its last usage as the agent exits, then stops.
         with anyio.move_on_after(3):

@@ -14,17 +14,15 @@ import anyio
 
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
-from corral.journal._layout import JournalPaths
 from corral.runs._claims import hold_claim
 from corral.runs._feed import file_feed
 from corral.runs._host_tools import serve_tools
 from corral.runs._logged import LoggedOffset, complete_end
-from corral.journal._probe import probe_exit
-from corral.runs._inside import inside_handle, is_inside, mirror_loop, refresh_mirror, sandbox_gone
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
+from corral.runs._site import AgentSite
 from corral.runs._specview import harness_for_record, spec_view
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover
 from corral.sandbox._contracts import Provider
@@ -60,7 +58,7 @@ class ClaimedDrive:
     checkpoint: Checkpoint | None = None
     max_takeovers: int | None = DEFAULT_MAX_TAKEOVERS
 
-    async def __call__(self, record: RunRecord, paths: JournalPaths, nonce: str,
+    async def __call__(self, record: RunRecord, site: AgentSite,
                        secrets: Secrets | None, *, stop: anyio.Event | None,
                        clear_detached: bool, tools: Toolset | None) -> PipeResult:
         """Claim the run (breaking the lease of a driver that provably died here) and
@@ -71,16 +69,15 @@ class ClaimedDrive:
                               break_lease_of=breaking) as held:
             # a takeover: the driver before never let go (it died, or its lease lapsed)
             takeover = record.claim_owner is not None
-            return await self._claimed(record, paths, nonce, secrets, held.epoch, stop, tools,
+            return await self._claimed(record, site, secrets, held.epoch, stop, tools,
                                        takeover)
 
-    async def _claimed(self, record: RunRecord, paths: JournalPaths, nonce: str,
-                       secrets: Secrets | None, epoch: int, stop: anyio.Event | None,
-                       tools: Toolset | None, takeover: bool = False) -> PipeResult:
+    async def _claimed(self, record: RunRecord, site: AgentSite, secrets: Secrets | None,
+                       epoch: int, stop: anyio.Event | None, tools: Toolset | None,
+                       takeover: bool = False) -> PipeResult:
         run_id, store = record.run_id, self.store
-        inside = await inside_handle(record, self.provider_for) if is_inside(record) else None
-        if inside is not None:
-            await refresh_mirror(record, paths, inside)  # before anything reads the mirror
+        paths, nonce = site.paths, site.nonce
+        await site.refresh()  # before anything reads a mirror of the journal
         # Appends from any predecessor are fenced from here on, so the tail is final.
         end = await logged_end(store, record)
         if end is not None:
@@ -95,13 +92,9 @@ class ClaimedDrive:
             return await pipe_to_run_log(
                 store, run_id, _raising(TakeoverLimit(count, self.max_takeovers)),
                 epoch=epoch, detach_on_cancel=True)
-        if is_inside(record) and inside is None and \
-                (await probe_exit(paths, nonce)).state != "finished":
-            # The journal lives in the sandbox: with the sandbox gone, what this host's
-            # mirror lacks (all of it, on a host that never mirrored the run) is lost.
-            gone = await sandbox_gone(record, self.provider_for)
-            if gone is not None:
-                return await pipe_to_run_log(store, run_id, _raising(gone), epoch=epoch)
+        lost = await site.lost()  # the journal's unread part went with the sandbox
+        if lost is not None:
+            return await pipe_to_run_log(store, run_id, _raising(lost), epoch=epoch)
         if not paths.journal.exists():
             # We hold the claim, so the starter is gone: it died before launching the
             # agent. Nothing will ever write this journal.
@@ -121,7 +114,7 @@ class ClaimedDrive:
             if code != 0:
                 # Killed because its sandbox was destroyed underneath (its cgroup frozen
                 # and killed): say that, not "exited with 137".
-                gone = await sandbox_gone(record, self.provider_for)
+                gone = await site.gone()
                 if gone is not None:
                     raise gone
             if feed is not None:
@@ -132,7 +125,7 @@ class ClaimedDrive:
             if await self._cancelled(run_id):
                 abort.set()
                 return True
-            gone = await sandbox_gone(record, self.provider_for)
+            gone = await site.gone()
             if gone is not None:
                 raise gone  # the story, not the journal's symptom of it
             return False
@@ -152,14 +145,13 @@ class ClaimedDrive:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_cancel, run_id, abort)
-            if inside is not None:
-                tg.start_soon(mirror_loop, record, paths, inside, self.provider_for)
+            tg.start_soon(site.follow)  # a mirror of the journal kept up to date
             if isinstance(harness, NeedsAgentRuntime):
                 # Imported here for start-up cost: the services daemon's keeper loads the
                 # model proxy and httpx, which only agent-CLI runs need.
                 from corral.runs._keep_services import keep_services
 
-                tg.start_soon(keep_services, store, record, paths, epoch)
+                tg.start_soon(keep_services, store, record, site, epoch)
             await serve_tools(tg, store, record, tools, epoch,
                               approval_timeout=self.approval_timeout,
                               redactor=redactor, after_journal=after_journal,

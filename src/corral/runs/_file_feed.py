@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import anyio.to_thread
 
-from corral.sandbox._contracts import Handle
+from corral.journal._layout import JournalPaths
+from corral.sandbox._contracts import Handle, HostPaths, UnsupportedCapability
 from corral.sandbox._redact import Redactor, get_logger
 from corral.sandbox._watch import (
     DEFAULT_IGNORE,
@@ -55,6 +57,7 @@ __all__ = [
     "FileFeed",
     "Manifest",
     "catch_up",
+    "file_baseline",
     "logged_file_state",
     "scan_manifest",
 ]
@@ -410,3 +413,23 @@ class FileFeed:
         if len(patch) > MAX_PATCH:
             return {"diff": patch[:MAX_PATCH], "omitted": f"patch cut at {MAX_PATCH} characters"}
         return {"diff": patch}
+
+
+async def file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> dict[str, Any]:
+    """Record the workspace as the agent finds it (before it starts): a manifest next to
+    the journal (for the catch-up of unwatched changes) and, for diffs, a git baseline
+    commit. What the run's start records as its spec's ``files``."""
+    if not isinstance(handle, HostPaths):
+        raise UnsupportedCapability(handle.ref.provider, "file events",
+                                    "file_events needs a host-directory provider")
+    root = handle.host_path(handle.workdir)
+    manifest = await anyio.to_thread.run_sync(scan_manifest, root)
+    await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
+    base = (await GitBaseline.capture(handle)).base if diff else None
+    out: dict[str, Any] = {"diff": diff, "baseline": base}
+    if diff and base is None:
+        # no git repository in the workspace: a baseline tree of the host's own
+        tree = await HostTreeBaseline.create(handle, paths.baseline_git, root)
+        if tree is not None:
+            out["tree"] = [str(paths.baseline_git), tree.base]
+    return out

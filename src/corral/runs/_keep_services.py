@@ -3,7 +3,6 @@ driver holds the run."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -14,10 +13,10 @@ import anyio.to_thread
 from corral._errors import CorralError
 from corral._log import library_logger
 from corral.agents._services import run_proxy_token, start_services
-from corral.journal._layout import JournalPaths, read_status
+from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import process_alive
 from corral.net._model_proxy import Upstream
-from corral.runs._inside import agent_state, is_inside, mark_agent_state
+from corral.runs._site import AgentSite
 from corral.runs._spec import run_spec_of
 from corral.stores._protocols import Store, UnknownRun
 from corral.stores._records import RunPatch, RunRecord
@@ -30,7 +29,7 @@ SERVICES_CHECK: Final = 0.5
 """How often a driver checks that its run's services daemon is alive."""
 
 
-async def keep_services(store: Store, record: RunRecord, paths: JournalPaths,
+async def keep_services(store: Store, record: RunRecord, site: AgentSite,
                         epoch: int) -> None:
     """While the caller holds the run (claim ``epoch``): if the run's services daemon dies
     while the agent runs, start another on the same sockets. The agent's forwarder retries
@@ -44,33 +43,15 @@ async def keep_services(store: Store, record: RunRecord, paths: JournalPaths,
         await anyio.sleep(SERVICES_CHECK)
         if is_services_daemon(pid):
             continue
-        watch: Path | None = None
-        if is_inside(record):
-            # the supervisor's status is in the sandbox; this host's note of it (absent:
-            # another host started the run, so assume it runs: every driver's end of the
-            # run marks it exited)
-            watch = agent_state(paths)
-            if _noted_state(watch) == "exited":
-                return
-            await anyio.to_thread.run_sync(mark_agent_state, paths, "running")
-        else:
-            status = read_status(paths.status)
-            if status is None or status.state != "running":
-                return  # the agent is done: the daemon exited as it should
+        if not await site.agent_running():
+            return  # the agent is done: the daemon exited as it should
         try:
-            pid = await _restart(store, record, paths, job, epoch, watch)
+            pid = await _restart(store, record, site.paths, job, epoch,
+                                 await site.services_watch())
         except CorralError as exc:
             log.error("run %s: its services daemon died and could not be restarted: %s",
                       record.run_id, exc)
             return
-
-
-def _noted_state(path: Path) -> str | None:
-    try:
-        state = json.loads(path.read_text()).get("state")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return state if isinstance(state, str) else None
 
 
 async def _restart(store: Store, record: RunRecord, paths: JournalPaths,

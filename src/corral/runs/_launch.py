@@ -1,6 +1,6 @@
-"""Starting a run's agent: check the request before anything is recorded, record the file
-events' baseline, and launch the supervised agent (a command, or an agent CLI with its
-services daemon) in the run's sandbox."""
+"""Starting a run's agent (its request checked: :mod:`corral.runs._plan`): log the start
+batch, make the sandbox, record the file events' baseline, and launch the supervised agent
+(a command, or an agent CLI with its services daemon) at the run's agent site."""
 
 from __future__ import annotations
 
@@ -8,131 +8,36 @@ import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import anyio.to_thread
 from ag_ui.core import CustomEvent, RunStartedEvent
 
-from corral._errors import ConfigError, CorralError
+from corral._errors import CorralError
 from corral._log import library_logger
-from corral.agents._prepare import agent_prerequisites, prepare_agent, with_agent_binds
+from corral.agents._prepare import prepare_agent, with_agent_binds
 from corral.agents._services import PendingServices, run_proxy_token
-from corral.harness._base import AgentCommand, AgentRequest, Harness, RunContext
+from corral.harness._base import RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
-from corral.harness._registry import build_harness
-from corral.journal._layout import JournalPaths, encode_run_id
-from corral.journal._supervisor import AgentSpec, SupervisedRun, launch_supervised_async
-from corral.runs._inside import agent_state, mark_agent_state
-from corral.runs._file_feed import HostTreeBaseline, save_manifest, scan_manifest
+from corral.journal._layout import JournalPaths
+from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
+from corral.runs._plan import StartPlan
 from corral.runs._request import RunRequest, RunStartError
-from corral.runs._spec import RunSpec
-from corral.sandbox._contracts import Handle, HostPaths, Provider, UnsupportedCapability
-from corral.sandbox._definition import Sandbox
+from corral.runs._site import AgentSite, SupervisedCommand
 from corral.sandbox._ensure import Ensured
-from corral.sandbox._inside import InsideSupervisor
 from corral.sandbox._key import RunContext as SandboxContext
-from corral.sandbox._watch import GitBaseline
 from corral.stores._protocols import Store
 from corral.stores._records import RunPatch
-from corral.tools._core import Toolset
 from corral.tools._projection import TOKEN_ENV as TOOLS_TOKEN_NAME
 from corral.tools._projection import run_tools_token
 
-__all__ = ["StartPlan", "fail_start", "file_baseline", "launch_run", "plan_start"]
+__all__ = ["PROMPT_EVENT", "fail_start", "launch_run", "with_prompt"]
 
 log = library_logger("corral.runs._runner")
-
-
-@dataclass(slots=True)
-class StartPlan:
-    """A checked request: what :meth:`corral.runs.Runner.start` records and launches."""
-
-    request: RunRequest
-    sandbox: Sandbox
-    spec: RunSpec
-    harness: Harness
-    agent_request: AgentRequest
-    provider: Provider
-    tools: Toolset | None
-    """The host tools the run's drivers serve (agent CLIs only; ``None``: no tool server)."""
-    command: AgentCommand | None
-    """The command harness's agent command (``None`` for an agent CLI)."""
-    ensured: Ensured | None = None
-    """The run's sandbox, once made."""
-
-
-def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
-    """Check ``request`` before anything is recorded (a missing CLI or key, a prompt-less
-    agent run, a provider that cannot host a supervised agent are the user's to fix):
-    raises :class:`ConfigError`."""
-    sandbox = request.definition()
-    spec = request.spec(sandbox)
-    harness = build_harness(request.harness, spec.harness_config())
-    agent_request = AgentRequest(
-        prompt=request.prompt, env=dict(request.env), options=request.options
-    )
-    tools = request.tools if request.tools is not None else default_tools
-    # where the agent runs first: what it cannot host is the clearest error
-    provider = sandbox.get_provider()
-    caps = provider.capabilities
-    hosts_runs = caps.host_processes or caps.supervisor_inside
-    if hosts_runs and provider.host_route == "none" and isinstance(harness, CliHarness):
-        raise ConfigError(
-            f"agent runs need corral's host services (model proxy, host tools), which cannot "
-            f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
-            f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
-    if harness.name == "acp" and caps.supervisor_inside:
-        raise ConfigError(
-            f"--harness acp needs its bridge on the host next to the supervisor, and the "
-            f"{provider.name} provider runs the supervisor in the sandbox; use --provider "
-            "bubblewrap or local")
-    if not hosts_runs:
-        raise ConfigError(
-            f"provider {provider.name!r} cannot host a supervised agent yet; "
-            "use --provider bubblewrap or local"
-        )
-    command = None
-    if request.tools is not None and not isinstance(harness, CliHarness):
-        raise ConfigError("host tools need an agent-CLI harness (claude-code, codex, "
-                          f"gemini-cli, opencode); the {harness.name} harness cannot call them")
-    if isinstance(harness, CliHarness):
-        agent_prerequisites(harness)
-        if not (request.prompt or "").strip():
-            raise ConfigError(f"the {harness.name} harness needs a non-empty prompt")
-        if tools is None and (harness.policy_mapping.permission_prompt
-                              or spec.frontend_tools
-                              or (spec.output_schema is not None
-                                  and not harness.native_output)):
-            # the server is needed for the permission prompt, a client's tools or the
-            # submit_result tool alone
-            tools = Toolset()
-    else:
-        command = harness.build_command(agent_request)
-        tools = None
-    return StartPlan(request, sandbox, spec, harness, agent_request, provider, tools, command)
-
-
-async def file_baseline(handle: Handle, paths: JournalPaths, *, diff: bool) -> dict[str, Any]:
-    """Record the workspace as the agent finds it: a manifest next to the journal (for the
-    catch-up of unwatched changes) and, for diffs, a git baseline commit."""
-    if not isinstance(handle, HostPaths):
-        raise UnsupportedCapability(handle.ref.provider, "file events",
-                                    "file_events needs a host-directory provider")
-    root = handle.host_path(handle.workdir)
-    manifest = await anyio.to_thread.run_sync(scan_manifest, root)
-    await anyio.to_thread.run_sync(save_manifest, paths.files, manifest)
-    base = (await GitBaseline.capture(handle)).base if diff else None
-    out: dict[str, Any] = {"diff": diff, "baseline": base}
-    if diff and base is None:
-        # no git repository in the workspace: a baseline tree of the host's own
-        tree = await HostTreeBaseline.create(handle, paths.baseline_git, root)
-        if tree is not None:
-            out["tree"] = [str(paths.baseline_git), tree.base]
-    return out
 
 
 PROMPT_EVENT = "corral.prompt"
@@ -192,8 +97,9 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         files = await file_baseline(handle, paths, diff=sandbox.file_events == "diff")
         plan.spec = plan.spec.model_copy(update={"files": files})
         await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    launched = await _launch_agent(plan, ensured, store, run_id, thread_id, paths, nonce)
-    log.info("run %s: agent started (supervisor pid %d)", run_id, launched.supervisor_pid)
+    plan.site = site = plan.placement.started(handle, run_id, paths, nonce, lambda _: provider)
+    pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id)
+    log.info("run %s: agent started (supervisor pid %d)", run_id, pid)
 
 
 async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
@@ -212,39 +118,24 @@ async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
     await pipe_to_run_log(store, run_id, failing(), epoch=epoch)
 
 
-async def _launch_agent(plan: StartPlan, ensured: Ensured, store: Store, run_id: str,
-                        thread_id: str, paths: JournalPaths, nonce: str) -> SupervisedRun:
-    """Launch the run's agent supervised in its sandbox (``plan.spec`` as recorded so
-    far); an agent CLI's runtime is recorded in the spec for its successors."""
-    request = plan.request
+async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, store: Store,
+                        run_id: str, thread_id: str) -> int:
+    """Launch the run's agent supervised at its site (``plan.spec`` as recorded so far); an
+    agent CLI's runtime is recorded in the spec for its successors."""
     if isinstance(plan.harness, CliHarness):
-        return await _launch_cli_agent(plan, plan.harness, ensured, store, run_id, thread_id,
-                                       paths, nonce)
-    agent = plan.command
+        return await _launch_cli_agent(plan, plan.harness, ensured, site, store, run_id,
+                                       thread_id)
+    agent, request = plan.command, plan.request
     assert agent is not None  # plan_start built it for every non-CLI harness
-    handle = ensured.handle
-    if handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor):
-        # the supervisor runs inside the sandbox; its journal is read through the API
-        pid = await handle.launch_supervised(
-            encode_run_id(run_id), argv=agent.argv, env=ensured.exec_env(agent.env),
-            cwd=agent.cwd, nonce=nonce, stdin=agent.stdin, timeout=request.timeout,
-            max_output=request.max_output, redact=ensured.redactor.table())
-        return SupervisedRun(paths, pid, None)
-    # Secrets reach the agent only here: through the supervisor's pipe into the agent's
+    # Secrets reach the agent only here: through the supervisor into the agent's
     # environment; never the store, the journal or a file.
-    host = ensured.handle.host_command(agent.argv, cwd=agent.cwd,
-                                       env=ensured.exec_env(agent.env))
-    return await launch_supervised_async(
-        AgentSpec(argv=host.argv, env=host.env, cwd=host.cwd, stdin=agent.stdin,
-                  redact=ensured.redactor.table(), stdin_prefix=host.stdin_prefix,
-                  timeout=request.timeout, max_output=request.max_output),
-        paths, nonce,
-    )
+    return await site.launch(SupervisedCommand(
+        agent.argv, ensured.exec_env(agent.env), agent.cwd, agent.stdin, request.timeout,
+        request.max_output, ensured.redactor.table()))
 
 
 async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
-                            store: Store, run_id: str, thread_id: str,
-                            paths: JournalPaths, nonce: str) -> SupervisedRun:
+                            site: AgentSite, store: Store, run_id: str, thread_id: str) -> int:
     """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
     (so the run keeps its model when no process drives it), launch it supervised, and
     record what a successor needs to finish the run."""
@@ -278,11 +169,8 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     tools_socket = prepared.host_tools.socket if prepared.host_tools else None
     if tools_token is not None:
         redactor.add(TOOLS_TOKEN_NAME, tools_token)
-    handle = ensured.handle
-    inside = handle.capabilities.supervisor_inside and isinstance(handle, InsideSupervisor)
-    # the supervisor's status lives in the sandbox: the services daemon watches this host's
-    # note of it instead (corral.runs._inside.agent_state)
-    state = agent_state(paths) if inside else None
+    paths = site.paths
+    state = await site.services_watch()  # what the services daemon stops with
     plan.spec = plan.spec.with_agent(
         resumed_session=prepared.resumed.session_id if prepared.resumed else None,
         sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
@@ -294,23 +182,14 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         services=prepared.services_job(paths, state),
     )
     await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    if inside:
-        await anyio.to_thread.run_sync(mark_agent_state, paths, "running")
     pending = await prepared.start_services(paths, state)
+    cmd = prepared.command
     try:
-        if inside:
-            assert isinstance(handle, InsideSupervisor)
-            cmd = prepared.command
-            pid = await handle.launch_supervised(
-                encode_run_id(run_id), argv=cmd.argv, env=cmd.env, cwd=cmd.cwd, nonce=nonce,
-                stdin=cmd.stdin, timeout=cmd.timeout, max_output=request.max_output,
-                redact=redactor.table())
-            launched = SupervisedRun(paths, pid, None)
-        else:
-            launched = await launch_supervised_async(
-                replace(prepared.agent_spec(), redact=redactor.table(),
-                        max_output=request.max_output), paths, nonce
-            )
+        pid = await site.launch(SupervisedCommand(
+            cmd.argv, cmd.env, cmd.cwd, cmd.stdin, cmd.timeout, request.max_output,
+            redactor.table(),
+            # an ACP run's bridge: a host process beside the supervisor
+            host_job=prepared.agent_spec() if prepared.bridge is not None else None))
     except BaseException:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: _stop_pending(pending))
@@ -318,7 +197,7 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     services = await anyio.to_thread.run_sync(pending.ready)
     plan.spec = plan.spec.with_agent(services_pid=services.pid)
     await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    return launched
+    return pid
 
 
 def _stop_pending(pending: PendingServices) -> None:

@@ -32,9 +32,7 @@ from corral.runs._produce import (
     continue_run,
     logged_end,
 )
-from corral.runs._inside import inside_handle, is_inside, refresh_mirror, sandbox_gone, stop_inside
-from corral.journal._probe import probe_exit
-from corral.runs._probe import JournalLocationError, journal_location, probe_run_exit
+from corral.runs._probe import JournalLocationError, journal_site, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
 from corral.runs._quiesce import DEFAULT_QUIET
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS
@@ -57,7 +55,6 @@ from corral.runs._reclaim import (
 )
 from corral.stores._records import RunRecord
 from corral.stores._protocols import InstanceStore, Store
-from corral.journal._supervisor import kill_supervised_async
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
 from corral.sandbox._registry import recorded_config
@@ -94,12 +91,13 @@ async def probe_runner_run(record: RunRecord) -> ProbeResult:
     which package the run's harness needs."""
     if record.detached_since is None and owner_is_dead(record.claim_owner):
         try:
-            paths, _ = journal_location(record)
-            if is_inside(record):
-                await refresh_mirror(record, paths, await inside_handle(record))
+            site = journal_site(record)
+            await site.refresh()
         except JournalLocationError:
             pass
         else:
+            paths = site.paths
+
             def launched() -> bool:
                 return paths.journal.exists() or paths.status.exists()
 
@@ -139,31 +137,30 @@ def journal_drive(
     """
 
     async def events(record: RunRecord) -> AsyncIterator[Produced]:
-        paths, nonce = journal_location(record)
+        site = journal_site(record)
+        paths, nonce = site.paths, site.nonce
 
         async def before_exit(logged_offset: int, code: int | None) -> list[LogBatch]:
             if code != 0:
-                gone = await sandbox_gone(record)
+                gone = await site.gone()
                 if gone is not None:
                     raise gone  # destroyed underneath: the story, not the exit code
             files = await files_for(record) if files_for is not None else []
             return [LogBatch(files, logged_offset)] if files else []
 
         async def on_journal_error() -> bool:
-            gone = await sandbox_gone(record)
+            gone = await site.gone()
             if gone is not None:
                 raise gone
             return False
 
-        if is_inside(record) and await logged_end(store, record) is None:
-            # The journal lives in the sandbox: with the sandbox gone, what this host's
-            # mirror lacks is lost, and following the mirror would wait for it forever.
-            handle = await inside_handle(record)
-            await refresh_mirror(record, paths, handle)
-            if handle is None and (await probe_exit(paths, nonce)).state != "finished":
-                gone = await sandbox_gone(record)
-                if gone is not None:
-                    raise gone
+        if await logged_end(store, record) is None:
+            # A journal that lived in the sandbox: with the sandbox gone, what this host's
+            # copy lacks is lost, and following it would wait for it forever.
+            await site.refresh()
+            lost = await site.lost()
+            if lost is not None:
+                raise lost
         redactor = redactor_for(record) if redactor_for is not None else None
         batches = continue_run(
             store, record, lambda: harness_for_record(record), paths, nonce,
@@ -192,11 +189,7 @@ def journal_drive(
 
 async def journal_stop(record: RunRecord) -> None:
     """Stop the run's agent (SIGTERM, then SIGKILL) and its supervisor."""
-    paths, _ = journal_location(record)
-    if is_inside(record):
-        await stop_inside(record, paths, STOP_GRACE)
-        return
-    await kill_supervised_async(paths, grace=STOP_GRACE, include_supervisor=True)
+    await journal_site(record).stop(STOP_GRACE, supervisor=True)
 
 
 ProviderFor = Callable[[str, Mapping[str, Any] | None, str | None], ReclaimProvider]

@@ -25,6 +25,7 @@ Invariants kept here (DESIGN §4):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -38,17 +39,15 @@ from corral._log import library_logger
 from corral._paths import corral_home
 from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
-from corral.runs._inside import is_inside, mirror_paths, stop_inside
-from corral.journal._probe import JournalLocationError, JournalUnreachable, machine_id
-from corral.runs._probe import journal_location
+from corral.journal._probe import JournalLocationError, machine_id
 from corral.journal._sentinel import new_nonce
-from corral.journal._supervisor import kill_supervised_async
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
+from corral.runs._placement import site_of
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
 from corral.runs._specview import check_harness, harness_for_record, spec_view
 from corral.runs._request import (
@@ -61,6 +60,7 @@ from corral.runs._request import (
     max_takeovers_from,
     new_run_id,
 )
+from corral.runs._site import AgentSite
 from corral.sandbox._contracts import Provider
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
@@ -77,7 +77,7 @@ from corral.stores._protocols import (
 from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
-    from corral.runs._launch import StartPlan
+    from corral.runs._plan import StartPlan
     from corral.runs._prune import PruneResult
     from corral.runs._reap import ReapResult
     from corral.runs._threads import Threads
@@ -164,17 +164,13 @@ class Runner:
     def _providers_of(self, record: RunRecord) -> Callable[[str], Provider]:
         return self._providers.for_record(record)
 
-    def _paths(self, record: RunRecord) -> JournalPaths | None:
-        if is_inside(record):
-            return mirror_paths(record.run_id, self.journals_dir)  # this host's own copy
-        directory = (record.journal or {}).get("dir")
-        return JournalPaths.for_run(directory, record.run_id) if isinstance(directory, str) \
-            else None
-
-    @staticmethod
-    def _nonce(record: RunRecord) -> str | None:
-        nonce = (record.journal or {}).get("nonce")
-        return nonce if isinstance(nonce, str) else None
+    def _site(self, record: RunRecord) -> AgentSite | None:
+        """Where the run's agent lives (``None``: its record names no journal)."""
+        try:
+            return site_of(record, journals_dir=self.journals_dir,
+                           provider_for=lambda name: self._providers_of(record)(name))
+        except JournalLocationError:
+            return None
 
     def redactor_for(self, record: RunRecord) -> Redactor | None:
         """The redactor of the run's secrets as known on this host (``None``: no secrets)."""
@@ -196,6 +192,10 @@ class Runner:
         if sandbox is None or not len(sandbox.secrets):
             return None
         return sandbox.secrets
+
+    def _journal_paths(self, record: RunRecord) -> JournalPaths | None:
+        site = self._site(record)
+        return site.paths if site is not None else None
 
     def _forget(self, run_id: str) -> None:
         self._run_tools.pop(run_id, None)
@@ -220,7 +220,7 @@ class Runner:
         # Imported here for start-up cost: launching loads the agent-CLI stack (harness
         # adapters, sessions, model proxy, httpx), which a driver taking over (``corral
         # attach``) of a command run never needs.
-        from corral.runs._launch import plan_start
+        from corral.runs._plan import plan_start
 
         plan = plan_start(request, self.tools)  # checked before anything is recorded
         # A provider that can tell at once it cannot work (a Docker daemon that does not
@@ -261,9 +261,7 @@ class Runner:
                 harness=request.harness,  # the registry's name: any process rebuilds it
                 spec=plan.spec.to_json(),
                 journal={"dir": str(self.journals_dir), "nonce": nonce, "host": machine_id(),
-                         # the supervisor and journal live in the sandbox (docker)
-                         **({"inside": True} if plan.provider.capabilities.supervisor_inside
-                            else {})},
+                         **plan.placement.RECORD},  # where the agent lives, for every host
                 # Recorded before the sandbox exists: ensure writes its instance record as
                 # soon as the sandbox does, so if this process dies mid-bootstrap (the
                 # workspace copy) whoever ends the run (the reaper) still finds and
@@ -280,9 +278,9 @@ class Runner:
                 self._forget(run_id)
                 with anyio.CancelScope(shield=True):
                     if plan.ensured is not None:
-                        if paths.status.exists():  # launched, then something failed
-                            with anyio.move_on_after(30):
-                                await kill_supervised_async(paths, grace=0.5)
+                        if plan.site is not None:  # maybe launched, then something failed
+                            with anyio.move_on_after(30), contextlib.suppress(Exception):
+                                await plan.site.stop(0.5)
                         await self._finish_sandbox(await self._require(run_id), "aborted")
                     await fail_start(plan, self.store, run_id, held.epoch, exc)
                 if isinstance(exc, Exception):
@@ -295,8 +293,9 @@ class Runner:
         # Imported when a run ends, not by a driver's start-up (``corral attach``).
         from corral.runs._agent_end import finish_agent
 
-        await finish_agent(self.store, record, self._paths(record), self._nonce(record),
-                           provider_for=self._providers_of(record), redactor=self.redactor_for(record))
+        await finish_agent(self.store, record, self._site(record),
+                           provider_for=self._providers_of(record),
+                           redactor=self.redactor_for(record))
 
     async def _finish_agent_quietly(self, record: RunRecord) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(60):
@@ -431,17 +430,12 @@ class Runner:
     async def _drive_claimed(self, record: RunRecord, stop: anyio.Event | None,
                              clear_detached: bool, tools: Toolset | None
                              ) -> PipeResult | None:
-        paths, nonce = self._paths(record), self._nonce(record)
-        if paths is None or nonce is None:
+        site = self._site(record)
+        if site is None:
             return None
         # Claim nothing for a run whose journal is on another machine: without it this host
         # would take "no journal here" for "never started" and end a live run.
-        try:
-            journal_location(record)
-        except JournalUnreachable:
-            raise
-        except JournalLocationError:
-            pass
+        site.check_here()
         # A harness not installed here cannot translate the journal: say so before claiming
         # (a takeover counted, a run failed), and leave the run as it is.
         check_harness(record)
@@ -453,7 +447,7 @@ class Runner:
                 "corral.run.id": record.run_id, "corral.thread.id": record.thread_id,
                 "corral.driver": self.owner}, parent=_trace_of(record)) as current:
             # the secrets once: finding them may rebuild the sandbox definition
-            result = await drive(record, paths, nonce, self._secrets_for(record), stop=stop,
+            result = await drive(record, site, self._secrets_for(record), stop=stop,
                                  clear_detached=clear_detached, tools=tools)
             if result is not None and result.record is not None:
                 if current is not None:
@@ -467,7 +461,7 @@ class Runner:
         while nobody watched), for a driver that finishes the run without a watch (the
         reaper); ``[]`` when there are none or they cannot be had. Never raises."""
         return await unlogged_file_events(
-            self.store, record, self._paths(record), self._secrets_for(record),
+            self.store, record, self._journal_paths(record), self._secrets_for(record),
             provider_for=self._providers_of(record), max_watches=self.max_file_watches)
 
     async def _finish_sandbox(self, record: RunRecord, outcome: str) -> None:
@@ -571,16 +565,10 @@ class Runner:
     async def _kill_agent(self, record: RunRecord) -> None:
         """Stop the agent (its supervisor records the exit); the sandbox stays."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(30):
-            paths = self._paths(record)
-            if is_inside(record):
+            site = self._site(record)
+            if site is not None:
                 try:
-                    # also copies the journal's end into this host's mirror
-                    await stop_inside(record, paths, 0.5, self._providers_of(record))
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("stopping the agent of run %s: %s", record.run_id, exc)
-            elif paths is not None:
-                try:
-                    await kill_supervised_async(paths, grace=0.5)
+                    await site.stop(0.5)  # a mirror gets the journal's end too
                 except Exception as exc:  # noqa: BLE001
                     log.warning("stopping the agent of run %s: %s", record.run_id, exc)
 
@@ -588,13 +576,13 @@ class Runner:
         """The journal's batches beyond the log, up to the agent's exit (for a cancel,
         under its claim): the same produce path every driver and the reaper use, not
         following (the agent was stopped)."""
-        paths, nonce = self._paths(record), self._nonce(record)
-        if paths is None or nonce is None:
+        site = self._site(record)
+        if site is None:
             return
 
         try:
-            rest = continue_run(self.store, record, lambda: harness_for_record(record), paths,
-                                nonce, redactor=self.redactor_for(record), follow=False)
+            rest = continue_run(self.store, record, lambda: harness_for_record(record),
+                                site.paths, site.nonce, redactor=self.redactor_for(record), follow=False)
             async for item in rest:
                 if isinstance(item, LogBatch) and item.exit_code is not None:
                     # The exit's batch closes what the stop cut short (a result for every

@@ -10,6 +10,7 @@ import re
 import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from corral._errors import ConfigError, CorralError
@@ -31,8 +32,10 @@ __all__ = [
     "Process",
     "ProcessApi",
     "Provider",
+    "PrunesOrphans",
     "ResourceLimits",
     "SandboxGoneError",
+    "SandboxDirs",
     "SandboxIds",
     "SandboxRef",
     "SandboxSpec",
@@ -486,3 +489,23 @@ class DefaultLimits(Protocol):
 
     @property
     def default_limits(self) -> ResourceLimits: ...
+
+
+@runtime_checkable
+class SandboxDirs(Protocol):
+    """Optional provider capability: its sandboxes are directories of this host under
+    ``base_dir`` (``$CORRAL_HOME/sandboxes/<provider>``, one per sandbox id), so an unlabelled
+    sandbox is this home's, and a half-made one is found by its directory."""
+
+    @property
+    def base_dir(self) -> Path: ...
+
+
+@runtime_checkable
+class PrunesOrphans(Protocol):
+    """Optional provider capability: destroy the sandboxes whose state vanished (e.g. a
+    deleted ``$CORRAL_HOME``) — ``corral sandboxes prune``."""
+
+    async def prune_orphans(self) -> list[str]:
+        """Destroy them; return what was removed (for the user to read)."""
+        ...

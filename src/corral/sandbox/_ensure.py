@@ -13,6 +13,7 @@ passed as environment on each exec: :meth:`Ensured.exec_env`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import secrets as _secrets
@@ -28,7 +29,14 @@ import anyio
 
 from corral._telemetry import span
 from corral._errors import CorralError
-from corral.stores._protocols import InstanceRecord, InstanceStore, LockStore, SecretStore
+from corral.stores._protocols import (
+    InstanceRecord,
+    InstanceStore,
+    LockStore,
+    LocksReadingInstance,
+    SecretStore,
+    UpsertsUnlocking,
+)
 from corral.sandbox._bootstrap import bootstrap, read_marker
 from corral.sandbox._contracts import (
     Handle,
@@ -123,13 +131,22 @@ class KeyLock:
     write_last: InstanceRecord | None = None
 
 
+@functools.cache
+def _fast_paths(cls: type) -> tuple[bool, bool]:
+    """Whether a store class offers :class:`LocksReadingInstance` and
+    :class:`UpsertsUnlocking` (asked once per class: a runtime protocol check costs ~10 µs,
+    on every ensure)."""
+    return issubclass(cls, LocksReadingInstance), issubclass(cls, UpsertsUnlocking)
+
+
 @asynccontextmanager
 async def key_lock(store: object, key: str, *, read_instance: bool = False
                    ) -> AsyncIterator[KeyLock]:
     """Hold the per-key lock: in this process, and across processes and hosts when the
     store is a :class:`~corral.stores._protocols.LockStore` (a lease renewed while held).
     ``read_instance``: also read the instance record in the same transaction where the
-    store can (``try_lock_reading_instance``: one round trip less for ``ensure``)."""
+    store can (:class:`~corral.stores._protocols.LocksReadingInstance`: one round trip less
+    for ``ensure``)."""
     held = KeyLock()
     lock = _local_locks.get(key)
     if lock is None:
@@ -142,7 +159,9 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
             return
         name = key_lock_name(key)
         owner = f"{socket.gethostname()}:{os.getpid()}:{_secrets.token_hex(4)}"
-        reading = getattr(store, "try_lock_reading_instance", None) if read_instance else None
+        reads, unlocks = _fast_paths(type(store))
+        reading = cast(LocksReadingInstance, store).try_lock_reading_instance \
+            if read_instance and reads else None
 
         async def attempt() -> bool:
             if reading is not None:
@@ -189,10 +208,10 @@ async def key_lock(store: object, key: str, *, read_instance: bool = False
                 # After the renewer stopped (it could take the lock again after a release).
                 if last is None:
                     await store.unlock(name, owner)
-                elif (unlocking := getattr(store, "upsert_instance_unlocking", None)
-                      ) is not None:
+                elif unlocks:
                     try:
-                        await unlocking(last, name, owner)
+                        await cast(UpsertsUnlocking, store).upsert_instance_unlocking(
+                            last, name, owner)
                     except BaseException:
                         # nothing was written (one transaction): release the lock anyway,
                         # as after a failed write on its own, and raise the write's error

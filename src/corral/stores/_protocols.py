@@ -668,6 +668,33 @@ class LockStore(Protocol):
 
 
 @runtime_checkable
+class LocksReadingInstance(Protocol):
+    """Optional store capability (a :class:`LockStore` that is an :class:`InstanceStore`):
+    take a lock and read an instance record in one transaction, so ``ensure`` takes its key's
+    lock and learns the instance in one round trip. Tested with ``isinstance``."""
+
+    async def try_lock_reading_instance(
+        self, name: str, owner: str, ttl: float, key: str, *, now: float | None = None
+    ) -> tuple[bool, InstanceRecord | None]:
+        """:meth:`LockStore.try_lock`, and when it is taken, the instance record ``key`` as
+        it is under the lock (``(False, None)`` when someone else holds the lock)."""
+        ...
+
+
+@runtime_checkable
+class UpsertsUnlocking(Protocol):
+    """Optional store capability (a :class:`LockStore` that is an :class:`InstanceStore`):
+    write an instance record and release a lock in one transaction (``ensure``'s last
+    record and the release of its key's lock). Tested with ``isinstance``."""
+
+    async def upsert_instance_unlocking(self, record: InstanceRecord, name: str,
+                                        owner: str) -> None:
+        """:meth:`InstanceStore.upsert_instance`, then :meth:`LockStore.unlock`, at once:
+        both happen or neither does."""
+        ...
+
+
+@runtime_checkable
 class ApprovalStore(Protocol):
     """Approval requests and their answers, shared by every host of the store: a run driven
     on one host can be answered from any other (``corral approve``, ``POST

@@ -43,6 +43,10 @@ from typing import Any
 import anyio
 
 from corral._errors import CorralError
+from corral.journal._layout import JournalPaths
+from corral.journal._sentinel import new_nonce
+from corral.runs._placement import placement
+from corral.runs._site import SupervisedCommand
 from corral.sandbox._contracts import (
     Handle,
     HostCommand,
@@ -81,6 +85,7 @@ __all__ = [
     "check_list_stat_rename_remove",
     "check_missing_capabilities_raise",
     "check_names",
+    "check_agent_site_launches_probes_and_stops",
     "check_private_dir_is_invisible_inside",
     "check_resume_from_a_second_process",
     "check_signal_death_is_a_named_failure",
@@ -684,6 +689,51 @@ async def check_private_dir_is_invisible_inside(case: ProviderCase) -> None:
     assert not cat.ok and b"nonce" not in cat.stdout
 
 
+# ------------------------------------------------------------------ the agent's site
+
+
+async def check_agent_site_launches_probes_and_stops(case: ProviderCase) -> None:
+    """Where the provider's durable runs put their supervisor (its agent site,
+    :mod:`corral.runs._placement`: on this host, or inside the sandbox) works: a supervised
+    command is launched with its secret redacted from the journal, probed running, stopped,
+    and probed finished with its signal's exit code."""
+    case.need_shell()
+    site_kind = placement(case.provider.capabilities)
+    if site_kind is None:
+        raise CheckSkipped("the provider declares neither host_processes nor "
+                           "supervisor_inside: it hosts no supervised agent")
+    sandbox = await case.sandbox()
+    paths = JournalPaths.for_run(case.scratch / "journals", "kit-site-run")
+    site = site_kind.started(sandbox, "kit-site-run", paths, new_nonce(),
+                             lambda _name: case.provider)
+    secret = "kit-secret-" + os.urandom(8).hex()
+    pid = await site.launch(SupervisedCommand(
+        ["sh", "-c", 'echo "started $KIT_SECRET"; exec sleep 600'],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "KIT_SECRET": secret},
+        redact={secret: "KIT_SECRET"}))
+    assert pid > 0
+    try:
+        async def started() -> bool:
+            await site.refresh()
+            return paths.journal.exists() and b"started" in paths.journal.read_bytes()
+
+        await wait_until_async(started, "the command's first line in the journal", timeout=60)
+        assert (await site.probe()).state == "producing"
+        await site.stop(1.0)
+
+        async def exited() -> bool:
+            return (await site.probe()).state == "finished"
+
+        await wait_until_async(exited, "the probe to see the command's exit", timeout=30)
+        probe = await site.probe()
+        assert probe.exit_code == 128 + signal.SIGTERM, probe
+        journal = paths.journal.read_bytes()
+        assert secret.encode() not in journal and b"started [REDACTED:KIT_SECRET]" in journal
+    finally:
+        with anyio.CancelScope(shield=True):
+            await site.stop(0.5, supervisor=True)
+
+
 PROVIDER_KIT: Kit[ProviderCase] = Kit(
     "provider",
     tuple(check(fn) for fn in (
@@ -711,6 +761,7 @@ PROVIDER_KIT: Kit[ProviderCase] = Kit(
         check_host_command_from_a_detached_process,
         check_host_command_processes_die_with_the_sandbox,
         check_private_dir_is_invisible_inside,
+        check_agent_site_launches_probes_and_stops,
     )),
     subject=provider_case,
 )

@@ -1,18 +1,17 @@
-"""The host's mirror of an inside-the-sandbox journal (:mod:`corral.runs._inside`) when two
+"""The host's mirror of an inside-the-sandbox journal (:mod:`corral.runs._sandbox_site`) when two
 processes of one host copy it at once: a driver's mirror loop and a probe (reaper sweep,
 ``corral show``) both call ``refresh_mirror`` on the same files."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
 import pytest
 
-from corral.runs._inside import mirror_paths, refresh_mirror
-from corral.stores._records import RunRecord
+from corral.journal._layout import encode_run_id
+from corral.runs._sandbox_site import mirror_paths, refresh_mirror
 
 JOURNAL = b"".join(b"line %d\n" % i for i in range(50))
 
@@ -42,10 +41,10 @@ class _Sandbox:
 @pytest.mark.anyio
 async def test_two_concurrent_refreshes_leave_the_mirror_equal_to_the_journal(
         tmp_path: Path) -> None:
-    record = cast(RunRecord, SimpleNamespace(run_id="run-mirror-1"))
-    paths = mirror_paths(record.run_id, tmp_path / "journals")
+    run_id = "run-mirror-1"
+    paths = mirror_paths(run_id, tmp_path / "journals")
     sandbox = _Sandbox(readers=2)
     async with anyio.create_task_group() as tg:
         for _ in range(2):
-            tg.start_soon(refresh_mirror, record, paths, cast(Any, sandbox))
+            tg.start_soon(refresh_mirror, encode_run_id(run_id), paths, cast(Any, sandbox))
     assert paths.journal.read_bytes() == JOURNAL
