@@ -128,7 +128,7 @@ def journal_drive(
     which the Runner's drivers use too; ``checkpoint`` is its step hook (tests).
     """
 
-    async def events(record: RunRecord) -> AsyncIterator[Produced]:
+    async def events(record: RunRecord, epoch: int) -> AsyncIterator[Produced]:
         paths, nonce = journal_location(record)
 
         async def before_exit(logged_offset: int, code: int | None) -> list[LogBatch]:
@@ -166,8 +166,8 @@ def journal_drive(
             from corral.runs._output_end import output_state, settle_output
 
             redact = redactor.redact_obj if redactor is not None else None
-            batches = settle_output(batches, store, record,
-                                    output_state(store, record, schema, redact), redact)
+            state = await output_state(store, record, schema, redact, epoch=epoch)
+            batches = settle_output(batches, store, record, state, redact)
         try:
             async for item in batches:
                 yield item
@@ -175,7 +175,7 @@ def journal_drive(
             await batches.aclose()  # type: ignore[attr-defined]
 
     def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
-        return events(record)
+        return events(record, epoch)
 
     return drive
 
