@@ -61,7 +61,8 @@ from corral.runs._request import (
     max_takeovers_from,
     new_run_id,
 )
-from corral.sandbox._contracts import Provider
+from corral._errors import CorralError
+from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._watch import DEFAULT_MAX_WATCHES, check_max_watches
@@ -163,6 +164,19 @@ class Runner:
 
     def _providers_of(self, record: RunRecord) -> Callable[[str], Provider]:
         return self._providers.for_record(record)
+
+    async def sandbox_of(self, record: RunRecord) -> Handle | None:
+        """The run's sandbox (resumed with the provider configuration its definition
+        recorded), or ``None`` when it is gone or the run names none."""
+        ref = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if not isinstance(name, str) or not isinstance(sandbox_id, str):
+            return None
+        try:
+            return await self._providers_of(record)(name).resume(sandbox_id)
+        except CorralError as exc:
+            log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
+            return None
 
     def _paths(self, record: RunRecord) -> JournalPaths | None:
         if is_inside(record):
