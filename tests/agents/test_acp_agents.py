@@ -315,7 +315,7 @@ def answered(lines: list[dict[str, Any]], method: str) -> list[dict[str, Any]]:
          "claude-same-sandbox"])
 def test_a_second_prompt_on_the_thread_reopens_the_acp_session(
         agent: str, destroy: bool, gemini_install: InstalledAgent,
-        claude_install: InstalledAgent, opencode_install: InstalledAgent,
+        claude_install: InstalledAgent, opencode_install: InstalledAgent,  # noqa: F811
         sandbox_factory: Any, bwrap: Any, model_server: ModelServer) -> None:
     """The thread's next prompt reopens the agent's session: ``session/resume`` (no history
     replayed) when the agent advertises it, else ``session/load``; a run ends with
