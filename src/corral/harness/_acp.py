@@ -22,17 +22,19 @@ Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
   ``completed`` or ``failed``, ``TOOL_CALL_END`` + ``TOOL_CALL_RESULT`` (its text content,
   else ``rawOutput``); ``execute`` tools are named ``shell`` with ``{"command": ...}``,
   the run's host tools go by their own names, others by their ACP kind; any other update
-  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates that
-  replay history during ``session/load`` are not events of this run.
+  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates between
+  a ``session/load`` or ``session/resume`` and the prompt (replayed history, the agent's
+  own announcements) are not events of this run.
 * ``session/request_permission`` for a call not yet announced opens its
   ``TOOL_CALL_START``; a refusal (the bridge's ``permission`` note) is that call's result
   (``denied: …``).
-* the ``session/new`` result (or the ``session/load`` request that succeeded) →
+* the ``session/new`` result (or the ``session/resume`` / ``session/load`` request that
+  succeeded) →
   ``CUSTOM corral.session`` ``{harness: "acp", sessionId, agent}`` (resume on the thread).
 * the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED``; any
   other stop reason or an error → ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
   status, signal, timeout). Every tool call gets a result.
-* the bridge's notes (``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
+* the bridge's notes (``resume-failed``, ``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
   lines that are not JSON → ``RAW``.
 
 Ids: ``<run id>-<ACP toolCallId>`` for tool calls, ``<run id>-m<journal offset>`` for
@@ -309,7 +311,7 @@ class AcpTranslator(JsonlTranslator):
             self.requests[mid] = method
             params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
             assert isinstance(params, dict)
-            if method == "session/load":
+            if method in ("session/load", "session/resume"):
                 self.loading = as_str(params.get("sessionId"))
                 self.replaying = True
             elif method == "session/prompt":
@@ -336,7 +338,7 @@ class AcpTranslator(JsonlTranslator):
             if isinstance(mid, int) and not isinstance(mid, bool) else None
         result = msg.get("result")
         error = msg.get("error")
-        if method == "session/load":
+        if method in ("session/load", "session/resume"):
             loaded, self.loading = self.loading, None
             if isinstance(result, dict) or result is None and error is None:
                 self.replaying = True
