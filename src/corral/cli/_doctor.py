@@ -1,5 +1,4 @@
-"""``corral doctor``: check what this machine offers and print the fix for each gap (the parser
-is in :mod:`corral.cli._doctor_cmd`)."""
+"""``corral doctor``: check what this machine offers and print the fix for each gap."""
 
 from __future__ import annotations
 
@@ -12,8 +11,9 @@ from pathlib import Path
 
 import anyio
 
+from corral._cmdline import add_store_option
 
-__all__ = ["Check", "collect", "run"]
+__all__ = ["Check", "collect", "doctor_arguments", "run"]
 
 AGENTS = ("claude", "codex")
 
@@ -288,6 +288,14 @@ def collect(store_url: str | None = None) -> list[Check]:
 # What corral does not have yet, said once (never offered as a check that passes). Keep it
 # true: tests/providers/test_cli.py checks that no registered harness is named here.
 NOT_IN_THIS_VERSION: tuple[str, ...] = ("the Kubernetes provider", "the Redis store")
+
+
+def doctor_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral doctor``'s parser."""
+    add_store_option(p)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document: {checks, not_in_this_version, ready}")
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
