@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 def _output_schema(path: str) -> Any:
     """The JSON Schema in file ``path`` (``--output-schema``), read as JSON; RunRequest
     checks it."""
-    from corral.tools._output import MAX_SCHEMA_BYTES
+    from corral.tools._output import MAX_SCHEMA_BYTES  # --output-schema only: its tool stack
 
     try:
         with open(path, "rb") as f:
