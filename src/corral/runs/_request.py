@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import ConfigError, CorralError
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class RunRequest:
     harness: str = "command"
     run_id: str | None = None
     thread_id: str | None = None
-    provider: str = "bubblewrap"
+    provider: str = DEFAULT_PROVIDER
     workspace: str | None = None
     """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
     or gives no source)."""

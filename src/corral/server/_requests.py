@@ -9,7 +9,8 @@ import os
 from dataclasses import replace
 
 from corral.runs._request import RunRequest
-from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
+from corral.sandbox._contracts import DEFAULT_PROVIDER
+from corral.server._config import SandboxDefinition, ServerConfig
 from corral.server._models import SandboxIn, StartRun
 
 __all__ = ["ApiError", "request_for", "resolve_sandbox"]

@@ -39,6 +39,7 @@ from corral.journal._layout import JournalPaths
 from corral.runs._launch import with_prompt
 from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores import open_store
 from corral.stores._protocols import Store
 from corral.testing._kit import Factory, opened
@@ -109,7 +110,7 @@ class HarnessCase:
     def corral_run_args(self) -> list[str]:
         if self.run_args is not None:
             return list(self.run_args)
-        out: list[str] = [] if self.provider == "bubblewrap" else ["--provider", self.provider]
+        out: list[str] = [] if self.provider == DEFAULT_PROVIDER else ["--provider", self.provider]
         for key, flag in (("model", "--model"), ("agent", "--agent")):
             if self.options.get(key) is not None:
                 out += [flag, str(self.options[key])]
