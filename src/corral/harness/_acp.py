@@ -77,7 +77,7 @@ from corral.net._model_proxy import ModelApi
 from corral.sandbox._policy import Policy
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
+__all__ = ["AcpHarness", "AcpTranslator", "OpencodeAcpTranslator", "acp_mcp_servers"]
 
 _SESSION_STATE = frozenset({"available_commands_update", "usage_update",
                             "config_option_update", "current_mode_update"})
@@ -137,6 +137,11 @@ class AcpHarness(CliHarness):
         # Definition time: an unenforceable rule raises here.
         self.acp_policy = self.profile.map_policy(policy, permission_prompt)
         self.policy_mapping = self.acp_policy.mapping
+
+    @property
+    def bridged(self) -> bool:
+        """Always: the agent is driven by corral's host-side ACP bridge."""
+        return True
 
     @property
     def needs_install(self) -> bool:
@@ -580,3 +585,14 @@ def _result_text(tc: Mapping[str, Any]) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("output"), str):
         return str(raw["output"])
     return flatten_text(raw) if raw is not None else ""
+
+
+class OpencodeAcpTranslator(AcpTranslator):
+    """``--harness opencode`` routed through ``opencode acp`` (its policy needs approvals:
+    :func:`corral.harness._opencode.acp_reasons`): the ACP translation, with the session
+    event of an ``opencode`` run (``{harness: "opencode", sessionId}``)."""
+
+    harness: ClassVar[str] = "opencode"
+
+    def _session(self, sid: str | None) -> list[BaseEvent]:
+        return self.session_event(sid) if sid else []

@@ -85,11 +85,15 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
             f"agent runs need corral's host services (model proxy, host tools), which cannot "
             f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
             f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
-    if harness.name == "acp" and caps.supervisor_inside:
+    if isinstance(harness, CliHarness) and harness.bridged and caps.supervisor_inside:
+        what = "--harness acp" if harness.name == "acp" else (
+            f"--harness {harness.name} with this policy (its ask rules are answered through "
+            f"the agent's ACP mode)")
         raise ConfigError(
-            f"--harness acp needs its bridge on the host next to the supervisor, and the "
+            f"{what} needs corral's ACP bridge on the host next to the supervisor, and the "
             f"{provider.name} provider runs the supervisor in the sandbox; use --provider "
-            "bubblewrap or local")
+            "bubblewrap or local" + ("" if harness.name == "acp" else
+                                     ", or allow/deny rules only"))
     if not hosts_runs:
         raise ConfigError(
             f"provider {provider.name!r} cannot host a supervised agent yet; "
