@@ -576,14 +576,32 @@ def _pids_with(marker: bytes) -> list[int]:
 async def check_cancel(w: HarnessWorld) -> None:
     """``corral cancel`` of a detached run whose tool is running: the run is aborted with
     RUN_ERROR last, and the agent, its tool's processes and the run's model proxy
-    daemon all stop."""
+    daemon all stop. Under the case's :attr:`~HarnessCase.extra_ask` rules (a policy
+    corral decides live) a ``corral attach`` drives the detached run meanwhile: each
+    command waits for a driver to serve the run's permission check."""
     marker = f"corral-kit-cancel-{secrets.token_hex(4)}"
     # the tool's shell keeps the marker in its command line (not a long sleep: Claude Code
     # refuses those)
     w.script(_steps([f"tail -f /dev/null # {marker}"], "Woke: "))
     _ok(await w.acorral(*w.run_args("c1", "--detach"), "wait a while"))
-    await wait_until_async(lambda: _pids_with(marker.encode()), "the tool to start",
-                           timeout=w.case.deadline, interval=0.05)
+    attach = w.popen("attach", "c1", "--json") if w.case.extra_ask else None
+    try:
+        await wait_until_async(lambda: _pids_with(marker.encode()), "the tool to start",
+                               timeout=w.case.deadline, interval=0.05)
+        await _cancelled(w, marker)
+    finally:
+        if attach is not None:
+            try:
+                await anyio.to_thread.run_sync(lambda: attach.communicate(timeout=60))
+            finally:
+                if attach.poll() is None:
+                    attach.kill()
+                    attach.wait()
+    if attach is not None:
+        assert attach.returncode != 0  # the run it drove was aborted
+
+
+async def _cancelled(w: HarnessWorld, marker: str) -> None:
     rec = w.record("c1")
     services = rec["spec"]["agent"]["services_pid"]
     status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)
