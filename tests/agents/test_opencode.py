@@ -48,15 +48,6 @@ def sandbox(opencode_install: InstalledAgent, sandbox_factory: Any) -> Any:
     return sandbox_factory
 
 
-def test_ask_rules_are_refused_at_definition_time() -> None:
-    with pytest.raises(ConfigError, match="ask rules .*no approval channel"):
-        OpencodeHarness(policy=Policy(default="allow", ask=("git push *",)))
-    with pytest.raises(ConfigError, match="default: ask"):
-        OpencodeHarness(policy=Policy(default="ask"))
-    with pytest.raises(ConfigError, match="provider/model"):
-        OpencodeHarness(model="claude-fake")
-
-
 @pytest.mark.parametrize("endpoint", ["hanging", "dead"])
 def test_a_hanging_or_dead_model_endpoint_ends_the_run_with_run_error(
         endpoint: str, sandbox: Any, model_server: ModelServer) -> None:

@@ -156,3 +156,19 @@ def test_a_thread_goes_on_across_opencode_run_and_opencode_acp(
     assert len(ids) == 3 and len(set(ids)) == 1, ids  # one opencode session throughout
     box = [corral.raw_record(r)["sandbox_ref"]["id"] for r, _p, _w in turns]
     assert box[1] not in (box[0], box[2])  # the session was restored into other sandboxes
+
+
+def test_ask_rules_on_docker_are_refused_in_one_line(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """The docker provider runs the supervisor in the container, where corral's ACP bridge
+    cannot be: ask rules for opencode there are refused before anything is recorded."""
+    ws = hostile_workspace(tmp_path, "dk", 'default = "allow"\nask = ["git push *"]')
+    out = corral.run("run", "--provider", "docker", *OPENCODE, "--run-id", "dk1",
+                     "--workspace", str(ws), *trusted(ws), "hello")
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert "--harness opencode with this policy" in line and "ACP bridge" in line, line
+    assert "allow/deny rules only" in line and "Traceback" not in out.stderr
+    assert corral.srv.model_requests == []
+    listed = corral.run("ls", "--json")
+    assert listed.returncode == 0 and "dk1" not in listed.stdout, listed.stdout
