@@ -15,7 +15,6 @@ import anyio
 import pytest
 from ag_ui.core import EventType
 
-from corral._errors import ConfigError
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.agents._sessions import SANDBOX_HOME
 from corral.harness._opencode import OpencodeHarness
