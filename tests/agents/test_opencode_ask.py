@@ -8,12 +8,15 @@ kit check this way: resume, usage, cancel, SIGKILL then attach, structured outpu
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corral.agents._installs import InstalledAgent
+from corral.testing import wait_until
 from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
@@ -23,6 +26,7 @@ from .test_acp import approve_when_asked, customs, opencode_install, results  # 
 from .test_runner_agents import (  # noqa: F401 - the corral fixture
     Corral,
     corral,
+    ndjson,
     texts,
 )
 
@@ -82,6 +86,10 @@ def test_allowed_and_denied_commands_under_ask_rules(
     assert denied.startswith("denied: denied by corral policy") and "rm *" in denied, denied
     assert "keep me" in shown, shown  # the rm never ran
     assert "after:" in texts(events)
+    # the result is the turn's last message, as `opencode run` gives it; the record's
+    # usage is the model proxy's, every model call of the run
+    assert events[-1]["result"]["text"].startswith("after: "), events[-1]
+    assert corral.raw_record("ad1")["usage"]["requests"] == len(corral.srv.model_requests)
     assert customs(events, APPROVAL_REQUEST_EVENT) == []
     rec = corral.raw_record("ad1")
     assert rec["harness"] == "opencode" and rec["spec"]["permission_prompt"] is True
@@ -120,6 +128,47 @@ def test_an_ask_rule_waits_for_a_corral_approval(
         assert result.startswith("denied: ") and "approved-ran" not in result, result
     assert "after:" in texts(events)  # the model saw the result either way
     assert corral.raw_record("q1")["harness"] == "opencode"
+
+
+def test_the_driver_is_killed_while_an_approval_is_pending(
+        opencode_install: InstalledAgent, corral: Corral, tmp_path: Path) -> None:  # noqa: F811
+    """SIGKILL of the driving `corral run` while the ask rule's approval is pending: the
+    bridge and opencode go on under the supervisor, the approval is answered with no
+    driver, and `corral attach` serves the run again and sees it to its end, printing the
+    whole log once."""
+    ws = hostile_workspace(tmp_path, "kill", 'default = "deny"\nask = ["echo *"]')
+    corral.srv.script = steps("echo approved-ran")
+    proc = corral.popen("run", *OPENCODE, "--run-id", "k1", "--json", "--workspace",
+                        str(ws), *trusted(ws), "say it")
+    try:
+        found: list[dict[str, Any]] = []
+
+        def asked() -> bool:
+            try:
+                found[:] = customs(corral.log("k1"), APPROVAL_REQUEST_EVENT)
+            except sqlite3.OperationalError:  # the store is not made yet
+                return False
+            return bool(found)
+
+        wait_until(asked, "the approval request", timeout=90)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert corral.raw_record("k1")["status"] == "running"
+    out = corral.run("approve", "k1", found[0]["approvalId"], "--allow")
+    assert out.returncode == 0, out.stderr
+    att = corral.run("attach", "k1", "--json")
+    assert att.returncode == 0, att.stderr[-3000:]
+    log = corral.log("k1")
+    assert [p["event"] for p in ndjson(att.stdout)] == log
+    assert log[-1]["type"] == "RUN_FINISHED", log[-3:]
+    (result,) = results(log)
+    assert "approved-ran" in result, result
+    assert len(customs(log, APPROVAL_REQUEST_EVENT)) == 1
+    assert corral.raw_record("k1")["harness"] == "opencode"
 
 
 def test_a_thread_goes_on_across_opencode_run_and_opencode_acp(

@@ -210,6 +210,27 @@ def test_policies_needing_approvals_route_through_opencode_acp() -> None:
     ])
     (session,) = [e for e in events if getattr(e, "name", None) == SESSION_EVENT]
     assert session.value == {"harness": "opencode", "sessionId": SES}
+    # the result: the turn's last text message (as `opencode run`'s), not all its text
+    def chunk(text: str) -> str:
+        return j({"acp": "recv", "msg": {"jsonrpc": "2.0", "method": "session/update",
+                  "params": {"sessionId": SES, "update": {
+                      "sessionUpdate": "agent_message_chunk",
+                      "content": {"type": "text", "text": text}}}}})
+    turn = [
+        j({"acp": "send", "msg": {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                  "params": {"sessionId": SES}}}),
+        chunk("Step 1."),
+        j({"acp": "recv", "msg": {"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": SES, "update": {"sessionUpdate": "tool_call", "toolCallId": "c1",
+                                         "kind": "execute", "status": "completed",
+                                         "rawInput": {"command": "ls"}}}}}),
+        chunk("Done: "), chunk("out.txt"),
+        j({"acp": "recv", "msg": {"jsonrpc": "2.0", "id": 3, "result": {
+            "stopReason": "end_turn"}}}),
+    ]
+    finished = translate(routed, turn)[-1]
+    assert finished.type == EventType.RUN_FINISHED
+    assert finished.result == {"text": "Done: out.txt"}
     # the same policy without ask rules: the same harness as before
     again = build_harness("opencode", {**spec, "policy": Policy(default="deny").to_dict()})
     assert isinstance(again, OpencodeHarness) and not again.bridged

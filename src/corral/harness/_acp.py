@@ -278,6 +278,8 @@ class AcpTranslator(JsonlTranslator):
     """Bridge journal lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "acp"
+    last_message_result: ClassVar[bool] = False
+    """The result's text is the turn's last text message (else all of the turn's text)."""
 
     def __init__(self, ctx: RunContext, agent: str = "command",
                  command_in_title: bool = False) -> None:
@@ -370,7 +372,8 @@ class AcpTranslator(JsonlTranslator):
                 self._usage(result.get("usage"), result.get("_meta"))
                 if reason == "end_turn":
                     self.succeeded = True
-                    text = "".join(self.text_parts)
+                    text = "".join(self.last_text if self.last_message_result
+                                   else self.text_parts)
                     self.result = {"text": text, "sessionId": self.session} \
                         if self.session else {"text": text}
                 else:
@@ -590,9 +593,11 @@ def _result_text(tc: Mapping[str, Any]) -> str:
 class OpencodeAcpTranslator(AcpTranslator):
     """``--harness opencode`` routed through ``opencode acp`` (its policy needs approvals:
     :func:`corral.harness._opencode.acp_reasons`): the ACP translation, with the session
-    event of an ``opencode`` run (``{harness: "opencode", sessionId}``)."""
+    event of an ``opencode`` run (``{harness: "opencode", sessionId}``) and its result (the
+    turn's last text message, as ``opencode run``'s translator gives it)."""
 
     harness: ClassVar[str] = "opencode"
+    last_message_result: ClassVar[bool] = True
 
     def _session(self, sid: str | None) -> list[BaseEvent]:
         return self.session_event(sid) if sid else []
