@@ -49,7 +49,9 @@ continues a session ``opencode run`` began, and back), structured output (the ho
 ``submit_result``), usage (the model proxy), cancel and takeover (the bridge outlives the
 driver under the supervisor). What differs are the events (the ACP translator's:
 :mod:`corral.harness._acp`, text streamed in chunks, no ``STEP_*``, tools named by their
-ACP kind, a refused call's result ``denied: …``) and the providers: the bridge runs on
+ACP kind, a refused call's result ``denied: …``; ``RUN_FINISHED``'s usage is what
+``opencode acp`` reports, its last model call's tokens, while the record's usage is the
+model proxy's in both modes) and the providers: the bridge runs on
 the host next to the supervisor, so a provider whose supervisor lives in the sandbox
 (docker) refuses such a policy at start, in one line. The decision is a pure function of
 the policy (:func:`acp_reasons`), so a successor host rebuilds the same harness.
