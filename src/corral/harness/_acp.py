@@ -82,7 +82,7 @@ from corral.journal._reader import Exit, JournalItem
 from corral.net._model_proxy import ModelApi
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
+__all__ = ["AcpHarness", "AcpTranslator", "OpencodeAcpTranslator", "acp_mcp_servers"]
 
 _SESSION_STATE = frozenset({"available_commands_update", "usage_update",
                             "config_option_update", "current_mode_update"})
@@ -159,6 +159,11 @@ class AcpHarness(CliHarness):
         # Definition time: an unenforceable rule raises here.
         self.acp_policy = self.profile.map_policy(policy, permission_prompt)
         self.policy_mapping = self.acp_policy.mapping
+
+    @property
+    def bridged(self) -> bool:
+        """Always: the agent is driven by corral's host-side ACP bridge."""
+        return True
 
     @property
     def needs_install(self) -> bool:
@@ -273,6 +278,8 @@ class AcpTranslator(JsonlTranslator):
     """Bridge journal lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "acp"
+    last_message_result: ClassVar[bool] = False
+    """The result's text is the turn's last text message (else all of the turn's text)."""
 
     def __init__(self, ctx: RunContext, agent: str = "command",
                  command_in_title: bool = False) -> None:
@@ -365,7 +372,8 @@ class AcpTranslator(JsonlTranslator):
                 self._usage(result.get("usage"), result.get("_meta"))
                 if reason == "end_turn":
                     self.succeeded = True
-                    text = "".join(self.text_parts)
+                    text = "".join(self.last_text if self.last_message_result
+                                   else self.text_parts)
                     self.result = {"text": text, "sessionId": self.session} \
                         if self.session else {"text": text}
                 else:
@@ -580,3 +588,16 @@ def _result_text(tc: Mapping[str, Any]) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("output"), str):
         return str(raw["output"])
     return flatten_text(raw) if raw is not None else ""
+
+
+class OpencodeAcpTranslator(AcpTranslator):
+    """``--harness opencode`` routed through ``opencode acp`` (its policy needs approvals:
+    :func:`corral.harness._opencode.acp_reasons`): the ACP translation, with the session
+    event of an ``opencode`` run (``{harness: "opencode", sessionId}``) and its result (the
+    turn's last text message, as ``opencode run``'s translator gives it)."""
+
+    harness: ClassVar[str] = "opencode"
+    last_message_result: ClassVar[bool] = True
+
+    def _session(self, sid: str | None) -> list[BaseEvent]:
+        return self.session_event(sid) if sid else []

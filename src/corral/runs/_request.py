@@ -196,6 +196,11 @@ class RunRequest:
             # The CLI asks corral (permission prompt tool, command gate hook) on the run's
             # MCP server: the policy is evaluated live (ask rules become corral approvals).
             prompt = self.harness in ("claude-code", "codex", "gemini-cli", "acp")
+            if self.harness == "opencode":
+                # ask rules route opencode through `opencode acp`, which asks corral
+                from corral.harness._opencode import acp_reasons
+
+                prompt = bool(acp_reasons(sandbox.policy))
         return RunSpec(
             harness_options=dict(self.options),
             argv=list(self.command) if self.command is not None else None,
