@@ -1,12 +1,13 @@
-"""The ASGI app: :func:`create_app` composes the routers (``_routes_*``: the ``/v1`` JSON
-API, AG-UI, ``/mcp``, the page) over one :class:`RunService` kept in ``app.state``, the
-JSON error answers (``_http_errors``) and the request guard (``_guard``)."""
+"""The ASGI app: :func:`create_app` composes one router per resource (``_routes_*``: runs,
+events, approvals, threads, AG-UI, harnesses, ``/mcp``, the page) over the app's own
+:class:`RunService` (in ``app.state``, taken by the routes as a dependency), the JSON error
+answers (``_http_errors``) and the request guard (``_guard``, :class:`CorralApp`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.params import Depends as DependsParam
@@ -19,26 +20,11 @@ from corral.runs._runner import Runner
 from corral.server._config import ServerConfig
 from corral.server._guard import Guard
 from corral.server._http_errors import add_error_handlers
-from corral.server._routes_agui import router as agui_routes
-from corral.server._routes_approvals import router as approval_routes
-from corral.server._routes_events import router as event_routes
-from corral.server._routes_harnesses import router as harness_routes
-from corral.server._routes_mcp import McpEndpoint
-from corral.server._routes_mcp import router as mcp_routes
-from corral.server._routes_page import STATIC, documented_openapi
-from corral.server._routes_page import router as page_routes
-from corral.server._routes_runs import router as run_routes
-from corral.server._routes_threads import router as thread_routes
+from corral.server._routing import STATIC
 from corral.server._service import RunService
 from corral.server._sse import encode_event
 
 __all__ = ["CorralApp", "create_app"]
-
-ROUTERS: Final[tuple[APIRouter, ...]] = (
-    run_routes, agui_routes, approval_routes, harness_routes, thread_routes, event_routes,
-    mcp_routes, page_routes)
-"""Every route of the app, by resource (a ``_routes_*`` module each), in the order of the
-OpenAPI schema."""
 
 
 class CorralApp(Guard):
@@ -94,12 +80,17 @@ def create_app(
         service = RunService(config or ServerConfig(), encode_event, runner=runner)
     elif runner is not None or config is not None:
         raise TypeError("create_app: give a service, or runner/config, not both")
-    mcp = McpEndpoint(service)
+    from corral.server._mcp_tools import CorralMcp  # the MCP SDK: with the app only
+
+    tools = CorralMcp(service)
 
     @asynccontextmanager
     async def running() -> AsyncIterator[RunService]:
-        async with service.running(), mcp.serving():
-            yield service
+        async with service.running(), tools.http() as app.state.mcp:
+            try:
+                yield service
+            finally:
+                app.state.mcp = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -111,13 +102,30 @@ def create_app(
                   "events.", docs_url=None, redoc_url=None,
                   openapi_url=None,  # a route of the app (_routes_page): `auth` covers it
                   lifespan=lifespan, dependencies=_authorized_by(auth))
-    app.state.service, app.state.mcp = service, mcp
+    app.state.service, app.state.mcp = service, None
     add_error_handlers(app)
-    for router in ROUTERS:
+    for router in _routers():
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.openapi = documented_openapi(app, service.config.token)  # type: ignore[method-assign]
+    app.openapi = _documented_openapi(app, service.config.token)  # type: ignore[method-assign]
     return CorralApp(app, service, auth=auth is not None, running=running)
+
+
+def _routers() -> tuple[APIRouter, ...]:
+    """Every route of the app, by resource, in the order of the OpenAPI schema. Imported
+    with the first app, not with this module: FastAPI builds a route's models where the
+    route is declared (and imports pydantic.v1 for the first), and ``corral serve`` imports
+    this module before it reads its arguments (``--help``, a refused configuration)."""
+    from corral.server._routes_agui import router as agui  # start-up cost: when used
+    from corral.server._routes_approvals import router as approvals
+    from corral.server._routes_events import router as events
+    from corral.server._routes_harnesses import router as harnesses
+    from corral.server._routes_mcp import router as mcp
+    from corral.server._routes_page import router as page
+    from corral.server._routes_runs import router as runs
+    from corral.server._routes_threads import router as threads
+
+    return runs, agui, approvals, harnesses, threads, events, mcp, page
 
 
 def _authorized_by(auth: Callable[..., Any] | None) -> list[DependsParam]:
@@ -130,3 +138,26 @@ def _authorized_by(auth: Callable[..., Any] | None) -> list[DependsParam]:
             raise StarletteHTTPException(401, "not authorized by the application")
 
     return [Depends(authorized)]
+
+
+def _documented_openapi(app: FastAPI, token: str | None) -> Callable[[], dict[str, Any]]:
+    """``app``'s schema builder, documenting the bearer token the guard checks on ``/v1/``
+    when the server has one."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = base()
+            if token is not None:
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer",
+                               "description": "the server's CORRAL_API_TOKEN"}
+                }
+                for path, item in schema.get("paths", {}).items():
+                    if path.startswith("/v1/"):
+                        for operation in item.values():
+                            operation["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

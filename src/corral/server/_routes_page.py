@@ -1,24 +1,20 @@
-"""What the app serves beside the API: the web page (``/``, its files under ``/static``),
-the API reference (``/docs`` and ``/redoc``, a page of this package that renders
-``/openapi.json``: no CDN, corral may run offline), ``/openapi.json`` itself (a route of the
-app, so that a host app's ``auth`` covers it; FastAPI's own skips the app's dependencies),
-with the bearer scheme documented when the server has a token, and ``/healthz``."""
+"""What the app serves beside the API: the web page (``/``; its files are mounted under
+``/static``), the API reference (``/docs`` and ``/redoc``, a page of this package that
+renders ``/openapi.json``: no CDN, corral may run offline), ``/openapi.json`` itself (a
+route of the app, so that a host app's ``auth`` covers it; FastAPI's own skips the app's
+dependencies) and ``/healthz``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from importlib import resources
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
 from corral._version import __version__
+from corral.server._routing import STATIC
 
-__all__ = ["STATIC", "documented_openapi", "router"]
-
-STATIC: Final = Path(str(resources.files("corral.server") / "static"))
+__all__ = ["router"]
 
 router = APIRouter()
 
@@ -42,26 +38,3 @@ async def docs() -> FileResponse:
 @router.get("/healthz", include_in_schema=False)
 async def health() -> dict[str, Any]:
     return {"ok": True, "version": __version__}
-
-
-def documented_openapi(app: FastAPI, token: str | None) -> Callable[[], dict[str, Any]]:
-    """``app``'s schema builder, documenting the bearer token the guard checks on
-    ``/v1/`` when the server has one."""
-    base = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = base()
-            if token is not None:
-                schema.setdefault("components", {})["securitySchemes"] = {
-                    "bearer": {"type": "http", "scheme": "bearer",
-                               "description": "the server's CORRAL_API_TOKEN"}
-                }
-                for path, item in schema.get("paths", {}).items():
-                    if path.startswith("/v1/"):
-                        for operation in item.values():
-                            operation["security"] = [{"bearer": []}]
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    return openapi

@@ -1,12 +1,14 @@
 """What corral's routers share: the app's :class:`RunService` as a FastAPI dependency (each
 app keeps its own in ``app.state``, so two apps in one process share nothing), the prefix
 the app is mounted under, a route's raw ASGI answer (the event streams, ``/mcp``), the
-resume point a ``Last-Event-ID`` header names, and the OpenAPI schema of one server-sent
-event."""
+resume point a ``Last-Event-ID`` header names, the OpenAPI schema of one server-sent event,
+and the package's static files (the page and the API reference)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
 from typing import Annotated, Final
 
 from fastapi import Depends, Request
@@ -16,7 +18,10 @@ from starlette.types import Receive, Scope, Send
 from corral.server._requests import ApiError
 from corral.server._service import RunService
 
-__all__ = ["SSE_EVENT", "Asgi", "Service", "http_attrs", "prefix_of", "resume_point"]
+__all__ = ["SSE_EVENT", "STATIC", "Asgi", "Service", "http_attrs", "prefix_of",
+           "resume_point"]
+
+STATIC: Final = Path(str(resources.files("corral.server") / "static"))
 
 
 def _service(request: Request) -> RunService:
