@@ -1,7 +1,8 @@
 """What a client may ask to run: a request body checked against the server's
 configuration (allowed harnesses, configured or inline sandboxes, workspace roots). The
-HTTP API (:mod:`corral.server._app`) and the MCP tools (:mod:`corral.server._mcp_tools`)
-share it, so both refuse the same things the same way."""
+HTTP API (:mod:`corral.server._routes_runs`, :mod:`corral.server._routes_agui`) and the
+MCP tools (:mod:`corral.server._mcp_tools`) share it, so both refuse the same things the
+same way."""
 
 from __future__ import annotations
 
