@@ -4,9 +4,11 @@ They import no command's work: a command's handler is a :class:`~corral.cli._mai
 ``"module:function"``, whose module is imported when the command runs. So ``corral X
 --help``, a usage error and ``corral completion`` (which declares every command) import this
 module and the few constants it prints, never the runner, the providers, the server or
-pydantic (``tests/test_cli_imports.py``; docs/benchmarks.md measures them). ``corral serve``'s
-arguments are the server's (:func:`corral.server._command.serve_arguments`), shared with
-``python -m corral.server``.
+pydantic (``tests/test_cli_imports.py``; docs/benchmarks.md measures them). A declaration
+imports the constants it prints itself, not this module: ``corral ls`` declares ``ls``
+alone and does not pay for ``run``'s default provider (its module is most of a declaration's
+cost). ``corral serve``'s arguments are the server's
+(:func:`corral.server._command.serve_arguments`), shared with ``python -m corral.server``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from typing import Any, Final
 
 from corral._cmdline import add_store_option, duration_arg
 from corral.cli._main import Handler
-from corral.harness._packages import KNOWN_AGENTS
-from corral.runs._reap_limits import DEFAULT_BUDGET, DEFAULT_MAX_RUNS
-from corral.sandbox._contracts import DEFAULT_PROVIDER
-from corral.stores._records import RunStatus
 
 __all__ = [
     "DEFAULT_TTL",
@@ -57,6 +55,8 @@ SHELLS: Final = ("bash", "zsh", "fish")
 
 def run_arguments(p: argparse.ArgumentParser) -> None:
     """``corral run``'s parser."""
+    from corral.sandbox._contracts import DEFAULT_PROVIDER
+
     p.description = (
         "Start a run in a fresh sandbox and stream its events until it ends. "
         "Ctrl-C detaches (the run goes on; `corral attach RUN_ID` to watch again); "
@@ -143,6 +143,8 @@ def cancel_arguments(p: argparse.ArgumentParser) -> None:
 
 def ls_arguments(p: argparse.ArgumentParser) -> None:
     """``corral ls``' parser."""
+    from corral.stores._records import RunStatus
+
     p.add_argument("--thread", metavar="T", help="only this thread's runs")
     p.add_argument("--status", choices=[s.value for s in RunStatus],
                    help="only runs in this status")
@@ -226,6 +228,8 @@ def threads_arguments(p: argparse.ArgumentParser) -> None:
 
 def exec_arguments(p: argparse.ArgumentParser) -> None:
     """``corral exec``'s parser."""
+    from corral.sandbox._contracts import DEFAULT_PROVIDER
+
     p.description = (
         "Run COMMAND in a fresh sandbox (destroyed afterwards unless --keep) or in an "
         "existing one (--sandbox ID). Output streams live; the exit status is the "
@@ -292,6 +296,8 @@ def gc_arguments(p: argparse.ArgumentParser) -> None:
 
 def reap_arguments(p: argparse.ArgumentParser) -> None:
     """``corral reap``'s parser."""
+    from corral.runs._reap_limits import DEFAULT_BUDGET, DEFAULT_MAX_RUNS
+
     p.description = (
         "One reaper sweep: runs whose viewer left and whose agent has exited are "
         "finalized; runs detached for at least --ttl are cancelled and ended; their "
@@ -323,6 +329,8 @@ def _max_runs(text: str) -> int:
 
 def acp_arguments(p: argparse.ArgumentParser) -> None:
     """``corral acp``'s parser."""
+    from corral.sandbox._contracts import DEFAULT_PROVIDER
+
     p.description = (
         "The editor starts this command and speaks the Agent Client Protocol on its "
         "stdin/stdout. Each editor session is a corral thread; each prompt a durable run of "
@@ -377,6 +385,8 @@ def doctor_arguments(p: argparse.ArgumentParser) -> None:
 
 def agents_arguments(p: argparse.ArgumentParser) -> None:
     """``corral agents``' parser and its subcommands'."""
+    from corral.harness._packages import KNOWN_AGENTS
+
     sub = p.add_subparsers(dest="agents_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda args: _usage(p))
 
