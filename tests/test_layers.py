@@ -17,9 +17,10 @@ SRC = Path(corral.__file__).parent
 LAYERS: list[set[str]] = [
     {"_errors", "_lazy", "_log", "_suggest", "_telemetry", "_version"},
     {"_durations", "_plugins"},
-    {"_paths", "_ids"},
+    {"_paths", "_ids", "_validate"},
     {"journal"},
     {"stores"},
+    {"policy"},
     {"sandbox"},
     {"providers"},
     {"net", "tools"},

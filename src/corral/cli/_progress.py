@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from corral.sandbox._transfer import CopyProgress
-from corral.sandbox._validate import format_size
+from corral._validate import format_size
 
 __all__ = ["CopyProgressLine"]
 

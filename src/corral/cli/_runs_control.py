@@ -14,7 +14,7 @@ from typing import Any, Literal
 from corral.cli._progress import CopyProgressLine
 from corral._errors import ConfigError
 from corral._ids import check_id
-from corral.sandbox import _validate as validate
+import corral._validate as validate
 from corral.sandbox._config_file import agent_table, find_config, load_config
 from corral.cli._ls_impl import record_json
 from corral.cli._runs_view import EventPrinter, follow, say

@@ -116,7 +116,7 @@ from corral.providers._state import (
     remove_tree,
     validate_id,
 )
-from corral.sandbox import _validate as validate
+import corral._validate as validate
 from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._redact import Redactor
 from corral.sandbox._registry import ProviderConfig

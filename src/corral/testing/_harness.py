@@ -60,7 +60,7 @@ from corral.runs._runner import Runner
 from corral.runs._request import RunRequest
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.stores._protocols import Store
 from corral.testing._harness_world import (
     FEATURES,
