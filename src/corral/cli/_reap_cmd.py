@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _arguments(p: argparse.ArgumentParser) -> None:
     # Lazy: the reaper's defaults live with the reaper (corral.runs), which `corral reap`
     # alone needs; its options are declared when its parser is used.
-    from corral.runs._reap import DEFAULT_BUDGET, DEFAULT_MAX_RUNS
+    from corral.runs._reap_sweep import DEFAULT_BUDGET, DEFAULT_MAX_RUNS
 
     p.add_argument("--ttl", default=DEFAULT_TTL, metavar="DURATION",
                    help=f"expire runs detached for at least this long (default {DEFAULT_TTL})")

@@ -84,7 +84,7 @@ from corral.sandbox._contracts import (
 )
 from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import ProviderConfig
+from corral.sandbox._provider_registry import ProviderConfig
 
 if TYPE_CHECKING:
     from corral.providers._docker_snapshots import DockerSnapshots

@@ -21,7 +21,7 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         ProducerExit as ProducerExit,
         pipe_to_run_log as pipe_to_run_log,
     )
-    from corral.runs._probe import (
+    from corral.runs._run_probe import (
         JournalLocationError as JournalLocationError,
         journal_location as journal_location,
         probe_run_exit as probe_run_exit,
@@ -34,8 +34,8 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         LogNeverQuiet as LogNeverQuiet,
         await_log_quiet as await_log_quiet,
     )
-    from corral.journal._probe import ProbeResult as ProbeResult
-    from corral.runs._reap import (
+    from corral.journal._exit_probe import ProbeResult as ProbeResult
+    from corral.runs._reap_sweep import (
         ReapEntry as ReapEntry,
         ReapOutcome as ReapOutcome,
         ReapResult as ReapResult,

@@ -1,7 +1,7 @@
 """The reaper's collaborators for runs started by :class:`corral.runs._runner.Runner`, and
 one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
 
-- ``probe``: :func:`probe_runner_run`, :func:`corral.runs._probe.probe_run_exit` (the
+- ``probe``: :func:`probe_runner_run`, :func:`corral.runs._run_probe.probe_run_exit` (the
   journal's tail) plus the case of a starter that provably died before launching the agent;
 - ``drive``: :func:`journal_drive` continues the harness translation after the journal
   offset stored with the last logged event, one atomic batch per journal item (or records
@@ -32,11 +32,11 @@ from corral.runs._produce import (
     continue_run,
     logged_end,
 )
-from corral.runs._probe import JournalLocationError, journal_site, probe_run_exit
+from corral.runs._run_probe import JournalLocationError, journal_site, probe_run_exit
 from corral.runs._prune import PruneResult, prune_journals
 from corral.runs._quiesce import DEFAULT_QUIET
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS
-from corral.runs._reap import (
+from corral.runs._reap_sweep import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_RUNS,
     Drive,
@@ -57,7 +57,7 @@ from corral.stores._records import RunRecord
 from corral.stores._protocols import InstanceStore, Store
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import recorded_config
+from corral.sandbox._provider_registry import recorded_config
 from corral.sandbox import _traced as traced
 
 __all__ = [
@@ -71,7 +71,7 @@ __all__ = [
     "record_reclaimer",
 ]
 
-log = library_logger("corral.runs._reaping")
+log = library_logger("corral.runs._reap_runner")
 
 STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""

@@ -19,7 +19,7 @@ from corral.sandbox._hooks import Hooks
 from corral.sandbox._key import RunContext, instance_key
 from corral.sandbox._lifecycle import Lifecycle
 from corral.policy._policy import Policy
-from corral.sandbox._registry import (
+from corral.sandbox._provider_registry import (
     ProviderConfig,
     build_provider,
     config_data,
