@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from corral._errors import ConfigError
 from corral.cli._store import with_store
-from corral.runs._prune import PruneResult
+from corral.journal._prune import PruneResult
 from corral.runs._reap_sweep import ReapOutcome, ReapResult
 from corral.runs._runner import Runner
 from corral.server._cmdline import parse_duration

@@ -26,10 +26,8 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         journal_location as journal_location,
         probe_run_exit as probe_run_exit,
     )
-    from corral.runs._prune import (
-        PruneResult as PruneResult,
-        prune_journals as prune_journals,
-    )
+    from corral.journal._prune import PruneResult as PruneResult
+    from corral.runs._reap_runner import prune_journals as prune_journals
     from corral.runs._quiesce import (
         LogNeverQuiet as LogNeverQuiet,
         await_log_quiet as await_log_quiet,

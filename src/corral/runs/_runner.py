@@ -78,7 +78,7 @@ from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
     from corral.runs._plan import StartPlan
-    from corral.runs._prune import PruneResult
+    from corral.journal._prune import PruneResult
     from corral.runs._reap_sweep import ReapResult
     from corral.runs._threads import Threads
     from corral.tools._core import Toolset
