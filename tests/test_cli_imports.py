@@ -1,9 +1,10 @@
 """Which modules a ``corral`` command imports (issue #17: a CLI whose commands import only what
-they use). Behaviour, not timing: ``corral --version`` builds the parser and nothing else;
-``corral ls`` and ``corral show`` open the store and nothing more; none of them imports the
-runner, the harnesses, the providers or the HTTP, MCP or AG-UI stacks. The parsers declare
-some arguments late (:mod:`corral.cli._parser`); the help they print is checked against
-eagerly built parsers."""
+they use). Behaviour, not timing: ``corral --version`` builds the parser from the command
+table and imports no command module; ``corral ls`` and ``corral show`` open the store and
+nothing more; none of them imports the runner, the harnesses, the providers or the HTTP, MCP
+or AG-UI stacks. A command's parser is declared by its module when it is used
+(:class:`corral.cli._main.CommandParser`); the help it prints is checked against parsers
+declared at once."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 
 import corral
 import corral.cli
-from corral.cli._main import COMMAND_MODULES, TopParser, add_global_options, build_parser
+from corral.cli._main import COMMANDS, CommandParser, build_parser
 
 SRC = Path(corral.__file__).parent.parent
 
@@ -63,11 +64,10 @@ def _outside(modules: set[str], allowed: tuple[str, ...]) -> set[str]:
             if not any(m == a or (a.endswith(".") and m.startswith(a)) for a in allowed)}
 
 
-# what the parser itself needs: the bottom layers, the light command modules, the one-line
-# error report (corral.server's namespace is lazy: importing _cmdline loads no app)
-PARSER = ("corral", "corral._durations", "corral._errors", "corral._lazy", "corral._paths", "corral._version",
-          "corral.cli", "corral.cli._main", "corral.cli._parser", *COMMAND_MODULES,
-          "corral.server", "corral.server._cmdline")
+# what the parser itself needs: the bottom modules, the command table, the one-line error
+# report (corral._cmdline); no command module
+PARSER = ("corral", "corral._cmdline", "corral._durations", "corral._errors", "corral._lazy",
+          "corral._paths", "corral._version", "corral.cli", "corral.cli._main")
 
 
 def test_version_imports_the_parser_only(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_version_imports_the_parser_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [["ls"], ["ls", "--json", "--status", "running"]])
 def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> None:
     modules = _modules_of(argv, tmp_path)  # the first: it creates the store
-    store_side = (*PARSER, "corral._log", "corral.cli._ls_impl", "corral.cli._run_text",
+    store_side = (*PARSER, "corral._log", "corral.cli._records",
                   "corral.cli._store", "corral.stores", "corral.stores.",
                   "corral._ids")  # the checkpoint tables' id rule (the store opened whole)
     assert _outside(modules, store_side) == set()
@@ -94,7 +94,7 @@ def test_ls_imports_the_store_layer_only(tmp_path: Path, argv: list[str]) -> Non
     assert "corral.stores._sqlite" in modules
     # the store exists now: it is read with sqlite3 alone, no event loop, no store object
     again = _modules_of(argv, tmp_path)
-    assert _outside(again, (*PARSER, "corral.cli._ls_impl", "corral.cli._run_text", "corral.stores",
+    assert _outside(again, (*PARSER, "corral.cli._records", "corral.stores",
                             "corral.stores._records", "corral.stores._url",
                             "corral.stores._sqlite_tables")) == set()
     assert {"anyio", "asyncio", "corral.stores._sqlite"} & again == set()
@@ -125,7 +125,10 @@ def test_the_public_face_stays_lazy() -> None:
 
 def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
               ) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
-    """Every (sub)command parser under ``parser``, depth first, with its words."""
+    """Every (sub)command parser under ``parser``, depth first, with its words (each command
+    declared, as ``corral completion`` does)."""
+    if isinstance(parser, CommandParser):
+        parser.declare()
     found = [(path, parser)]
     for action in parser._actions:  # noqa: SLF001 - argparse has no public walk
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
@@ -134,36 +137,36 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
     return found
 
 
-def _eager_parser() -> argparse.ArgumentParser:
-    """The same parser built with plain ArgumentParsers: every argument declared at once."""
-    parser = TopParser(
-        prog="corral", description="Run coding-agent CLIs in isolated sandboxes with durable runs.")
-    add_global_options(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
-                                parser_class=argparse.ArgumentParser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
-    return parser
-
-
 def test_late_arguments_print_and_parse_as_eager_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "100")
-    late, eager = dict(_commands(build_parser())), dict(_commands(_eager_parser()))
+    late, eager = dict(_commands(build_parser())), dict(_commands(build_parser(eager=True)))
     assert late.keys() == eager.keys() and len(late) > 15
     for words, parser in late.items():
         assert parser.format_help() == eager[words].format_help(), words
     argv = ["ls", "--status", "running", "--limit", "3", "--json"]
     assert vars(build_parser().parse_args(argv)).keys() == vars(
-        _eager_parser().parse_args(argv)).keys()
+        build_parser(eager=True).parse_args(argv)).keys()
+
+
+def test_the_table_is_every_command_and_only_the_chosen_one_is_declared() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    assert list(sub.choices) == list(COMMANDS)
+    parser.parse_args(["ls"])
+    declared = {name for name, p in sub.choices.items() if p._actions[1:]}  # noqa: SLF001
+    assert declared == {"ls"}  # the others hold only -h: their modules are not imported
 
 
 def test_every_cli_module_imports() -> None:
-    # Handlers import their implementation when run: a broken one must fail here, not only
-    # when someone runs that command.
+    # A command module is imported only when its command is used: a broken one must fail
+    # here, not only when someone runs that command.
     names = [m.name for m in pkgutil.iter_modules(corral.cli.__path__)]
-    assert {"_exec_impl", "_runs_control", "_runs_view", "_doctor_impl"} <= set(names)
+    assert {"_main", "_exec", "_run", "_view", "_records", "_doctor"} <= set(names)
     for name in names:
         importlib.import_module(f"corral.cli.{name}")
+    for command in COMMANDS.values():
+        module, _, function = command.arguments.partition(":")
+        assert callable(getattr(importlib.import_module(module), function)), command
 
 
 TICKER = "i=0; while [ $i -lt 30 ]; do echo tick $i; i=$((i+1)); sleep 0.05; done"

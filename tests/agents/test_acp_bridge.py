@@ -157,6 +157,34 @@ def test_sigterm_cancels_the_prompt_then_stops_the_agent(tmp_path: Path) -> None
     assert events[-1].type == EventType.RUN_ERROR and events[-1].code == "cancelled"
 
 
+@pytest.mark.parametrize(("mode", "methods", "notes"), [
+    ("resume", ["initialize", "session/resume", "session/prompt", "session/close"], []),
+    ("resume-fails", ["initialize", "session/resume", "session/load", "session/prompt",
+                      "session/close"], ["resume-failed"]),
+    ("load", ["initialize", "session/load", "session/prompt"], []),
+])
+def test_a_thread_session_is_resumed_when_advertised_else_loaded_then_closed(
+        mode: str, methods: list[str], notes: list[str]) -> None:
+    """session/resume when the agent advertises it (nothing replayed); session/load when
+    it does not, or when resuming fails; session/close after the prompt when advertised.
+    The session's earlier history the agent replays is never this run's text."""
+    proc = bridge(config(f"reopen:{mode}", None, resume="sess-old"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["msg"]["method"] for x in lines if x["acp"] == "send"] == methods
+    assert [x["event"] for x in lines if x["acp"] == "note"] == notes
+    prompt = next(x["msg"] for x in lines if x["acp"] == "send"
+                  and x["msg"]["method"] == "session/prompt")
+    assert prompt["params"]["sessionId"] == "sess-old"
+    events = translate(out, 0)
+    assert texts(events) == "fresh"
+    sessions = [e.value["sessionId"] for e in events
+                if e.type == EventType.CUSTOM and e.name == "corral.session"]
+    assert sessions == ["sess-old"]
+    assert events[-1].type == EventType.RUN_FINISHED
+
+
 def test_the_configuration_comes_on_stdin_only(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-I", "-S", acp_client.__file__],
                           input=b"12\n{not json}!", capture_output=True, timeout=30,

@@ -51,9 +51,14 @@ CASES = {
     # gemini-cli: a BeforeTool hook runs corral's command gate (deny and ask)
     "gemini-cli": lambda: _case("gemini-cli", options={"max_retries": 0,
                                                         "model": "gemini-fake"}),
-    # opencode's permission config enforces deny; `opencode run` cannot ask
+    # opencode's permission config enforces deny; ask rules route it through `opencode
+    # acp` (corral's policy answers each command): check_approval runs that way
     "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
-                              enforces=frozenset({"deny"}), side_reply=_title),
+                              side_reply=_title),
+    # every check with an ask rule no command matches: `--harness opencode` routed through
+    # `opencode acp` keeps every promise of the harness (resume, usage, cancel, takeover)
+    "opencode-ask": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
+                                  side_reply=_title, extra_ask=("corral-kit-never-run *",)),
     # `opencode acp` asks for every command; corral's policy answers (deny and ask)
     "acp-opencode": lambda: _case("acp", options={"agent": "opencode",
                                                   "model": "anthropic/claude-fake"},

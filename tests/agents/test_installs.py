@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli import _agents_cmd as agents_cmd
+from corral.cli._main import COMMANDS, build_parser
 from corral._errors import ConfigError, CorralError
 from corral.agents._installs import (
     KNOWN_AGENTS,
@@ -27,9 +26,7 @@ from .conftest import agent_cache
 
 
 def cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="corral")
-    agents_cmd.register(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
+    args = build_parser({"agents": COMMANDS["agents"]}).parse_args(list(argv))
     try:
         return int(args.func(args))
     except CorralError as exc:
@@ -160,7 +157,7 @@ def test_an_install_without_the_adapter_is_reported_and_completed_by_install(
         "install claude-code`" in report["claude-code"].message
     assert cli("agents", "ls") == 0
     assert "- @agentclientprotocol/claude-agent-acp 0.101.0 missing" in capsys.readouterr().out
-    from corral.cli._doctor_impl import _agents
+    from corral.cli._doctor import _agents
     (check,) = [c for c in _agents() if c.name == "agent claude-code"]
     assert check.status == "warn" and "missing" in check.detail
     assert cli("agents", "install", "claude-code") == 0

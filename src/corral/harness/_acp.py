@@ -22,17 +22,19 @@ Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
   ``completed`` or ``failed``, ``TOOL_CALL_END`` + ``TOOL_CALL_RESULT`` (its text content,
   else ``rawOutput``); ``execute`` tools are named ``shell`` with ``{"command": ...}``,
   the run's host tools go by their own names, others by their ACP kind; any other update
-  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates that
-  replay history during ``session/load`` are not events of this run.
+  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates between
+  a ``session/load`` or ``session/resume`` and the prompt (replayed history, the agent's
+  own announcements) are not events of this run.
 * ``session/request_permission`` for a call not yet announced opens its
   ``TOOL_CALL_START``; a refusal (the bridge's ``permission`` note) is that call's result
   (``denied: …``).
-* the ``session/new`` result (or the ``session/load`` request that succeeded) →
+* the ``session/new`` result (or the ``session/resume`` / ``session/load`` request that
+  succeeded) →
   ``CUSTOM corral.session`` ``{harness: "acp", sessionId, agent}`` (resume on the thread).
 * the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED``; any
   other stop reason or an error → ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
   status, signal, timeout). Every tool call gets a result.
-* the bridge's notes (``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
+* the bridge's notes (``resume-failed``, ``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
   lines that are not JSON → ``RAW``.
 
 Ids: ``<run id>-<ACP toolCallId>`` for tool calls, ``<run id>-m<journal offset>`` for
@@ -80,7 +82,7 @@ from corral.journal._reader import Exit, JournalItem
 from corral.net._model_proxy import ModelApi
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
+__all__ = ["AcpHarness", "AcpTranslator", "OpencodeAcpTranslator", "acp_mcp_servers"]
 
 _SESSION_STATE = frozenset({"available_commands_update", "usage_update",
                             "config_option_update", "current_mode_update"})
@@ -157,6 +159,11 @@ class AcpHarness(CliHarness):
         # Definition time: an unenforceable rule raises here.
         self.acp_policy = self.profile.map_policy(policy, permission_prompt)
         self.policy_mapping = self.acp_policy.mapping
+
+    @property
+    def bridged(self) -> bool:
+        """Always: the agent is driven by corral's host-side ACP bridge."""
+        return True
 
     @property
     def needs_install(self) -> bool:
@@ -271,6 +278,8 @@ class AcpTranslator(JsonlTranslator):
     """Bridge journal lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "acp"
+    last_message_result: ClassVar[bool] = False
+    """The result's text is the turn's last text message (else all of the turn's text)."""
 
     def __init__(self, ctx: RunContext, agent: str = "command",
                  command_in_title: bool = False) -> None:
@@ -309,7 +318,7 @@ class AcpTranslator(JsonlTranslator):
             self.requests[mid] = method
             params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
             assert isinstance(params, dict)
-            if method == "session/load":
+            if method in ("session/load", "session/resume"):
                 self.loading = as_str(params.get("sessionId"))
                 self.replaying = True
             elif method == "session/prompt":
@@ -336,7 +345,7 @@ class AcpTranslator(JsonlTranslator):
             if isinstance(mid, int) and not isinstance(mid, bool) else None
         result = msg.get("result")
         error = msg.get("error")
-        if method == "session/load":
+        if method in ("session/load", "session/resume"):
             loaded, self.loading = self.loading, None
             if isinstance(result, dict) or result is None and error is None:
                 self.replaying = True
@@ -363,7 +372,8 @@ class AcpTranslator(JsonlTranslator):
                 self._usage(result.get("usage"), result.get("_meta"))
                 if reason == "end_turn":
                     self.succeeded = True
-                    text = "".join(self.text_parts)
+                    text = "".join(self.last_text if self.last_message_result
+                                   else self.text_parts)
                     self.result = {"text": text, "sessionId": self.session} \
                         if self.session else {"text": text}
                 else:
@@ -578,3 +588,16 @@ def _result_text(tc: Mapping[str, Any]) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("output"), str):
         return str(raw["output"])
     return flatten_text(raw) if raw is not None else ""
+
+
+class OpencodeAcpTranslator(AcpTranslator):
+    """``--harness opencode`` routed through ``opencode acp`` (its policy needs approvals:
+    :func:`corral.harness._opencode.acp_reasons`): the ACP translation, with the session
+    event of an ``opencode`` run (``{harness: "opencode", sessionId}``) and its result (the
+    turn's last text message, as ``opencode run``'s translator gives it)."""
+
+    harness: ClassVar[str] = "opencode"
+    last_message_result: ClassVar[bool] = True
+
+    def _session(self, sid: str | None) -> list[BaseEvent]:
+        return self.session_event(sid) if sid else []

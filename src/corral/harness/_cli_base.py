@@ -477,6 +477,12 @@ class CliHarness:
         """The CLI's path in an install directory (``<dir>/node_modules/.bin/<bin>``)."""
         return f"{install_dir}/node_modules/.bin/{KNOWN_AGENTS[self.package.name].bin}"
 
+    @property
+    def bridged(self) -> bool:
+        """Whether the agent is driven by corral's host-side ACP bridge (see
+        :meth:`bridge_config`): the bridge runs next to the journal supervisor, on the host."""
+        return False
+
     def bridge_config(self, request: AgentRequest) -> dict[str, Any] | None:
         """For a harness whose agent is driven by a host-side bridge (``acp``): the
         bridge's part of its configuration for this request (see

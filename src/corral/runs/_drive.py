@@ -137,8 +137,9 @@ class ClaimedDrive:
         if schema is not None:
             from corral.runs._output_end import output_state  # only runs with a schema
 
-            output = output_state(store, record, schema,
-                                  redactor.redact_obj if redactor is not None else None)
+            output = await output_state(store, record, schema,
+                                        redactor.redact_obj if redactor is not None else None,
+                                        epoch=epoch)
 
         async def after_journal() -> bool:
             return await logged.wait(complete_end(paths.journal))

@@ -145,7 +145,7 @@ def journal_drive(
     which the Runner's drivers use too; ``checkpoint`` is its step hook (tests).
     """
 
-    async def events(record: RunRecord) -> AsyncIterator[Produced]:
+    async def events(record: RunRecord, epoch: int) -> AsyncIterator[Produced]:
         site = journal_site(record)
         paths, nonce = site.paths, site.nonce
 
@@ -182,8 +182,8 @@ def journal_drive(
             from corral.runs._output_end import output_state, settle_output
 
             redact = redactor.redact_obj if redactor is not None else None
-            batches = settle_output(batches, store, record,
-                                    output_state(store, record, schema, redact), redact)
+            state = await output_state(store, record, schema, redact, epoch=epoch)
+            batches = settle_output(batches, store, record, state, redact)
         try:
             async for item in batches:
                 yield item
@@ -191,7 +191,7 @@ def journal_drive(
             await batches.aclose()  # type: ignore[attr-defined]
 
     def drive(record: RunRecord, epoch: int, abort: anyio.Event) -> AsyncIterator[Produced]:
-        return events(record)
+        return events(record, epoch)
 
     return drive
 

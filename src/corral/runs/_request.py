@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import ConfigError, CorralError
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class RunRequest:
     harness: str = "command"
     run_id: str | None = None
     thread_id: str | None = None
-    provider: str = "bubblewrap"
+    provider: str = DEFAULT_PROVIDER
     workspace: str | None = None
     """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
     or gives no source)."""
@@ -195,6 +196,11 @@ class RunRequest:
             # The CLI asks corral (permission prompt tool, command gate hook) on the run's
             # MCP server: the policy is evaluated live (ask rules become corral approvals).
             prompt = self.harness in ("claude-code", "codex", "gemini-cli", "acp")
+            if self.harness == "opencode":
+                # ask rules route opencode through `opencode acp`, which asks corral
+                from corral.harness._opencode import acp_reasons
+
+                prompt = bool(acp_reasons(sandbox.policy))
         return RunSpec(
             harness_options=dict(self.options),
             argv=list(self.command) if self.command is not None else None,

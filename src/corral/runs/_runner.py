@@ -60,8 +60,9 @@ from corral.runs._request import (
     max_takeovers_from,
     new_run_id,
 )
+from corral._errors import CorralError
 from corral.runs._site import AgentSite
-from corral.sandbox._contracts import Provider
+from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._watch import DEFAULT_MAX_WATCHES, check_max_watches
@@ -170,6 +171,19 @@ class Runner:
             return site_of(record, journals_dir=self.journals_dir,
                            provider_for=lambda name: self._providers_of(record)(name))
         except JournalLocationError:
+            return None
+
+    async def sandbox_of(self, record: RunRecord) -> Handle | None:
+        """The run's sandbox (resumed with the provider configuration its definition
+        recorded), or ``None`` when it is gone or the run names none."""
+        ref = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if not isinstance(name, str) or not isinstance(sandbox_id, str):
+            return None
+        try:
+            return await self._providers_of(record)(name).resume(sandbox_id)
+        except CorralError as exc:
+            log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
             return None
 
     def redactor_for(self, record: RunRecord) -> Redactor | None:

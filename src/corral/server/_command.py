@@ -1,8 +1,8 @@
 """The server's command line, shared by ``corral serve`` and ``python -m corral.server``: the
 serve options, the :class:`~corral.server._config.ServerConfig` they describe and running it.
-The light part every corral command needs (the one-line error report, ``--store``, durations)
-is in :mod:`corral.server._cmdline`, so that commands other than ``serve`` start without
-importing the app."""
+``corral serve``'s entry in the CLI's command table is :func:`serve_arguments`; what every
+command line shares (the one-line error report, ``--store``, durations) is
+:mod:`corral._cmdline`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import anyio
 
+from corral._cmdline import add_store_option, run_reporting_errors
+from corral._durations import parse_duration
 from corral._errors import ConfigError
-from corral.server._cmdline import add_store_option, parse_duration, run_reporting_errors
 from corral.server._config import (
     DEFAULT_HEARTBEAT,
     ServerConfig,
@@ -24,7 +25,23 @@ from corral.server._config import (
 )
 from corral.server._serve import serve_async
 
-__all__ = ["add_serve_options", "config_from_args", "main", "serve_main"]
+__all__ = ["SERVE_DESCRIPTION", "add_serve_options", "config_from_args", "main",
+           "serve_arguments", "serve_main"]
+
+SERVE_DESCRIPTION = (
+    "The server drives every run it starts in the background (a viewer leaving never stops "
+    "a run), takes over runs whose driver died when someone watches them, and sweeps "
+    "abandoned runs on an interval under a store-wide lock. Several ``corral serve`` "
+    "processes on one machine can share one SQLite store; any of them serves any run.")
+"""``corral serve --help``'s description."""
+
+
+def serve_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral serve``'s parser (the CLI's command table names it): the serve options,
+    run by :func:`serve_main`."""
+    p.description = SERVE_DESCRIPTION
+    add_serve_options(p)
+    p.set_defaults(func=serve_main)
 
 
 def add_serve_options(p: argparse.ArgumentParser) -> None:

@@ -34,9 +34,9 @@ from typing import Any, Final
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
 from corral.sandbox._config_file import read_toml
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
-DEFAULT_PROVIDER: Final = "bubblewrap"
 DEFAULT_HEARTBEAT: Final = 15.0
 DEFAULT_MAX_BODY: Final = 1 << 20
 DEFAULT_MAX_ACTIVE_RUNS: Final = 200

@@ -1,5 +1,5 @@
-"""``corral agents install NAME [--version V]`` and ``corral agents ls`` (the parsers are in
-:mod:`corral.cli._agents_cmd`)."""
+"""``corral agents install|ls|prune``: the agent CLIs corral runs, installed from npm at
+pinned versions, listed, and pruned from the machine's shared installs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import sys
 
 from corral.agents._installs import (
+    KNOWN_AGENTS,
     agents_report,
     agents_root,
     check_version,
@@ -16,15 +17,53 @@ from corral.agents._installs import (
     missing_companions,
     package_for,
 )
+from corral.agents._shared import prune_installs
+from corral.cli._progress import Stages
 
-__all__ = ["install", "ls", "prune"]
+__all__ = ["agents_arguments", "install", "ls", "prune"]
+
+
+def agents_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral agents``' parser and its subcommands'."""
+    sub = p.add_subparsers(dest="agents_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda args: _usage(p))
+
+    inst = sub.add_parser("install", help="install an agent CLI from npm at a pinned version")
+    inst.add_argument("name", choices=sorted(KNOWN_AGENTS), metavar="NAME",
+                      help="one of: " + ", ".join(sorted(KNOWN_AGENTS)))
+    inst.add_argument("--version", dest="agent_version", default=None,
+                      help="exact npm version (default: the tested, pinned version)")
+    inst.add_argument("--force", action="store_true", help="reinstall even if present")
+    inst.add_argument("--json", action="store_true",
+                      help="print one JSON document: {name, version, package, path, bin}")
+    inst.set_defaults(func=install)
+
+    listing = sub.add_parser("ls", help="list installed agent CLIs")
+    listing.add_argument("--json", action="store_true",
+                         help="print one JSON array of the installs")
+    listing.set_defaults(func=ls)
+
+    pruning = sub.add_parser(
+        "prune", help="remove shared agent installs no home uses (root: /var/lib/corral)",
+        description="Remove the agent installs under $CORRAL_SHARED_DIR/agents/installs that "
+                    "no agents directory links to any more (a deleted $CORRAL_HOME stops "
+                    "counting) and no running process uses.")
+    pruning.add_argument("--dry-run", action="store_true",
+                         help="say what would be removed, remove nothing")
+    pruning.add_argument("--json", action="store_true",
+                         help="print one JSON document: {dry_run, removed, kept, note}")
+    pruning.set_defaults(func=prune)
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    """``corral agents`` without a subcommand: its help on stderr, a usage error."""
+    p.print_help(sys.stderr)
+    return 2
 
 
 def install(args: argparse.Namespace) -> int:
     pkg = package_for(args.name)
     version = check_version(args.agent_version or pkg.version)
-    from corral.cli._stages import Stages
-
     with Stages(f"installing {args.name} {version}", sys.stderr) as stages:
         agent = install_agent(args.name, args.agent_version, force=args.force,
                               progress=stages.stage)
@@ -67,8 +106,6 @@ def _mb(n: int) -> str:
 
 
 def prune(args: argparse.Namespace) -> int:
-    from corral.agents._shared import prune_installs
-
     report = prune_installs(dry_run=args.dry_run)
     if args.json:
         print(json.dumps(report.as_json()))

@@ -1,5 +1,4 @@
-"""``corral doctor``: check what this machine offers and print the fix for each gap (the parser
-is in :mod:`corral.cli._doctor_cmd`)."""
+"""``corral doctor``: check what this machine offers and print the fix for each gap."""
 
 from __future__ import annotations
 
@@ -12,8 +11,17 @@ from pathlib import Path
 
 import anyio
 
+from corral._cmdline import add_store_option
+from corral._errors import CorralError
+from corral.agents._installs import agents_report
+from corral.providers import _cgroups as cgroups
+from corral.providers import _diskquota as diskquota
+from corral.providers._bubblewrap import DEFAULT_LIMITS, FILES_ROOT, BubblewrapProvider
+from corral.providers._bwrap_init import find_init
+from corral.stores import default_store_url, open_store
+from corral.stores._protocols import Diagnosable
 
-__all__ = ["Check", "collect", "run"]
+__all__ = ["Check", "collect", "doctor_arguments", "run"]
 
 AGENTS = ("claude", "codex")
 
@@ -62,9 +70,6 @@ def _bubblewrap() -> list[Check]:
 
 
 async def _try_sandbox() -> str:
-    # provider modules load when `corral doctor` runs, not for every command's parser
-    from corral.providers._bubblewrap import BubblewrapProvider
-
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
         provider = BubblewrapProvider(home=tmp)
         handle = await provider.create()
@@ -85,8 +90,6 @@ async def _try_sandbox() -> str:
 
 
 def _cgroups() -> Check:
-    from corral.providers import _cgroups as cgroups
-
     if os.geteuid() != 0:
         return Check("cgroups", "warn", "not root: limits fall back to rlimits (per process)",
                      "run corral as root, or accept weaker limits")
@@ -123,9 +126,6 @@ def _cgroup_migrations(mounts: str | None = None) -> Check | None:
 
 def _disk_quota() -> Check:
     """Which disk-quota mode bubblewrap sandboxes get here (sets up the pool if it can)."""
-    from corral.providers import _diskquota as diskquota
-    from corral.providers._bubblewrap import DEFAULT_LIMITS, FILES_ROOT
-
     default = diskquota.format_size(DEFAULT_LIMITS.disk_bytes or 0)
     if os.geteuid() != 0:
         return Check("disk quota", "warn", "not root: sandboxes have no disk quota (a sandbox "
@@ -147,8 +147,6 @@ def _disk_quota() -> Check:
 def _sandbox_init() -> Check:
     """Which program is the bubblewrap sandboxes' pid 1 (it decides the exit status out of
     the command's reach): the compiled C init, or the slower perl one, and why."""
-    from corral.providers._bwrap_init import find_init
-
     found = find_init()
     if found.kind == "c":
         return Check("sandbox init", "ok", found.reason)
@@ -169,10 +167,6 @@ def _tool(name: str, why: str, fix: str, required: bool = False) -> Check:
 def _store(url: str | None) -> Check:
     """Open the configured store (``--store``, ``$CORRAL_STORE`` or the SQLite default) and
     let it check itself: reachable, schema version, notifications."""
-    from corral._errors import CorralError
-    from corral.stores import default_store_url, open_store
-    from corral.stores._protocols import Diagnosable
-
     shown = url or default_store_url()
 
     async def look() -> str:
@@ -209,8 +203,6 @@ def _python_in_sandbox() -> Check:
 
 def _agents() -> list[Check]:
     """The agent CLIs corral manages (pinned npm versions under the agents root)."""
-    from corral.agents._installs import agents_report
-
     out = []
     for status in agents_report():
         if not status.supported:
@@ -289,6 +281,14 @@ def collect(store_url: str | None = None) -> list[Check]:
 # What corral does not have yet, said once (never offered as a check that passes). Keep it
 # true: tests/providers/test_cli.py checks that no registered harness is named here.
 NOT_IN_THIS_VERSION: tuple[str, ...] = ("the Kubernetes provider", "the Redis store")
+
+
+def doctor_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral doctor``'s parser."""
+    add_store_option(p)
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document: {checks, not_in_this_version, ready}")
+    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

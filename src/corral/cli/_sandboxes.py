@@ -1,11 +1,12 @@
-"""``corral sandboxes ls|rm|prune``: list and remove sandboxes of every registered provider
-(the parser is in :mod:`corral.cli._sandboxes_cmd`).
+"""``corral sandboxes ls|rm|prune`` and ``corral gc``: list, remove and sweep the sandboxes
+of every registered provider.
 
 ``ls`` and ``rm`` are scoped to the store ``--store`` names (default: ``$CORRAL_STORE`` or
 the SQLite store in ``$CORRAL_HOME``), as ``corral gc`` is: a Docker daemon is shared by
 every store on the machine, and a ``$CORRAL_HOME`` may be shared by several stores. ``ls
 --all-stores`` shows the others' too; ``rm`` refuses a sandbox of another store, or of a
-run that is running, unless ``--force``."""
+run that is running, unless ``--force``. ``gc`` destroys the sandboxes idle past their
+``keep_alive``, and orphans."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from corral._cmdline import add_store_option
 from corral._errors import ConfigError, CorralError
 from corral._paths import home_label
 from corral.cli._store import with_store
@@ -23,10 +25,48 @@ from corral.providers import get_provider, provider_names
 from corral.providers._state import validate_id
 from corral.sandbox._contracts import Described, Provider, PrunesOrphans, SandboxDirs
 from corral.sandbox._ensure import store_id
+from corral.sandbox._gc import GcReport, collect_idle
 from corral.stores._protocols import InstanceStore, Store
 from corral.stores._records import RunStatus
 
-__all__ = ["run_ls", "run_prune", "run_rm"]
+__all__ = ["gc_arguments", "run_gc", "run_ls", "run_prune", "run_rm", "sandboxes_arguments"]
+
+
+def sandboxes_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral sandboxes``' parser and its subcommands'."""
+    cmds = p.add_subparsers(dest="sandboxes_command", metavar="ACTION", required=True)
+    ls = cmds.add_parser("ls", help="list this store's sandboxes, with their store and run")
+    add_store_option(ls)
+    ls.add_argument("--provider", metavar="NAME", help="only this provider")
+    ls.add_argument("--all-stores", action="store_true",
+                    help="every store's sandboxes (a Docker daemon is shared by every store "
+                         "on the machine)")
+    ls.add_argument("--json", action="store_true", help="one JSON array of objects")
+    ls.set_defaults(func=run_ls)
+    rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their "
+                         "files); refuses a running run's or another store's without --force")
+    add_store_option(rm)
+    rm.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids (see corral sandboxes ls)")
+    rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
+    rm.add_argument("--force", action="store_true",
+                    help="remove it even if its run is running or it belongs to another store")
+    rm.set_defaults(func=run_rm)
+    prune = cmds.add_parser(
+        "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
+    )
+    prune.set_defaults(func=run_prune)
+
+
+def gc_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral gc``'s parser."""
+    add_store_option(p)
+    p.add_argument("--dry-run", action="store_true", help="list what would be destroyed")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--json", action="store_true", help="print one JSON document: {dry_run, entries, counts, chunks}")
+    p.add_argument("--orphan-grace", type=float, default=600.0, metavar="SECONDS",
+                   help="leave unrecorded sandboxes younger than this (default 600: one may "
+                        "be being made)")
+    p.set_defaults(func=run_gc)
 
 
 def run_prune(args: argparse.Namespace) -> int:
@@ -214,3 +254,27 @@ def _refuse(row: dict[str, Any]) -> None:
             f"{what} is in use by run {row['run']}, which is running: cancel the run "
             f"(corral cancel {row['run']}), or pass --force to remove it anyway"
         )
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    async def collect(store: Store) -> GcReport:
+        return await collect_idle(store, dry_run=args.dry_run, limit=args.limit,
+                                  orphan_grace=args.orphan_grace)
+
+    report = with_store(args, collect)
+    if args.json:  # one answer: one document, also when nothing was done
+        print(json.dumps({
+            "dry_run": bool(args.dry_run),
+            "entries": [{"key": e.key, "provider": e.provider, "sandbox": e.sandbox_id,
+                         "outcome": e.outcome, "detail": e.detail} for e in report.entries],
+            "counts": dict(sorted(report.counts.items())),
+            "chunks": report.chunks,
+        }))
+    else:
+        for e in report.entries:
+            print(f"{e.outcome:15} {e.provider}/{e.sandbox_id} {e.detail}".rstrip())
+        summary = ", ".join(f"{n} {k}" for k, n in sorted(report.counts.items())) or "nothing idle"
+        if report.chunks:
+            summary += f"; {report.chunks} checkpoint chunk(s) no checkpoint names freed"
+        print(f"gc: {summary}")
+    return 1 if report.counts.get("destroy-failed") else 0

@@ -1,5 +1,4 @@
-"""``corral exec``: run one command in a fresh (or named) sandbox, streaming its output (the
-parser is in :mod:`corral.cli._exec_cmd`)."""
+"""``corral exec``: run one command in a fresh (or named) sandbox, streaming its output."""
 
 from __future__ import annotations
 
@@ -15,10 +14,12 @@ from typing import Any, BinaryIO
 
 import anyio
 
+from corral._cmdline import duration_arg
 from corral._errors import ConfigError
 from corral._paths import home_label
 from corral.providers import get_provider
 from corral.sandbox._contracts import (
+    DEFAULT_PROVIDER,
     TIMEOUT_EXIT_CODE,
     Handle,
     Process,
@@ -28,9 +29,37 @@ from corral.sandbox._contracts import (
     check_env_name,
 )
 from corral._validate import size
-from corral.cli._exec_cmd import DEFAULT_PROVIDER
 
-__all__ = ["run"]
+__all__ = ["exec_arguments", "run"]
+
+
+def exec_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral exec``'s parser."""
+    p.description = (
+        "Run COMMAND in a fresh sandbox (destroyed afterwards unless --keep) or in an "
+        "existing one (--sandbox ID). Output streams live; the exit status is the "
+        "command's (128+N when it died of signal N)."
+    )
+    p.add_argument("--provider", metavar="NAME", default=None,
+                   help=f"sandbox provider (default: {DEFAULT_PROVIDER}; $CORRAL_PROVIDER)")
+    p.add_argument("--sandbox", metavar="ID", help="run in this existing sandbox")
+    p.add_argument("--keep", action="store_true", help="keep a fresh sandbox; print its id on stderr")
+    p.add_argument("--name", metavar="ID", help="id for the fresh sandbox")
+    p.add_argument("--cwd", metavar="DIR", help="working directory in the sandbox (default /workspace)")
+    p.add_argument("--env", metavar="NAME=VALUE", action="append", default=[],
+                   help="set an environment variable (repeatable)")
+    p.add_argument("--timeout", type=duration_arg("--timeout"), metavar="DURATION",
+                   help="kill the command after this long, e.g. 30s, 10m")
+    p.add_argument("--network", action="store_true", help="give a fresh sandbox network access")
+    p.add_argument("--json", action="store_true",
+                   help='the output as JSON lines {"stream": "stdout"|"stderr", "data": TEXT}, '
+                        'then {"exit_code", "signal", "timed_out"}')
+    p.add_argument("--disk", metavar="SIZE",
+                   help="disk limit of a fresh sandbox, e.g. 64M or 10G (an error where it "
+                        "cannot be enforced)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...",
+                   help="the program and its arguments, after --")
+    p.set_defaults(func=run)
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:

@@ -1,23 +1,108 @@
-"""Runs as text for a person: the ``corral ls`` table and the ``corral show`` view.
+"""``corral ls``, and runs' records as JSON and as text for a person (what ``ls``, ``show``
+and ``run --json`` print).
 
-As ``docker ps`` and ``gh run view`` show them: local times with their zone, "3 min ago",
-durations, the command (or the harness of an agent run) cut to fit, columns aligned. The
-machine form (``--json``) is :func:`corral.cli._ls_impl.record_json`, unchanged. Standard
-library only: ``corral ls`` imports this on every call.
+A listing of a current SQLite store is read with plain ``sqlite3``
+(:func:`corral.stores._sqlite_tables.peek_runs`): no event loop and no store object, whose
+imports would be most of the command's start-up. Any other store, or a SQLite file that needs
+creating or migrating, is opened as every command opens it.
+
+The text is as ``docker ps`` and ``gh run view`` show it: local times with their zone,
+"3 min ago", durations, the command (or the harness of an agent run) cut to fit, columns
+aligned. Standard library only, beside the records.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shlex
 import shutil
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from corral.stores._records import RunRecord
+from corral._cmdline import add_store_option
+from corral.stores._records import RunRecord, RunStatus
+from corral.stores._sqlite_tables import newest_of_thread, peek_runs
 
-__all__ = ["ago", "command_of", "duration_text", "local_time", "ls_table", "show_text"]
+if TYPE_CHECKING:
+    from corral.stores._protocols import Store
+
+__all__ = ["SHOW_KEYS", "ago", "command_of", "duration_text", "local_time", "ls",
+           "ls_arguments", "ls_table", "record_json", "show_text", "usage_lines"]
+
+SHOW_KEYS = (
+    "run_id",
+    "thread_id",
+    "status",
+    "exit_code",
+    "error",
+    "started_at",
+    "finished_at",
+    "detached_since",
+    "cancel_requested",
+    "driver_epoch",
+    "sandbox_key",
+)
+
+
+def record_json(record: RunRecord) -> dict[str, Any]:
+    """A run record as the CLI prints it in JSON."""
+    data = record.to_dict()
+    out = {key: data.get(key) for key in SHOW_KEYS}
+    out["cancel_requested"] = bool(out["cancel_requested"])
+    out["driver_epoch"] = record.driver_epoch
+    for key in ("harness", "usage", "sandbox_ref", "output", "checkpoint", "undone_at"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    return out
+
+
+def ls_arguments(p: argparse.ArgumentParser) -> None:
+    """``corral ls``' parser."""
+    p.add_argument("--thread", metavar="T", help="only this thread's runs")
+    p.add_argument("--status", choices=[s.value for s in RunStatus],
+                   help="only runs in this status")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    add_store_option(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=ls)
+
+
+def _listed(args: argparse.Namespace) -> list[RunRecord]:
+    status = RunStatus(args.status) if args.status else None
+    if 1 <= args.limit <= 10_000:  # else the store names the limit's range
+        from corral.stores._url import default_store_url, sqlite_location  # light: start-up
+
+        location = sqlite_location(args.store or default_store_url())
+        if location is not None:
+            runs = peek_runs(location[0], thread=args.thread or None, status=status,
+                             limit=args.limit)
+            if runs is not None:
+                return runs
+
+    async def listed(store: Store) -> list[RunRecord]:
+        if args.thread:
+            return newest_of_thread(await store.list_by_thread(args.thread), status,
+                                    args.limit)
+        return await store.list_runs(status=status, limit=args.limit)
+
+    # only now: the store layer and anyio are most of the start-up the sqlite3 peek avoids
+    from corral.cli._store import with_store
+
+    return with_store(args, listed)
+
+
+def ls(args: argparse.Namespace) -> int:
+    """Print the runs (a table, or ``--json``), newest first."""
+    runs = _listed(args)
+    if args.json:
+        print(json.dumps([record_json(r) for r in runs]))
+        return 0
+    for line in ls_table(runs):
+        print(line)
+    return 0
 
 
 def local_time(epoch: float) -> str:
@@ -135,4 +220,29 @@ def show_text(record: RunRecord, usage_lines: Sequence[str],
         field("sandbox", f"{ref.get('provider', '?')} {ref.get('id', '?')}")
     for line in usage_lines:
         lines.append("  " + line)
+    return lines
+
+
+def usage_lines(usage: dict[str, Any]) -> list[str]:
+    """A run's usage as ``corral show`` prints it: totals, cost, then a line per model."""
+
+    def tokens(u: dict[str, Any]) -> str:
+        return (f"{u.get('input_tokens', 0)} in, {u.get('output_tokens', 0)} out, "
+                f"{u.get('cache_read_tokens', 0)} cache read, "
+                f"{u.get('cache_write_tokens', 0)} cache write")
+
+    lines = [f"{'tokens':17} {tokens(usage)} ({usage.get('requests', 0)} requests)"]
+    if "cost_usd" in usage:
+        unpriced = ", ".join(map(str, usage.get("unpriced") or []))
+        if unpriced and not usage.get("cost_by_model"):
+            # never shown as $0: a model without a price is not free
+            lines.append(f"{'cost':17} unknown (no price for {unpriced})")
+        else:
+            lines.append(f"{'cost':17} ${usage['cost_usd']:.4f}"
+                         + (f" + unpriced: {unpriced}" if unpriced else ""))
+    costs = usage.get("cost_by_model") or {}
+    for model, used in sorted((usage.get("models") or {}).items()):
+        if isinstance(used, dict):
+            cost = f", ${costs[model]:.4f}" if model in costs else ""
+            lines.append(f"{'  ' + model:17} {tokens(used)}{cost}")
     return lines

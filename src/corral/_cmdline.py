@@ -1,9 +1,9 @@
-"""The light part of corral's command line: the one-line error report every corral command
-gives, the ``--store`` option and durations. ``corral`` builds its parser and reports errors
-with these for every command, and ``python -m corral.server`` with the same ones (so the
-server never imports the CLI); this module imports only the standard library and corral's
-bottom layers, so ``corral --version`` or ``corral ls`` never pays for the app, uvicorn or
-the runner (``corral.server._command`` holds what needs them)."""
+"""What every corral command line shares: the one-line error report, the ``--store`` option,
+duration options and a closed standard output.
+
+``corral`` (:mod:`corral.cli`) and ``python -m corral.server`` both use these, so the server
+never imports the CLI; this module sits below every package and imports only the standard
+library and corral's bottom modules, so ``corral --version`` pays for nothing else."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ __all__ = [
     "add_store_option",
     "duration_arg",
     "flush_stdout",
-    "parse_duration",
+    "is_closed_pipe",
     "run_reporting_errors",
     "silence_stdout",
 ]
@@ -39,16 +39,14 @@ STORE_HELP: Final = "store URL (default $CORRAL_STORE or SQLite)"
 
 def duration_arg(what: str) -> Callable[[str], float]:
     """An argparse ``type`` for a positive duration option named ``what`` (``--timeout``):
-    :func:`parse_duration`'s forms, its one-line error as argparse's usage error."""
+    :func:`~corral._durations.parse_duration` (the one duration parser), its one-line
+    error as argparse's usage error."""
 
     def parse(text: str) -> float:
         try:
-            seconds = parse_duration(text, what=what)
+            return parse_duration(text, what=what, positive=True)
         except ConfigError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        if seconds <= 0:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: must be more than 0")
-        return seconds
 
     parse.__name__ = "duration"  # argparse names it in "invalid duration value"
     return parse
@@ -69,7 +67,7 @@ def run_reporting_errors(func: Callable[[argparse.Namespace], int], args: argpar
         code = func(args)
         return code if flush_stdout() else VIEWER_LEFT
     except (CorralError, OSError, KeyboardInterrupt, BaseExceptionGroup) as exc:
-        if any(_is_closed_pipe(e) for e in _leaves(exc)):
+        if any(isinstance(e, OSError) and is_closed_pipe(e) for e in _leaves(exc)):
             silence_stdout()
             return VIEWER_LEFT
         reported = _one_line(exc)
@@ -78,9 +76,9 @@ def run_reporting_errors(func: Callable[[argparse.Namespace], int], args: argpar
         return reported
 
 
-def _is_closed_pipe(exc: BaseException) -> bool:
-    return isinstance(exc, BrokenPipeError) or (
-        isinstance(exc, OSError) and exc.errno == errno.EPIPE)
+def is_closed_pipe(exc: OSError) -> bool:
+    """Whether ``exc`` is a write to a pipe whose reader left (``| head``)."""
+    return isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE
 
 
 def flush_stdout() -> bool:
@@ -90,7 +88,7 @@ def flush_stdout() -> bool:
     try:
         sys.stdout.flush()
     except OSError as exc:
-        if not _is_closed_pipe(exc):
+        if not is_closed_pipe(exc):
             raise
         silence_stdout()
         return False
