@@ -17,8 +17,8 @@ from corral._cmdline import add_store_option
 from corral._durations import parse_duration
 from corral._errors import ConfigError
 from corral.cli._store import with_store
-from corral.runs._prune import PruneResult
-from corral.runs._reap import DEFAULT_BUDGET, DEFAULT_MAX_RUNS, ReapOutcome, ReapResult
+from corral.journal._prune import PruneResult
+from corral.runs._reap_sweep import DEFAULT_BUDGET, DEFAULT_MAX_RUNS, ReapOutcome, ReapResult
 from corral.runs._runner import Runner
 from corral.stores._protocols import Store
 

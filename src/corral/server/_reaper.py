@@ -20,7 +20,7 @@ from corral._log import library_logger
 from corral.runs._owner import new_owner_id
 
 if TYPE_CHECKING:
-    from corral.runs._reap import ReapResult
+    from corral.runs._reap_sweep import ReapResult
     from corral.server._service import RunService
 
 log = library_logger("corral.server._reaper")
