@@ -12,7 +12,7 @@ import pytest
 from corral.runs._reap_sweep import ReapOutcome
 from corral.runs._runner import RunRequest
 from corral.server._config import ServerConfig
-from corral.server._reaper import LOCK_NAME, sweep_once
+from corral.server._reap_loop import LOCK_NAME, sweep_once
 from corral.server._service import RunService
 from corral.server._sse import encode_event
 from corral.stores import open_store

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from corral.runs._reap_sweep import ReapResult
     from corral.server._service import RunService
 
-log = library_logger("corral.server._reaper")
+log = library_logger("corral.server._reap_loop")
 
 LOCK_NAME: Final = "corral.reaper"
 MIN_LOCK_TTL: Final = 60.0
