@@ -110,7 +110,7 @@ DECLARED = (*PARSER, "corral.cli._arguments", "corral._suggest", "corral.sandbox
             "corral.sandbox._contracts", "corral.journal", "corral.journal._sentinel",
             "corral.stores", "corral.stores._records", "corral.harness",
             "corral.harness._packages", "corral.runs", "corral.runs._reap_limits",
-            "corral.server", "corral.server._command", "corral.server._config")
+            "corral.server", "corral.server._serve_cli", "corral.server._config")
 
 
 @pytest.mark.parametrize("argv, code", [
@@ -133,7 +133,7 @@ def test_help_usage_errors_and_completion_import_no_work(
     assert _outside(modules, allowed) == set()
     third_party = {m.split(".")[0] for m in modules} - set(sys.stdlib_module_names)
     assert {m for m in third_party if not m.startswith("_") and m != "corral"} == set()
-    for never in ("pydantic", "anyio", "corral.runs._runner", "corral.runs._reap",
+    for never in ("pydantic", "anyio", "corral.runs._runner", "corral.runs._reap_sweep",
                   "corral.providers", "corral.server._serve", "corral.server._app",
                   "corral.sandbox._definition", "corral.cli._run", "corral.cli._exec"):
         assert never not in modules

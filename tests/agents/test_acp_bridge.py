@@ -25,7 +25,7 @@ from corral._insandbox import acp_client
 from corral.harness._acp import AcpTranslator
 from corral.harness._base import RunContext
 from corral.journal._reader import Exit, Line
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing import wait_until
 from corral.tools._core import Toolset
 from corral.tools._mcp_server import HostToolServer

@@ -19,7 +19,7 @@ from corral.agents._installs import InstalledAgent, install_agent
 from corral.agents._sessions import SANDBOX_HOME
 from corral.harness._opencode import OpencodeHarness
 from corral.net._model_proxy import Upstream
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.sandbox._redact import Redactor
 from corral.testing._model_server import (
     Hang,

@@ -21,7 +21,7 @@ from corral.harness._events import event_to_dict
 from corral.harness._opencode import OpencodeHarness, acp_reasons, opencode_config
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import ModelProxy, Upstream
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._model_server import Fail, ModelServer, Text
 
 from .test_model_proxy import ANTHROPIC_BODY, KEY, sock, with_proxy  # noqa: F401 - fixture

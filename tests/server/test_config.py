@@ -74,7 +74,7 @@ def test_loopback_names() -> None:
 def test_serve_is_a_corral_command() -> None:
     from corral.cli._main import COMMANDS, build_parser
     from corral.server import config_from_args
-    from corral.server._command import serve_main
+    from corral.server._serve_cli import serve_main
 
     parser = build_parser({"serve": COMMANDS["serve"]})
     args = parser.parse_args(["serve", "--port", "0", "--no-reaper", "--reap-ttl", "10m"])

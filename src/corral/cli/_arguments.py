@@ -8,7 +8,7 @@ pydantic (``tests/test_cli_imports.py``; docs/benchmarks.md measures them). A de
 imports the constants it prints itself, not this module: ``corral ls`` declares ``ls``
 alone and does not pay for ``run``'s default provider (its module is most of a declaration's
 cost). ``corral serve``'s arguments are the server's
-(:func:`corral.server._command.serve_arguments`), shared with ``python -m corral.server``.
+(:func:`corral.server._serve_cli.serve_arguments`), shared with ``python -m corral.server``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from corral.sandbox._contracts import (
     SandboxSpec,
     check_env_name,
 )
-from corral.sandbox._validate import size
+from corral._validate import size
 
 __all__ = ["run"]
 

@@ -60,7 +60,7 @@ COMMANDS: Mapping[str, Command] = {
     "gc": Command("corral.cli._arguments:gc_arguments",
                   "destroy sandboxes idle past their keep_alive, and orphans (labelled "
                   "sandboxes no instance record points to)"),
-    "serve": Command("corral.server._command:serve_arguments",
+    "serve": Command("corral.server._serve_cli:serve_arguments",
                      "serve the HTTP API and the web page"),
     "acp": Command("corral.cli._arguments:acp_arguments", "be an ACP agent on stdio (for editors)"),
     "mcp": Command("corral.cli._arguments:mcp_arguments",

@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from corral.sandbox._validate import format_size
+from corral._validate import format_size
 
 if TYPE_CHECKING:
     from corral.sandbox._transfer import CopyProgress

@@ -16,8 +16,8 @@ from typing import Any, TextIO
 from corral._durations import parse_duration
 from corral._errors import ConfigError
 from corral.cli._store import with_store
-from corral.runs._prune import PruneResult
-from corral.runs._reap import ReapOutcome, ReapResult
+from corral.journal._prune import PruneResult
+from corral.runs._reap_sweep import ReapOutcome, ReapResult
 from corral.runs._runner import Runner
 from corral.stores._protocols import Store
 

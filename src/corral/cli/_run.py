@@ -19,7 +19,7 @@ from corral.cli._store import with_store
 from corral.cli._trust import check_found_config
 from corral.cli._view import EventPrinter, follow, say
 from corral.runs._runner import DEFAULT_MAX_OUTPUT, Runner, RunRequest
-from corral.sandbox import _validate as validate
+import corral._validate as validate
 from corral.sandbox._config_file import agent_table, find_config, load_config
 from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.sandbox._definition import Sandbox

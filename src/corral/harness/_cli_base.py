@@ -65,7 +65,7 @@ from corral._insandbox import entry as sandbox_entry
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 
 __all__ = [
     "SESSION_EVENT",
@@ -89,7 +89,7 @@ NO_RESULT = "(no result: the agent stopped before the tool call finished)"
 
 @runtime_checkable
 class PolicyLike(Protocol):
-    """The parts of :class:`corral.sandbox._policy.Policy` a harness maps (structural)."""
+    """The parts of :class:`corral.policy._policy.Policy` a harness maps (structural)."""
 
     @property
     def allow(self) -> tuple[str, ...]: ...
@@ -335,7 +335,7 @@ class CliConfig(HarnessConfig):
     version: str | None = None
     """The agent CLI's version (default: the pinned one)."""
     policy: Any = None
-    """The policy the CLI enforces: a :class:`~corral.sandbox._policy.Policy` or its
+    """The policy the CLI enforces: a :class:`~corral.policy._policy.Policy` or its
     ``to_dict()`` form."""
     permission_prompt: bool = False
     """The CLI asks corral (on the run's MCP server) before acting."""

@@ -15,7 +15,7 @@ import anyio
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.runs._claims import hold_claim
-from corral.runs._feed import file_feed
+from corral.runs._file_feed_wiring import file_feed
 from corral.runs._host_tools import serve_tools
 from corral.runs._logged import LoggedOffset, complete_end
 from corral.runs._owner import owner_is_dead

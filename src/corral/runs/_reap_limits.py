@@ -1,5 +1,6 @@
-"""One reaper sweep's default limits, apart from :mod:`corral.runs._reap` (which re-exports
-them): ``corral reap --help`` and ``corral completion``, which print them, import no reaper."""
+"""One reaper sweep's default limits, apart from :mod:`corral.runs._reap_sweep` (which
+re-exports them): ``corral reap --help`` and ``corral completion``, which print them, import
+no reaper."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ class RunRequest:
         """The run spec recorded for this request run in ``sandbox``."""
         from corral.harness._registry import registration
         from corral.runs._spec import RunSpec
-        from corral.sandbox._policy import Policy  # start-up cost: see the imports
+        from corral.policy._policy import Policy  # start-up cost: see the imports
 
         policy, prompt = None, False
         if self.harness != "command" and sandbox.policy != Policy():

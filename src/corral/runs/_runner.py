@@ -39,11 +39,11 @@ from corral._log import library_logger
 from corral._paths import corral_home
 from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
-from corral.journal._probe import JournalLocationError, machine_id
+from corral.journal._exit_probe import JournalLocationError, machine_id
 from corral.journal._sentinel import new_nonce
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
-from corral.runs._feed import unlogged_file_events
+from corral.runs._file_feed_wiring import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
@@ -79,8 +79,8 @@ from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
     from corral.runs._plan import StartPlan
-    from corral.runs._prune import PruneResult
-    from corral.runs._reap import ReapResult
+    from corral.journal._prune import PruneResult
+    from corral.runs._reap_sweep import ReapResult
     from corral.runs._threads import Threads
     from corral.tools._core import Toolset
 
@@ -103,9 +103,9 @@ class Runner:
 
     A façade: launching (:mod:`~corral.runs._launch`), the produce path
     (:mod:`~corral.runs._produce`), the services daemon (:mod:`~corral.runs._keep_services`),
-    host tools (:mod:`~corral.runs._host_tools`), file events (:mod:`~corral.runs._feed`),
-    the agent's end (:mod:`~corral.runs._agent_end`) and the sandbox's release
-    (:mod:`~corral.runs._release`) each live in their own module."""
+    host tools (:mod:`~corral.runs._host_tools`), file events
+    (:mod:`~corral.runs._file_feed_wiring`), the agent's end (:mod:`~corral.runs._agent_end`)
+    and the sandbox's release (:mod:`~corral.runs._release`) each live in their own module."""
 
     def __init__(
         self,
@@ -512,7 +512,7 @@ class Runner:
         finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         journals = self.journals_dir
-        from corral.runs._reaping import reap_runner_runs
+        from corral.runs._reap_runner import reap_runner_runs
 
         result = await reap_runner_runs(
             self.store,

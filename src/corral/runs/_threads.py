@@ -414,7 +414,7 @@ class Threads:
 async def _forget_journal(record: RunRecord) -> None:
     """Delete this host's journal of a deleted run (its id may be used again; a journal
     on another host is that host's prune's, once the run is unknown there too)."""
-    from corral.journal._probe import JournalLocationError, locate_journal
+    from corral.journal._exit_probe import JournalLocationError, locate_journal
     from corral.journal._prune import delete_journal
 
     try:

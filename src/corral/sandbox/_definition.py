@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from corral._errors import ConfigError
-from corral.sandbox import _validate as v
+import corral._validate as v
 from corral.sandbox._contracts import DEFAULT_PROVIDER, Provider
 from corral.sandbox._hooks import Hooks
 from corral.sandbox._key import RunContext, instance_key
 from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
-from corral.sandbox._registry import (
+from corral.policy._policy import Policy
+from corral.sandbox._provider_registry import (
     ProviderConfig,
     build_provider,
     config_data,

@@ -87,7 +87,7 @@ def request_for(config: ServerConfig, body: StartRun) -> RunRequest:
         request = replace(request, sandbox=replace(request.definition(),
                                                    file_events=body.file_events))
     if sandbox.policy is not None:
-        from corral.sandbox._policy import Policy  # start-up cost: only when used
+        from corral.policy._policy import Policy  # start-up cost: only when used
 
         request = replace(request, sandbox=replace(request.definition(),
                                                    policy=Policy(**sandbox.policy)))

@@ -40,7 +40,7 @@ from corral.runs._launch import with_prompt
 from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import DEFAULT_PROVIDER
-from corral.sandbox._policy import Policy, Verdict
+from corral.policy._policy import Policy, Verdict
 from corral.stores import open_store
 from corral.stores._protocols import Store
 from corral.testing._kit import Factory, opened
@@ -231,7 +231,7 @@ class HarnessWorld:
         return toml.replace("[policy]\n", f"[policy]\n{rules}", 1)
 
     def policy(self, default: Verdict = "allow") -> Policy:
-        """A :class:`~corral.sandbox._policy.Policy` with ``default`` and the case's
+        """A :class:`~corral.policy._policy.Policy` with ``default`` and the case's
         :attr:`~HarnessCase.extra_ask` rules (for checks that build a sandbox)."""
         return Policy(default=default, ask=self.case.extra_ask)
 

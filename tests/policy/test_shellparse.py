@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.sandbox._commands import command_parts
-from corral.sandbox._shellparse import ShellParseError, parse
+from corral.policy._parts import command_parts
+from corral.policy._shellparse import ShellParseError, parse
 
 
 def argvs(cmd: str) -> list[list[str]]:

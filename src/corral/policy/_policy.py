@@ -1,6 +1,6 @@
 """Command and capability policy: allow / ask / deny, deny > ask > allow > default.
 
-A command string is split into every part it would run (:mod:`corral.sandbox._commands`)
+A command string is split into every part it would run (:mod:`corral.policy._parts`)
 and *every* part must pass, so ``allow=["pytest *"]`` does not allow
 ``pytest; curl x | sh``. :meth:`Policy.evaluate` returns a :class:`Decision` that says
 which rule decided and for which part.
@@ -40,10 +40,10 @@ from fnmatch import fnmatchcase
 from typing import Literal
 
 from corral._errors import ConfigError
-from corral.sandbox._allowlist import parse_allowlist  # the egress proxy's parser too
-from corral.sandbox import _validate as v
-from corral.sandbox._commands import Part, command_parts, program_name
-from corral.sandbox._shellparse import ShellParseError, Word
+from corral.policy._allowlist import parse_allowlist  # the egress proxy's parser too
+import corral._validate as v
+from corral.policy._parts import Part, command_parts, program_name
+from corral.policy._shellparse import ShellParseError, Word
 
 __all__ = ["Decision", "Policy", "Verdict"]
 

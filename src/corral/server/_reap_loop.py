@@ -20,10 +20,10 @@ from corral._log import library_logger
 from corral.runs._owner import new_owner_id
 
 if TYPE_CHECKING:
-    from corral.runs._reap import ReapResult
+    from corral.runs._reap_sweep import ReapResult
     from corral.server._service import RunService
 
-log = library_logger("corral.server._reaper")
+log = library_logger("corral.server._reap_loop")
 
 LOCK_NAME: Final = "corral.reaper"
 MIN_LOCK_TTL: Final = 60.0

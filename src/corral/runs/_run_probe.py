@@ -1,12 +1,12 @@
 """``probe_run_exit``: did a detached run's agent exit? The journal probe
-(:mod:`corral.journal._probe`) of the run a record names, asked of its agent site
+(:mod:`corral.journal._exit_probe`) of the run a record names, asked of its agent site
 (:mod:`corral.runs._placement`): its journal's location is the record's ``journal``
 mapping, which the Runner writes when it starts the run."""
 
 from __future__ import annotations
 
 from corral.journal._layout import JournalPaths
-from corral.journal._probe import JournalLocationError, JournalUnreachable, ProbeResult
+from corral.journal._exit_probe import JournalLocationError, JournalUnreachable, ProbeResult
 from corral.runs._placement import site_of
 from corral.runs._site import AgentSite
 from corral.stores._records import RunRecord
@@ -39,7 +39,7 @@ async def probe_run_exit(
     max_bytes: int = 65536,
     recent: float = 30.0,
 ) -> ProbeResult:
-    """:func:`corral.journal._probe.probe_exit` of the run's journal; ``unknown`` when the
+    """:func:`corral.journal._exit_probe.probe_exit` of the run's journal; ``unknown`` when the
     record does not say where its journal is, ``elsewhere`` when it is on another host.
     Never raises, never drives the run."""
     try:

@@ -33,10 +33,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.providers._bubblewrap import SYSTEM_PATHS
-from corral.sandbox._commands import command_parts, program_name
-from corral.sandbox._policy import Policy
-from corral.sandbox._shellparse import ShellParseError
-from tests.sandbox.test_policy_evaluated_code import BYPASSES, ORDINARY, TAINTS
+from corral.policy._parts import command_parts, program_name
+from corral.policy._policy import Policy
+from corral.policy._shellparse import ShellParseError
+from tests.policy.test_policy_evaluated_code import BYPASSES, ORDINARY, TAINTS
 
 SANDBOX_BASH = "/usr/bin/bash"
 POLICY = Policy(

@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 from corral._log import library_logger
 from corral.stores._protocols import EventLog, LoggedEvent
 
-log = library_logger("corral.server._feed")
+log = library_logger("corral.server._run_fanout")
 
 DEFAULT_WINDOW: Final = 4096
 

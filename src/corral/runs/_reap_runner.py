@@ -1,7 +1,7 @@
 """The reaper's collaborators for runs started by :class:`corral.runs._runner.Runner`, and
 one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
 
-- ``probe``: :func:`probe_runner_run`, :func:`corral.runs._probe.probe_run_exit` (the
+- ``probe``: :func:`probe_runner_run`, :func:`corral.runs._run_probe.probe_run_exit` (the
   journal's tail) plus the case of a starter that provably died before launching the agent;
 - ``drive``: :func:`journal_drive` continues the harness translation after the journal
   offset stored with the last logged event, one atomic batch per journal item (or records
@@ -9,20 +9,29 @@ one sweep wired with them (what ``corral reap`` and ``corral serve`` call).
   was never launched);
 - ``stop``: :func:`journal_stop` stops an expired run's agent through its supervisor;
 - ``reclaim``: :func:`record_reclaimer` destroys the run's sandbox, found through its
-  instance record (``sandbox_key``) or the ``sandbox_ref`` the Runner stores.
+  instance record (``sandbox_key``) or the ``sandbox_ref`` the Runner stores;
+- after the sweep, :func:`prune_journals` deletes this host's journal files of runs that
+  ended (the journal's prune, :mod:`corral.journal._prune`, told by run records).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.to_thread
 
 from corral._log import library_logger
 from corral.harness._registry import HarnessNotInstalled
+from corral.journal._prune import (
+    DEFAULT_MAX_DELETES,
+    DEFAULT_ORPHAN_TTL,
+    PruneResult,
+    prune_journal_dir,
+)
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, Produced
 from corral.runs._produce import (
@@ -32,11 +41,10 @@ from corral.runs._produce import (
     continue_run,
     logged_end,
 )
-from corral.runs._probe import JournalLocationError, journal_site, probe_run_exit
-from corral.runs._prune import PruneResult, prune_journals
+from corral.runs._run_probe import JournalLocationError, journal_site, probe_run_exit
 from corral.runs._quiesce import DEFAULT_QUIET
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS
-from corral.runs._reap import (
+from corral.runs._reap_sweep import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_RUNS,
     Drive,
@@ -57,7 +65,7 @@ from corral.stores._records import RunRecord
 from corral.stores._protocols import InstanceStore, Store
 from corral.sandbox._contracts import SandboxRef
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import recorded_config
+from corral.sandbox._provider_registry import recorded_config
 from corral.sandbox import _traced as traced
 
 __all__ = [
@@ -67,11 +75,12 @@ __all__ = [
     "logged_end",
     "probe_runner_run",
     "journal_stop",
+    "prune_journals",
     "reap_runner_runs",
     "record_reclaimer",
 ]
 
-log = library_logger("corral.runs._reaping")
+log = library_logger("corral.runs._reap_runner")
 
 STOP_GRACE: Final = 2.0
 """Seconds between SIGTERM and SIGKILL when stopping an expired run's agent."""
@@ -296,3 +305,27 @@ async def reap_runner_runs(
     if journals_dir is not None:
         pruned = await prune_journals(store, journals_dir, now=now, logger=logger)
     return result, pruned
+
+
+class RecordReader(Protocol):
+    async def get(self, run_id: str) -> RunRecord | None: ...
+
+
+async def prune_journals(
+    store: RecordReader,
+    directory: str | os.PathLike[str],
+    *,
+    now: float | None = None,
+    orphan_ttl: float = DEFAULT_ORPHAN_TTL,
+    max_deletes: int = DEFAULT_MAX_DELETES,
+    logger: logging.Logger | None = None,
+) -> PruneResult:
+    """Delete the journal files in ``directory`` of runs whose record is terminal, or of
+    long-orphaned runs (no record); see :mod:`corral.journal._prune`. Never raises."""
+
+    async def run_ended(run_id: str) -> bool | None:
+        record = await store.get(run_id)
+        return None if record is None else record.terminal
+
+    return await prune_journal_dir(run_ended, directory, now=now, orphan_ttl=orphan_ttl,
+                                   max_deletes=max_deletes, logger=logger)

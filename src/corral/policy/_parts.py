@@ -1,6 +1,6 @@
 """What a command string really runs: parts for the policy to judge.
 
-:func:`command_parts` parses a string (:mod:`corral.sandbox._shellparse`) and then looks
+:func:`command_parts` parses a string (:mod:`corral.policy._shellparse`) and then looks
 through programs that run other programs: shells with ``-c`` and ``eval`` (their string
 is parsed again), argv wrappers such as ``env``, ``sudo``, ``timeout``, ``nice``,
 ``xargs``, ``find -exec`` (the wrapped command becomes its own part) and
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from corral.sandbox._shellparse import (
+from corral.policy._shellparse import (
     MAX_DEPTH,
     Names,
     Redirect,
@@ -166,7 +166,7 @@ def program_name(word: Word) -> str:
 def command_parts(command: str) -> list[Part]:
     """Every part ``command`` would run, in rough execution order.
 
-    Raises :class:`~corral.sandbox._shellparse.ShellParseError` when the string (or a
+    Raises :class:`~corral.policy._shellparse.ShellParseError` when the string (or a
     string it hands to a shell) cannot be read with certainty.
     """
     parts: list[Part] = []

@@ -6,7 +6,7 @@ terminal status and a closed log. Driving a run whose agent is still working wou
 attached viewer's stream, record a transcript that is not finished, and drop the run out of
 ``list_reclaimable`` for good (so its sandbox would never be reclaimed). Whether the agent
 finished is learned out of band, by probing the end of its journal
-(:func:`corral.runs._probe.probe_run_exit`); a run is driven only when the probe saw its exit,
+(:func:`corral.runs._run_probe.probe_run_exit`); a run is driven only when the probe saw its exit,
 or when its detach TTL has run out (then the outcome is terminal either way). A run whose
 journal is on another host (a second host sharing the store) is never touched, expired or
 not: only that host can tell whether its agent finished, or stop it.
@@ -36,7 +36,7 @@ import anyio
 
 from corral._log import library_logger
 from corral._telemetry import span
-from corral.journal._probe import ProbeResult
+from corral.journal._exit_probe import ProbeResult
 from corral.runs._claims import hold_claim
 from corral.runs._owner import new_owner_id, owner_is_dead
 from corral.runs._pipe import PipeResult, PipeStore, Produced, pipe_to_run_log
@@ -59,7 +59,7 @@ __all__ = [
     "reap_detached_runs",
 ]
 
-log = library_logger("corral.runs._reap")
+log = library_logger("corral.runs._reap_sweep")
 
 DEFAULT_LEASE_TTL: Final = 30.0
 """Seconds of the reaper's claim lease (renewed in the background while it drives)."""

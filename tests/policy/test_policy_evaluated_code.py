@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.sandbox._commands import command_parts
-from corral.sandbox._policy import Policy
-from corral.sandbox._shellparse import ShellParseError, parse
+from corral.policy._parts import command_parts
+from corral.policy._policy import Policy
+from corral.policy._shellparse import ShellParseError, parse
 
 # the builtins that take names or arithmetic are allowed on purpose: a rule allowing
 # `read *` must not allow `read 'a[$(pwned)]'`
