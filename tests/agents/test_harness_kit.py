@@ -64,9 +64,10 @@ CASES = {
     "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
                                                 "max_retries": 0},
                                 normalize=_without_title),
-    # (gemini --acp is not a kit case: it reports no shell output and no tool arguments
-    # over ACP, which the kit's round-trip, key and egress checks read; its rules are
-    # refused: tests/agents/test_acp_agents.py covers what it does)
+    # ACP: gemini's policy engine asks about every shell command and edit (corral's policy
+    # answers); shell output comes as text (no interactive shell)
+    "acp-gemini": lambda: _case("acp", options={"agent": "gemini", "model": "gemini-fake",
+                                                "max_retries": 0}),
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))
