@@ -23,7 +23,6 @@ from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text,
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted
-from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_acp import (  # noqa: F401 - opencode_install: the fixture
     ACP as _OPENCODE_ACP,
     check_tool_events,
@@ -390,23 +389,7 @@ def test_a_second_prompt_on_the_thread_reopens_the_acp_session(
     assert "".join(run2.texts()) == "second answer"
 
 
-# ---------------------------------------------------------------- host tools
-
-
-def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
-    """The host tool under whatever prefix the agent offers MCP tools by."""
-    offered = [t for t in req.tools if t.endswith(tool_name)]
-    return ToolCall("", tool=offered[0], args=args) if offered else None
-
-
-def test_gemini_host_tool_round_trip(gemini_install: InstalledAgent, host_env: ModelServer,
-                                     corral_home: Path, tmp_path: Path) -> None:
-    """Host tools reach gemini as session/new mcpServers (its folder is trusted: with no
-    policy the sandbox is the boundary); gemini reports no arguments over ACP."""
-    check_host_tool_round_trip(
-        harness="acp", options={"agent": "gemini", "model": "gemini-fake", "max_retries": 0},
-        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
-        call_then_answer=host_tool_script(_offered), args_reported=False)
+# (host tools: the kit's host_tool[acp-gemini], host_tool_approval[acp-gemini])
 
 
 def test_claude_file_write_deny_refuses_its_edit_tools(

@@ -18,7 +18,8 @@ Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
 
 * ``session/update`` ``agent_message_chunk`` → one text message per run of chunks,
   ``agent_thought_chunk`` → ``REASONING_*``; ``tool_call`` / ``tool_call_update`` →
-  ``TOOL_CALL_START`` (+ ``ARGS`` from ``rawInput`` once known) and, when the call is
+  ``TOOL_CALL_START`` (+ ``ARGS`` from ``rawInput`` once known; for gemini, an
+  ``execute`` call's title and another call's JSON content before it runs) and, when the call is
   ``completed`` or ``failed``, ``TOOL_CALL_END`` + ``TOOL_CALL_RESULT`` (its text content,
   else ``rawOutput``); ``execute`` tools are named ``shell`` with ``{"command": ...}``,
   the run's host tools go by their own names, others by their ACP kind; any other update
@@ -255,7 +256,8 @@ class AcpHarness(CliHarness):
         if at_offset is not None:
             raise ConfigError("the acp translator resumes by replay, not by offset")
         return AcpTranslator(ctx, agent=self.agent or "command",
-                             command_in_title=self.profile.command_in_title)
+                             command_in_title=self.profile.command_in_title,
+                             args_in_content=self.profile.args_in_content)
 
 
 class _Tool:
@@ -275,7 +277,7 @@ class AcpTranslator(JsonlTranslator):
     harness: ClassVar[str] = "acp"
 
     def __init__(self, ctx: RunContext, agent: str = "command",
-                 command_in_title: bool = False) -> None:
+                 command_in_title: bool = False, args_in_content: bool = False) -> None:
         super().__init__(ctx)
         self.agent = agent
         self.requests: dict[int, str] = {}
@@ -284,6 +286,7 @@ class AcpTranslator(JsonlTranslator):
         self.replaying = False
         """Between ``session/load`` and ``session/prompt``: updates replay history."""
         self.command_in_title = command_in_title
+        self.args_in_content = args_in_content
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
@@ -492,7 +495,7 @@ class AcpTranslator(JsonlTranslator):
             self.tools[call] = tool
             self.open_tools[call] = tool.name
             out.append(ev.tool_call_start(tool.id, tool.name))
-        args = _tool_args(tc, tool.name, self.command_in_title)
+        args = _tool_args(tc, tool.name, self.command_in_title, self.args_in_content)
         if args is not None:
             tool.args = args
         status = tc.get("status")
@@ -548,11 +551,15 @@ def _tool_name(tc: Mapping[str, Any]) -> str:
     return _KIND_NAMES.get(kind, "tool") if isinstance(kind, str) else "tool"
 
 
-def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
+def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool,
+               args_in_content: bool = False) -> Any:
     raw = tc.get("rawInput")
     if name == "shell" and command_in_title and not isinstance(raw, dict):
         title = as_str(tc.get("title"))
         return {"command": title} if title else None
+    if args_in_content and not isinstance(raw, dict) and name != "shell" \
+            and tc.get("status") not in ("completed", "failed"):
+        return _args_from_content(tc.get("content"))
     if not isinstance(raw, dict) or not raw:
         return None
     if name == "shell":
@@ -561,6 +568,23 @@ def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
             command = " ".join(str(a) for a in command)
         return {"command": command} if isinstance(command, str) else None
     return raw
+
+
+def _args_from_content(content: Any) -> dict[str, Any] | None:
+    """The arguments an agent gives only as the JSON text of a call's first content block
+    before it runs (gemini 0.61's ``getExplanation`` of an MCP tool: its arguments as JSON,
+    or ``[Payload omitted due to length …]`` past 500 characters, which gives none)."""
+    block = content[0] if isinstance(content, list) and content else None
+    inner = block.get("content") if isinstance(block, dict) and \
+        block.get("type") == "content" else None
+    text = inner.get("text") if isinstance(inner, dict) else None
+    if not isinstance(text, str) or not text.startswith("{"):
+        return None
+    try:
+        args = json.loads(text)
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
 
 
 def _result_text(tc: Mapping[str, Any]) -> str:

@@ -21,7 +21,9 @@ one agent that speaks the Agent Client Protocol on stdio:
 
 * :meth:`AcpAgent.session_params` / ``command_in_title``: extra ``session/new`` /
   ``session/load`` parameters (the Claude adapter's ``_meta`` with corral's command gate),
-  and whether ``execute`` calls carry their command only as the title (gemini).
+  and whether ``execute`` calls carry their command only as the title (gemini);
+  ``args_in_content``: other calls carry their arguments only as their content's JSON text
+  before they run (gemini).
 
 The profile object is stateless apart from what :meth:`map_policy` decides (kept on the
 harness as ``AcpPolicy``); :class:`corral.harness._acp.AcpHarness` calls, in this order,
@@ -104,6 +106,9 @@ class AcpAgent:
     command_in_title: ClassVar[bool] = False
     """The agent reports an ``execute`` call's command only as its title (gemini): the
     bridge asks the policy about the title, the translator shows it as the command."""
+    args_in_content: ClassVar[bool] = False
+    """The agent reports a (non-``execute``) call's arguments only as the JSON text of its
+    first content block before it runs (gemini): the translator reads them from there."""
 
     def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
         """More ``session/new`` / ``session/load`` parameters (e.g. the Claude adapter's
@@ -288,6 +293,9 @@ class GeminiAcp(AcpAgent):
     # gemini 0.61's shell invocation reports its full command as the title (getDisplayTitle;
     # its description, getDescription, is the model's text for long commands)
     command_in_title = True
+    # ...and an MCP tool's arguments only as the JSON text of the call's content before it
+    # runs (its invocation's getExplanation; no rawInput)
+    args_in_content = True
 
     def argv(self, bin_path: str) -> list[str]:
         # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a
