@@ -105,6 +105,31 @@ def test_gemini_under_command_rules_every_shell_command_and_edit_asks() -> None:
     assert free.guarded_workspace_files == () and not free.acp_policy.ask_corral
 
 
+def test_gemini_session_files_are_renamed_without_overwriting_one(tmp_path: Path) -> None:
+    """The rename before ``gemini --acp`` (a restored ``session-<minute>-<id8>`` file would be
+    wiped by a load in that minute) never replaces a file: a load within the minute of an
+    earlier one leaves a second file of that name beside the renamed one."""
+    import subprocess
+
+    from corral.harness._acp_agents import GEMINI_RENAME_SESSIONS
+
+    chats = tmp_path / ".gemini" / "tmp" / "workspace" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "session-r2026-12-05T10-34-aaaa1111.jsonl").write_text("history")
+    (chats / "session-2026-12-05T10-34-aaaa1111.jsonl").write_text("context only")
+    (chats / "session-2026-12-05T10-35-bbbb2222.json").write_text("other")
+    (chats / "notes.txt").write_text("left alone")
+    out = subprocess.run(["/bin/sh", "-c", GEMINI_RENAME_SESSIONS, "gemini-acp", "/bin/echo",
+                          "started"], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "started\n"
+    assert {p.name: p.read_text() for p in chats.iterdir()} == {
+        "session-r2026-12-05T10-34-aaaa1111.jsonl": "history",
+        "session-rr2026-12-05T10-34-aaaa1111.jsonl": "context only",
+        "session-r2026-12-05T10-35-bbbb2222.json": "other",
+        "notes.txt": "left alone"}
+
+
 def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web_tools() -> None:
     harness = AcpHarness(agent="gemini", model="gemini-fake",
                          policy=Policy(default="allow", network="deny"))
@@ -115,6 +140,9 @@ def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web
     assert settings["tools"]["exclude"] == ["google_web_search", "web_fetch"]
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert settings["mcpServers"] == {}
+    # corral keeps the sessions: gemini's own clean-up would delete a loaded one
+    assert settings["general"]["sessionRetention"] == {"enabled": False}
+    assert settings["tools"]["shell"] == {"enableInteractiveShell": False}
     assert REAL_KEY not in files[".gemini/settings.json"].decode()
 
 

@@ -244,10 +244,15 @@ turns a matched rule's ``ask_user`` into ``allow`` for "known safe" shell comman
 
 GEMINI_RENAME_SESSIONS = (
     'for f in "$HOME"/.gemini/tmp/*/chats/session-[0-9]*.json*; do '
-    '[ -f "$f" ] && mv -f "$f" "${f%/session-*}/session-r${f##*/session-}"; done; '
+    '[ -f "$f" ] || continue; t="${f%/session-*}/session-r${f##*/session-}"; '
+    'while [ -e "$t" ]; do t="${t%/session-*}/session-r${t##*/session-}"; done; '
+    'mv "$f" "$t"; done; '
     'exec "$@"')
 """``sh -c`` before ``gemini --acp``: ``session-<date>-<id8>.jsonl`` → ``session-r<date>-<id8>
-.jsonl`` (see :meth:`GeminiAcp.argv`)."""
+.jsonl`` (see :meth:`GeminiAcp.argv`), never over an existing file: another ``r`` until the
+name is free (a load within the minute of an earlier one leaves a second file of the same
+name and id beside the restored one: gemini 0.61's ``initializeSessionConfig`` starts one
+for the loaded session, holding only the session context)."""
 
 
 class GeminiAcp(AcpAgent):
@@ -376,6 +381,12 @@ class GeminiAcp(AcpAgent):
         # node-pty's output reaches ACP as a terminal snapshot, which gemini's ACP mode
         # drops (tool results ""); its child_process shell reports the output as text
         settings.setdefault("tools", {})["shell"] = {"enableInteractiveShell": False}
+        # corral keeps the thread's sessions (saved whole after each run). gemini 0.61's
+        # start-up clean-up (general.sessionRetention, on by default: 30 days) would drop
+        # an idle thread's session, and it deletes every file of a session id when one of
+        # them has no conversation, which the load's own new file for that id has not
+        # (cleanupExpiredSessions): the next load in a fresh sandbox found no session
+        settings["general"]["sessionRetention"] = {"enabled": False}
         files[GEMINI_SETTINGS_FILE] = json.dumps(settings, sort_keys=True, indent=1).encode()
         return files
 
