@@ -259,10 +259,32 @@ def test_gemini_calls_get_their_arguments_from_the_title_and_the_content() -> No
     assert [e for e in plain if e.type == EventType.TOOL_CALL_ARGS] == []
 
 
+@pytest.mark.parametrize("finished_on", [frozenset({"max_turn_requests"}), frozenset()])
+def test_a_stop_reason_the_profile_names_finishes_the_run_and_says_so(
+        finished_on: frozenset[str]) -> None:
+    """gemini 0.61 stops a turn with ``max_turn_requests`` when its loop detection ends it
+    (its headless mode calls that a success with a warning); for another agent it is an
+    error."""
+    lines = [{"acp": "send", "msg": {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                     "params": {"sessionId": "s", "prompt": []}}},
+             {"acp": "recv", "msg": {"jsonrpc": "2.0", "id": 3,
+                                     "result": {"stopReason": "max_turn_requests"}}}]
+    journal = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    events = translate(journal, 0, finished_on=finished_on)
+    stopped = [e.value for e in events if e.type == EventType.CUSTOM and e.name == "acp.stopped"]
+    if finished_on:
+        assert events[-1].type == EventType.RUN_FINISHED
+        assert stopped == [{"stopReason": "max_turn_requests"}]
+    else:
+        assert events[-1].type == EventType.RUN_ERROR and stopped == []
+        assert events[-1].code == "acp:max_turn_requests"
+
+
 @given(st.lists(line_bytes, max_size=25), st.integers(0, 3), st.booleans(), st.booleans())
 def test_any_journal_translates_without_raising_and_ends_once(
         lines: list[bytes], code: int, cut: bool, gemini: bool) -> None:
-    kw = {"command_in_title": gemini, "args_in_content": gemini}
+    kw: dict[str, Any] = {"command_in_title": gemini, "args_in_content": gemini,
+                          "finished_on": frozenset({"max_turn_requests"} if gemini else ())}
     journal = b"".join(x + b"\n" for x in lines)
     events = translate(journal, code, **kw)
     assert [e.type for e in events if e.type in TERMINAL] == [events[-1].type]

@@ -65,9 +65,11 @@ CASES = {
                                                 "max_retries": 0},
                                 normalize=_without_title),
     # ACP: gemini's policy engine asks about every shell command and edit (corral's policy
-    # answers); shell output comes as text (no interactive shell)
+    # answers); shell output comes as text (no interactive shell); gemini checks a tool
+    # call's arguments against its schema itself (an invalid result never reaches corral)
     "acp-gemini": lambda: _case("acp", options={"agent": "gemini", "model": "gemini-fake",
-                                                "max_retries": 0}),
+                                                "max_retries": 0},
+                                checks_tool_args=True),
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))

@@ -32,8 +32,10 @@ Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
 * the ``session/new`` result (or the ``session/resume`` / ``session/load`` request that
   succeeded) →
   ``CUSTOM corral.session`` ``{harness: "acp", sessionId, agent}`` (resume on the thread).
-* the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED``; any
-  other stop reason or an error → ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
+* the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED`` (so does
+  one the profile names in ``finished_on``, after ``CUSTOM acp.stopped``: gemini's
+  ``max_turn_requests``, its loop detection); any other stop reason or an error →
+  ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
   status, signal, timeout). Every tool call gets a result.
 * the bridge's notes (``resume-failed``, ``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
   lines that are not JSON → ``RAW``.
@@ -257,7 +259,8 @@ class AcpHarness(CliHarness):
             raise ConfigError("the acp translator resumes by replay, not by offset")
         return AcpTranslator(ctx, agent=self.agent or "command",
                              command_in_title=self.profile.command_in_title,
-                             args_in_content=self.profile.args_in_content)
+                             args_in_content=self.profile.args_in_content,
+                             finished_on=self.profile.finished_on)
 
 
 class _Tool:
@@ -277,7 +280,8 @@ class AcpTranslator(JsonlTranslator):
     harness: ClassVar[str] = "acp"
 
     def __init__(self, ctx: RunContext, agent: str = "command",
-                 command_in_title: bool = False, args_in_content: bool = False) -> None:
+                 command_in_title: bool = False, args_in_content: bool = False,
+                 finished_on: frozenset[str] = frozenset()) -> None:
         super().__init__(ctx)
         self.agent = agent
         self.requests: dict[int, str] = {}
@@ -287,6 +291,9 @@ class AcpTranslator(JsonlTranslator):
         """Between ``session/load`` and ``session/prompt``: updates replay history."""
         self.command_in_title = command_in_title
         self.args_in_content = args_in_content
+        self.finished_on = finished_on
+        """Stop reasons besides ``end_turn`` that end the run as finished (after a
+        ``CUSTOM acp.stopped`` naming it): the agent's own way of ending a turn."""
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
@@ -366,7 +373,9 @@ class AcpTranslator(JsonlTranslator):
             if isinstance(result, dict):
                 reason = result.get("stopReason")
                 self._usage(result.get("usage"), result.get("_meta"))
-                if reason == "end_turn":
+                if reason == "end_turn" or reason in self.finished_on:
+                    if reason != "end_turn":  # the turn ended, not as the model chose
+                        out.append(self.custom("stopped", {"stopReason": reason}))
                     self.succeeded = True
                     text = "".join(self.text_parts)
                     self.result = {"text": text, "sessionId": self.session} \

@@ -106,6 +106,9 @@ class AcpAgent:
     command_in_title: ClassVar[bool] = False
     """The agent reports an ``execute`` call's command only as its title (gemini): the
     bridge asks the policy about the title, the translator shows it as the command."""
+    finished_on: ClassVar[frozenset[str]] = frozenset()
+    """``session/prompt`` stop reasons besides ``end_turn`` by which this agent ends a turn
+    of its own accord (the run finishes, with a ``CUSTOM acp.stopped`` event naming it)."""
     args_in_content: ClassVar[bool] = False
     """The agent reports a (non-``execute``) call's arguments only as the JSON text of its
     first content block before it runs (gemini): the translator reads them from there."""
@@ -301,6 +304,11 @@ class GeminiAcp(AcpAgent):
     # ...and an MCP tool's arguments only as the JSON text of the call's content before it
     # runs (its invocation's getExplanation; no rawInput)
     args_in_content = True
+    # gemini 0.61 answers max_turn_requests when its loop detection stops the turn
+    # (LoopDetected, or MaxSessionTurns when recovering from a loop runs out of turns;
+    # corral sets no maxSessionTurns): its own headless mode (--harness gemini-cli) ends
+    # such a run successfully with a warning, and so does corral
+    finished_on = frozenset({"max_turn_requests"})
 
     def argv(self, bin_path: str) -> list[str]:
         # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a
