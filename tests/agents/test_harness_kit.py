@@ -1,7 +1,8 @@
 """The harness conformance kit (``corral.testing.HARNESS_KIT``) for every agent CLI: the
 real npm CLI in bubblewrap against the scripted model server on 127.0.0.1 speaking that
 CLI's wire format (Anthropic Messages for claude-code and opencode, OpenAI Responses for
-codex, Gemini streamGenerateContent for gemini-cli). One test per check and harness."""
+codex, Gemini streamGenerateContent for gemini-cli and acp-gemini). One test per check and
+harness."""
 
 from __future__ import annotations
 
