@@ -116,10 +116,10 @@ start() {
 }
 
 stop() {
-  local name=$1 pid i
+  local name=$1 pid
   pid=$(pid_of "$name") || { rm -f "$RUN/$name.pid" "$RUN/$name.bin"; return 0; }
   kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do
+  for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -217,6 +217,7 @@ build_kubernetes() {
     echo "module corral.invalid/cluster-build"
     echo
     grep -m1 '^go ' "$gomod"
+    grep '^godebug ' "$gomod" || true   # its run-time defaults follow the main module's
     echo
     echo "require k8s.io/kubernetes $K8S_VERSION"
     echo
@@ -255,7 +256,7 @@ build_agent_sandbox() {
   log "building the agent-sandbox controller from sigs.k8s.io/agent-sandbox@$SANDBOX_VERSION"
   rm -rf "$SBX_DIR.tmp"
   mkdir -p "$SBX_DIR.tmp"
-  GOBIN=$SBX_DIR.tmp GOMAXPROCS=$BUILD_PROCS GOFLAGS= nice -n 19 "$GO" install -p "$BUILD_PROCS" \
+  GOBIN=$SBX_DIR.tmp GOMAXPROCS=$BUILD_PROCS GOFLAGS="" nice -n 19 "$GO" install -p "$BUILD_PROCS" \
     -trimpath -ldflags "-s -w" "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$SANDBOX_VERSION" ||
     die "go install sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$SANDBOX_VERSION failed"
   dir=$("$GO" mod download -json "sigs.k8s.io/agent-sandbox@$SANDBOX_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
@@ -707,7 +708,9 @@ down() {
   # Shims of the cluster's containerd that outlived it (they name its socket).
   local pid
   for pid in $(pgrep -f -- "-address $SOCK" || true); do
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "containerd-shim.* -address $SOCK" && kill -KILL "$pid" 2>/dev/null || true
+    if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "containerd-shim.* -address $SOCK"; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
   done
   stop kube-apiserver
   stop etcd
@@ -750,6 +753,7 @@ check() {
   log "a pod of $tag ran echo hi"
   kubectl_ -n "$ns" run sleeper --image="$tag" --image-pull-policy=Never --restart=Never -- sleep 600 >/dev/null
   kubectl_ -n "$ns" wait --for=condition=Ready pod/sleeper --timeout=60s >/dev/null
+  # shellcheck disable=SC2016  # expanded by the pod's shell
   [ "$(kubectl_ -n "$ns" exec sleeper -- sh -c 'echo exec-$((6*7))')" = exec-42 ] || die "kubectl exec failed"
   log "kubectl exec into a running pod works"
   local crd
@@ -784,7 +788,10 @@ main() {
     down) down ;;
     check) check ;;
     status) status ;;
-    step) [ $# -eq 1 ] && declare -F "$1" >/dev/null || die "step: name one function of this script"; "$1" ;;
+    step)
+      if [ $# -ne 1 ] || ! declare -F "$1" >/dev/null; then die "step: name one function of this script"; fi
+      "$1"
+      ;;
     *) echo "usage: scripts/cluster.sh up|down|check|status" >&2; exit 2 ;;
   esac
 }
