@@ -23,7 +23,6 @@ from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text,
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted
-from .host_tools_flow import check_host_tool_round_trip, host_tool_script
 from .test_acp import (  # noqa: F401 - opencode_install: the fixture
     ACP as _OPENCODE_ACP,
     check_tool_events,
@@ -106,6 +105,31 @@ def test_gemini_under_command_rules_every_shell_command_and_edit_asks() -> None:
     assert free.guarded_workspace_files == () and not free.acp_policy.ask_corral
 
 
+def test_gemini_session_files_are_renamed_without_overwriting_one(tmp_path: Path) -> None:
+    """The rename before ``gemini --acp`` (a restored ``session-<minute>-<id8>`` file would be
+    wiped by a load in that minute) never replaces a file: a load within the minute of an
+    earlier one leaves a second file of that name beside the renamed one."""
+    import subprocess
+
+    from corral.harness._acp_agents import GEMINI_RENAME_SESSIONS
+
+    chats = tmp_path / ".gemini" / "tmp" / "workspace" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "session-r2026-12-05T10-34-aaaa1111.jsonl").write_text("history")
+    (chats / "session-2026-12-05T10-34-aaaa1111.jsonl").write_text("context only")
+    (chats / "session-2026-12-05T10-35-bbbb2222.json").write_text("other")
+    (chats / "notes.txt").write_text("left alone")
+    out = subprocess.run(["/bin/sh", "-c", GEMINI_RENAME_SESSIONS, "gemini-acp", "/bin/echo",
+                          "started"], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "started\n"
+    assert {p.name: p.read_text() for p in chats.iterdir()} == {
+        "session-r2026-12-05T10-34-aaaa1111.jsonl": "history",
+        "session-rr2026-12-05T10-34-aaaa1111.jsonl": "context only",
+        "session-r2026-12-05T10-35-bbbb2222.json": "other",
+        "notes.txt": "left alone"}
+
+
 def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web_tools() -> None:
     harness = AcpHarness(agent="gemini", model="gemini-fake",
                          policy=Policy(default="allow", network="deny"))
@@ -116,6 +140,9 @@ def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web
     assert settings["tools"]["exclude"] == ["google_web_search", "web_fetch"]
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert settings["mcpServers"] == {}
+    # corral keeps the sessions: gemini's own clean-up would delete a loaded one
+    assert settings["general"]["sessionRetention"] == {"enabled": False}
+    assert settings["tools"]["shell"] == {"enableInteractiveShell": False}
     assert REAL_KEY not in files[".gemini/settings.json"].decode()
 
 
@@ -390,23 +417,7 @@ def test_a_second_prompt_on_the_thread_reopens_the_acp_session(
     assert "".join(run2.texts()) == "second answer"
 
 
-# ---------------------------------------------------------------- host tools
-
-
-def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
-    """The host tool under whatever prefix the agent offers MCP tools by."""
-    offered = [t for t in req.tools if t.endswith(tool_name)]
-    return ToolCall("", tool=offered[0], args=args) if offered else None
-
-
-def test_gemini_host_tool_round_trip(gemini_install: InstalledAgent, host_env: ModelServer,
-                                     corral_home: Path, tmp_path: Path) -> None:
-    """Host tools reach gemini as session/new mcpServers (its folder is trusted: with no
-    policy the sandbox is the boundary); gemini reports no arguments over ACP."""
-    check_host_tool_round_trip(
-        harness="acp", options={"agent": "gemini", "model": "gemini-fake", "max_retries": 0},
-        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
-        call_then_answer=host_tool_script(_offered), args_reported=False)
+# (host tools: the kit's host_tool[acp-gemini], host_tool_approval[acp-gemini])
 
 
 def test_claude_file_write_deny_refuses_its_edit_tools(

@@ -1,7 +1,8 @@
 """The harness conformance kit (``corral.testing.HARNESS_KIT``) for every agent CLI: the
 real npm CLI in bubblewrap against the scripted model server on 127.0.0.1 speaking that
 CLI's wire format (Anthropic Messages for claude-code and opencode, OpenAI Responses for
-codex, Gemini streamGenerateContent for gemini-cli). One test per check and harness."""
+codex, Gemini streamGenerateContent for gemini-cli and acp-gemini). One test per check and
+harness."""
 
 from __future__ import annotations
 
@@ -69,9 +70,12 @@ CASES = {
     "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
                                                 "max_retries": 0},
                                 normalize=_without_title),
-    # (gemini --acp is not a kit case: it reports no shell output and no tool arguments
-    # over ACP, which the kit's round-trip, key and egress checks read; its rules are
-    # refused: tests/agents/test_acp_agents.py covers what it does)
+    # ACP: gemini's policy engine asks about every shell command and edit (corral's policy
+    # answers); shell output comes as text (no interactive shell); gemini checks a tool
+    # call's arguments against its schema itself (an invalid result never reaches corral)
+    "acp-gemini": lambda: _case("acp", options={"agent": "gemini", "model": "gemini-fake",
+                                                "max_retries": 0},
+                                checks_tool_args=True),
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))

@@ -51,7 +51,8 @@ INVALID: Final = {"answer": "forty-two", "city": "Oslo"}
 ACCEPTED = ("Result accepted", "Structured output provided successfully")
 CLI_CHECKS_TOOL_ARGS: Final = frozenset({"gemini-cli"})
 """Harnesses whose CLI checks a tool call's arguments against the tool's input schema
-itself (answering the model with its own error): an invalid result never reaches corral."""
+itself (answering the model with its own error): an invalid result never reaches corral.
+A case says so of its own with :attr:`HarnessCase.checks_tool_args` (``acp`` with gemini)."""
 GIVE_UP = ("No tries are left", "no more tries")
 
 
@@ -168,7 +169,7 @@ async def check_output_exhausted(w: HarnessWorld) -> None:
     assert rec["error"]["code"] in ("output_invalid", "claude-code:structured_output_retry_"
                                     "exhausted", "claude-code:error_max_structured_output_"
                                     "retries"), rec["error"]
-    if w.case.harness in CLI_CHECKS_TOOL_ARGS:
+    if w.case.checks_tool_args or w.case.harness in CLI_CHECKS_TOOL_ARGS:
         # the CLI refused every call itself, so none reached corral to be named
         assert "never gave one" in message, rec["error"]
         return

@@ -101,6 +101,10 @@ class HarnessCase:
     comparison of a killed run with an uninterrupted one does not know of); ``""`` leaves
     the event out of that comparison (a notification the CLI sends on its own schedule,
     which may or may not come before the run ends)."""
+    checks_tool_args: bool = False
+    """The CLI checks a tool call's arguments against the tool's input schema itself and
+    answers the model with its own error (gemini, also over ACP): an invalid structured
+    result never reaches corral (``--harness gemini-cli`` is known to without it)."""
     provider: str = "bubblewrap"
     """The sandbox provider (``--provider``); the checks are verified with bubblewrap."""
     agents_dir: str | None = None
