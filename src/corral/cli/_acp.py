@@ -1,11 +1,8 @@
 """``corral acp``: corral as an ACP agent on stdio, for editors (Zed and every ACP client).
 
-The editor starts this command and speaks the Agent Client Protocol on its stdin/stdout.
-Each editor session is a corral thread; each prompt a durable run of the chosen harness in
-a sandbox holding a copy of the session's directory (kept for the thread's next prompts).
-Tool calls, file changes and permission requests (corral's ask rules) reach the editor.
-Closing the editor detaches running runs; reopening the session (session/load) replays it
-and follows a run still going.
+Each editor session is a corral thread, each prompt a durable run (:func:`request_factory`);
+the protocol is :mod:`corral.server._acp_agent`'s. What a user reads about it is ``corral
+acp --help`` (:func:`corral.cli._arguments.acp_arguments`).
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from pathlib import Path
 
 import anyio
 
-from corral._cmdline import add_store_option
 from corral._errors import ConfigError
 from corral.cli._trust import check_found_config
 from corral.runs._request import RunRequest
@@ -30,26 +26,7 @@ from corral.server._config import ServerConfig
 from corral.server._service import RunService
 from corral.server._sse import encode_event
 
-__all__ = ["acp", "acp_arguments", "request_factory"]
-
-
-def acp_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral acp``'s parser."""
-    p.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
-    p.add_argument("--harness", help="harness of the runs (default: [agent] harness of "
-                   "--config, else claude-code; command runs each prompt with sh -c)")
-    p.add_argument("--provider", help=f"sandbox provider: {DEFAULT_PROVIDER} (default), "
-                   "docker or local")
-    p.add_argument("--model", metavar="M", help="model for agent harnesses")
-    p.add_argument("--agent", metavar="NAME",
-                   help="--harness acp: the ACP agent (gemini, opencode, claude)")
-    p.add_argument("--config", metavar="PATH",
-                   help="sandbox definition file (default: corral.toml in the session's "
-                   "directory or its parents, read as the repository's request)")
-    p.add_argument("--no-file-events", action="store_true",
-                   help="do not show the files a run changes")
-    add_store_option(p)
-    p.set_defaults(func=acp)
+__all__ = ["acp", "request_factory"]
 
 
 def request_factory(args: argparse.Namespace) -> RequestFactory:

@@ -8,7 +8,6 @@ import json
 import sys
 
 from corral.agents._installs import (
-    KNOWN_AGENTS,
     agents_report,
     agents_root,
     check_version,
@@ -20,45 +19,7 @@ from corral.agents._installs import (
 from corral.agents._shared import prune_installs
 from corral.cli._progress import Stages
 
-__all__ = ["agents_arguments", "install", "ls", "prune"]
-
-
-def agents_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral agents``' parser and its subcommands'."""
-    sub = p.add_subparsers(dest="agents_command", metavar="SUBCOMMAND")
-    p.set_defaults(func=lambda args: _usage(p))
-
-    inst = sub.add_parser("install", help="install an agent CLI from npm at a pinned version")
-    inst.add_argument("name", choices=sorted(KNOWN_AGENTS), metavar="NAME",
-                      help="one of: " + ", ".join(sorted(KNOWN_AGENTS)))
-    inst.add_argument("--version", dest="agent_version", default=None,
-                      help="exact npm version (default: the tested, pinned version)")
-    inst.add_argument("--force", action="store_true", help="reinstall even if present")
-    inst.add_argument("--json", action="store_true",
-                      help="print one JSON document: {name, version, package, path, bin}")
-    inst.set_defaults(func=install)
-
-    listing = sub.add_parser("ls", help="list installed agent CLIs")
-    listing.add_argument("--json", action="store_true",
-                         help="print one JSON array of the installs")
-    listing.set_defaults(func=ls)
-
-    pruning = sub.add_parser(
-        "prune", help="remove shared agent installs no home uses (root: /var/lib/corral)",
-        description="Remove the agent installs under $CORRAL_SHARED_DIR/agents/installs that "
-                    "no agents directory links to any more (a deleted $CORRAL_HOME stops "
-                    "counting) and no running process uses.")
-    pruning.add_argument("--dry-run", action="store_true",
-                         help="say what would be removed, remove nothing")
-    pruning.add_argument("--json", action="store_true",
-                         help="print one JSON document: {dry_run, removed, kept, note}")
-    pruning.set_defaults(func=prune)
-
-
-def _usage(p: argparse.ArgumentParser) -> int:
-    """``corral agents`` without a subcommand: its help on stderr, a usage error."""
-    p.print_help(sys.stderr)
-    return 2
+__all__ = ["install", "ls", "prune"]
 
 
 def install(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
 """``corral completion bash|zsh|fish``: shell completion scripts made from the parser itself,
 so they never fall behind it: the command paths (``sandboxes ls``), each path's options,
-which options take a value and the choices of those that have them."""
+which options take a value and the choices of those that have them. Declaring every command
+imports :mod:`corral.cli._arguments` alone, no command's work: a shell that evaluates the
+script at start-up pays for the parser only."""
 
 from __future__ import annotations
 
@@ -10,19 +12,7 @@ from dataclasses import dataclass, field
 
 from corral.cli._main import CommandParser, build_parser
 
-__all__ = ["SHELLS", "completion_arguments", "script"]
-
-SHELLS = ("bash", "zsh", "fish")
-
-
-def completion_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral completion``'s parser."""
-    p.description = (
-        "Print a completion script for SHELL. bash: add "
-        "'eval \"$(corral completion bash)\"' to ~/.bashrc; zsh: the same with zsh in "
-        "~/.zshrc; fish: corral completion fish > ~/.config/fish/completions/corral.fish")
-    p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
-    p.set_defaults(func=completion)
+__all__ = ["completion", "script"]
 
 
 def completion(args: argparse.Namespace) -> int:

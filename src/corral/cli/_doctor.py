@@ -11,7 +11,6 @@ from pathlib import Path
 
 import anyio
 
-from corral._cmdline import add_store_option
 from corral._errors import CorralError
 from corral.agents._installs import agents_report
 from corral.providers import _cgroups as cgroups
@@ -21,7 +20,7 @@ from corral.providers._bwrap_init import find_init
 from corral.stores import default_store_url, open_store
 from corral.stores._protocols import Diagnosable
 
-__all__ = ["Check", "collect", "doctor_arguments", "run"]
+__all__ = ["Check", "collect", "run"]
 
 AGENTS = ("claude", "codex")
 
@@ -281,14 +280,6 @@ def collect(store_url: str | None = None) -> list[Check]:
 # What corral does not have yet, said once (never offered as a check that passes). Keep it
 # true: tests/providers/test_cli.py checks that no registered harness is named here.
 NOT_IN_THIS_VERSION: tuple[str, ...] = ("the Kubernetes provider", "the Redis store")
-
-
-def doctor_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral doctor``'s parser."""
-    add_store_option(p)
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON document: {checks, not_in_this_version, ready}")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

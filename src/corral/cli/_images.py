@@ -11,22 +11,7 @@ from corral.cli._progress import Stages
 from corral.providers._docker_client import BASE_IMAGE
 from corral.providers._docker_image import build_base_image, image_exists
 
-__all__ = ["images_arguments", "run_build"]
-
-
-def images_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral images``' parser and its subcommands'."""
-    cmds = p.add_subparsers(dest="images_command", metavar="ACTION", required=True)
-    build = cmds.add_parser(
-        "build", help="make corral's base image from Debian packages (mmdebstrap; no registry)")
-    build.add_argument("--tag", metavar="TAG", help="image tag (default corral-base:<version>)")
-    build.add_argument("--suite", default="bookworm", metavar="SUITE",
-                       help="Debian suite (default bookworm)")
-    build.add_argument("--docker-host", metavar="URL", help="the daemon (default $DOCKER_HOST)")
-    build.add_argument("--force", action="store_true", help="rebuild when the tag exists")
-    build.add_argument("--json", action="store_true",
-                       help="print one JSON document: {tag, built}")
-    build.set_defaults(func=run_build)
+__all__ = ["run_build"]
 
 
 def run_build(args: argparse.Namespace) -> int:

@@ -1,13 +1,15 @@
 """Entry point: the command table, the ``corral`` parser, and errors as one line.
 
-As pip does, one table (:data:`COMMANDS`) names every command, the module function that
-declares it and the summary ``corral --help`` lists. Every start builds the top parser from
-the table alone, with one empty parser per command; a command's module is imported, and
-declares the command's arguments and handler, only when that command's parser parses or
-prints help (:class:`CommandParser`). So ``corral --version`` imports no command module,
-and ``corral ls`` only ``ls``'s (``tests/test_cli_imports.py`` checks which modules they
-load). A command module imports what its command needs at module level: being imported
-means being run.
+As pip does, one table (:data:`COMMANDS`) names every command, the function that declares
+its arguments and the summary ``corral --help`` lists. Every start builds the top parser
+from the table alone, with one empty parser per command; a command's arguments are declared
+only when that command's parser parses or prints help (:class:`CommandParser`), by
+:mod:`corral.cli._arguments`, which imports no command's work. A command's handler is named
+``"module:function"`` (:class:`Handler`): its module, which imports what the command needs
+at module level (being imported means being run), is imported only when the command runs.
+So ``corral --version`` imports no command module, ``corral ls`` only ``ls``'s, and
+``corral run --help``, a usage error and ``corral completion`` (every command declared)
+none (``tests/test_cli_imports.py`` checks which modules they load).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any, NamedTuple
 from corral._cmdline import VIEWER_LEFT, flush_stdout, run_reporting_errors
 from corral._version import __version__
 
-__all__ = ["COMMANDS", "COMMAND_GROUPS", "Command", "CommandParser", "build_parser", "main"]
+__all__ = ["COMMANDS", "COMMAND_GROUPS", "Command", "CommandParser", "Handler", "build_parser",
+           "main"]
 
 
 class Command(NamedTuple):
@@ -29,45 +32,45 @@ class Command(NamedTuple):
 
     arguments: str
     """``"module:function"``: ``function(parser)`` declares the command's arguments and sets
-    its handler (``func``: the parsed namespace in, the exit code out)."""
+    its handler (``func``: the parsed namespace in, the exit code out; a :class:`Handler`,
+    so that declaring imports none of the command's work)."""
     summary: str
     """The command's line in ``corral --help``."""
 
 
-# In this order in argparse's "invalid choice" message. A module may declare a few related
-# commands: run and cancel (the runner), attach and show (a run viewed from the store),
-# sandboxes and gc.
+# In this order in argparse's "invalid choice" message. Every declaration is in
+# corral.cli._arguments but serve's, the server's own (shared with python -m corral.server).
 COMMANDS: Mapping[str, Command] = {
-    "exec": Command("corral.cli._exec:exec_arguments", "run a command in a sandbox"),
-    "sandboxes": Command("corral.cli._sandboxes:sandboxes_arguments",
+    "exec": Command("corral.cli._arguments:exec_arguments", "run a command in a sandbox"),
+    "sandboxes": Command("corral.cli._arguments:sandboxes_arguments",
                          "list or remove sandboxes"),
-    "doctor": Command("corral.cli._doctor:doctor_arguments",
+    "doctor": Command("corral.cli._arguments:doctor_arguments",
                       "check prerequisites and print fixes"),
-    "run": Command("corral.cli._run:run_arguments",
+    "run": Command("corral.cli._arguments:run_arguments",
                    "start a durable run and stream its events"),
-    "attach": Command("corral.cli._view:attach_arguments",
+    "attach": Command("corral.cli._arguments:attach_arguments",
                       "watch a run again (takes it over when needed)"),
-    "cancel": Command("corral.cli._run:cancel_arguments", "cancel a run from any process"),
-    "ls": Command("corral.cli._records:ls_arguments", "list runs"),
-    "show": Command("corral.cli._view:show_arguments", "show one run's record"),
-    "threads": Command("corral.cli._threads:threads_arguments",
+    "cancel": Command("corral.cli._arguments:cancel_arguments", "cancel a run from any process"),
+    "ls": Command("corral.cli._arguments:ls_arguments", "list runs"),
+    "show": Command("corral.cli._arguments:show_arguments", "show one run's record"),
+    "threads": Command("corral.cli._arguments:threads_arguments",
                        "list threads; undo, fork or remove one"),
-    "reap": Command("corral.cli._reap:reap_arguments",
+    "reap": Command("corral.cli._arguments:reap_arguments",
                     "finalize or expire detached runs once and reclaim their sandboxes"),
-    "gc": Command("corral.cli._sandboxes:gc_arguments",
+    "gc": Command("corral.cli._arguments:gc_arguments",
                   "destroy sandboxes idle past their keep_alive, and orphans (labelled "
                   "sandboxes no instance record points to)"),
     "serve": Command("corral.server._serve_cli:serve_arguments",
                      "serve the HTTP API and the web page"),
-    "acp": Command("corral.cli._acp:acp_arguments", "be an ACP agent on stdio (for editors)"),
-    "mcp": Command("corral.cli._mcp:mcp_arguments",
+    "acp": Command("corral.cli._arguments:acp_arguments", "be an ACP agent on stdio (for editors)"),
+    "mcp": Command("corral.cli._arguments:mcp_arguments",
                    "serve corral's run tools to an MCP client on stdio"),
-    "agents": Command("corral.cli._agents:agents_arguments",
+    "agents": Command("corral.cli._arguments:agents_arguments",
                       "install and list agent CLIs (claude-code, codex, gemini-cli, opencode)"),
-    "approve": Command("corral.cli._approve:approve_arguments",
+    "approve": Command("corral.cli._arguments:approve_arguments",
                        "answer a pending host-tool approval of a run"),
-    "images": Command("corral.cli._images:images_arguments", "the docker provider's images"),
-    "completion": Command("corral.cli._completion:completion_arguments",
+    "images": Command("corral.cli._arguments:images_arguments", "the docker provider's images"),
+    "completion": Command("corral.cli._arguments:completion_arguments",
                           "print a shell completion script (bash, zsh, fish)"),
 }
 
@@ -82,7 +85,28 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 
-Handler = Callable[[argparse.Namespace], int]
+class Handler:
+    """A command's handler named ``"module:function"`` (the parsed namespace in, the exit
+    code out), what a declaration sets as ``func``: the module is imported when the command
+    runs, not when its arguments are declared. An import error propagates."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def resolve(self) -> Callable[[argparse.Namespace], int]:
+        """The function itself (its module imported)."""
+        module, _, function = self.name.partition(":")
+        found: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), function)
+        return found
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+    def __repr__(self) -> str:
+        return f"Handler({self.name!r})"
 
 
 def declare(parser: argparse.ArgumentParser, arguments: str) -> None:
@@ -204,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not flush_stdout():
             return VIEWER_LEFT
         raise
-    func: Handler | None = getattr(args, "func", None)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)
         return 2

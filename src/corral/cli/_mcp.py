@@ -1,10 +1,8 @@
 """``corral mcp``: corral's run tools for MCP clients, on stdio.
 
-An MCP client (a chat app, an agent) starts this command and gets tools to start a run or
-a thread turn in a sandbox, read its events page by page, answer its approvals, cancel it,
-and list runs and threads. Runs it starts are driven by this process; when the client goes
-they detach and go on (``corral attach`` follows one again). ``corral serve`` offers the
-same tools over HTTP at ``/mcp``.
+The tools are :class:`corral.server._mcp_tools.CorralMcp`'s, over a run service this
+process drives. What a user reads about it is ``corral mcp --help``
+(:func:`corral.cli._arguments.mcp_arguments`).
 """
 
 from __future__ import annotations
@@ -15,27 +13,13 @@ from typing import Any
 
 import anyio
 
-from corral._cmdline import add_store_option
 from corral._errors import ConfigError
 from corral.server._config import ServerConfig, load_config_file
 from corral.server._mcp_tools import CorralMcp
 from corral.server._service import RunService
 from corral.server._sse import encode_event
 
-__all__ = ["mcp", "mcp_arguments"]
-
-
-def mcp_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral mcp``'s parser."""
-    p.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
-    add_store_option(p)
-    p.add_argument("--config", metavar="FILE",
-                   help="TOML file naming sandboxes and what runs may use (the format of "
-                   "corral serve --config)")
-    p.add_argument("--workspace-root", action="append", metavar="DIR",
-                   help="a run's workspace must lie under DIR (repeatable; default: the "
-                   "file's workspace_roots, else the current directory)")
-    p.set_defaults(func=mcp)
+__all__ = ["mcp"]
 
 
 def mcp(args: argparse.Namespace) -> int:

@@ -11,48 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
-from corral._cmdline import add_store_option
 from corral._durations import parse_duration
 from corral._errors import ConfigError
 from corral.cli._store import with_store
 from corral.journal._prune import PruneResult
-from corral.runs._reap_sweep import DEFAULT_BUDGET, DEFAULT_MAX_RUNS, ReapOutcome, ReapResult
+from corral.runs._reap_sweep import ReapOutcome, ReapResult
 from corral.runs._runner import Runner
 from corral.stores._protocols import Store
 
-__all__ = ["DEFAULT_TTL", "print_table", "reap", "reap_arguments"]
-
-DEFAULT_TTL: Final = "1h"
-
-
-def reap_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral reap``'s parser."""
-    p.description = (
-        "One reaper sweep: runs whose viewer left and whose agent has exited are "
-        "finalized; runs detached for at least --ttl are cancelled and ended; their "
-        "sandboxes are destroyed. Runs still producing are not touched. Run it from cron."
-    )
-    p.add_argument("--ttl", default=DEFAULT_TTL, metavar="DURATION",
-                   help=f"expire runs detached for at least this long (default {DEFAULT_TTL})")
-    p.add_argument("--max-runs", type=_max_runs, default=DEFAULT_MAX_RUNS, metavar="N",
-                   help=f"runs one sweep takes on (default {DEFAULT_MAX_RUNS})")
-    p.add_argument("--budget", default=f"{DEFAULT_BUDGET:g}s", metavar="DURATION",
-                   help=f"time one run's drive may take (default {DEFAULT_BUDGET:g}s)")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.set_defaults(func=reap)
-
-
-def _max_runs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to 10000, got {text!r}")
-    return value
+__all__ = ["print_table", "reap"]
 
 
 def reap(args: argparse.Namespace) -> int:

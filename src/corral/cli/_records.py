@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from corral._cmdline import add_store_option
 from corral.stores._records import RunRecord, RunStatus
 from corral.stores._sqlite_tables import newest_of_thread, peek_runs
 
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from corral.stores._protocols import Store
 
 __all__ = ["SHOW_KEYS", "ago", "command_of", "duration_text", "local_time", "ls",
-           "ls_arguments", "ls_table", "record_json", "show_text", "usage_lines"]
+           "ls_table", "record_json", "show_text", "usage_lines"]
 
 SHOW_KEYS = (
     "run_id",
@@ -57,17 +56,6 @@ def record_json(record: RunRecord) -> dict[str, Any]:
         if data.get(key) is not None:
             out[key] = data[key]
     return out
-
-
-def ls_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral ls``' parser."""
-    p.add_argument("--thread", metavar="T", help="only this thread's runs")
-    p.add_argument("--status", choices=[s.value for s in RunStatus],
-                   help="only runs in this status")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=ls)
 
 
 def _listed(args: argparse.Namespace) -> list[RunRecord]:

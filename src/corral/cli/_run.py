@@ -7,12 +7,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from corral._cmdline import add_store_option, duration_arg
 from corral._errors import ConfigError
 from corral._ids import check_id
 from corral.cli._progress import CopyProgressLine
@@ -29,83 +27,7 @@ from corral.sandbox._transfer import report_copy_progress
 from corral.stores._protocols import Store
 from corral.stores._records import RunRecord
 
-__all__ = ["cancel", "cancel_arguments", "run", "run_arguments"]
-
-
-def run_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral run``'s parser."""
-    p.description = (
-        "Start a run in a fresh sandbox and stream its events until it ends. "
-        "Ctrl-C detaches (the run goes on; `corral attach RUN_ID` to watch again); "
-        "a second Ctrl-C within 2 s cancels it."
-    )
-    p.add_argument("--provider",
-                   help=f"sandbox provider: {DEFAULT_PROVIDER} (default), docker or local")
-    p.add_argument("--workspace", metavar="DIR",
-                   help="directory copied into /workspace (without what its .gitignore "
-                        "and .corralignore files exclude, and .git)")
-    p.add_argument("--no-ignore", action="store_true",
-                   help="copy the whole --workspace, ignored files and .git included")
-    p.add_argument("--max-copy-size", metavar="SIZE",
-                   help="most file contents to copy into /workspace, e.g. 4GiB (default: "
-                        "[workspace] max_copy_size, $CORRAL_MAX_COPY_SIZE or 1GiB)")
-    p.add_argument("--config", metavar="PATH",
-                   help="sandbox definition file (default: corral.toml in the workspace "
-                        "or the current directory, or their parents)")
-    p.add_argument("--thread", metavar="T", help="thread id (default: the run id)")
-    p.add_argument("--run-id", metavar="R", help="run id (default: generated)")
-    p.add_argument("--harness", help="harness (default: [agent] harness in corral.toml, "
-                                     "else command)")
-    p.add_argument("--model", metavar="M", help="model for agent harnesses")
-    p.add_argument("--agent", metavar="NAME",
-                   help="--harness acp: the ACP agent (gemini, opencode, claude)")
-    p.add_argument("--agent-command", metavar="CMD",
-                   help="--harness acp: start this ACP agent instead (no sandbox policy)")
-    p.add_argument("--timeout", type=duration_arg("--timeout"), metavar="DURATION",
-                   help="stop the agent after this long, e.g. 90s, 10m, 1h30m (the run "
-                        "fails, exit code 124)")
-    p.add_argument("--file-events", nargs="?", const="on", choices=["on", "diff"],
-                   help="log the agent's workspace changes as sandbox.file events "
-                        "(--file-events diff: with patches)")
-    p.add_argument("--max-output", metavar="SIZE",
-                   help="stop the agent once its output passes this size (default 1GiB; "
-                        "the journal lives on the host, outside the sandbox's disk quota)")
-    p.add_argument("--token-budget", type=_positive(int), metavar="N",
-                   help="agent harnesses: model tokens the run may use; model calls past "
-                        "it are refused")
-    p.add_argument("--output-schema", metavar="FILE",
-                   help="agent harnesses: a JSON Schema file; the run's result is a JSON "
-                        "object matching it (corral show --json, CUSTOM corral.output), "
-                        "or the run fails")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--detach", action="store_true", help="start, print the run id, return")
-    p.add_argument("argv", nargs="*", metavar="COMMAND",
-                   help="the command (after --), or the prompt for agent harnesses")
-    p.set_defaults(func=run)
-
-
-def cancel_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral cancel``'s parser."""
-    p.add_argument("run_id", metavar="RUN_ID", help="the run to cancel")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true",
-                   help="print the run's record as one JSON document")
-    p.set_defaults(func=cancel)
-
-
-def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names it in "invalid int value"
-    return parse
+__all__ = ["cancel", "run"]
 
 
 def run(args: argparse.Namespace) -> int:

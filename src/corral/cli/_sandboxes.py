@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 
-from corral._cmdline import add_store_option
 from corral._errors import ConfigError, CorralError
 from corral._paths import home_label
 from corral.cli._store import with_store
@@ -29,44 +28,7 @@ from corral.sandbox._gc import GcReport, collect_idle
 from corral.stores._protocols import InstanceStore, Store
 from corral.stores._records import RunStatus
 
-__all__ = ["gc_arguments", "run_gc", "run_ls", "run_prune", "run_rm", "sandboxes_arguments"]
-
-
-def sandboxes_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral sandboxes``' parser and its subcommands'."""
-    cmds = p.add_subparsers(dest="sandboxes_command", metavar="ACTION", required=True)
-    ls = cmds.add_parser("ls", help="list this store's sandboxes, with their store and run")
-    add_store_option(ls)
-    ls.add_argument("--provider", metavar="NAME", help="only this provider")
-    ls.add_argument("--all-stores", action="store_true",
-                    help="every store's sandboxes (a Docker daemon is shared by every store "
-                         "on the machine)")
-    ls.add_argument("--json", action="store_true", help="one JSON array of objects")
-    ls.set_defaults(func=run_ls)
-    rm = cmds.add_parser("rm", help="destroy sandboxes (kills their processes, deletes their "
-                         "files); refuses a running run's or another store's without --force")
-    add_store_option(rm)
-    rm.add_argument("ids", nargs="+", metavar="ID", help="sandbox ids (see corral sandboxes ls)")
-    rm.add_argument("--provider", metavar="NAME", help="only look in this provider")
-    rm.add_argument("--force", action="store_true",
-                    help="remove it even if its run is running or it belongs to another store")
-    rm.set_defaults(func=run_rm)
-    prune = cmds.add_parser(
-        "prune", help="destroy bubblewrap sandboxes whose $CORRAL_HOME state was deleted"
-    )
-    prune.set_defaults(func=run_prune)
-
-
-def gc_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral gc``'s parser."""
-    add_store_option(p)
-    p.add_argument("--dry-run", action="store_true", help="list what would be destroyed")
-    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    p.add_argument("--json", action="store_true", help="print one JSON document: {dry_run, entries, counts, chunks}")
-    p.add_argument("--orphan-grace", type=float, default=600.0, metavar="SECONDS",
-                   help="leave unrecorded sandboxes younger than this (default 600: one may "
-                        "be being made)")
-    p.set_defaults(func=run_gc)
+__all__ = ["run_gc", "run_ls", "run_prune", "run_rm"]
 
 
 def run_prune(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import anyio
 import anyio.to_thread
 
-from corral._cmdline import VIEWER_LEFT, add_store_option, is_closed_pipe, silence_stdout
+from corral._cmdline import VIEWER_LEFT, is_closed_pipe, silence_stdout
 from corral._errors import ConfigError
 from corral.cli._records import record_json, show_text, usage_lines
 from corral.cli._store import with_store
@@ -39,28 +39,10 @@ from corral.stores._records import RunRecord, RunStatus
 if TYPE_CHECKING:
     from corral.runs._runner import DriveResult, Runner
 
-__all__ = ["EventPrinter", "TextStream", "attach", "attach_arguments", "exit_code_for",
-           "follow", "main_argument", "say", "show", "show_arguments", "summary_line"]
+__all__ = ["EventPrinter", "TextStream", "attach", "exit_code_for",
+           "follow", "main_argument", "say", "show", "summary_line"]
 
 SECOND_SIGINT_WINDOW = 2.0
-
-
-def attach_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral attach``'s parser."""
-    p.add_argument("run_id", metavar="RUN_ID", help="the run to follow")
-    p.add_argument("--after", type=int, default=0, metavar="N",
-                   help="print only events after log offset N")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=attach)
-
-
-def show_arguments(p: argparse.ArgumentParser) -> None:
-    """``corral show``'s parser."""
-    p.add_argument("run_id", metavar="RUN_ID", help="the run to show")
-    add_store_option(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=show)
 
 
 class EventPrinter:

@@ -41,6 +41,7 @@ from corral.runs._claims import hold_claim
 from corral.runs._owner import new_owner_id, owner_is_dead
 from corral.runs._pipe import PipeResult, PipeStore, Produced, pipe_to_run_log
 from corral.runs._quiesce import DEFAULT_QUIET, await_log_quiet
+from corral.runs._reap_limits import DEFAULT_BUDGET, DEFAULT_MAX_RUNS
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover, raising
 from corral.stores._records import RunRecord, RunStatus
 from corral.stores._protocols import ClaimLost, ClaimRefused, ClaimStore
@@ -59,14 +60,6 @@ __all__ = [
 ]
 
 log = library_logger("corral.runs._reap_sweep")
-
-DEFAULT_BUDGET: Final = 30.0
-"""Seconds one drive may take once it started. On the finalization path a safety net (the
-agent already exited, replaying its tail should be quick); on the expiry path the designed
-stop for an agent that is still working."""
-
-DEFAULT_MAX_RUNS: Final = 25
-"""Runs one sweep takes on; the next sweep takes the next batch."""
 
 DEFAULT_LEASE_TTL: Final = 30.0
 """Seconds of the reaper's claim lease (renewed in the background while it drives)."""

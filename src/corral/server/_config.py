@@ -33,7 +33,6 @@ from typing import Any, Final
 
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
-from corral.sandbox._config_file import read_toml
 from corral.sandbox._contracts import DEFAULT_PROVIDER
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
@@ -134,6 +133,10 @@ def token_from_env() -> str | None:
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the TOML configuration file into :class:`ServerConfig` keyword arguments."""
+    # here, not at the top: `corral serve --help` and `corral completion` read this module's
+    # defaults, and the sandbox definitions behind read_toml are most of their start-up
+    from corral.sandbox._config_file import read_toml
+
     p = Path(path)
     _text, raw = read_toml(p, "config file")
     known = {"sandboxes", "default_sandbox", "allowed_providers", "workspace_roots",

@@ -12,8 +12,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-
 from corral._cmdline import add_store_option, run_reporting_errors
 from corral._durations import parse_duration
 from corral._errors import ConfigError
@@ -23,7 +21,6 @@ from corral.server._config import (
     load_config_file,
     token_from_env,
 )
-from corral.server._serve import serve_async
 
 __all__ = ["SERVE_DESCRIPTION", "add_serve_options", "config_from_args", "main",
            "serve_arguments", "serve_main"]
@@ -91,6 +88,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def serve_main(args: argparse.Namespace) -> int:
     """Serve what the parsed serve options describe until SIGINT/SIGTERM; the exit code."""
     config = config_from_args(args)
+    # here, not at the top, and after a refused configuration: `corral serve --help` and
+    # `corral completion` declare the serve options, and the server (the app, uvicorn, the
+    # run service) would be most of their start-up
+    import anyio
+
+    from corral.server._serve import serve_async
+
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         # one format for corral's lines, uvicorn's and the access log (serve_async adds no
