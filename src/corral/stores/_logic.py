@@ -2,16 +2,18 @@
 
 A backend reads the current row inside its transaction (or under its lock), calls one of
 these pure functions, and writes the result in the same transaction. Keeping the rules here
-means memory, SQLite and later PostgreSQL/Redis cannot disagree about them.
+means memory, SQLite and PostgreSQL cannot disagree about them. :class:`RunTransitions` is
+the run-record half of every store class written once: a backend supplies only how to read
+and write one record in one transaction.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import (
@@ -160,6 +162,74 @@ def cancel_transition(record: RunRecord | None, now: float) -> RunRecord | None:
     if record is None or record.terminal or record.cancel_requested is True:
         return record
     return replace(record, cancel_requested=True, updated_at=now)
+
+
+_T = TypeVar("_T")
+
+
+class RunTransitions:
+    """``update``, ``request_cancel`` and the claims of a store class (a mixin): each reads
+    one run record, applies its transition above and writes the result, through the
+    backend's :meth:`_transition`."""
+
+    _clock: Callable[[], float]
+
+    def _now(self, now: float | None) -> float:
+        return float(self._clock() if now is None else now)
+
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        """In one transaction (or under the store's lock): read ``run_id``'s record
+        (``None`` when unknown), call ``step`` on it, and write the record ``step`` returns
+        unless that is ``None`` or the record read. Returns the record as stored and the
+        rest of ``step``'s answer; when ``step`` raises, nothing is written."""
+        raise NotImplementedError
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        at = self._now(now)
+        new, _ = await self._transition(
+            run_id, lambda old: (update_transition(old, run_id, patch, expect_epoch, at), None))
+        return new
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        at = self._now(now)
+        new, _ = await self._transition(run_id, lambda old: (cancel_transition(old, at), None))
+        return new
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        at = self._now(now)
+        _, claim = await self._transition(run_id, lambda old: claim_transition(
+            old, run_id, owner, ttl, at, clear_detached=clear_detached,
+            allow_cancelled=allow_cancelled, break_lease_of=break_lease_of))
+        return claim
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        at = self._now(now)
+        _, renewed = await self._transition(
+            claim.run_id, lambda old: renew_transition(old, claim, ttl, at))
+        return renewed
+
+    async def release_claim(self, claim: Claim) -> None:
+        at = self._now(None)
+        await self._transition(claim.run_id, lambda old: (release_transition(old, claim, at), None))
 
 
 def append_check(current_epoch: int | None, run_id: str, epoch: int, closed: bool) -> None:

@@ -59,7 +59,6 @@ from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    Claim,
     InstanceRecord,
     InvalidEvent,
     LoggedEvent,
@@ -77,7 +76,6 @@ from corral.stores._protocols import (
 )
 from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._records import (
-    RunPatch,
     RunRecord,
     RunStatus,
     is_terminal_status,
@@ -329,7 +327,7 @@ def _run_row(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-class PostgresStore(PostgresCheckpoints):
+class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
     """All store protocols over one PostgreSQL database (``postgresql://…``).
 
     Open with :meth:`open` (or :func:`corral.stores.open_store`); ``fallback`` is how many
@@ -397,9 +395,6 @@ class PostgresStore(PostgresCheckpoints):
             raise StoreError(f"cannot reach PostgreSQL at {target.where}: the connection pool "
                              "could not open its connections within 30 s") from None
         return pool
-
-    def _now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
 
     async def __aenter__(self) -> Self:
         return self
@@ -565,6 +560,18 @@ class PostgresStore(PostgresCheckpoints):
         found = _load(conn, self._sql, run_id)
         return (0, None) if found is None else found
 
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        def op(conn: Conn) -> tuple[RunRecord | None, _T]:
+            seq, old = self._load(conn, run_id)
+            new, rest = step(old)
+            if new is not None and new is not old:
+                self._save(conn, seq, new)
+            return new, rest
+
+        return await self._tx(op)
+
     async def diagnose(self, timeout: float = 5.0) -> str:
         """One line for ``corral doctor``: the server, the schema version, and that a
         notification reaches this process's listening connection (a NOTIFY sent now must
@@ -632,25 +639,6 @@ class PostgresStore(PostgresCheckpoints):
 
         return await self._stmt(op)
 
-    async def update(
-        self,
-        run_id: str,
-        patch: RunPatch,
-        *,
-        expect_epoch: int | None = None,
-        now: float | None = None,
-    ) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: Conn) -> RunRecord | None:
-            seq, old = self._load(conn, run_id)
-            new = _logic.update_transition(old, run_id, patch, expect_epoch, at)
-            if new is not None:
-                self._save(conn, seq, new)
-            return new
-
-        return await self._tx(op)
-
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         def op(conn: Conn) -> RunRecord | None:
             found = _records(conn.execute(self._sql["active"], (thread_id,)).fetchall())
@@ -711,72 +699,6 @@ class PostgresStore(PostgresCheckpoints):
         sql = self._sql["reclaimable"]
         return await self._stmt(
             lambda conn: _records(conn.execute(sql, (cutoff, count)).fetchall()))
-
-    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: Conn) -> RunRecord | None:
-            seq, old = self._load(conn, run_id)
-            new = _logic.cancel_transition(old, at)
-            if new is not None and new is not old:
-                self._save(conn, seq, new)
-            return new
-
-        return await self._tx(op)
-
-    # ------------------------------------------------------------------ claims
-
-    async def acquire_claim(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        now: float | None = None,
-        clear_detached: bool = False,
-        allow_cancelled: bool = False,
-        break_lease_of: str | None = None,
-    ) -> Claim:
-        at = self._now(now)
-
-        def op(conn: Conn) -> Claim:
-            seq, old = self._load(conn, run_id)
-            new, claim = _logic.claim_transition(
-                old,
-                run_id,
-                owner,
-                ttl,
-                at,
-                clear_detached=clear_detached,
-                allow_cancelled=allow_cancelled,
-                break_lease_of=break_lease_of,
-            )
-            self._save(conn, seq, new)
-            return claim
-
-        return await self._tx(op)
-
-    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
-        at = self._now(now)
-
-        def op(conn: Conn) -> Claim:
-            seq, old = self._load(conn, claim.run_id)
-            new, renewed = _logic.renew_transition(old, claim, ttl, at)
-            self._save(conn, seq, new)
-            return renewed
-
-        return await self._tx(op)
-
-    async def release_claim(self, claim: Claim) -> None:
-        at = self._now(None)
-
-        def op(conn: Conn) -> None:
-            seq, old = self._load(conn, claim.run_id)
-            new = _logic.release_transition(old, claim, at)
-            if new is not None:
-                self._save(conn, seq, new)
-
-        await self._tx(op)
 
     # ------------------------------------------------------------------ event log
 

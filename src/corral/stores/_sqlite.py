@@ -43,7 +43,6 @@ from corral._log import library_logger
 from corral._paths import storage_problem
 from corral.stores._records import (
     CorruptRecord,
-    RunPatch,
     RunRecord,
     RunStatus,
     is_terminal_status,
@@ -53,7 +52,6 @@ from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    Claim,
     InstanceRecord,
     LoggedEvent,
     LogTail,
@@ -253,7 +251,7 @@ def _fetch_after(
 
 
 
-class SQLiteStore(SQLiteCheckpoints):
+class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
     """All store protocols over one SQLite file (``sqlite:///path/to/file.db``)."""
 
     def __init__(
@@ -352,9 +350,6 @@ class SQLiteStore(SQLiteCheckpoints):
                      version, SCHEMA_VERSION)
         return version
 
-    def _now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
-
     async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         return await anyio.to_thread.run_sync(self._writer.transact, fn, "BEGIN IMMEDIATE")
 
@@ -381,6 +376,18 @@ class SQLiteStore(SQLiteCheckpoints):
             if not isinstance(done, _Busy):
                 return done
         return await self._read(fn)
+
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        def op(conn: sqlite3.Connection) -> tuple[RunRecord | None, _T]:
+            old = _load(conn, run_id)
+            new, rest = step(old)
+            if new is not None and new is not old:
+                _save(conn, new)
+            return new, rest
+
+        return await self._write(op)
 
     async def __aenter__(self) -> Self:
         return self
@@ -436,24 +443,6 @@ class SQLiteStore(SQLiteCheckpoints):
 
     async def get(self, run_id: str) -> RunRecord | None:
         return await self._read(lambda conn: _load(conn, run_id))
-
-    async def update(
-        self,
-        run_id: str,
-        patch: RunPatch,
-        *,
-        expect_epoch: int | None = None,
-        now: float | None = None,
-    ) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> RunRecord | None:
-            new = _logic.update_transition(_load(conn, run_id), run_id, patch, expect_epoch, at)
-            if new is not None:
-                _save(conn, new)
-            return new
-
-        return await self._write(op)
 
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         def op(conn: sqlite3.Connection) -> RunRecord | None:
@@ -523,69 +512,6 @@ class SQLiteStore(SQLiteCheckpoints):
                 ).fetchall()
             )
         )
-
-    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> RunRecord | None:
-            old = _load(conn, run_id)
-            new = _logic.cancel_transition(old, at)
-            if new is not None and new is not old:
-                _save(conn, new)
-            return new
-
-        return await self._write(op)
-
-    # ------------------------------------------------------------------ claims
-
-    async def acquire_claim(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        now: float | None = None,
-        clear_detached: bool = False,
-        allow_cancelled: bool = False,
-        break_lease_of: str | None = None,
-    ) -> Claim:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> Claim:
-            new, claim = _logic.claim_transition(
-                _load(conn, run_id),
-                run_id,
-                owner,
-                ttl,
-                at,
-                clear_detached=clear_detached,
-                allow_cancelled=allow_cancelled,
-                break_lease_of=break_lease_of,
-            )
-            _save(conn, new)
-            return claim
-
-        return await self._write(op)
-
-    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> Claim:
-            new, renewed = _logic.renew_transition(_load(conn, claim.run_id), claim, ttl, at)
-            _save(conn, new)
-            return renewed
-
-        return await self._write(op)
-
-    async def release_claim(self, claim: Claim) -> None:
-        at = self._now(None)
-
-        def op(conn: sqlite3.Connection) -> None:
-            new = _logic.release_transition(_load(conn, claim.run_id), claim, at)
-            if new is not None:
-                _save(conn, new)
-
-        await self._write(op)
 
     # ------------------------------------------------------------------ event log
 
