@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -24,6 +24,7 @@ from corral.stores._protocols import (
     ClaimRefused,
     InvalidEvent,
     LogClosed,
+    LoggedEvent,
     InvalidSession,
     RefusalReason,
     SessionLimits,
@@ -283,6 +284,38 @@ def decode_event(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError("a stored event is not a JSON object; the store is corrupt")
     return value
+
+
+Fetched = tuple[Sequence[tuple[Any, Any, str]], bool, int]
+"""A page of a SQL event log read at one instant: ``(offset, journal_offset, event JSON)``
+rows, whether the log is closed, and its last offset."""
+
+
+async def follow_log(
+    run_id: str,
+    after: int,
+    fetch: Callable[[int], Awaitable[Fetched | None]],
+    mark: Callable[[], Callable[[], Awaitable[None]]],
+) -> AsyncGenerator[LoggedEvent, None]:
+    """A SQL backend's ``read``: the events after ``after``, page by page from
+    ``fetch(position)`` (``None``: the run is unknown), until the log is closed and read to
+    its end. ``mark()`` is called before each fetch and returns the wait to make when that
+    fetch brought nothing new, so a wake-up between the fetch and the wait is not lost."""
+    position = max(after, 0)
+    while True:
+        wait = mark()
+        fetched = await fetch(position)
+        if fetched is None:
+            raise UnknownRun(run_id)
+        rows, closed, last = fetched
+        for offset, journal_offset, text in rows:
+            position = int(offset)
+            yield LoggedEvent(position, int(journal_offset), decode_event(text))
+        if rows:
+            continue
+        if closed and position >= last:
+            return
+        await wait()
 
 
 def record_to_json(record: RunRecord) -> str:

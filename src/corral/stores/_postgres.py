@@ -37,7 +37,8 @@ import secrets as _secrets
 import threading
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from functools import partial
 from typing import Any, Final, Self, TypeVar
 
@@ -751,22 +752,17 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         self._listen()
-        position = max(after, 0)
+
+        def mark() -> Callable[[], Awaitable[None]]:
+            return partial(self._wakeups.wait, run_id, self._wakeups.seen(run_id), self._fallback)
+
+        def fetch(position: int) -> Awaitable[_logic.Fetched | None]:
+            return self._stmt(partial(self._fetch_after, run_id, position))
+
         with self._wakeups.watch(run_id):  # before the first query: no wake-up slips by
-            while True:
-                seen = self._wakeups.seen(run_id)
-                fetched = await self._stmt(partial(self._fetch_after, run_id, position))
-                if fetched is None:
-                    raise UnknownRun(run_id)
-                rows, closed, last = fetched
-                for offset, journal_offset, text in rows:
-                    position = int(offset)
-                    yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
-                if rows:
-                    continue
-                if closed and position >= last:
-                    return
-                await self._wakeups.wait(run_id, seen, self._fallback)
+            async with aclosing(_logic.follow_log(run_id, after, fetch, mark)) as events:
+                async for event in events:
+                    yield event
 
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         note = payload(self.schema, run_id)

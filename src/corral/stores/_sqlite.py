@@ -30,7 +30,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
@@ -561,22 +561,16 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         # Listen before the first query so a poke between query and wait is not lost.
         self._signal.listen()
-        position = max(after, 0)
 
-        while True:
-            seen = self._signal.generation
-            fetched = await self._read(partial(_fetch_after, run_id, position))
-            if fetched is None:
-                raise UnknownRun(run_id)
-            rows, closed, last = fetched
-            for offset, journal_offset, text in rows:
-                position = int(offset)
-                yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
-            if rows:
-                continue
-            if closed and position >= last:
-                return
-            await self._signal.wait(seen, _FALLBACK_POLL)
+        def mark() -> Callable[[], Awaitable[None]]:
+            return partial(self._signal.wait, self._signal.generation, _FALLBACK_POLL)
+
+        def fetch(position: int) -> Awaitable[_logic.Fetched | None]:
+            return self._read(partial(_fetch_after, run_id, position))
+
+        async with contextlib.aclosing(_logic.follow_log(run_id, after, fetch, mark)) as events:
+            async for event in events:
+                yield event
 
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         def op(conn: sqlite3.Connection) -> tuple[bool, bool]:
