@@ -169,9 +169,10 @@ _T = TypeVar("_T")
 
 
 class RunTransitions:
-    """``update``, ``request_cancel`` and the claims of a store class (a mixin): each reads
-    one run record, applies its transition above and writes the result, through the
-    backend's :meth:`_transition`."""
+    """``update``, ``request_cancel``, the claims and ``append`` of a store class (a mixin):
+    each of the first reads one run record, applies its transition above and writes the
+    result, through the backend's :meth:`_transition`; ``append`` checks the whole batch
+    before the backend's :meth:`_append` writes any of it."""
 
     _clock: Callable[[], float]
 
@@ -186,6 +187,23 @@ class RunTransitions:
         unless that is ``None`` or the record read. Returns the record as stored and the
         rest of ``step``'s answer; when ``step`` raises, nothing is written."""
         raise NotImplementedError
+
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
+        """Atomically, if :func:`append_check` allows it: land the ``(JSON text,
+        journal_offset)`` pairs of ``encoded`` at the next offsets of ``run_id``'s log and
+        wake its readers. Returns the first of those offsets."""
+        raise NotImplementedError
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        encoded = encode_events(events)
+        first = await self._append(run_id, encoded, epoch)
+        return list(range(first, first + len(encoded)))
 
     async def update(
         self,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 from corral.stores._records import RunRecord, RunStatus
 from corral.stores._protocols import (
@@ -173,14 +173,7 @@ class MemoryStore(_logic.RunTransitions, MemoryCheckpoints):
 
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
         log = self._logs.get(run_id)
         record = self._runs.get(run_id)
         _logic.append_check(
@@ -196,7 +189,7 @@ class MemoryStore(_logic.RunTransitions, MemoryCheckpoints):
             log.high_journal = max(journal_offset, log.high_journal or 0)
         if encoded:
             self._signal.notify()
-        return list(range(first, first + len(encoded)))
+        return first
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         if run_id not in self._runs:

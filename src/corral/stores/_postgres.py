@@ -352,7 +352,7 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
         self._fallback = fallback
         self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
         self._secrets: dict[str, bytes] = {}  # read so far: a stored secret never changes
-        self._append = LoopStatement("corral_append", qualify(_APPEND, target.schema))
+        self._append_statement = LoopStatement("corral_append", qualify(_APPEND, target.schema))
         self._wakeups = RunWakeups(target.schema)
         self._hub: Hub | None = None
         self._hub_lock = threading.Lock()
@@ -703,21 +703,14 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
 
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
         # An epoch no bigint can hold matches no run: send one that never writes (< 1), and
         # let append_check judge the real one.
         sent = int(epoch) if isinstance(epoch, int) and _BIGINT[0] <= epoch <= _BIGINT[1] else 0
         params = (run_id, str(sent), int_array([jo for _t, jo in encoded]),
                   text_array([text for text, _jo in encoded]), CHANNEL,
                   payload(self.schema, run_id))
-        exists, current, closed, first = await self._direct(self._append, params)
+        exists, current, closed, first = await self._direct(self._append_statement, params)
         if first is None:
             # Nothing written: the rule says why, in the words of every other backend.
             _logic.append_check(None if exists != b"t" or current is None else int(current),
@@ -726,8 +719,7 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
                 f"PostgreSQL store {self.target.where}: {self.schema}.append_events refused "
                 f"an append to {run_id!r} at epoch {epoch} that _logic.append_check allows "
                 "(a bug in corral: please report it)")
-        start = int(first)
-        return list(range(start, start + len(encoded)))
+        return int(first)
 
     def _listen(self) -> None:
         """Subscribe this store to its process's listening connection (idempotent)."""

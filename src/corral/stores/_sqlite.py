@@ -30,7 +30,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
@@ -515,16 +515,8 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
 
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
-
-        def op(conn: sqlite3.Connection) -> list[int]:
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
                 "SELECT driver_epoch, last_offset, log_closed FROM runs WHERE run_id = ?",
                 (run_id,),
@@ -534,7 +526,7 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
             )
             first = int(row[1]) + 1
             if not encoded:
-                return []
+                return first
             conn.executemany(
                 "INSERT INTO events (run_id, offset, journal_offset, event) VALUES (?, ?, ?, ?)",
                 [
@@ -551,12 +543,12 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
                 "WHERE run_id = ?",
                 (first + len(encoded) - 1, max(jo for _t, jo in encoded), run_id),
             )
-            return list(range(first, first + len(encoded)))
+            return first
 
-        offsets = await self._write(op)
-        if offsets:
+        first = await self._write(op)
+        if encoded:
             self._signal.poke()
-        return offsets
+        return first
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         # Listen before the first query so a poke between query and wait is not lost.
