@@ -424,11 +424,15 @@ async def check_loser_cannot_overwrite_successors_terminal_status(store: Store) 
     assert await store.snapshot("run-1") == []
 
 
-@PIPE_KIT.add
-async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) -> None:
+async def _cancelled_after_one_event(store: Store, **options: Any) -> tuple[_Counting, bool]:
+    """Pipe into a claimed ``run-1`` (with ``options``) from a producer that yields one
+    event and then waits, and cancel the pipe's task from outside while it waits. Returns
+    the store as the pipe saw it and whether the pipe returned (it must not: the
+    cancellation propagates)."""
     epoch = await claimed_run(store)
     counting = _Counting(store)
     started = anyio.Event()
+    returned = False
 
     async def producer() -> AsyncIterator[Any]:
         yield (event(1), 1)
@@ -436,15 +440,23 @@ async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) 
         await anyio.sleep_forever()
         yield (event(2), 2)
 
+    async def drive() -> None:
+        nonlocal returned
+        await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch, **options)
+        returned = True
+
     with anyio.fail_after(DEADLINE):
         async with anyio.create_task_group() as tg:
-
-            async def drive() -> None:
-                await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch)
-
             tg.start_soon(drive)
             await started.wait()
             tg.cancel_scope.cancel()
+    return counting, returned
+
+
+@PIPE_KIT.add
+async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) -> None:
+    counting, returned = await _cancelled_after_one_event(store)
+    assert not returned
     assert counting.closes == 1
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.ABORTED
@@ -456,30 +468,8 @@ async def check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open
         store: Store) -> None:
     """A Runner's driver whose task is cancelled (``detach_on_cancel``): what was appended
     stays, no status, no close; the cancellation still propagates."""
-    epoch = await claimed_run(store)
-    counting = _Counting(store)
-    started = anyio.Event()
-    reached_end = False
-
-    async def producer() -> AsyncIterator[Any]:
-        yield (event(1), 1)
-        started.set()
-        await anyio.sleep_forever()
-        yield (event(2), 2)
-
-    with anyio.fail_after(DEADLINE):
-        async with anyio.create_task_group() as tg:
-
-            async def drive() -> None:
-                nonlocal reached_end
-                await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch,
-                                      detach_on_cancel=True)
-                reached_end = True  # never: the cancellation must propagate
-
-            tg.start_soon(drive)
-            await started.wait()
-            tg.cancel_scope.cancel()
-    assert not reached_end
+    counting, returned = await _cancelled_after_one_event(store, detach_on_cancel=True)
+    assert not returned
     assert counting.closes == 0
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.RUNNING and rec.error is None
