@@ -200,35 +200,32 @@ def _load(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     return None if row is None else record_from_json(row[0])
 
 
+def _run_row(record: RunRecord) -> tuple[Any, ...]:
+    """The indexed columns of ``record`` and its stored JSON, in the order of the
+    ``UPDATE`` of :func:`_save` and the ``INSERT`` of :func:`_insert`."""
+    return (
+        record.thread_id,
+        record.status.value,
+        record.started_at,
+        record.detached_since,
+        record.driver_epoch,
+        _logic.record_to_json(record),
+    )
+
+
 def _save(conn: sqlite3.Connection, record: RunRecord) -> None:
     conn.execute(
         "UPDATE runs SET thread_id = ?, status = ?, started_at = ?, detached_since = ?, "
         "driver_epoch = ?, doc = ? WHERE run_id = ?",
-        (
-            record.thread_id,
-            record.status.value,
-            record.started_at,
-            record.detached_since,
-            record.driver_epoch,
-            _logic.record_to_json(record),
-            record.run_id,
-        ),
+        (*_run_row(record), record.run_id),
     )
 
 
 def _insert(conn: sqlite3.Connection, record: RunRecord) -> None:
     conn.execute(
-        "INSERT INTO runs (run_id, thread_id, status, started_at, detached_since, driver_epoch, "
-        "doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            record.run_id,
-            record.thread_id,
-            record.status.value,
-            record.started_at,
-            record.detached_since,
-            record.driver_epoch,
-            _logic.record_to_json(record),
-        ),
+        "INSERT INTO runs (thread_id, status, started_at, detached_since, driver_epoch, doc, "
+        "run_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (*_run_row(record), record.run_id),
     )
 
 
