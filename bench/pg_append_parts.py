@@ -73,7 +73,7 @@ async def main(args: argparse.Namespace) -> None:
         params = ["r", str(epoch), "{1}", _pg_direct.text_array([text]), CHANNEL,
                   payload(schema, "r")]
         values = [p.encode() for p in params]
-        sql = store._append.sql
+        sql = store._append_statement.sql
         pg = conn.pgconn
         pg.prepare(b"append", sql)
         pg.prepare(b"one", b"SELECT 1")
@@ -112,7 +112,7 @@ async def main(args: argparse.Namespace) -> None:
         ways: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("store.append", lambda: store.append("r", items, epoch=epoch)),
             ("from the loop, the store's pool (prepared)",
-             lambda: store._append.first_row(store._pool, params)),
+             lambda: store._append_statement.first_row(store._pool, params)),
             ("from the loop, one connection, prepared", lambda: loop_call(True)),
             ("from the loop, one connection, parsed each time", lambda: loop_call(False)),
             ("anyio.to_thread, psycopg (prepared)", lambda: anyio.to_thread.run_sync(sync_call)),

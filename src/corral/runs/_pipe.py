@@ -299,45 +299,13 @@ async def pipe_to_run_log(
                     stopped=True,
                 )
             else:
-                result = await _finish_status(
-                    store, run_id, epoch, status, error, exit_code, synthesize, lost,
-                    last_journal, appended, clock,
+                result = await _finish(
+                    store, run_id, epoch, status=status, error=error, exit_code=exit_code,
+                    synthesize=synthesize, lost=lost, last_journal=last_journal,
+                    appended=appended, clock=clock,
                 )
             await _aclose(it, run_id, close_timeout)
     return result
-
-
-async def _finish_status(
-    store: PipeStore,
-    run_id: str,
-    epoch: int,
-    status: RunStatus | None,
-    error: RunError | None,
-    exit_code: int | None,
-    synthesize: bool,
-    lost: bool,
-    last_journal: int,
-    appended: int,
-    clock: Callable[[], float],
-) -> PipeResult:
-    if status is None:  # cancelled from outside mid-pipe
-        status = RunStatus.ABORTED
-    if status is RunStatus.ABORTED and error is None:
-        error = RunError("the run was aborted", "aborted")
-        synthesize = True
-    return await _finish(
-        store,
-        run_id,
-        epoch,
-        status=status,
-        error=error,
-        exit_code=exit_code,
-        synthesize=synthesize,
-        lost=lost,
-        last_journal=last_journal,
-        appended=appended,
-        clock=clock,
-    )
 
 
 async def _aclose(it: AsyncIterator[Produced], run_id: str, timeout: float) -> None:
@@ -355,7 +323,7 @@ async def _finish(
     run_id: str,
     epoch: int,
     *,
-    status: RunStatus,
+    status: RunStatus | None,
     error: RunError | None,
     exit_code: int | None,
     synthesize: bool,
@@ -364,6 +332,11 @@ async def _finish(
     appended: int,
     clock: Callable[[], float],
 ) -> PipeResult:
+    if status is None:  # cancelled from outside mid-pipe
+        status = RunStatus.ABORTED
+    if status is RunStatus.ABORTED and error is None:
+        error = RunError("the run was aborted", "aborted")
+        synthesize = True
     if synthesize and not lost and error is not None:
         try:
             await store.append(run_id, [(run_error_event(error), last_journal)], epoch=epoch)

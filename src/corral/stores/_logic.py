@@ -2,16 +2,18 @@
 
 A backend reads the current row inside its transaction (or under its lock), calls one of
 these pure functions, and writes the result in the same transaction. Keeping the rules here
-means memory, SQLite and later PostgreSQL/Redis cannot disagree about them.
+means memory, SQLite and PostgreSQL cannot disagree about them. :class:`RunTransitions` is
+the run-record half of every store class written once: a backend supplies only how to read
+and write one record in one transaction.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.stores._records import RunPatch, RunRecord, RunStatus
 from corral.stores._protocols import (
@@ -22,6 +24,7 @@ from corral.stores._protocols import (
     ClaimRefused,
     InvalidEvent,
     LogClosed,
+    LoggedEvent,
     InvalidSession,
     RefusalReason,
     SessionLimits,
@@ -162,6 +165,92 @@ def cancel_transition(record: RunRecord | None, now: float) -> RunRecord | None:
     return replace(record, cancel_requested=True, updated_at=now)
 
 
+_T = TypeVar("_T")
+
+
+class RunTransitions:
+    """``update``, ``request_cancel``, the claims and ``append`` of a store class (a mixin):
+    each of the first reads one run record, applies its transition above and writes the
+    result, through the backend's :meth:`_transition`; ``append`` checks the whole batch
+    before the backend's :meth:`_append` writes any of it."""
+
+    _clock: Callable[[], float]
+
+    def _now(self, now: float | None) -> float:
+        return float(self._clock() if now is None else now)
+
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        """In one transaction (or under the store's lock): read ``run_id``'s record
+        (``None`` when unknown), call ``step`` on it, and write the record ``step`` returns
+        unless that is ``None`` or the record read. Returns the record as stored and the
+        rest of ``step``'s answer; when ``step`` raises, nothing is written."""
+        raise NotImplementedError
+
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
+        """Atomically, if :func:`append_check` allows it: land the ``(JSON text,
+        journal_offset)`` pairs of ``encoded`` at the next offsets of ``run_id``'s log and
+        wake its readers. Returns the first of those offsets."""
+        raise NotImplementedError
+
+    async def append(
+        self,
+        run_id: str,
+        events: Sequence[tuple[Mapping[str, Any], int]],
+        *,
+        epoch: int,
+    ) -> list[int]:
+        encoded = encode_events(events)
+        first = await self._append(run_id, encoded, epoch)
+        return list(range(first, first + len(encoded)))
+
+    async def update(
+        self,
+        run_id: str,
+        patch: RunPatch,
+        *,
+        expect_epoch: int | None = None,
+        now: float | None = None,
+    ) -> RunRecord | None:
+        at = self._now(now)
+        new, _ = await self._transition(
+            run_id, lambda old: (update_transition(old, run_id, patch, expect_epoch, at), None))
+        return new
+
+    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
+        at = self._now(now)
+        new, _ = await self._transition(run_id, lambda old: (cancel_transition(old, at), None))
+        return new
+
+    async def acquire_claim(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        now: float | None = None,
+        clear_detached: bool = False,
+        allow_cancelled: bool = False,
+        break_lease_of: str | None = None,
+    ) -> Claim:
+        at = self._now(now)
+        _, claim = await self._transition(run_id, lambda old: claim_transition(
+            old, run_id, owner, ttl, at, clear_detached=clear_detached,
+            allow_cancelled=allow_cancelled, break_lease_of=break_lease_of))
+        return claim
+
+    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
+        at = self._now(now)
+        _, renewed = await self._transition(
+            claim.run_id, lambda old: renew_transition(old, claim, ttl, at))
+        return renewed
+
+    async def release_claim(self, claim: Claim) -> None:
+        at = self._now(None)
+        await self._transition(claim.run_id, lambda old: (release_transition(old, claim, at), None))
+
+
 def append_check(current_epoch: int | None, run_id: str, epoch: int, closed: bool) -> None:
     """Raise unless an append at ``epoch`` may land now (unknown → lost → closed).
 
@@ -213,6 +302,38 @@ def decode_event(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError("a stored event is not a JSON object; the store is corrupt")
     return value
+
+
+Fetched = tuple[Sequence[tuple[Any, Any, str]], bool, int]
+"""A page of a SQL event log read at one instant: ``(offset, journal_offset, event JSON)``
+rows, whether the log is closed, and its last offset."""
+
+
+async def follow_log(
+    run_id: str,
+    after: int,
+    fetch: Callable[[int], Awaitable[Fetched | None]],
+    mark: Callable[[], Callable[[], Awaitable[None]]],
+) -> AsyncGenerator[LoggedEvent, None]:
+    """A SQL backend's ``read``: the events after ``after``, page by page from
+    ``fetch(position)`` (``None``: the run is unknown), until the log is closed and read to
+    its end. ``mark()`` is called before each fetch and returns the wait to make when that
+    fetch brought nothing new, so a wake-up between the fetch and the wait is not lost."""
+    position = max(after, 0)
+    while True:
+        wait = mark()
+        fetched = await fetch(position)
+        if fetched is None:
+            raise UnknownRun(run_id)
+        rows, closed, last = fetched
+        for offset, journal_offset, text in rows:
+            position = int(offset)
+            yield LoggedEvent(position, int(journal_offset), decode_event(text))
+        if rows:
+            continue
+        if closed and position >= last:
+            return
+        await wait()
 
 
 def record_to_json(record: RunRecord) -> str:

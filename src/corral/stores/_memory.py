@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Self, TypeVar
 
-from corral.stores._records import RunPatch, RunRecord, RunStatus
+from corral.stores._records import RunRecord, RunStatus
 from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    Claim,
     InstanceRecord,
     LoggedEvent,
     LogTail,
@@ -35,6 +34,8 @@ from corral.stores._signal import LocalSignal
 from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._memory_checkpoints import CheckpointState, MemoryCheckpoints
 
+_T = TypeVar("_T")
+
 
 def _frozen(record: RunRecord) -> RunRecord:
     """A copy sharing no mutable state with the caller (and proven JSON-able, like SQL)."""
@@ -48,7 +49,7 @@ class _Log:
     high_journal: int | None = None  # the highest journal offset logged
 
 
-class MemoryStore(MemoryCheckpoints):
+class MemoryStore(_logic.RunTransitions, MemoryCheckpoints):
     """All store protocols in process memory (``memory://``)."""
 
     url = "memory://"
@@ -68,8 +69,14 @@ class MemoryStore(MemoryCheckpoints):
         self._checkpoint_state = CheckpointState()
         self._signal = LocalSignal()
 
-    def _now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        old = self._runs.get(run_id)
+        new, rest = step(old)  # no await from the read to the write: atomic on the loop
+        if new is not None and new is not old:
+            new = self._runs[run_id] = _frozen(new)
+        return new, rest
 
     async def __aenter__(self) -> Self:
         return self
@@ -107,21 +114,6 @@ class MemoryStore(MemoryCheckpoints):
     async def get(self, run_id: str) -> RunRecord | None:
         return self._runs.get(run_id)
 
-    async def update(
-        self,
-        run_id: str,
-        patch: RunPatch,
-        *,
-        expect_epoch: int | None = None,
-        now: float | None = None,
-    ) -> RunRecord | None:
-        new = _logic.update_transition(
-            self._runs.get(run_id), run_id, patch, expect_epoch, self._now(now)
-        )
-        if new is not None:
-            new = self._runs[run_id] = _frozen(new)
-        return new
-
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         best: RunRecord | None = None
         for record in self._runs.values():  # insertion order breaks started_at ties
@@ -154,12 +146,6 @@ class MemoryStore(MemoryCheckpoints):
         found.sort(key=lambda r: r.unattended_since or 0.0)
         return found if count is None else found[:count]
 
-    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
-        new = _logic.cancel_transition(self._runs.get(run_id), self._now(now))
-        if new is not None:
-            new = self._runs[run_id] = _frozen(new)
-        return new
-
     async def delete_run(self, run_id: str) -> bool:
         record = self._runs.get(run_id)
         if record is None:
@@ -185,54 +171,9 @@ class MemoryStore(MemoryCheckpoints):
                 newest = (created, data)
         return ThreadHead(None if newest is None else manifest_from_bytes(newest[1]), last)
 
-    # ------------------------------------------------------------------ claims
-
-    async def acquire_claim(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        now: float | None = None,
-        clear_detached: bool = False,
-        allow_cancelled: bool = False,
-        break_lease_of: str | None = None,
-    ) -> Claim:
-        new, claim = _logic.claim_transition(
-            self._runs.get(run_id),
-            run_id,
-            owner,
-            ttl,
-            self._now(now),
-            clear_detached=clear_detached,
-            allow_cancelled=allow_cancelled,
-            break_lease_of=break_lease_of,
-        )
-        self._runs[run_id] = _frozen(new)
-        return claim
-
-    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
-        new, renewed = _logic.renew_transition(
-            self._runs.get(claim.run_id), claim, ttl, self._now(now)
-        )
-        self._runs[claim.run_id] = _frozen(new)
-        return renewed
-
-    async def release_claim(self, claim: Claim) -> None:
-        new = _logic.release_transition(self._runs.get(claim.run_id), claim, self._now(None))
-        if new is not None:
-            self._runs[claim.run_id] = _frozen(new)
-
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
         log = self._logs.get(run_id)
         record = self._runs.get(run_id)
         _logic.append_check(
@@ -248,7 +189,7 @@ class MemoryStore(MemoryCheckpoints):
             log.high_journal = max(journal_offset, log.high_journal or 0)
         if encoded:
             self._signal.notify()
-        return list(range(first, first + len(encoded)))
+        return first
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         if run_id not in self._runs:

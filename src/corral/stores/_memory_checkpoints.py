@@ -6,8 +6,9 @@ the event loop: the collector and ``put_checkpoint`` cannot interleave.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.stores._checkpoints import (
     CHUNK_GRACE,
@@ -40,15 +41,14 @@ class MemoryCheckpoints:
     """Checkpoints in process memory (mixed into :class:`~corral.stores.MemoryStore`)."""
 
     _checkpoint_state: CheckpointState
-    _clock: Callable[[], float]
 
-    def _ckpt_now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
+    if TYPE_CHECKING:  # the host class provides it
+        def _now(self, now: float | None) -> float: ...
 
     async def put_chunks(self, chunks: Mapping[str, bytes], *, now: float | None = None
                          ) -> None:
         check_chunks(chunks)
-        at = self._ckpt_now(now)
+        at = self._now(now)
         held = self._checkpoint_state.chunks
         for digest, data in chunks.items():
             old = held.get(digest)
@@ -56,7 +56,7 @@ class MemoryCheckpoints:
 
     async def missing_chunks(self, digests: Collection[str], *, now: float | None = None
                              ) -> set[str]:
-        at = self._ckpt_now(now)
+        at = self._now(now)
         held = self._checkpoint_state.chunks
         missing: set[str] = set()
         for digest in digests:
@@ -82,7 +82,7 @@ class MemoryCheckpoints:
         missing = {d for d in digests if d not in state.chunks}
         if missing:
             raise MissingChunks(checkpoint.checkpoint_id, missing)
-        at = self._ckpt_now(now)
+        at = self._now(now)
         for d in digests:
             state.chunks[d] = (state.chunks[d][0], at)
             state.refs[d] = state.refs.get(d, 0) + 1
@@ -114,7 +114,7 @@ class MemoryCheckpoints:
 
     async def collect_chunks(self, *, grace: float = CHUNK_GRACE, now: float | None = None
                              ) -> int:
-        cutoff = self._ckpt_now(now) - grace
+        cutoff = self._now(now) - grace
         state = self._checkpoint_state
         doomed = [d for d, (_data, at) in state.chunks.items()
                   if at < cutoff and d not in state.refs]

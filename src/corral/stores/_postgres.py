@@ -37,7 +37,8 @@ import secrets as _secrets
 import threading
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
 from functools import partial
 from typing import Any, Final, Self, TypeVar
 
@@ -59,7 +60,6 @@ from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    Claim,
     InstanceRecord,
     InvalidEvent,
     LoggedEvent,
@@ -77,7 +77,6 @@ from corral.stores._protocols import (
 )
 from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._records import (
-    RunPatch,
     RunRecord,
     RunStatus,
     is_terminal_status,
@@ -329,7 +328,7 @@ def _run_row(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-class PostgresStore(PostgresCheckpoints):
+class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
     """All store protocols over one PostgreSQL database (``postgresql://…``).
 
     Open with :meth:`open` (or :func:`corral.stores.open_store`); ``fallback`` is how many
@@ -353,7 +352,7 @@ class PostgresStore(PostgresCheckpoints):
         self._fallback = fallback
         self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
         self._secrets: dict[str, bytes] = {}  # read so far: a stored secret never changes
-        self._append = LoopStatement("corral_append", qualify(_APPEND, target.schema))
+        self._append_statement = LoopStatement("corral_append", qualify(_APPEND, target.schema))
         self._wakeups = RunWakeups(target.schema)
         self._hub: Hub | None = None
         self._hub_lock = threading.Lock()
@@ -397,9 +396,6 @@ class PostgresStore(PostgresCheckpoints):
             raise StoreError(f"cannot reach PostgreSQL at {target.where}: the connection pool "
                              "could not open its connections within 30 s") from None
         return pool
-
-    def _now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
 
     async def __aenter__(self) -> Self:
         return self
@@ -565,6 +561,18 @@ class PostgresStore(PostgresCheckpoints):
         found = _load(conn, self._sql, run_id)
         return (0, None) if found is None else found
 
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        def op(conn: Conn) -> tuple[RunRecord | None, _T]:
+            seq, old = self._load(conn, run_id)
+            new, rest = step(old)
+            if new is not None and new is not old:
+                self._save(conn, seq, new)
+            return new, rest
+
+        return await self._tx(op)
+
     async def diagnose(self, timeout: float = 5.0) -> str:
         """One line for ``corral doctor``: the server, the schema version, and that a
         notification reaches this process's listening connection (a NOTIFY sent now must
@@ -632,25 +640,6 @@ class PostgresStore(PostgresCheckpoints):
 
         return await self._stmt(op)
 
-    async def update(
-        self,
-        run_id: str,
-        patch: RunPatch,
-        *,
-        expect_epoch: int | None = None,
-        now: float | None = None,
-    ) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: Conn) -> RunRecord | None:
-            seq, old = self._load(conn, run_id)
-            new = _logic.update_transition(old, run_id, patch, expect_epoch, at)
-            if new is not None:
-                self._save(conn, seq, new)
-            return new
-
-        return await self._tx(op)
-
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         def op(conn: Conn) -> RunRecord | None:
             found = _records(conn.execute(self._sql["active"], (thread_id,)).fetchall())
@@ -712,89 +701,16 @@ class PostgresStore(PostgresCheckpoints):
         return await self._stmt(
             lambda conn: _records(conn.execute(sql, (cutoff, count)).fetchall()))
 
-    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: Conn) -> RunRecord | None:
-            seq, old = self._load(conn, run_id)
-            new = _logic.cancel_transition(old, at)
-            if new is not None and new is not old:
-                self._save(conn, seq, new)
-            return new
-
-        return await self._tx(op)
-
-    # ------------------------------------------------------------------ claims
-
-    async def acquire_claim(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        now: float | None = None,
-        clear_detached: bool = False,
-        allow_cancelled: bool = False,
-        break_lease_of: str | None = None,
-    ) -> Claim:
-        at = self._now(now)
-
-        def op(conn: Conn) -> Claim:
-            seq, old = self._load(conn, run_id)
-            new, claim = _logic.claim_transition(
-                old,
-                run_id,
-                owner,
-                ttl,
-                at,
-                clear_detached=clear_detached,
-                allow_cancelled=allow_cancelled,
-                break_lease_of=break_lease_of,
-            )
-            self._save(conn, seq, new)
-            return claim
-
-        return await self._tx(op)
-
-    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
-        at = self._now(now)
-
-        def op(conn: Conn) -> Claim:
-            seq, old = self._load(conn, claim.run_id)
-            new, renewed = _logic.renew_transition(old, claim, ttl, at)
-            self._save(conn, seq, new)
-            return renewed
-
-        return await self._tx(op)
-
-    async def release_claim(self, claim: Claim) -> None:
-        at = self._now(None)
-
-        def op(conn: Conn) -> None:
-            seq, old = self._load(conn, claim.run_id)
-            new = _logic.release_transition(old, claim, at)
-            if new is not None:
-                self._save(conn, seq, new)
-
-        await self._tx(op)
-
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
         # An epoch no bigint can hold matches no run: send one that never writes (< 1), and
         # let append_check judge the real one.
         sent = int(epoch) if isinstance(epoch, int) and _BIGINT[0] <= epoch <= _BIGINT[1] else 0
         params = (run_id, str(sent), int_array([jo for _t, jo in encoded]),
                   text_array([text for text, _jo in encoded]), CHANNEL,
                   payload(self.schema, run_id))
-        exists, current, closed, first = await self._direct(self._append, params)
+        exists, current, closed, first = await self._direct(self._append_statement, params)
         if first is None:
             # Nothing written: the rule says why, in the words of every other backend.
             _logic.append_check(None if exists != b"t" or current is None else int(current),
@@ -803,8 +719,7 @@ class PostgresStore(PostgresCheckpoints):
                 f"PostgreSQL store {self.target.where}: {self.schema}.append_events refused "
                 f"an append to {run_id!r} at epoch {epoch} that _logic.append_check allows "
                 "(a bug in corral: please report it)")
-        start = int(first)
-        return list(range(start, start + len(encoded)))
+        return int(first)
 
     def _listen(self) -> None:
         """Subscribe this store to its process's listening connection (idempotent)."""
@@ -829,22 +744,17 @@ class PostgresStore(PostgresCheckpoints):
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         self._listen()
-        position = max(after, 0)
+
+        def mark() -> Callable[[], Awaitable[None]]:
+            return partial(self._wakeups.wait, run_id, self._wakeups.seen(run_id), self._fallback)
+
+        def fetch(position: int) -> Awaitable[_logic.Fetched | None]:
+            return self._stmt(partial(self._fetch_after, run_id, position))
+
         with self._wakeups.watch(run_id):  # before the first query: no wake-up slips by
-            while True:
-                seen = self._wakeups.seen(run_id)
-                fetched = await self._stmt(partial(self._fetch_after, run_id, position))
-                if fetched is None:
-                    raise UnknownRun(run_id)
-                rows, closed, last = fetched
-                for offset, journal_offset, text in rows:
-                    position = int(offset)
-                    yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
-                if rows:
-                    continue
-                if closed and position >= last:
-                    return
-                await self._wakeups.wait(run_id, seen, self._fallback)
+            async with aclosing(_logic.follow_log(run_id, after, fetch, mark)) as events:
+                async for event in events:
+                    yield event
 
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         note = payload(self.schema, run_id)

@@ -30,7 +30,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
@@ -43,7 +43,6 @@ from corral._log import library_logger
 from corral._paths import storage_problem
 from corral.stores._records import (
     CorruptRecord,
-    RunPatch,
     RunRecord,
     RunStatus,
     is_terminal_status,
@@ -53,7 +52,6 @@ from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    Claim,
     InstanceRecord,
     LoggedEvent,
     LogTail,
@@ -202,35 +200,32 @@ def _load(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     return None if row is None else record_from_json(row[0])
 
 
+def _run_row(record: RunRecord) -> tuple[Any, ...]:
+    """The indexed columns of ``record`` and its stored JSON, in the order of the
+    ``UPDATE`` of :func:`_save` and the ``INSERT`` of :func:`_insert`."""
+    return (
+        record.thread_id,
+        record.status.value,
+        record.started_at,
+        record.detached_since,
+        record.driver_epoch,
+        _logic.record_to_json(record),
+    )
+
+
 def _save(conn: sqlite3.Connection, record: RunRecord) -> None:
     conn.execute(
         "UPDATE runs SET thread_id = ?, status = ?, started_at = ?, detached_since = ?, "
         "driver_epoch = ?, doc = ? WHERE run_id = ?",
-        (
-            record.thread_id,
-            record.status.value,
-            record.started_at,
-            record.detached_since,
-            record.driver_epoch,
-            _logic.record_to_json(record),
-            record.run_id,
-        ),
+        (*_run_row(record), record.run_id),
     )
 
 
 def _insert(conn: sqlite3.Connection, record: RunRecord) -> None:
     conn.execute(
-        "INSERT INTO runs (run_id, thread_id, status, started_at, detached_since, driver_epoch, "
-        "doc) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            record.run_id,
-            record.thread_id,
-            record.status.value,
-            record.started_at,
-            record.detached_since,
-            record.driver_epoch,
-            _logic.record_to_json(record),
-        ),
+        "INSERT INTO runs (thread_id, status, started_at, detached_since, driver_epoch, doc, "
+        "run_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (*_run_row(record), record.run_id),
     )
 
 
@@ -253,7 +248,7 @@ def _fetch_after(
 
 
 
-class SQLiteStore(SQLiteCheckpoints):
+class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
     """All store protocols over one SQLite file (``sqlite:///path/to/file.db``)."""
 
     def __init__(
@@ -352,9 +347,6 @@ class SQLiteStore(SQLiteCheckpoints):
                      version, SCHEMA_VERSION)
         return version
 
-    def _now(self, now: float | None) -> float:
-        return float(self._clock() if now is None else now)
-
     async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         return await anyio.to_thread.run_sync(self._writer.transact, fn, "BEGIN IMMEDIATE")
 
@@ -381,6 +373,18 @@ class SQLiteStore(SQLiteCheckpoints):
             if not isinstance(done, _Busy):
                 return done
         return await self._read(fn)
+
+    async def _transition(
+        self, run_id: str, step: Callable[[RunRecord | None], tuple[RunRecord | None, _T]]
+    ) -> tuple[RunRecord | None, _T]:
+        def op(conn: sqlite3.Connection) -> tuple[RunRecord | None, _T]:
+            old = _load(conn, run_id)
+            new, rest = step(old)
+            if new is not None and new is not old:
+                _save(conn, new)
+            return new, rest
+
+        return await self._write(op)
 
     async def __aenter__(self) -> Self:
         return self
@@ -436,24 +440,6 @@ class SQLiteStore(SQLiteCheckpoints):
 
     async def get(self, run_id: str) -> RunRecord | None:
         return await self._read(lambda conn: _load(conn, run_id))
-
-    async def update(
-        self,
-        run_id: str,
-        patch: RunPatch,
-        *,
-        expect_epoch: int | None = None,
-        now: float | None = None,
-    ) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> RunRecord | None:
-            new = _logic.update_transition(_load(conn, run_id), run_id, patch, expect_epoch, at)
-            if new is not None:
-                _save(conn, new)
-            return new
-
-        return await self._write(op)
 
     async def find_active_run(self, thread_id: str) -> RunRecord | None:
         def op(conn: sqlite3.Connection) -> RunRecord | None:
@@ -524,81 +510,10 @@ class SQLiteStore(SQLiteCheckpoints):
             )
         )
 
-    async def request_cancel(self, run_id: str, *, now: float | None = None) -> RunRecord | None:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> RunRecord | None:
-            old = _load(conn, run_id)
-            new = _logic.cancel_transition(old, at)
-            if new is not None and new is not old:
-                _save(conn, new)
-            return new
-
-        return await self._write(op)
-
-    # ------------------------------------------------------------------ claims
-
-    async def acquire_claim(
-        self,
-        run_id: str,
-        owner: str,
-        ttl: float,
-        *,
-        now: float | None = None,
-        clear_detached: bool = False,
-        allow_cancelled: bool = False,
-        break_lease_of: str | None = None,
-    ) -> Claim:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> Claim:
-            new, claim = _logic.claim_transition(
-                _load(conn, run_id),
-                run_id,
-                owner,
-                ttl,
-                at,
-                clear_detached=clear_detached,
-                allow_cancelled=allow_cancelled,
-                break_lease_of=break_lease_of,
-            )
-            _save(conn, new)
-            return claim
-
-        return await self._write(op)
-
-    async def renew_claim(self, claim: Claim, ttl: float, *, now: float | None = None) -> Claim:
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> Claim:
-            new, renewed = _logic.renew_transition(_load(conn, claim.run_id), claim, ttl, at)
-            _save(conn, new)
-            return renewed
-
-        return await self._write(op)
-
-    async def release_claim(self, claim: Claim) -> None:
-        at = self._now(None)
-
-        def op(conn: sqlite3.Connection) -> None:
-            new = _logic.release_transition(_load(conn, claim.run_id), claim, at)
-            if new is not None:
-                _save(conn, new)
-
-        await self._write(op)
-
     # ------------------------------------------------------------------ event log
 
-    async def append(
-        self,
-        run_id: str,
-        events: Sequence[tuple[Mapping[str, Any], int]],
-        *,
-        epoch: int,
-    ) -> list[int]:
-        encoded = _logic.encode_events(events)
-
-        def op(conn: sqlite3.Connection) -> list[int]:
+    async def _append(self, run_id: str, encoded: list[tuple[str, int]], epoch: int) -> int:
+        def op(conn: sqlite3.Connection) -> int:
             row = conn.execute(
                 "SELECT driver_epoch, last_offset, log_closed FROM runs WHERE run_id = ?",
                 (run_id,),
@@ -608,7 +523,7 @@ class SQLiteStore(SQLiteCheckpoints):
             )
             first = int(row[1]) + 1
             if not encoded:
-                return []
+                return first
             conn.executemany(
                 "INSERT INTO events (run_id, offset, journal_offset, event) VALUES (?, ?, ?, ?)",
                 [
@@ -625,32 +540,26 @@ class SQLiteStore(SQLiteCheckpoints):
                 "WHERE run_id = ?",
                 (first + len(encoded) - 1, max(jo for _t, jo in encoded), run_id),
             )
-            return list(range(first, first + len(encoded)))
+            return first
 
-        offsets = await self._write(op)
-        if offsets:
+        first = await self._write(op)
+        if encoded:
             self._signal.poke()
-        return offsets
+        return first
 
     async def read(self, run_id: str, after: int = 0) -> AsyncIterator[LoggedEvent]:
         # Listen before the first query so a poke between query and wait is not lost.
         self._signal.listen()
-        position = max(after, 0)
 
-        while True:
-            seen = self._signal.generation
-            fetched = await self._read(partial(_fetch_after, run_id, position))
-            if fetched is None:
-                raise UnknownRun(run_id)
-            rows, closed, last = fetched
-            for offset, journal_offset, text in rows:
-                position = int(offset)
-                yield LoggedEvent(position, int(journal_offset), _logic.decode_event(text))
-            if rows:
-                continue
-            if closed and position >= last:
-                return
-            await self._signal.wait(seen, _FALLBACK_POLL)
+        def mark() -> Callable[[], Awaitable[None]]:
+            return partial(self._signal.wait, self._signal.generation, _FALLBACK_POLL)
+
+        def fetch(position: int) -> Awaitable[_logic.Fetched | None]:
+            return self._read(partial(_fetch_after, run_id, position))
+
+        async with contextlib.aclosing(_logic.follow_log(run_id, after, fetch, mark)) as events:
+            async for event in events:
+                yield event
 
     async def close(self, run_id: str, *, epoch: int | None = None) -> bool:
         def op(conn: sqlite3.Connection) -> tuple[bool, bool]:

@@ -48,7 +48,7 @@ from corral.stores._checkpoints import (
     check_entries,
 )
 from corral.stores._protocols import CheckpointStore, StoreError
-from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import Factory, Kit, KitReport, raises
 
 __all__ = ["CHECKPOINT_KIT", "check_checkpoint_store"]
 
@@ -79,6 +79,11 @@ async def put(store: CheckpointStore, cp: Checkpoint, files: dict[str, bytes],
 # --------------------------------------------------------------------------- store
 
 
+CHECKPOINT_KIT: Kit[CheckpointStore] = Kit("checkpoint store")
+"""Every checkpoint check; the subject is the store the factory makes."""
+
+
+@CHECKPOINT_KIT.add
 async def check_chunks_are_idempotent(store: CheckpointStore) -> None:
     a, b = b"alpha" * 100, b"beta"
     assert await store.missing_chunks([digest(a), digest(b)], now=T0) == {digest(a), digest(b)}
@@ -92,6 +97,7 @@ async def check_chunks_are_idempotent(store: CheckpointStore) -> None:
         await store.put_chunks({"not-a-digest": a})
 
 
+@CHECKPOINT_KIT.add
 async def check_manifest_round_trip_and_listing(store: CheckpointStore) -> None:
     files = {"a.txt": b"one", "b.bin": bytes(range(256)), "empty": b""}
     first = checkpoint("ck-1", "thread-1", files, at=T0 + 1)
@@ -111,6 +117,7 @@ async def check_manifest_round_trip_and_listing(store: CheckpointStore) -> None:
     assert [i.checkpoint_id for i in await store.list_checkpoints("thread-1")] == ["ck-2"]
 
 
+@CHECKPOINT_KIT.add
 async def check_put_refuses_taken_ids_and_absent_chunks(store: CheckpointStore) -> None:
     files = {"a": b"present"}
     await put(store, checkpoint("ck-1", "t", files), files)
@@ -124,6 +131,7 @@ async def check_put_refuses_taken_ids_and_absent_chunks(store: CheckpointStore) 
     assert [i.checkpoint_id for i in await store.list_checkpoints("t")] == ["ck-1"]
 
 
+@CHECKPOINT_KIT.add
 async def check_put_refuses_hostile_manifests(store: CheckpointStore) -> None:
     def hostile(*entries: CheckpointEntry) -> Checkpoint:
         return Checkpoint("ck-bad", "t", None, T0, "/workspace", entries)
@@ -157,6 +165,7 @@ async def check_put_refuses_hostile_manifests(store: CheckpointStore) -> None:
     assert await store.list_checkpoints("t") == []
 
 
+@CHECKPOINT_KIT.add
 async def check_dedup_across_checkpoints_and_threads(store: CheckpointStore) -> None:
     big = os.urandom(4096)
     files = {"big": big, "small": b"x"}
@@ -166,6 +175,7 @@ async def check_dedup_across_checkpoints_and_threads(store: CheckpointStore) -> 
     assert stats.count == 2 and stats.stored_bytes == len(big) + 1
 
 
+@CHECKPOINT_KIT.add
 async def check_collector_keeps_named_and_recent_chunks(store: CheckpointStore) -> None:
     kept, shared, freed, fresh = b"kept", b"shared", b"freed", b"fresh"
     await put(store, checkpoint("ck-1", "t", {"a": kept, "b": shared}), {"a": kept, "b": shared})
@@ -181,6 +191,7 @@ async def check_collector_keeps_named_and_recent_chunks(store: CheckpointStore) 
     assert set(await store.get_chunks([digest(fresh)])) == set()
 
 
+@CHECKPOINT_KIT.add
 async def check_a_writer_between_chunks_and_manifest_is_safe(store: CheckpointStore) -> None:
     old = b"put long ago, named by nobody"
     await store.put_chunks({digest(old): old}, now=T0)
@@ -198,6 +209,7 @@ async def check_a_writer_between_chunks_and_manifest_is_safe(store: CheckpointSt
     assert await store.get_checkpoint("ck-2") is None
 
 
+@CHECKPOINT_KIT.add
 async def check_writers_racing_the_collector_leave_no_dangling_manifest(
         store: CheckpointStore) -> None:
     stored: list[str] = []
@@ -236,6 +248,7 @@ async def check_writers_racing_the_collector_leave_no_dangling_manifest(
         assert set(await store.get_chunks(cp.digests())) == cp.digests(), cid
 
 
+@CHECKPOINT_KIT.add
 async def check_concurrent_writers_on_one_thread(store: CheckpointStore) -> None:
     async def writer(n: int) -> None:
         files = {"a": f"turn {n}".encode(), "common": b"common"}
@@ -305,6 +318,7 @@ def sample(ws: Path, exec_mode: int = 0o750) -> None:
     (ws / "ro").chmod(0o555)
 
 
+@CHECKPOINT_KIT.add
 async def check_workspace_round_trip(store: CheckpointStore) -> None:
     # both ways of reading a workspace: from the host (a host-directory provider) and by
     # the script in the sandbox
@@ -322,6 +336,7 @@ async def check_workspace_round_trip(store: CheckpointStore) -> None:
                 (ws / "ro").chmod(0o755)  # so the temporary directory can be removed
 
 
+@CHECKPOINT_KIT.add
 async def check_incremental_reads_only_what_changed(store: CheckpointStore) -> None:
     for host_read in (True, False):
         async with local_sandbox() as (h, ws, _p):
@@ -345,6 +360,7 @@ async def check_incremental_reads_only_what_changed(store: CheckpointStore) -> N
             (ws / "ro").chmod(0o755)
 
 
+@CHECKPOINT_KIT.add
 async def check_dedup_of_workspaces_across_threads(store: CheckpointStore) -> None:
     async with local_sandbox() as (h1, ws1, _p1), local_sandbox() as (h2, ws2, _p2):
         blob = os.urandom(2 << 20)
@@ -357,6 +373,7 @@ async def check_dedup_of_workspaces_across_threads(store: CheckpointStore) -> No
         assert await store.chunk_stats() == before
 
 
+@CHECKPOINT_KIT.add
 async def check_size_cap_errors_or_skips(store: CheckpointStore) -> None:
     async with local_sandbox() as (h, ws, _p):
         (ws / "data").write_bytes(b"x" * 10_000)
@@ -371,6 +388,7 @@ async def check_size_cap_errors_or_skips(store: CheckpointStore) -> None:
         assert fits is not None
 
 
+@CHECKPOINT_KIT.add
 async def check_secrets_never_enter_a_checkpoint(store: CheckpointStore) -> None:
     secret = "sk-live-" + os.urandom(12).hex()
     async with local_sandbox() as (h, ws, _p):
@@ -400,6 +418,7 @@ async def check_secrets_never_enter_a_checkpoint(store: CheckpointStore) -> None
             assert sorted(p.name for p in ws2.iterdir()) == ["ok.txt"]
 
 
+@CHECKPOINT_KIT.add
 async def check_concurrent_checkpoints_of_one_thread(store: CheckpointStore) -> None:
     async with local_sandbox() as (h, ws, _p):
         sample(ws)
@@ -418,34 +437,9 @@ async def check_concurrent_checkpoints_of_one_thread(store: CheckpointStore) -> 
         (ws / "ro").chmod(0o755)
 
 
-CHECKPOINT_KIT: Kit[CheckpointStore] = Kit(
-    "checkpoint store",
-    tuple(check(fn) for fn in (
-        check_chunks_are_idempotent,
-        check_manifest_round_trip_and_listing,
-        check_put_refuses_taken_ids_and_absent_chunks,
-        check_put_refuses_hostile_manifests,
-        check_dedup_across_checkpoints_and_threads,
-        check_collector_keeps_named_and_recent_chunks,
-        check_a_writer_between_chunks_and_manifest_is_safe,
-        check_writers_racing_the_collector_leave_no_dangling_manifest,
-        check_concurrent_writers_on_one_thread,
-        check_workspace_round_trip,
-        check_incremental_reads_only_what_changed,
-        check_dedup_of_workspaces_across_threads,
-        check_size_cap_errors_or_skips,
-        check_secrets_never_enter_a_checkpoint,
-        check_concurrent_checkpoints_of_one_thread,
-    )),
-    subject=opened,
-)
-"""Every checkpoint check; the subject is the store the factory makes."""
-
-
 async def check_checkpoint_store(make_store: Factory, *, only: Iterable[str] | None = None
                                  ) -> KitReport:
     """Run the checkpoint kit against stores made by ``make_store`` (one fresh store per
     check); raise :class:`~corral.testing.KitFailed` naming every failed check, else return
     the report. ``only`` names the checks to run (all by default)."""
-    report = await run_kit(CHECKPOINT_KIT, make_store, only=only)
-    return report.raise_for_failures()
+    return await CHECKPOINT_KIT.verify(make_store, only=only)

@@ -71,7 +71,7 @@ from corral.testing._harness_world import (
     world,
 )
 from corral.testing._hello import LoopbackHello
-from corral.testing._kit import Factory, Kit, KitReport, check, run_kit
+from corral.testing._kit import Factory, Kit, KitReport
 from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import Hang, ModelRequest, Reply, Text, ToolCall
 from corral.testing._polling import wait_until, wait_until_async
@@ -216,6 +216,12 @@ async def approval_request(store: Store, run_id: str, n: int, ended: Callable[[]
 # ----------------------------------------------------------------------------- checks
 
 
+HARNESS_KIT: Kit[HarnessWorld] = Kit("harness", subject=world)
+"""Every harness check; the subject is a :class:`HarnessWorld` around the factory's
+:class:`HarnessCase`."""
+
+
+@HARNESS_KIT.add
 async def check_tool_round_trip(w: HarnessWorld) -> None:
     """``corral run`` drives the CLI through a shell tool call that edits the workspace:
     the events (printed and logged alike) run RUN_STARTED … RUN_FINISHED with one tool
@@ -254,6 +260,7 @@ async def check_tool_round_trip(w: HarnessWorld) -> None:
     assert w.key not in out.stdout + out.stderr
 
 
+@HARNESS_KIT.add
 async def check_key_never_inside(w: HarnessWorld) -> None:
     """The model key stays on the host: a command in the sandbox finds it in no process's
     environment and no file (the CLI holds the run's token), and nothing corral wrote (store,
@@ -280,6 +287,7 @@ async def check_key_never_inside(w: HarnessWorld) -> None:
     assert reqs and all(r.api_key == w.key for r in reqs)
 
 
+@HARNESS_KIT.add
 async def check_denied_command(w: HarnessWorld) -> None:
     """A command a ``deny`` rule names never runs (the model is told, the run goes on);
     a harness that cannot enforce deny rules refuses the policy at definition time."""
@@ -312,6 +320,7 @@ async def check_denied_command(w: HarnessWorld) -> None:
         not denied and refused_call), (denied, refused_call)
 
 
+@HARNESS_KIT.add
 async def check_approval(w: HarnessWorld) -> None:
     """A command an ``ask`` rule names waits for a corral approval: allowed, it runs;
     denied, it does not (the model is told); a harness that cannot hold a command for an
@@ -350,6 +359,7 @@ async def check_approval(w: HarnessWorld) -> None:
     assert "allowed-file" in listing and "denied-file" not in listing, listing
 
 
+@HARNESS_KIT.add
 async def check_host_tool(w: HarnessWorld) -> None:
     """A host tool (a Python function of the driving process, served over MCP) called by
     the model runs on the host, also under a policy denying every command; its result
@@ -395,6 +405,7 @@ async def check_host_tool(w: HarnessWorld) -> None:
     assert TOKEN_ENV not in json.dumps(spec)
 
 
+@HARNESS_KIT.add
 async def check_host_tool_approval(w: HarnessWorld) -> None:
     """A host tool marked ``approval=True`` is held until a corral approval: allowed, it
     runs; denied, it does not and the model gets the reason."""
@@ -454,6 +465,7 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
     assert any("denied by a human: not today" in r for r in results), results
 
 
+@HARNESS_KIT.add
 async def check_resume_on_thread(w: HarnessWorld) -> None:
     """A thread's next prompt continues the CLI's own session: in the thread's sandbox,
     and again after that sandbox is destroyed (the session saved in the store is restored
@@ -491,6 +503,7 @@ async def check_resume_on_thread(w: HarnessWorld) -> None:
     assert not (w.home / "sessions").exists()  # ...and nowhere else
 
 
+@HARNESS_KIT.add
 async def check_token_budget(w: HarnessWorld) -> None:
     """``--token-budget``: the model proxy refuses the model call past the budget (it
     never reaches the upstream) and the run fails saying so."""
@@ -515,6 +528,7 @@ async def check_token_budget(w: HarnessWorld) -> None:
     assert reached == [] and rec["usage"]["requests"] == len(w.server.model_requests) >= 1
 
 
+@HARNESS_KIT.add
 async def check_timeout(w: HarnessWorld) -> None:
     """``--timeout``: the run's supervisor stops a CLI whose model never answers; the run
     fails at once with a RUN_ERROR."""
@@ -530,6 +544,7 @@ async def check_timeout(w: HarnessWorld) -> None:
     assert elapsed < 60, elapsed
 
 
+@HARNESS_KIT.add
 async def check_egress_allowlist(w: HarnessWorld) -> None:
     """``allow_hosts``: a command reaches an allowed host through corral's egress proxy,
     another host gets the proxy's refusal, and there is no way around the proxy."""
@@ -574,6 +589,7 @@ def _pids_with(marker: bytes) -> list[int]:
     return pids
 
 
+@HARNESS_KIT.add
 async def check_cancel(w: HarnessWorld) -> None:
     """``corral cancel`` of a detached run whose tool is running: the run is aborted with
     RUN_ERROR last, and the agent, its tool's processes and the run's model proxy
@@ -650,6 +666,7 @@ def kill_after_tool_result(proc: subprocess.Popen[str], gate: Gate) -> None:
     proc.wait()
 
 
+@HARNESS_KIT.add
 async def check_sigkill_then_attach(w: HarnessWorld) -> None:
     """The driving process is SIGKILLed mid-run (between a tool result and the next model
     call): the agent goes on without a driver, and ``corral attach`` then prints the whole
@@ -694,33 +711,10 @@ async def check_sigkill_then_attach(w: HarnessWorld) -> None:
     assert rec["usage"]["requests"] == w.record("ref")["usage"]["requests"]
 
 
-HARNESS_KIT: Kit[HarnessWorld] = Kit(
-    "harness",
-    tuple(check(fn) for fn in (
-        check_tool_round_trip,
-        check_key_never_inside,
-        check_denied_command,
-        check_approval,
-        check_host_tool,
-        check_host_tool_approval,
-        check_resume_on_thread,
-        check_token_budget,
-        check_timeout,
-        check_egress_allowlist,
-        check_cancel,
-        check_sigkill_then_attach,
-    )),
-    subject=world,
-)
-"""Every harness check; the subject is a :class:`HarnessWorld` around the factory's
-:class:`HarnessCase`."""
-
-
 async def check_harness(make_case: Factory, *, only: Iterable[str] | None = None
                         ) -> KitReport:
     """Run the harness kit (a fresh world per check) for the :class:`HarnessCase` that
     ``make_case`` makes; raise :class:`~corral.testing.KitFailed` naming every failed
     check, else return the report."""
-    report = await run_kit(HARNESS_KIT, make_case, only=only)
-    return report.raise_for_failures()
+    return await HARNESS_KIT.verify(make_case, only=only)
 

@@ -26,7 +26,7 @@ import anyio
 import httpx
 
 from corral.testing._harness_world import HarnessWorld, world
-from corral.testing._kit import Kit, check
+from corral.testing._kit import Kit
 from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
 from corral.testing._polling import wait_until_async
 
@@ -121,6 +121,11 @@ def _ends_with_output(events: list[dict[str, Any]], value: dict[str, Any]) -> No
     assert "corral.output_candidate" not in names  # taken out of the log
 
 
+OUTPUT_KIT: Kit[HarnessWorld] = Kit("output", subject=world)
+"""The structured-output checks; the subject is a :class:`HarnessWorld`."""
+
+
+@OUTPUT_KIT.add
 async def check_output_valid(w: HarnessWorld) -> None:
     """A valid result on the first answer: the run completes, its record (``corral show
     --json`` and ``GET /v1/runs/{id}``) holds the object, and ``CUSTOM corral.output``
@@ -136,6 +141,7 @@ async def check_output_valid(w: HarnessWorld) -> None:
     assert w.record("so1")["status"] == "completed"
 
 
+@OUTPUT_KIT.add
 async def check_output_retry(w: HarnessWorld) -> None:
     """A first answer that does not match the schema is answered with the validation
     error; the second, valid one is the run's result. (Codex takes one final message and
@@ -156,6 +162,7 @@ async def check_output_retry(w: HarnessWorld) -> None:
     assert any("integer" in r for r in told), told  # the agent heard what was wrong
 
 
+@OUTPUT_KIT.add
 async def check_output_exhausted(w: HarnessWorld) -> None:
     """Every answer invalid: after the bounded retries the run ends ``failed``, its error
     naming the validation error, with no output."""
@@ -239,10 +246,3 @@ async def check_output_retries_survive_a_takeover(w: HarnessWorld) -> None:
     assert said == ["2 tries left", "1 try left", "No tries are left"], told
 
 
-OUTPUT_KIT: Kit[HarnessWorld] = Kit(
-    "output",
-    tuple(check(fn) for fn in (check_output_valid, check_output_retry,
-                                check_output_exhausted)),
-    subject=world,
-)
-"""The structured-output checks; the subject is a :class:`HarnessWorld`."""

@@ -5,7 +5,8 @@ A *check* is an ``async def check_<name>(subject) -> None`` that raises ``Assert
 :class:`CheckSkipped` when the contract promises nothing to check (a capability the
 implementation does not declare). A :class:`Kit` is a named list of checks plus how to
 build one fresh *subject* (a store, a provider case, a reaper world) from the user's
-*factory* for each check, and how to tear it down afterwards.
+*factory* for each check, and how to tear it down afterwards; a kit's module adds each
+check to it with ``@KIT.add``.
 
 A factory is a zero-argument callable returning the object, an awaitable of it, or an
 async context manager yielding it (use that form to own setup and cleanup, e.g. a
@@ -13,8 +14,8 @@ temporary directory for a database file). An object made by the first two forms 
 with its ``aclose()`` when it has one.
 
 The kits need no test framework: :func:`run_kit` runs every check and returns a
-:class:`KitReport`; the ``check_*`` entry points (``check_store`` …) raise
-:class:`KitFailed` naming each failed check. ``corral.testing.pytest_checks`` turns a kit
+:class:`KitReport`; :meth:`Kit.verify`, behind the ``check_*`` entry points
+(``check_store`` …), raises :class:`KitFailed` naming each failed check. ``corral.testing.pytest_checks`` turns a kit
 into one pytest test per check.
 """
 
@@ -82,17 +83,43 @@ def check(fn: Callable[[S], Awaitable[None]]) -> Check[S]:
     return Check(name, fn, inspect.getdoc(fn) or "")
 
 
-@dataclass(frozen=True)
+@asynccontextmanager
+async def opened(factory: Factory) -> AsyncIterator[Any]:
+    """Make one object with ``factory`` (see the module docstring) and clean it up."""
+    made = factory()
+    if hasattr(made, "__aenter__") and hasattr(made, "__aexit__"):
+        async with made as obj:
+            yield obj
+        return
+    if inspect.isawaitable(made):
+        made = await made
+    try:
+        yield made
+    finally:
+        aclose = getattr(made, "aclose", None)
+        if callable(aclose):
+            await aclose()
+
+
+@dataclass
 class Kit(Generic[S]):
     """A named set of checks and how to build each check's subject from a factory.
 
     ``subject(factory, **options)`` is an async context manager yielding a fresh subject;
-    every check gets its own.
+    every check gets its own. A kit's module makes the kit before its checks and marks each
+    one ``@KIT.add``, so the kit holds them in the order they are written and a new check
+    cannot be left out.
     """
 
     name: str
-    checks: tuple[Check[S], ...]
-    subject: Callable[..., AbstractAsyncContextManager[S]]
+    checks: tuple[Check[S], ...] = ()
+    subject: Callable[..., AbstractAsyncContextManager[S]] = opened
+
+    def add(self, fn: Callable[[S], Awaitable[None]]) -> Callable[[S], Awaitable[None]]:
+        """Decorator: add ``async def check_<name>(subject)`` to this kit, last (see
+        :func:`check`); the function is returned unchanged."""
+        self.checks = (*self.checks, check(fn))
+        return fn
 
     def select(self, only: Iterable[str] | None = None) -> tuple[Check[S], ...]:
         """The checks named in ``only`` (all when ``None``); an unknown name is an error."""
@@ -104,6 +131,16 @@ class Kit(Generic[S]):
         if unknown:
             raise ValueError(f"{self.name} has no check named {', '.join(unknown)}")
         return tuple(c for c in self.checks if c.name in wanted)
+
+    async def verify(self, factory: Factory, *, only: Iterable[str] | None = None,
+                     **options: Any) -> KitReport:
+        """Run every check (or those named in ``only``) on subjects made from ``factory``
+        (one fresh subject per check; ``options`` go to :attr:`subject`); raise
+        :class:`KitFailed` naming every failed check, else return the report (its
+        ``skipped`` says which checks had nothing to verify). What each kit's ``check_*``
+        entry point does."""
+        report = await run_kit(self, factory, only=only, **options)
+        return report.raise_for_failures()
 
 
 @dataclass
@@ -134,24 +171,6 @@ class KitReport:
         if self.failed:
             raise KitFailed(self)
         return self
-
-
-@asynccontextmanager
-async def opened(factory: Factory) -> AsyncIterator[Any]:
-    """Make one object with ``factory`` (see the module docstring) and clean it up."""
-    made = factory()
-    if hasattr(made, "__aenter__") and hasattr(made, "__aexit__"):
-        async with made as obj:
-            yield obj
-        return
-    if inspect.isawaitable(made):
-        made = await made
-    try:
-        yield made
-    finally:
-        aclose = getattr(made, "aclose", None)
-        if callable(aclose):
-            await aclose()
 
 
 async def run_check(kit: Kit[S], chk: Check[S], factory: Factory, **options: Any) -> None:

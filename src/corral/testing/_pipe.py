@@ -24,7 +24,7 @@ from corral.runs import PipeResult, ProducerExit, hold_claim, pipe_to_run_log
 from corral.stores._protocols import ClaimLost, ClaimRefused, Store, StoreError
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
 from corral.testing._polling import wait_until_async
-from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import Factory, Kit, KitReport, raises
 from corral.testing._stores import DEADLINE, T0, claimed_run, event, new_run
 
 __all__ = [
@@ -56,6 +56,11 @@ __all__ = [
 ]
 
 
+PIPE_KIT: Kit[Store] = Kit("pipe")
+"""Every pipe and hold_claim check; the subject is the store the factory makes."""
+
+
+@PIPE_KIT.add
 async def check_hold_claim_renews_and_releases(store: Store) -> None:
     await new_run(store, "r")
     with anyio.fail_after(DEADLINE):
@@ -70,6 +75,7 @@ async def check_hold_claim_renews_and_releases(store: Store) -> None:
     assert rec is not None and rec.claim_owner is None and rec.driver_epoch == 1
 
 
+@PIPE_KIT.add
 async def check_hold_claim_cancels_body_on_loss(store: Store) -> None:
     await new_run(store, "r")
     reached_end = False
@@ -86,6 +92,7 @@ async def check_hold_claim_cancels_body_on_loss(store: Store) -> None:
     assert rec is not None and rec.claim_owner == "b"  # the loser released nothing
 
 
+@PIPE_KIT.add
 async def check_hold_claim_refused_runs_no_body(store: Store) -> None:
     ran = False
     with raises(ClaimRefused):
@@ -94,6 +101,7 @@ async def check_hold_claim_refused_runs_no_body(store: Store) -> None:
     assert not ran
 
 
+@PIPE_KIT.add
 async def check_hold_claim_body_error_propagates_and_releases(store: Store) -> None:
     await new_run(store, "r")
     with raises(KeyError):
@@ -169,6 +177,7 @@ async def _pipe(store: Store, events: Any, **kw: Any) -> tuple[PipeResult, _Coun
     return result, counting
 
 
+@PIPE_KIT.add
 async def check_completed(store: Store) -> None:
     items = [({"type": "RUN_STARTED"}, 5), (event(1), 9), ({"type": "RUN_FINISHED"}, 12)]
     result, _ = await _pipe(store, _events(items))
@@ -180,6 +189,7 @@ async def check_completed(store: Store) -> None:
     assert [e.journal_offset for e in snap] == [5, 9, 12]
 
 
+@PIPE_KIT.add
 async def check_run_error_event_fails_and_stops_pulling(store: Store) -> None:
     closed = anyio.Event()
 
@@ -198,6 +208,7 @@ async def check_run_error_event_fails_and_stops_pulling(store: Store) -> None:
     assert closed.is_set()  # the producer was closed, not left for the GC
 
 
+@PIPE_KIT.add
 async def check_producer_raises(store: Store) -> None:
     async def producer() -> AsyncIterator[Any]:
         yield (event(1), 7)
@@ -212,6 +223,7 @@ async def check_producer_raises(store: Store) -> None:
     assert snap[-1].journal_offset == 7
 
 
+@PIPE_KIT.add
 async def check_abort_before_start(store: Store) -> None:
     abort = anyio.Event()
     abort.set()
@@ -228,6 +240,7 @@ async def check_abort_before_start(store: Store) -> None:
     assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
 
+@PIPE_KIT.add
 async def check_abort_then_producer_ends_stream_is_aborted(store: Store) -> None:
     abort = anyio.Event()
 
@@ -241,6 +254,7 @@ async def check_abort_then_producer_ends_stream_is_aborted(store: Store) -> None
     assert result.record is not None and result.record.status is RunStatus.ABORTED
 
 
+@PIPE_KIT.add
 async def check_abort_between_events_then_finishes_on_its_own(store: Store) -> None:
     abort = anyio.Event()
 
@@ -255,6 +269,7 @@ async def check_abort_between_events_then_finishes_on_its_own(store: Store) -> N
     assert _types(await store.snapshot("run-1"))[:2] == ["TEXT_MESSAGE_CONTENT"] * 2
 
 
+@PIPE_KIT.add
 async def check_abort_then_producer_yields_again_drops_the_event(store: Store) -> None:
     abort = anyio.Event()
 
@@ -269,6 +284,7 @@ async def check_abort_then_producer_yields_again_drops_the_event(store: Store) -
     assert "d2" not in deltas and deltas[0] == "d1"
 
 
+@PIPE_KIT.add
 async def check_abort_while_producer_waits(store: Store) -> None:
     abort = anyio.Event()
 
@@ -287,6 +303,7 @@ async def check_abort_while_producer_waits(store: Store) -> None:
     assert result.status is RunStatus.ABORTED
 
 
+@PIPE_KIT.add
 async def check_aborted_producer_that_raises_is_failed(store: Store) -> None:
     abort = anyio.Event()
 
@@ -299,6 +316,7 @@ async def check_aborted_producer_that_raises_is_failed(store: Store) -> None:
     assert result.status is RunStatus.FAILED
 
 
+@PIPE_KIT.add
 async def check_nonzero_exit_fails_and_records_exit_code(store: Store) -> None:
     items = [(event(1), 1), ProducerExit(exit_code=3), (event(2), 2)]
     result, _ = await _pipe(store, _events(items))
@@ -308,6 +326,7 @@ async def check_nonzero_exit_fails_and_records_exit_code(store: Store) -> None:
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_ERROR"]
 
 
+@PIPE_KIT.add
 async def check_terminal_write_refused_once_is_retried_then_closed(store: Store) -> None:
     """A transient store error on the terminal write: retried, stored, and only then
     the log closed."""
@@ -321,6 +340,7 @@ async def check_terminal_write_refused_once_is_retried_then_closed(store: Store)
     assert flaky.calls == ["refused", "stored", "close"]
 
 
+@PIPE_KIT.add
 async def check_terminal_write_never_stored_leaves_the_log_open(store: Store) -> None:
     """A store that keeps refusing: no close (a closed log under a running record could
     never be finished); ``record_error`` says why; a successor ends the run with the
@@ -341,6 +361,7 @@ async def check_terminal_write_never_stored_leaves_the_log_open(store: Store) ->
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]
 
 
+@PIPE_KIT.add
 async def check_logged_end_records_the_error_without_appending(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [({"type": "RUN_ERROR", "message": "boom"}, 3)], epoch=epoch)
@@ -353,6 +374,7 @@ async def check_logged_end_records_the_error_without_appending(store: Store) -> 
     assert _types(await store.snapshot("run-1")) == ["RUN_ERROR"]
 
 
+@PIPE_KIT.add
 async def check_zero_exit_completes(store: Store) -> None:
     items = [(event(1), 1), ({"type": "RUN_FINISHED"}, 2), ProducerExit(exit_code=0)]
     result, _ = await _pipe(store, _events(items))
@@ -360,6 +382,7 @@ async def check_zero_exit_completes(store: Store) -> None:
     assert result.record is not None and result.record.exit_code == 0
 
 
+@PIPE_KIT.add
 async def check_lost_claim_lands_nothing_and_writes_no_status(store: Store) -> None:
     await new_run(store, "run-1")
     old = await store.acquire_claim("run-1", "a", 1, now=T0)
@@ -382,6 +405,7 @@ async def check_lost_claim_lands_nothing_and_writes_no_status(store: Store) -> N
     assert final.status is RunStatus.COMPLETED and not final.claim_lost
 
 
+@PIPE_KIT.add
 async def check_loser_cannot_overwrite_successors_terminal_status(store: Store) -> None:
     await new_run(store, "run-1")
     old = await store.acquire_claim("run-1", "a", 1, now=T0)
@@ -400,10 +424,15 @@ async def check_loser_cannot_overwrite_successors_terminal_status(store: Store) 
     assert await store.snapshot("run-1") == []
 
 
-async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) -> None:
+async def _cancelled_after_one_event(store: Store, **options: Any) -> tuple[_Counting, bool]:
+    """Pipe into a claimed ``run-1`` (with ``options``) from a producer that yields one
+    event and then waits, and cancel the pipe's task from outside while it waits. Returns
+    the store as the pipe saw it and whether the pipe returned (it must not: the
+    cancellation propagates)."""
     epoch = await claimed_run(store)
     counting = _Counting(store)
     started = anyio.Event()
+    returned = False
 
     async def producer() -> AsyncIterator[Any]:
         yield (event(1), 1)
@@ -411,49 +440,36 @@ async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) 
         await anyio.sleep_forever()
         yield (event(2), 2)
 
+    async def drive() -> None:
+        nonlocal returned
+        await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch, **options)
+        returned = True
+
     with anyio.fail_after(DEADLINE):
         async with anyio.create_task_group() as tg:
-
-            async def drive() -> None:
-                await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch)
-
             tg.start_soon(drive)
             await started.wait()
             tg.cancel_scope.cancel()
+    return counting, returned
+
+
+@PIPE_KIT.add
+async def check_cancelled_from_outside_records_aborted_and_closes(store: Store) -> None:
+    counting, returned = await _cancelled_after_one_event(store)
+    assert not returned
     assert counting.closes == 1
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.ABORTED
     assert (await store.tail("run-1")).closed
 
 
+@PIPE_KIT.add
 async def check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open(
         store: Store) -> None:
     """A Runner's driver whose task is cancelled (``detach_on_cancel``): what was appended
     stays, no status, no close; the cancellation still propagates."""
-    epoch = await claimed_run(store)
-    counting = _Counting(store)
-    started = anyio.Event()
-    reached_end = False
-
-    async def producer() -> AsyncIterator[Any]:
-        yield (event(1), 1)
-        started.set()
-        await anyio.sleep_forever()
-        yield (event(2), 2)
-
-    with anyio.fail_after(DEADLINE):
-        async with anyio.create_task_group() as tg:
-
-            async def drive() -> None:
-                nonlocal reached_end
-                await pipe_to_run_log(counting, "run-1", producer(), epoch=epoch,
-                                      detach_on_cancel=True)
-                reached_end = True  # never: the cancellation must propagate
-
-            tg.start_soon(drive)
-            await started.wait()
-            tg.cancel_scope.cancel()
-    assert not reached_end
+    counting, returned = await _cancelled_after_one_event(store, detach_on_cancel=True)
+    assert not returned
     assert counting.closes == 0
     rec = await store.get("run-1")
     assert rec is not None and rec.status is RunStatus.RUNNING and rec.error is None
@@ -461,6 +477,7 @@ async def check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open
     assert _types(await store.snapshot("run-1")) == ["TEXT_MESSAGE_CONTENT"]
 
 
+@PIPE_KIT.add
 async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
     """A successor takes the run while a pipe runs under ``hold_claim``. Whichever notices
     first, the renewer (``ClaimLost`` out of ``hold_claim``, the pipe cancelled) or the
@@ -502,41 +519,8 @@ async def check_pipe_under_hold_claim_lost_lease(store: Store) -> None:
     assert len(await store.snapshot("run-1")) == before  # nothing more lands
 
 
-PIPE_KIT: Kit[Store] = Kit(
-    "pipe",
-    tuple(check(fn) for fn in (
-        check_hold_claim_renews_and_releases,
-        check_hold_claim_cancels_body_on_loss,
-        check_hold_claim_refused_runs_no_body,
-        check_hold_claim_body_error_propagates_and_releases,
-        check_completed,
-        check_run_error_event_fails_and_stops_pulling,
-        check_producer_raises,
-        check_abort_before_start,
-        check_abort_then_producer_ends_stream_is_aborted,
-        check_abort_between_events_then_finishes_on_its_own,
-        check_abort_then_producer_yields_again_drops_the_event,
-        check_abort_while_producer_waits,
-        check_aborted_producer_that_raises_is_failed,
-        check_nonzero_exit_fails_and_records_exit_code,
-        check_terminal_write_refused_once_is_retried_then_closed,
-        check_terminal_write_never_stored_leaves_the_log_open,
-        check_logged_end_records_the_error_without_appending,
-        check_zero_exit_completes,
-        check_lost_claim_lands_nothing_and_writes_no_status,
-        check_loser_cannot_overwrite_successors_terminal_status,
-        check_cancelled_from_outside_records_aborted_and_closes,
-        check_cancelled_from_outside_with_detach_on_cancel_leaves_the_run_open,
-        check_pipe_under_hold_claim_lost_lease,
-    )),
-    subject=opened,
-)
-"""Every pipe and hold_claim check; the subject is the store the factory makes."""
-
-
 async def check_pipe(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the pipe kit over stores made by ``make_store`` (one fresh store per check);
     raise :class:`~corral.testing.KitFailed` naming every failed check, else return the
     report."""
-    report = await run_kit(PIPE_KIT, make_store, only=only)
-    return report.raise_for_failures()
+    return await PIPE_KIT.verify(make_store, only=only)

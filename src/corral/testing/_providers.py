@@ -56,7 +56,7 @@ from corral.sandbox._contracts import (
     SandboxSpec,
     UnsupportedCapability,
 )
-from corral.testing._kit import CheckSkipped, Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import CheckSkipped, Factory, Kit, KitReport, opened, raises
 from corral.testing._polling import wait_until_async
 
 __all__ = [
@@ -231,9 +231,14 @@ async def provider_case(
                     await provider.destroy(case._sandbox.ref)
 
 
+PROVIDER_KIT: Kit[ProviderCase] = Kit("provider", subject=provider_case)
+"""Every provider check; the subject is a :class:`ProviderCase`."""
+
+
 # ------------------------------------------------------------------ exec
 
 
+@PROVIDER_KIT.add
 async def check_exit_codes_and_streams_apart(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -243,6 +248,7 @@ async def check_exit_codes_and_streams_apart(case: ProviderCase) -> None:
     assert ok.ok and ok.exit_code == 0
 
 
+@PROVIDER_KIT.add
 async def check_signal_death_is_a_named_failure(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -254,6 +260,7 @@ async def check_signal_death_is_a_named_failure(case: ProviderCase) -> None:
     assert plain.exit_code == 143 and plain.signal is None
 
 
+@PROVIDER_KIT.add
 async def check_fifty_megabytes_of_output_do_not_deadlock(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -264,6 +271,7 @@ async def check_fifty_megabytes_of_output_do_not_deadlock(case: ProviderCase) ->
     assert len(r.stdout) == 50_000_000 and len(r.stderr) == 20_000_000
 
 
+@PROVIDER_KIT.add
 async def check_stdin(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -274,6 +282,7 @@ async def check_stdin(case: ProviderCase) -> None:
     assert r2.stdout.strip() == b"0"
 
 
+@PROVIDER_KIT.add
 async def check_env_and_cwd(case: ProviderCase) -> None:
     case.need_shell()
     provider = case.provider
@@ -295,6 +304,7 @@ async def check_env_and_cwd(case: ProviderCase) -> None:
         await provider.destroy(h.ref)
 
 
+@PROVIDER_KIT.add
 async def check_bad_requests_are_clear_errors(case: ProviderCase) -> None:
     sandbox = await case.sandbox()
     with raises(CorralError, match="does not exist"):
@@ -305,6 +315,7 @@ async def check_bad_requests_are_clear_errors(case: ProviderCase) -> None:
     assert r.exit_code == 127 and not r.ok
 
 
+@PROVIDER_KIT.add
 async def check_timeout_kills_the_tree(case: ProviderCase) -> None:
     case.need_shell()
     provider = case.provider
@@ -321,6 +332,7 @@ async def check_timeout_kills_the_tree(case: ProviderCase) -> None:
 # ------------------------------------------------------------------ spawn
 
 
+@PROVIDER_KIT.add
 async def check_streaming_partial_lines_and_stdin(case: ProviderCase) -> None:
     case.need_shell()
     case.need("writable_stdin")
@@ -341,6 +353,7 @@ async def check_streaming_partial_lines_and_stdin(case: ProviderCase) -> None:
     assert r.exit_code == 0 and r.ok
 
 
+@PROVIDER_KIT.add
 async def check_kill_reaches_grandchildren(case: ProviderCase) -> None:
     case.need_shell()
     provider = case.provider
@@ -358,6 +371,7 @@ async def check_kill_reaches_grandchildren(case: ProviderCase) -> None:
         await assert_stopped(sandbox, "gc")
 
 
+@PROVIDER_KIT.add
 async def check_kill_with_sigterm_lets_the_command_handle_it(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -374,6 +388,7 @@ async def check_kill_with_sigterm_lets_the_command_handle_it(case: ProviderCase)
     assert b"got-term" in b"".join([c async for c in it])
 
 
+@PROVIDER_KIT.add
 async def check_background_process_outlives_its_creator(case: ProviderCase) -> None:
     case.need_shell()
     case.need("background_processes")
@@ -389,6 +404,7 @@ async def check_background_process_outlives_its_creator(case: ProviderCase) -> N
 # ------------------------------------------------------------------ files
 
 
+@PROVIDER_KIT.add
 async def check_binary_round_trip(case: ProviderCase) -> None:
     sandbox = await case.sandbox()
     data = bytes(range(256)) * 100 + b"\x00\xff\r\n"
@@ -409,6 +425,7 @@ async def check_binary_round_trip(case: ProviderCase) -> None:
     assert r.stdout == b"tmp"
 
 
+@PROVIDER_KIT.add
 async def check_hundred_megabytes_stream(case: ProviderCase) -> None:
     sandbox = await case.sandbox()
     mb = 1 << 20
@@ -431,6 +448,7 @@ async def check_hundred_megabytes_stream(case: ProviderCase) -> None:
     assert (await sandbox.fs.stat("big.bin")).size == 100 * mb
 
 
+@PROVIDER_KIT.add
 async def check_list_stat_rename_remove(case: ProviderCase) -> None:
     sandbox = await case.sandbox()
     fs = sandbox.fs
@@ -459,6 +477,7 @@ async def check_list_stat_rename_remove(case: ProviderCase) -> None:
     await fs.mkdir("dup")  # parents=True accepts an existing directory
 
 
+@PROVIDER_KIT.add
 async def check_dotdot_and_absolute_paths_cannot_escape(case: ProviderCase) -> None:
     sandbox = await case.sandbox()
     fs = sandbox.fs
@@ -483,6 +502,7 @@ async def check_dotdot_and_absolute_paths_cannot_escape(case: ProviderCase) -> N
         await fs.rename("/workspace", "/tmp/ws")
 
 
+@PROVIDER_KIT.add
 async def check_fifos_planted_inside_never_block_the_host(case: ProviderCase) -> None:
     """A named pipe the sandbox made is no file to read or write: refused at once
     (opening it would block the host until the sandbox chose to connect)."""
@@ -497,6 +517,7 @@ async def check_fifos_planted_inside_never_block_the_host(case: ProviderCase) ->
             await sandbox.fs.write("pipe", b"x")
 
 
+@PROVIDER_KIT.add
 async def check_symlinks_planted_inside_cannot_reach_out(case: ProviderCase) -> None:
     case.need_shell()
     sandbox = await case.sandbox()
@@ -547,6 +568,7 @@ async def check_symlinks_planted_inside_cannot_reach_out(case: ProviderCase) -> 
 # ------------------------------------------------------------------ lifecycle
 
 
+@PROVIDER_KIT.add
 async def check_resume_from_a_second_process(case: ProviderCase) -> None:
     case.need_shell()
     case.need("durable_filesystem")
@@ -566,6 +588,7 @@ async def check_resume_from_a_second_process(case: ProviderCase) -> None:
     assert second_process(provider_factory, "exec", h.id, "true") == {"resumed": False}
 
 
+@PROVIDER_KIT.add
 async def check_destroy_kills_processes_removes_state_and_is_idempotent(case: ProviderCase) -> None:
     provider = case.provider
     h = await provider.create()
@@ -591,6 +614,7 @@ async def check_destroy_kills_processes_removes_state_and_is_idempotent(case: Pr
         await h.fs.read("keep.txt")
 
 
+@PROVIDER_KIT.add
 async def check_missing_capabilities_raise(case: ProviderCase) -> None:
     provider = case.provider
     sandbox = await case.sandbox()
@@ -606,6 +630,7 @@ async def check_missing_capabilities_raise(case: ProviderCase) -> None:
             sandbox.host_command("true")
 
 
+@PROVIDER_KIT.add
 async def check_names(case: ProviderCase) -> None:
     provider = case.provider
     h = await provider.create(SandboxSpec(name="named-sandbox.1"))
@@ -636,6 +661,7 @@ def start_host_command(hc: HostCommand, *, stdout: Any, stderr: Any) -> subproce
 # ------------------------------------------------------------------ host processes
 
 
+@PROVIDER_KIT.add
 async def check_host_command_from_a_detached_process(case: ProviderCase) -> None:
     case.need("host_processes")
     sandbox = await case.sandbox()
@@ -653,6 +679,7 @@ async def check_host_command_from_a_detached_process(case: ProviderCase) -> None
         assert fh.read() == b"to-stderr\n"
 
 
+@PROVIDER_KIT.add
 async def check_host_command_processes_die_with_the_sandbox(case: ProviderCase) -> None:
     case.need("host_processes")
     provider = case.provider
@@ -670,6 +697,7 @@ async def check_host_command_processes_die_with_the_sandbox(case: ProviderCase) 
         await provider.destroy(h.ref)
 
 
+@PROVIDER_KIT.add
 async def check_private_dir_is_invisible_inside(case: ProviderCase) -> None:
     case.need("host_processes")
     provider = case.provider
@@ -692,6 +720,7 @@ async def check_private_dir_is_invisible_inside(case: ProviderCase) -> None:
 # ------------------------------------------------------------------ the agent's site
 
 
+@PROVIDER_KIT.add
 async def check_agent_site_launches_probes_and_stops(case: ProviderCase) -> None:
     """Where the provider's durable runs put their supervisor (its agent site,
     :mod:`corral.runs._placement`: on this host, or inside the sandbox) works: a supervised
@@ -734,40 +763,6 @@ async def check_agent_site_launches_probes_and_stops(case: ProviderCase) -> None
             await site.stop(0.5, supervisor=True)
 
 
-PROVIDER_KIT: Kit[ProviderCase] = Kit(
-    "provider",
-    tuple(check(fn) for fn in (
-        check_exit_codes_and_streams_apart,
-        check_signal_death_is_a_named_failure,
-        check_fifty_megabytes_of_output_do_not_deadlock,
-        check_stdin,
-        check_env_and_cwd,
-        check_bad_requests_are_clear_errors,
-        check_timeout_kills_the_tree,
-        check_streaming_partial_lines_and_stdin,
-        check_kill_reaches_grandchildren,
-        check_kill_with_sigterm_lets_the_command_handle_it,
-        check_background_process_outlives_its_creator,
-        check_binary_round_trip,
-        check_hundred_megabytes_stream,
-        check_list_stat_rename_remove,
-        check_dotdot_and_absolute_paths_cannot_escape,
-        check_fifos_planted_inside_never_block_the_host,
-        check_symlinks_planted_inside_cannot_reach_out,
-        check_resume_from_a_second_process,
-        check_destroy_kills_processes_removes_state_and_is_idempotent,
-        check_missing_capabilities_raise,
-        check_names,
-        check_host_command_from_a_detached_process,
-        check_host_command_processes_die_with_the_sandbox,
-        check_private_dir_is_invisible_inside,
-        check_agent_site_launches_probes_and_stops,
-    )),
-    subject=provider_case,
-)
-"""Every provider check; the subject is a :class:`ProviderCase`."""
-
-
 async def check_provider(
     make_provider: Factory,
     *,
@@ -778,6 +773,5 @@ async def check_provider(
     """Run the provider kit (one fresh provider per check); raise
     :class:`~corral.testing.KitFailed` naming every failed check, else return the report
     (its ``skipped`` says which checks the declared capabilities excused)."""
-    report = await run_kit(PROVIDER_KIT, make_provider, only=only, import_path=import_path,
+    return await PROVIDER_KIT.verify(make_provider, only=only, import_path=import_path,
                            posix_shell=posix_shell)
-    return report.raise_for_failures()

@@ -60,7 +60,7 @@ from corral.runs._reap_runner import journal_drive, journal_stop
 from corral.sandbox._contracts import SandboxRef
 from corral.stores._protocols import InstanceRecord, LoggedEvent, NewRun, Store
 from corral.stores._records import RunPatch, RunRecord, RunStatus
-from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import Factory, Kit, KitReport, opened, raises
 from corral.testing._polling import wait_until_async
 
 __all__ = [
@@ -372,9 +372,14 @@ async def assert_untouched(world: ReaperWorld, started: Started, before: Frozen)
 # ------------------------------------------------------------------ the suites
 
 
+REAPER_KIT: Kit[ReaperWorld] = Kit("reaper", subject=reaper_world)
+"""Every reaper and reclaim check; the subject is a :class:`ReaperWorld`."""
+
+
 # ------------------------------------------------------------------ reap outcomes
 # Each outcome, in a sweep that also holds a run that must be left alone.
 
+@REAPER_KIT.add
 async def check_finalized_agent_finished_while_nobody_watched(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     done = await w.start("printf 'hello\\n'; printf 'world\\n'; printf 'bye'",
@@ -401,6 +406,7 @@ async def check_finalized_agent_finished_while_nobody_watched(reaper_world: Reap
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_driver_that_died_without_detaching_is_finalized_after_its_lease(
     reaper_world: ReaperWorld
 ) -> None:
@@ -419,6 +425,7 @@ async def check_driver_that_died_without_detaching_is_finalized_after_its_lease(
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_a_live_lease_without_detach_is_never_touched(reaper_world: ReaperWorld) -> None:
     """A driver renewing its lease owns the run: not even listed, even with ttl 0."""
     w = reaper_world
@@ -433,6 +440,7 @@ async def check_a_live_lease_without_detach_is_never_touched(reaper_world: Reape
     await assert_untouched(w, done, before)
 
 
+@REAPER_KIT.add
 async def check_finalized_resumes_after_what_the_dead_host_logged(
     reaper_world: ReaperWorld
 ) -> None:
@@ -446,6 +454,7 @@ async def check_finalized_resumes_after_what_the_dead_host_logged(
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_failed_agent_is_finalized_with_its_exit_code(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     bad = await w.start("echo partial; echo oops >&2; exit 3", wait_exit=True)
@@ -460,6 +469,7 @@ async def check_failed_agent_is_finalized_with_its_exit_code(reaper_world: Reape
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_producing_agent_is_left_byte_for_byte_alone(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     busy = await w.start(f"echo still at it; {LONG}", wait_output="still at it",
@@ -475,6 +485,7 @@ async def check_producing_agent_is_left_byte_for_byte_alone(reaper_world: Reaper
     assert agent_alive(busy.paths)
 
 
+@REAPER_KIT.add
 async def check_look_alike_sentinels_stay_producing(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     fake_nonce = "0" * 32
@@ -495,6 +506,7 @@ async def check_look_alike_sentinels_stay_producing(reaper_world: ReaperWorld) -
     await assert_untouched(w, forger, before)
 
 
+@REAPER_KIT.add
 async def check_unknown_touches_nothing_and_says_why(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     lost = await w.start(f"echo x; {LONG}", wait_output="x")
@@ -508,6 +520,7 @@ async def check_unknown_touches_nothing_and_says_why(reaper_world: ReaperWorld) 
     await assert_untouched(w, lost, before)
 
 
+@REAPER_KIT.add
 async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
     reaper_world: ReaperWorld
 ) -> None:
@@ -531,6 +544,7 @@ async def check_expired_live_agent_is_stopped_aborted_and_reclaimed(
     await assert_untouched(w, young, young_before)
 
 
+@REAPER_KIT.add
 async def check_expired_finished_agent_completes(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     w.ttl = 60.0
@@ -548,6 +562,7 @@ async def check_expired_finished_agent_completes(reaper_world: ReaperWorld) -> N
     await assert_untouched(w, young, young_before)
 
 
+@REAPER_KIT.add
 async def check_viewer_back_between_listing_and_claim_is_not_claimed(
     reaper_world: ReaperWorld
 ) -> None:
@@ -590,6 +605,7 @@ async def check_viewer_back_between_listing_and_claim_is_not_claimed(
     await assert_untouched(w, young, young_before)
 
 
+@REAPER_KIT.add
 async def check_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
     reaper_world: ReaperWorld
 ) -> None:
@@ -607,6 +623,7 @@ async def check_live_driver_elsewhere_is_not_claimed_and_nothing_changes(
     await assert_untouched(w, young, young_before)
 
 
+@REAPER_KIT.add
 async def check_budget_exceeded_on_finalization_is_an_anomaly(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     done = await w.start("echo done", wait_exit=True)
@@ -630,6 +647,7 @@ async def check_budget_exceeded_on_finalization_is_an_anomaly(reaper_world: Reap
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_budget_is_armed_after_the_quiet_window(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     done = await w.start("echo patience", wait_exit=True)
@@ -643,6 +661,7 @@ async def check_budget_is_armed_after_the_quiet_window(reaper_world: ReaperWorld
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_destroy_failing_is_reclaim_failed_with_transcript_saved(
     reaper_world: ReaperWorld
 ) -> None:
@@ -662,6 +681,7 @@ async def check_destroy_failing_is_reclaim_failed_with_transcript_saved(
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     first = await w.start("echo a", wait_exit=True, detached_ago=30.0)
@@ -686,6 +706,7 @@ async def check_failed_is_reported_and_the_sweep_goes_on(reaper_world: ReaperWor
 # ------------------------------------------------------------------ reap sweep
 # The sweep as a whole: listing, batch cap, order, totality, concurrency.
 
+@REAPER_KIT.add
 async def check_batch_cap_takes_the_oldest_first(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     runs = [await w.start("echo x", wait_exit=True, detached_ago=age) for age in (5, 30, 20)]
@@ -699,6 +720,7 @@ async def check_batch_cap_takes_the_oldest_first(reaper_world: ReaperWorld) -> N
     assert [e.run_id for e in again.runs] == [runs[0].run_id]
 
 
+@REAPER_KIT.add
 async def check_nothing_to_do_and_listing_failure_give_full_zero_results(
     reaper_world: ReaperWorld
 ) -> None:
@@ -726,6 +748,7 @@ async def check_nothing_to_do_and_listing_failure_give_full_zero_results(
     assert set(d["outcomes"]) == {o.value for o in ReapOutcome}
 
 
+@REAPER_KIT.add
 async def check_two_reapers_at_once_drive_each_run_at_most_once(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     done = [await w.start(f"echo run{i}", wait_exit=True) for i in range(4)]
@@ -754,6 +777,7 @@ async def check_two_reapers_at_once_drive_each_run_at_most_once(reaper_world: Re
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
     reaper_world: ReaperWorld
 ) -> None:
@@ -770,6 +794,7 @@ async def check_cancel_recorded_by_a_dead_host_is_still_finalized(
 # ------------------------------------------------------------------ reclaim
 # ``reclaim_sandbox`` and ``sandbox_reclaimer``: every outcome and its ordering.
 
+@REAPER_KIT.add
 async def check_takeovers_past_the_limit_end_the_run_instead_of_driving_it(
     reaper_world: ReaperWorld
 ) -> None:
@@ -795,6 +820,7 @@ async def check_takeovers_past_the_limit_end_the_run_instead_of_driving_it(
     await assert_untouched(w, busy, busy_before)
 
 
+@REAPER_KIT.add
 async def check_a_takeover_after_progress_counts_from_one(reaper_world: ReaperWorld) -> None:
     """Drivers that died at an earlier log offset do not count: the run made progress
     since, so the reaper's takeover is the first at this offset and it drives the run."""
@@ -825,6 +851,7 @@ async def _bound(w: ReaperWorld, provider: str | None = None) -> tuple[RunRecord
     return await w.record("r-bound"), sandbox_id
 
 
+@REAPER_KIT.add
 async def check_destroyed(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     record, sandbox_id = await _bound(w)
@@ -834,6 +861,7 @@ async def check_destroyed(reaper_world: ReaperWorld) -> None:
     assert await w.store.get_instance("k1") is None
 
 
+@REAPER_KIT.add
 async def check_no_sandbox_key_and_not_found(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     await w.store.create(NewRun("bare", "t"))
@@ -846,6 +874,7 @@ async def check_no_sandbox_key_and_not_found(reaper_world: ReaperWorld) -> None:
     assert await w.store.get_instance("k1") is not None
 
 
+@REAPER_KIT.add
 async def check_provider_mismatch_touches_nothing(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     record, sandbox_id = await _bound(w, provider="docker")
@@ -856,6 +885,7 @@ async def check_provider_mismatch_touches_nothing(reaper_world: ReaperWorld) -> 
     assert w.sandboxes.exists(sandbox_id) and w.sandboxes.destroyed == []
 
 
+@REAPER_KIT.add
 async def check_destroy_failed_deletes_the_record_and_reclaimer_raises(
     reaper_world: ReaperWorld
 ) -> None:
@@ -874,6 +904,7 @@ async def check_destroy_failed_deletes_the_record_and_reclaimer_raises(
     assert "quota service down" in str(caught.value)
 
 
+@REAPER_KIT.add
 async def check_destroy_that_hangs_is_bounded_by_its_own_timeout(reaper_world: ReaperWorld) -> None:
     w = reaper_world
     record, _ = await _bound(w)
@@ -892,45 +923,8 @@ async def check_destroy_that_hangs_is_bounded_by_its_own_timeout(reaper_world: R
     assert await w.store.get_instance("k1") is None
 
 
-REAPER_KIT: Kit[ReaperWorld] = Kit(
-    "reaper",
-    tuple(check(fn) for fn in (
-        check_finalized_agent_finished_while_nobody_watched,
-        check_driver_that_died_without_detaching_is_finalized_after_its_lease,
-        check_a_live_lease_without_detach_is_never_touched,
-        check_finalized_resumes_after_what_the_dead_host_logged,
-        check_failed_agent_is_finalized_with_its_exit_code,
-        check_producing_agent_is_left_byte_for_byte_alone,
-        check_look_alike_sentinels_stay_producing,
-        check_unknown_touches_nothing_and_says_why,
-        check_expired_live_agent_is_stopped_aborted_and_reclaimed,
-        check_expired_finished_agent_completes,
-        check_viewer_back_between_listing_and_claim_is_not_claimed,
-        check_live_driver_elsewhere_is_not_claimed_and_nothing_changes,
-        check_budget_exceeded_on_finalization_is_an_anomaly,
-        check_budget_is_armed_after_the_quiet_window,
-        check_destroy_failing_is_reclaim_failed_with_transcript_saved,
-        check_failed_is_reported_and_the_sweep_goes_on,
-        check_batch_cap_takes_the_oldest_first,
-        check_nothing_to_do_and_listing_failure_give_full_zero_results,
-        check_two_reapers_at_once_drive_each_run_at_most_once,
-        check_cancel_recorded_by_a_dead_host_is_still_finalized,
-        check_takeovers_past_the_limit_end_the_run_instead_of_driving_it,
-        check_a_takeover_after_progress_counts_from_one,
-        check_destroyed,
-        check_no_sandbox_key_and_not_found,
-        check_provider_mismatch_touches_nothing,
-        check_destroy_failed_deletes_the_record_and_reclaimer_raises,
-        check_destroy_that_hangs_is_bounded_by_its_own_timeout,
-    )),
-    subject=reaper_world,
-)
-"""Every reaper and reclaim check; the subject is a :class:`ReaperWorld`."""
-
-
 async def check_reaper(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the reaper kit over stores made by ``make_store`` (one fresh store and
     :class:`ReaperWorld` per check); raise :class:`~corral.testing.KitFailed` naming every
     failed check, else return the report. Starts real supervised processes (POSIX)."""
-    report = await run_kit(REAPER_KIT, make_store, only=only)
-    return report.raise_for_failures()
+    return await REAPER_KIT.verify(make_store, only=only)

@@ -31,7 +31,7 @@ from corral.stores._protocols import (
     SessionTooLarge,
     StoredSession,
 )
-from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import Factory, Kit, KitReport, raises
 
 __all__ = [
     "HOSTILE_PATHS",
@@ -74,6 +74,11 @@ def _as_dict(got: StoredSession | None) -> dict[str, bytes]:
     return dict(got.files)
 
 
+SESSION_STORE_KIT: Kit[SessionStore] = Kit("session store")
+"""Every session store check; the subject is the store the factory makes."""
+
+
+@SESSION_STORE_KIT.add
 async def check_round_trip(store: SessionStore) -> None:
     assert await store.get_session("thread-1", "claude-code") is None
     assert await store.list_sessions("thread-1") == []
@@ -95,6 +100,7 @@ async def check_round_trip(store: SessionStore) -> None:
     assert dict(empty.files) == {}
 
 
+@SESSION_STORE_KIT.add
 async def check_files_are_bytes_exactly(store: SessionStore) -> None:
     every_byte = bytes(range(256)) * 3
     big = (b'{"type":"assistant","text":"' + b"x" * 2000 + b'"}\n') * 1000  # ~2 MiB
@@ -104,6 +110,7 @@ async def check_files_are_bytes_exactly(store: SessionStore) -> None:
     assert _as_dict(await store.get_session("thread-1", "claude-code")) == files
 
 
+@SESSION_STORE_KIT.add
 async def check_put_replaces_the_whole_session(store: SessionStore) -> None:
     await store.put_session(session(files={"a": b"old a", "dir/b": b"old b"}, session_id="s1"))
     await store.put_session(session(files={"dir/c": b"new c"}, session_id="s2",
@@ -118,6 +125,7 @@ async def check_put_replaces_the_whole_session(store: SessionStore) -> None:
     assert _as_dict(await store.get_session("thread-1", "claude-code")) == {}
 
 
+@SESSION_STORE_KIT.add
 async def check_isolated_between_threads_and_harnesses(store: SessionStore) -> None:
     keys = [("t1", "claude-code"), ("t1", "codex"), ("t2", "claude-code"), ("t1/x", "codex")]
     for t, h in keys:
@@ -136,6 +144,7 @@ async def check_isolated_between_threads_and_harnesses(store: SessionStore) -> N
     assert t2 is not None and dict(t2.files) == {"t2-claude-code": b"t2"}
 
 
+@SESSION_STORE_KIT.add
 async def check_list_without_bytes(store: SessionStore) -> None:
     await store.put_session(session("t", "opencode", {"a": b"12345", "b/c": b"67"},
                                     session_id="o", saved_at=T0 + 2, run_id="r2"))
@@ -150,6 +159,7 @@ async def check_list_without_bytes(store: SessionStore) -> None:
     assert await store.list_sessions("nobody") == []
 
 
+@SESSION_STORE_KIT.add
 async def check_delete_all_or_one_harness(store: SessionStore) -> None:
     for h in ("claude-code", "codex", "gemini-cli"):
         await store.put_session(session("t", h, {"f": h.encode()}))
@@ -168,6 +178,7 @@ async def check_delete_all_or_one_harness(store: SessionStore) -> None:
     assert _as_dict(await store.get_session("t", "codex")) == {"g": b"new"}
 
 
+@SESSION_STORE_KIT.add
 async def check_limits_refuse_and_write_nothing(store: SessionStore) -> None:
     store.session_limits = SessionLimits(max_bytes=100, max_files=3)
     await store.put_session(session(files={"a": b"1"}, session_id="before"))
@@ -187,6 +198,7 @@ async def check_limits_refuse_and_write_nothing(store: SessionStore) -> None:
     assert await store.list_sessions("t-new") == []
 
 
+@SESSION_STORE_KIT.add
 async def check_hostile_paths_are_refused(store: SessionStore) -> None:
     for path in HOSTILE_PATHS:
         with raises(InvalidSession):
@@ -210,6 +222,7 @@ async def check_hostile_paths_are_refused(store: SessionStore) -> None:
     assert got is not None and got.session_id == "good" and dict(got.files) == {"ok": b"kept"}
 
 
+@SESSION_STORE_KIT.add
 async def check_records_are_not_shared_with_callers(store: SessionStore) -> None:
     files = {"a": b"original"}
     made = session(files=files)
@@ -226,6 +239,7 @@ async def check_records_are_not_shared_with_callers(store: SessionStore) -> None
     assert _as_dict(await store.get_session("t2", "claude-code")) == {"m": b"mutable"}
 
 
+@SESSION_STORE_KIT.add
 async def check_concurrent_writers_never_mix(store: SessionStore) -> None:
     """Writers race on one session while readers read it: every read is one writer's whole
     session, and the session left is one writer's, whole."""
@@ -278,29 +292,9 @@ async def check_concurrent_writers_never_mix(store: SessionStore) -> None:
     assert _as_dict(await store.get_session("thread-1", "claude-code")) == {"last": b"1"}
 
 
-SESSION_STORE_KIT: Kit[SessionStore] = Kit(
-    "session store",
-    tuple(check(fn) for fn in (
-        check_round_trip,
-        check_files_are_bytes_exactly,
-        check_put_replaces_the_whole_session,
-        check_isolated_between_threads_and_harnesses,
-        check_list_without_bytes,
-        check_delete_all_or_one_harness,
-        check_limits_refuse_and_write_nothing,
-        check_hostile_paths_are_refused,
-        check_records_are_not_shared_with_callers,
-        check_concurrent_writers_never_mix,
-    )),
-    subject=opened,
-)
-"""Every session store check; the subject is the store the factory makes."""
-
-
 async def check_session_store(make_store: Factory, *, only: Iterable[str] | None = None
                               ) -> KitReport:
     """Run the session store kit against stores made by ``make_store`` (one fresh store per
     check); raise :class:`~corral.testing.KitFailed` naming every failed check, else return
     the report. ``only`` names the checks to run (all by default)."""
-    report = await run_kit(SESSION_STORE_KIT, make_store, only=only)
-    return report.raise_for_failures()
+    return await SESSION_STORE_KIT.verify(make_store, only=only)

@@ -47,7 +47,7 @@ from corral.stores._protocols import (
 )
 from corral.stores._checkpoints import Checkpoint, CheckpointEntry
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
-from corral.testing._kit import Factory, Kit, KitReport, check, opened, raises, run_kit
+from corral.testing._kit import Factory, Kit, KitReport, raises
 from corral.testing._polling import wait_until_async
 
 __all__ = [
@@ -146,9 +146,14 @@ def event(i: int, **more: Any) -> dict[str, Any]:
     return {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"d{i}", **more}
 
 
+STORE_KIT: Kit[Store] = Kit("store")
+"""Every store check; the subject is the store the factory makes."""
+
+
 # ------------------------------------------------------------------ run store contract
 # Run records: create, resume, patch semantics, queries.
 
+@STORE_KIT.add
 async def check_create_and_get_round_trip(store: Store) -> None:
     created = await store.create(
         NewRun("r", "t", started_at=T0, harness="command", spec={"argv": ["echo", "hi"]},
@@ -169,10 +174,12 @@ async def check_create_and_get_round_trip(store: Store) -> None:
     assert data["driver_epoch"] == 0
 
 
+@STORE_KIT.add
 async def check_unknown_run_reads_none(store: Store) -> None:
     assert await store.get("nope") is None
 
 
+@STORE_KIT.add
 async def check_create_or_resume_never_overwrites(store: Store) -> None:
     first = await store.create_or_resume(NewRun("r", "t1", started_at=T0), now=T0)
     again = await store.create_or_resume(
@@ -183,6 +190,7 @@ async def check_create_or_resume_never_overwrites(store: Store) -> None:
     assert await store.get("r") == first
 
 
+@STORE_KIT.add
 async def check_create_refuses_existing_id(store: Store) -> None:
     first = await new_run(store, "r")
     with raises(RunExists):
@@ -190,11 +198,13 @@ async def check_create_refuses_existing_id(store: Store) -> None:
     assert await store.get("r") == first
 
 
+@STORE_KIT.add
 async def check_update_unknown_run_is_noop(store: Store) -> None:
     assert await store.update("ghost", RunPatch(status=RunStatus.FAILED)) is None
     assert await store.get("ghost") is None
 
 
+@STORE_KIT.add
 async def check_patch_sets_and_clears_each_field_distinctly(store: Store) -> None:
     await new_run(store, "r")
     values: dict[str, Any] = {
@@ -232,6 +242,7 @@ async def check_patch_sets_and_clears_each_field_distinctly(store: Store) -> Non
     assert (await store.get("r")) is not None
 
 
+@STORE_KIT.add
 async def check_empty_patch_leaves_fields_alone(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(detached_since=T0 + 1, sandbox_key="k"))
@@ -242,6 +253,7 @@ async def check_empty_patch_leaves_fields_alone(store: Store) -> None:
         RunStatus.INTERRUPTED, T0 + 1, "k")
 
 
+@STORE_KIT.add
 async def check_fenced_update_refuses_stale_epoch(store: Store) -> None:
     await new_run(store, "r")
     first = await store.acquire_claim("r", "a", 1.0, now=T0)
@@ -259,6 +271,7 @@ async def check_fenced_update_refuses_stale_epoch(store: Store) -> None:
     assert done is not None and done.status is RunStatus.COMPLETED
 
 
+@STORE_KIT.add
 async def check_find_active_run(store: Store) -> None:
     assert await store.find_active_run("t") is None
     await new_run(store, "old", "t", started_at=T0)
@@ -275,6 +288,7 @@ async def check_find_active_run(store: Store) -> None:
     assert active is not None and active.run_id == "old"
 
 
+@STORE_KIT.add
 async def check_list_by_thread_oldest_first(store: Store) -> None:
     await new_run(store, "b", "t", started_at=T0 + 2)
     await new_run(store, "a", "t", started_at=T0 + 1)
@@ -284,6 +298,7 @@ async def check_list_by_thread_oldest_first(store: Store) -> None:
     assert await store.list_by_thread("nobody") == []
 
 
+@STORE_KIT.add
 async def check_list_reclaimable_inclusive_cutoff(store: Store) -> None:
     await new_run(store, "at-cutoff")
     await store.update("at-cutoff", RunPatch(detached_since=T0 + 100))
@@ -302,6 +317,7 @@ async def check_list_reclaimable_inclusive_cutoff(store: Store) -> None:
     assert sorted(r.run_id for r in found) == ["at-cutoff", "younger"]
 
 
+@STORE_KIT.add
 async def check_list_reclaimable_oldest_first_and_limit(store: Store) -> None:
     for name, since in [("b", 30), ("a", 10), ("tie-1", 20), ("tie-2", 20), ("young", 90)]:
         await new_run(store, name)
@@ -318,6 +334,7 @@ async def check_list_reclaimable_oldest_first_and_limit(store: Store) -> None:
         await store.list_reclaimable(now=T0, ttl=0, limit=-1)
 
 
+@STORE_KIT.add
 async def check_list_reclaimable_lapsed_lease_counts_from_its_end(store: Store) -> None:
     """A driver that died without detaching leaves a lease that lapses: from its end
     the run is as unattended as a detached one (inclusive cutoff); a live lease or a
@@ -340,6 +357,7 @@ async def check_list_reclaimable_lapsed_lease_counts_from_its_end(store: Store) 
     assert [r.run_id for r in found] == ["lapsed", "live"]
 
 
+@STORE_KIT.add
 async def check_list_reclaimable_released_claim_counts_from_the_release(store: Store) -> None:
     """A driver that released its claim and died before the next one took it (between
     ``start`` and ``drive``, or before stamping a detach) leaves a reapable run."""
@@ -358,6 +376,7 @@ async def check_list_reclaimable_released_claim_counts_from_the_release(store: S
     assert await store.list_reclaimable(now=released + 2, ttl=0) == []
 
 
+@STORE_KIT.add
 async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store: Store) -> None:
     """``detached_since`` decides when set (a server may drive a detached run under a
     live lease); runs of both kinds are listed oldest first together."""
@@ -376,6 +395,7 @@ async def check_list_reclaimable_detached_since_wins_and_order_mixes_both(store:
     assert [r.run_id for r in found] == ["detached-held", "lapsed"]
 
 
+@STORE_KIT.add
 async def check_request_cancel_is_sticky_and_atomic(store: Store) -> None:
     assert await store.request_cancel("ghost") is None
     await new_run(store, "r")
@@ -389,6 +409,7 @@ async def check_request_cancel_is_sticky_and_atomic(store: Store) -> None:
     assert unchanged is not None and unchanged.cancel_requested is None
 
 
+@STORE_KIT.add
 async def check_records_are_not_shared_with_callers(store: Store) -> None:
     usage = {"input_tokens": 1}
     await new_run(store, "r")
@@ -401,6 +422,7 @@ async def check_records_are_not_shared_with_callers(store: Store) -> None:
 # ------------------------------------------------------------------ list runs
 # ``list_runs``: newest first, filtered by status, limited.
 
+@STORE_KIT.add
 async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
     for i in range(5):
         await store.create(NewRun(run_id=f"r{i}", thread_id="t", started_at=T0 + i), now=T0 + i)
@@ -416,6 +438,7 @@ async def check_newest_first_with_status_filter_and_limit(store: Store) -> None:
 # ------------------------------------------------------------------ claims
 # Leases, epochs and refusals.
 
+@STORE_KIT.add
 async def check_claims_bump_the_epoch(store: Store) -> None:
     await new_run(store, "r")
     c1 = await store.acquire_claim("r", "a", 10, now=T0)
@@ -429,6 +452,7 @@ async def check_claims_bump_the_epoch(store: Store) -> None:
     assert rec is not None and (rec.claim_owner, rec.driver_epoch) == ("b", 2)
 
 
+@STORE_KIT.add
 async def check_refused_claim_changes_nothing(store: Store) -> None:
     """Every refusal reason, each on its own run: the refusal names it, nothing changes."""
     for reason in RefusalReason:
@@ -450,6 +474,7 @@ async def check_refused_claim_changes_nothing(store: Store) -> None:
         assert await store.get(run_id) == before, reason
 
 
+@STORE_KIT.add
 async def check_cancelled_run_claimable_for_finalizing(store: Store) -> None:
     await new_run(store, "r")
     await store.request_cancel("r")
@@ -457,12 +482,14 @@ async def check_cancelled_run_claimable_for_finalizing(store: Store) -> None:
     assert claim.epoch == 1
 
 
+@STORE_KIT.add
 async def check_interrupted_is_claimable(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(status=RunStatus.INTERRUPTED))
     assert (await store.acquire_claim("r", "a", 5, now=T0)).epoch == 1
 
 
+@STORE_KIT.add
 async def check_expired_lease_can_be_taken_over(store: Store) -> None:
     await new_run(store, "r")
     await store.acquire_claim("r", "a", 10, now=T0)
@@ -472,6 +499,7 @@ async def check_expired_lease_can_be_taken_over(store: Store) -> None:
     assert taken.epoch == 2
 
 
+@STORE_KIT.add
 async def check_break_lease_only_of_the_named_owner(store: Store) -> None:
     await new_run(store, "r")
     await store.acquire_claim("r", "dead-driver", 30, now=T0)
@@ -485,6 +513,7 @@ async def check_break_lease_only_of_the_named_owner(store: Store) -> None:
         await store.append("r", [({"type": "CUSTOM"}, 0)], epoch=1)
 
 
+@STORE_KIT.add
 async def check_renew_and_loss(store: Store) -> None:
     await new_run(store, "r")
     a = await store.acquire_claim("r", "a", 10, now=T0)
@@ -504,6 +533,7 @@ async def check_renew_and_loss(store: Store) -> None:
         await store.renew_claim(b, 10)
 
 
+@STORE_KIT.add
 async def check_claim_can_clear_detached_since(store: Store) -> None:
     await new_run(store, "r")
     await store.update("r", RunPatch(detached_since=T0 + 1, sandbox_key="k"))
@@ -519,6 +549,7 @@ async def check_claim_can_clear_detached_since(store: Store) -> None:
 # ------------------------------------------------------------------ event log
 # Append with the epoch fence, read/tail, close, snapshot.
 
+@STORE_KIT.add
 async def check_offsets_gap_free_and_increasing(store: Store) -> None:
     epoch = await claimed_run(store)
     assert await store.append("run-1", [(event(1), 10)], epoch=epoch) == [1]
@@ -531,6 +562,7 @@ async def check_offsets_gap_free_and_increasing(store: Store) -> None:
     assert (tail.last_offset, tail.last_journal_offset, tail.closed) == (3, 30, False)
 
 
+@STORE_KIT.add
 async def check_tail_keeps_the_highest_journal_offset(store: Store) -> None:
     """An event logged out of band at a stale journal offset (an approval request
     raced by a batch) must not send a successor back over lines already logged."""
@@ -542,6 +574,7 @@ async def check_tail_keeps_the_highest_journal_offset(store: Store) -> None:
     assert [e.journal_offset for e in await store.snapshot("run-1")] == [10, 40, 25]
 
 
+@STORE_KIT.add
 async def check_events_round_trip_as_json(store: Store) -> None:
     epoch = await claimed_run(store)
     event = {"type": "CUSTOM", "name": "x", "value": {"a": [1, 2.5, None, True], "ü": "é"}}
@@ -549,6 +582,7 @@ async def check_events_round_trip_as_json(store: Store) -> None:
     assert (await store.snapshot("run-1"))[0].event == event
 
 
+@STORE_KIT.add
 async def check_stale_epoch_lands_nothing(store: Store) -> None:
     await new_run(store, "r")
     old = await store.acquire_claim("r", "a", 1, now=T0)
@@ -561,6 +595,7 @@ async def check_stale_epoch_lands_nothing(store: Store) -> None:
     assert await store.append("r", [(event(2), 2)], epoch=new.epoch) == [2]
 
 
+@STORE_KIT.add
 async def check_unclaimed_run_takes_no_appends(store: Store) -> None:
     await new_run(store, "r")
     with raises(ClaimLost):
@@ -568,6 +603,7 @@ async def check_unclaimed_run_takes_no_appends(store: Store) -> None:
     assert await store.snapshot("r") == []
 
 
+@STORE_KIT.add
 async def check_unknown_run_and_closed_log(store: Store) -> None:
     with raises(UnknownRun):
         await store.append("ghost", [(event(1), 1)], epoch=1)
@@ -578,6 +614,7 @@ async def check_unknown_run_and_closed_log(store: Store) -> None:
     assert await store.snapshot("run-1") == []
 
 
+@STORE_KIT.add
 async def check_invalid_batch_lands_nothing(store: Store) -> None:
     """A batch with one bad event (NaN, not JSON, a negative or boolean journal offset, not
     an object) is refused whole."""
@@ -595,6 +632,7 @@ async def check_invalid_batch_lands_nothing(store: Store) -> None:
         assert await store.snapshot("run-1") == [], bad
 
 
+@STORE_KIT.add
 async def check_read_from_offset_tails_until_closed(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [(event(1), 1), (event(2), 2)], epoch=epoch)
@@ -615,6 +653,7 @@ async def check_read_from_offset_tails_until_closed(store: Store) -> None:
     assert got == [2, 3, 4, 5]
 
 
+@STORE_KIT.add
 async def check_terminal_event_does_not_end_a_read(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [({"type": "RUN_FINISHED"}, 1)], epoch=epoch)
@@ -634,6 +673,7 @@ async def check_terminal_event_does_not_end_a_read(store: Store) -> None:
     assert got == ["RUN_FINISHED", "RUN_STARTED"]
 
 
+@STORE_KIT.add
 async def check_read_of_closed_log_returns_everything_then_ends(store: Store) -> None:
     epoch = await claimed_run(store)
     await store.append("run-1", [(event(i), i) for i in range(1, 2501)], epoch=epoch)
@@ -643,6 +683,7 @@ async def check_read_of_closed_log_returns_everything_then_ends(store: Store) ->
     assert offsets == list(range(1, 2501))
 
 
+@STORE_KIT.add
 async def check_read_unknown_run_raises(store: Store) -> None:
     with raises(UnknownRun):
         async for _ in store.read("ghost"):
@@ -651,6 +692,7 @@ async def check_read_unknown_run_raises(store: Store) -> None:
         await store.tail("ghost")
 
 
+@STORE_KIT.add
 async def check_close_never_fenced(store: Store) -> None:
     await new_run(store, "r")
     old = await store.acquire_claim("r", "a", 1, now=T0)
@@ -666,6 +708,7 @@ async def check_close_never_fenced(store: Store) -> None:
     assert await store.close("ghost") is False
 
 
+@STORE_KIT.add
 async def check_snapshot_never_waits_and_is_a_copy(store: Store) -> None:
     assert await store.snapshot("ghost") == []
     epoch = await claimed_run(store)
@@ -677,6 +720,7 @@ async def check_snapshot_never_waits_and_is_a_copy(store: Store) -> None:
     assert (await store.snapshot("run-1"))[0].event["delta"] == "d1"
 
 
+@STORE_KIT.add
 async def check_many_readers_see_every_event(store: Store) -> None:
     epoch = await claimed_run(store)
     results: list[list[int]] = [[], [], []]
@@ -697,6 +741,7 @@ async def check_many_readers_see_every_event(store: Store) -> None:
     assert results == [list(range(1, 41))] * 3
 
 
+@STORE_KIT.add
 async def check_logs_are_per_run(store: Store) -> None:
     e1 = await claimed_run(store, "a")
     e2 = await claimed_run(store, "b")
@@ -711,6 +756,7 @@ async def check_logs_are_per_run(store: Store) -> None:
 # ------------------------------------------------------------------ instance store
 # Sandbox instance records.
 
+@STORE_KIT.add
 async def check_get_upsert_delete(store: Store) -> None:
     assert await store.get_instance("k") is None
     full = InstanceRecord("k", "bubblewrap", "sb-1", "t", T0, latest_snapshot_id="snap",
@@ -727,6 +773,7 @@ async def check_get_upsert_delete(store: Store) -> None:
     await store.delete_instance("k")  # missing is a no-op
 
 
+@STORE_KIT.add
 async def check_list_expired_inclusive(store: Store) -> None:
     await store.upsert_instance(InstanceRecord("a", "p", "1", "t", T0, expires_at=T0 + 10))
     await store.upsert_instance(InstanceRecord("b", "p", "2", "t", T0, expires_at=T0 + 11))
@@ -738,6 +785,7 @@ async def check_list_expired_inclusive(store: Store) -> None:
 # ------------------------------------------------------------------ named lock
 # Lease locks for once-across-hosts work.
 
+@STORE_KIT.add
 async def check_exclusive_until_released_or_expired(store: Store) -> None:
     assert await store.try_lock("reaper", "a", 10, now=T0)
     assert not await store.try_lock("reaper", "b", 10, now=T0 + 5)
@@ -751,11 +799,11 @@ async def check_exclusive_until_released_or_expired(store: Store) -> None:
     assert not await store.unlock("reaper", "b")
 
 
-
 # ------------------------------------------------------------------ approvals
 # Requests and answers shared by every host: the first answer wins. Keyed by run id; no run
 # record is needed.
 
+@STORE_KIT.add
 async def check_approval_round_trip(store: Store) -> None:
     assert await store.get_approval("run-1", "a1") is None
     req = approval(args={"env": "prod", "n": [1, 2.5, None], "s": "é\u2028", "b": True},
@@ -775,6 +823,7 @@ async def check_approval_round_trip(store: Store) -> None:
     assert await store.get_approval("run-1", "a3") is None
 
 
+@STORE_KIT.add
 async def check_pending_oldest_first_ties_in_insertion_order(store: Store) -> None:
     for aid, at in [("late", T0 + 5), ("z", T0), ("a", T0), ("mid", T0 + 1), ("m", T0)]:
         await store.add_approval(approval(aid, created_at=at))
@@ -788,6 +837,7 @@ async def check_pending_oldest_first_ties_in_insertion_order(store: Store) -> No
     assert await store.list_pending_approvals("ghost") == []
 
 
+@STORE_KIT.add
 async def check_add_existing_approval_changes_nothing(store: Store) -> None:
     first = approval("a1", tool="deploy")
     await store.add_approval(first)
@@ -802,6 +852,7 @@ async def check_add_existing_approval_changes_nothing(store: Store) -> None:
     assert await store.list_pending_approvals("run-1") == []
 
 
+@STORE_KIT.add
 async def check_first_answer_wins(store: Store) -> None:
     req = approval()
     await store.add_approval(req)
@@ -814,6 +865,7 @@ async def check_first_answer_wins(store: Store) -> None:
     assert await store.get_approval("run-1", "a1") == (req, first)
 
 
+@STORE_KIT.add
 async def check_first_answer_wins_among_concurrent_answers(store: Store) -> None:
     """Concurrent answers (a human and the gate's timeout, two hosts): all but one lose,
     and every caller is told the same standing answer."""
@@ -834,6 +886,7 @@ async def check_first_answer_wins_among_concurrent_answers(store: Store) -> None
     assert got is not None and got[1] == standing[0]
 
 
+@STORE_KIT.add
 async def check_unknown_approval(store: Store) -> None:
     with raises(UnknownApproval) as info:
         await store.answer_approval("run-1", "nope", ApprovalAnswer("allow", None, T0))
@@ -846,6 +899,7 @@ async def check_unknown_approval(store: Store) -> None:
     assert [r.approval_id for r in await store.list_pending_approvals("run-1")] == ["a1"]
 
 
+@STORE_KIT.add
 async def check_approvals_are_per_run(store: Store) -> None:
     await store.add_approval(approval("a1", "run-1"))
     await store.add_approval(approval("a1", "run-2", tool="other"))  # same id, other run
@@ -862,6 +916,7 @@ async def check_approvals_are_per_run(store: Store) -> None:
 # corral's own keys. That two store objects (hosts) on one database agree is a property of
 # the backend's insert-if-absent; each backend's own tests race processes on one URL.
 
+@STORE_KIT.add
 async def check_shared_secret_is_stable_and_per_name(store: Store) -> None:
     first = await store.shared_secret("approvals")
     assert isinstance(first, bytes) and len(first) == 32
@@ -873,6 +928,7 @@ async def check_shared_secret_is_stable_and_per_name(store: Store) -> None:
         await store.shared_secret("")
 
 
+@STORE_KIT.add
 async def check_shared_secret_first_callers_agree(store: Store) -> None:
     got: list[bytes] = []
 
@@ -889,6 +945,7 @@ async def check_shared_secret_first_callers_agree(store: Store) -> None:
 # ------------------------------------------------------------------ deleting runs
 
 
+@STORE_KIT.add
 async def check_delete_run_removes_its_record_log_and_approvals(store: Store) -> None:
     epoch = await claimed_run(store, "gone")
     await store.append("gone", [(event(1), 1), (event(2), 2)], epoch=epoch)
@@ -922,6 +979,7 @@ async def check_delete_run_removes_its_record_log_and_approvals(store: Store) ->
     assert await store.get_approval("gone", "a1") is None
 
 
+@STORE_KIT.add
 async def check_delete_run_refuses_a_run_that_has_not_ended(store: Store) -> None:
     epoch = await claimed_run(store, "live")
     await store.append("live", [(event(1), 1)], epoch=epoch)
@@ -940,6 +998,7 @@ async def check_delete_run_refuses_a_run_that_has_not_ended(store: Store) -> Non
         assert await store.delete_run(f"ended-{status.value}") is True
 
 
+@STORE_KIT.add
 async def check_delete_run_ends_a_tail_of_its_log(store: Store) -> None:
     # an ended run whose log was never closed (its driver died between the two writes)
     epoch = await claimed_run(store)
@@ -970,6 +1029,7 @@ def _head_checkpoint(cid: str, thread: str, at: float) -> Checkpoint:
                        CheckpointEntry("d/empty", "file", 0o644)), meta={"n": cid})
 
 
+@STORE_KIT.add
 async def check_thread_head_is_the_newest_run_and_checkpoint(store: Store) -> None:
     empty = await store.thread_head("t")
     assert empty.checkpoint is None and empty.last_run is None
@@ -994,75 +1054,9 @@ async def check_thread_head_is_the_newest_run_and_checkpoint(store: Store) -> No
     assert only.last_run is None
     assert only.checkpoint is not None and only.checkpoint.checkpoint_id == "ckpt-9"
 
-STORE_KIT: Kit[Store] = Kit(
-    "store",
-    tuple(check(fn) for fn in (
-        check_create_and_get_round_trip,
-        check_unknown_run_reads_none,
-        check_create_or_resume_never_overwrites,
-        check_create_refuses_existing_id,
-        check_update_unknown_run_is_noop,
-        check_patch_sets_and_clears_each_field_distinctly,
-        check_empty_patch_leaves_fields_alone,
-        check_fenced_update_refuses_stale_epoch,
-        check_find_active_run,
-        check_list_by_thread_oldest_first,
-        check_list_reclaimable_inclusive_cutoff,
-        check_list_reclaimable_oldest_first_and_limit,
-        check_list_reclaimable_lapsed_lease_counts_from_its_end,
-        check_list_reclaimable_released_claim_counts_from_the_release,
-        check_list_reclaimable_detached_since_wins_and_order_mixes_both,
-        check_request_cancel_is_sticky_and_atomic,
-        check_records_are_not_shared_with_callers,
-        check_newest_first_with_status_filter_and_limit,
-        check_claims_bump_the_epoch,
-        check_refused_claim_changes_nothing,
-        check_cancelled_run_claimable_for_finalizing,
-        check_interrupted_is_claimable,
-        check_expired_lease_can_be_taken_over,
-        check_break_lease_only_of_the_named_owner,
-        check_renew_and_loss,
-        check_claim_can_clear_detached_since,
-        check_offsets_gap_free_and_increasing,
-        check_tail_keeps_the_highest_journal_offset,
-        check_events_round_trip_as_json,
-        check_stale_epoch_lands_nothing,
-        check_unclaimed_run_takes_no_appends,
-        check_unknown_run_and_closed_log,
-        check_invalid_batch_lands_nothing,
-        check_read_from_offset_tails_until_closed,
-        check_terminal_event_does_not_end_a_read,
-        check_read_of_closed_log_returns_everything_then_ends,
-        check_read_unknown_run_raises,
-        check_close_never_fenced,
-        check_snapshot_never_waits_and_is_a_copy,
-        check_many_readers_see_every_event,
-        check_logs_are_per_run,
-        check_get_upsert_delete,
-        check_list_expired_inclusive,
-        check_exclusive_until_released_or_expired,
-        check_approval_round_trip,
-        check_pending_oldest_first_ties_in_insertion_order,
-        check_add_existing_approval_changes_nothing,
-        check_first_answer_wins,
-        check_first_answer_wins_among_concurrent_answers,
-        check_unknown_approval,
-        check_approvals_are_per_run,
-        check_shared_secret_is_stable_and_per_name,
-        check_shared_secret_first_callers_agree,
-        check_delete_run_removes_its_record_log_and_approvals,
-        check_delete_run_refuses_a_run_that_has_not_ended,
-        check_delete_run_ends_a_tail_of_its_log,
-        check_thread_head_is_the_newest_run_and_checkpoint,
-    )),
-    subject=opened,
-)
-"""Every store check; the subject is the store the factory makes."""
-
 
 async def check_store(make_store: Factory, *, only: Iterable[str] | None = None) -> KitReport:
     """Run the store kit against stores made by ``make_store`` (one fresh store per check);
     raise :class:`~corral.testing.KitFailed` naming every failed check, else return the
     report. ``only`` names the checks to run (all by default)."""
-    report = await run_kit(STORE_KIT, make_store, only=only)
-    return report.raise_for_failures()
+    return await STORE_KIT.verify(make_store, only=only)
