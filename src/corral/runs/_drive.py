@@ -23,7 +23,7 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
 from corral.runs._site import AgentSite
-from corral.runs._specview import harness_for_record, spec_view
+from corral.runs._spec import harness_for_record, run_spec_of
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover
 from corral.sandbox._contracts import Provider
 from corral.sandbox._secrets import Secrets
@@ -132,7 +132,7 @@ class ClaimedDrive:
 
         logged = LoggedOffset(tail.last_journal_offset or 0)
         redactor = secrets.redactor() if secrets is not None else None
-        schema = spec_view(record).output_schema
+        schema = run_spec_of(record).output_schema
         output: OutputState | None = None
         if schema is not None:
             from corral.runs._output_end import output_state  # only runs with a schema

@@ -11,7 +11,7 @@ import anyio.abc
 
 from corral._errors import CorralError
 from corral._log import library_logger
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
 from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
 
@@ -47,7 +47,7 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     answer); their events go into the run's log under ``epoch``. ``redactor`` (the run's
     secrets) is applied to both: a call's arguments are the agent's, and may carry a
     secret's value."""
-    spec = spec_view(record)
+    spec = run_spec_of(record)
     socket_path = (spec.agent or {}).get("tools_socket")
     if not isinstance(socket_path, str):
         return

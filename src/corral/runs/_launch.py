@@ -95,7 +95,7 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
     if sandbox.file_events:
         # before the agent starts: what its changes are measured against
         files = await file_baseline(handle, paths, diff=sandbox.file_events == "diff")
-        plan.spec = plan.spec.model_copy(update={"files": files})
+        plan.spec = replace(plan.spec, files=files)
         await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     plan.site = site = plan.placement.started(handle, run_id, paths, nonce, lambda _: provider)
     pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id)

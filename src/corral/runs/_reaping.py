@@ -45,7 +45,7 @@ from corral.runs._reap import (
     ReapStore,
     reap_detached_runs,
 )
-from corral.runs._specview import check_harness, harness_for_record, spec_view
+from corral.runs._spec import check_harness, harness_for_record, run_spec_of
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,
@@ -167,7 +167,7 @@ def journal_drive(
             redactor=redactor,
             follow=True, before_exit=before_exit, on_journal_error=on_journal_error,
             checkpoint=checkpoint)
-        schema = spec_view(record).output_schema
+        schema = run_spec_of(record).output_schema
         if schema is not None:
             # the result the agent gave (stored on the record), or the run fails
             from corral.runs._output_end import output_state, settle_output

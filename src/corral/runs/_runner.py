@@ -29,6 +29,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
 from corral.runs._placement import site_of
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
-from corral.runs._specview import check_harness, harness_for_record, spec_view
+from corral.runs._spec import check_harness, harness_for_record, run_spec_of
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -181,7 +182,7 @@ class Runner:
         known = self._run_secrets.get(record.run_id)
         if known is not None:
             return known
-        recorded = spec_view(record).sandbox
+        recorded = run_spec_of(record).sandbox
         if recorded is None or not recorded.get("secrets"):
             # No secrets recorded, so none to find: rebuilding the definition (it loads the
             # provider registry) would only delay a takeover (``corral attach``).
@@ -242,7 +243,7 @@ class Runner:
         sandbox = plan.sandbox
         trace = carrier()  # this start's span: drivers on any host continue its trace
         if trace:
-            plan.spec = plan.spec.model_copy(update={"trace": trace})
+            plan.spec = replace(plan.spec, trace=trace)
         if len(sandbox.secrets):
             self._run_secrets[run_id] = sandbox.secrets
         if plan.tools is not None:
