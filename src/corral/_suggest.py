@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 __all__ = ["did_you_mean"]
@@ -10,8 +11,6 @@ __all__ = ["did_you_mean"]
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """``" (did you mean 'docker'?)"`` for the choice closest to ``word``, or ``""`` when no
     choice is close (or ``word`` is not a string). Meant to follow the quoted wrong name."""
-    import difflib  # only on the error path: it is not needed to start
-
     if not isinstance(word, str) or not word:
         return ""
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)

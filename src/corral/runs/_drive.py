@@ -135,7 +135,8 @@ class ClaimedDrive:
         schema = run_spec_of(record).output_schema
         output: OutputState | None = None
         if schema is not None:
-            from corral.runs._output_end import output_state  # only runs with a schema
+            # only a run with a schema loads the validator (pydantic, jsonschema)
+            from corral.runs._output_end import output_state, settle_output
 
             output = output_state(store, record, schema,
                                   redactor.redact_obj if redactor is not None else None)
@@ -173,8 +174,6 @@ class ClaimedDrive:
                 before_exit=before_exit, on_journal_error=on_journal_error,
                 checkpoint=self.checkpoint, logged=logged)
             if output is not None:
-                from corral.runs._output_end import settle_output
-
                 produced = settle_output(produced, store, record, output,
                                          redactor.redact_obj if redactor else None)
             result = await pipe_to_run_log(

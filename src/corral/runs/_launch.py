@@ -23,6 +23,7 @@ from corral.harness._base import RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
 from corral.journal._layout import JournalPaths
+from corral.journal._prune import delete_journal
 from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
 from corral.runs._plan import StartPlan
@@ -67,8 +68,6 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         # a journal of an earlier run with this id, deleted from the store since (corral
         # threads rm --runs on this host deletes it too; another host's is left): this run
         # must not read it as its own
-        from corral.journal._prune import delete_journal
-
         failed = delete_journal(paths)
         if failed:
             raise RunStartError(f"a stale journal of an earlier run {run_id!r} is in the "

@@ -23,6 +23,7 @@ import anyio.to_thread
 
 from corral._log import library_logger
 from corral.harness._registry import HarnessNotInstalled
+from corral.runs._output_end import output_state, settle_output
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, Produced
 from corral.runs._produce import (
@@ -170,8 +171,6 @@ def journal_drive(
         schema = run_spec_of(record).output_schema
         if schema is not None:
             # the result the agent gave (stored on the record), or the run fails
-            from corral.runs._output_end import output_state, settle_output
-
             redact = redactor.redact_obj if redactor is not None else None
             batches = settle_output(batches, store, record,
                                     output_state(store, record, schema, redact), redact)

@@ -42,6 +42,7 @@ from corral._telemetry import carrier, configure_from_env, context_of, mark_erro
 from corral.journal._layout import JournalPaths
 from corral.journal._probe import JournalLocationError, machine_id
 from corral.journal._sentinel import new_nonce
+from corral.runs._agent_end import finish_agent
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
@@ -50,6 +51,7 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
 from corral.runs._placement import site_of
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
+from corral.runs._release import definition_of, release_sandbox
 from corral.runs._spec import check_harness, harness_for_record, run_spec_of
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
@@ -150,6 +152,7 @@ class Runner:
     def threads(self) -> Threads:
         """This runner's threads (#27): list, show, undo, fork, remove
         (:class:`~corral.Threads`)."""
+        # start-up cost: threads load the checkpoint and ensure machinery, no driver's
         from corral.runs._threads import Threads
 
         return Threads(self)
@@ -187,8 +190,6 @@ class Runner:
             # No secrets recorded, so none to find: rebuilding the definition (it loads the
             # provider registry) would only delay a takeover (``corral attach``).
             return None
-        from corral.runs._release import definition_of
-
         sandbox = definition_of(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
@@ -238,7 +239,7 @@ class Runner:
 
     async def _start(self, plan: StartPlan, request: RunRequest, run_id: str,
                      thread_id: str) -> RunRecord:
-        from corral.runs._launch import fail_start, launch_run
+        from corral.runs._launch import fail_start, launch_run  # start-up cost, as _plan
 
         sandbox = plan.sandbox
         trace = carrier()  # this start's span: drivers on any host continue its trace
@@ -291,9 +292,6 @@ class Runner:
         return await self._require(run_id)
 
     async def _finish_agent(self, record: RunRecord) -> None:
-        # Imported when a run ends, not by a driver's start-up (``corral attach``).
-        from corral.runs._agent_end import finish_agent
-
         await finish_agent(self.store, record, self._site(record),
                            provider_for=self._providers_of(record),
                            redactor=self.redactor_for(record))
@@ -309,6 +307,7 @@ class Runner:
 
     async def _checkpoint_turn(self, record: RunRecord, outcome: str) -> None:
         """The thread's checkpoint after this turn (#27), before the sandbox may go."""
+        # start-up cost: the checkpoint machinery is for a run's end, not a driver's start
         from corral.runs._thread_end import checkpoint_turn
 
         with anyio.CancelScope(shield=True):
@@ -478,8 +477,6 @@ class Runner:
         await self._checkpoint_turn(record, outcome)
         with anyio.CancelScope(shield=True), anyio.move_on_after(120):
             try:
-                from corral.runs._release import release_sandbox
-
                 await release_sandbox(self.store, record, outcome,
                                       provider_for=self._providers_of(record))
             except Exception as exc:  # noqa: BLE001
@@ -499,6 +496,7 @@ class Runner:
         finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         journals = self.journals_dir
+        # start-up cost: the reaper (the output check, reclaim) is for a sweep, not a driver
         from corral.runs._reaping import reap_runner_runs
 
         result = await reap_runner_runs(

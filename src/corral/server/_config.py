@@ -34,6 +34,7 @@ from typing import Any, Final
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
 from corral.sandbox._config_file import read_toml
+from corral.sandbox._definition import Sandbox
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
 DEFAULT_PROVIDER: Final = "bubblewrap"
@@ -188,8 +189,6 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _policy(name: str, body: Any) -> dict[str, Any]:
     """A configured sandbox's policy table, checked as corral.toml's ``[policy]`` is."""
-    from corral.sandbox._definition import Sandbox  # the sandbox machinery: only when used
-
     if not isinstance(body, dict):
         raise ConfigError(f"config file: [sandboxes.{name}.policy] must be a table")
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from urllib.parse import parse_qsl
 
 from corral._errors import ConfigError
+from corral.stores._memory import MemoryStore
+from corral.stores._pg_url import mask_url
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
 from corral.stores._url import default_store_url, sqlite_location
@@ -32,8 +34,6 @@ async def open_store(url: str | None = None) -> Store:
     if scheme == "memory":
         if rest or options:
             raise ConfigError(f"store URL {url!r}: memory:// takes no path or options")
-        from corral.stores._memory import MemoryStore  # start-up cost: `corral ls` on SQLite
-
         return MemoryStore()
     if scheme == "sqlite":
         location = sqlite_location(url)
@@ -58,11 +58,7 @@ async def open_store(url: str | None = None) -> Store:
 
 
 def _masked(url: str) -> str:
-    # Imported when a message needs it (a PostgreSQL URL may hold a password): the URL
-    # parser's regexes are start-up cost for `corral ls` on SQLite.
-    from corral.stores._pg_url import mask_url
-
-    return mask_url(url)
+    return mask_url(url)  # a PostgreSQL URL may hold a password
 
 
 async def _open_postgres(url: str) -> Store:
