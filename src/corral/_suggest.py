@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 __all__ = ["did_you_mean"]
@@ -11,6 +10,8 @@ __all__ = ["did_you_mean"]
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """``" (did you mean 'docker'?)"`` for the choice closest to ``word``, or ``""`` when no
     choice is close (or ``word`` is not a string). Meant to follow the quoted wrong name."""
+    import difflib  # start-up cost (~0.6 ms of a takeover's imports): the error path only
+
     if not isinstance(word, str) or not word:
         return ""
     close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)

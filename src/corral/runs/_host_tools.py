@@ -14,7 +14,6 @@ from corral._log import library_logger
 from corral.runs._spec import run_spec_of
 from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
-from corral.tools._projection import run_tools_token
 
 if TYPE_CHECKING:
     from corral.sandbox._redact import Redactor
@@ -74,6 +73,7 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     from corral.tools._frontend import frontend_tools
     from corral.tools._output import SUBMIT_TOOL, SubmitResultTool
     from corral.tools._permission import POLICY_DENIED_EVENT, PermissionPromptTool
+    from corral.tools._projection import run_tools_token
 
     run_id = record.run_id
 

@@ -42,7 +42,6 @@ from corral._telemetry import carrier, configure_from_env, context_of, mark_erro
 from corral.journal._layout import JournalPaths
 from corral.journal._probe import JournalLocationError, machine_id
 from corral.journal._sentinel import new_nonce
-from corral.runs._agent_end import finish_agent
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
 from corral.runs._feed import unlogged_file_events
@@ -292,6 +291,9 @@ class Runner:
         return await self._require(run_id)
 
     async def _finish_agent(self, record: RunRecord) -> None:
+        # start-up cost: the price table and the tokens' derivation are for a run's end
+        from corral.runs._agent_end import finish_agent
+
         await finish_agent(self.store, record, self._site(record),
                            provider_for=self._providers_of(record),
                            redactor=self.redactor_for(record))
