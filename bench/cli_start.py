@@ -1,12 +1,14 @@
 """CLI start-up, two checkouts side by side (issue #17): ``corral --version``, ``corral ls`` on a
-100-run SQLite store, and SIGKILL of a driver -> the first event from a new ``corral attach``.
+100-run SQLite store, a command's help and usage error, ``corral completion bash``, and
+SIGKILL of a driver -> the first event from a new ``corral attach``.
 
     python bench/cli_start.py --a ../old-checkout --b . [--n 40] [--kills 12]
         [--provider bubblewrap|local]
 
 Every sample is a fresh ``python -m corral`` process (PYTHONPATH=<checkout>/src), timed from
-spawn to exit (``--version``, ``ls``); the two checkouts alternate sample by sample (A B B A
-...), so both see the same load on a shared machine. Takeover: ``corral run`` (the driver)
+spawn to exit (``--version``, ``ls``, ``run --help``, ``run --no-such-option`` (exit 2),
+``completion bash``); the two checkouts alternate sample by sample (A B B A ...), so both
+see the same load on a shared machine. ``--kills 0`` skips the takeovers. Takeover: ``corral run`` (the driver)
 streams a ticking command's events (``--json``, one line per event); after 20 events it is
 SIGKILLed and a new ``corral attach RUN --after LAST --json`` starts at once; the time is
 SIGKILL -> attach's first line (as in bench/run_latency.py). That first event was either
@@ -68,6 +70,9 @@ class Side:
                         CORRAL_STORE=f"sqlite://{self.home}/runs.db")
         self.version: list[float] = []
         self.ls: list[float] = []
+        self.help: list[float] = []
+        self.usage: list[float] = []
+        self.completion: list[float] = []
         self.takeover: list[float] = []
         self.replayed = 0
 
@@ -77,13 +82,13 @@ class Side:
         return subprocess.Popen([sys.executable, "-m", "corral", *args], env=env, text=True,
                                 **kw)  # type: ignore[call-overload]
 
-    def timed(self, *args: str, store: str | None = None) -> float:
+    def timed(self, *args: str, store: str | None = None, code: int = 0) -> float:
         t = time.perf_counter()
         proc = self.corral(*args, store=store, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE)
         _, err = proc.communicate()
         took = (time.perf_counter() - t) * 1000
-        assert proc.returncode == 0, (self.label, args, err)
+        assert proc.returncode == code, (self.label, args, err)
         return took
 
     def kill_and_attach(self, k: int, provider: str) -> None:
@@ -143,6 +148,9 @@ def main() -> None:
             for side in sides if i % 2 == 0 else sides[::-1]:
                 side.version.append(side.timed("--version"))
                 side.ls.append(side.timed("ls", store=f"sqlite://{side.home}/ls.db"))
+                side.help.append(side.timed("run", "--help"))
+                side.usage.append(side.timed("run", "--no-such-option", code=2))
+                side.completion.append(side.timed("completion", "bash"))
         for k in range(args.kills):
             for side in sides if k % 2 == 0 else sides[::-1]:
                 side.kill_and_attach(k, args.provider)
@@ -151,9 +159,14 @@ def main() -> None:
               f"{os.cpu_count()} cores; alternating A/B)")
         print(row("corral --version", a.version, b.version))
         print(row("corral ls (100-run SQLite store)", a.ls, b.ls))
-        print(row(f"SIGKILL -> first attach event ({args.provider})", a.takeover, b.takeover))
-        print(f"first attach event already logged by the dead driver (replayed): "
-              f"A {a.replayed}/{args.kills}, B {b.replayed}/{args.kills}")
+        print(row("corral run --help", a.help, b.help))
+        print(row("corral run --no-such-option (usage)", a.usage, b.usage))
+        print(row("corral completion bash", a.completion, b.completion))
+        if args.kills:
+            print(row(f"SIGKILL -> first attach event ({args.provider})", a.takeover,
+                      b.takeover))
+            print(f"first attach event already logged by the dead driver (replayed): "
+                  f"A {a.replayed}/{args.kills}, B {b.replayed}/{args.kills}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -29,7 +29,7 @@ import anyio
 import anyio.abc
 
 from corral.harness._cli_base import CliOptions, bash_gate_command
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._loopback import tcp_to_unix
 from corral.tools._core import Toolset, tool
 from corral.tools._mcp_server import HostToolServer

@@ -27,9 +27,9 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 sys.path.insert(0, str(SRC))
 
 from corral.journal._layout import JournalPaths
-from corral.runs._probe import probe_run_exit
-from corral.runs._reap import ReapOutcome, reap_detached_runs
-from corral.runs._reaping import journal_drive
+from corral.runs._run_probe import probe_run_exit
+from corral.runs._reap_sweep import ReapOutcome, reap_detached_runs
+from corral.runs._reap_runner import journal_drive
 from corral.stores._records import RunPatch
 from corral.journal._sentinel import format_trailer, new_nonce
 from corral.stores._protocols import NewRun

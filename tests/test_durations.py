@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from corral._durations import parse_duration
 from corral._errors import ConfigError
 from corral.cli._main import build_parser
-from corral.sandbox._validate import duration
+from corral._validate import duration
 from corral.server._models import StartRun
 
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -17,8 +17,9 @@ SRC = Path(corral.__file__).parent
 LAYERS: list[set[str]] = [
     {"_errors", "_lazy", "_log", "_suggest", "_telemetry", "_version"},
     {"_durations", "_plugins"},
-    {"_paths", "_ids"},
-    {"journal"},
+    {"_paths", "_ids", "_validate"},
+    {"_cmdline"},  # what every command line shares (the CLI's and the server's)
+    {"journal", "policy"},
     {"stores"},
     {"sandbox"},
     {"providers"},

@@ -58,8 +58,8 @@ def test_every_namespace_is_lazy_and_reads_as_ast_reads_it() -> None:
     files = _namespace_files()
     assert {name for name, _ in files} >= {
         "corral", "corral.abc", "corral.agents", "corral.harness", "corral.journal",
-        "corral.net", "corral.providers", "corral.runs", "corral.sandbox", "corral.server",
-        "corral.stores", "corral.testing", "corral.tools"}
+        "corral.net", "corral.policy", "corral.providers", "corral.runs", "corral.sandbox",
+        "corral.server", "corral.stores", "corral.testing", "corral.tools"}
     for package, path in files:
         source = path.read_text()
         exports = exports_of(source, package, str(path))

@@ -70,8 +70,8 @@ INTERNAL_PROTOCOLS = {
 
 NAMESPACES = [
     "corral", "corral.abc", "corral.agents", "corral.harness", "corral.journal", "corral.net",
-    "corral.providers", "corral.runs", "corral.sandbox", "corral.server", "corral.stores",
-    "corral.testing", "corral.tools",
+    "corral.policy", "corral.providers", "corral.runs", "corral.sandbox", "corral.server",
+    "corral.stores", "corral.testing", "corral.tools",
 ]  # fmt: skip
 
 

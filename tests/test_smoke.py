@@ -22,10 +22,11 @@ def test_no_command_is_a_clear_usage_error() -> None:
 
 
 def test_a_missing_command_module_is_an_error_not_a_missing_command() -> None:
-    from corral.cli._main import COMMAND_MODULES, build_parser
+    from corral.cli._main import COMMANDS, Command, build_parser
 
+    parser = build_parser({**COMMANDS, "nope": Command("corral.cli._no_such_cmd:x", "gone")})
     with pytest.raises(ModuleNotFoundError, match="corral.cli._no_such_cmd"):
-        build_parser((*COMMAND_MODULES, "corral.cli._no_such_cmd"))
+        parser.parse_args(["nope"])
 
 
 def test_python_m_corral_server_does_not_load_the_cli() -> None:

@@ -21,10 +21,12 @@ _NUMBER: Final = re.compile(r"\d+(?:\.\d+)?")
 _MAX_SECONDS: Final = 10 * 365 * 86400.0
 
 
-def parse_duration(text: str, *, what: str = "duration") -> float:
+def parse_duration(text: str, *, what: str = "duration", positive: bool = False) -> float:
     """Seconds in ``text``: a bare number of seconds, or numbers with units (``30s``, ``5m``,
     ``1h``, ``2d``, ``500ms``, ``1h30m``). Raises :class:`~corral.ConfigError` naming ``what``,
-    the bad value and the accepted forms; at most 10 years."""
+    the bad value and the accepted forms; at most 10 years, and more than 0 when
+    ``positive`` (a timeout; command-line options take it through
+    :func:`corral._cmdline.duration_arg`)."""
     raw = text.strip().lower()
     seconds: float | None = None
     if _NUMBER.fullmatch(raw):
@@ -35,4 +37,6 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
         raise ConfigError(f"invalid {what} {text!r}: use {DURATION_FORMS}")
     if seconds > _MAX_SECONDS:
         raise ConfigError(f"invalid {what} {text!r}: longer than 10 years; use e.g. 30d")
+    if positive and seconds <= 0:
+        raise ConfigError(f"invalid {what} {text!r}: must be more than 0")
     return seconds

@@ -1,5 +1,5 @@
 """Plugins found by name: the one mechanism under corral's registries of providers
-(:mod:`corral.sandbox._registry`, group ``corral.providers``) and harnesses
+(:mod:`corral.sandbox._provider_registry`, group ``corral.providers``) and harnesses
 (:mod:`corral.harness._registry`, group ``corral.harnesses``).
 
 A :class:`Registry` holds what :meth:`Registry.register` registered in this process (it wins

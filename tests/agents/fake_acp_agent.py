@@ -49,8 +49,42 @@ def ask(req_id: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
             return msg
 
 
+def reopen(mode: str) -> None:
+    """Scenarios ``resume`` (advertises session/resume and session/close), ``resume-fails``
+    (advertises session/resume, which then fails; session/load works) and ``load`` (only
+    loadSession): a loaded session replays its history first; the prompt says ``fresh``."""
+    while True:
+        msg = read()
+        method, mid = msg.get("method"), msg.get("id")
+        if method == "initialize":
+            caps: dict[str, Any] = {"loadSession": True}
+            if mode != "load":
+                caps["sessionCapabilities"] = {"resume": {}, "close": {}}
+            out({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1,
+                                                          "agentCapabilities": caps}})
+        elif method == "session/resume":
+            if mode == "resume-fails":
+                out({"jsonrpc": "2.0", "id": mid,
+                     "error": {"code": -32002, "message": "no such session"}})
+            else:
+                out({"jsonrpc": "2.0", "id": mid, "result": {}})
+        elif method == "session/load":
+            say("old history")
+            out({"jsonrpc": "2.0", "id": mid, "result": {}})
+        elif method == "session/new":
+            out({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "sess-new"}})
+        elif method == "session/prompt":
+            say("fresh")
+            out({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+        elif method == "session/close":
+            out({"jsonrpc": "2.0", "id": mid, "result": {}})
+
+
 def main() -> None:
     scenario = sys.argv[1]
+    if scenario.startswith("reopen:"):
+        reopen(scenario.split(":", 1)[1])
+        return
     prompt_id = None
     while prompt_id is None:
         msg = read()

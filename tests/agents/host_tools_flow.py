@@ -64,14 +64,12 @@ def check_host_tool_round_trip(
     tmp_path: Path,
     call_then_answer: Callable[[str, dict[str, Any]], Script],
     sandbox: Any = None,
-    args_reported: bool = True,
 ) -> Mapping[str, Any]:
     """A Runner run of ``harness`` whose model calls the host tool ``read_host_state`` (the
     script from ``call_then_answer(tool, args)``), checked end to end: the tool ran on the
     host, its result reached the model and the events (under the tool's own name), and the
     tools token is not in the run spec; without network (the default) no egress forwarder.
-    ``args_reported=False``: the agent does not report a call's arguments (gemini over
-    ACP). Returns the spec."""
+    Returns the spec."""
     secret = "host-only-" + secrets.token_hex(8)
     secret_file = tmp_path / "host-state.txt"  # on the host, outside any sandbox
     secret_file.write_text(secret)
@@ -110,7 +108,7 @@ def check_host_tool_round_trip(
     start = next(e for e in events if e["type"] == "TOOL_CALL_START")
     args = "".join(e["delta"] for e in events if e["type"] == "TOOL_CALL_ARGS"
                    and e["toolCallId"] == start["toolCallId"])
-    assert json.loads(args) == {"key": "answer"} if args_reported else args == ""
+    assert json.loads(args) == {"key": "answer"}
     results = [e["content"] for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert any(secret in r for r in results)
     text = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")

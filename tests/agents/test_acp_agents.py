@@ -18,15 +18,15 @@ from corral._errors import ConfigError
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._acp import AcpHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted
-from .host_tools_flow import check_host_tool_round_trip, host_tool_script
-from .test_acp import (
+from .test_acp import (  # noqa: F401 - opencode_install: the fixture
     ACP as _OPENCODE_ACP,
     check_tool_events,
+    opencode_install,
     results,
 )
 from .test_runner_agents import Corral, corral  # noqa: F401 - the corral fixture
@@ -105,6 +105,31 @@ def test_gemini_under_command_rules_every_shell_command_and_edit_asks() -> None:
     assert free.guarded_workspace_files == () and not free.acp_policy.ask_corral
 
 
+def test_gemini_session_files_are_renamed_without_overwriting_one(tmp_path: Path) -> None:
+    """The rename before ``gemini --acp`` (a restored ``session-<minute>-<id8>`` file would be
+    wiped by a load in that minute) never replaces a file: a load within the minute of an
+    earlier one leaves a second file of that name beside the renamed one."""
+    import subprocess
+
+    from corral.harness._acp_agents import GEMINI_RENAME_SESSIONS
+
+    chats = tmp_path / ".gemini" / "tmp" / "workspace" / "chats"
+    chats.mkdir(parents=True)
+    (chats / "session-r2026-12-05T10-34-aaaa1111.jsonl").write_text("history")
+    (chats / "session-2026-12-05T10-34-aaaa1111.jsonl").write_text("context only")
+    (chats / "session-2026-12-05T10-35-bbbb2222.json").write_text("other")
+    (chats / "notes.txt").write_text("left alone")
+    out = subprocess.run(["/bin/sh", "-c", GEMINI_RENAME_SESSIONS, "gemini-acp", "/bin/echo",
+                          "started"], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout == "started\n"
+    assert {p.name: p.read_text() for p in chats.iterdir()} == {
+        "session-r2026-12-05T10-34-aaaa1111.jsonl": "history",
+        "session-rr2026-12-05T10-34-aaaa1111.jsonl": "context only",
+        "session-r2026-12-05T10-35-bbbb2222.json": "other",
+        "notes.txt": "left alone"}
+
+
 def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web_tools() -> None:
     harness = AcpHarness(agent="gemini", model="gemini-fake",
                          policy=Policy(default="allow", network="deny"))
@@ -115,6 +140,9 @@ def test_gemini_settings_hold_the_model_and_no_secret_and_network_deny_drops_web
     assert settings["tools"]["exclude"] == ["google_web_search", "web_fetch"]
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
     assert settings["mcpServers"] == {}
+    # corral keeps the sessions: gemini's own clean-up would delete a loaded one
+    assert settings["general"]["sessionRetention"] == {"enabled": False}
+    assert settings["tools"]["shell"] == {"enableInteractiveShell": False}
     assert REAL_KEY not in files[".gemini/settings.json"].decode()
 
 
@@ -277,18 +305,56 @@ def _remembering(first_answer: str) -> Any:
     return script
 
 
-# claude resumes in the harness kit (acp-claude: resume_on_thread); gemini is no kit case
-@pytest.mark.parametrize("agent", ["gemini"])
-@pytest.mark.parametrize("destroy", [False, True], ids=["same-sandbox", "fresh-sandbox"])
-def test_a_second_prompt_on_the_thread_loads_the_acp_session(
+ACP_SESSION_FACTS: dict[str, tuple[str, dict[str, bool]]] = {
+    # agent: (its version as its initialize reports it, what it advertises there)
+    "gemini": ("0.61.0", {"loadSession": True, "resume": False, "close": False}),
+    "opencode": ("1.18.33", {"loadSession": True, "resume": True, "close": True}),
+    "claude": ("0.101.0", {"loadSession": True, "resume": True, "close": True}),
+}
+"""The session methods each pinned ACP agent advertises in its ``initialize`` answer
+(docs/agents.md, "Resume"), checked against the real agents below."""
+
+
+def journal_lines(run: Any) -> list[dict[str, Any]]:
+    """The bridge's journal lines (``{"acp": "send"|"recv"|"note", ...}``) of a run."""
+    out = []
+    for line in run.paths.journal.read_text(errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "acp" in obj:
+            out.append(obj)
+    return out
+
+
+def answered(lines: list[dict[str, Any]], method: str) -> list[dict[str, Any]]:
+    """The agent's answers to the bridge's ``method`` requests."""
+    ids = {o["msg"]["id"] for o in lines if o["acp"] == "send" and
+           o["msg"].get("method") == method and "id" in o["msg"]}
+    return [o["msg"] for o in lines if o["acp"] == "recv" and "method" not in o["msg"]
+            and o["msg"].get("id") in ids]
+
+
+@pytest.mark.parametrize(("agent", "destroy"), [
+    ("gemini", False), ("gemini", True), ("opencode", True), ("claude", False)],
+    ids=["gemini-same-sandbox", "gemini-fresh-sandbox", "opencode-fresh-sandbox",
+         "claude-same-sandbox"])
+def test_a_second_prompt_on_the_thread_reopens_the_acp_session(
         agent: str, destroy: bool, gemini_install: InstalledAgent,
-        claude_install: InstalledAgent, sandbox_factory: Any, bwrap: Any,
-        model_server: ModelServer) -> None:
-    """session/load continues the agent's session, also in a fresh sandbox (the session
-    files saved with the thread); for gemini also within the minute the session started
-    (gemini 0.61 would otherwise overwrite the session's file while loading it)."""
-    model_server.script = _remembering("FIRST-ANSWER-42")
-    model = "gemini-fake" if agent == "gemini" else "claude-fake"
+        claude_install: InstalledAgent, opencode_install: InstalledAgent,  # noqa: F811
+        sandbox_factory: Any, bwrap: Any, model_server: ModelServer) -> None:
+    """The thread's next prompt reopens the agent's session: ``session/resume`` (no history
+    replayed) when the agent advertises it, else ``session/load``; a run ends with
+    ``session/close`` when the agent advertises that. The capabilities each pinned agent
+    advertises are :data:`ACP_SESSION_FACTS`. Also in a fresh sandbox (the session files
+    saved with the thread), and for gemini within the minute the session started (gemini
+    0.61 would otherwise overwrite the session's file while loading it)."""
+    remembering = _remembering("FIRST-ANSWER-42")
+    model_server.script = (lambda req: Text("a title") if not req.tools else remembering(req)) \
+        if agent == "opencode" else remembering
+    model = {"gemini": "gemini-fake", "claude": "claude-fake",
+             "opencode": "anthropic/claude-fake"}[agent]
     harness = AcpHarness(agent=agent, model=model)
     up = Upstream("gemini" if agent == "gemini" else "anthropic", model_server.url, REAL_KEY)
 
@@ -296,6 +362,7 @@ def test_a_second_prompt_on_the_thread_loads_the_acp_session(
         first_box = await sandbox_factory()
         run1 = await run_agent(harness, first_box, "first prompt XYZZY-7", model_server,
                                thread_id="t-resume", run_id="r1", upstream=up)
+        lines1 = journal_lines(run1)
         if destroy:
             await bwrap.destroy(first_box.ref)
             second_box = await sandbox_factory()
@@ -303,42 +370,54 @@ def test_a_second_prompt_on_the_thread_loads_the_acp_session(
             second_box = first_box
         run2 = await run_agent(harness, second_box, "second prompt", model_server,
                                thread_id="t-resume", run_id="r2", upstream=up)
-        return run1, run2
+        return run1, lines1, run2
 
-    run1, run2 = anyio.run(go)
-    journal2 = run2.paths.journal.read_text(errors="replace")
+    run1, lines1, run2 = anyio.run(go)
+    lines2 = journal_lines(run2)
     assert run1.terminal.type == EventType.RUN_FINISHED, run1.stderr[-2000:]
-    assert run2.terminal.type == EventType.RUN_FINISHED, (run2.stderr[-2000:], journal2[-2000:])
+    assert run2.terminal.type == EventType.RUN_FINISHED, (run2.stderr[-2000:], lines2[-10:])
+
+    # the facts: what the pinned agent advertises
+    (init,) = answered(lines1, "initialize")
+    version, facts = ACP_SESSION_FACTS[agent]
+    caps = init["result"]["agentCapabilities"]
+    sessions = caps.get("sessionCapabilities") or {}
+    assert init["result"]["agentInfo"]["version"] == version, init["result"]["agentInfo"]
+    assert {"loadSession": caps.get("loadSession") is True,
+            "resume": isinstance(sessions.get("resume"), dict),
+            "close": isinstance(sessions.get("close"), dict)} == facts, caps
+
+    # the second prompt reopens the session by the method the agent advertises
     sid1 = run1.report.session_id
     assert sid1 and run2.prepared.resumed is not None
     assert run2.prepared.resumed.session_id == sid1
-    assert '"session/load"' in journal2 and "load-failed" not in journal2, journal2[-3000:]
+    sent2 = [o["msg"].get("method") for o in lines2 if o["acp"] == "send"]
+    notes2 = [o.get("event") for o in lines2 if o["acp"] == "note"]
+    reopen = "session/resume" if facts["resume"] else "session/load"
+    assert reopen in sent2 and "session/new" not in sent2, (sent2, notes2)
+    assert ("session/load" in sent2) is (not facts["resume"]), sent2
+    assert not {"resume-failed", "load-failed", "no-load-session"} & set(notes2), notes2
+    (reopened,) = answered(lines2, reopen)
+    assert "error" not in reopened, reopened
+    # ... and ends each run with session/close when the agent advertises it
+    for lines in (lines1, lines2):
+        closes = answered(lines, "session/close")
+        if facts["close"]:
+            assert [c.get("result") for c in closes] == [{}], closes
+            sent = [o["msg"].get("method") for o in lines if o["acp"] == "send"]
+            assert sent.index("session/close") > sent.index("session/prompt")
+        else:
+            assert closes == [] and '"session/close"' not in json.dumps(lines)
     assert run2.report.session_id == sid1
-    last = model_server.model_requests[-1]
+    last = [r for r in model_server.model_requests if r.tools][-1]
     assert "second prompt" in last.last_user_text
     history = "\n".join(last.texts)
     assert "first prompt XYZZY-7" in history and "FIRST-ANSWER-42" in history
-    # the replayed history is not this run's: one text message, the second answer
+    # nothing replayed is this run's: one text message, the second answer
     assert "".join(run2.texts()) == "second answer"
 
 
-# ---------------------------------------------------------------- host tools
-
-
-def _offered(req: ModelRequest, tool_name: str, args: dict[str, Any]) -> ToolCall | None:
-    """The host tool under whatever prefix the agent offers MCP tools by."""
-    offered = [t for t in req.tools if t.endswith(tool_name)]
-    return ToolCall("", tool=offered[0], args=args) if offered else None
-
-
-def test_gemini_host_tool_round_trip(gemini_install: InstalledAgent, host_env: ModelServer,
-                                     corral_home: Path, tmp_path: Path) -> None:
-    """Host tools reach gemini as session/new mcpServers (its folder is trusted: with no
-    policy the sandbox is the boundary); gemini reports no arguments over ACP."""
-    check_host_tool_round_trip(
-        harness="acp", options={"agent": "gemini", "model": "gemini-fake", "max_retries": 0},
-        host_env=host_env, corral_home=corral_home, tmp_path=tmp_path,
-        call_then_answer=host_tool_script(_offered), args_reported=False)
+# (host tools: the kit's host_tool[acp-gemini], host_tool_approval[acp-gemini])
 
 
 def test_claude_file_write_deny_refuses_its_edit_tools(

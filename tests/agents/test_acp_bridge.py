@@ -25,7 +25,7 @@ from corral._insandbox import acp_client
 from corral.harness._acp import AcpTranslator
 from corral.harness._base import RunContext
 from corral.journal._reader import Exit, Line
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing import wait_until
 from corral.tools._core import Toolset
 from corral.tools._mcp_server import HostToolServer
@@ -53,8 +53,8 @@ def config(scenario: str, permission: dict[str, Any] | None, **more: Any) -> dic
             "max_line": 1000, **more}
 
 
-def translate(journal: bytes, code: int, sig: int | None = None) -> list[Any]:
-    t = AcpTranslator(RunContext("run-1", "thread-1"))
+def translate(journal: bytes, code: int, sig: int | None = None, **kw: Any) -> list[Any]:
+    t = AcpTranslator(RunContext("run-1", "thread-1"), **kw)
     events = t.start()
     offset = 0
     for raw in journal.split(b"\n")[:-1]:
@@ -157,6 +157,34 @@ def test_sigterm_cancels_the_prompt_then_stops_the_agent(tmp_path: Path) -> None
     assert events[-1].type == EventType.RUN_ERROR and events[-1].code == "cancelled"
 
 
+@pytest.mark.parametrize(("mode", "methods", "notes"), [
+    ("resume", ["initialize", "session/resume", "session/prompt", "session/close"], []),
+    ("resume-fails", ["initialize", "session/resume", "session/load", "session/prompt",
+                      "session/close"], ["resume-failed"]),
+    ("load", ["initialize", "session/load", "session/prompt"], []),
+])
+def test_a_thread_session_is_resumed_when_advertised_else_loaded_then_closed(
+        mode: str, methods: list[str], notes: list[str]) -> None:
+    """session/resume when the agent advertises it (nothing replayed); session/load when
+    it does not, or when resuming fails; session/close after the prompt when advertised.
+    The session's earlier history the agent replays is never this run's text."""
+    proc = bridge(config(f"reopen:{mode}", None, resume="sess-old"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [x["msg"]["method"] for x in lines if x["acp"] == "send"] == methods
+    assert [x["event"] for x in lines if x["acp"] == "note"] == notes
+    prompt = next(x["msg"] for x in lines if x["acp"] == "send"
+                  and x["msg"]["method"] == "session/prompt")
+    assert prompt["params"]["sessionId"] == "sess-old"
+    events = translate(out, 0)
+    assert texts(events) == "fresh"
+    sessions = [e.value["sessionId"] for e in events
+                if e.type == EventType.CUSTOM and e.name == "corral.session"]
+    assert sessions == ["sess-old"]
+    assert events[-1].type == EventType.RUN_FINISHED
+
+
 def test_the_configuration_comes_on_stdin_only(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-I", "-S", acp_client.__file__],
                           input=b"12\n{not json}!", capture_output=True, timeout=30,
@@ -173,14 +201,15 @@ json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 5),
                                        "agent_message_chunk", "tool_call",
                                        "tool_call_update", "session/prompt",
                                        "session/update", "session/new", "session/load",
-                                       "session/request_permission", "permission"]))
+                                       "session/request_permission", "permission",
+                                       "in_progress", '{"k": 1}', "{x", "[1]"]))
 json_values = st.recursive(json_leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=3),
     st.dictionaries(st.sampled_from([
         "acp", "msg", "id", "method", "params", "result", "error", "update",
         "sessionUpdate", "content", "text", "toolCallId", "kind", "status", "rawInput",
         "command", "stopReason", "sessionId", "toolCall", "event", "allowed", "reason",
-        "type"]), inner, max_size=5)), max_leaves=25)
+        "type", "title"]), inner, max_size=5)), max_leaves=25)
 line_bytes = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.builds(lambda d, m: json.dumps({"acp": d, "msg": m}).encode(),
@@ -189,11 +218,75 @@ line_bytes = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(line_bytes, max_size=25), st.integers(0, 3), st.booleans())
+def _gemini_call(call: str, status: str, title: str, kind: str, text: str | None) -> bytes:
+    content = [] if text is None else [{"type": "content",
+                                        "content": {"type": "text", "text": text}}]
+    update = {"sessionUpdate": "tool_call" if status == "in_progress" else "tool_call_update",
+              "toolCallId": call, "status": status, "title": title, "content": content,
+              "locations": [], "kind": kind}
+    msg = {"jsonrpc": "2.0", "method": "session/update",
+           "params": {"sessionId": "s", "update": update}}
+    return json.dumps({"acp": "recv", "msg": msg}).encode() + b"\n"
+
+
+def test_gemini_calls_get_their_arguments_from_the_title_and_the_content() -> None:
+    """gemini 0.61 sends no rawInput: an execute call's command is its title, an MCP tool's
+    arguments the JSON text of its content before it runs (getExplanation); past 500
+    characters gemini sends "[Payload omitted …]", which gives no arguments, and the
+    completed call's content is its result, never its arguments."""
+    journal = b"".join([
+        _gemini_call("h1", "in_progress", "read_host_state (corral MCP Server)", "other",
+                     '{"key":"answer"}'),
+        _gemini_call("h1", "completed", "read_host_state (corral MCP Server)", "other",
+                     '{"not": "arguments"}'),
+        _gemini_call("h2", "in_progress", "read_host_state (corral MCP Server)", "other",
+                     "[Payload omitted due to length with parameters: key]"),
+        _gemini_call("h2", "completed", "read_host_state (corral MCP Server)", "other",
+                     '{"not": "arguments"}'),
+        _gemini_call("s1", "in_progress", "echo hi && ls", "execute", None),
+        _gemini_call("s1", "completed", "echo hi && ls", "execute", "hi"),
+    ])
+    events = translate(journal, 0, command_in_title=True, args_in_content=True)
+    args = {e.tool_call_id: json.loads(e.delta) for e in events
+            if e.type == EventType.TOOL_CALL_ARGS}
+    assert args == {"run-1-h1": {"key": "answer"}, "run-1-s1": {"command": "echo hi && ls"}}
+    results = {e.tool_call_id: e.content for e in events
+               if e.type == EventType.TOOL_CALL_RESULT}
+    assert results == {"run-1-h1": '{"not": "arguments"}', "run-1-h2": '{"not": "arguments"}',
+                       "run-1-s1": "hi"}
+    # another agent's content is never taken for arguments
+    plain = translate(journal, 0)
+    assert [e for e in plain if e.type == EventType.TOOL_CALL_ARGS] == []
+
+
+@pytest.mark.parametrize("finished_on", [frozenset({"max_turn_requests"}), frozenset()])
+def test_a_stop_reason_the_profile_names_finishes_the_run_and_says_so(
+        finished_on: frozenset[str]) -> None:
+    """gemini 0.61 stops a turn with ``max_turn_requests`` when its loop detection ends it
+    (its headless mode calls that a success with a warning); for another agent it is an
+    error."""
+    lines = [{"acp": "send", "msg": {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                     "params": {"sessionId": "s", "prompt": []}}},
+             {"acp": "recv", "msg": {"jsonrpc": "2.0", "id": 3,
+                                     "result": {"stopReason": "max_turn_requests"}}}]
+    journal = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    events = translate(journal, 0, finished_on=finished_on)
+    stopped = [e.value for e in events if e.type == EventType.CUSTOM and e.name == "acp.stopped"]
+    if finished_on:
+        assert events[-1].type == EventType.RUN_FINISHED
+        assert stopped == [{"stopReason": "max_turn_requests"}]
+    else:
+        assert events[-1].type == EventType.RUN_ERROR and stopped == []
+        assert events[-1].code == "acp:max_turn_requests"
+
+
+@given(st.lists(line_bytes, max_size=25), st.integers(0, 3), st.booleans(), st.booleans())
 def test_any_journal_translates_without_raising_and_ends_once(
-        lines: list[bytes], code: int, cut: bool) -> None:
+        lines: list[bytes], code: int, cut: bool, gemini: bool) -> None:
+    kw: dict[str, Any] = {"command_in_title": gemini, "args_in_content": gemini,
+                          "finished_on": frozenset({"max_turn_requests"} if gemini else ())}
     journal = b"".join(x + b"\n" for x in lines)
-    events = translate(journal, code)
+    events = translate(journal, code, **kw)
     assert [e.type for e in events if e.type in TERMINAL] == [events[-1].type]
     assert events[-1].type in TERMINAL
     starts = sorted(e.tool_call_id for e in events if e.type == EventType.TOOL_CALL_START)
@@ -203,7 +296,7 @@ def test_any_journal_translates_without_raising_and_ends_once(
     # uninterrupted run's remaining events
     if cut and lines:
         k = len(lines) // 2
-        t = AcpTranslator(RunContext("run-1", "thread-1"))
+        t = AcpTranslator(RunContext("run-1", "thread-1"), **kw)
         t.start()
         offset = 0
         for raw in lines[:k]:

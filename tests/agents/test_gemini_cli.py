@@ -18,7 +18,7 @@ from corral.harness._cli_base import NO_RESULT, SESSION_EVENT, CliOptions
 from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import PLACEHOLDER_KEY
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._harness import _steps
 from corral.testing._model_server import ModelServer, Text
 

@@ -1,7 +1,8 @@
 """The harness conformance kit (``corral.testing.HARNESS_KIT``) for every agent CLI: the
 real npm CLI in bubblewrap against the scripted model server on 127.0.0.1 speaking that
 CLI's wire format (Anthropic Messages for claude-code and opencode, OpenAI Responses for
-codex, Gemini streamGenerateContent for gemini-cli). One test per check and harness."""
+codex, Gemini streamGenerateContent for gemini-cli and acp-gemini). One test per check and
+harness."""
 
 from __future__ import annotations
 
@@ -51,9 +52,14 @@ CASES = {
     # gemini-cli: a BeforeTool hook runs corral's command gate (deny and ask)
     "gemini-cli": lambda: _case("gemini-cli", options={"max_retries": 0,
                                                         "model": "gemini-fake"}),
-    # opencode's permission config enforces deny; `opencode run` cannot ask
+    # opencode's permission config enforces deny; ask rules route it through `opencode
+    # acp` (corral's policy answers each command): check_approval runs that way
     "opencode": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
-                              enforces=frozenset({"deny"}), side_reply=_title),
+                              side_reply=_title),
+    # every check with an ask rule no command matches: `--harness opencode` routed through
+    # `opencode acp` keeps every promise of the harness (resume, usage, cancel, takeover)
+    "opencode-ask": lambda: _case("opencode", options={"model": "anthropic/claude-fake"},
+                                  side_reply=_title, extra_ask=("corral-kit-never-run *",)),
     # `opencode acp` asks for every command; corral's policy answers (deny and ask)
     "acp-opencode": lambda: _case("acp", options={"agent": "opencode",
                                                   "model": "anthropic/claude-fake"},
@@ -64,9 +70,12 @@ CASES = {
     "acp-claude": lambda: _case("acp", options={"agent": "claude", "model": "claude-fake",
                                                 "max_retries": 0},
                                 normalize=_without_title),
-    # (gemini --acp is not a kit case: it reports no shell output and no tool arguments
-    # over ACP, which the kit's round-trip, key and egress checks read; its rules are
-    # refused: tests/agents/test_acp_agents.py covers what it does)
+    # ACP: gemini's policy engine asks about every shell command and edit (corral's policy
+    # answers); shell output comes as text (no interactive shell); gemini checks a tool
+    # call's arguments against its schema itself (an invalid result never reaches corral)
+    "acp-gemini": lambda: _case("acp", options={"agent": "gemini", "model": "gemini-fake",
+                                                "max_retries": 0},
+                                checks_tool_args=True),
 }
 
 pytest_checks(HARNESS_KIT, CASES, globals(), usefixtures=("installed", "bwrap"))

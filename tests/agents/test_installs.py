@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from corral.cli import _agents_cmd as agents_cmd
+from corral.agents import _installs, _shared
+from corral.cli._main import COMMANDS, build_parser
 from corral._errors import ConfigError, CorralError
 from corral.agents._installs import (
     KNOWN_AGENTS,
@@ -27,9 +29,7 @@ from .conftest import agent_cache
 
 
 def cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="corral")
-    agents_cmd.register(parser.add_subparsers())
-    args = parser.parse_args(list(argv))
+    args = build_parser({"agents": COMMANDS["agents"]}).parse_args(list(argv))
     try:
         return int(args.func(args))
     except CorralError as exc:
@@ -142,7 +142,7 @@ def test_claude_code_installs_the_acp_adapter_beside_the_cli(
 
 def test_an_install_without_the_adapter_is_reported_and_completed_by_install(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     """An install made before the adapter existed: ls and doctor say what to run, and
     ``corral agents install claude-code`` adds the adapter without reinstalling the CLI."""
     entry = tmp_path / "claude-code" / "2.1.332"
@@ -154,13 +154,20 @@ def test_an_install_without_the_adapter_is_reported_and_completed_by_install(
         {"name": "claude-code", "version": "2.1.332", "package": "@anthropic-ai/claude-code",
          "installed_at": 1.0}))
     monkeypatch.setenv("CORRAL_AGENTS_DIR", str(tmp_path))
+    # a shared directory of this test's own: the machine's (as root, /var/lib/corral) may
+    # hold a real install of this version, which the install would take instead
+    shared = Path(tempfile.mkdtemp(prefix="corral-shared-", dir="/var/tmp"))
+    os.chmod(shared, 0o755)
+    monkeypatch.setattr(_shared, "SHARED_ROOT", shared)
+    monkeypatch.setattr(_installs, "SHARED_ROOT", shared)
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
     report = {s.name: s for s in agents_report(tmp_path)}
     assert not report["claude-code"].ok
     assert "missing @agentclientprotocol/claude-agent-acp 0.101.0: run `corral agents " \
         "install claude-code`" in report["claude-code"].message
     assert cli("agents", "ls") == 0
     assert "- @agentclientprotocol/claude-agent-acp 0.101.0 missing" in capsys.readouterr().out
-    from corral.cli._doctor_impl import _agents
+    from corral.cli._doctor import _agents
     (check,) = [c for c in _agents() if c.name == "agent claude-code"]
     assert check.status == "warn" and "missing" in check.detail
     assert cli("agents", "install", "claude-code") == 0

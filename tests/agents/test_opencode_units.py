@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from corral._errors import ConfigError
 from corral.harness._cli_base import SESSION_EVENT
 from corral.harness._events import event_to_dict
-from corral.harness._opencode import OpencodeHarness, opencode_config
+from corral.harness._opencode import OpencodeHarness, acp_reasons, opencode_config
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import ModelProxy, Upstream
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._model_server import Fail, ModelServer, Text
 
 from .test_model_proxy import ANTHROPIC_BODY, KEY, sock, with_proxy  # noqa: F401 - fixture
@@ -172,6 +172,68 @@ def test_config_and_model_choice() -> None:
     assert h.permission == {"bash": {"*": "deny", "pytest *": "allow", "git status": "allow",
                                      "git push *": "deny"},
                             "edit": "allow", "webfetch": "deny", "external_directory": "allow"}
+
+
+def test_policies_needing_approvals_route_through_opencode_acp() -> None:
+    """Ask rules (and what only corral's own policy check can decide) route the run
+    through `opencode acp`; allow/deny word prefixes stay with `opencode run`. The choice
+    is the policy's alone, so a successor building the harness from the spec agrees."""
+    assert acp_reasons(None) == []
+    assert acp_reasons(Policy(default="deny", allow=("pytest *",), deny=("rm *",))) == []
+    assert acp_reasons(Policy(default="ask", allow=("git*",), file_write="ask",
+                              ask=("git push *",))) == [
+        "ask rules ['git push *']", "default: ask", "file_write: ask",
+        "patterns ['git*'] (not plain word prefixes)"]
+    plain = OpencodeHarness(policy=Policy(default="allow", deny=("rm *",)),
+                            permission_prompt=True)
+    assert not plain.bridged and plain.acp is None and not plain.policy_mapping.permission_prompt
+    assert plain.session_markers == (b"sessionID",)
+    # without corral's permission prompt (a run with no tool server) there is no one to ask
+    with pytest.raises(ConfigError, match=r"ask rules \['git push \*'\] are answered "
+                                          r"through `opencode acp`"):
+        OpencodeHarness(policy=Policy(default="allow", ask=("git push *",)))
+    spec = {"model": "openai/gpt-fake", "permission_prompt": True,
+            "policy": Policy(default="deny", ask=("git push *",)).to_dict()}
+    routed = build_harness("opencode", spec)
+    assert isinstance(routed, OpencodeHarness) and routed.bridged and routed.acp is not None
+    assert routed.acp.model == "openai/gpt-fake" and routed.upstream_api() == "openai"
+    assert routed.name == "opencode"  # its record, its saved sessions
+    assert routed.policy_mapping.permission_prompt
+    assert "`opencode acp`" in routed.policy_mapping.enforced[0]
+    assert routed.session_markers == (b'"sessionId"',)
+    assert routed.session_id({"acp": "recv", "msg": {"id": 2, "result": {
+        "sessionId": SES}}}) == SES
+    events = translate(routed, [
+        j({"acp": "send", "msg": {"jsonrpc": "2.0", "id": 2, "method": "session/new",
+                                  "params": {}}}),
+        j({"acp": "recv", "msg": {"jsonrpc": "2.0", "id": 2, "result": {"sessionId": SES}}}),
+    ])
+    (session,) = [e for e in events if getattr(e, "name", None) == SESSION_EVENT]
+    assert session.value == {"harness": "opencode", "sessionId": SES}
+    # the result: the turn's last text message (as `opencode run`'s), not all its text
+    def chunk(text: str) -> str:
+        return j({"acp": "recv", "msg": {"jsonrpc": "2.0", "method": "session/update",
+                  "params": {"sessionId": SES, "update": {
+                      "sessionUpdate": "agent_message_chunk",
+                      "content": {"type": "text", "text": text}}}}})
+    turn = [
+        j({"acp": "send", "msg": {"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                  "params": {"sessionId": SES}}}),
+        chunk("Step 1."),
+        j({"acp": "recv", "msg": {"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": SES, "update": {"sessionUpdate": "tool_call", "toolCallId": "c1",
+                                         "kind": "execute", "status": "completed",
+                                         "rawInput": {"command": "ls"}}}}}),
+        chunk("Done: "), chunk("out.txt"),
+        j({"acp": "recv", "msg": {"jsonrpc": "2.0", "id": 3, "result": {
+            "stopReason": "end_turn"}}}),
+    ]
+    finished = translate(routed, turn)[-1]
+    assert finished.type == EventType.RUN_FINISHED
+    assert finished.result == {"text": "Done: out.txt"}
+    # the same policy without ask rules: the same harness as before
+    again = build_harness("opencode", {**spec, "policy": Policy(default="deny").to_dict()})
+    assert isinstance(again, OpencodeHarness) and not again.bridged
 
 
 def test_proxy_failure_limit_refuses_after_failures_in_a_row(sock: Path) -> None:  # noqa: F811

@@ -19,7 +19,7 @@ import pytest
 from corral.runs._runner import Runner, RunRequest
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.sandbox._sources import LocalDir
 from corral.sandbox._workspace import Workspace
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall

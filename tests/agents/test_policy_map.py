@@ -15,7 +15,7 @@ from corral.harness._base import AgentRequest
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import PolicyLike
 from corral.harness._codex import CodexHarness
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.testing._model_server import ModelServer, shell_then_text
 
 from .conftest import run_agent, upstream_for
@@ -170,7 +170,7 @@ def test_claude_allowed_command_runs_under_a_deny_policy(sandbox_factory: Any,
 
 
 def test_harnesses_from_a_run_spec_with_the_real_policy() -> None:
-    from corral.sandbox._policy import Policy
+    from corral.policy._policy import Policy
 
     policy = Policy(allow=("pytest *",), deny=("rm -rf *",), default="deny",
                     file_write="deny")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from corral.cli._human_stream import TextStream, main_argument, summary_line
+from corral.cli._view import TextStream, main_argument, summary_line
 from tests.corral_cli import CliHome
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli._stages import Stages
+from corral.cli._progress import Stages
 from corral.testing._plugin import require
 
 NAME, VERSION, BIN = "gemini-cli", "0.61.0", "gemini"

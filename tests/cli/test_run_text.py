@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.cli._run_text import ls_table, show_text
+from corral.cli._records import ls_table, show_text
 from corral.stores._records import RunError, RunRecord, RunStatus
 from tests.corral_cli import CliHome
 

@@ -151,7 +151,7 @@ def test_doctor_checks_a_postgres_store(corral_cmd: list[str], cli_env: dict[str
 
 
 def test_doctor_names_the_cgroup_mount_option_that_makes_moves_quick() -> None:
-    from corral.cli._doctor_impl import _cgroup_migrations
+    from corral.cli._doctor import _cgroup_migrations
 
     slow = _cgroup_migrations("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,relatime 0 0\n")
     assert slow is not None and slow.status == "warn"

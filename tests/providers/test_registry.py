@@ -30,7 +30,7 @@ from corral.providers._bubblewrap import BubblewrapProvider
 from corral.providers._local import LocalProvider
 from corral.sandbox._gc import collect_idle
 from corral.sandbox._key import KeyInput
-from corral.sandbox._registry import BUILTIN, GROUP
+from corral.sandbox._provider_registry import BUILTIN, GROUP
 from corral.stores._memory import MemoryStore
 from corral.stores._protocols import InstanceRecord
 from tests.plugins.plug_provider import PlugProvider

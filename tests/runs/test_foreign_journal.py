@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.journal._probe import JournalUnreachable, machine_id
+from corral.journal._exit_probe import JournalUnreachable, machine_id
 from corral.runs._runner import Runner
 from corral.stores._protocols import NewRun, Store
 from corral.stores._records import RunPatch, RunStatus

@@ -40,7 +40,7 @@ from corral.runs._claims import hold_claim
 from corral.runs._owner import OwnerId, boot_id, new_owner_id, owner_is_dead
 from corral.runs._pipe import pipe_to_run_log
 from corral.runs._produce import STEPS
-from corral.runs._reaping import journal_drive
+from corral.runs._reap_runner import journal_drive
 from corral.runs._runner import Runner
 from corral.runs._spec import RunSpec
 from corral.stores._memory import MemoryStore

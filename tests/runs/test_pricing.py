@@ -87,7 +87,7 @@ def test_property_the_total_is_the_sum_of_the_priced_models(
 
 
 def test_show_never_prints_an_unpriced_model_as_free() -> None:
-    from corral.cli._runs_view import usage_lines
+    from corral.cli._records import usage_lines
 
     usage = {"input_tokens": 10, "output_tokens": 5, "requests": 1, "cost_usd": 0.0,
              "cost_by_model": {}, "unpriced": ["house-model"],

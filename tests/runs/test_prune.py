@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.journal._layout import JournalPaths, encode_run_id
-from corral.runs._prune import decode_run_id, prune_journals
+from corral.journal._prune import decode_run_id
+from corral.runs._reap_runner import prune_journals
 from corral.stores._records import RunPatch, RunStatus
 from corral.journal._sentinel import new_nonce
 from corral.stores._protocols import NewRun, Store

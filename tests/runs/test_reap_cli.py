@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.server._cmdline import parse_duration
+from corral._durations import parse_duration
 from corral._errors import ConfigError
 from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import supervisor_alive

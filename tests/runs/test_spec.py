@@ -31,7 +31,7 @@ from corral.journal._sentinel import format_trailer, new_nonce
 from corral.runs import Runner, RunRequest, RunSpec
 from corral.runs._spec import SPEC_VERSION, check_harness, harness_for_record, run_spec_of
 from corral.sandbox._definition import Sandbox
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.stores._memory import MemoryStore
 from corral.stores._protocols import NewRun
 from corral.stores._records import RunRecord, RunStatus

@@ -137,7 +137,7 @@ def test_a_name_is_allowed_to_the_addresses_named_beside_it(
 def test_non_public_addresses_are_named(address: str, why: str) -> None:
     """Each address class the proxy refuses for a name, including IPv6 forms that carry
     an IPv4 address (mapped, NAT64, 6to4)."""
-    from corral.sandbox._allowlist import non_public
+    from corral.policy._allowlist import non_public
 
     reason = non_public(ipaddress.ip_address(address))
     assert reason is not None and why in reason, (address, reason)
@@ -145,7 +145,7 @@ def test_non_public_addresses_are_named(address: str, why: str) -> None:
 
 @pytest.mark.parametrize("address", ["8.8.8.8", "2606:4700::1111", "1.1.1.1"])
 def test_public_addresses_pass(address: str) -> None:
-    from corral.sandbox._allowlist import non_public
+    from corral.policy._allowlist import non_public
 
     assert non_public(ipaddress.ip_address(address)) is None
 

@@ -28,7 +28,7 @@ from corral.harness._command import CommandHarness
 from corral.harness._events import event_to_dict
 from corral.journal._layout import JournalPaths, read_status
 from corral.stores._records import RunPatch, RunStatus
-from corral.runs._reap import ReapOutcome
+from corral.runs._reap_sweep import ReapOutcome
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
 from corral.testing._reaper import DirSandboxes, ReaperWorld, entry

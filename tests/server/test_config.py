@@ -71,16 +71,14 @@ def test_loopback_names() -> None:
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))
 
 
-def test_serve_registers_as_a_corral_command() -> None:
-    import argparse
-
-    from corral.cli import _serve_cmd as serve_cmd
+def test_serve_is_a_corral_command() -> None:
+    from corral.cli._main import COMMANDS, build_parser
     from corral.server import config_from_args
+    from corral.server._serve_cli import serve_main
 
-    parser = argparse.ArgumentParser(prog="corral")
-    serve_cmd.register(parser.add_subparsers())
+    parser = build_parser({"serve": COMMANDS["serve"]})
     args = parser.parse_args(["serve", "--port", "0", "--no-reaper", "--reap-ttl", "10m"])
-    assert args.func is serve_cmd.run
+    assert args.func is serve_main
     config = config_from_args(args)
     assert (config.port, config.reaper, config.reap_ttl) == (0, False, 600.0)
     with pytest.raises(ConfigError, match="--reap-interval"):

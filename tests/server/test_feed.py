@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.stores._protocols import LoggedEvent, NewRun, Store
-from corral.server._feed import FeedHub
+from corral.server._run_fanout import FeedHub
 from corral.server._sse import encode_event
 from corral.stores import open_store
 from corral.testing import wait_until_async

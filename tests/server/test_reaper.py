@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from corral.runs._reap import ReapOutcome
+from corral.runs._reap_sweep import ReapOutcome
 from corral.runs._runner import RunRequest
 from corral.server._config import ServerConfig
-from corral.server._reaper import LOCK_NAME, sweep_once
+from corral.server._reap_loop import LOCK_NAME, sweep_once
 from corral.server._service import RunService
 from corral.server._sse import encode_event
 from corral.stores import open_store
@@ -80,7 +80,7 @@ async def test_one_sweep_at_a_time(tmp_path: Path, need_bwrap_runs: None,
             await runner.detach(record.run_id)  # like `corral run --detach`: nobody drives
 
             async def exited() -> bool:
-                from corral.runs._probe import probe_run_exit
+                from corral.runs._run_probe import probe_run_exit
 
                 current = await store.get(record.run_id)
                 assert current is not None

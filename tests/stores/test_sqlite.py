@@ -579,7 +579,7 @@ async def test_corral_ls_reads_the_file_as_the_store_lists_it(
         tmp_path: Path, corral_cmd: list[str], cli_env: dict[str, str]) -> None:
     """``corral ls`` reads a current store file with plain sqlite3 (``peek_runs``): every
     filter gives exactly the store's own listing, ties in start time included."""
-    from corral.cli._ls_impl import record_json
+    from corral.cli._records import record_json
     from corral.stores._sqlite_tables import peek_runs
 
     path = tmp_path / "runs.db"

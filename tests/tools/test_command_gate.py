@@ -24,7 +24,7 @@ from corral.harness._cli_base import bash_gate_command
 from corral.harness._codex import CodexHarness
 from corral._insandbox.command_gate import parse_response
 from corral.harness._cli_base import CliOptions
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.stores import MemoryStore
 from corral.testing._loopback import tcp_to_unix
 from corral.tools._approvals import Approvals, answer_approval, list_pending

@@ -126,6 +126,43 @@ def test_submit_result_retries_are_bounded() -> None:
     assert stored == [{"n": 3}] and ok.value == {"n": 3}
 
 
+def test_the_retries_are_the_runs_a_successor_driver_continues_the_count() -> None:
+    """Each driver's state starts from the count stored on the record (``output_tries``):
+    a driver that takes the run over gives the agent the tries that are left, not fresh
+    ones; a driver whose claim was taken over can no longer write the count."""
+    from corral.runs._output_end import output_state
+    from corral.stores._protocols import ClaimLost
+
+    schema = check_output_schema(SCHEMA)
+
+    async def main() -> None:
+        store = MemoryStore()
+        await store.create(NewRun("run-o", "t", spec={"version": 1, "output_schema": schema}))
+        first = await store.acquire_claim("run-o", "driver-1", 60.0)
+        state = await output_state(store, _record(schema), schema, None, epoch=first.epoch)
+        with pytest.raises(ToolError, match="2 tries left"):
+            await SubmitResultTool(state).run({"n": "x"})
+        rec = await store.get("run-o")
+        assert rec is not None and rec.output_tries is not None
+        assert rec.output_tries["invalid"] == 1 and "integer" in rec.output_tries["error"]
+        # driver-1 dies; its successor breaks the lease and continues the count
+        second = await store.acquire_claim("run-o", "driver-2", 60.0,
+                                           break_lease_of="driver-1")
+        later = await output_state(store, _record(schema), schema, None, epoch=second.epoch)
+        assert later.invalid == 1 and later.last_error == state.last_error
+        with pytest.raises(ToolError, match="1 try left"):
+            await SubmitResultTool(later).run({"n": "y"})
+        with pytest.raises(ClaimLost):  # the dead driver's late write is fenced
+            await SubmitResultTool(state).run({"n": "z"})
+        with pytest.raises(ToolError, match="No tries are left"):
+            await SubmitResultTool(later).run({"n": "w"})
+        rec = await store.get("run-o")
+        assert rec is not None and rec.output_tries is not None
+        assert rec.output_tries["invalid"] == 3
+
+    anyio.run(main)
+
+
 def _record(schema: dict[str, Any] | None = SCHEMA) -> RunRecord:
     return RunRecord(run_id="run-o", thread_id="t", status=RunStatus.RUNNING,
                      started_at=1.0, updated_at=1.0,
@@ -224,7 +261,7 @@ def test_a_secret_in_the_result_is_redacted_before_it_is_stored() -> None:
     async def main() -> tuple[RunRecord | None, list[dict[str, Any]]]:
         store = MemoryStore()
         await store.create(NewRun("run-o", "t", spec={"version": 1, "output_schema": schema}))
-        state = output_state(store, _record(schema), schema, redactor.redact_obj)
+        state = await output_state(store, _record(schema), schema, redactor.redact_obj)
         assert "accepted" in await SubmitResultTool(state).run({"s": f"it is {secret}"})
 
         async def produced() -> Any:

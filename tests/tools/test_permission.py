@@ -12,7 +12,7 @@ import pytest
 from corral._errors import ConfigError
 from corral.harness._base import AgentRequest
 from corral.harness._claude_code import PROMPT_TOOL, ClaudeCodeHarness
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.stores import MemoryStore
 from corral.tools._approvals import Approvals, answer_approval, list_pending
 from corral.tools._core import Toolset, result_text

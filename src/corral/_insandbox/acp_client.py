@@ -7,9 +7,12 @@ with its own stdin/stdout pipes (stderr inherited: the run's stderr sidecar) and
 newline-delimited JSON-RPC 2.0 with it:
 
 ``initialize`` (protocol version 1, no fs/terminal capabilities: the agent uses its own
-tools inside the sandbox), ``session/load`` when resuming and the agent reports
-``agentCapabilities.loadSession`` (else ``session/new``, noted in the journal),
-``session/set_mode`` when the profile names a mode, then one ``session/prompt``.
+tools inside the sandbox); when resuming the thread's session, ``session/resume`` (the
+stable method: the agent reopens it without replaying its history) if the agent advertises
+``sessionCapabilities.resume``, else (or if that fails) ``session/load`` if it reports
+``agentCapabilities.loadSession``, else ``session/new`` (each fallback noted in the
+journal); ``session/set_mode`` when the profile names a mode; one ``session/prompt``; then
+``session/close`` when the agent advertises ``sessionCapabilities.close``.
 
 Every message in both directions is written to stdout — the run's journal — as one JSON
 line (``{"acp": "send"|"recv", "msg": {...}}``), and the bridge's own notes as ``{"acp":
@@ -76,6 +79,8 @@ grace, 5 s, is longer: it must not SIGKILL this bridge first)."""
 EXIT_GRACE = 2.0
 """Seconds the agent gets to exit by itself once its prompt is answered and stdin closed."""
 INIT_TIMEOUT = 120.0
+CLOSE_GRACE = 2.0
+"""Seconds the agent gets to answer ``session/close`` before it is stopped anyway."""
 LOAD_QUIET = 0.3
 LOAD_SETTLE = 5.0
 """After ``session/load``: the prompt waits for this long a silence (at most
@@ -327,6 +332,8 @@ class Bridge:
         self.agent_gone = threading.Event()
         self.proc: subprocess.Popen | None = None  # type: ignore[type-arg]
         self.session_id: str | None = None
+        self.can_close = False
+        self.closed = False
         self.max_line = int(config.get("max_line") or MAX_LINE)
         self.ports: dict[str, int] = {}
         self.ports_known = threading.Event()
@@ -530,6 +537,8 @@ class Bridge:
         caps = (init.get("result") or {}).get("agentCapabilities") or {}
         if not isinstance(caps, dict):
             caps = {}
+        sessions = caps.get("sessionCapabilities")
+        self.can_close = isinstance(sessions, dict) and isinstance(sessions.get("close"), dict)
         cwd = str(cfg.get("workdir") or "/workspace")
         secrets = dict(cfg.get("secrets") or {})
         extra = self.substitute(dict(cfg.get("session_params") or {}), {})
@@ -539,19 +548,7 @@ class Bridge:
         resume = cfg.get("resume")
         session: str | None = None
         if isinstance(resume, str) and resume:
-            if caps.get("loadSession") is True:
-                loaded = self.request(
-                    "session/load", {**extra, "sessionId": resume, "cwd": cwd,
-                                     "mcpServers": servers},
-                    wire_params={**wire_extra, "sessionId": resume, "cwd": cwd,
-                                 "mcpServers": wire_servers})
-                if "error" not in loaded:
-                    session = resume
-                    self.settle()
-                else:
-                    self.note("load-failed", sessionId=resume)
-            else:
-                self.note("no-load-session", sessionId=resume)
+            session = self.reopen(resume, caps, cwd, extra, servers, wire_extra, wire_servers)
         if session is None:
             made = self.request("session/new", {**extra, "cwd": cwd, "mcpServers": servers},
                                 wire_params={**wire_extra, "cwd": cwd,
@@ -574,7 +571,42 @@ class Bridge:
             return 1
         done = self.request("session/prompt", {"sessionId": session, "prompt": [
             {"type": "text", "text": str(cfg.get("prompt") or "")}]})
+        self.close_session()
         return 0 if "result" in done else 1
+
+    def reopen(self, resume: str, caps: dict[str, Any], cwd: str, extra: dict[str, Any],
+               servers: list[Any], wire_extra: dict[str, Any], wire_servers: list[Any]
+               ) -> str | None:
+        """Reopen the thread's session ``resume``: ``session/resume`` (no history replayed)
+        when the agent advertises ``sessionCapabilities.resume``, else (or when it fails)
+        ``session/load``; ``None`` when neither reopened it (a new session is made)."""
+        sessions = caps.get("sessionCapabilities")
+        params = {**extra, "sessionId": resume, "cwd": cwd, "mcpServers": servers}
+        wire = {**wire_extra, "sessionId": resume, "cwd": cwd, "mcpServers": wire_servers}
+        if isinstance(sessions, dict) and isinstance(sessions.get("resume"), dict):
+            resumed = self.request("session/resume", params, wire_params=wire)
+            if "error" not in resumed:
+                return resume
+            self.note("resume-failed", sessionId=resume)
+        if caps.get("loadSession") is not True:
+            self.note("no-load-session", sessionId=resume)
+            return None
+        loaded = self.request("session/load", params, wire_params=wire)
+        if "error" in loaded:
+            self.note("load-failed", sessionId=resume)
+            return None
+        self.settle()
+        return resume
+
+    def close_session(self) -> None:
+        """``session/close`` once the prompt is over, when the agent advertises
+        ``sessionCapabilities.close`` (it frees the session and ends its work before the
+        agent is stopped); waited for at most :data:`CLOSE_GRACE` s."""
+        session = self.session_id
+        if session is None or not self.can_close or self.closed or self.agent_gone.is_set():
+            return
+        self.closed = True
+        self.request("session/close", {"sessionId": session}, timeout=CLOSE_GRACE)
 
     def settle(self) -> None:
         """Wait until the agent has been quiet for ``LOAD_QUIET`` s (at most

@@ -6,7 +6,7 @@ or exit status 2 with the reason on stderr). Claude Code runs commands it judges
 (``echo``, ``cat``, ``ls`` ...) without asking its permission prompt tool, and ``codex
 exec`` has no per-command rules at all; this hook closes both gaps. The CLI runs it before
 *every* Bash call. It sends the call to the run's ``corral`` MCP server (``tools/call
-permission_prompt``: :meth:`corral.sandbox._policy.Policy.evaluate`, then a corral approval
+permission_prompt``: :meth:`corral.policy._policy.Policy.evaluate`, then a corral approval
 for ``ask``) and answers:
 
 * allowed: ``permissionDecision: "allow"`` (Claude Code then does not ask its prompt tool

@@ -1,6 +1,8 @@
-"""Shell completion scripts made from the parser itself, so they never fall behind it: the
-command paths (``sandboxes ls``), each path's options, which options take a value and the
-choices of those that have them."""
+"""``corral completion bash|zsh|fish``: shell completion scripts made from the parser itself,
+so they never fall behind it: the command paths (``sandboxes ls``), each path's options,
+which options take a value and the choices of those that have them. Declaring every command
+imports :mod:`corral.cli._arguments` alone, no command's work: a shell that evaluates the
+script at start-up pays for the parser only."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ import argparse
 import shlex
 from dataclasses import dataclass, field
 
-__all__ = ["script"]
+from corral.cli._main import CommandParser, build_parser
+
+__all__ = ["completion", "script"]
+
+
+def completion(args: argparse.Namespace) -> int:
+    """Print the script for ``args.shell`` (every command declared: its options too)."""
+    print(script(build_parser(), args.shell), end="")
+    return 0
 
 
 @dataclass
@@ -24,9 +34,8 @@ class _Node:
 
 
 def _walk(parser: argparse.ArgumentParser, path: str, out: dict[str, _Node]) -> None:
-    complete = getattr(parser, "_complete", None)
-    if complete is not None:
-        complete()  # the deferred arguments (corral.cli._parser)
+    if isinstance(parser, CommandParser):
+        parser.declare()  # a command's arguments, from its module (corral.cli._main)
     node = out.setdefault(path, _Node())
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

@@ -1,41 +1,78 @@
-"""Entry point: builds the parser from the command modules and maps errors to one line.
+"""Entry point: the command table, the ``corral`` parser, and errors as one line.
 
-Every start builds the whole parser, so the command modules are light: each imports only
-``argparse`` and :mod:`corral.cli._parser` at module level, declares its arguments when its
-parser is used and imports its implementation when its handler runs (``corral --version`` and
-``corral ls`` never import the runner, the harnesses, HTTP or AG-UI;
-``tests/test_cli_imports.py`` checks which modules they load)."""
+As pip does, one table (:data:`COMMANDS`) names every command, the function that declares
+its arguments and the summary ``corral --help`` lists. Every start builds the top parser
+from the table alone, with one empty parser per command; a command's arguments are declared
+only when that command's parser parses or prints help (:class:`CommandParser`), by
+:mod:`corral.cli._arguments`, which imports no command's work. A command's handler is named
+``"module:function"`` (:class:`Handler`): its module, which imports what the command needs
+at module level (being imported means being run), is imported only when the command runs.
+So ``corral --version`` imports no command module, ``corral ls`` only ``ls``'s, and
+``corral run --help``, a usage error and ``corral completion`` (every command declared)
+none (``tests/test_cli_imports.py`` checks which modules they load).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
+from corral._cmdline import VIEWER_LEFT, flush_stdout, run_reporting_errors
 from corral._version import __version__
-from corral.cli._parser import CommandParser, Handler
-from corral.server._cmdline import VIEWER_LEFT, flush_stdout, run_reporting_errors
 
-# Each module defines ``register(subparsers)`` and sets ``func`` (a ``Handler``) on its
-# parsers. Every module must import: a missing one is a broken install, never a command
-# quietly left out.
-COMMAND_MODULES: tuple[str, ...] = (
-    "corral.cli._exec_cmd",  # corral exec
-    "corral.cli._sandboxes_cmd",  # corral sandboxes ls|rm
-    "corral.cli._doctor_cmd",  # corral doctor
-    "corral.cli._runs_cmd",  # corral run|attach|cancel|ls|show
-    "corral.cli._threads_cmd",  # corral threads ls|show|undo|fork|rm
-    "corral.cli._reap_cmd",  # corral reap
-    "corral.cli._gc_cmd",  # corral gc
-    "corral.cli._serve_cmd",  # corral serve
-    "corral.cli._acp_cmd",  # corral acp
-    "corral.cli._mcp_cmd",  # corral mcp
-    "corral.cli._agents_cmd",  # corral agents install|ls
-    "corral.cli._approve_cmd",  # corral approve
-    "corral.cli._images_cmd",  # corral images build
-    "corral.cli._completion_cmd",  # corral completion bash|zsh|fish
-)
+__all__ = ["COMMANDS", "COMMAND_GROUPS", "Command", "CommandParser", "Handler", "build_parser",
+           "main"]
+
+
+class Command(NamedTuple):
+    """A row of the command table."""
+
+    arguments: str
+    """``"module:function"``: ``function(parser)`` declares the command's arguments and sets
+    its handler (``func``: the parsed namespace in, the exit code out; a :class:`Handler`,
+    so that declaring imports none of the command's work)."""
+    summary: str
+    """The command's line in ``corral --help``."""
+
+
+# In this order in argparse's "invalid choice" message. Every declaration is in
+# corral.cli._arguments but serve's, the server's own (shared with python -m corral.server).
+COMMANDS: Mapping[str, Command] = {
+    "exec": Command("corral.cli._arguments:exec_arguments", "run a command in a sandbox"),
+    "sandboxes": Command("corral.cli._arguments:sandboxes_arguments",
+                         "list or remove sandboxes"),
+    "doctor": Command("corral.cli._arguments:doctor_arguments",
+                      "check prerequisites and print fixes"),
+    "run": Command("corral.cli._arguments:run_arguments",
+                   "start a durable run and stream its events"),
+    "attach": Command("corral.cli._arguments:attach_arguments",
+                      "watch a run again (takes it over when needed)"),
+    "cancel": Command("corral.cli._arguments:cancel_arguments", "cancel a run from any process"),
+    "ls": Command("corral.cli._arguments:ls_arguments", "list runs"),
+    "show": Command("corral.cli._arguments:show_arguments", "show one run's record"),
+    "threads": Command("corral.cli._arguments:threads_arguments",
+                       "list threads; undo, fork or remove one"),
+    "reap": Command("corral.cli._arguments:reap_arguments",
+                    "finalize or expire detached runs once and reclaim their sandboxes"),
+    "gc": Command("corral.cli._arguments:gc_arguments",
+                  "destroy sandboxes idle past their keep_alive, and orphans (labelled "
+                  "sandboxes no instance record points to)"),
+    "serve": Command("corral.server._serve_cli:serve_arguments",
+                     "serve the HTTP API and the web page"),
+    "acp": Command("corral.cli._arguments:acp_arguments", "be an ACP agent on stdio (for editors)"),
+    "mcp": Command("corral.cli._arguments:mcp_arguments",
+                   "serve corral's run tools to an MCP client on stdio"),
+    "agents": Command("corral.cli._arguments:agents_arguments",
+                      "install and list agent CLIs (claude-code, codex, gemini-cli, opencode)"),
+    "approve": Command("corral.cli._arguments:approve_arguments",
+                       "answer a pending host-tool approval of a run"),
+    "images": Command("corral.cli._arguments:images_arguments", "the docker provider's images"),
+    "completion": Command("corral.cli._arguments:completion_arguments",
+                          "print a shell completion script (bash, zsh, fish)"),
+}
 
 # `corral --help` lists the commands by task, as `docker --help` and `gh --help` do. Every
 # command is in exactly one group (tests/test_cli_conventions.py checks it).
@@ -47,6 +84,69 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
+
+class Handler:
+    """A command's handler named ``"module:function"`` (the parsed namespace in, the exit
+    code out), what a declaration sets as ``func``: the module is imported when the command
+    runs, not when its arguments are declared. An import error propagates."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def resolve(self) -> Callable[[argparse.Namespace], int]:
+        """The function itself (its module imported)."""
+        module, _, function = self.name.partition(":")
+        found: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), function)
+        return found
+
+    def __call__(self, args: argparse.Namespace) -> int:
+        return self.resolve()(args)
+
+    def __repr__(self) -> str:
+        return f"Handler({self.name!r})"
+
+
+def declare(parser: argparse.ArgumentParser, arguments: str) -> None:
+    """Import ``arguments`` (a table row's ``"module:function"``) and declare ``parser``
+    with it; an import error propagates (a broken install, never a command quietly
+    missing)."""
+    module, _, function = arguments.partition(":")
+    getattr(importlib.import_module(module), function)(parser)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser, declared by its table row (``arguments=``) the first time it
+    parses or formats anything, so what it parses and prints is exactly what a parser
+    declared at once would. The command's own subcommand parsers are plain ones
+    (``arguments`` is ``None``)."""
+
+    def __init__(self, *args: Any, arguments: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def declare(self) -> None:
+        """Declare the command now (idempotent): what ``corral completion`` walks."""
+        if self._arguments is not None:
+            arguments, self._arguments = self._arguments, None
+            declare(self, arguments)
+
+    # argparse hands a chosen command's arguments to its parser's parse_known_args
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self.declare()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.declare()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.declare()
+        return super().format_help()
 
 
 class TopParser(argparse.ArgumentParser):
@@ -69,16 +169,22 @@ class TopParser(argparse.ArgumentParser):
                 + "\nRun 'corral COMMAND --help' for a command's options.\n")
 
 
-def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    """The ``corral`` parser with every command of ``modules`` (an import error propagates)."""
+def build_parser(commands: Mapping[str, Command] = COMMANDS, *, eager: bool = False
+                 ) -> argparse.ArgumentParser:
+    """The ``corral`` parser with ``commands``, each declared when used (``eager``: at
+    once, with plain parsers, as tests compare)."""
     parser = TopParser(
         prog="corral",
         description="Run coding-agent CLIs in isolated sandboxes with durable runs.",
     )
     add_global_options(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
-    for name in modules:
-        importlib.import_module(name).register(sub)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                parser_class=argparse.ArgumentParser if eager else CommandParser)
+    for name, command in commands.items():
+        if eager:
+            declare(sub.add_parser(name, help=command.summary), command.arguments)
+        else:
+            sub.add_parser(name, help=command.summary, arguments=command.arguments)
     return parser
 
 
@@ -122,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not flush_stdout():
             return VIEWER_LEFT
         raise
-    func: Handler | None = getattr(args, "func", None)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)
         return 2

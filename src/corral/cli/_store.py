@@ -1,5 +1,5 @@
 """The store for a command: one way to run an async command with the store ``--store`` names
-(:func:`corral.server._cmdline.add_store_option`) opened and closed around it."""
+(:func:`corral._cmdline.add_store_option`) opened and closed around it."""
 
 from __future__ import annotations
 

@@ -37,15 +37,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from corral._errors import ConfigError
-from corral.sandbox._allowlist import non_public, parse_allowlist
+from corral.policy._allowlist import non_public, parse_allowlist
 from corral.providers import get_provider
 from corral.sandbox._contracts import DefaultLimits
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import DEFAULT_CHECKPOINT_MAX_SIZE, DEFAULT_KEEP_ALIVE
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 from corral.sandbox._sources import GitSource, LocalDir
 from corral.sandbox._transfer import CopyLimit
-from corral.sandbox._validate import format_size
+from corral._validate import format_size
 from corral.sandbox._workspace import DEFAULT_STEP_TIMEOUT, Parallel, Step
 
 __all__ = ["check_found_config"]

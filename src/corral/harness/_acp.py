@@ -18,21 +18,26 @@ Journal → AG-UI (:class:`AcpTranslator`, pure; state rebuilt by replay):
 
 * ``session/update`` ``agent_message_chunk`` → one text message per run of chunks,
   ``agent_thought_chunk`` → ``REASONING_*``; ``tool_call`` / ``tool_call_update`` →
-  ``TOOL_CALL_START`` (+ ``ARGS`` from ``rawInput`` once known) and, when the call is
+  ``TOOL_CALL_START`` (+ ``ARGS`` from ``rawInput`` once known; for gemini, an
+  ``execute`` call's title and another call's JSON content before it runs) and, when the call is
   ``completed`` or ``failed``, ``TOOL_CALL_END`` + ``TOOL_CALL_RESULT`` (its text content,
   else ``rawOutput``); ``execute`` tools are named ``shell`` with ``{"command": ...}``,
   the run's host tools go by their own names, others by their ACP kind; any other update
-  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates that
-  replay history during ``session/load`` are not events of this run.
+  (``plan``, ``available_commands_update``, …) → ``CUSTOM acp.<type>``. Updates between
+  a ``session/load`` or ``session/resume`` and the prompt (replayed history, the agent's
+  own announcements) are not events of this run.
 * ``session/request_permission`` for a call not yet announced opens its
   ``TOOL_CALL_START``; a refusal (the bridge's ``permission`` note) is that call's result
   (``denied: …``).
-* the ``session/new`` result (or the ``session/load`` request that succeeded) →
+* the ``session/new`` result (or the ``session/resume`` / ``session/load`` request that
+  succeeded) →
   ``CUSTOM corral.session`` ``{harness: "acp", sessionId, agent}`` (resume on the thread).
-* the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED``; any
-  other stop reason or an error → ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
+* the ``session/prompt`` response: ``stopReason`` ``end_turn`` → ``RUN_FINISHED`` (so does
+  one the profile names in ``finished_on``, after ``CUSTOM acp.stopped``: gemini's
+  ``max_turn_requests``, its loop detection); any other stop reason or an error →
+  ``RUN_ERROR``; the exit without one → ``RUN_ERROR`` (exit
   status, signal, timeout). Every tool call gets a result.
-* the bridge's notes (``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
+* the bridge's notes (``resume-failed``, ``no-load-session``, ``oversized-line``, …) → ``CUSTOM acp.note``;
   lines that are not JSON → ``RAW``.
 
 Ids: ``<run id>-<ACP toolCallId>`` for tool calls, ``<run id>-m<journal offset>`` for
@@ -81,7 +86,7 @@ from corral.journal._reader import Exit, JournalItem
 from corral.net._model_proxy import ModelApi
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["AcpHarness", "AcpTranslator", "acp_mcp_servers"]
+__all__ = ["AcpHarness", "AcpTranslator", "OpencodeAcpTranslator", "acp_mcp_servers"]
 
 _SESSION_STATE = frozenset({"available_commands_update", "usage_update",
                             "config_option_update", "current_mode_update"})
@@ -158,6 +163,11 @@ class AcpHarness(CliHarness):
         # Definition time: an unenforceable rule raises here.
         self.acp_policy = self.profile.map_policy(policy, permission_prompt)
         self.policy_mapping = self.acp_policy.mapping
+
+    @property
+    def bridged(self) -> bool:
+        """Always: the agent is driven by corral's host-side ACP bridge."""
+        return True
 
     @property
     def needs_install(self) -> bool:
@@ -254,7 +264,9 @@ class AcpHarness(CliHarness):
         if at_offset is not None:
             raise ConfigError("the acp translator resumes by replay, not by offset")
         return AcpTranslator(ctx, agent=self.agent or "command",
-                             command_in_title=self.profile.command_in_title)
+                             command_in_title=self.profile.command_in_title,
+                             args_in_content=self.profile.args_in_content,
+                             finished_on=self.profile.finished_on)
 
 
 class _Tool:
@@ -272,9 +284,12 @@ class AcpTranslator(JsonlTranslator):
     """Bridge journal lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "acp"
+    last_message_result: ClassVar[bool] = False
+    """The result's text is the turn's last text message (else all of the turn's text)."""
 
     def __init__(self, ctx: RunContext, agent: str = "command",
-                 command_in_title: bool = False) -> None:
+                 command_in_title: bool = False, args_in_content: bool = False,
+                 finished_on: frozenset[str] = frozenset()) -> None:
         super().__init__(ctx)
         self.agent = agent
         self.requests: dict[int, str] = {}
@@ -283,6 +298,10 @@ class AcpTranslator(JsonlTranslator):
         self.replaying = False
         """Between ``session/load`` and ``session/prompt``: updates replay history."""
         self.command_in_title = command_in_title
+        self.args_in_content = args_in_content
+        self.finished_on = finished_on
+        """Stop reasons besides ``end_turn`` that end the run as finished (after a
+        ``CUSTOM acp.stopped`` naming it): the agent's own way of ending a turn."""
         self.message: str | None = None
         self.thought: str | None = None
         self.text_parts: list[str] = []
@@ -310,7 +329,7 @@ class AcpTranslator(JsonlTranslator):
             self.requests[mid] = method
             params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
             assert isinstance(params, dict)
-            if method == "session/load":
+            if method in ("session/load", "session/resume"):
                 self.loading = as_str(params.get("sessionId"))
                 self.replaying = True
             elif method == "session/prompt":
@@ -337,7 +356,7 @@ class AcpTranslator(JsonlTranslator):
             if isinstance(mid, int) and not isinstance(mid, bool) else None
         result = msg.get("result")
         error = msg.get("error")
-        if method == "session/load":
+        if method in ("session/load", "session/resume"):
             loaded, self.loading = self.loading, None
             if isinstance(result, dict) or result is None and error is None:
                 self.replaying = True
@@ -362,9 +381,12 @@ class AcpTranslator(JsonlTranslator):
             if isinstance(result, dict):
                 reason = result.get("stopReason")
                 self._usage(result.get("usage"), result.get("_meta"))
-                if reason == "end_turn":
+                if reason == "end_turn" or reason in self.finished_on:
+                    if reason != "end_turn":  # the turn ended, not as the model chose
+                        out.append(self.custom("stopped", {"stopReason": reason}))
                     self.succeeded = True
-                    text = "".join(self.text_parts)
+                    text = "".join(self.last_text if self.last_message_result
+                                   else self.text_parts)
                     self.result = {"text": text, "sessionId": self.session} \
                         if self.session else {"text": text}
                 else:
@@ -491,7 +513,7 @@ class AcpTranslator(JsonlTranslator):
             self.tools[call] = tool
             self.open_tools[call] = tool.name
             out.append(ev.tool_call_start(tool.id, tool.name))
-        args = _tool_args(tc, tool.name, self.command_in_title)
+        args = _tool_args(tc, tool.name, self.command_in_title, self.args_in_content)
         if args is not None:
             tool.args = args
         status = tc.get("status")
@@ -545,11 +567,15 @@ def _tool_name(tc: Mapping[str, Any]) -> str:
     return _KIND_NAMES.get(kind, "tool") if isinstance(kind, str) else "tool"
 
 
-def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
+def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool,
+               args_in_content: bool = False) -> Any:
     raw = tc.get("rawInput")
     if name == "shell" and command_in_title and not isinstance(raw, dict):
         title = as_str(tc.get("title"))
         return {"command": title} if title else None
+    if args_in_content and not isinstance(raw, dict) and name != "shell" \
+            and tc.get("status") not in ("completed", "failed"):
+        return _args_from_content(tc.get("content"))
     if not isinstance(raw, dict) or not raw:
         return None
     if name == "shell":
@@ -558,6 +584,23 @@ def _tool_args(tc: Mapping[str, Any], name: str, command_in_title: bool) -> Any:
             command = " ".join(str(a) for a in command)
         return {"command": command} if isinstance(command, str) else None
     return raw
+
+
+def _args_from_content(content: Any) -> dict[str, Any] | None:
+    """The arguments an agent gives only as the JSON text of a call's first content block
+    before it runs (gemini 0.61's ``getExplanation`` of an MCP tool: its arguments as JSON,
+    or ``[Payload omitted due to length …]`` past 500 characters, which gives none)."""
+    block = content[0] if isinstance(content, list) and content else None
+    inner = block.get("content") if isinstance(block, dict) and \
+        block.get("type") == "content" else None
+    text = inner.get("text") if isinstance(inner, dict) else None
+    if not isinstance(text, str) or not text.startswith("{"):
+        return None
+    try:
+        args = json.loads(text)
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
 
 
 def _result_text(tc: Mapping[str, Any]) -> str:
@@ -577,3 +620,16 @@ def _result_text(tc: Mapping[str, Any]) -> str:
     if isinstance(raw, dict) and isinstance(raw.get("output"), str):
         return str(raw["output"])
     return flatten_text(raw) if raw is not None else ""
+
+
+class OpencodeAcpTranslator(AcpTranslator):
+    """``--harness opencode`` routed through ``opencode acp`` (its policy needs approvals:
+    :func:`corral.harness._opencode.acp_reasons`): the ACP translation, with the session
+    event of an ``opencode`` run (``{harness: "opencode", sessionId}``) and its result (the
+    turn's last text message, as ``opencode run``'s translator gives it)."""
+
+    harness: ClassVar[str] = "opencode"
+    last_message_result: ClassVar[bool] = True
+
+    def _session(self, sid: str | None) -> list[BaseEvent]:
+        return self.session_event(sid) if sid else []

@@ -21,7 +21,9 @@ one agent that speaks the Agent Client Protocol on stdio:
 
 * :meth:`AcpAgent.session_params` / ``command_in_title``: extra ``session/new`` /
   ``session/load`` parameters (the Claude adapter's ``_meta`` with corral's command gate),
-  and whether ``execute`` calls carry their command only as the title (gemini).
+  and whether ``execute`` calls carry their command only as the title (gemini);
+  ``args_in_content``: other calls carry their arguments only as their content's JSON text
+  before they run (gemini).
 
 The profile object is stateless apart from what :meth:`map_policy` decides (kept on the
 harness as ``AcpPolicy``); :class:`corral.harness._acp.AcpHarness` calls, in this order,
@@ -104,6 +106,12 @@ class AcpAgent:
     command_in_title: ClassVar[bool] = False
     """The agent reports an ``execute`` call's command only as its title (gemini): the
     bridge asks the policy about the title, the translator shows it as the command."""
+    finished_on: ClassVar[frozenset[str]] = frozenset()
+    """``session/prompt`` stop reasons besides ``end_turn`` by which this agent ends a turn
+    of its own accord (the run finishes, with a ``CUSTOM acp.stopped`` event naming it)."""
+    args_in_content: ClassVar[bool] = False
+    """The agent reports a (non-``execute``) call's arguments only as the JSON text of its
+    first content block before it runs (gemini): the translator reads them from there."""
 
     def session_params(self, opts: CliOptions, policy: AcpPolicy) -> dict[str, Any]:
         """More ``session/new`` / ``session/load`` parameters (e.g. the Claude adapter's
@@ -239,10 +247,15 @@ turns a matched rule's ``ask_user`` into ``allow`` for "known safe" shell comman
 
 GEMINI_RENAME_SESSIONS = (
     'for f in "$HOME"/.gemini/tmp/*/chats/session-[0-9]*.json*; do '
-    '[ -f "$f" ] && mv -f "$f" "${f%/session-*}/session-r${f##*/session-}"; done; '
+    '[ -f "$f" ] || continue; t="${f%/session-*}/session-r${f##*/session-}"; '
+    'while [ -e "$t" ]; do t="${t%/session-*}/session-r${t##*/session-}"; done; '
+    'mv "$f" "$t"; done; '
     'exec "$@"')
 """``sh -c`` before ``gemini --acp``: ``session-<date>-<id8>.jsonl`` → ``session-r<date>-<id8>
-.jsonl`` (see :meth:`GeminiAcp.argv`)."""
+.jsonl`` (see :meth:`GeminiAcp.argv`), never over an existing file: another ``r`` until the
+name is free (a load within the minute of an earlier one leaves a second file of the same
+name and id beside the restored one: gemini 0.61's ``initializeSessionConfig`` starts one
+for the loaded session, holding only the session context)."""
 
 
 class GeminiAcp(AcpAgent):
@@ -288,6 +301,14 @@ class GeminiAcp(AcpAgent):
     # gemini 0.61's shell invocation reports its full command as the title (getDisplayTitle;
     # its description, getDescription, is the model's text for long commands)
     command_in_title = True
+    # ...and an MCP tool's arguments only as the JSON text of the call's content before it
+    # runs (its invocation's getExplanation; no rawInput)
+    args_in_content = True
+    # gemini 0.61 answers max_turn_requests when its loop detection stops the turn
+    # (LoopDetected, or MaxSessionTurns when recovering from a loop runs out of turns;
+    # corral sets no maxSessionTurns): its own headless mode (--harness gemini-cli) ends
+    # such a run successfully with a warning, and so does corral
+    finished_on = frozenset({"max_turn_requests"})
 
     def argv(self, bin_path: str) -> list[str]:
         # gemini 0.61 records a session in chats/session-<start minute>-<id8>.jsonl, and a

@@ -35,7 +35,7 @@ patterns with wildcards inside words cannot be enforced by Claude and raise
 tool (``permission_prompt=True``; the Runner does for Claude Code runs under a policy):
 then ``--permission-mode default --permission-prompt-tool
 mcp__corral__permission_prompt`` and every Bash command is decided by
-:meth:`corral.sandbox._policy.Policy.evaluate` live (:mod:`corral.tools._permission`),
+:meth:`corral.policy._policy.Policy.evaluate` live (:mod:`corral.tools._permission`),
 through the prompt tool and, for the commands Claude Code would run unasked, a
 ``PreToolUse`` hook given in ``--settings`` (:mod:`corral._insandbox.command_gate`).
 """

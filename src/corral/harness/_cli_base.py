@@ -66,7 +66,7 @@ from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi
 from corral.tools._output import check_output_schema
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
-from corral.sandbox._policy import Policy
+from corral.policy._policy import Policy
 
 __all__ = [
     "SESSION_EVENT",
@@ -90,7 +90,7 @@ NO_RESULT = "(no result: the agent stopped before the tool call finished)"
 
 @runtime_checkable
 class PolicyLike(Protocol):
-    """The parts of :class:`corral.sandbox._policy.Policy` a harness maps (structural)."""
+    """The parts of :class:`corral.policy._policy.Policy` a harness maps (structural)."""
 
     @property
     def allow(self) -> tuple[str, ...]: ...
@@ -336,7 +336,7 @@ class CliConfig(HarnessConfig):
     version: str | None = None
     """The agent CLI's version (default: the pinned one)."""
     policy: Any = None
-    """The policy the CLI enforces: a :class:`~corral.sandbox._policy.Policy` or its
+    """The policy the CLI enforces: a :class:`~corral.policy._policy.Policy` or its
     ``to_dict()`` form."""
     permission_prompt: bool = False
     """The CLI asks corral (on the run's MCP server) before acting."""
@@ -475,6 +475,12 @@ class CliHarness:
     def bin_under(self, install_dir: str) -> str:
         """The CLI's path in an install directory (``<dir>/node_modules/.bin/<bin>``)."""
         return f"{install_dir}/node_modules/.bin/{KNOWN_AGENTS[self.package.name].bin}"
+
+    @property
+    def bridged(self) -> bool:
+        """Whether the agent is driven by corral's host-side ACP bridge (see
+        :meth:`bridge_config`): the bridge runs next to the journal supervisor, on the host."""
+        return False
 
     def bridge_config(self, request: AgentRequest) -> dict[str, Any] | None:
         """For a harness whose agent is driven by a host-side bridge (``acp``): the

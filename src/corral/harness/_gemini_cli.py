@@ -262,7 +262,13 @@ def gemini_settings(opts: CliOptions, *, exclude: tuple[str, ...] = ()) -> dict[
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False,
-                    "maxAttempts": min(opts.max_retries + 1, MAX_ATTEMPTS)},
+                    "maxAttempts": min(opts.max_retries + 1, MAX_ATTEMPTS),
+                    # corral keeps a thread's sessions (saved whole after each run). gemini
+                    # 0.61's start-up clean-up (on by default: 30 days) would drop an idle
+                    # thread's session, and it deletes every file of a session id when one
+                    # of them has no conversation, which a load's own new file for that id
+                    # has not (cleanupExpiredSessions)
+                    "sessionRetention": {"enabled": False}},
         "mcpServers": servers,
     }
     if exclude:

@@ -35,12 +35,29 @@ Policy mapping (opencode's own ``permission`` configuration, last matching rule 
 ``bash`` gets ``"*"`` → the default, then each allow pattern, then each deny pattern
 (deny wins); file writes → ``edit``; network ``deny`` (or an egress allowlist) →
 ``webfetch: deny``; ``external_directory`` is ``allow`` (the sandbox confines paths; its
-default, ask, would reject every command naming a path outside the workspace). ``ask`` cannot be honoured: ``opencode run`` has no approval
-channel and rejects every ask on its own, so ask rules and ``default: ask`` are refused
-at definition time.
+default, ask, would reject every command naming a path outside the workspace).
+
+**Ask rules** (and ``default: ask``, ``file_write: ask``, or a pattern that is not a plain
+word prefix, which opencode's wildcards cannot express): ``opencode run`` has no approval
+channel (it rejects every ask itself), so such a run is *routed* through ``opencode acp``,
+the same binary in the same sandbox, driven by corral's host-side ACP bridge exactly as
+``--harness acp --agent opencode`` is (:class:`corral.harness._acp_agents.OpencodeAcp`:
+``permission.bash = "ask"`` for every command, each permission request decided live by
+corral's policy, ask → a corral approval). The run stays an ``opencode`` run: its record,
+its saved session (the same opencode session ids and sqlite store: ``session/load``
+continues a session ``opencode run`` began, and back), structured output (the host tool
+``submit_result``), usage (the model proxy), cancel and takeover (the bridge outlives the
+driver under the supervisor). What differs are the events (the ACP translator's:
+:mod:`corral.harness._acp`, text streamed in chunks, no ``STEP_*``, tools named by their
+ACP kind, a refused call's result ``denied: …``; ``RUN_FINISHED``'s usage is what
+``opencode acp`` reports, its last model call's tokens, while the record's usage is the
+model proxy's in both modes) and the providers: the bridge runs on
+the host next to the supervisor, so a provider whose supervisor lives in the sandbox
+(docker) refuses such a policy at start, in one line. The decision is a pure function of
+the policy (:func:`acp_reasons`), so a successor host rebuilds the same harness.
 
 Sessions live in sqlite under ``~/.local/share/opencode``; a later prompt continues with
-``opencode run -s <session id>``.
+``opencode run -s <session id>`` (routed: ``session/load``).
 """
 
 from __future__ import annotations
@@ -48,13 +65,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
 from pydantic import field_validator
 
 from corral._errors import ConfigError
-from corral.harness._base import RunContext
+from corral.harness._base import AgentCommand, AgentRequest, RunContext
 from corral.harness._config import HarnessConfig
 from corral.harness._cli_base import (
     CliConfig,
@@ -72,7 +89,11 @@ from corral.harness._cli_base import (
 from corral.net._model_proxy import ModelApi
 from corral.tools._names import SERVER_NAME
 
-__all__ = ["DEFAULT_MODEL", "OpencodeHarness", "OpencodeTranslator", "opencode_config"]
+if TYPE_CHECKING:
+    from corral.harness._acp import AcpHarness, AcpTranslator
+
+__all__ = ["DEFAULT_MODEL", "OpencodeHarness", "OpencodeTranslator", "acp_reasons",
+           "opencode_config"]
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4-5"
 _PROVIDERS: dict[str, ModelApi] = {"anthropic": "anthropic", "openai": "openai"}
@@ -120,6 +141,27 @@ class OpencodeConfig(CliConfig):
         return model
 
 
+def acp_reasons(policy: PolicyLike | None) -> list[str]:
+    """What of ``policy`` ``opencode run`` cannot enforce and ``opencode acp`` can (corral's
+    policy answering each permission request), one phrase each: ask rules, ``default:
+    ask``, ``file_write: ask``, patterns that are not plain word prefixes. Non-empty: the
+    run goes through ``opencode acp`` (see the module docstring)."""
+    if policy is None:
+        return []
+    reasons: list[str] = []
+    if policy.ask:
+        reasons.append(f"ask rules {list(policy.ask)}")
+    if policy.default == "ask":
+        reasons.append("default: ask")
+    if policy.file_write == "ask":
+        reasons.append("file_write: ask")
+    odd = [p for kind in ("allow", "deny") for p in getattr(policy, kind)
+           if policy_words(p) is None]
+    if odd:
+        reasons.append(f"patterns {odd} (not plain word prefixes)")
+    return reasons
+
+
 class OpencodeHarness(CliHarness):
     """The opencode adapter (see the module docstring)."""
 
@@ -133,11 +175,20 @@ class OpencodeHarness(CliHarness):
     # that no permission rule checks; corral's comes in the environment instead.
     cleared_home_files: ClassVar[tuple[str, ...]] = (".config/opencode", ".opencode")
 
+    acp: AcpHarness | None = None
+    """The ``opencode acp`` harness this run goes through when its policy needs approvals
+    (:func:`acp_reasons`); ``None``: ``opencode run``."""
+
     def __init__(self, *, version: str | None = None, policy: PolicyLike | None = None,
                  permission_prompt: bool = False, model: str | None = None) -> None:
         self.model = model or DEFAULT_MODEL
         split_model(self.model)  # a bad model is refused here, not at the first run
         super().__init__(version=version, policy=policy, permission_prompt=permission_prompt)
+
+    @property
+    def bridged(self) -> bool:
+        """Routed through ``opencode acp`` (its policy needs approvals)."""
+        return self.acp is not None
 
     @property
     def provider(self) -> str:
@@ -151,46 +202,37 @@ class OpencodeHarness(CliHarness):
         return "http://127.0.0.1:{corral.port.model}/v1"
 
     def map_policy(self, policy: PolicyLike | None) -> PolicyMapping:
+        self.acp = None
+        vars(self).pop("session_markers", None)
         self.permission: dict[str, Any] = {"bash": "allow", "edit": "allow",
                                            "webfetch": "allow", "external_directory": "allow"}
         if policy is None:
             return PolicyMapping(self.name, (), {}, ("default: allow -> permission bash/edit: "
                                                      "allow (the sandbox is the boundary)",),
                                  bypass=True)
+        reasons = acp_reasons(policy)
+        if reasons:
+            return self._route(policy, reasons)
         problems: list[str] = []
         enforced: list[str] = []
-        if policy.ask:
-            problems.append(f"ask rules {list(policy.ask)}: `opencode run` has no approval "
-                            "channel (it rejects every ask itself); use allow or deny, or "
-                            "--harness acp --agent opencode, which asks corral")
-        if policy.default not in ("allow", "deny"):
-            problems.append(f"default: {policy.default}: `opencode run` has no approval "
-                            "channel; use default 'allow' or 'deny'")
         bash: dict[str, str] = {"*": policy.default}
         enforced.append(f"default: {policy.default} -> permission.bash['*'] = "
                         f"{policy.default!r}")
         for kind in ("allow", "deny"):
             for pattern in getattr(policy, kind):
                 words = policy_words(pattern)
-                if words is None:
-                    problems.append(f"{kind} {pattern!r}: opencode rules here are plain word "
-                                    "prefixes only (like 'pytest *')")
-                    continue
+                assert words is not None  # (acp_reasons routes the others)
                 rule = " ".join(words)
                 bash[rule] = kind
                 enforced.append(f"{kind} {pattern!r} -> permission.bash[{rule!r}] = {kind!r}")
         if policy.file_write == "allow":
             edit = "allow"
-        elif policy.file_write == "deny":
+        else:
             if policy.default == "allow":
                 problems.append("file_write: deny with default: allow: opencode cannot stop "
                                 "allowed shell commands from writing files; use default: deny")
             edit = "deny"
             enforced.append("file_write: deny -> permission.edit = 'deny'")
-        else:
-            problems.append("file_write: ask: `opencode run` has no approval channel; use "
-                            "allow or deny")
-            edit = "deny"
         webfetch = "allow"
         if policy.network != "allow" or allow_hosts(policy):
             webfetch = "deny"
@@ -203,6 +245,38 @@ class OpencodeHarness(CliHarness):
         self.permission = {"bash": bash, "edit": edit, "webfetch": webfetch,
                            "external_directory": "allow"}
         return PolicyMapping(self.name, (), {}, tuple(enforced))
+
+    def _route(self, policy: PolicyLike, reasons: list[str]) -> PolicyMapping:
+        """Through ``opencode acp`` (see the module docstring)."""
+        from corral.harness._acp import AcpHarness  # (it imports this module)
+
+        if not self.permission_prompt:
+            raise ConfigError(
+                f"opencode: {'; '.join(reasons)} are answered through `opencode acp` and "
+                "corral's permission prompt, which this run does not serve (give the run "
+                "host tools, as the Runner does)")
+        self.acp = AcpHarness(agent="opencode", model=self.model, version=self.version,
+                              policy=policy, permission_prompt=True)
+        # the bridge's journal lines, not opencode run's, carry the session id
+        vars(self)["session_markers"] = self.acp.session_markers
+        via = (f"{'; '.join(reasons)} -> runs as `opencode acp` under corral's ACP bridge "
+               "(opencode run has no approval channel)")
+        return PolicyMapping(self.name, enforced=(via, *self.acp.policy_mapping.enforced),
+                             permission_prompt=True)
+
+    def build_command(self, request: AgentRequest) -> AgentCommand:
+        if self.acp is not None:
+            return self.acp.build_command(request)
+        return super().build_command(request)
+
+    def bridge_config(self, request: AgentRequest) -> dict[str, Any] | None:
+        return self.acp.bridge_config(request) if self.acp is not None else None
+
+    def home_files(self, opts: CliOptions) -> dict[str, bytes]:
+        return self.acp.home_files(opts) if self.acp is not None else {}
+
+    def seed_home_files(self) -> dict[str, bytes]:
+        return self.acp.seed_home_files() if self.acp is not None else {}
 
     def cli_argv(self, opts: CliOptions) -> list[str]:
         argv = ["run", "--format", "json", "-m", self._model(opts)]
@@ -224,13 +298,19 @@ class OpencodeHarness(CliHarness):
         return {**ENV, "OPENCODE_CONFIG_CONTENT": json.dumps(config, separators=(",", ":"))}
 
     def session_id(self, obj: Mapping[str, Any]) -> str | None:
+        if self.acp is not None:
+            return self.acp.session_id(obj)
         sid = obj.get("sessionID")
         return sid if isinstance(sid, str) and sid else None
 
     def translator(self, ctx: RunContext, *, at_offset: int | None = None
-                   ) -> OpencodeTranslator:
+                   ) -> OpencodeTranslator | AcpTranslator:
         if at_offset is not None:
             raise ConfigError("the opencode translator resumes by replay, not by offset")
+        if self.acp is not None:
+            from corral.harness._acp import OpencodeAcpTranslator
+
+            return OpencodeAcpTranslator(ctx, agent="opencode")
         return OpencodeTranslator(ctx)
 
 

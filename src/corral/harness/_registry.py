@@ -1,5 +1,5 @@
 """The harness registry: a harness's name → how to build it, with a typed configuration,
-in the shape of the provider registry (:mod:`corral.sandbox._registry`).
+in the shape of the provider registry (:mod:`corral.sandbox._provider_registry`).
 
 A harness is registered under a name with a *factory* (usually the harness's class) whose
 keyword arguments are its configuration, declared as a pydantic model (a subclass of

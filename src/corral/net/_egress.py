@@ -50,7 +50,7 @@ from corral._errors import ConfigError
 from corral.net._http11 import Request, Response, serve_unix, text_response
 from corral.net._model_proxy import HOP_BY_HOP, shared_ssl_context
 
-from corral.sandbox._allowlist import (
+from corral.policy._allowlist import (
     AllowRule,
     IPAddress,
     ip_of,

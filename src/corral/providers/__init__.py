@@ -2,7 +2,7 @@
 
 ``get_provider(name, **config)`` builds one; ``register_provider(name, factory)`` adds one in
 this process, and a package adds one for every process through the entry-point group
-``corral.providers`` (see :mod:`corral.sandbox._registry`).
+``corral.providers`` (see :mod:`corral.sandbox._provider_registry`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         PROVIDER_NAMES as PROVIDER_NAMES,
         get_provider as get_provider,
     )
-    from corral.sandbox._registry import (
+    from corral.sandbox._provider_registry import (
         ProviderConfig as ProviderConfig,
         provider_names as provider_names,
         register_provider as register_provider,

@@ -117,10 +117,10 @@ from corral.providers._state import (
     remove_tree,
     validate_id,
 )
-from corral.sandbox import _validate as validate
+import corral._validate as validate
 from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import ProviderConfig
+from corral.sandbox._provider_registry import ProviderConfig
 from corral.sandbox._contracts import (
     Capabilities,
     Command,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.sandbox._contracts import Provider
-from corral.sandbox._registry import build_provider
+from corral.sandbox._provider_registry import build_provider
 
 PROVIDER_NAMES = ("local", "bubblewrap", "docker")
 """corral's own providers (every registered one: :func:`provider_names`)."""

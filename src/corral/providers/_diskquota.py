@@ -37,7 +37,7 @@ from corral._errors import ConfigError
 from corral._log import library_logger
 from corral.providers import _btrfs as btrfs
 from corral.providers._state import remove_tree
-from corral.sandbox._validate import size
+from corral._validate import size
 
 __all__ = [
     "FIX",

@@ -64,7 +64,7 @@ from corral.providers._docker_exec import (
 from corral.providers._limits import merged_limits
 from corral.providers._process import to_argv
 from corral.providers._state import new_id, validate_id
-from corral.sandbox import _validate as validate
+import corral._validate as validate
 from corral.sandbox._contracts import (
     Capabilities,
     Command,
@@ -84,7 +84,7 @@ from corral.sandbox._contracts import (
 )
 from corral.sandbox._gc import LabelledSandbox
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import ProviderConfig
+from corral.sandbox._provider_registry import ProviderConfig
 
 if TYPE_CHECKING:
     from corral.providers._docker_snapshots import DockerSnapshots

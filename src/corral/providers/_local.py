@@ -76,7 +76,7 @@ from corral.providers._state import (
     validate_id,
 )
 from corral.sandbox._redact import Redactor
-from corral.sandbox._registry import ProviderConfig
+from corral.sandbox._provider_registry import ProviderConfig
 from corral.sandbox._contracts import (
     Capabilities,
     Command,

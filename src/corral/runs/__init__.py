@@ -21,21 +21,19 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         ProducerExit as ProducerExit,
         pipe_to_run_log as pipe_to_run_log,
     )
-    from corral.runs._probe import (
+    from corral.runs._run_probe import (
         JournalLocationError as JournalLocationError,
         journal_location as journal_location,
         probe_run_exit as probe_run_exit,
     )
-    from corral.runs._prune import (
-        PruneResult as PruneResult,
-        prune_journals as prune_journals,
-    )
+    from corral.journal._prune import PruneResult as PruneResult
+    from corral.runs._reap_runner import prune_journals as prune_journals
     from corral.runs._quiesce import (
         LogNeverQuiet as LogNeverQuiet,
         await_log_quiet as await_log_quiet,
     )
-    from corral.journal._probe import ProbeResult as ProbeResult
-    from corral.runs._reap import (
+    from corral.journal._exit_probe import ProbeResult as ProbeResult
+    from corral.runs._reap_sweep import (
         ReapEntry as ReapEntry,
         ReapOutcome as ReapOutcome,
         ReapResult as ReapResult,

@@ -15,7 +15,7 @@ import anyio
 from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime, RunContext
 from corral.runs._claims import hold_claim
-from corral.runs._feed import file_feed
+from corral.runs._file_feed_wiring import file_feed
 from corral.runs._host_tools import serve_tools
 from corral.runs._logged import LoggedOffset, complete_end
 from corral.runs._owner import owner_is_dead
@@ -138,8 +138,9 @@ class ClaimedDrive:
             # only a run with a schema loads the validator (pydantic, jsonschema)
             from corral.runs._output_end import output_state, settle_output
 
-            output = output_state(store, record, schema,
-                                  redactor.redact_obj if redactor is not None else None)
+            output = await output_state(store, record, schema,
+                                        redactor.redact_obj if redactor is not None else None,
+                                        epoch=epoch)
 
         async def after_journal() -> bool:
             return await logged.wait(complete_end(paths.journal))

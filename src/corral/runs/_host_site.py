@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from corral._paths import corral_home
 from corral.journal._layout import JournalPaths, read_status
-from corral.journal._probe import ProbeResult, check_here, probe_exit
+from corral.journal._exit_probe import ProbeResult, check_here, probe_exit
 from corral.journal._supervisor import AgentSpec, kill_supervised_async, launch_supervised_async
 from corral.runs._site import ProviderFor, SiteBase, SupervisedCommand, recorded_sandbox
 from corral.sandbox._contracts import Handle, SandboxGoneError

@@ -65,7 +65,7 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     # approvals, the permission prompt and the policy (they load the AG-UI models and httpx:
     # start-up cost of ``corral attach``).
     from corral.harness._events import event_to_dict
-    from corral.sandbox._policy import Policy
+    from corral.policy._policy import Policy
     from corral.tools._approvals import Approvals
     from corral.tools._mcp_server import HostToolServer
     from ag_ui.core import CustomEvent

@@ -9,6 +9,8 @@ through :func:`settle_output`:
   successor resuming after it finds it there);
 - results given through the host tool ``submit_result`` were validated and stored by the
   tool (:class:`corral.tools._output.OutputState`);
+- the count of results that did not match is the run's, not one driver's: stored on the
+  record (``output_tries``) as each comes, read back by a driver taking the run over;
 - at the agent's ``RUN_FINISHED``: with a valid result (this driver's, else the record's)
   ``CUSTOM corral.output`` (value: the result) goes in just before it; without one the
   ``RUN_FINISHED`` becomes a ``RUN_ERROR`` (code ``output_invalid``) naming the last
@@ -31,16 +33,33 @@ OUTPUT_INVALID: Final = "output_invalid"
 """The error code of a run that ended without a result matching its output schema."""
 
 
-def output_state(store: RunStore, record: RunRecord, schema: Mapping[str, Any],
-                 redact: Callable[[Any], Any] | None) -> OutputState:
-    """A driver's :class:`OutputState` for ``record``: each accepted result is stored as the
-    record's ``output`` (``redact``-ed: the run's secrets never leave in a result)."""
+async def output_state(store: RunStore, record: RunRecord, schema: Mapping[str, Any],
+                       redact: Callable[[Any], Any] | None, *,
+                       epoch: int | None = None) -> OutputState:
+    """A driver's :class:`OutputState` for ``record``, continuing the count of invalid
+    results the run's earlier drivers stored (``output_tries``). Each accepted result is
+    stored as the record's ``output``, each invalid one's count and error as its
+    ``output_tries`` (``redact``-ed: the run's secrets never leave in a result or an
+    error), fenced by the driver's claim ``epoch``."""
+    current = await store.get(record.run_id)
+    tries = (current.output_tries if current is not None else None) or {}
+    invalid = tries.get("invalid")
+    error = tries.get("error")
 
     async def keep(value: dict[str, Any]) -> None:
-        await store.update(record.run_id, RunPatch(output=redact(value) if redact else value))
+        await store.update(record.run_id, RunPatch(output=redact(value) if redact else value),
+                           expect_epoch=epoch)
+
+    async def count(invalid: int, error: str) -> None:
+        shown = redact(error) if redact is not None else error
+        await store.update(record.run_id, RunPatch(output_tries={
+            "invalid": invalid, "error": shown if isinstance(shown, str) else error}),
+            expect_epoch=epoch)
 
     on_valid: Callable[[dict[str, Any]], Awaitable[object]] = keep
-    return OutputState(dict(schema), on_valid=on_valid)
+    return OutputState(dict(schema), on_valid=on_valid, on_invalid=count,
+                       invalid=invalid if isinstance(invalid, int) and invalid > 0 else 0,
+                       last_error=error if isinstance(error, str) else None)
 
 
 async def settle_output(produced: AsyncIterable[Produced], store: RunStore, record: RunRecord,
@@ -84,8 +103,7 @@ async def _candidate(value: object, state: OutputState) -> None:
         await state.offer(value["value"])
         return
     error = value.get("error") if isinstance(value, Mapping) else None
-    state.invalid += 1
-    state.last_error = str(error) if error else "the agent CLI gave a malformed result"
+    await state.reject(str(error) if error else "the agent CLI gave a malformed result")
 
 
 async def _end(finished: Mapping[str, Any], store: RunStore, run_id: str, state: OutputState,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.journal._probe import journal_entry
+from corral.journal._exit_probe import journal_entry
 from corral.runs._host_site import HostSite
 from corral.runs._sandbox_site import SandboxSite
 from corral.runs._site import AgentSite, ProviderFor
@@ -31,7 +31,7 @@ def site_of(record: RunRecord, *, journals_dir: Path | None = None,
     """The site of a recorded run, as any process of any host sees it (``journals_dir``:
     this host's, default ``$CORRAL_HOME/journals``; ``provider_for``: how to build the
     run's provider, default as its record configured it). Raises
-    :class:`~corral.journal._probe.JournalLocationError` when the record names no usable
+    :class:`~corral.journal._exit_probe.JournalLocationError` when the record names no usable
     journal; whether this host can read it is :meth:`AgentSite.check_here`."""
     directory, nonce = journal_entry(record.journal, record.run_id)
     kind: type[AgentSite] = SandboxSite if (record.journal or {}).get("inside") else HostSite

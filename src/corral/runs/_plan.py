@@ -67,11 +67,15 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
             f"agent runs need corral's host services (model proxy, host tools), which cannot "
             f"reach the {provider.name} provider's sandboxes from this host (e.g. a remote "
             f"Docker daemon); command runs work (corral run --provider {provider.name} -- CMD)")
-    if harness.name == "acp" and not site.HOST_BRIDGE:
+    if isinstance(harness, CliHarness) and harness.bridged and not site.HOST_BRIDGE:
+        what = "--harness acp" if harness.name == "acp" else (
+            f"--harness {harness.name} with this policy (its ask rules are answered through "
+            f"the agent's ACP mode)")
         raise ConfigError(
-            f"--harness acp needs its bridge on the host next to the supervisor, and the "
+            f"{what} needs corral's ACP bridge on the host next to the supervisor, and the "
             f"{provider.name} provider runs the supervisor in the sandbox; use --provider "
-            "bubblewrap or local")
+            "bubblewrap or local" + ("" if harness.name == "acp" else
+                                     ", or allow/deny rules only"))
     command = None
     if request.tools is not None and not isinstance(harness, CliHarness):
         raise ConfigError("host tools need an agent-CLI harness (claude-code, codex, "

@@ -36,7 +36,7 @@ from corral.runs._pipe import (
     ProducerExit,
     error_from_event,
 )
-from corral.runs._probe import probe_run_exit
+from corral.runs._run_probe import probe_run_exit
 from corral.sandbox._redact import Redactor
 from corral.stores._protocols import EventLog
 from corral.stores._records import RunError, RunRecord

@@ -29,7 +29,7 @@ class ProviderCache:
         # The registry (pydantic configs, the providers) loads when a provider is first
         # built: a driver taking over a command run on this host may need none.
         from corral.providers import get_provider
-        from corral.sandbox._registry import build_provider, config_key
+        from corral.sandbox._provider_registry import build_provider, config_key
 
         if config is None:
             if name not in self._built:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from corral._errors import ConfigError, CorralError
 from corral.harness._registry import registration
 from corral.runs._spec import RunSpec
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class RunRequest:
     harness: str = "command"
     run_id: str | None = None
     thread_id: str | None = None
-    provider: str = "bubblewrap"
+    provider: str = DEFAULT_PROVIDER
     workspace: str | None = None
     """A host directory copied into the sandbox's workspace (when ``sandbox`` is not given,
     or gives no source)."""
@@ -183,7 +184,7 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> RunSpec:
         """The run spec recorded for this request run in ``sandbox``."""
-        from corral.sandbox._policy import Policy  # start-up cost: see the imports
+        from corral.policy._policy import Policy  # start-up cost: see the imports
 
         policy, prompt = None, False
         if self.harness != "command" and sandbox.policy != Policy():
@@ -194,6 +195,11 @@ class RunRequest:
             # The CLI asks corral (permission prompt tool, command gate hook) on the run's
             # MCP server: the policy is evaluated live (ask rules become corral approvals).
             prompt = self.harness in ("claude-code", "codex", "gemini-cli", "acp")
+            if self.harness == "opencode":
+                # ask rules route opencode through `opencode acp`, which asks corral
+                from corral.harness._opencode import acp_reasons
+
+                prompt = bool(acp_reasons(sandbox.policy))
         return RunSpec(
             harness_options=dict(self.options),
             argv=list(self.command) if self.command is not None else None,

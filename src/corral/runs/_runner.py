@@ -40,11 +40,11 @@ from corral._log import library_logger
 from corral._paths import corral_home
 from corral._telemetry import carrier, configure_from_env, context_of, mark_error, span
 from corral.journal._layout import JournalPaths
-from corral.journal._probe import JournalLocationError, machine_id
+from corral.journal._exit_probe import JournalLocationError, machine_id
 from corral.journal._sentinel import new_nonce
 from corral.runs._claims import hold_claim
 from corral.runs._drive import POLL, ClaimedDrive, cancel_run
-from corral.runs._feed import unlogged_file_events
+from corral.runs._file_feed_wiring import unlogged_file_events
 from corral.runs._owner import driver_gone, new_owner_id
 from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
@@ -62,8 +62,9 @@ from corral.runs._request import (
     max_takeovers_from,
     new_run_id,
 )
+from corral._errors import CorralError
 from corral.runs._site import AgentSite
-from corral.sandbox._contracts import Provider
+from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._watch import DEFAULT_MAX_WATCHES, check_max_watches
@@ -80,8 +81,8 @@ from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
     from corral.runs._plan import StartPlan
-    from corral.runs._prune import PruneResult
-    from corral.runs._reap import ReapResult
+    from corral.journal._prune import PruneResult
+    from corral.runs._reap_sweep import ReapResult
     from corral.runs._threads import Threads
     from corral.tools._core import Toolset
 
@@ -104,9 +105,9 @@ class Runner:
 
     A façade: launching (:mod:`~corral.runs._launch`), the produce path
     (:mod:`~corral.runs._produce`), the services daemon (:mod:`~corral.runs._keep_services`),
-    host tools (:mod:`~corral.runs._host_tools`), file events (:mod:`~corral.runs._feed`),
-    the agent's end (:mod:`~corral.runs._agent_end`) and the sandbox's release
-    (:mod:`~corral.runs._release`) each live in their own module."""
+    host tools (:mod:`~corral.runs._host_tools`), file events
+    (:mod:`~corral.runs._file_feed_wiring`), the agent's end (:mod:`~corral.runs._agent_end`)
+    and the sandbox's release (:mod:`~corral.runs._release`) each live in their own module."""
 
     def __init__(
         self,
@@ -173,6 +174,19 @@ class Runner:
             return site_of(record, journals_dir=self.journals_dir,
                            provider_for=lambda name: self._providers_of(record)(name))
         except JournalLocationError:
+            return None
+
+    async def sandbox_of(self, record: RunRecord) -> Handle | None:
+        """The run's sandbox (resumed with the provider configuration its definition
+        recorded), or ``None`` when it is gone or the run names none."""
+        ref = record.sandbox_ref or {}
+        name, sandbox_id = ref.get("provider"), ref.get("id")
+        if not isinstance(name, str) or not isinstance(sandbox_id, str):
+            return None
+        try:
+            return await self._providers_of(record)(name).resume(sandbox_id)
+        except CorralError as exc:
+            log.warning("run %s: its sandbox is unreachable: %s", record.run_id, exc)
             return None
 
     def redactor_for(self, record: RunRecord) -> Redactor | None:
@@ -499,7 +513,7 @@ class Runner:
         of this runner's journal directory. Never raises for a run's failure."""
         journals = self.journals_dir
         # start-up cost: the reaper (the output check, reclaim) is for a sweep, not a driver
-        from corral.runs._reaping import reap_runner_runs
+        from corral.runs._reap_runner import reap_runner_runs
 
         result = await reap_runner_runs(
             self.store,

@@ -32,7 +32,7 @@ from corral._errors import ConfigError, CorralError
 from corral._log import library_logger
 from corral._paths import corral_home
 from corral.journal._layout import JournalPaths, encode_run_id
-from corral.journal._probe import ProbeResult, probe_exit
+from corral.journal._exit_probe import ProbeResult, probe_exit
 from corral.runs._site import ProviderFor, SiteBase, SupervisedCommand, recorded_sandbox
 from corral.sandbox._contracts import Handle, SandboxGoneError
 from corral.sandbox._inside import InsideSupervisor

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol, Self
 from corral._errors import CorralError
 from corral._log import library_logger
 from corral.journal._layout import JournalPaths
-from corral.journal._probe import ProbeResult
+from corral.journal._exit_probe import ProbeResult
 from corral.journal._supervisor import AgentSpec
 from corral.runs._providers import ProviderCache
 from corral.sandbox._contracts import Handle, Provider, SandboxGoneError
@@ -97,7 +97,7 @@ class AgentSite(Protocol):
         ...
 
     def check_here(self) -> None:
-        """Raise :class:`~corral.journal._probe.JournalUnreachable` when this host cannot
+        """Raise :class:`~corral.journal._exit_probe.JournalUnreachable` when this host cannot
         read the run's journal (it is on another machine)."""
         ...
 
@@ -111,7 +111,7 @@ class AgentSite(Protocol):
         ...
 
     async def probe(self, *, max_bytes: int = 65536, recent: float = 30.0) -> ProbeResult:
-        """Did the agent exit? (:func:`corral.journal._probe.probe_exit`). Never raises."""
+        """Did the agent exit? (:func:`corral.journal._exit_probe.probe_exit`). Never raises."""
         ...
 
     async def refresh(self) -> bool:

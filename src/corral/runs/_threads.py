@@ -19,7 +19,7 @@ import anyio
 from corral._errors import CorralError
 from corral._ids import check_id
 from corral._log import library_logger
-from corral.journal._probe import JournalLocationError, locate_journal
+from corral.journal._exit_probe import JournalLocationError, locate_journal
 from corral.journal._prune import delete_journal
 from corral.runs._spec import harness_for_record
 from corral.sandbox._checkpoint import restore_checkpoint

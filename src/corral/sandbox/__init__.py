@@ -54,7 +54,7 @@ if TYPE_CHECKING or not lazy_namespace(globals(), moved=_MOVED):
     )
     from corral.sandbox._key import RunContext as RunContext
     from corral.sandbox._lifecycle import Lifecycle as Lifecycle
-    from corral.sandbox._policy import (
+    from corral.policy._policy import (  # a definition holds a policy (corral.policy)
         Decision as Decision,
         Policy as Policy,
     )

@@ -11,7 +11,7 @@ import signal as _signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Final, Literal, Protocol, runtime_checkable
 
 from corral._errors import ConfigError, CorralError
 from corral.journal._sentinel import TIMEOUT_EXIT_CODE
@@ -19,6 +19,7 @@ from corral.journal._sentinel import TIMEOUT_EXIT_CODE
 __all__ = [
     "Capabilities",
     "Command",
+    "DEFAULT_PROVIDER",
     "DefaultLimits",
     "Described",
     "ExecResult",
@@ -48,6 +49,11 @@ __all__ = [
 
 Command = str | Sequence[str]
 """A shell string (run with ``/bin/sh -c``) or an argv list (run directly)."""
+
+DEFAULT_PROVIDER: Final = "bubblewrap"
+"""The provider of a sandbox that names none: a definition without ``[provider]``, a
+``RunRequest``, ``corral run``, ``exec`` and ``acp`` without ``--provider``, the server's
+inline sandboxes."""
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from corral._errors import ConfigError
-from corral.sandbox import _validate as v
-from corral.sandbox._contracts import Provider
+import corral._validate as v
+from corral.sandbox._contracts import DEFAULT_PROVIDER, Provider
 from corral.sandbox._hooks import Hooks
 from corral.sandbox._key import RunContext, instance_key
 from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
-from corral.sandbox._registry import (
+from corral.policy._policy import Policy
+from corral.sandbox._provider_registry import (
     ProviderConfig,
     build_provider,
     config_data,
@@ -52,7 +52,7 @@ class Sandbox:
     the instance key, so two definitions never share a sandbox.
     """
 
-    provider: Provider | str = "bubblewrap"
+    provider: Provider | str = DEFAULT_PROVIDER
     workspace: Workspace = field(default_factory=Workspace)
     policy: Policy = field(default_factory=Policy)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
@@ -197,12 +197,12 @@ class Sandbox:
     ) -> Sandbox:
         """Build from plain data (the shape of ``corral.toml``). Unknown keys are errors."""
         v.no_unknown(data, TOP_KEYS, "")
-        provider = data.get("provider", {"name": "bubblewrap"})
+        provider = data.get("provider", {"name": DEFAULT_PROVIDER})
         if isinstance(provider, str):
             provider = {"name": provider}
         if not isinstance(provider, Mapping):
             raise ConfigError("provider: expected a table with a name")
-        provider_name = v.string(provider.get("name", "bubblewrap"), "provider.name")
+        provider_name = v.string(provider.get("name", DEFAULT_PROVIDER), "provider.name")
         provider_config = {k: val for k, val in provider.items() if k != "name"}
 
         secrets_data = data.get("secrets", {})

@@ -41,7 +41,12 @@ from corral.stores._protocols import (
 from corral.sandbox._contracts import Provider, SandboxRef
 from corral.sandbox._ensure import destroy_record, key_lock_name, store_id
 from corral.sandbox._redact import get_logger
-from corral.sandbox._registry import build_provider, config_key, provider_names, recorded_config
+from corral.sandbox._provider_registry import (
+    build_provider,
+    config_key,
+    provider_names,
+    recorded_config,
+)
 from corral.sandbox._snapshots import snapshots_for
 from corral.sandbox import _traced as traced
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from corral.sandbox import _validate as v
+import corral._validate as v
 from corral._errors import ConfigError
 
 __all__ = ["CheckpointMode", "DEFAULT_CHECKPOINT_MAX_SIZE", "DEFAULT_KEEP_ALIVE", "Lifecycle",

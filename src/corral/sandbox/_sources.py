@@ -16,7 +16,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from corral._errors import ConfigError
-from corral.sandbox import _validate as v
+import corral._validate as v
 from corral.sandbox._copyguard import refuse_system_dir
 from corral.sandbox._secrets import SecretRef
 

@@ -36,7 +36,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from corral._errors import CorralError
-from corral.sandbox import _validate as v
+import corral._validate as v
 from corral.sandbox._contracts import Handle
 from corral.sandbox._copyguard import StateGuard
 from corral.sandbox._ignore import Kept, kept_files

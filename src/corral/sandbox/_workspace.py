@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral._errors import ConfigError
-from corral.sandbox import _validate as v
+import corral._validate as v
 from corral.sandbox._secrets import Secrets
 from corral.sandbox._sources import Files, GitSource, LocalDir, NoSource, Source
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         ServerConfig as ServerConfig,
         load_config_file as load_config_file,
     )
-    from corral.server._command import (
+    from corral.server._serve_cli import (
         add_serve_options as add_serve_options,
         config_from_args as config_from_args,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.server._command import main
+from corral.server._serve_cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -35,6 +35,7 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
@@ -46,6 +47,17 @@ from corral._ids import check_id
 from corral._log import library_logger
 from corral._version import __version__
 from corral.runs._request import RunRequest, RunStartError
+from corral._paths import corral_home
+from corral.runs._file_feed import scan_manifest
+from corral.sandbox._contracts import Handle
+from corral.server._acp_files import (
+    MAX_RELAY,
+    EditorTree,
+    Refused,
+    SyncState,
+    changed_files,
+    safe_relative,
+)
 from corral.server._acp_updates import UpdateTranslator, text_chunk
 from corral.server._service import RunService
 from corral.stores._records import RunRecord, RunStatus
@@ -109,6 +121,9 @@ class _Session:
     """Set when the run reattached by session/load or session/resume has ended."""
     cancelled: bool = False
     asked: set[str] = field(default_factory=set)
+    sync: SyncState | None = None
+    """What the editor's files were when the editor and the sandbox last agreed
+    (:mod:`corral.server._acp_files`)."""
 
 
 class _Rpc:
@@ -174,6 +189,8 @@ class AcpAgent:
         self.make_request = make_request
         self.permission_poll = permission_poll
         self.sessions: dict[str, _Session] = {}
+        self.editor_writes = False
+        """The editor advertised ``fs.writeTextFile``: edits go through it."""
         self._rpc: _Rpc | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -263,6 +280,9 @@ class AcpAgent:
     # ------------------------------------------------------------------ handlers
 
     async def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        caps = params.get("clientCapabilities")
+        fs = caps.get("fs") if isinstance(caps, dict) else None
+        self.editor_writes = isinstance(fs, dict) and fs.get("writeTextFile") is True
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -338,6 +358,7 @@ class AcpAgent:
             raise RpcError(INVALID_REQUEST, "this session's previous prompt is still running; "
                            "cancel it (session/cancel) or wait for its end")
         request = self.make_request(SessionRequest(session.cwd, session.session_id, text))
+        await self._synced(session)  # before the run copies the directory
         session.cancelled = False
         try:
             record = await self.service.start_run(request)
@@ -351,6 +372,7 @@ class AcpAgent:
                                        UpdateTranslator(session.cwd))
         finally:
             session.run_id = None
+        await self._relay(session, final)
         return {"stopReason": _stop_reason(final, session.cancelled)}
 
     # ------------------------------------------------------------------ sessions and runs
@@ -388,7 +410,8 @@ class AcpAgent:
 
         async def follow() -> None:
             try:
-                await self._follow(session, record.run_id, after, translator)
+                final = await self._follow(session, record.run_id, after, translator)
+                await self._relay(session, final)
             except ConnectionGone:
                 pass
             finally:
@@ -397,6 +420,103 @@ class AcpAgent:
                 followed.set()
 
         self._tg.start_soon(follow)
+
+    # ------------------------------------------------------------------ the editor's files
+
+    def _sync_file(self, session: _Session) -> Path:
+        return corral_home() / "acp" / f"{session.session_id}.json"
+
+    async def _synced(self, session: _Session) -> SyncState:
+        """The session's :class:`SyncState`: kept, else saved with it, else (the session's
+        first prompt, before its run copies the directory) the directory as it is now."""
+        if session.sync is None:
+            where = self._sync_file(session)
+            found = await anyio.to_thread.run_sync(SyncState.load, where)
+            if found is None:
+                found = SyncState(await anyio.to_thread.run_sync(scan_manifest, session.cwd))
+                await anyio.to_thread.run_sync(found.save, where)
+            session.sync = found
+        return session.sync
+
+    async def _relay(self, session: _Session, record: RunRecord | None) -> None:
+        """Bring the files the run changed in its sandbox into the editor's directory
+        (:mod:`corral.server._acp_files`); what is not brought over is named to the user."""
+        if record is None:
+            return
+        changes, odd = changed_files(
+            e.event for e in await self.service.store.snapshot(record.run_id))
+        problems = [f"{p}: its name is not UTF-8" for p in odd]
+        if not changes and not problems:
+            return
+        sync = await self._synced(session)
+        tree = EditorTree(session.cwd)
+        handle = None
+        if any(c.kind != "delete" for c in changes):
+            handle = await self.service.runner.sandbox_of(record)
+            if handle is None:
+                if not session.cancelled:
+                    problems.append("the run's sandbox is gone: its changes could not be "
+                                    "brought into your files")
+                changes = [c for c in changes if c.kind == "delete"]
+        for change in changes:
+            try:
+                rel = safe_relative(change.path)
+                await self._relay_one(session, tree, sync, handle, change.kind, rel)
+            except Refused as exc:
+                problems.append(f"{change.path[:300]}: {exc}")
+            except (OSError, CorralError) as exc:
+                problems.append(f"{change.path[:300]}: {exc}")
+        await anyio.to_thread.run_sync(sync.save, self._sync_file(session))
+        if problems:
+            await self._update(session.session_id, text_chunk(
+                "agent_message_chunk", "\n[corral: not brought into your files: "
+                + "; ".join(problems[:50])
+                + (f"; and {len(problems) - 50} more" if len(problems) > 50 else "")
+                + "]\n"))
+
+    async def _relay_one(self, session: _Session, tree: EditorTree, sync: SyncState,
+                         handle: Handle | None, kind: str, rel: str) -> None:
+        now = await anyio.to_thread.run_sync(tree.state, rel)
+        known = sync.files.get(rel)
+        if kind == "delete":
+            if now is None:
+                sync.files.pop(rel, None)
+            elif now != known:
+                raise Refused(KEPT)
+            else:
+                await anyio.to_thread.run_sync(tree.delete, rel)
+                sync.files.pop(rel, None)
+            return
+        assert handle is not None
+        try:
+            info = await handle.fs.stat(rel)
+        except FileNotFoundError:
+            return  # gone since (its deletion came as an event too, or it never stayed)
+        if info.type != "file":
+            raise Refused(f"a {info.type} in the sandbox, not a regular file: not brought "
+                          "over")
+        if info.size > MAX_RELAY:
+            raise Refused(f"{info.size} bytes, more than corral brings over "
+                          f"({MAX_RELAY}); it is in the session's sandbox")
+        data = await handle.fs.read(rel)
+        if len(data) > MAX_RELAY:
+            raise Refused(f"more than {MAX_RELAY} bytes; it is in the session's sandbox")
+        if now is not None and await anyio.to_thread.run_sync(tree.read, rel) == data:
+            sync.files[rel] = now  # already what the agent made
+            return
+        if now != known:
+            raise Refused(KEPT)
+        text = _utf8(data)
+        if self.editor_writes and text is not None and self._rpc is not None:
+            await anyio.to_thread.run_sync(tree.make_parent, rel)
+            await self._rpc.request("fs/write_text_file", {
+                "sessionId": session.session_id, "path": os.path.join(session.cwd, rel),
+                "content": text})
+            after = await anyio.to_thread.run_sync(tree.state, rel)
+            if after is not None:
+                sync.files[rel] = after
+            return
+        sync.files[rel] = await anyio.to_thread.run_sync(tree.write, rel, data, info.mode)
 
     async def _cancel_run(self, session: _Session) -> None:
         run_id = session.run_id
@@ -476,6 +596,17 @@ class AcpAgent:
                                   allow, reason=None if allow else "refused in the editor")
         except ApprovalError as exc:  # answered elsewhere first (corral approve), expired
             log.info("approval %s: %s", pending.approval_id, exc)
+
+
+KEPT: Final = ("changed in your editor since the agent's copy of it was made: your version "
+                "was kept (the agent's is in the session's sandbox)")
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def _cwd(params: dict[str, Any]) -> str:

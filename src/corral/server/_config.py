@@ -33,11 +33,9 @@ from typing import Any, Final
 
 from corral._errors import ConfigError
 from corral._suggest import did_you_mean
-from corral.sandbox._config_file import read_toml
-from corral.sandbox._definition import Sandbox
+from corral.sandbox._contracts import DEFAULT_PROVIDER
 
 TOKEN_ENV: Final = "CORRAL_API_TOKEN"
-DEFAULT_PROVIDER: Final = "bubblewrap"
 DEFAULT_HEARTBEAT: Final = 15.0
 DEFAULT_MAX_BODY: Final = 1 << 20
 DEFAULT_MAX_ACTIVE_RUNS: Final = 200
@@ -135,6 +133,10 @@ def token_from_env() -> str | None:
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read the TOML configuration file into :class:`ServerConfig` keyword arguments."""
+    # here, not at the top: `corral serve --help` and `corral completion` read this module's
+    # defaults, and the sandbox definitions behind read_toml are most of their start-up
+    from corral.sandbox._config_file import read_toml
+
     p = Path(path)
     _text, raw = read_toml(p, "config file")
     known = {"sandboxes", "default_sandbox", "allowed_providers", "workspace_roots",
@@ -189,6 +191,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _policy(name: str, body: Any) -> dict[str, Any]:
     """A configured sandbox's policy table, checked as corral.toml's ``[policy]`` is."""
+    from corral.sandbox._definition import Sandbox  # the sandbox machinery: only when used
+
     if not isinstance(body, dict):
         raise ConfigError(f"config file: [sandboxes.{name}.policy] must be a table")
     try:

@@ -1,7 +1,8 @@
 """What a client may ask to run: a request body checked against the server's
 configuration (allowed harnesses, configured or inline sandboxes, workspace roots). The
-HTTP API (:mod:`corral.server._app`) and the MCP tools (:mod:`corral.server._mcp_tools`)
-share it, so both refuse the same things the same way."""
+HTTP API (:mod:`corral.server._routes_runs`, :mod:`corral.server._routes_agui`) and the
+MCP tools (:mod:`corral.server._mcp_tools`) share it, so both refuse the same things the
+same way."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 from dataclasses import replace
 
 from corral.runs._request import RunRequest
-from corral.server._config import DEFAULT_PROVIDER, SandboxDefinition, ServerConfig
+from corral.sandbox._contracts import DEFAULT_PROVIDER
+from corral.server._config import SandboxDefinition, ServerConfig
 from corral.server._models import SandboxIn, StartRun
 
 __all__ = ["ApiError", "request_for", "resolve_sandbox"]
@@ -85,7 +87,7 @@ def request_for(config: ServerConfig, body: StartRun) -> RunRequest:
         request = replace(request, sandbox=replace(request.definition(),
                                                    file_events=body.file_events))
     if sandbox.policy is not None:
-        from corral.sandbox._policy import Policy  # start-up cost: only when used
+        from corral.policy._policy import Policy  # start-up cost: only when used
 
         request = replace(request, sandbox=replace(request.definition(),
                                                    policy=Policy(**sandbox.policy)))

@@ -36,9 +36,9 @@ from corral.stores._records import RunPatch, RunRecord
 from corral.runs._runner import Runner, RunRequest
 from corral.stores._protocols import LoggedEvent, Store
 from corral.server._config import ServerConfig
-from corral.server._feed import FeedHub
+from corral.server._run_fanout import FeedHub
 from corral.stores import open_store
-from corral.server._reaper import reaper_loop
+from corral.server._reap_loop import reaper_loop
 
 log = library_logger("corral.server")
 

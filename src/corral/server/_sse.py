@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from corral._log import library_logger
 from corral.stores._protocols import LoggedEvent
-from corral.server._feed import closing
+from corral.server._run_fanout import closing
 from corral.server._service import RunService
 
 log = library_logger("corral.server._sse")

@@ -134,6 +134,10 @@ class RunRecord:
     takeovers: Mapping[str, Any] | None = None
     """Drivers that took the run over without it making progress: ``{"count", "offset"}``
     (the log's offset when the count last grew); see ``Runner(max_takeovers=)``."""
+    output_tries: Mapping[str, Any] | None = None
+    """A run with an output schema: the results the agent gave that did not match it,
+    ``{"invalid": n, "error": the last validation error}``, counted for the run across
+    its drivers (a takeover continues the count; written fenced by the driver's claim)."""
 
     @property
     def terminal(self) -> bool:
@@ -207,6 +211,7 @@ class RunRecord:
                 "checkpoint": _opt_obj(data, "checkpoint"),
                 "undone_at": _opt_time(data, "undone_at"),
                 "takeovers": _opt_obj(data, "takeovers"),
+                "output_tries": _opt_obj(data, "output_tries"),
             }
         except CorruptRecord as exc:
             raise CorruptRecord(f"run {run_id!r}: {exc}") from None
@@ -232,6 +237,7 @@ _PATCHABLE: Final = (
     "checkpoint",
     "undone_at",
     "takeovers",
+    "output_tries",
 )
 
 
@@ -259,6 +265,7 @@ class RunPatch:
     checkpoint: Patch[Mapping[str, Any]] = UNSET
     undone_at: Patch[float] = UNSET
     takeovers: Patch[Mapping[str, Any]] = UNSET
+    output_tries: Patch[Mapping[str, Any]] = UNSET
 
     def __post_init__(self) -> None:
         status: object = self.status
@@ -397,6 +404,7 @@ _PATCH_CHECKS: Final = {
     "checkpoint": _opt_obj,
     "undone_at": _opt_time,
     "takeovers": _opt_obj,
+    "output_tries": _opt_obj,
 }
 
 

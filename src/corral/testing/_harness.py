@@ -60,7 +60,6 @@ from corral.runs._runner import Runner
 from corral.runs._request import RunRequest
 from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import Lifecycle
-from corral.sandbox._policy import Policy
 from corral.stores._protocols import Store
 from corral.testing._harness_world import (
     FEATURES,
@@ -296,8 +295,9 @@ async def check_denied_command(w: HarnessWorld) -> None:
     assert events[-1]["type"] == "RUN_FINISHED", events[-3:]
     _every_call_has_one_result(events)
     # what the model saw after each step (a CLI may log no tool call for a command its
-    # hook refused: codex)
-    seen = w.server.model_requests[-1].tool_results
+    # hook refused: codex); the conversation's last turn carries every result (not the
+    # last request: the Claude ACP adapter may ask for the session's title after it)
+    seen = max(w.server.model_requests, key=lambda r: len(r.tool_results)).tool_results
     assert len(seen) == 2, seen
     assert "keep me" in seen[1], seen  # the rm never ran
     assert any("keep me" in r for r in _results(events))
@@ -368,7 +368,7 @@ async def check_host_tool(w: HarnessWorld) -> None:
     # host tools are corral's own, not commands: a policy denying every command (where
     # the harness enforces one) still lets them run
     sandbox = Sandbox(provider=w.case.provider, lifecycle=Lifecycle(reuse="none"),
-                      policy=Policy(default="deny")) if "deny" in w.case.enforces else None
+                      policy=w.policy("deny")) if "deny" in w.case.enforces else None
     async with w.store() as store:
         runner = Runner(store)
         rec = await runner.start(RunRequest(
@@ -419,9 +419,12 @@ async def check_host_tool_approval(w: HarnessWorld) -> None:
     w.script(script)
     async with w.store() as store:
         runner = Runner(store, tools=Toolset([set_host_flag]), approval_timeout=120)
+        sandbox = Sandbox(provider=w.case.provider, lifecycle=Lifecycle(reuse="none"),
+                          policy=w.policy()) if w.case.extra_ask else None
         run_id = (await runner.start(RunRequest(
             prompt="Set the flag on, then off.", harness=w.case.harness,
-            options=dict(w.case.options), provider=w.case.provider))).run_id
+            options=dict(w.case.options), provider=w.case.provider,
+            sandbox=sandbox))).run_id
         done: list[Any] = []
 
         async def drive() -> None:
@@ -574,16 +577,32 @@ def _pids_with(marker: bytes) -> list[int]:
 async def check_cancel(w: HarnessWorld) -> None:
     """``corral cancel`` of a detached run whose tool is running: the run is aborted with
     RUN_ERROR last, and the agent, its tool's processes and the run's model proxy
-    daemon all stop."""
+    daemon all stop. Under the case's :attr:`~HarnessCase.extra_ask` rules (a policy
+    corral decides live) a ``corral attach`` drives the detached run meanwhile: each
+    command waits for a driver to serve the run's permission check."""
     marker = f"corral-kit-cancel-{secrets.token_hex(4)}"
     # the tool's shell keeps the marker in its command line (not a long sleep: Claude Code
     # refuses those)
     w.script(_steps([f"tail -f /dev/null # {marker}"], "Woke: "))
-    args = ["run", "--harness", w.case.harness, *w.case.corral_run_args(), "--run-id", "c1",
-            "--detach", "wait a while"]
-    _ok(await w.acorral(*args))
-    await wait_until_async(lambda: _pids_with(marker.encode()), "the tool to start",
-                           timeout=w.case.deadline, interval=0.05)
+    _ok(await w.acorral(*w.run_args("c1", "--detach"), "wait a while"))
+    attach = w.popen("attach", "c1", "--json") if w.case.extra_ask else None
+    try:
+        await wait_until_async(lambda: _pids_with(marker.encode()), "the tool to start",
+                               timeout=w.case.deadline, interval=0.05)
+        await _cancelled(w, marker)
+    finally:
+        if attach is not None:
+            try:
+                await anyio.to_thread.run_sync(lambda: attach.communicate(timeout=60))
+            finally:
+                if attach.poll() is None:
+                    attach.kill()
+                    attach.wait()
+    if attach is not None:
+        assert attach.returncode != 0  # the run it drove was aborted
+
+
+async def _cancelled(w: HarnessWorld, marker: str) -> None:
     rec = w.record("c1")
     services = rec["spec"]["agent"]["services_pid"]
     status = read_status(JournalPaths.for_run(rec["journal"]["dir"], "c1").status)

@@ -16,9 +16,13 @@ for every other CLI the run's host tool ``submit_result`` (MCP server ``corral``
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
+import anyio
 import httpx
 
 from corral.server._app import create_app
@@ -26,11 +30,13 @@ from corral.server._config import ServerConfig
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit, check
 from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
+from corral.testing._polling import wait_until_async
 
 __all__ = [
     "OUTPUT_KIT",
     "SCHEMA",
     "check_output_exhausted",
+    "check_output_retries_survive_a_takeover",
     "check_output_retry",
     "check_output_valid",
     "structured_answer",
@@ -47,7 +53,8 @@ INVALID: Final = {"answer": "forty-two", "city": "Oslo"}
 ACCEPTED = ("Result accepted", "Structured output provided successfully")
 CLI_CHECKS_TOOL_ARGS: Final = frozenset({"gemini-cli"})
 """Harnesses whose CLI checks a tool call's arguments against the tool's input schema
-itself (answering the model with its own error): an invalid result never reaches corral."""
+itself (answering the model with its own error): an invalid result never reaches corral.
+A case says so of its own with :attr:`HarnessCase.checks_tool_args` (``acp`` with gemini)."""
 GIVE_UP = ("No tries are left", "no more tries")
 
 
@@ -161,13 +168,74 @@ async def check_output_exhausted(w: HarnessWorld) -> None:
     assert rec["error"]["code"] in ("output_invalid", "claude-code:structured_output_retry_"
                                     "exhausted", "claude-code:error_max_structured_output_"
                                     "retries"), rec["error"]
-    if w.case.harness in CLI_CHECKS_TOOL_ARGS:
+    if w.case.checks_tool_args or w.case.harness in CLI_CHECKS_TOOL_ARGS:
         # the CLI refused every call itself, so none reached corral to be named
         assert "never gave one" in message, rec["error"]
         return
     assert "answer" in message and "integer" in message, rec["error"]
     offered = sum(1 for req in w.server.model_requests if req.tools)
     assert offered <= 4, offered  # three answers, at most one more turn
+
+
+async def check_output_retries_survive_a_takeover(w: HarnessWorld) -> None:
+    """The bounded retries are the run's, not one driving process's: the driver is
+    SIGKILLed after the agent's first invalid answer was refused, ``corral attach`` takes
+    the run over, and the agent gets the tries that were left (``1 try left``, then none),
+    not fresh ones; the run ends ``failed`` after three invalid answers in all. For the
+    harnesses whose results reach corral through ``submit_result`` (not Claude Code's or
+    Codex's native output, not gemini-cli, which checks a call's arguments itself)."""
+    held, release = threading.Event(), threading.Event()
+
+    def script(req: ModelRequest) -> Reply:
+        results = req.tool_results
+        if results and any(a in results[-1] for a in GIVE_UP):
+            return Text("I cannot give a valid result.")
+        if len(results) == 1:  # the first answer was refused: hold until the takeover
+            held.set()
+            if not release.wait(120):
+                return Text("the test never released the model")
+        return structured_answer(w, req, INVALID)
+
+    w.script(script)
+    schema = w.scratch / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    proc = w.popen(*w.run_args("so4", "--output-schema", str(schema)),
+                   "Which city, and what is the answer?")
+    attach: subprocess.Popen[str] | None = None
+    try:
+        await anyio.to_thread.run_sync(lambda: held.wait(w.case.deadline))
+        assert held.is_set(), "the model call after the first refused result never came"
+        before = w.record("so4")
+        assert before["output_tries"]["invalid"] == 1, before.get("output_tries")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        attach = w.popen("attach", "so4", "--json")
+
+        def taken_over() -> bool:
+            rec = w.record("so4")
+            return rec["driver_epoch"] > before["driver_epoch"] and \
+                rec.get("claim_owner") is not None
+
+        await wait_until_async(taken_over, "corral attach to take the run over",
+                               timeout=60, interval=0.05)
+        release.set()  # the successor serves submit_result now
+        await anyio.to_thread.run_sync(lambda: attach.wait(w.case.deadline))
+    finally:
+        release.set()
+        for p in (proc, attach):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert attach is not None and attach.returncode != 0
+    rec = w.record("so4")
+    assert rec["status"] == "failed" and rec["error"]["code"] == "output_invalid", rec
+    assert rec["output_tries"]["invalid"] == 3, rec["output_tries"]
+    # the whole conversation's tool results, in order (the last request carries them all)
+    last = max(w.server.model_requests, key=lambda req: len(req.tool_results))
+    told = [r for r in last.tool_results if "match the schema" in r]
+    said = [next((m for m in ("2 tries left", "1 try left", "No tries are left") if m in r),
+                 r[:200]) for r in told]
+    assert said == ["2 tries left", "1 try left", "No tries are left"], told
 
 
 OUTPUT_KIT: Kit[HarnessWorld] = Kit(

@@ -41,6 +41,8 @@ from corral.providers import get_provider
 from corral.runs._launch import with_prompt
 from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
+from corral.sandbox._contracts import DEFAULT_PROVIDER
+from corral.policy._policy import Policy, Verdict
 from corral.stores import open_store
 from corral.stores._protocols import Store
 from corral.testing._kit import Factory, opened
@@ -101,17 +103,26 @@ class HarnessCase:
     comparison of a killed run with an uninterrupted one does not know of); ``""`` leaves
     the event out of that comparison (a notification the CLI sends on its own schedule,
     which may or may not come before the run ends)."""
+    checks_tool_args: bool = False
+    """The CLI checks a tool call's arguments against the tool's input schema itself and
+    answers the model with its own error (gemini, also over ACP): an invalid structured
+    result never reaches corral (``--harness gemini-cli`` is known to without it)."""
     provider: str = "bubblewrap"
     """The sandbox provider (``--provider``); the checks are verified with bubblewrap."""
     agents_dir: str | None = None
     """``$CORRAL_AGENTS_DIR`` where the CLI is installed (``None``: the environment's)."""
     deadline: float = 150.0
     """Seconds one agent run may take in a check."""
+    extra_ask: tuple[str, ...] = ()
+    """Ask rules added to the policy of every run of every check (runs without a policy
+    get ``default = "allow"`` with them): a pattern no command of the checks matches puts
+    a harness that enforces ask rules another way through every check in that mode
+    (``opencode``, which then runs as ``opencode acp``)."""
 
     def corral_run_args(self) -> list[str]:
         if self.run_args is not None:
             return list(self.run_args)
-        out: list[str] = [] if self.provider == "bubblewrap" else ["--provider", self.provider]
+        out: list[str] = [] if self.provider == DEFAULT_PROVIDER else ["--provider", self.provider]
         for key, flag in (("model", "--model"), ("agent", "--agent")):
             if self.options.get(key) is not None:
                 out += [flag, str(self.options[key])]
@@ -185,6 +196,8 @@ class HarnessWorld:
         A ``--workspace`` of :meth:`workspace` with a ``corral.toml`` also gets ``--config``
         (the kit trusts its own file: a repository's may only make the policy stricter)."""
         config: list[str] = []
+        if self.case.extra_ask and "--workspace" not in extra:
+            extra = (*extra, "--workspace", str(self.workspace(f"ask-{run_id}")))
         if "--workspace" in extra:
             toml = Path(extra[extra.index("--workspace") + 1]) / "corral.toml"
             if toml.is_file() and toml.parent.parent == self.scratch:
@@ -205,9 +218,28 @@ class HarnessWorld:
         ws.mkdir(parents=True)
         for rel, text in (files or {}).items():
             (ws / rel).write_text(text)
+        toml = self.with_extra_ask(toml)
         if toml is not None:
             (ws / "corral.toml").write_text(f'id = "{name}"\n{toml}')
         return ws
+
+    def with_extra_ask(self, toml: str | None) -> str | None:
+        """``toml`` (a ``corral.toml`` body) with the case's :attr:`~HarnessCase.extra_ask`
+        rules in its policy (a policy that has ask rules of its own is kept as it is)."""
+        ask = self.case.extra_ask
+        if not ask:
+            return toml
+        rules = f"ask = {json.dumps(list(ask))}\n"
+        if toml is None or "[policy]" not in toml:
+            return (toml or "") + f'\n[policy]\ndefault = "allow"\n{rules}'
+        if re.search(r"(?m)^ask\s*=", toml):
+            return toml
+        return toml.replace("[policy]\n", f"[policy]\n{rules}", 1)
+
+    def policy(self, default: Verdict = "allow") -> Policy:
+        """A :class:`~corral.policy._policy.Policy` with ``default`` and the case's
+        :attr:`~HarnessCase.extra_ask` rules (for checks that build a sandbox)."""
+        return Policy(default=default, ask=self.case.extra_ask)
 
     # ------------------------------------------------------------ what was recorded
 

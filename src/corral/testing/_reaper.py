@@ -56,7 +56,7 @@ from corral.runs import (
     sandbox_reclaimer,
 )
 from corral.runs._pipe import LogBatch, Produced
-from corral.runs._reaping import journal_drive, journal_stop
+from corral.runs._reap_runner import journal_drive, journal_stop
 from corral.sandbox._contracts import SandboxRef
 from corral.stores._protocols import InstanceRecord, LoggedEvent, NewRun, Store
 from corral.stores._records import RunPatch, RunRecord, RunStatus

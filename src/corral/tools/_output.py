@@ -8,8 +8,9 @@ checks the schema when the run is defined (a bad schema is one line, never a tra
 Where the agent CLI has no native structured output, the run's MCP server ``corral``
 offers :class:`SubmitResultTool` (``submit_result``): the agent calls it with the result
 as its arguments; a result that does not match is answered with the validation error, so
-the agent can try again, at most :data:`DEFAULT_OUTPUT_RETRIES` more times
-(:class:`OutputState` counts them).
+the agent can try again, at most :data:`DEFAULT_OUTPUT_RETRIES` more times in the whole
+run (:class:`OutputState` counts them; the Runner keeps the count on the run record, so a
+driver that takes the run over continues it rather than starting again).
 
 jsonschema (~30 ms of imports) loads when a schema is checked: every agent run's start
 imports this module, and few runs have a schema.
@@ -143,8 +144,9 @@ def _short(text: str) -> str:
 
 @dataclass(slots=True)
 class OutputState:
-    """A run's structured result as this driver saw it: the accepted value, the answers
-    that did not match (bounded by ``retries``) and the last validation error."""
+    """A run's structured result: the value accepted by this driver, the answers that did
+    not match (bounded by ``retries``; ``invalid`` starts at the count the run's earlier
+    drivers stored, so a takeover continues it) and the last validation error."""
 
     schema: dict[str, Any]
     retries: int = DEFAULT_OUTPUT_RETRIES
@@ -155,6 +157,17 @@ class OutputState:
         default=None, repr=False)
     """Called with each accepted result before the agent hears it was accepted (the
     Runner stores it on the run record)."""
+    on_invalid: Callable[[int, str], Awaitable[object]] | None = field(
+        default=None, repr=False)
+    """Called with the new count and the error of each result that did not match, before
+    the agent hears of it (the Runner stores both on the run record)."""
+
+    async def reject(self, error: str) -> None:
+        """Count one result that did not match (``error``: why)."""
+        self.invalid += 1
+        self.last_error = error
+        if self.on_invalid is not None:
+            await self.on_invalid(self.invalid, error)
 
     @property
     def exhausted(self) -> bool:
@@ -166,8 +179,7 @@ class OutputState:
         the validation error."""
         error = output_error(self.schema, value)
         if error is not None:
-            self.invalid += 1
-            self.last_error = error
+            await self.reject(error)
             return error
         assert isinstance(value, Mapping)
         accepted = dict(value)

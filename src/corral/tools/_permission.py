@@ -5,7 +5,7 @@ when a run has a sandbox policy and the host tools are wired: every tool use its
 rules do not settle (Bash always; write tools when ``file_write`` is ``ask``) is sent
 here as ``{"tool_name", "input", "tool_use_id"}`` and decided live by the policy:
 
-* ``Bash``: :meth:`corral.sandbox._policy.Policy.evaluate` on ``input.command``;
+* ``Bash``: :meth:`corral.policy._policy.Policy.evaluate` on ``input.command``;
 * ``Edit``/``Write``/``MultiEdit``/``NotebookEdit``: the policy's ``file_write``;
 * ``WebFetch``/``WebSearch``: the policy's ``network``; read-only tools: allowed;
   anything else: the policy's ``default``.
@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from corral._log import library_logger
-from corral.sandbox._policy import Decision, Policy
+from corral.policy._policy import Decision, Policy
 from corral.tools._core import ToolContext
 from corral.tools._remote import ApprovalGate
 

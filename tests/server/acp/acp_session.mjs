@@ -8,10 +8,14 @@
 //    disconnectOn: text | null,     // close the connection once agent text contains it
 //    until: text | null,            // after a load: wait until agent text contains it
 //    then: text | null,             // after that, one more prompt
-//    permission: "allow" | "deny"}  // the editor's answer to permission requests
-// Prints one JSON line per thing seen: {kind: "session"|"update"|"permission"|"stop"|
-// "closed", ...}.
+//    permission: "allow" | "deny",  // the editor's answer to permission requests
+//    fsWrite: true | undefined,     // advertise fs.writeTextFile and write what comes
+//    beforeThen: [{path, content} | {path, symlink}]}  // the user's own changes before
+//                                   // `then`: a file written, a symlink made
+// Prints one JSON line per thing seen: {kind: "session"|"update"|"permission"|"write"|
+// "stop"|"closed", ...}.
 import { spawn } from "node:child_process";
+import { symlinkSync, writeFileSync } from "node:fs";
 import { Readable, Writable } from "node:stream";
 import * as acp from "@agentclientprotocol/sdk";
 
@@ -44,12 +48,19 @@ const app = acp.client({ name: "corral-acp-test" })
     const want = plan.permission === "deny" ? "reject_once" : "allow_once";
     const option = ctx.params.options.find((o) => o.kind === want);
     return { outcome: { outcome: "selected", optionId: option.optionId } };
+  })
+  .onRequest(acp.methods.client.fs.writeTextFile, (ctx) => {
+    // what an editor does with it: the file (its buffer, saved) gets the content
+    out({ kind: "write", path: ctx.params.path, content: ctx.params.content });
+    writeFileSync(ctx.params.path, ctx.params.content);
+    return {};
   });
 
 const closed = await app.connectWith(stream, async (cx) => {
   const init = await cx.request(acp.methods.agent.initialize, {
     protocolVersion: acp.PROTOCOL_VERSION,
-    clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+    clientCapabilities: { fs: { readTextFile: false, writeTextFile: !!plan.fsWrite },
+                          terminal: false },
   });
   out({ kind: "initialized", init });
   let sessionId = plan.load;
@@ -80,6 +91,10 @@ const closed = await app.connectWith(stream, async (cx) => {
     await turn;
   }
   if (plan.until) await sawText(plan.until);
+  for (const change of plan.beforeThen || []) {
+    if (change.symlink) symlinkSync(change.symlink, change.path);
+    else writeFileSync(change.path, change.content);
+  }
   if (plan.then) await prompt(plan.then);
   return "done";
 });
