@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import types
+import warnings
 
 TYPE_CHECKING = False  # see the module docstring
 if TYPE_CHECKING:
@@ -191,8 +192,6 @@ def _source(filename: object) -> str | None:
 
 
 def _moved(package: str, name: str, home: str) -> Any:
-    import warnings  # loaded at interpreter start-up; only a deprecated name needs it
-
     warnings.warn(f"{package}.{name} moved to {home}.{name}; import it from there (the old "
                   "name will go away)", DeprecationWarning, stacklevel=3)
     return getattr(importlib.import_module(home), name)

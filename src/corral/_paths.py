@@ -30,7 +30,7 @@ def home_label(home: Path | None = None) -> str:
     """A label naming a ``$CORRAL_HOME`` (a digest of its resolved path): sandboxes made
     with no store (``corral exec --keep``) carry it as ``corral.home``, so that ``corral
     sandboxes`` can tell this home's from another's on a shared Docker daemon."""
-    import hashlib
+    import hashlib  # start-up cost: it loads OpenSSL, which `corral --version` and `ls` skip
 
     path = str((home or home_path()).expanduser().resolve())
     return hashlib.sha256(path.encode()).hexdigest()[:16]

@@ -10,7 +10,7 @@ __all__ = ["did_you_mean"]
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """``" (did you mean 'docker'?)"`` for the choice closest to ``word``, or ``""`` when no
     choice is close (or ``word`` is not a string). Meant to follow the quoted wrong name."""
-    import difflib  # only on the error path: it is not needed to start
+    import difflib  # start-up cost (~0.6 ms of a takeover's imports): the error path only
 
     if not isinstance(word, str) or not word:
         return ""

@@ -29,6 +29,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import json
 import os
 import secrets
 import stat
@@ -44,6 +45,7 @@ from corral._telemetry import carrier
 from corral._errors import AgentNotInstalled, ConfigError, CorralError, PrerequisiteMissing
 from corral._insandbox import acp_client as acp_client
 from corral._insandbox import command_gate as command_gate
+from corral.harness._acp_agents import ACP_AGENTS
 from corral.harness._base import AgentCommand, AgentRequest
 from corral.harness._registry import build_harness
 from corral.harness._cli_base import CliHarness, CliOptions
@@ -76,6 +78,7 @@ from corral.sandbox._contracts import Described, Handle, HostCommand, SandboxIds
 from corral.sandbox._redact import Redactor
 from corral.stores._protocols import SessionStore
 from corral.tools._names import MCP_PATH
+from corral.tools._output import submit_instructions
 from corral.tools._projection import host_tools_projection
 
 if TYPE_CHECKING:  # the MCP SDK loads only for runs given host tools
@@ -385,8 +388,6 @@ def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
 
 async def _session_from_journal(harness: CliHarness, paths: JournalPaths, nonce: str | None
                                 ) -> str | None:
-    import json
-
     found: str | None = None
     reader = read_journal(paths, nonce=nonce, follow=False)
     try:
@@ -564,8 +565,6 @@ async def prepare_agent(
             raise ConfigError(f"the {harness.name} harness gives a structured result through "
                               "the host tool submit_result: prepare the agent with "
                               "host_tools=True (the Runner does)")
-        from corral.tools._output import submit_instructions
-
         request = dataclasses.replace(request, prompt=(request.prompt or "")
                                       + submit_instructions())
     command = harness.build_command(request)
@@ -585,8 +584,6 @@ def harness_unavailable(name: str) -> PrerequisiteMissing | None:
     """Why a run of harness ``name`` with its defaults could not start on this host (its
     agent CLI is not installed, its model key is not set), or ``None`` when it can. The
     ``command`` harness always can; ``acp`` can when any of its agents can."""
-    from corral.harness._acp_agents import ACP_AGENTS
-
     configs: list[dict[str, Any]] = (
         [{"agent": agent} for agent in sorted(ACP_AGENTS)] if name == "acp" else [{}])
     first: PrerequisiteMissing | None = None

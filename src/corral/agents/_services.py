@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from corral._telemetry import configure_from_env, context_of
 from corral._errors import CorralError
 from corral.journal._layout import JournalPaths
@@ -145,8 +147,6 @@ def start_services(job: dict[str, Any], private_dir: Path, token: str, *,
 
 
 async def _serve(job: dict[str, Any], ready_fd: int) -> None:
-    import anyio
-
 
     up = job["upstream"]
     paths = up.get("allowed_paths")
@@ -219,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads(fh.read())
     if os.fork() > 0:
         os._exit(0)  # the launcher reaps the intermediate; the daemon is orphaned
-    import anyio
-
     try:
         anyio.run(_serve, job, ready_fd)
     except BaseException as exc:  # noqa: BLE001 - last words go to the services log

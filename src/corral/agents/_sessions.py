@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from corral._errors import CorralError
+from corral._insandbox import sqlite_redact
 from corral._log import library_logger
 from corral._paths import home_path
 from corral.harness._cli_base import SANDBOX_PYTHON
@@ -178,8 +179,6 @@ async def _walk(handle: Handle, top: str, out: list[tuple[str, int]], limit: int
 async def _redact_databases(handle: Handle, tops: list[str], redactor: Redactor) -> None:
     """Redact the SQLite databases under ``tops`` in the sandbox (see the module
     docstring); problems are logged, never raised: the byte pass comes next anyway."""
-    from corral._insandbox import sqlite_redact
-
     source = Path(sqlite_redact.__file__).read_text()
     request = json.dumps({"dirs": tops, "table": redactor.table()}).encode()
     try:

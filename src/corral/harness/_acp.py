@@ -70,6 +70,7 @@ from corral.harness._config import HarnessConfig
 from corral.harness._cli_base import (
     CliConfig,
     CliHarness,
+    NO_RESULT,
     CliOptions,
     JsonlTranslator,
     PolicyLike,
@@ -541,8 +542,6 @@ class AcpTranslator(JsonlTranslator):
         return out
 
     def close_tools(self) -> list[BaseEvent]:
-        from corral.harness._cli_base import NO_RESULT
-
         out: list[BaseEvent] = []
         for call in list(self.open_tools):
             out += self._result(call, NO_RESULT)

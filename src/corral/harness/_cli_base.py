@@ -63,6 +63,7 @@ from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, p
 from corral._insandbox import command_gate as command_gate
 from corral._insandbox import entry as sandbox_entry
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelApi
+from corral.tools._output import check_output_schema
 from corral.journal._reader import Exit, JournalItem, Line
 from corral.sandbox._contracts import signal_name
 from corral.policy._policy import Policy
@@ -430,8 +431,6 @@ class CliHarness:
     def use_output_schema(self, schema: Mapping[str, Any]) -> None:
         """Ask the CLI for a result matching ``schema`` (checked with
         :func:`corral.tools._output.check_output_schema`)."""
-        from corral.tools._output import check_output_schema
-
         self.output_schema = check_output_schema(schema)
 
     # -- for subclasses

@@ -308,6 +308,7 @@ class OpencodeHarness(CliHarness):
         if at_offset is not None:
             raise ConfigError("the opencode translator resumes by replay, not by offset")
         if self.acp is not None:
+            # start-up cost (~6 ms of an opencode run's start): only `opencode acp` needs it
             from corral.harness._acp import OpencodeAcpTranslator
 
             return OpencodeAcpTranslator(ctx, agent="opencode")

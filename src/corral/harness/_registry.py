@@ -30,6 +30,7 @@ knows nothing of run records.
 
 from __future__ import annotations
 
+import importlib.metadata as metadata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -128,8 +129,6 @@ def _config_model(name: str, factory: object,
 
 
 def _version_of(package: str) -> str | None:
-    import importlib.metadata as metadata  # only for register_harness
-
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

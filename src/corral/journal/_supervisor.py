@@ -36,6 +36,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -373,7 +374,7 @@ async def kill_supervised_async(
     paths: JournalPaths, *, grace: float = 5.0, include_supervisor: bool = False
 ) -> bool:
     """:func:`kill_supervised` in a worker thread."""
-    import anyio.to_thread
+    import anyio.to_thread  # lazy, as in launch_supervised_async
 
     return await anyio.to_thread.run_sync(
         lambda: kill_supervised(paths, grace=grace, include_supervisor=include_supervisor)
@@ -662,8 +663,6 @@ class StreamRedactor:
     """
 
     def __init__(self, table: dict[str, str]) -> None:
-        import re
-
         ordered = sorted(table, key=len, reverse=True)
         self._names = {v.encode(): n for v, n in table.items()}
         self._re = re.compile(b"|".join(re.escape(v.encode()) for v in ordered))

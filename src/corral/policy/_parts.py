@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -140,8 +141,6 @@ class Part:
     @property
     def text(self) -> str:
         """A readable rendering for explanations."""
-        import shlex
-
         words = [w.text if w.dynamic else shlex.quote(w.text) for w in self.argv]
         if self.open_tail:
             words.append("…")

@@ -23,6 +23,7 @@ a matcher can treat them as "could be anything" when looking for a denied comman
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from corral._errors import CorralError
@@ -140,8 +141,6 @@ class SimpleCommand:
 
     def render(self) -> str:
         """A readable, shell-quoted rendering for explanations."""
-        import shlex
-
         parts = [f"{name}={shlex.quote(w.text)}" for name, w in self.assignments]
         parts += [w.text if w.dynamic else shlex.quote(w.text) for w in self.argv]
         return " ".join(parts)

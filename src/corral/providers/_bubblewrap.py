@@ -80,6 +80,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -981,8 +982,6 @@ def _kill_sandbox(state: SandboxState) -> None:
             for p in [*procscan.descendants(pid), pid]:
                 with contextlib.suppress(OSError):
                     os.kill(p, signal.SIGKILL)
-        import time
-
         time.sleep(0.01)
 
 

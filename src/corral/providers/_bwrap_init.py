@@ -65,6 +65,8 @@ from pathlib import Path
 from typing import Literal
 from collections.abc import Callable
 
+from corral._paths import SHARED_ROOT, corral_home
+
 __all__ = ["C_SOURCE", "INSIDE_PATH", "LAUNCH_SOURCE", "PERL_INIT", "InitProgram", "cache_dir", "find_init"]
 
 INSIDE_PATH = "/run/corral-init"
@@ -316,8 +318,6 @@ class InitProgram:
 def cache_dir() -> Path:
     """Where the compiled init is kept: corral's shared root when running as root (the
     sandboxes' host uid must reach it), else ``$CORRAL_HOME/init``."""
-    from corral._paths import SHARED_ROOT, corral_home
-
     return SHARED_ROOT / "init" if os.geteuid() == 0 else corral_home() / "init"
 
 

@@ -683,7 +683,7 @@ class DockerProvider:
     def container_config(self, sandbox_id: str, spec: SandboxSpec,
                          image: str | None = None) -> dict[str, Any]:
         """The create call's arguments (what ``docker inspect`` will show: no secret)."""
-        from docker.types import Mount
+        from docker.types import Mount  # the SDK, an optional extra: see _docker_client
 
         lim = self._limits_for(spec)
         for key, value in spec.env.items():
@@ -745,6 +745,7 @@ class DockerProvider:
 
     def snapshotter(self, *, redactor: Redactor | None = None) -> DockerSnapshots:
         """Snapshots are committed images without secrets (:mod:`._docker_snapshots`)."""
+        # made on request: that module imports this one (its handle, the areas)
         from corral.providers._docker_snapshots import DockerSnapshots
 
         return DockerSnapshots(self, redactor=redactor)

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from corral._errors import PrerequisiteMissing
+from corral._version import __version__
 
 __all__ = ["BASE_IMAGE", "DockerUnavailable", "connect", "daemon_is_local", "docker_errors",
            "unavailable"]
@@ -18,13 +19,7 @@ LABEL = "corral"
 """Every container and volume corral makes carries ``corral=1``."""
 
 
-def _base_image() -> str:
-    from corral._version import __version__
-
-    return f"corral-base:{__version__}"
-
-
-BASE_IMAGE = _base_image()
+BASE_IMAGE = f"corral-base:{__version__}"
 """corral's own image (``corral images build`` makes it)."""
 
 

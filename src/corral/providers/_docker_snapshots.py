@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from corral.providers._docker import AREAS_SNAPSHOT, DockerHandle
 from corral.providers._docker_client import LABEL, docker_errors
 from corral.providers._snapshots import SecretInSnapshotError
 from corral.sandbox._contracts import Handle, SandboxSpec, SnapshotRef, UnsupportedCapability
@@ -63,8 +64,6 @@ class DockerSnapshots:
             tail = window[-longest:]
 
     async def snapshot(self, handle: Handle, label: str = "") -> SnapshotRef:
-        from corral.providers._docker import AREAS_SNAPSHOT, DockerHandle
-
         if not isinstance(handle, DockerHandle):
             raise UnsupportedCapability("docker", "snapshots", "not a docker sandbox")
         snap_id = "snap-" + secrets.token_hex(8)

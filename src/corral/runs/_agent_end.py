@@ -21,6 +21,7 @@ from corral.sandbox._contracts import Handle, Provider
 from corral.sandbox._redact import Redactor
 from corral.stores._protocols import Store
 from corral.stores._records import RunPatch, RunRecord
+from corral.tools._projection import TOKEN_ENV, run_tools_token
 
 __all__ = ["finish_agent"]
 
@@ -41,9 +42,10 @@ async def finish_agent(store: Store, record: RunRecord, site: AgentSite | None, 
         return
     if not isinstance(harness, NeedsAgentRuntime):
         return
-    # Imported here for start-up cost (``corral attach`` of a command run): the agent-CLI
-    # stack (sessions, model proxy, httpx) is only for agent-CLI runs.
+    # Imported here, not at the top, so that the end of a command run (``corral attach``
+    # drives one to its end) never loads the agent-CLI stack (sessions, model proxy, httpx).
     from corral.agents._prepare import finish_agent_run
+    from corral.agents._services import PROXY_TOKEN_NAME, run_proxy_token
     from corral.harness._cli_base import CliHarness
 
     if not isinstance(harness, CliHarness):
@@ -63,9 +65,6 @@ async def finish_agent(store: Store, record: RunRecord, site: AgentSite | None, 
     resumed, own = info.get("resumed_session"), info.get("own_net_dir")
     # The run's tokens (derived again, stored nowhere) are its secrets too: the agent may
     # have printed its environment into the session.
-    from corral.agents._services import PROXY_TOKEN_NAME, run_proxy_token
-    from corral.tools._projection import TOKEN_ENV, run_tools_token
-
     redactor = redactor if redactor is not None else Redactor()
     redactor.add(PROXY_TOKEN_NAME, await run_proxy_token(store, record.run_id))
     if info.get("tools_socket"):

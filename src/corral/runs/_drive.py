@@ -23,7 +23,7 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
 from corral.runs._site import AgentSite
-from corral.runs._specview import harness_for_record, spec_view
+from corral.runs._spec import harness_for_record, run_spec_of
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover
 from corral.sandbox._contracts import Provider
 from corral.sandbox._secrets import Secrets
@@ -132,10 +132,11 @@ class ClaimedDrive:
 
         logged = LoggedOffset(tail.last_journal_offset or 0)
         redactor = secrets.redactor() if secrets is not None else None
-        schema = spec_view(record).output_schema
+        schema = run_spec_of(record).output_schema
         output: OutputState | None = None
         if schema is not None:
-            from corral.runs._output_end import output_state  # only runs with a schema
+            # only a run with a schema loads the validator (pydantic, jsonschema)
+            from corral.runs._output_end import output_state, settle_output
 
             output = await output_state(store, record, schema,
                                         redactor.redact_obj if redactor is not None else None,
@@ -174,8 +175,6 @@ class ClaimedDrive:
                 before_exit=before_exit, on_journal_error=on_journal_error,
                 checkpoint=self.checkpoint, logged=logged)
             if output is not None:
-                from corral.runs._output_end import settle_output
-
                 produced = settle_output(produced, store, record, output,
                                          redactor.redact_obj if redactor else None)
             result = await pipe_to_run_log(

@@ -12,7 +12,7 @@ from corral._log import library_logger
 from corral.journal._layout import JournalPaths
 from corral.runs._file_feed import FileFeed, load_manifest
 from corral.runs._host_tools import append_aside
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import HostPaths, Provider
 from corral.sandbox._secrets import Secrets
 from corral.stores._protocols import EventLog
@@ -31,7 +31,7 @@ async def file_feed(store: EventLog, record: RunRecord, paths: JournalPaths, epo
     """The run's file feed when its sandbox definition asked for file events (``None``
     otherwise, or when this driver cannot have it). Its events go to ``emit``, by default
     into the run's log under claim ``epoch``."""
-    spec = spec_view(record)
+    spec = run_spec_of(record)
     files = spec.files
     ref = record.sandbox_ref or {}
     if files is None or not isinstance(ref.get("id"), str):

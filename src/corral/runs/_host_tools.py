@@ -11,7 +11,7 @@ import anyio.abc
 
 from corral._errors import CorralError
 from corral._log import library_logger
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
 from corral.stores._protocols import EventLog, Store
 from corral.stores._records import RunRecord
 
@@ -47,7 +47,7 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     answer); their events go into the run's log under ``epoch``. ``redactor`` (the run's
     secrets) is applied to both: a call's arguments are the agent's, and may carry a
     secret's value."""
-    spec = spec_view(record)
+    spec = run_spec_of(record)
     socket_path = (spec.agent or {}).get("tools_socket")
     if not isinstance(socket_path, str):
         return
@@ -70,6 +70,8 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     from corral.tools._mcp_server import HostToolServer
     from ag_ui.core import CustomEvent
 
+    from corral.tools._frontend import frontend_tools
+    from corral.tools._output import SUBMIT_TOOL, SubmitResultTool
     from corral.tools._permission import POLICY_DENIED_EVENT, PermissionPromptTool
     from corral.tools._projection import run_tools_token
 
@@ -95,15 +97,11 @@ async def serve_tools(tg: anyio.abc.TaskGroup, store: Store, record: RunRecord,
     if prompt and spec.policy is not None:
         tools = Toolset([*tools, PermissionPromptTool(Policy(**spec.policy), gate, denied)])
     if spec.frontend_tools:
-        from corral.tools._frontend import frontend_tools
-
         # the endpoint refused names that shadow corral's own; a tool added to the
         # application since is kept and the client's of that name is not offered
         tools = Toolset([*tools, *(t for t in frontend_tools(spec.frontend_tools, gate)
                                    if t.name not in tools)])
     if output is not None:
-        from corral.tools._output import SUBMIT_TOOL, SubmitResultTool
-
         # corral's own: an application tool of that name is not offered
         tools = Toolset([*(t for t in tools if t.name != SUBMIT_TOOL),
                          SubmitResultTool(output)])

@@ -23,6 +23,7 @@ from corral.harness._base import RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
 from corral.journal._layout import JournalPaths
+from corral.journal._prune import delete_journal
 from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
 from corral.runs._plan import StartPlan
@@ -67,8 +68,6 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         # a journal of an earlier run with this id, deleted from the store since (corral
         # threads rm --runs on this host deletes it too; another host's is left): this run
         # must not read it as its own
-        from corral.journal._prune import delete_journal
-
         failed = delete_journal(paths)
         if failed:
             raise RunStartError(f"a stale journal of an earlier run {run_id!r} is in the "
@@ -95,7 +94,7 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
     if sandbox.file_events:
         # before the agent starts: what its changes are measured against
         files = await file_baseline(handle, paths, diff=sandbox.file_events == "diff")
-        plan.spec = plan.spec.model_copy(update={"files": files})
+        plan.spec = replace(plan.spec, files=files)
         await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     plan.site = site = plan.placement.started(handle, run_id, paths, nonce, lambda _: provider)
     pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class ProviderCache:
 
     def for_record(self, record: RunRecord) -> Callable[[str], Provider]:
         """Provider by name, built with the configuration the run's definition recorded."""
-        sandbox = spec_view(record).sandbox or {}
+        sandbox = run_spec_of(record).sandbox or {}
         entry = sandbox.get("provider")
 
         def provider_for(name: str) -> Provider:

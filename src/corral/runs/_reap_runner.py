@@ -32,6 +32,7 @@ from corral.journal._prune import (
     PruneResult,
     prune_journal_dir,
 )
+from corral.runs._output_end import output_state, settle_output
 from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, Produced
 from corral.runs._produce import (
@@ -53,7 +54,7 @@ from corral.runs._reap_sweep import (
     ReapStore,
     reap_detached_runs,
 )
-from corral.runs._specview import check_harness, harness_for_record, spec_view
+from corral.runs._spec import check_harness, harness_for_record, run_spec_of
 from corral.runs._reclaim import (
     DEFAULT_DESTROY_TIMEOUT,
     ReclaimOutcome,
@@ -176,11 +177,9 @@ def journal_drive(
             redactor=redactor,
             follow=True, before_exit=before_exit, on_journal_error=on_journal_error,
             checkpoint=checkpoint)
-        schema = spec_view(record).output_schema
+        schema = run_spec_of(record).output_schema
         if schema is not None:
             # the result the agent gave (stored on the record), or the run fails
-            from corral.runs._output_end import output_state, settle_output
-
             redact = redactor.redact_obj if redactor is not None else None
             state = await output_state(store, record, schema, redact, epoch=epoch)
             batches = settle_output(batches, store, record, state, redact)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from corral._log import library_logger
 from corral._telemetry import span
 from corral._errors import ConfigError
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
 from corral.sandbox._contracts import Provider
 from corral.stores._protocols import Store
 from corral.stores._records import RunRecord
@@ -26,7 +26,7 @@ log = library_logger("corral.runs._runner")
 def definition_of(record: RunRecord) -> Sandbox | None:
     """Rebuild the run's sandbox definition from its record (secrets are read again from
     this host's environment; without them the definition is used secret-less)."""
-    data = spec_view(record).sandbox
+    data = run_spec_of(record).sandbox
     if data is None:
         return None
     # Imported here for start-up cost: the sandbox machinery (ensure, bootstrap, policy) is

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral._errors import ConfigError, CorralError
+from corral.harness._registry import registration
+from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
-    # The spec model and the toolset load pydantic: a driver taking over a command run
-    # (``corral attach``) reads specs through corral.runs._specview instead.
-    from corral.runs._spec import RunSpec
+    # The toolset loads pydantic: a driver taking over a command run (``corral attach``)
+    # never builds one.
     from corral.tools._core import Toolset
 
     # Imported where used for start-up cost: the sandbox definition loads the sandbox
@@ -183,8 +184,6 @@ class RunRequest:
 
     def spec(self, sandbox: Sandbox) -> RunSpec:
         """The run spec recorded for this request run in ``sandbox``."""
-        from corral.harness._registry import registration
-        from corral.runs._spec import RunSpec
         from corral.policy._policy import Policy  # start-up cost: see the imports
 
         policy, prompt = None, False

@@ -29,6 +29,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,8 @@ from corral.runs._pipe import LogBatch, PipeResult, Produced
 from corral.runs._providers import ProviderCache
 from corral.runs._placement import site_of
 from corral.runs._produce import AgentNeverStarted, Checkpoint, continue_run
-from corral.runs._specview import check_harness, harness_for_record, spec_view
+from corral.runs._release import definition_of, release_sandbox
+from corral.runs._spec import check_harness, harness_for_record, run_spec_of
 from corral.runs._request import (
     DEFAULT_LEASE_TTL,
     DEFAULT_MAX_OUTPUT,
@@ -150,6 +152,7 @@ class Runner:
     def threads(self) -> Threads:
         """This runner's threads (#27): list, show, undo, fork, remove
         (:class:`~corral.Threads`)."""
+        # start-up cost: threads load the checkpoint and ensure machinery, no driver's
         from corral.runs._threads import Threads
 
         return Threads(self)
@@ -195,13 +198,11 @@ class Runner:
         known = self._run_secrets.get(record.run_id)
         if known is not None:
             return known
-        recorded = spec_view(record).sandbox
+        recorded = run_spec_of(record).sandbox
         if recorded is None or not recorded.get("secrets"):
             # No secrets recorded, so none to find: rebuilding the definition (it loads the
             # provider registry) would only delay a takeover (``corral attach``).
             return None
-        from corral.runs._release import definition_of
-
         sandbox = definition_of(record)
         if sandbox is None or not len(sandbox.secrets):
             return None
@@ -251,12 +252,12 @@ class Runner:
 
     async def _start(self, plan: StartPlan, request: RunRequest, run_id: str,
                      thread_id: str) -> RunRecord:
-        from corral.runs._launch import fail_start, launch_run
+        from corral.runs._launch import fail_start, launch_run  # start-up cost, as _plan
 
         sandbox = plan.sandbox
         trace = carrier()  # this start's span: drivers on any host continue its trace
         if trace:
-            plan.spec = plan.spec.model_copy(update={"trace": trace})
+            plan.spec = replace(plan.spec, trace=trace)
         if len(sandbox.secrets):
             self._run_secrets[run_id] = sandbox.secrets
         if plan.tools is not None:
@@ -304,7 +305,7 @@ class Runner:
         return await self._require(run_id)
 
     async def _finish_agent(self, record: RunRecord) -> None:
-        # Imported when a run ends, not by a driver's start-up (``corral attach``).
+        # start-up cost: the price table and the tokens' derivation are for a run's end
         from corral.runs._agent_end import finish_agent
 
         await finish_agent(self.store, record, self._site(record),
@@ -322,6 +323,7 @@ class Runner:
 
     async def _checkpoint_turn(self, record: RunRecord, outcome: str) -> None:
         """The thread's checkpoint after this turn (#27), before the sandbox may go."""
+        # start-up cost: the checkpoint machinery is for a run's end, not a driver's start
         from corral.runs._thread_end import checkpoint_turn
 
         with anyio.CancelScope(shield=True):
@@ -491,8 +493,6 @@ class Runner:
         await self._checkpoint_turn(record, outcome)
         with anyio.CancelScope(shield=True), anyio.move_on_after(120):
             try:
-                from corral.runs._release import release_sandbox
-
                 await release_sandbox(self.store, record, outcome,
                                       provider_for=self._providers_of(record))
             except Exception as exc:  # noqa: BLE001
@@ -512,6 +512,7 @@ class Runner:
         finalize, expire, reclaim), then one prune
         of this runner's journal directory. Never raises for a run's failure."""
         journals = self.journals_dir
+        # start-up cost: the reaper (the output check, reclaim) is for a sweep, not a driver
         from corral.runs._reap_runner import reap_runner_runs
 
         result = await reap_runner_runs(

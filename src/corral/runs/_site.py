@@ -32,6 +32,7 @@ from corral._log import library_logger
 from corral.journal._layout import JournalPaths
 from corral.journal._exit_probe import ProbeResult
 from corral.journal._supervisor import AgentSpec
+from corral.runs._providers import ProviderCache
 from corral.sandbox._contracts import Handle, Provider, SandboxGoneError
 from corral.stores._records import RunRecord
 
@@ -172,8 +173,6 @@ class SiteBase:
     def provider(self, name: str) -> Provider:
         """The provider ``name`` as the run's record configured it."""
         if self.provider_for is None:
-            from corral.runs._providers import ProviderCache
-
             if self.record is None:
                 return ProviderCache().get(name)
             self.provider_for = ProviderCache().for_record(self.record)

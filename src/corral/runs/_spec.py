@@ -1,4 +1,5 @@
-"""The run spec: what a run's record carries so that any process can continue the run.
+"""The run spec: what a run's record carries so that any process can continue the run, and
+the run's harness rebuilt from it.
 
 A run's state passes from its starter to every successor (an attaching driver, a takeover,
 the reaper) through ``record.spec``. The store keeps it as a JSON object; this module gives
@@ -16,20 +17,29 @@ Versions:
 
 A later version is refused with a one-line :class:`~corral._errors.ConfigError` naming the
 versions this corral reads.
+
+:class:`RunSpec` is a frozen dataclass read by a plain-Python parser, not a pydantic model:
+every driver reads a spec, and a takeover by ``corral attach`` must not pay for loading
+pydantic (issue #17's start-up target). The parser takes, converts and refuses a stored
+value as the pydantic model it replaced did (``tests/runs/test_spec.py`` checks it against
+that model with hypothesis): each field's JSON type; a boolean also from ``0``/``1`` and
+the words pydantic reads (``"yes"``, ``"off"``, ...); no unknown field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final, Literal
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral._errors import ConfigError
-from corral.runs._specview import harness_for_record
+from corral.harness._registry import build_harness, registration
 from corral.stores._records import RunRecord
 
-__all__ = ["SPEC_VERSION", "RunSpec", "harness_for_record", "run_spec_of"]
+if TYPE_CHECKING:
+    from corral.harness._base import Harness
+
+__all__ = ["SPEC_VERSION", "RunSpec", "check_harness", "harness_for_record", "run_spec_of"]
 
 SPEC_VERSION: Final = 1
 """The run spec schema version this corral writes (and the newest it reads)."""
@@ -40,19 +50,18 @@ _V0_FIELDS: Final = frozenset(
 """The run's own fields in a v0 (flat) spec; every other key there is a harness option."""
 
 
-class RunSpec(BaseModel):
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
     """A run's spec (schema :data:`SPEC_VERSION`), as stored in ``record.spec``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     version: Literal[1] = 1
-    harness_options: dict[str, Any] = {}
+    harness_options: dict[str, Any] = field(default_factory=dict)
     """The harness options the run was started with (``RunRequest.options``)."""
     argv: list[str] | None = None
     """The command of a ``command``-harness run."""
     sandbox: dict[str, Any] | None = None
     """The sandbox definition (``Sandbox.to_dict()``; secret values never)."""
-    secret_names: list[str] = []
+    secret_names: list[str] = field(default_factory=list)
     """The names of the sandbox's secrets: a driver that cannot redact them all withholds
     file events."""
     policy: dict[str, Any] | None = None
@@ -95,12 +104,13 @@ class RunSpec(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored as ``record.spec`` (fields that are ``None`` left out:
-        a run without a policy has no ``policy``)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        a run without a policy has no ``policy``), its containers copies."""
+        return {f.name: _copy(value) for f in fields(self)
+                if (value := getattr(self, f.name)) is not None}
 
     def with_agent(self, **changes: Any) -> RunSpec:
         """This spec with ``changes`` merged into its ``agent`` mapping."""
-        return self.model_copy(update={"agent": {**(self.agent or {}), **changes}})
+        return replace(self, agent={**(self.agent or {}), **changes})
 
     @classmethod
     def parse(cls, data: Mapping[str, Any] | None, *, run_id: str = "?") -> RunSpec:
@@ -110,6 +120,9 @@ class RunSpec(BaseModel):
         spec."""
         if data is None:
             return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"run {run_id}: its spec is malformed: expected an object, "
+                              f"not {type(data).__name__}")
         version = data.get("version")
         if version is None or isinstance(version, str):
             return cls._from_v0(data, run_id)
@@ -121,25 +134,29 @@ class RunSpec(BaseModel):
                 f"run {run_id}: its spec has schema version {version}; this corral reads "
                 f"unversioned (v0) specs and versions 1 to {SPEC_VERSION}: drive the run "
                 "with a corral that knows its version")
-        return cls._validated(dict(data), run_id)
+        return cls._validated(data, run_id)
 
     @classmethod
     def _from_v0(cls, data: Mapping[str, Any], run_id: str) -> RunSpec:
-        fields = {k: v for k, v in data.items() if k in _V0_FIELDS}
+        fields_ = {k: v for k, v in data.items() if k in _V0_FIELDS}
         options = {k: v for k, v in data.items() if k not in _V0_FIELDS}
-        if fields.get("secret_names") is None:
-            fields.pop("secret_names", None)
-        return cls._validated({**fields, "harness_options": options}, run_id)
+        if fields_.get("secret_names") is None:
+            fields_.pop("secret_names", None)
+        return cls._validated({**fields_, "harness_options": options}, run_id)
 
     @classmethod
-    def _validated(cls, data: dict[str, Any], run_id: str) -> RunSpec:
+    def _validated(cls, data: Mapping[str, Any], run_id: str) -> RunSpec:
         try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            values = {name: read(data[name], (name,))
+                      for name, read in _READERS.items() if name in data}
+            for name in data:
+                if name not in _READERS:
+                    raise _Malformed((name,), "not a field of the spec")
+        except _Malformed as exc:
+            where = ".".join(str(p) for p in exc.where)
             raise ConfigError(f"run {run_id}: its spec is malformed at {where}: "
-                              f"{first['msg']}") from None
+                              f"{exc.what}") from None
+        return cls(**values)
 
 
 def run_spec_of(record: RunRecord) -> RunSpec:
@@ -147,3 +164,109 @@ def run_spec_of(record: RunRecord) -> RunSpec:
     return RunSpec.parse(record.spec, run_id=record.run_id)
 
 
+def harness_for_record(record: RunRecord) -> Harness:
+    """The harness a run was started with, rebuilt from its record (name and spec);
+    :class:`~corral.harness._registry.HarnessNotInstalled` (one line naming the package
+    the run recorded) where it is not installed."""
+    spec = run_spec_of(record)
+    return build_harness(record.harness or "command", spec.harness_config(),
+                         recorded=spec.harness_package)
+
+
+def check_harness(record: RunRecord) -> None:
+    """Raise :class:`~corral.harness._registry.HarnessNotInstalled` if the harness of
+    ``record`` is not installed in this process (the check a driver makes before it claims
+    the run: one that cannot translate its journal must leave it as it is)."""
+    registration(record.harness or "command", recorded=run_spec_of(record).harness_package)
+
+
+# --- the parser: a stored value read as the field's type -----------------------------
+
+class _Malformed(Exception):
+    def __init__(self, where: tuple[str | int, ...], what: str) -> None:
+        super().__init__(what)
+        self.where, self.what = where, what
+
+
+_Where = tuple[str | int, ...]
+_Reader = Callable[[Any, _Where], Any]
+_TRUE: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE: Final = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _copy(value: Any) -> Any:
+    """A JSON value with its containers copied (what is stored shares nothing)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _any(value: Any, where: _Where) -> Any:
+    return value
+
+
+def _str(value: Any, where: _Where) -> str:
+    if not isinstance(value, str):
+        raise _Malformed(where, "expected a string")
+    return value
+
+
+def _bool(value: Any, where: _Where) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise _Malformed(where, "expected a boolean")
+
+
+def _list(item: _Reader) -> _Reader:
+    def read(value: Any, where: _Where) -> list[Any]:
+        if not isinstance(value, (list, tuple)):
+            raise _Malformed(where, "expected a list")
+        return [item(v, (*where, i)) for i, v in enumerate(value)]
+    return read
+
+
+def _dict(item: _Reader) -> _Reader:
+    def read(value: Any, where: _Where) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise _Malformed(where, "expected an object")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _Malformed((*where, k, "[key]"), "expected a string")
+            out[k] = item(v, (*where, k))
+        return out
+    return read
+
+
+def _optional(inner: _Reader) -> _Reader:
+    return lambda value, where: None if value is None else inner(value, where)
+
+
+def _version(value: Any, where: _Where) -> int:
+    if type(value) is not int or value != SPEC_VERSION:  # parse() checked it already
+        raise _Malformed(where, f"expected {SPEC_VERSION}")
+    return value
+
+
+_object = _dict(_any)
+_READERS: Final[dict[str, _Reader]] = {  # RunSpec's fields, in its order
+    "version": _version,
+    "harness_options": _object,
+    "argv": _optional(_list(_str)),
+    "sandbox": _optional(_object),
+    "secret_names": _list(_str),
+    "policy": _optional(_object),
+    "permission_prompt": _bool,
+    "files": _optional(_object),
+    "trace": _optional(_dict(_str)),
+    "frontend_tools": _optional(_list(_object)),
+    "output_schema": _optional(_object),
+    "agent": _optional(_object),
+    "harness_package": _optional(_object),
+}

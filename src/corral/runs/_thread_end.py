@@ -19,9 +19,11 @@ import anyio
 from corral._errors import CorralError
 from corral._log import library_logger
 from corral.runs._release import definition_of
-from corral.runs._specview import spec_view
+from corral.runs._spec import run_spec_of
+from corral.sandbox._checkpoint import CheckpointTooLarge, checkpoint_workspace
 from corral.sandbox._contracts import Provider
 from corral.sandbox._redact import Redactor
+from corral.sandbox._threads import lineage, session_part
 from corral.stores._protocols import Store, StoreError
 from corral.stores._records import RunPatch, RunRecord
 
@@ -77,13 +79,10 @@ async def _bounded(store: Store, record: RunRecord, sandbox: Any,
 async def _checkpoint(store: Store, record: RunRecord, sandbox: Any,
                       provider_for: Callable[[str], Provider],
                       redactor: Redactor | None) -> dict[str, Any]:
-    from corral.sandbox._checkpoint import CheckpointTooLarge, checkpoint_workspace
-    from corral.sandbox._threads import lineage, session_part
-
     # A host that does not know every secret of the run cannot keep them out of the
     # checkpoint (as it saves no session): it takes none.
     known = {name for name, _ in redactor.items()} if redactor is not None else set()
-    unknown = sorted(set(spec_view(record).secret_names) - known)
+    unknown = sorted(set(run_spec_of(record).secret_names) - known)
     if unknown:
         return {"error": f"this host does not know the run's secret(s) "
                          f"{', '.join(unknown)}, so it cannot keep them out of a checkpoint"}

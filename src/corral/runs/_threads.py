@@ -19,9 +19,15 @@ import anyio
 from corral._errors import CorralError
 from corral._ids import check_id
 from corral._log import library_logger
+from corral.journal._exit_probe import JournalLocationError, locate_journal
+from corral.journal._prune import delete_journal
+from corral.runs._spec import harness_for_record
+from corral.sandbox._checkpoint import restore_checkpoint
 from corral.sandbox._contracts import Provider
+from corral.sandbox._ensure import key_lock
+from corral.sandbox._threads import copy_checkpoint, last_turn_recorded, session_of
 from corral.stores._checkpoints import Checkpoint, CheckpointInfo
-from corral.stores._protocols import SessionInfo, Store
+from corral.stores._protocols import RunActive, SessionInfo, Store
 from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
@@ -209,8 +215,6 @@ class Threads:
     # ------------------------------------------------------------------ change
 
     async def _idle(self, thread_id: str) -> None:
-        from corral.sandbox._threads import last_turn_recorded
-
         active = await self.store.find_active_run(thread_id)
         if active is not None:
             raise ThreadBusy(thread_id, active.run_id)
@@ -244,8 +248,6 @@ class Threads:
         """Put the workspace and the conversation back as they were before the thread's
         last turn (not undone yet); that run stays in the history with ``undone_at``.
         :class:`ThreadBusy` while a run of the thread is active."""
-        from corral.sandbox._threads import copy_checkpoint
-
         _check_id(thread_id)
         await self._idle(thread_id)
         runs = await self.store.list_by_thread(thread_id)
@@ -269,8 +271,6 @@ class Threads:
         """Start thread ``new_thread_id`` from ``thread_id``'s state after run ``at``
         (default: its current state): the workspace and the conversation, in a sandbox of
         its own (made when its first turn runs)."""
-        from corral.sandbox._threads import copy_checkpoint
-
         _check_id(thread_id)
         _check_id(new_thread_id, "new thread id")
         if new_thread_id == thread_id:
@@ -279,8 +279,6 @@ class Threads:
                 or await self.store.list_checkpoints(new_thread_id)
                 or await self.store.list_sessions(new_thread_id)):
             raise ThreadError(f"thread {new_thread_id!r} exists already; choose another id")
-        from corral.sandbox._threads import last_turn_recorded
-
         await last_turn_recorded(self.store, thread_id)  # a turn that just ended
         runs = await self.store.list_by_thread(thread_id)
         if at is None:
@@ -311,8 +309,6 @@ class Threads:
         event logs and approval requests; without, they are kept. Returns how many of each
         were removed. :class:`ThreadBusy` while a run of the thread is active (a run
         started meanwhile is kept, and named)."""
-        from corral.stores._protocols import RunActive
-
         _check_id(thread_id)
         await self._idle(thread_id)
         records = await self.store.list_by_thread(thread_id)
@@ -342,8 +338,6 @@ class Threads:
 
     async def _set_session(self, thread_id: str, head: Checkpoint) -> None:
         """The thread's saved session becomes the one ``head`` holds (none: none)."""
-        from corral.sandbox._threads import session_of
-
         if head.session is None:
             await self.store.delete_sessions(thread_id)
             return
@@ -357,9 +351,6 @@ class Threads:
     async def _restore_sandbox(self, last: RunRecord, head: Checkpoint) -> None:
         """The thread's kept sandbox gets ``head``'s workspace; one this host cannot reach
         is forgotten, so the thread's next turn makes a fresh one from ``head``."""
-        from corral.sandbox._checkpoint import restore_checkpoint
-        from corral.sandbox._ensure import key_lock
-
         key = last.sandbox_key
         if key is None:
             return
@@ -382,8 +373,6 @@ class Threads:
             await self.store.delete_instance(key)
 
     async def _clear_sessions(self, handle: Any, last: RunRecord) -> None:
-        from corral.runs._spec import harness_for_record
-
         try:
             harness = harness_for_record(last)
         except CorralError:
@@ -395,8 +384,6 @@ class Threads:
                 pass
 
     async def _destroy_sandbox(self, last: RunRecord, key: str) -> bool:
-        from corral.sandbox._ensure import key_lock
-
         async with key_lock(self.store, key):
             instance = await self.store.get_instance(key)
             if instance is None:
@@ -414,9 +401,6 @@ class Threads:
 async def _forget_journal(record: RunRecord) -> None:
     """Delete this host's journal of a deleted run (its id may be used again; a journal
     on another host is that host's prune's, once the run is unknown there too)."""
-    from corral.journal._exit_probe import JournalLocationError, locate_journal
-    from corral.journal._prune import delete_journal
-
     try:
         paths, _nonce = locate_journal(record.journal, record.run_id)
     except JournalLocationError:

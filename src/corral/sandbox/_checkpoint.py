@@ -60,6 +60,8 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from corral._errors import CorralError
+from corral._insandbox import checkpoint as checkpoint_script
+from corral.sandbox._checkpoint_host import Buffered, host_save
 from corral.sandbox._contracts import Described, Handle, HostPaths, Process
 from corral.sandbox._leakscan import _pattern
 from corral.sandbox._redact import Redactor
@@ -69,6 +71,7 @@ from corral.stores._checkpoints import (
     CorruptCheckpoint,
     MissingChunks,
     SessionPart,
+    UnknownCheckpoint,
     check_entries,
 )
 from corral.stores._protocols import CheckpointStore
@@ -130,9 +133,7 @@ class SessionSource:
 
 
 def _script() -> str:
-    from corral._insandbox import checkpoint as script
-
-    return Path(script.__file__).read_text()
+    return Path(checkpoint_script.__file__).read_text()
 
 
 def _secret_items(secrets: Secrets) -> list[tuple[str, str]]:
@@ -369,8 +370,6 @@ class _HostSource:
 
     async def produce(self, send: MemoryObjectSendStream[bytes], request: bytes,
                       root: str) -> None:
-        from corral.sandbox._checkpoint_host import Buffered, host_save
-
         def run() -> None:
             out = Buffered(lambda data: anyio.from_thread.run(send.send, data), CHUNK_BYTES)
             host_save(request, out, root)
@@ -744,8 +743,6 @@ async def restore_checkpoint(
     Raises :class:`~corral.stores.UnknownCheckpoint`, :class:`~corral.stores.CorruptCheckpoint`
     (a manifest or chunk that breaks the rules: nothing is sent) or
     :class:`CheckpointError`."""
-    from corral.stores._checkpoints import UnknownCheckpoint
-
     if isinstance(checkpoint, str):
         found = await store.get_checkpoint(checkpoint)
         if found is None:

@@ -501,6 +501,7 @@ async def _thread_state(sandbox: Sandbox, ctx: RunContext, handle: Handle, store
     what the instance record notes of it."""
     if sandbox.lifecycle.checkpoint == "none" or ctx.thread_id == ctx.run_id:
         return {}  # no thread named (a run is its own thread): nothing to continue
+    # start-up cost of every run's start: only a named thread loads the checkpoints
     from corral.sandbox._threads import (
         current_head,
         initial_checkpoint,

@@ -192,8 +192,6 @@ def lineage(definition_id: str, workspace_hash: str) -> str:
     """What a thread's checkpoints must share with a sandbox to be restored into it: the
     same definition over the same workspace source (a turn on another definition of the
     same thread starts from its own workspace, never from another definition's files)."""
-    import hashlib
-
     return hashlib.sha256(f"{definition_id}\0{workspace_hash}".encode()).hexdigest()[:32]
 
 

@@ -28,6 +28,8 @@ does is confined by the sandbox and the policy as for ``corral run``.
 
 from __future__ import annotations
 
+import fcntl
+import io
 import json
 import os
 import uuid
@@ -671,9 +673,6 @@ async def serve_stdio(service: RunService, make_request: RequestFactory) -> None
     """Speak ACP on this process's stdin/stdout until the editor closes stdin. The
     protocol gets private copies of fds 0 and 1; fd 1 then points at stderr (and fd 0 at
     ``/dev/null``), so nothing else this process or its children print can corrupt it."""
-    import fcntl
-    import io
-
     wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
     wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
     null = os.open(os.devnull, os.O_RDONLY)

@@ -32,7 +32,9 @@ from typing import Any, Final
 import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import ValidationError
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
@@ -275,8 +277,6 @@ class CorralMcp:
         Stateless and JSON-only: every request is a whole exchange, so any server process
         sharing the store answers any of them. Host and Origin are the guard's to check
         (:mod:`corral.server._guard`), as for ``/v1``."""
-        from mcp.server.transport_security import TransportSecuritySettings
-
         manager = StreamableHTTPSessionManager(
             app=self.server(), stateless=True, json_response=True,
             security_settings=TransportSecuritySettings(
@@ -286,8 +286,6 @@ class CorralMcp:
 
     async def serve_stdio(self) -> None:
         """Speak MCP on this process's stdin/stdout until the client closes stdin."""
-        from mcp.server.stdio import stdio_server
-
         server = self.server()
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())

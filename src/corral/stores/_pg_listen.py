@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 import anyio
+import psycopg
 
 from corral._log import library_logger
 
@@ -240,8 +241,6 @@ class Hub:
         self._stop.wait(seconds)
 
     def _run(self) -> None:
-        import psycopg
-
         delay = _BACKOFF[0]
         try:
             while not self._stop.is_set():

@@ -25,6 +25,8 @@ from typing import Any, Final
 import anyio
 import httpx
 
+from corral.server._app import create_app
+from corral.server._config import ServerConfig
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit
 from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
@@ -99,9 +101,6 @@ async def _run(w: HarnessWorld, run_id: str) -> tuple[Any, list[dict[str, Any]]]
 
 async def _api_output(w: HarnessWorld, run_id: str) -> Any:
     """``GET /v1/runs/{id}`` of an app on the world's store: its ``output``."""
-    from corral.server._app import create_app
-    from corral.server._config import ServerConfig
-
     app = create_app(config=ServerConfig(store_url=f"sqlite://{w.db}"))
     async with app.running():
         transport = httpx.ASGITransport(app=app)

@@ -36,6 +36,8 @@ from corral.harness._base import RunContext, translate_run
 from corral.harness._events import event_to_dict
 from corral.harness._registry import build_harness
 from corral.journal._layout import JournalPaths
+from corral.providers import _diskquota as diskquota
+from corral.providers import get_provider
 from corral.runs._launch import with_prompt
 from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
@@ -380,9 +382,6 @@ async def _sandboxes_of(w: HarnessWorld, provider: str) -> set[str]:
 async def world(factory: Factory) -> AsyncIterator[HarnessWorld]:
     """The kit's subject: a fresh :class:`HarnessWorld` around the case ``factory`` makes;
     its sandboxes, model server and directories are gone afterwards."""
-    from corral.providers import _diskquota as diskquota
-    from corral.providers import get_provider
-
     async with opened(factory) as case:
         if not isinstance(case, HarnessCase):
             raise TypeError(f"the harness kit's factory must make a HarnessCase, not {case!r}")
