@@ -9,11 +9,9 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 import anyio
 import anyio.to_thread
-from ag_ui.core import CustomEvent, RunStartedEvent
 
 from corral._errors import CorralError
 from corral._log import library_logger
@@ -26,8 +24,8 @@ from corral.journal._layout import JournalPaths
 from corral.journal._prune import delete_journal
 from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
-from corral.runs._plan import StartPlan
-from corral.runs._request import RunRequest, RunStartError
+from corral.runs._plan import StartPlan, with_prompt
+from corral.runs._request import RunStartError
 from corral.runs._site import AgentSite, SupervisedCommand
 from corral.sandbox._ensure import Ensured
 from corral.sandbox._key import RunContext as SandboxContext
@@ -36,26 +34,9 @@ from corral.stores._records import RunPatch
 from corral.tools._projection import TOKEN_ENV as TOOLS_TOKEN_NAME
 from corral.tools._projection import run_tools_token
 
-__all__ = ["PROMPT_EVENT", "fail_start", "launch_run", "with_prompt"]
+__all__ = ["fail_start", "launch_run"]
 
 log = library_logger("corral.runs._runner")
-
-
-PROMPT_EVENT = "corral.prompt"
-"""The CUSTOM event after an agent run's ``RUN_STARTED``: ``{"prompt": text}``, the prompt
-that started the run, so a viewer shows the conversation from the log alone. (Not AG-UI's
-``RUN_STARTED.input``: AG-UI clients add its messages to their own by id, and the client
-that started a run already holds its prompt under an id corral never sees.)"""
-
-
-def with_prompt(start: list[Any], request: RunRequest) -> list[Any]:
-    """The start batch of a run, with its prompt (:data:`PROMPT_EVENT`) after
-    ``RUN_STARTED``."""
-    if request.prompt is None:
-        return start
-    at = 1 if start and isinstance(start[0], RunStartedEvent) else len(start)
-    return [*start[:at], CustomEvent(name=PROMPT_EVENT, value={"prompt": request.prompt}),
-            *start[at:]]
 
 
 async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
