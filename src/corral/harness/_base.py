@@ -65,6 +65,10 @@ class RunContext:
 
     run_id: str
     thread_id: str
+    resumed_session: str | None = None
+    """The saved CLI session the run was started to continue (``spec.agent
+    .resumed_session``), if any: a translator that sees the agent start another session
+    says so (``CUSTOM corral.session_lost``), and one whose CLI refuses it says that."""
 
 
 @dataclass(frozen=True, slots=True)
