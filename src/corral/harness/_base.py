@@ -53,10 +53,18 @@ __all__ = [
     "Harness",
     "NeedsAgentRuntime",
     "RunContext",
+    "SESSION_LOST_EVENT",
     "Translator",
     "translate_run",
     "translator_at",
 ]
+
+
+SESSION_LOST_EVENT = "corral.session_lost"
+"""CUSTOM event of a run that was to continue the thread's saved CLI session but began a
+new conversation: ``{"harness", "expected", "reason", "sessionId"?}`` (``expected``: the
+session id it was to continue; ``sessionId``: the new one, when known). Logged before
+the run's first message (docs/threads.md)."""
 
 
 @dataclass(frozen=True, slots=True)

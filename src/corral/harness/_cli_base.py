@@ -58,6 +58,7 @@ from ag_ui.core import TokenUsage as AguiTokenUsage
 
 from corral._errors import ConfigError
 from corral.harness import _events as ev
+from corral.harness._base import SESSION_LOST_EVENT as SESSION_LOST_EVENT
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
 from corral.harness._config import HarnessConfig
 from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
@@ -84,11 +85,6 @@ __all__ = [
 
 SESSION_EVENT = "corral.session"
 """CUSTOM event carrying the CLI's session id: ``{"harness", "sessionId", ...}``."""
-SESSION_LOST_EVENT = "corral.session_lost"
-"""CUSTOM event of a run that was to continue the thread's saved CLI session but began a
-new conversation: ``{"harness", "expected", "reason", "sessionId"?}`` (``expected``: the
-session id it was to continue; ``sessionId``: the new one, when known). Logged before
-the run's first message (docs/threads.md)."""
 SESSION_LOST_CODE = "session_lost"
 """The error code of a run that ended because the thread's saved session could not be
 continued (``on_session_lost="fail"``, or the agent CLI refused it)."""

@@ -1,6 +1,7 @@
 """The end of an agent-CLI run on any host, whatever its outcome: save the CLI session for
-the thread's next prompt while the sandbox is still there, and meter the run's model usage
-(what its model proxy counted) into the record."""
+the thread's next prompt while the sandbox is still there (and record on the run which
+session it ended in, and whether that was not the one it was to continue), and meter the
+run's model usage (what its model proxy counted) into the record."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime
 from corral.journal._supervisor import process_alive
 from corral.runs._pricing import load_prices, price_usage
+from corral.runs._session_lost import record_lost
 from corral.runs._site import AgentSite
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
@@ -83,6 +85,12 @@ async def finish_agent(store: Store, record: RunRecord, site: AgentSite | None, 
     )
     for error in report.errors:
         log.warning("run %s: %s", record.run_id, error)
+    if report.session_id is not None:
+        # the conversation the thread is in after this turn: what its next turn must
+        # continue (runs/_session_lost.py), whichever host runs it
+        await store.update(record.run_id, RunPatch(spec=spec.with_agent(session={
+            "harness": harness.name, "id": report.session_id}).to_json()))
+        await record_lost(store, record, report.session_id)
     if paths is not None and report.usage.requests:
         u = report.usage
         usage: dict[str, Any] = {

@@ -19,7 +19,7 @@ from corral._errors import CorralError
 from corral._log import library_logger
 from corral.agents._prepare import prepare_agent, with_agent_binds
 from corral.agents._services import PendingServices, run_proxy_token
-from corral.harness._base import RunContext
+from corral.harness._base import SESSION_LOST_EVENT, RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
 from corral.journal._layout import JournalPaths
@@ -27,6 +27,7 @@ from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
 from corral.runs._plan import StartPlan
 from corral.runs._request import RunRequest, RunStartError
+from corral.runs._session_lost import expected_session, lost_warning, warn
 from corral.runs._site import AgentSite, SupervisedCommand
 from corral.sandbox._ensure import Ensured
 from corral.sandbox._key import RunContext as SandboxContext
@@ -98,7 +99,7 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         plan.spec = plan.spec.model_copy(update={"files": files})
         await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     plan.site = site = plan.placement.started(handle, run_id, paths, nonce, lambda _: provider)
-    pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id)
+    pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id, epoch)
     log.info("run %s: agent started (supervisor pid %d)", run_id, pid)
 
 
@@ -119,12 +120,12 @@ async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
 
 
 async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, store: Store,
-                        run_id: str, thread_id: str) -> int:
+                        run_id: str, thread_id: str, epoch: int) -> int:
     """Launch the run's agent supervised at its site (``plan.spec`` as recorded so far); an
     agent CLI's runtime is recorded in the spec for its successors."""
     if isinstance(plan.harness, CliHarness):
         return await _launch_cli_agent(plan, plan.harness, ensured, site, store, run_id,
-                                       thread_id)
+                                       thread_id, epoch)
     agent, request = plan.command, plan.request
     assert agent is not None  # plan_start built it for every non-CLI harness
     # Secrets reach the agent only here: through the supervisor into the agent's
@@ -135,7 +136,8 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, stor
 
 
 async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
-                            site: AgentSite, store: Store, run_id: str, thread_id: str) -> int:
+                            site: AgentSite, store: Store, run_id: str, thread_id: str,
+                            epoch: int) -> int:
     """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
     (so the run keeps its model when no process drives it), launch it supervised, and
     record what a successor needs to finish the run."""
@@ -145,6 +147,9 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     tools_token = await run_tools_token(store, run_id) if plan.tools is not None else None
     proxy_token = await run_proxy_token(store, run_id)
     redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens below
+    # the session the thread's conversation is in, by its history: a store without it
+    # makes this turn a new conversation, which the run must say (or fail, if asked)
+    expected = await expected_session(store, thread_id, run_id, harness.name)
     prepared = await prepare_agent(
         harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
         instructions=instructions if isinstance(instructions, str) else None,
@@ -160,7 +165,16 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         timeout=request.timeout,
         # the thread's CLI session: restored from the store, whichever host saved it
         sessions=store,
+        expected_session=expected,
+        on_session_lost=request.on_session_lost,
     )
+    if prepared.session_lost is not None:
+        # before the agent's first event: this turn does not continue the conversation
+        lost = prepared.session_lost
+        log.warning("run %s: %s", run_id, lost_warning(lost)["message"])
+        await store.append(run_id, [(event_to_dict(CustomEvent(
+            name=SESSION_LOST_EVENT, value=dict(lost))), 0)], epoch=epoch)
+        await warn(store, run_id, lost_warning(lost))
     # The sandbox's secrets join the agent's environment (as for any agent), under the
     # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
     prepared.command = replace(

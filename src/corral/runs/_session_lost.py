@@ -1,0 +1,115 @@
+"""A thread's turn that was to continue the conversation and began a new one (#27).
+
+A turn of a thread continues the agent CLI's saved session. When it cannot — the session
+is not in the store although the thread's last turn of that harness left one, its files
+are damaged, or the agent refuses it — the run goes on as a new conversation, and that
+never looks like a normal continuation: ``CUSTOM corral.session_lost`` in its log before
+its first message, a ``session_lost`` warning on its record (``corral show``, the API,
+``corral threads show``). With ``on_session_lost="fail"`` the run fails instead.
+
+Found in two places: before the agent starts (:func:`corral.agents._prepare.prepare_agent`
+compares the store with :func:`expected_session`; the launcher logs the event), and in
+the translation (the agent reports another session than the one it was given: the
+translator logs the event, :func:`record_lost` copies it onto the record when the run
+ends). Everything needed travels in the run's record (``spec.agent``:
+``resumed_session``, the session a run was given; ``session``, the one it ended with),
+so any host tells the same story.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from corral.harness._base import SESSION_LOST_EVENT, RunContext
+from corral.stores._protocols import Store
+from corral.stores._records import MAX_WARNINGS, RunPatch, RunRecord
+
+__all__ = ["SESSION_LOST", "expected_session", "lost_warning", "record_lost",
+           "run_context", "warn"]
+
+SESSION_LOST: Final = "session_lost"
+"""The warning's code on a run record (and the error code of a run that failed for it)."""
+
+def _agent(record: RunRecord) -> Mapping[str, Any]:
+    spec = record.spec or {}
+    agent = spec.get("agent") if isinstance(spec, Mapping) else None
+    return agent if isinstance(agent, Mapping) else {}
+
+
+def run_context(record: RunRecord) -> RunContext:
+    """The translation context of ``record``'s run: its ids and the saved session it was
+    started to continue."""
+    resumed = _agent(record).get("resumed_session")
+    return RunContext(record.run_id, record.thread_id,
+                      resumed_session=resumed if isinstance(resumed, str) and resumed
+                      else None)
+
+
+def ended_session(record: RunRecord) -> tuple[str, str] | None:
+    """``(harness, session id)`` of the CLI session ``record``'s run ended with, if any."""
+    session = _agent(record).get("session")
+    if not isinstance(session, Mapping):
+        return None
+    harness, sid = session.get("harness"), session.get("id")
+    if isinstance(harness, str) and isinstance(sid, str) and sid:
+        return harness, sid
+    return None
+
+
+async def expected_session(store: Store, thread_id: str, run_id: str, harness: str
+                           ) -> str | None:
+    """The ``harness`` session the thread's conversation is in by its history: the one
+    its latest turn of that harness ended with (undone turns and this run left out).
+    ``None`` for a thread with no such turn."""
+    if thread_id == run_id:
+        return None  # a run without a thread is a thread of its own: no history
+    turns = [r for r in await store.list_by_thread(thread_id)
+             if r.run_id != run_id and r.undone_at is None]
+    for record in sorted(turns, key=lambda r: r.started_at, reverse=True):
+        ended = ended_session(record)
+        if ended is not None and ended[0] == harness:
+            return ended[1]
+    return None
+
+
+def lost_warning(value: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's warning for a ``corral.session_lost`` event's ``value``."""
+    harness, expected = str(value.get("harness", "")), str(value.get("expected", ""))
+    reason = str(value.get("reason", "")) or "the saved session was not resumed"
+    return {"code": SESSION_LOST, "harness": harness, "expected": expected,
+            "message": f"this turn started a new conversation: the thread's {harness} "
+                       f"session {expected} was not continued ({reason})"}
+
+
+async def warn(store: Store, run_id: str, warning: Mapping[str, Any]) -> None:
+    """Add ``warning`` to the run's record (once per code and ``expected``)."""
+    record = await store.get(run_id)
+    if record is None:
+        return
+    have = list(record.warnings or ())
+    key = (warning.get("code"), warning.get("expected"))
+    if any((w.get("code"), w.get("expected")) == key for w in have) \
+            or len(have) >= MAX_WARNINGS:
+        return
+    await store.update(run_id, RunPatch(warnings=[*have, dict(warning)]))
+
+
+async def record_lost(store: Store, record: RunRecord, ended_with: str | None) -> None:
+    """At the run's end: when it was to continue a saved session and ended in another one
+    (``ended_with``), copy the ``corral.session_lost`` event its translation logged onto
+    the record as a warning."""
+    resumed = run_context(record).resumed_session
+    if resumed is None or ended_with is None or ended_with == resumed:
+        return
+    value: Mapping[str, Any] | None = None
+    # (a rare path: the whole log once; the event comes before the first message)
+    for logged in await store.snapshot(record.run_id):
+        event = logged.event
+        if event.get("type") == "CUSTOM" and event.get("name") == SESSION_LOST_EVENT:
+            found = event.get("value")
+            value = found if isinstance(found, Mapping) else None
+            break
+    await warn(store, record.run_id, lost_warning(value or {
+        "harness": record.harness or "", "expected": resumed,
+        "reason": f"the agent went on in session {ended_with}"}))
