@@ -77,6 +77,10 @@ def run_arguments(p: argparse.ArgumentParser) -> None:
                    help="agent harnesses: a JSON Schema file; the run's result is a JSON "
                         "object matching it (corral show --json, CUSTOM corral.output), "
                         "or the run fails")
+    p.add_argument("--on-session-lost", choices=["continue", "fail"], default="continue",
+                   help="agent harnesses, a turn of a thread that cannot continue the "
+                        "thread's saved conversation: answer in a new one and warn "
+                        "(continue, the default), or fail")
     add_store_option(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--detach", action="store_true", help="start, print the run id, return")
@@ -139,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         token_budget=args.token_budget,
         output_schema=(_output_schema(args.output_schema)
                        if args.output_schema is not None else None),
+        on_session_lost=args.on_session_lost,
         max_output=(validate.size(args.max_output, "--max-output")
                     if args.max_output is not None else DEFAULT_MAX_OUTPUT),
     )

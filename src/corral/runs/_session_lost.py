@@ -25,8 +25,8 @@ from corral.harness._base import SESSION_LOST_EVENT, RunContext
 from corral.stores._protocols import Store
 from corral.stores._records import MAX_WARNINGS, RunPatch, RunRecord
 
-__all__ = ["SESSION_LOST", "expected_session", "lost_warning", "record_lost",
-           "run_context", "warn"]
+__all__ = ["SESSION_LOST", "expected_session", "forget_sessions", "lost_warning",
+           "new_conversation", "record_lost", "run_context", "warn"]
 
 SESSION_LOST: Final = "session_lost"
 """The warning's code on a run record (and the error code of a run that failed for it)."""
@@ -52,6 +52,8 @@ def ended_session(record: RunRecord) -> tuple[str, str] | None:
     if not isinstance(session, Mapping):
         return None
     harness, sid = session.get("harness"), session.get("id")
+    if session.get("removed"):
+        return None  # its thread's state was removed (corral threads rm): a new start
     if isinstance(harness, str) and isinstance(sid, str) and sid:
         return harness, sid
     return None
@@ -113,3 +115,22 @@ async def record_lost(store: Store, record: RunRecord, ended_with: str | None) -
     await warn(store, record.run_id, lost_warning(value or {
         "harness": record.harness or "", "expected": resumed,
         "reason": f"the agent went on in session {ended_with}"}))
+
+
+async def forget_sessions(store: Store, records: list[RunRecord]) -> None:
+    """``corral threads rm`` keeping the runs: their sessions are gone on purpose, so the
+    thread's next turn is a new conversation, not a lost one."""
+    for record in records:
+        if ended_session(record) is None or not isinstance(record.spec, Mapping):
+            continue
+        spec = dict(record.spec)
+        agent = dict(_agent(record))
+        agent["session"] = {**dict(agent["session"]), "removed": True}
+        spec["agent"] = agent
+        await store.update(record.run_id, RunPatch(spec=spec))
+
+
+def new_conversation(record: RunRecord) -> bool:
+    """Whether ``record``'s turn began a new conversation instead of continuing the
+    thread's (its record carries the ``session_lost`` warning)."""
+    return any(w.get("code") == SESSION_LOST for w in record.warnings or ())
