@@ -171,7 +171,7 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     if prepared.session_lost is not None:
         # before the agent's first event: this turn does not continue the conversation
         lost = prepared.session_lost
-        log.warning("run %s: %s", run_id, lost_warning(lost)["message"])
+        log.info("run %s: %s", run_id, lost_warning(lost)["message"])
         await store.append(run_id, [(event_to_dict(CustomEvent(
             name=SESSION_LOST_EVENT, value=dict(lost))), 0)], epoch=epoch)
         await warn(store, run_id, lost_warning(lost))
