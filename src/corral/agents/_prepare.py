@@ -58,6 +58,7 @@ from corral.agents._sessions import (
     SANDBOX_HOME,
     SavedSession,
     SessionUnusable,
+    load_session,
     restore_session,
     save_session,
 )
@@ -451,6 +452,7 @@ async def prepare_agent(
     proxy_token: str | None = None,
     sessions: SessionStore | None = None,
     expected_session: str | None = None,
+    refused_session: str | None = None,
     on_session_lost: str = "continue",
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
@@ -477,8 +479,9 @@ async def prepare_agent(
     for it (or another one), the run starts a new conversation (or continues that
     other one) and says so (:attr:`PreparedAgent.session_lost`), as when the saved
     session's files cannot be resumed
-    (:meth:`~corral.harness._cli_base.CliHarness.session_problem`).
-    ``on_session_lost``: ``"continue"`` (that) or ``"fail"``: raise :class:`SessionLost`
+    (:meth:`~corral.harness._cli_base.CliHarness.session_problem`), or when the saved
+    session is ``refused_session`` (the thread's last turn failed because its agent
+    refused it). ``on_session_lost``: ``"continue"`` (that) or ``"fail"``: raise :class:`SessionLost`
     instead (an ACP bridge is told to fail too when the agent refuses the session). The
     run's socket directory is closed to every uid but the sandbox's (and corral's).
 
@@ -566,7 +569,13 @@ async def prepare_agent(
     resumed: SavedSession | None = None
     lost: dict[str, str] | None = None
     if resume and "resume" not in options and sessions is not None:
+        saved = await load_session(sessions, thread_id, harness.name) \
+            if refused_session else None
         try:
+            if refused_session and saved is not None and saved.session_id == refused_session:
+                # not again (nor from a kept sandbox's copy): it would fail the same way
+                raise SessionUnusable(refused_session, "the agent refused it in the "
+                                      "thread's last turn")
             resumed = await restore_session(handle, thread_id, harness.name, store=sessions,
                                             check=harness.session_problem)
         except SessionUnusable as exc:

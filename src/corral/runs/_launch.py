@@ -149,7 +149,7 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens below
     # the session the thread's conversation is in, by its history: a store without it
     # makes this turn a new conversation, which the run must say (or fail, if asked)
-    expected = await expected_session(store, thread_id, run_id, harness.name)
+    expected, refused = await expected_session(store, thread_id, run_id, harness.name)
     prepared = await prepare_agent(
         harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
         instructions=instructions if isinstance(instructions, str) else None,
@@ -166,6 +166,7 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         # the thread's CLI session: restored from the store, whichever host saved it
         sessions=store,
         expected_session=expected,
+        refused_session=refused,
         on_session_lost=request.on_session_lost,
     )
     if prepared.session_lost is not None:

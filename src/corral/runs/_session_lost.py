@@ -46,6 +46,13 @@ def run_context(record: RunRecord) -> RunContext:
                       else None)
 
 
+def refused(record: RunRecord) -> bool:
+    """Whether ``record``'s run failed because its agent refused the saved session it was
+    given (a CLI that fails loudly; an ACP agent under ``on_session_lost="fail"``)."""
+    return (record.error is not None and record.error.code == SESSION_LOST
+            and run_context(record).resumed_session is not None)
+
+
 def ended_session(record: RunRecord) -> tuple[str, str] | None:
     """``(harness, session id)`` of the CLI session ``record``'s run ended with, if any."""
     session = _agent(record).get("session")
@@ -60,19 +67,21 @@ def ended_session(record: RunRecord) -> tuple[str, str] | None:
 
 
 async def expected_session(store: Store, thread_id: str, run_id: str, harness: str
-                           ) -> str | None:
+                           ) -> tuple[str | None, str | None]:
     """The ``harness`` session the thread's conversation is in by its history: the one
-    its latest turn of that harness ended with (undone turns and this run left out).
-    ``None`` for a thread with no such turn."""
+    its latest turn of that harness ended with (undone turns and this run left out), and
+    that session again when that turn's agent refused it (:func:`refused`: the next turn
+    must not give it the same session again). ``(None, None)`` for a thread with no such
+    turn."""
     if thread_id == run_id:
-        return None  # a run without a thread is a thread of its own: no history
+        return None, None  # a run without a thread is a thread of its own: no history
     turns = [r for r in await store.list_by_thread(thread_id)
              if r.run_id != run_id and r.undone_at is None]
     for record in sorted(turns, key=lambda r: r.started_at, reverse=True):
         ended = ended_session(record)
         if ended is not None and ended[0] == harness:
-            return ended[1]
-    return None
+            return ended[1], ended[1] if refused(record) else None
+    return None, None
 
 
 def lost_warning(value: Mapping[str, Any]) -> dict[str, Any]:
