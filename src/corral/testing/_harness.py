@@ -487,6 +487,9 @@ async def check_resume_on_thread(w: HarnessWorld) -> None:
     sessions = [s["sessionId"] for r in ("s1", "s2", "s3")
                 for s in _customs(w.log(r), "corral.session")]
     assert len(sessions) == 3 and len(set(sessions)) == 1, sessions  # one CLI session
+    for r in ("s1", "s2", "s3"):  # a continuation says nothing was lost
+        assert not _customs(w.log(r), "corral.session_lost") and not w.record(r).get(
+            "warnings"), r
     async with w.store() as store:
         saved = await store.list_sessions("T")
     assert [i.session_id for i in saved] == [sessions[0]], saved  # in the store...
