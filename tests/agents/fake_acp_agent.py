@@ -51,8 +51,9 @@ def ask(req_id: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def reopen(mode: str) -> None:
     """Scenarios ``resume`` (advertises session/resume and session/close), ``resume-fails``
-    (advertises session/resume, which then fails; session/load works) and ``load`` (only
-    loadSession): a loaded session replays its history first; the prompt says ``fresh``."""
+    (advertises session/resume, which then fails; session/load works), ``both-fail`` (the
+    session is gone: resume and load fail) and ``load`` (only loadSession): a loaded
+    session replays its history first; the prompt says ``fresh``."""
     while True:
         msg = read()
         method, mid = msg.get("method"), msg.get("id")
@@ -63,11 +64,14 @@ def reopen(mode: str) -> None:
             out({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1,
                                                           "agentCapabilities": caps}})
         elif method == "session/resume":
-            if mode == "resume-fails":
+            if mode in ("resume-fails", "both-fail"):
                 out({"jsonrpc": "2.0", "id": mid,
                      "error": {"code": -32002, "message": "no such session"}})
             else:
                 out({"jsonrpc": "2.0", "id": mid, "result": {}})
+        elif method == "session/load" and mode == "both-fail":
+            out({"jsonrpc": "2.0", "id": mid,
+                 "error": {"code": -32002, "message": "no such session"}})
         elif method == "session/load":
             say("old history")
             out({"jsonrpc": "2.0", "id": mid, "result": {}})

@@ -185,6 +185,55 @@ def test_a_thread_session_is_resumed_when_advertised_else_loaded_then_closed(
     assert events[-1].type == EventType.RUN_FINISHED
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_session_the_agent_cannot_reopen_is_said_lost_or_fails_the_run(
+        strict: bool) -> None:
+    """resume and load both refused: the run goes on in a new session, and the
+    translation says so (``corral.session_lost`` naming the session it was to continue
+    and why, before anything the agent says); with ``on_session_lost: "fail"`` the
+    bridge makes no new session and the run fails by name."""
+    more = {"on_session_lost": "fail"} if strict else {}
+    proc = bridge(config("reopen:both-fail", None, resume="sess-old", **more))
+    out, err = proc.communicate(timeout=60)
+    lines = [json.loads(x) for x in out.splitlines()]
+    sent = [x["msg"]["method"] for x in lines if x["acp"] == "send"]
+    notes = [x["event"] for x in lines if x["acp"] == "note"]
+    t = AcpTranslator(RunContext("run-1", "thread-1", resumed_session="sess-old"))
+    events = t.start()
+    offset = 0
+    for raw in out.split(b"\n")[:-1]:
+        offset += len(raw) + 1
+        events += t.feed(Line(raw, offset))
+    events += t.feed(Exit(proc.returncode, None, offset + 1))
+    customs = [(e.name, e.value) for e in events if e.type == EventType.CUSTOM]
+    lost = [v for n, v in customs if n == "corral.session_lost"]
+    if strict:
+        assert proc.returncode == 1, err[-2000:]
+        assert sent == ["initialize", "session/resume", "session/load"]
+        assert notes == ["resume-failed", "load-failed", "session-lost"]
+        assert lost == [] and events[-1].type == EventType.RUN_ERROR
+        assert events[-1].code == "session_lost"
+        assert "sess-old could not be resumed" in events[-1].message
+        assert "refused session/load" in events[-1].message
+        return
+    assert proc.returncode == 0, err[-2000:]
+    assert sent == ["initialize", "session/resume", "session/load", "session/new",
+                    "session/prompt", "session/close"]
+    assert lost == [{"harness": "acp", "expected": "sess-old", "sessionId": "sess-new",
+                     "reason": "the agent refused session/resume; the agent refused "
+                               "session/load"}]
+    names = [n for n, _v in customs]
+    assert names.index("corral.session_lost") + 1 == names.index("corral.session")
+    at = next(i for i, e in enumerate(events) if e.type == EventType.CUSTOM
+              and e.name == "corral.session_lost")
+    assert at < [e.type for e in events].index(EventType.TEXT_MESSAGE_START)
+    assert texts(events) == "fresh" and events[-1].type == EventType.RUN_FINISHED
+    # without a session to continue, a new one is no loss
+    plain = translate(out, 0)
+    assert not [e for e in plain if e.type == EventType.CUSTOM
+                and e.name == "corral.session_lost"]
+
+
 def test_the_configuration_comes_on_stdin_only(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-I", "-S", acp_client.__file__],
                           input=b"12\n{not json}!", capture_output=True, timeout=30,

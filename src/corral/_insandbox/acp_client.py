@@ -11,7 +11,8 @@ tools inside the sandbox); when resuming the thread's session, ``session/resume`
 stable method: the agent reopens it without replaying its history) if the agent advertises
 ``sessionCapabilities.resume``, else (or if that fails) ``session/load`` if it reports
 ``agentCapabilities.loadSession``, else ``session/new`` (each fallback noted in the
-journal); ``session/set_mode`` when the profile names a mode; one ``session/prompt``; then
+journal; with ``on_session_lost: "fail"`` the bridge notes ``session-lost`` and ends the
+run instead of starting a new conversation); ``session/set_mode`` when the profile names a mode; one ``session/prompt``; then
 ``session/close`` when the agent advertises ``sessionCapabilities.close``.
 
 Every message in both directions is written to stdout — the run's journal — as one JSON
@@ -35,8 +36,9 @@ bridge then dies of the same signal (what the supervisor records for any cancell
 Its configuration comes on stdin, never argv/env: a decimal byte count, a newline, then that
 many bytes of JSON (the inner command's argv/env/cwd and its ``stdin_prefix`` (base64) —
 bubblewrap's launcher reads env/argv from stdin first —, the prompt, the session's ``cwd``
-and ``mcpServers``, ``resume``, ``mode``, ``session_params`` (more ``session/new`` /
-``session/load`` parameters, e.g. Claude's ``_meta``), ``command_in_title``, ``secrets``
+and ``mcpServers``, ``resume``, ``on_session_lost``, ``mode``, ``session_params`` (more
+``session/new`` / ``session/load`` parameters, e.g. Claude's ``_meta``), ``command_in_title``,
+``secrets``
 (``${VAR}`` values filled in on the wire only, never in the journal), ``await_ports``, and
 ``permission``: ``{"socket", "token", "path", "patience"}`` or ``null`` for allow-all).
 
@@ -549,6 +551,10 @@ class Bridge:
         session: str | None = None
         if isinstance(resume, str) and resume:
             session = self.reopen(resume, caps, cwd, extra, servers, wire_extra, wire_servers)
+            if session is None and cfg.get("on_session_lost") == "fail":
+                # the conversation would start over: the run asked to fail instead
+                self.note("session-lost", sessionId=resume)
+                return 1
         if session is None:
             made = self.request("session/new", {**extra, "cwd": cwd, "mcpServers": servers},
                                 wire_params={**wire_extra, "cwd": cwd,

@@ -59,6 +59,8 @@ from corral.agents._installs import (
 from corral.agents._sessions import (
     SANDBOX_HOME,
     SavedSession,
+    SessionUnusable,
+    load_session,
     restore_session,
     save_session,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "NET_MOUNT",
     "FinishReport",
     "PreparedAgent",
+    "SessionLost",
     "agent_binds",
     "agent_prerequisites",
     "finish_agent_run",
@@ -96,6 +99,18 @@ __all__ = [
     "run_proxy_token",
     "with_agent_binds",
 ]
+
+ON_SESSION_LOST = ("continue", "fail")
+"""What a run does when it was to continue its thread's saved CLI session and cannot:
+``continue`` (a new conversation, said by ``CUSTOM corral.session_lost``) or ``fail``."""
+
+
+class SessionLost(CorralError):
+    """The run was to continue its thread's saved CLI session, could not, and was asked
+    to fail then (``on_session_lost="fail"``)."""
+
+    code = "session_lost"
+
 
 GATE_SCRIPT = "command_gate.py"
 """The command gate's script in a run's socket directory (:mod:`corral._insandbox.command_gate`)."""
@@ -164,6 +179,11 @@ class PreparedAgent:
     egress_socket: Path | None = None
     resumed: SavedSession | None = None
     """The saved CLI session this run continues, if any."""
+    session_lost: dict[str, str] | None = None
+    """``{"harness", "expected", "reason"}`` when the run was to continue the thread's
+    saved session and starts a new conversation instead (found before the CLI starts:
+    the session is not in the store, or its files cannot be resumed); the caller logs
+    ``CUSTOM corral.session_lost`` with it before the agent's first event."""
     own_net_dir: Path | None = None
     """A socket directory created for this run only (non-isolated sandboxes)."""
     host_tools: HostToolsProjection | None = None
@@ -432,6 +452,9 @@ async def prepare_agent(
     redactor: Redactor | None = None,
     proxy_token: str | None = None,
     sessions: SessionStore | None = None,
+    expected_session: str | None = None,
+    refused_session: str | None = None,
+    on_session_lost: str = "continue",
 ) -> PreparedAgent:
     """Prepare one run of ``harness`` in ``handle`` (see the module docstring).
 
@@ -452,7 +475,15 @@ async def prepare_agent(
     request (default: a fresh random one; the Runner passes :func:`run_proxy_token`).
     ``sessions``: the store holding the thread's saved CLI sessions (the Runner passes its
     store): ``resume`` restores from it, :meth:`PreparedAgent.finish` saves to it; without
-    one the run neither resumes nor saves a session. The
+    one the run neither resumes nor saves a session. ``expected_session``: the session
+    the thread's history says it continues (its last turn's): when the store has none
+    for it (or another one), the run starts a new conversation (or continues that
+    other one) and says so (:attr:`PreparedAgent.session_lost`), as when the saved
+    session's files cannot be resumed
+    (:meth:`~corral.harness._cli_base.CliHarness.session_problem`), or when the saved
+    session is ``refused_session`` (the thread's last turn failed because its agent
+    refused it). ``on_session_lost``: ``"continue"`` (that) or ``"fail"``: raise :class:`SessionLost`
+    instead (an ACP bridge is told to fail too when the agent refuses the session). The
     run's socket directory is closed to every uid but the sandbox's (and corral's).
 
     Raises :class:`PrerequisiteMissing` (CLI not installed, no API key on the host) and
@@ -460,6 +491,9 @@ async def prepare_agent(
     """
     if not isinstance(harness, CliHarness):
         raise ConfigError(f"prepare_agent needs an agent-CLI harness, got {harness!r}")
+    if on_session_lost not in ON_SESSION_LOST:
+        raise ConfigError(f"on_session_lost must be one of {', '.join(ON_SESSION_LOST)}, "
+                          f"got {on_session_lost!r}")
     install, upstream = agent_prerequisites(harness, agents=agents, upstream=upstream)
     token = _run_token(run_id)
     secret = proxy_token or secrets.token_urlsafe(32)
@@ -534,10 +568,34 @@ async def prepare_agent(
     if timeout is not None:
         options["timeout"] = timeout
     resumed: SavedSession | None = None
+    lost: dict[str, str] | None = None
     if resume and "resume" not in options and sessions is not None:
-        resumed = await restore_session(handle, thread_id, harness.name, store=sessions)
+        saved = await load_session(sessions, thread_id, harness.name) \
+            if refused_session else None
+        try:
+            if refused_session and saved is not None and saved.session_id == refused_session:
+                # not again (nor from a kept sandbox's copy): it would fail the same way
+                raise SessionUnusable(refused_session, "the agent refused it in the "
+                                      "thread's last turn")
+            resumed = await restore_session(handle, thread_id, harness.name, store=sessions,
+                                            check=harness.session_problem)
+        except SessionUnusable as exc:
+            lost = {"harness": harness.name, "expected": exc.session_id,
+                    "reason": f"the saved session cannot be resumed: {exc.problem}"}
         if resumed is not None and resumed.session_id is not None:
             options["resume"] = resumed.session_id
+            if expected_session and resumed.session_id != expected_session:
+                # the thread's last turn went on in a session it could not save
+                lost = {"harness": harness.name, "expected": expected_session,
+                        "reason": f"the store holds an earlier session, "
+                                  f"{resumed.session_id}, which this turn continues"}
+        elif lost is None and expected_session:
+            lost = {"harness": harness.name, "expected": expected_session,
+                    "reason": "the saved session is not in the store"}
+    if lost is not None and on_session_lost == "fail":
+        raise SessionLost(f"thread {thread_id!r}: its {harness.name} session "
+                          f"{lost['expected']} cannot be continued ({lost['reason']}) and "
+                          'on_session_lost is "fail"')
     for rel in harness.guarded_workspace_files:
         # Read just before the CLI starts, while nothing of the agent runs in the sandbox.
         path = f"{request.workdir.rstrip('/')}/{rel}"
@@ -569,13 +627,16 @@ async def prepare_agent(
                                       + submit_instructions())
     command = harness.build_command(request)
     bridge = harness.bridge_config(request)
+    if bridge is not None and on_session_lost == "fail":
+        bridge["on_session_lost"] = "fail"
     proxy = ModelProxy(upstream, budget=budget, idle_timeout=model_idle_timeout,
                        max_failures=harness.max_model_failures, token=secret)
     return PreparedAgent(harness=harness, handle=handle, command=command, thread_id=thread_id,
                          run_id=run_id, install=install, model_proxy=proxy,
                          model_socket=model_socket, proxy_token=secret,
                          egress_proxy=egress_proxy,
-                         egress_socket=egress_socket, resumed=resumed, own_net_dir=own_net,
+                         egress_socket=egress_socket, resumed=resumed, session_lost=lost,
+                         own_net_dir=own_net,
                          host_tools=projection, redactor=redactor, bridge=bridge,
                          sessions=sessions)
 

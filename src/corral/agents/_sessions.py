@@ -35,6 +35,7 @@ import contextlib
 import json
 import posixpath
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from corral._errors import CorralError
@@ -58,7 +59,9 @@ from corral.stores._sessions_import import import_home_sessions
 __all__ = [
     "SANDBOX_HOME",
     "SavedSession",
+    "SessionCheck",
     "SessionSaveError",
+    "SessionUnusable",
     "load_session",
     "redact_line",
     "restore_session",
@@ -75,6 +78,21 @@ SavedSession = SessionInfo
 
 class SessionSaveError(CorralError):
     """A CLI session could not be saved (too big, unreadable); the message says which."""
+
+
+class SessionUnusable(CorralError):
+    """The thread's saved session is one its CLI cannot resume (:data:`SessionCheck`);
+    nothing of it was written into the sandbox."""
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        super().__init__(problem)
+        self.session_id = session_id
+        self.problem = problem
+
+
+SessionCheck = Callable[[Mapping[str, bytes], str], "str | None"]
+"""Why saved files (home-relative path → bytes) cannot resume a session id, or ``None``
+(:meth:`corral.harness._cli_base.CliHarness.session_problem`)."""
 
 
 _imported: set[tuple[str, str]] = set()
@@ -258,14 +276,25 @@ async def save_session(
 
 
 async def restore_session(handle: Handle, thread_id: str, harness: str, *,
-                          store: SessionStore) -> SavedSession | None:
+                          store: SessionStore, check: SessionCheck | None = None
+                          ) -> SavedSession | None:
     """Write a saved session's files from ``store`` into the sandbox home (files it
     already has are kept). Returns the saved session, or ``None`` when the thread has none
-    for ``harness``."""
+    for ``harness``. ``check``: raise :class:`SessionUnusable` (writing nothing) when it
+    finds the saved session unusable, unless the sandbox (a thread's kept one) has
+    files of it already: the CLI then resumes from those and decides."""
     await import_old_sessions(store)
     saved = await store.get_session(thread_id, harness)
     if saved is None:
         return None
+    if check is not None and saved.session_id:
+        problem = check(saved.files, saved.session_id)
+        if problem is not None:
+            # a thread's kept sandbox may hold a whole copy where the store's is damaged
+            for rel in saved.files:
+                if await handle.fs.exists(posixpath.join(SANDBOX_HOME, rel)):
+                    return saved.info()
+            raise SessionUnusable(saved.session_id, problem)
     for rel, data in saved.files.items():
         check_session_path(rel)  # the store checks too; a sandbox path is built from it
         target = posixpath.join(SANDBOX_HOME, rel)

@@ -100,6 +100,10 @@ def run_arguments(p: argparse.ArgumentParser) -> None:
                    help="agent harnesses: a JSON Schema file; the run's result is a JSON "
                         "object matching it (corral show --json, CUSTOM corral.output), "
                         "or the run fails")
+    p.add_argument("--on-session-lost", choices=["continue", "fail"], default="continue",
+                   help="agent harnesses, a turn of a thread that cannot continue the "
+                        "thread's saved conversation: answer in a new one and warn "
+                        "(continue, the default), or fail")
     add_store_option(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--detach", action="store_true", help="start, print the run id, return")

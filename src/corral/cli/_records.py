@@ -52,7 +52,8 @@ def record_json(record: RunRecord) -> dict[str, Any]:
     out = {key: data.get(key) for key in SHOW_KEYS}
     out["cancel_requested"] = bool(out["cancel_requested"])
     out["driver_epoch"] = record.driver_epoch
-    for key in ("harness", "usage", "sandbox_ref", "output", "checkpoint", "undone_at"):
+    for key in ("harness", "usage", "sandbox_ref", "output", "checkpoint", "undone_at",
+                "warnings"):
         if data.get(key) is not None:
             out[key] = data[key]
     return out
@@ -198,6 +199,9 @@ def show_text(record: RunRecord, usage_lines: Sequence[str],
     if record.error is not None:
         field("error", _cut(record.error.message, 400)
               + (f" [{record.error.code}]" if record.error.code else ""))
+    for warning in record.warnings or ():
+        field("warning", _cut(str(warning.get("message", "")), 400)
+              + f" [{warning.get('code')}]")
     if record.detached_since is not None and not record.terminal:
         field("detached", f"since {local_time(record.detached_since)} "
                           f"(corral attach {record.run_id})")

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         token_budget=args.token_budget,
         output_schema=(_output_schema(args.output_schema)
                        if args.output_schema is not None else None),
+        on_session_lost=args.on_session_lost,
         max_output=(validate.size(args.max_output, "--max-output")
                     if args.max_output is not None else DEFAULT_MAX_OUTPUT),
     )

@@ -57,6 +57,8 @@ def _print_detail(detail: ThreadDetail) -> None:
     print("runs:")
     for r in detail.runs:
         mark = " (undone)" if r.undone_at is not None else ""
+        if any(w.get("code") == "session_lost" for w in r.warnings or ()):
+            mark += " (started a new conversation)"
         note = ""
         if r.checkpoint:
             note = ("  checkpoint " + str(r.checkpoint["id"]) if "id" in r.checkpoint

@@ -335,6 +335,11 @@ class TextStream:
             self.note(f"[tool result] {content[:200]}")
         elif kind == "RUN_ERROR":
             self.note(f"[run error] {event.get('message')}")
+        elif kind == "CUSTOM" and event.get("name") == "corral.session_lost":
+            value = event.get("value") or {}
+            self.note(f"corral: warning: this turn started a new conversation: the "
+                      f"thread's {value.get('harness')} session {value.get('expected')} "
+                      f"was not continued ({value.get('reason')})")
         elif kind == "CUSTOM" and event.get("name") == "sandbox.file":
             value = event.get("value") or {}
             self.note(f"[file] {value.get('type')} {value.get('path')}")

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from ag_ui.core import (
     BaseEvent,
@@ -65,9 +65,11 @@ from pydantic import ValidationInfo, field_validator
 from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._acp_agents import AcpAgent, agent_profile
+from corral.harness._opencode import OPENCODE_REFUSALS
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
 from corral.harness._config import HarnessConfig
 from corral.harness._cli_base import (
+    SESSION_LOST_CODE,
     CliConfig,
     CliHarness,
     NO_RESULT,
@@ -195,6 +197,9 @@ class AcpHarness(CliHarness):
     def map_policy(self, policy: PolicyLike | None) -> Any:  # pragma: no cover - see __init__
         raise NotImplementedError
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        return self.profile.session_problem(files, session_id)
+
     def session_id(self, obj: Mapping[str, Any]) -> str | None:
         """The ACP session id a journal line carries (a ``session/new`` result, or the
         request that loads or prompts a session)."""
@@ -280,10 +285,19 @@ class _Tool:
         call's ``TOOL_CALL_ARGS`` when it ends."""
 
 
+_REOPEN_FAILURES: Final = {
+    "resume-failed": "the agent refused session/resume",
+    "no-load-session": "the agent cannot load a session",
+    "load-failed": "the agent refused session/load",
+}
+"""The bridge's notes on reopening the thread's session: why it was lost, if it was."""
+
+
 class AcpTranslator(JsonlTranslator):
     """Bridge journal lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "acp"
+    resume_refusals: ClassVar[tuple[str, ...]] = OPENCODE_REFUSALS
     last_message_result: ClassVar[bool] = False
     """The result's text is the turn's last text message (else all of the turn's text)."""
 
@@ -438,6 +452,15 @@ class AcpTranslator(JsonlTranslator):
         if event == "cancelled" and self.error_message is None:
             self.error_message = "the run was cancelled"
             self.error_code = "cancelled"
+        if event in _REOPEN_FAILURES:
+            said = _REOPEN_FAILURES[event]
+            self.lost_reason = (f"{self.lost_reason}; {said}" if self.lost_reason else said)
+        if event == "session-lost" and self.error_message is None:
+            expected = self.ctx.resumed_session or as_str(obj.get("sessionId")) or "?"
+            why = self.lost_reason or "the agent did not reopen it"
+            self.error_message = (f"the saved {self.agent} session {expected} could not be "
+                                  f"resumed ({why}) and on_session_lost is \"fail\"")
+            self.error_code = SESSION_LOST_CODE
         if event in ("bridge-error", "mode-refused") and self.error_message is None:
             self.error_message = f"acp bridge: {event}: {obj.get('error') or obj.get('modeId')}"
             self.error_code = f"acp:{event}"

@@ -66,7 +66,7 @@ from corral.harness._gemini_cli import WORKSPACE_SETTINGS as GEMINI_WORKSPACE_SE
 from corral.harness._gemini_cli import check_workspace_settings, gemini_settings
 from corral.harness._opencode import ENV as OPENCODE_ENV
 from corral.harness._opencode import DEFAULT_MODEL as OPENCODE_DEFAULT_MODEL
-from corral.harness._opencode import opencode_config, split_model
+from corral.harness._opencode import opencode_config, opencode_session_problem, split_model
 from corral.net._model_proxy import ModelApi
 
 __all__ = ["ACP_AGENTS", "AcpAgent", "AcpPolicy", "ClaudeAcp", "CommandAgent", "GeminiAcp",
@@ -122,6 +122,12 @@ class AcpAgent:
     def argv(self, bin_path: str) -> list[str]:
         """The agent's argv, given its executable's path."""
         return [bin_path, *self.args]
+
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """Why the agent certainly cannot even start with the saved session (see
+        :meth:`corral.harness._cli_base.CliHarness.session_problem`); ``None`` by default:
+        an agent that cannot load a session says so and the bridge goes on."""
+        return None
 
     def check_model(self, model: str | None) -> None:
         """Raise :class:`ConfigError` for a model this agent cannot use."""
@@ -180,6 +186,10 @@ class OpencodeAcp(AcpAgent):
     instructions_file = ".config/opencode/AGENTS.md"
     default_model = OPENCODE_DEFAULT_MODEL
     max_model_failures = 3
+
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """A database opencode cannot open stops it before it answers ACP at all."""
+        return opencode_session_problem(files, session_id)
     base_url_suffix = "/v1"
 
     def check_model(self, model: str | None) -> None:

@@ -53,10 +53,18 @@ __all__ = [
     "Harness",
     "NeedsAgentRuntime",
     "RunContext",
+    "SESSION_LOST_EVENT",
     "Translator",
     "translate_run",
     "translator_at",
 ]
+
+
+SESSION_LOST_EVENT = "corral.session_lost"
+"""CUSTOM event of a run that was to continue the thread's saved CLI session but began a
+new conversation: ``{"harness", "expected", "reason", "sessionId"?}`` (``expected``: the
+session id it was to continue; ``sessionId``: the new one, when known). Logged before
+the run's first message (docs/threads.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,10 @@ class RunContext:
 
     run_id: str
     thread_id: str
+    resumed_session: str | None = None
+    """The saved CLI session the run was started to continue (``spec.agent
+    .resumed_session``), if any: a translator that sees the agent start another session
+    says so (``CUSTOM corral.session_lost``), and one whose CLI refuses it says that."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from ag_ui.core import BaseEvent
 from corral._errors import ConfigError
 from corral.harness._base import RunContext
 from corral.harness._cli_base import (
+    transcript_problem,
     GATE_TIMEOUT,
     CliHarness,
     CliOptions,
@@ -302,6 +303,12 @@ class ClaudeCodeHarness(CliHarness):
             return sid
         return None
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """The transcript ``.claude/projects/<cwd>/<session id>.jsonl`` must be there with
+        a readable line (else: "No conversation found with session ID")."""
+        return transcript_problem(files, session_id, under=".claude/projects/",
+                                  named=f"{session_id}.jsonl")
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None
                    ) -> ClaudeCodeTranslator:
         if at_offset is not None:
@@ -327,6 +334,7 @@ class ClaudeCodeTranslator(JsonlTranslator):
     """stream-json lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "claude-code"
+    resume_refusals: ClassVar[tuple[str, ...]] = ("No conversation found with session ID",)
 
     def on_event(self, obj: dict[str, Any]) -> list[BaseEvent]:
         kind = obj.get("type")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from ag_ui.core import TokenUsage as AguiTokenUsage
 
 from corral._errors import ConfigError
 from corral.harness import _events as ev
+from corral.harness._base import SESSION_LOST_EVENT as SESSION_LOST_EVENT
 from corral.harness._base import AgentCommand, AgentRequest, RunContext
 from corral.harness._config import HarnessConfig
 from corral.harness._packages import AGENTS_MOUNT, KNOWN_AGENTS, AgentPackage, package_for
@@ -70,6 +72,8 @@ from corral.policy._policy import Policy
 
 __all__ = [
     "SESSION_EVENT",
+    "SESSION_LOST_EVENT",
+    "SESSION_LOST_CODE",
     "CliHarness",
     "CliOptions",
     "JsonlTranslator",
@@ -77,10 +81,14 @@ __all__ = [
     "PolicyMapping",
     "beyond_allow_all",
     "entry_argv",
+    "transcript_problem",
 ]
 
 SESSION_EVENT = "corral.session"
 """CUSTOM event carrying the CLI's session id: ``{"harness", "sessionId", ...}``."""
+SESSION_LOST_CODE = "session_lost"
+"""The error code of a run that ended because the thread's saved session could not be
+continued (``on_session_lost="fail"``, or the agent CLI refused it)."""
 STDERR_CHARS = 1000
 NO_RESULT = "(no result: the agent stopped before the tool call finished)"
 
@@ -451,6 +459,14 @@ class CliHarness:
         """The CLI's session id if this output event carries it."""
         raise NotImplementedError
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """Why the saved session ``session_id`` (its files: home-relative path → bytes)
+        cannot be resumed, checked before the CLI starts (its transcript is missing or
+        holds nothing the CLI could read), or ``None`` when it looks whole. Only what
+        the CLI certainly refuses: anything else is the CLI's to decide. None by
+        default."""
+        return None
+
     def home_files(self, opts: CliOptions) -> dict[str, bytes]:
         """Files (home-relative path → content) written into the sandbox home before each
         run (the CLI's configuration, for CLIs that take it from a file only)."""
@@ -568,11 +584,18 @@ class JsonlTranslator:
     """
 
     harness: ClassVar[str] = ""
+    resume_refusals: ClassVar[tuple[str, ...]] = ()
+    """What the CLI says (in its error or on stderr) when it refuses the session it was
+    asked to resume: a run that fails saying one of these, while resuming, ends with
+    "the saved … session … could not be resumed" (:meth:`terminal`)."""
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.finished = False
         self.session: str | None = None
+        self.lost_reason: str | None = None
+        """Why the session the run was to resume was not (a subclass that learns it
+        sets it before the new session's id comes); see :meth:`session_event`."""
         self.open_tools: dict[str, str] = {}
         """tool_call_id -> name, started but without a result yet."""
         self.done_tools: set[str] = set()
@@ -628,12 +651,25 @@ class JsonlTranslator:
         return ev.custom(f"{self.harness}.{name}", value)
 
     def session_event(self, session_id: str, **extra: Any) -> list[BaseEvent]:
+        """``CUSTOM corral.session`` the first time the run reports ``session_id``; when
+        the run was to resume another session (``ctx.resumed_session``) and this is the
+        first session it reports, ``CUSTOM corral.session_lost`` before it: the agent
+        began a new conversation."""
         if session_id == self.session:
             return []
+        first = self.session is None
         self.session = session_id
+        out: list[BaseEvent] = []
+        expected = self.ctx.resumed_session
+        if first and expected and session_id != expected:
+            out.append(ev.custom(SESSION_LOST_EVENT, {
+                "harness": self.harness, "expected": expected, "sessionId": session_id,
+                "reason": self.lost_reason or "the agent began a new session instead of "
+                "resuming the saved one"}))
         value = {"harness": self.harness, "sessionId": session_id}
         value.update({k: v for k, v in extra.items() if v is not None})
-        return [ev.custom(SESSION_EVENT, value)]
+        out.append(ev.custom(SESSION_EVENT, value))
+        return out
 
     def text(self, message_id: str, text: str) -> list[BaseEvent]:
         out: list[BaseEvent] = [ev.text_start(message_id)]
@@ -712,4 +748,46 @@ class JsonlTranslator:
             message += ": " + stderr
         elif stderr:
             meta["stderr"] = stderr
+        refused = self._refused(message, stderr)
+        if refused:
+            meta["agentCode"] = code
+            message, code = refused, SESSION_LOST_CODE
         return RunErrorEvent(message=message, code=code, metadata=meta, usage=self.usage)
+
+    def _refused(self, message: str, stderr: str) -> str | None:
+        """The error of a run whose CLI refused the session it was to resume (it said
+        one of :attr:`resume_refusals`), naming that session, else ``None``."""
+        expected = self.ctx.resumed_session
+        if not expected or self.error_code == SESSION_LOST_CODE:
+            return None
+        said = f"{message}\n{stderr}"
+        if not any(r in said for r in self.resume_refusals):
+            return None
+        words = message.split(": ", 1)[1] if message.startswith(f"{self.harness} exited") \
+            and ": " in message else message
+        words = " ".join(_ANSI.sub("", words).split())
+        return (f"the saved {self.harness} session {expected} could not be resumed: "
+                f"{words[:STDERR_CHARS]}")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def transcript_problem(files: Mapping[str, bytes], session_id: str, *, under: str,
+                       named: str) -> str | None:
+    """For :meth:`CliHarness.session_problem` of a CLI keeping a session as a JSON-lines
+    transcript: why ``files`` hold no usable transcript of ``session_id`` (a file under
+    ``under`` whose name contains ``named``), or ``None``. Usable: at least one line is a
+    JSON object (a CLI reads what it can of a damaged transcript; one without any line
+    it can read, it refuses)."""
+    found = [p for p in files if p.startswith(under) and named in p.rsplit("/", 1)[-1]]
+    if not found:
+        return f"its transcript (…{named}…) is not among the saved files"
+    for path in found:
+        for line in files[path].splitlines():
+            try:
+                if isinstance(json.loads(line), dict):
+                    return None
+            except ValueError:
+                continue
+    return f"its transcript {found[0].rsplit('/', 1)[-1]} holds no line the CLI can read"

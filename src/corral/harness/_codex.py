@@ -54,6 +54,7 @@ from corral._insandbox import command_gate as command_gate
 from corral.harness._base import RunContext
 from corral.tools._names import SERVER_NAME
 from corral.harness._cli_base import (
+    transcript_problem,
     GATE_TIMEOUT,
     CliHarness,
     CliOptions,
@@ -200,6 +201,12 @@ class CodexHarness(CliHarness):
             return sid
         return None
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """The rollout ``.codex/sessions/…/rollout-…-<thread id>.jsonl`` must be there
+        with a readable line (else: "thread/resume failed")."""
+        return transcript_problem(files, session_id, under=".codex/sessions/",
+                                  named=f"-{session_id}.jsonl")
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None) -> CodexTranslator:
         if at_offset is not None:
             raise ConfigError("the codex translator resumes by replay, not by offset")
@@ -269,6 +276,7 @@ class CodexTranslator(JsonlTranslator):
     """``codex exec --json`` lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "codex"
+    resume_refusals: ClassVar[tuple[str, ...]] = ("thread/resume failed",)
 
     def __init__(self, ctx: RunContext, *, structured: bool = False) -> None:
         super().__init__(ctx)

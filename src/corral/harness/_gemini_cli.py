@@ -67,6 +67,7 @@ from corral._errors import ConfigError
 from corral.harness import _events as ev
 from corral.harness._base import RunContext
 from corral.harness._cli_base import (
+    transcript_problem,
     GATE_TIMEOUT,
     CliHarness,
     CliOptions,
@@ -219,6 +220,12 @@ class GeminiCliHarness(CliHarness):
             return sid
         return None
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        """A chat ``.gemini/tmp/<project>/chats/session-…-<id's first 8>.jsonl`` must be
+        there with a readable line (else: "Error resuming session")."""
+        return transcript_problem(files, session_id, under=".gemini/tmp/",
+                                  named=f"-{session_id[:8]}.json")
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None
                    ) -> GeminiCliTranslator:
         if at_offset is not None:
@@ -352,6 +359,7 @@ class GeminiCliTranslator(JsonlTranslator):
     docstring)."""
 
     harness: ClassVar[str] = "gemini-cli"
+    resume_refusals: ClassVar[tuple[str, ...]] = ("Error resuming session",)
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

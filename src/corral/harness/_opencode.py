@@ -65,7 +65,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from ag_ui.core import BaseEvent, StepFinishedEvent, StepStartedEvent
 from pydantic import field_validator
@@ -303,6 +303,9 @@ class OpencodeHarness(CliHarness):
         sid = obj.get("sessionID")
         return sid if isinstance(sid, str) and sid else None
 
+    def session_problem(self, files: Mapping[str, bytes], session_id: str) -> str | None:
+        return opencode_session_problem(files, session_id)
+
     def translator(self, ctx: RunContext, *, at_offset: int | None = None
                    ) -> OpencodeTranslator | AcpTranslator:
         if at_offset is not None:
@@ -353,10 +356,31 @@ def opencode_config(model: str, base_url: str, api_key: str, permission: Mapping
     return config
 
 
+OPENCODE_REFUSALS: Final = ("Session not found", "file is not a database")
+"""What opencode says when it cannot resume the session it was given."""
+OPENCODE_DB = ".local/share/opencode/opencode.db"
+
+
+def opencode_session_problem(files: Mapping[str, bytes], session_id: str) -> str | None:
+    """Why opencode certainly cannot resume ``session_id`` from the saved ``files``: its
+    database is missing, is not SQLite, or never mentions the session (a SQLite database
+    stores text as it is, in the file or its write-ahead log); else ``None``."""
+    db = files.get(OPENCODE_DB)
+    if db is None:
+        return "its database (opencode.db) is not among the saved files"
+    if not db.startswith(b"SQLite format 3\x00"):
+        return "its database (opencode.db) is not a SQLite database"
+    wal = files.get(OPENCODE_DB + "-wal", b"")
+    if session_id.encode() not in db and session_id.encode() not in wal:
+        return "its database (opencode.db) does not hold the session"
+    return None
+
+
 class OpencodeTranslator(JsonlTranslator):
     """``opencode run --format json`` lines → AG-UI events (see the module docstring)."""
 
     harness: ClassVar[str] = "opencode"
+    resume_refusals: ClassVar[tuple[str, ...]] = OPENCODE_REFUSALS
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

@@ -1,6 +1,7 @@
 """The end of an agent-CLI run on any host, whatever its outcome: save the CLI session for
-the thread's next prompt while the sandbox is still there, and meter the run's model usage
-(what its model proxy counted) into the record."""
+the thread's next prompt while the sandbox is still there (and record on the run which
+session it ended in, and whether that was not the one it was to continue), and meter the
+run's model usage (what its model proxy counted) into the record."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from corral._log import library_logger
 from corral.harness._base import NeedsAgentRuntime
 from corral.journal._supervisor import process_alive
 from corral.runs._pricing import load_prices, price_usage
+from corral.runs._session_lost import record_lost, refused
 from corral.runs._site import AgentSite
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.sandbox._contracts import Handle, Provider
@@ -69,19 +71,32 @@ async def finish_agent(store: Store, record: RunRecord, site: AgentSite | None, 
     redactor.add(PROXY_TOKEN_NAME, await run_proxy_token(store, record.run_id))
     if info.get("tools_socket"):
         redactor.add(TOKEN_ENV, await run_tools_token(store, record.run_id))
+    # an agent that refused the session it was given (the run failed for it) leaves the
+    # store's copy as it is: the next turn knows not to give it that session again
+    not_taken = refused(record)
     report = await finish_agent_run(
         harness, await _sandbox(record, provider_for), record.thread_id, paths, nonce,
         # saved in the store, where the thread's next turn finds it on any host
-        sessions=store, run_id=record.run_id,
+        sessions=None if not_taken else store, run_id=record.run_id,
         # the saved CLI session can hold whatever the agent printed
         redactor=redactor,
         secret_names=list(spec.secret_names),
         resumed_session=resumed if isinstance(resumed, str) else None,
+        # (an ACP run that failed on it reports no session of its own)
         sockets=[Path(p) for p in info.get("sockets") or [] if isinstance(p, str)],
         own_net_dir=Path(own) if isinstance(own, str) else None,
     )
     for error in report.errors:
         log.warning("run %s: %s", record.run_id, error)
+    if report.session_id is not None:
+        # the conversation the thread is in after this turn: what its next turn must
+        # continue (runs/_session_lost.py), whichever host runs it
+        session = {"harness": harness.name,
+                   "id": resumed if not_taken and isinstance(resumed, str)
+                   else report.session_id}
+        await store.update(record.run_id, RunPatch(spec=spec.with_agent(
+            session=session).to_json()))
+        await record_lost(store, record, report.session_id)
     if paths is not None and report.usage.requests:
         u = report.usage
         usage: dict[str, Any] = {

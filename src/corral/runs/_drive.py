@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Final
 import anyio
 
 from corral._log import library_logger
-from corral.harness._base import NeedsAgentRuntime, RunContext
+from corral.harness._base import NeedsAgentRuntime
 from corral.runs._claims import hold_claim
 from corral.runs._file_feed_wiring import file_feed
 from corral.runs._host_tools import serve_tools
@@ -22,6 +22,7 @@ from corral.runs._owner import owner_is_dead
 from corral.runs._pipe import LogBatch, PipeResult, Produced, ProducerExit, pipe_to_run_log
 from corral.runs._produce import Checkpoint, logged_end, produce_batches
 from corral.runs._request import RunStartError
+from corral.runs._session_lost import run_context
 from corral.runs._site import AgentSite
 from corral.runs._spec import harness_for_record, run_spec_of
 from corral.runs._takeovers import DEFAULT_MAX_TAKEOVERS, TakeoverLimit, count_takeover
@@ -169,7 +170,7 @@ class ClaimedDrive:
                 else:
                     tg.start_soon(feed.run)
             produced = produce_batches(
-                harness, RunContext(run_id, record.thread_id), paths, nonce,
+                harness, run_context(record), paths, nonce,
                 after=tail.last_journal_offset, follow=True,
                 redactor=secrets.redactor() if secrets is not None else None,
                 before_exit=before_exit, on_journal_error=on_journal_error,

@@ -26,6 +26,7 @@ from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
 from corral.runs._plan import StartPlan, with_prompt
 from corral.runs._request import RunStartError
+from corral.runs._session_lost import announce_lost, expected_session
 from corral.runs._site import AgentSite, SupervisedCommand
 from corral.sandbox._ensure import Ensured
 from corral.sandbox._key import RunContext as SandboxContext
@@ -78,7 +79,7 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
         plan.spec = replace(plan.spec, files=files)
         await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     plan.site = site = plan.placement.started(handle, run_id, paths, nonce, lambda _: provider)
-    pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id)
+    pid = await _launch_agent(plan, ensured, site, store, run_id, thread_id, epoch)
     log.info("run %s: agent started (supervisor pid %d)", run_id, pid)
 
 
@@ -99,12 +100,12 @@ async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
 
 
 async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, store: Store,
-                        run_id: str, thread_id: str) -> int:
+                        run_id: str, thread_id: str, epoch: int) -> int:
     """Launch the run's agent supervised at its site (``plan.spec`` as recorded so far); an
     agent CLI's runtime is recorded in the spec for its successors."""
     if isinstance(plan.harness, CliHarness):
         return await _launch_cli_agent(plan, plan.harness, ensured, site, store, run_id,
-                                       thread_id)
+                                       thread_id, epoch)
     agent, request = plan.command, plan.request
     assert agent is not None  # plan_start built it for every non-CLI harness
     # Secrets reach the agent only here: through the supervisor into the agent's
@@ -115,7 +116,8 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, stor
 
 
 async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
-                            site: AgentSite, store: Store, run_id: str, thread_id: str) -> int:
+                            site: AgentSite, store: Store, run_id: str, thread_id: str,
+                            epoch: int) -> int:
     """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
     (so the run keeps its model when no process drives it), launch it supervised, and
     record what a successor needs to finish the run."""
@@ -125,6 +127,9 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
     tools_token = await run_tools_token(store, run_id) if plan.tools is not None else None
     proxy_token = await run_proxy_token(store, run_id)
     redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens below
+    # the session the thread's conversation is in, by its history: a store without it
+    # makes this turn a new conversation, which the run must say (or fail, if asked)
+    expected, refused = await expected_session(store, thread_id, run_id, harness.name)
     prepared = await prepare_agent(
         harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
         instructions=instructions if isinstance(instructions, str) else None,
@@ -140,7 +145,12 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         timeout=request.timeout,
         # the thread's CLI session: restored from the store, whichever host saved it
         sessions=store,
+        expected_session=expected,
+        refused_session=refused,
+        on_session_lost=request.on_session_lost,
     )
+    if prepared.session_lost is not None:
+        await announce_lost(store, run_id, prepared.session_lost, epoch)
     # The sandbox's secrets join the agent's environment (as for any agent), under the
     # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
     prepared.command = replace(

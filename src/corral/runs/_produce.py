@@ -37,6 +37,7 @@ from corral.runs._pipe import (
     error_from_event,
 )
 from corral.runs._run_probe import probe_run_exit
+from corral.runs._session_lost import run_context
 from corral.sandbox._redact import Redactor
 from corral.stores._protocols import EventLog
 from corral.stores._records import RunError, RunRecord
@@ -229,7 +230,7 @@ async def continue_run(
         raise AgentNeverStarted(f"{NOT_STARTED} (it left no journal)")
     tail = await store.tail(record.run_id)
     batches = produce_batches(
-        harness(), RunContext(record.run_id, record.thread_id), paths, nonce,
+        harness(), run_context(record), paths, nonce,
         after=tail.last_journal_offset, redactor=redactor, follow=follow,
         before_exit=before_exit, on_journal_error=on_journal_error, checkpoint=checkpoint)
     try:

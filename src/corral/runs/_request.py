@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from corral._errors import ConfigError, CorralError
 from corral.harness._registry import registration
@@ -140,6 +140,12 @@ class RunRequest:
     """Bytes the agent may write to stdout and stderr together: its journal lives on the
     host, outside the sandbox's disk quota. Past it the supervisor stops the agent and the
     run fails saying so."""
+    on_session_lost: Literal["continue", "fail"] = "continue"
+    """A turn of a thread that cannot continue the thread's saved agent-CLI session (it
+    is not in the store, its files are damaged, the agent refuses it): ``"continue"``
+    answers the prompt in a new conversation and says so (``CUSTOM corral.session_lost``
+    before the first message, a ``session_lost`` warning on the record); ``"fail"`` ends
+    the run ``failed`` (code ``session_lost``) instead. See docs/threads.md."""
 
     def __post_init__(self) -> None:
         t = self.timeout
@@ -152,6 +158,9 @@ class RunRequest:
         b = self.token_budget
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"token_budget must be a positive integer, not {b!r}")
+        if self.on_session_lost not in ("continue", "fail"):
+            raise ConfigError("on_session_lost must be continue or fail, not "
+                              f"{self.on_session_lost!r}")
         if b is not None and self.harness == "command":
             raise ConfigError("token_budget limits an agent CLI's model calls; the command "
                               "harness makes none")

@@ -29,6 +29,7 @@ from corral.sandbox._threads import copy_checkpoint, last_turn_recorded, session
 from corral.stores._checkpoints import Checkpoint, CheckpointInfo
 from corral.stores._protocols import RunActive, SessionInfo, Store
 from corral.stores._records import RunPatch, RunRecord
+from corral.runs._session_lost import forget_sessions, new_conversation
 
 if TYPE_CHECKING:
     from corral.runs._runner import Runner
@@ -142,6 +143,11 @@ def _run_dict(r: RunRecord, title: str) -> dict[str, Any]:
         out["checkpoint"] = dict(r.checkpoint)
     if r.undone_at is not None:
         out["undone_at"] = r.undone_at
+    if r.warnings:
+        out["warnings"] = [dict(w) for w in r.warnings]
+    if new_conversation(r):
+        # the turn did not continue the thread's conversation (docs/threads.md)
+        out["new_conversation"] = True
     return out
 
 
@@ -324,7 +330,9 @@ class Threads:
                 sandboxes += 1
         removed = {"sessions": sessions, "checkpoints": len(infos), "sandboxes": sandboxes,
                    "runs": 0, "chunks": await self.store.collect_chunks()}
-        if runs:
+        if not runs:
+            await forget_sessions(self.store, records)
+        else:
             for r in records:
                 try:
                     if await self.store.delete_run(r.run_id):

@@ -118,6 +118,12 @@ class StartRun(BaseModel):
         None, description="agent harnesses: a JSON Schema (an object at its root) the "
         "run's result must match; the run's `output` holds it, or the run fails"
     )
+    on_session_lost: Literal["continue", "fail"] = Field(
+        "continue", description="agent harnesses, a turn that cannot continue its "
+        "thread's saved conversation (it is not in the store, damaged, or refused by the "
+        "agent): `continue` answers in a new one (CUSTOM corral.session_lost, a "
+        "`session_lost` warning on the run), `fail` ends the run failed (`session_lost`)"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> StartRun:
@@ -270,6 +276,10 @@ class RunOut(BaseModel):
         "{id, bytes} or {skipped}/{error}")
     undone_at: float | None = Field(default=None, description="when an undo took this "
                                     "run's turn back")
+    warnings: list[dict[str, Any]] | None = Field(
+        default=None, description="what went wrong without failing the run, each "
+        "{code, message, ...}: `session_lost` (also `harness`, `expected`) when the turn "
+        "began a new conversation instead of continuing the thread's saved session")
     events_url: str
 
     @classmethod
@@ -297,6 +307,7 @@ class RunOut(BaseModel):
             output=dict(record.output) if record.output is not None else None,
             checkpoint=dict(record.checkpoint) if record.checkpoint else None,
             undone_at=record.undone_at,
+            warnings=[dict(w) for w in record.warnings] if record.warnings else None,
             events_url=root + events_url(record.run_id),
         )
 

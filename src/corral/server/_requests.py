@@ -82,6 +82,7 @@ def request_for(config: ServerConfig, body: StartRun) -> RunRequest:
         timeout=body.timeout,
         token_budget=body.token_budget,
         output_schema=body.output_schema,
+        on_session_lost=body.on_session_lost,
     )
     if body.file_events:
         request = replace(request, sandbox=replace(request.definition(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Final, TypeVar, Union
 
@@ -138,6 +138,11 @@ class RunRecord:
     """A run with an output schema: the results the agent gave that did not match it,
     ``{"invalid": n, "error": the last validation error}``, counted for the run across
     its drivers (a takeover continues the count; written fenced by the driver's claim)."""
+    warnings: Sequence[Mapping[str, Any]] | None = None
+    """What went wrong without failing the run, each ``{"code", "message", ...}``: e.g.
+    ``session_lost`` (the turn was to continue the thread's saved CLI session and began
+    a new conversation; also ``expected``, the session id it was to continue). At most
+    :data:`MAX_WARNINGS`."""
 
     @property
     def terminal(self) -> bool:
@@ -175,6 +180,8 @@ class RunRecord:
                 value = value.value
             elif isinstance(value, Mapping):
                 value = dict(value)
+            elif f.name == "warnings":
+                value = [dict(w) for w in value]
             out[f.name] = value
         return out
 
@@ -212,6 +219,7 @@ class RunRecord:
                 "undone_at": _opt_time(data, "undone_at"),
                 "takeovers": _opt_obj(data, "takeovers"),
                 "output_tries": _opt_obj(data, "output_tries"),
+                "warnings": _opt_warnings(data, "warnings"),
             }
         except CorruptRecord as exc:
             raise CorruptRecord(f"run {run_id!r}: {exc}") from None
@@ -238,6 +246,7 @@ _PATCHABLE: Final = (
     "undone_at",
     "takeovers",
     "output_tries",
+    "warnings",
 )
 
 
@@ -266,6 +275,7 @@ class RunPatch:
     undone_at: Patch[float] = UNSET
     takeovers: Patch[Mapping[str, Any]] = UNSET
     output_tries: Patch[Mapping[str, Any]] = UNSET
+    warnings: Patch[Sequence[Mapping[str, Any]]] = UNSET
 
     def __post_init__(self) -> None:
         status: object = self.status
@@ -383,6 +393,25 @@ def _opt_output(data: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     return value
 
 
+MAX_WARNINGS: Final = 20
+"""The most warnings a run record keeps."""
+
+
+def _opt_warnings(data: Mapping[str, Any], key: str) -> tuple[Mapping[str, Any], ...] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+        raise CorruptRecord(f"{key} must be a list of objects, got {type(value).__name__}")
+    if len(value) > MAX_WARNINGS:
+        raise CorruptRecord(f"{key} holds more than {MAX_WARNINGS} warnings")
+    for item in value:
+        if not isinstance(item, Mapping) or not isinstance(item.get("code"), str) \
+                or not isinstance(item.get("message"), str):
+            raise CorruptRecord(f"{key} must hold objects with a code and a message")
+    return tuple(value)
+
+
 def _check_error(data: Mapping[str, Any], key: str) -> None:
     if not isinstance(data[key], RunError):
         raise CorruptRecord(f"{key} must be a RunError, got {data[key]!r}")
@@ -405,6 +434,7 @@ _PATCH_CHECKS: Final = {
     "undone_at": _opt_time,
     "takeovers": _opt_obj,
     "output_tries": _opt_obj,
+    "warnings": _opt_warnings,
 }
 
 

@@ -276,7 +276,9 @@ class HarnessWorld:
         paths = JournalPaths.for_run(rec["journal"]["dir"], run_id)
         harness = build_harness(rec["harness"], RunSpec.parse(rec["spec"]).harness_config())
         out: list[Any] = []
-        async for batch in translate_run(harness, RunContext(run_id, rec["thread_id"]), paths,
+        resumed = (rec["spec"].get("agent") or {}).get("resumed_session")
+        ctx = RunContext(run_id, rec["thread_id"], resumed_session=resumed)
+        async for batch in translate_run(harness, ctx, paths,
                                          nonce=rec["journal"]["nonce"]):
             out += batch.events
         request = RunRequest(prompt=prompt, harness=rec["harness"])
