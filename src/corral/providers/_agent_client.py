@@ -251,13 +251,16 @@ class AgentConnection:
 
     # -- commands --------------------------------------------------------------------------
 
-    async def start(self, blob: bytes, finisher: StatusFinisher) -> AgentProcess:
-        """Start a command (``blob``: the launch fields, see the module docstring)."""
+    async def start(self, blob: bytes, finisher: StatusFinisher,
+                    gone: Callable[[], bool]) -> AgentProcess:
+        """Start a command (``blob``: the launch fields, see the module docstring).
+        ``gone()`` says whether the sandbox was destroyed (then a lost agent is no error:
+        the command was killed with the sandbox)."""
         ident = self._next
         self._next += 1
         cmd = self._cmds[ident] = _Cmd()
         await self._send(frame(ident, b"S", blob))
-        return AgentProcess(self, ident, cmd, finisher)
+        return AgentProcess(self, ident, cmd, finisher, gone)
 
 
 class _Stream:
@@ -286,8 +289,10 @@ class _Stream:
 class AgentProcess:
     """A command run by the agent (implements :class:`corral.sandbox.Process`)."""
 
-    def __init__(self, conn: AgentConnection, ident: int, cmd: _Cmd, finisher: StatusFinisher) -> None:
+    def __init__(self, conn: AgentConnection, ident: int, cmd: _Cmd, finisher: StatusFinisher,
+                 gone: Callable[[], bool]) -> None:
         self._conn = conn
+        self._gone = gone
         self._id = ident
         self._cmd = cmd
         self._finisher = finisher
@@ -362,7 +367,10 @@ class AgentProcess:
             try:
                 await self._conn._until(self._finished)
             except AgentLost as exc:
-                raise AgentLost(f"{exc}: the command was killed with it") from None
+                if not self._gone():
+                    raise AgentLost(f"{exc}: the command was killed with it") from None
+                # The sandbox was destroyed: its commands were killed, as they are.
+                self._cmd.status, self._cmd.reported = signal.SIGKILL, False
             c = self._cmd
             out = self._finisher(c.status, c.reported)
             self._result = ExecResult(exit_code=out.exit_code, stdout=b"", stderr=b"",

@@ -24,6 +24,7 @@ AGENT_SOURCE = r"""/* corral's in-sandbox agent (see corral.providers._bwrap_age
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -189,7 +190,22 @@ static void no_caps(void) {
 }
 
 /* fds on entry (already moved): 3 stdin-r, 4 stdout-w, 5 stderr-w, 6 report-w. */
+/* The command's own /proc (its pid namespace's), with the covers bwrap puts on a
+   sandbox's /proc; then no capability at all. */
+static void own_proc(void) {
+  static const char *covers[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"};
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(125);
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) _exit(125);
+  for (size_t i = 0; i < sizeof covers / sizeof *covers; i++) {
+    if (access(covers[i], F_OK) != 0) continue;
+    if (mount(covers[i], covers[i], NULL, MS_BIND | MS_REC, NULL) != 0 ||
+        mount(NULL, covers[i], NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+      _exit(125);
+  }
+}
+
 static void mini_init(char *blob, size_t len) {
+  own_proc();
   no_caps();
   setsid();
   size_t nf = 0;
@@ -262,7 +278,7 @@ static void start(int c, uint32_t id, char *blob, size_t len) {
   int pidfd = -1;
   struct clone_args a;
   memset(&a, 0, sizeof a);
-  a.flags = CLONE_NEWPID | CLONE_PIDFD;
+  a.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_PIDFD;
   a.pidfd = (uint64_t)(uintptr_t)&pidfd;
   a.exit_signal = SIGCHLD;
   long pid = syscall(SYS_clone3, &a, sizeof a);

@@ -618,10 +618,13 @@ class BubblewrapHandle(HostDirHandle):
             return self._outcome(126 << 8 if status is None else status, 0, before)
 
         try:
-            return await conn.start(blob, finish)
+            return await conn.start(blob, finish, self._gone)
         except AgentLost:
             self._check_alive()
             raise
+
+    def _gone(self) -> bool:
+        return not os.path.exists(f"{self._dir_name}/state.json")
 
     def _launch_agent(self, listen_fd: int, stdin: bytes, log_fd: int) -> subprocess.Popen[bytes]:
         """Start the sandbox's agent: the launcher chain, then bwrap with the agent's
