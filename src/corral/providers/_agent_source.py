@@ -170,7 +170,13 @@ static void free_cmd(cmd_t *k) {
 }
 
 /* ---- the per-command init: pid 1 of the command's own pid namespace ---- */
-static void forward(int sig) { kill(-1, sig); }
+/* Only a signal from outside the command's namespace (the agent's: its sender has no pid
+   here) is passed on to every process of the command; one sent from inside is dropped, as
+   for an init without handlers. */
+static void forward(int sig, siginfo_t *si, void *ctx) {
+  (void)ctx;
+  if (si->si_code == SI_USER && si->si_pid == 0) kill(-1, sig);
+}
 
 static int num(const char *s, long *out) {
   char *end;
@@ -222,13 +228,15 @@ static void mini_init(char *blob, size_t len) {
   memcpy(envp, f + 2, (size_t)nenv * sizeof(char *));
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = forward;
+  sa.sa_sigaction = forward;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
   for (int s = 1; s < 32; s++)
     if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) sigaction(s, &sa, NULL);
   pid_t pid = fork();
   if (pid < 0) { dprintf(5, "corral: cannot start %s: fork: %s\n", args[0], strerror(errno)); _exit(126); }
   if (pid == 0) {
     sa.sa_handler = SIG_DFL;
+    sa.sa_flags = 0;
     for (int s = 1; s < 32; s++)
       if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
     sigset_t none; sigemptyset(&none); sigprocmask(SIG_SETMASK, &none, NULL);
