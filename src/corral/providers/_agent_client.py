@@ -54,9 +54,10 @@ import anyio.lowlevel
 
 from corral._errors import CorralError
 from corral.providers._process import Outcome
-from corral.sandbox._contracts import ExecResult
+from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult
 
-__all__ = ["HELLO", "WINDOW", "AgentConnection", "AgentLost", "AgentProcess", "hello_answer"]
+__all__ = ["HELLO", "WINDOW", "AgentConnection", "AgentLost", "AgentProcess", "StatusFinisher",
+           "hello_answer"]
 
 HELLO = b"corral-agent-hello-1"
 WINDOW = 4 << 20
@@ -152,7 +153,7 @@ class AgentConnection:
 
     def usable(self) -> bool:
         """Alive, and on the current event loop."""
-        return self.dead is None and self.loop is anyio.lowlevel.current_token()
+        return self.dead is None and self.loop == anyio.lowlevel.current_token()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -261,6 +262,70 @@ class AgentConnection:
         cmd = self._cmds[ident] = _Cmd()
         await self._send(frame(ident, b"S", blob))
         return AgentProcess(self, ident, cmd, finisher, gone)
+
+
+    async def run(self, blob: bytes, finisher: StatusFinisher, gone: Callable[[], bool], *,
+                  stdin: bytes | None, timeout: float | None) -> ExecResult:
+        """Run a command to completion and collect its output (``exec``): one request, no
+        task per stream. A timeout kills everything the command started (exit code 124).
+        ``stdin`` is sent with the request (the agent writes it as the command reads)."""
+        ident = self._next
+        self._next += 1
+        cmd = self._cmds[ident] = _Cmd()
+        data = frame(ident, b"S", blob)
+        for i in range(0, len(stdin or b""), _STDIN_CHUNK):
+            assert stdin is not None
+            data += frame(ident, b"I", stdin[i:i + _STDIN_CHUNK])
+        data += frame(ident, b"C")
+        out: tuple[list[bytes], list[bytes]] = ([], [])
+        timed_out = False
+
+        def done() -> bool:
+            return ((cmd.status is not None or cmd.error is not None)
+                    and cmd.eof[0] and cmd.eof[1])
+
+        async def pump() -> None:
+            while True:
+                await self._until(lambda: bool(cmd.out[0] or cmd.out[1]) or done())
+                for which in (0, 1):
+                    q = cmd.out[which]
+                    while q:
+                        chunk = q.popleft()
+                        out[which].append(chunk)
+                        cmd.consumed[which] += len(chunk)
+                    if cmd.consumed[which] >= _ACK_EVERY and not cmd.eof[which]:
+                        m, cmd.consumed[which] = cmd.consumed[which], 0
+                        await self._send(frame(ident, b"A", struct.pack("<BI", which, m)))
+                if done() and not (cmd.out[0] or cmd.out[1]):
+                    return
+
+        try:
+            try:
+                await self._send(data)
+                with anyio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+                    await pump()
+                if scope.cancelled_caught:
+                    timed_out = True
+                    with anyio.CancelScope(shield=True):
+                        await self._send(frame(ident, b"K", bytes([signal.SIGKILL])))
+                        with anyio.move_on_after(5):
+                            await pump()
+            except BaseException:
+                with anyio.CancelScope(shield=True), _suppress(AgentLost):
+                    if not done():
+                        await self._send(frame(ident, b"K", bytes([signal.SIGKILL])))
+                raise
+        except AgentLost as exc:
+            if not gone():
+                raise AgentLost(f"{exc}: the command was killed with it") from None
+            cmd.status, cmd.reported = signal.SIGKILL, False  # destroyed with its sandbox
+        finally:
+            self._cmds.pop(ident, None)
+        res = finisher(cmd.status if cmd.error is None else None, cmd.reported)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if timed_out else res.exit_code,
+            stdout=b"".join(out[0]), stderr=b"".join(out[1]), signal=res.signal,
+            timed_out=timed_out, limit_hit=res.limit_hit)
 
 
 class _Stream:

@@ -385,7 +385,7 @@ static int frame(int c, uint32_t id, char type, unsigned char *p, size_t n) {
     if ((k = find(c, id))) {
       k->conn = -1;
       xclose(&k->in); xclose(&k->out); xclose(&k->err); bfree(&k->stdin_q);
-      if (k->have_status) free_cmd(k);
+      if (k->have_status && k->pidfd < 0) free_cmd(k);
     }
     return 0;
   default: return -1;
@@ -422,13 +422,13 @@ static void pump(cmd_t *k, int which) {
   send_frame(k->conn, k->id, which ? '2' : '1', tmp, (size_t)r);
 }
 
-static void reap(cmd_t *k) {
-  siginfo_t si;
-  memset(&si, 0, sizeof si);
-  if (waitid(P_PIDFD, (id_t)k->pidfd, &si, WEXITED | WNOHANG) != 0 || si.si_pid == 0) return;
-  xclose(&k->pidfd);
+/* The command's status: from its init's report (as soon as it is written: the init's own
+   exit, which tears down its namespaces, is not waited for), or, when the init died
+   without one, SIGKILL's. */
+static void report(cmd_t *k, int dead) {
   char line[32] = {0};
-  ssize_t r = read(k->report, line, sizeof line - 1);
+  ssize_t r = k->report >= 0 ? read(k->report, line, sizeof line - 1) : -1;
+  if (r < 0 && errno == EAGAIN && !dead) return;
   xclose(&k->report);
   long st;
   unsigned char rep = 1;
@@ -442,7 +442,14 @@ static void reap(cmd_t *k) {
   int32_t s32 = (int32_t)st;
   memcpy(x, &s32, 4); x[4] = rep;
   send_frame(k->conn, k->id, 'x', x, 5);
-  if (k->conn < 0) free_cmd(k);
+}
+
+static void reap(cmd_t *k) {
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  if (waitid(P_PIDFD, (id_t)k->pidfd, &si, WEXITED | WNOHANG) != 0 || si.si_pid == 0) return;
+  xclose(&k->pidfd);
+  if (!k->have_status) report(k, 1);
 }
 
 static void accept_conn(void) {
@@ -509,8 +516,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < MAXCONN; i++) conns[i].fd = -1;
   for (int i = 0; i < MAXCMD; i++) { cmds[i].pidfd = cmds[i].report = cmds[i].in = cmds[i].out = cmds[i].err = -1; }
 
-  static struct pollfd pf[1 + MAXCONN + 4 * MAXCMD];
-  static int who[1 + MAXCONN + 4 * MAXCMD];
+  static struct pollfd pf[1 + MAXCONN + 5 * MAXCMD];
+  static int who[1 + MAXCONN + 5 * MAXCMD];
   for (;;) {
     int n = 0;
     pf[n] = (struct pollfd){listen_fd, POLLIN, 0}; who[n++] = -1;
@@ -524,10 +531,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MAXCMD; i++) {
       cmd_t *k = &cmds[i];
       if (!k->used) continue;
-      if (k->pidfd >= 0) { pf[n] = (struct pollfd){k->pidfd, POLLIN, 0}; who[n++] = 1000000 + 4 * i; }
-      if (k->out >= 0 && k->unacked[0] < WINDOW) { pf[n] = (struct pollfd){k->out, POLLIN, 0}; who[n++] = 1000000 + 4 * i + 1; }
-      if (k->err >= 0 && k->unacked[1] < WINDOW) { pf[n] = (struct pollfd){k->err, POLLIN, 0}; who[n++] = 1000000 + 4 * i + 2; }
-      if (k->in >= 0 && k->stdin_q.len) { pf[n] = (struct pollfd){k->in, POLLOUT, 0}; who[n++] = 1000000 + 4 * i + 3; }
+      if (k->pidfd >= 0) { pf[n] = (struct pollfd){k->pidfd, POLLIN, 0}; who[n++] = 1000000 + 5 * i; }
+      if (k->report >= 0) { pf[n] = (struct pollfd){k->report, POLLIN, 0}; who[n++] = 1000000 + 5 * i + 3; }
+      if (k->out >= 0 && k->unacked[0] < WINDOW) { pf[n] = (struct pollfd){k->out, POLLIN, 0}; who[n++] = 1000000 + 5 * i + 1; }
+      if (k->err >= 0 && k->unacked[1] < WINDOW) { pf[n] = (struct pollfd){k->err, POLLIN, 0}; who[n++] = 1000000 + 5 * i + 2; }
+      if (k->in >= 0 && k->stdin_q.len) { pf[n] = (struct pollfd){k->in, POLLOUT, 0}; who[n++] = 1000000 + 5 * i + 4; }
     }
     if (poll(pf, (nfds_t)n, -1) < 0) { if (errno == EINTR) continue; return 125; }
     for (int j = 0; j < n; j++) {
@@ -545,14 +553,17 @@ int main(int argc, char **argv) {
         if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(w);
         continue;
       }
-      cmd_t *k = &cmds[(w - 1000000) / 4];
-      int what = (w - 1000000) % 4;
+      cmd_t *k = &cmds[(w - 1000000) / 5];
+      int what = (w - 1000000) % 5;
       if (!k->used) continue;
       if (what == 0 && k->pidfd == pf[j].fd) reap(k);
       else if (what == 1 && k->out == pf[j].fd) pump(k, 0);
       else if (what == 2 && k->err == pf[j].fd) pump(k, 1);
-      else if (what == 3 && k->in == pf[j].fd) flush_stdin(k);
-      if (k->used && k->have_status && (k->conn < 0 || (k->out < 0 && k->err < 0))) free_cmd(k);
+      else if (what == 3 && k->report == pf[j].fd) report(k, 0);
+      else if (what == 4 && k->in == pf[j].fd) flush_stdin(k);
+      /* Forgotten once reaped and (or nobody listens) its output is all sent. */
+      if (k->used && k->have_status && k->pidfd < 0 && (k->conn < 0 || (k->out < 0 && k->err < 0)))
+        free_cmd(k);
     }
     /* Whatever a reply queued: try to send it at once (saves a poll round). */
     for (int i = 0; i < MAXCONN; i++)

@@ -96,7 +96,12 @@ from corral.providers import _cgroups as cgroups
 from corral.providers import _diskquota as diskquota
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
-from corral.providers._agent_client import AgentConnection, AgentLost, AgentProcess
+from corral.providers._agent_client import (
+    AgentConnection,
+    AgentLost,
+    AgentProcess,
+    StatusFinisher,
+)
 from corral.providers._bwrap_agent import AgentUnavailable, BwrapAgentLink, agent_argv
 from corral.providers._bwrap_init import (
     AGENT_INSIDE_PATH,
@@ -265,8 +270,7 @@ class _BwrapProcessApi:
         timeout: float | None = None,
     ) -> ExecResult:
         """Run to completion; a timeout kills everything the command started."""
-        proc = await self._h._start(command, cwd, env)
-        return await collect(proc, stdin=stdin, timeout=timeout)
+        return await self._h._exec(command, cwd, env, stdin, timeout)
 
 
 class _Run:
@@ -485,6 +489,46 @@ class BubblewrapHandle(HostDirHandle):
             return [INSIDE_PATH, *args]
         return ["/usr/bin/perl", "-e", PERL_INIT, "--", *args, self._init_nr]
 
+    async def _agent_conn(self) -> AgentConnection | None:
+        """The connection to the sandbox's agent (started if needed), or None when commands
+        take the launcher chain (see :meth:`BubblewrapProvider.command_path`)."""
+        if self._agent_args is None or self._provider.agent_problem is not None:
+            return None
+        try:
+            return await self._agent.connection(self._launch_agent)
+        except AgentUnavailable as exc:
+            self._check_alive()  # destroyed meanwhile: say that instead
+            self._provider.agent_failed(str(exc))
+            return None
+
+    async def _exec(self, command: Command, cwd: str | None, env: Mapping[str, str] | None,
+                    stdin: bytes | None, timeout: float | None) -> ExecResult:
+        self._check_alive()
+        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        conn = await self._agent_conn()
+        if conn is None:
+            proc = await self._start(command, cwd, env)
+            return await collect(proc, stdin=stdin, timeout=timeout)
+        blob = launch_fields(chdir, self._env_for(env), argv)
+        finish = self._finisher()
+        try:
+            return await conn.run(blob, finish, self._gone, stdin=stdin, timeout=timeout)
+        except AgentLost:
+            self._check_alive()
+            raise
+
+    def _finisher(self) -> StatusFinisher:
+        cg = self._state.cgroups
+        before = cgroups.limit_counters(cg) if cg else None
+
+        def finish(status: int | None, reported: bool) -> Outcome:
+            # Could not start (status None): the agent said why on the command's stderr.
+            return self._outcome(126 << 8 if status is None else status, 0, before)
+
+        return finish
+
     async def _start(
         self, command: Command, cwd: str | None, env: Mapping[str, str] | None
     ) -> SandboxProcess | AgentProcess:
@@ -492,14 +536,14 @@ class BubblewrapHandle(HostDirHandle):
         self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
-        if self._agent_args is not None and self._provider.agent_problem is None:
+        conn = await self._agent_conn()
+        if conn is not None:
             try:
-                conn = await self._agent.connection(self._launch_agent)
-            except AgentUnavailable as exc:
-                self._check_alive()  # destroyed meanwhile: say that instead
-                self._provider.agent_failed(str(exc))
-            else:
-                return await self._agent_start(conn, launch_fields(chdir, self._env_for(env), argv))
+                return await conn.start(launch_fields(chdir, self._env_for(env), argv),
+                                        self._finisher(), self._gone)
+            except AgentLost:
+                self._check_alive()
+                raise
         prefix = launch_prefix(chdir, self._env_for(env), argv)
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -608,20 +652,6 @@ class BubblewrapHandle(HostDirHandle):
             limit = "cpu"
         return Outcome(exit_code=code, signal=sig, limit_hit=limit)
 
-
-    async def _agent_start(self, conn: AgentConnection, blob: bytes) -> AgentProcess:
-        cg = self._state.cgroups
-        before = cgroups.limit_counters(cg) if cg else None
-
-        def finish(status: int | None, reported: bool) -> Outcome:
-            # Could not start (status None): the agent said why on the command's stderr.
-            return self._outcome(126 << 8 if status is None else status, 0, before)
-
-        try:
-            return await conn.start(blob, finish, self._gone)
-        except AgentLost:
-            self._check_alive()
-            raise
 
     def _gone(self) -> bool:
         return not os.path.exists(f"{self._dir_name}/state.json")
