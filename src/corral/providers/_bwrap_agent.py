@@ -54,7 +54,7 @@ from corral._errors import CorralError
 from corral.providers._agent_client import AgentConnection, AgentLost
 from corral.providers._agent_source import AGENT_SOURCE
 
-__all__ = ["AGENT_SOURCE", "AgentUnavailable", "BwrapAgentLink", "Launch", "agent_argv"]
+__all__ = ["AGENT_SOURCE", "AgentUnavailable", "BwrapAgentLink", "Launch", "agent_argv", "connect_unix"]
 
 _MAX_SUN_PATH = 100
 
@@ -77,7 +77,8 @@ def _sock_path(path: Path) -> tuple[str, int | None]:
     return f"/proc/self/fd/{fd}/{path.name}", fd
 
 
-def _connect(path: Path) -> socket.socket:
+def connect_unix(path: Path) -> socket.socket:
+    """A connected stream socket to the unix socket at ``path``, however long the path."""
     name, fd = _sock_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
@@ -144,7 +145,7 @@ class BwrapAgentLink:
         key = self._key()
         if key is None:
             raise FileNotFoundError("no agent key")
-        sock = _connect(self.socket_path)
+        sock = connect_unix(self.socket_path)
         return await AgentConnection.open(sock, key, what=f"{self._what}'s agent")
 
     def _log(self) -> str:
@@ -161,7 +162,7 @@ class BwrapAgentLink:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with contextlib.suppress(OSError):
-                _connect(self.socket_path).close()
+                connect_unix(self.socket_path).close()
                 return None  # someone else's agent listens now
             key = secrets.token_bytes(64)
             tmp = self._private / f".agent.key.{os.getpid()}"
