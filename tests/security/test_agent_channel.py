@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import struct
 import subprocess
 from collections.abc import AsyncIterator

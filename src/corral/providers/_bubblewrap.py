@@ -1,8 +1,12 @@
 """The bubblewrap provider: the default isolated provider on Linux.
 
 A sandbox is a host state directory (``$CORRAL_HOME/sandboxes/bubblewrap/<id>``) plus,
-where the machine has them, cgroups that hold its limits. Nothing runs between commands:
-every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, with
+where the machine has them, cgroups that hold its limits, and (from its first command on)
+its agent: one long-lived process that starts its commands, each one request over a unix
+socket (:mod:`corral.providers._bwrap_agent`; ``agent=False``, or a host where the agent
+cannot start, takes the launcher chain below for every command: ``corral doctor`` says
+which). The agent is started exactly as a command is, below; its sandbox, and so each
+command's, is one ``bwrap`` invocation over the state directory, with
 
 * new user, pid, ipc, uts, net and cgroup namespaces (``--unshare-all``), no further user
   namespaces inside (``--disable-userns``), a new session;
@@ -22,7 +26,7 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
-How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
+How a command (or the agent) starts on the launcher chain: corral starts the launcher, which is ``bwrap``
 behind the uid drop (when corral runs as root: the sandbox's host uid and gid, no
 supplementary groups, no_new_privs; corral's own compiled launcher, built and cached with
 the init by :mod:`corral.providers._bwrap_init`, or ``setpriv`` where there is no C
