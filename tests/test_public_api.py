@@ -54,6 +54,7 @@ MOVED = {
 # corral type to what one function uses, or is a private helper's.
 INTERNAL_PROTOCOLS = {
     "ApprovalChannel": "the part of a Store approvals use (ApprovalStore + SecretStore)",
+    "Collectable": "what run-to-completion drives: a launched process or an agent's command",
     "Destroys": "what destroying needs of a provider (gc, reclaim)",
     "PipeStore": "the part of a Store the pipe uses",
     "PolicyLike": "the part of corral's Policy a harness maps",
