@@ -264,3 +264,9 @@ async def test_killing_the_agent_mid_command_fails_the_command_and_restarts_it(
     assert r.ok and r.stdout.endswith(b"\n1000\n"), r
     assert all(line.endswith(":/") for line in r.stdout.decode().splitlines()[:-1]), r.stdout
     assert len(agent_resident(cg)) == 2
+    # Killed between two commands: the next one notices before sending, and starts a
+    # new agent (nothing is sent to a dead one, nothing runs twice).
+    os.kill(agent_pid(sandbox), signal.SIGKILL)
+    await wait_until_async(lambda: not cgroups.members(cg), "the agent to be gone")
+    r = await sandbox.process.exec(["echo", "once"])
+    assert r.ok and r.stdout == b"once\n", r

@@ -152,7 +152,17 @@ class AgentConnection:
             self._sock.close()
 
     def usable(self) -> bool:
-        """Alive, and on the current event loop."""
+        """Alive (the agent has not hung up meanwhile: a peek, no wait), and on the current
+        event loop. A command is only sent over a usable connection, so a command is never
+        sent to an agent that is known to be gone."""
+        if self.dead is None:
+            try:
+                if self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    self.dead = "the connection closed"
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self.dead = f"recv: {exc.strerror or exc}"
         return self.dead is None and self.loop == anyio.lowlevel.current_token()
 
     # -- plumbing --------------------------------------------------------------------------
