@@ -125,15 +125,18 @@ class AgentConnection:
     @classmethod
     async def open(cls, sock: socket.socket, key: bytes, *, what: str,
                    timeout: float = 30) -> AgentConnection:
-        """Authenticate on ``sock`` (see the module docstring); raises :class:`AgentLost`
-        when the agent closes the connection or does not answer within ``timeout``."""
+        """Authenticate on ``sock`` (see the module docstring): wait for the agent's nonce
+        and answer it. Raises :class:`AgentLost` when the agent closes the connection or
+        sends no nonce within ``timeout``."""
         conn = cls(sock, what=what)
         try:
             with anyio.fail_after(timeout):
                 await conn._until(lambda: conn._nonce is not None)
                 assert conn._nonce is not None
+                # Requests may follow at once: the agent reads nothing after a wrong
+                # answer (it hangs up, and they fail with AgentLost), so waiting for its
+                # ``h`` would only cost a round trip.
                 await conn._send(frame(0, b"H", hello_answer(key, conn._nonce)))
-                await conn._until(lambda: conn._ready)
         except TimeoutError:
             conn.close()
             raise AgentLost(f"{what} did not answer within {timeout:g}s") from None
