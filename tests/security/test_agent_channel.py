@@ -202,7 +202,13 @@ async def test_a_flood_of_connections_requests_and_garbage_leaves_the_agent_serv
     assert int(Path(pids_dir, "pids.peak").read_text()) <= limit
     for p in procs:
         await p.kill(signal.SIGKILL)
+    with anyio.fail_after(60):
+        await conn._until(lambda: all(p._cmd.error is not None or p._cmd.status is not None
+                                      for p in procs))
     conn.close()
+    cg = sandbox.state.cgroups
+    await wait_until_async(lambda: cgroups.members(cg) <= agent_resident(cg),
+                           "the flood's processes to be gone")
     # The agent is the same process and serves the handle as before.
     assert agent_pid(sandbox) == pid
     r = await sandbox.process.exec(["sh", "-c", "echo still here"])

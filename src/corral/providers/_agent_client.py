@@ -16,6 +16,9 @@ connection itself).
   a file only corral can read). A wrong or missing answer closes the connection before
   anything else is read: a replayed hello answers another nonce.
 * agent → host: ``h`` (id 0) ready.
+* Instead of ``H``: ``T`` (id 0) the 32-byte one-time token the agent was started with,
+  good for one connection: the process that started the agent sends it with its first
+  request, without waiting for the nonce (a token used once is gone: a replay fails).
 * ``S`` start: the launch blob (NUL-terminated fields: cwd, the number of variables,
   ``NAME=VALUE`` each, then argv); answered by ``p`` (started, u32 pid in the agent's
   namespace) or ``e`` (could not start, a message).
@@ -118,6 +121,7 @@ class AgentConnection:
         self._round = anyio.Event()
         self._wlock = anyio.Lock()
         self._nonce: bytes | None = None
+        self._pending = b""  # sent before the next request (the one-time token)
         self._ready = False
         self.dead: str | None = None
         self.loop: object = anyio.lowlevel.current_token()
@@ -143,6 +147,14 @@ class AgentConnection:
         except BaseException:
             conn.close()
             raise
+        return conn
+
+    @classmethod
+    def with_token(cls, sock: socket.socket, token: bytes, *, what: str) -> AgentConnection:
+        """Authenticate with the one-time token a fresh agent was started with (``T``):
+        nothing to wait for, so the first request goes out at once, in the same write."""
+        conn = cls(sock, what=what)
+        conn._pending = frame(0, b"T", token)
         return conn
 
     def close(self) -> None:
@@ -171,6 +183,8 @@ class AgentConnection:
     # -- plumbing --------------------------------------------------------------------------
 
     async def _send(self, data: bytes) -> None:
+        if self._pending:
+            data, self._pending = self._pending + data, b""
         async with self._wlock:
             view = memoryview(data)
             while view:
@@ -274,6 +288,8 @@ class AgentConnection:
         self._next += 1
         cmd = self._cmds[ident] = _Cmd()
         await self._send(frame(ident, b"S", blob))
+        # Started (or refused) before it is returned: an agent that is gone fails here.
+        await self._until(lambda: cmd.started or cmd.error is not None or cmd.status is not None)
         return AgentProcess(self, ident, cmd, finisher, gone)
 
 

@@ -117,6 +117,8 @@ static cmd_t cmds[MAXCMD];
 static int listen_fd = -1;
 static unsigned char key[64];
 static size_t key_len;
+static unsigned char first[32]; /* a one-time token: the launching host's first connection */
+static int first_valid;
 
 static int put(buf_t *b, const void *p, size_t n) {
   if (b->len + n > b->cap) {
@@ -244,6 +246,7 @@ static void mini_init(char *blob, size_t len) {
     close(3); close(4); close(5); close(6);
     if (chdir(cwd) != 0) { dprintf(2, "corral: cannot enter %s: %s\n", cwd, strerror(errno)); _exit(126); }
     explicit_bzero(key, sizeof key);
+    explicit_bzero(first, sizeof first);
     environ = envp; /* execvp searches the command's own PATH */
     execvp(args[0], args);
     int e = errno;
@@ -347,6 +350,17 @@ static int frame(int c, uint32_t id, char type, unsigned char *p, size_t n) {
   conn_t *cn = &conns[c];
   if (!cn->authed) {
     unsigned char msg[32 + sizeof HELLO], want[32];
+    if (type == 'T' && n == 32 && first_valid) {
+      /* The one-time token given with the key: good for one connection, then gone. */
+      unsigned char d = 0;
+      for (int i = 0; i < 32; i++) d |= first[i] ^ p[i];
+      first_valid = 0;
+      explicit_bzero(first, sizeof first);
+      if (d) return -1;
+      cn->authed = 1;
+      send_text(c, 0, 'h', "corral-agent 1");
+      return 0;
+    }
     if (type != 'H' || n != 32) return -1;
     memcpy(msg, cn->nonce, 32); memcpy(msg + 32, HELLO, sizeof HELLO - 1);
     hmac(key, key_len, msg, 32 + sizeof HELLO - 1, want);
@@ -490,8 +504,9 @@ int main(int argc, char **argv) {
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog, 0, 0) != 0) return 125;
     free(prog);
   }
-  /* The key: 128 hex digits and a newline on stdin, then stdin is /dev/null. */
-  char hex[129];
+  /* The key (128 hex digits) and the one-time token (64), each with a newline, on
+     stdin; then stdin is /dev/null. */
+  char hex[129 + 65];
   size_t got = 0;
   while (got < sizeof hex) {
     ssize_t r = read(0, hex + got, sizeof hex - got);
@@ -499,13 +514,15 @@ int main(int argc, char **argv) {
     if (r <= 0) return 125;
     got += (size_t)r;
   }
-  if (hex[128] != '\n') return 125;
-  for (int i = 0; i < 64; i++) {
-    int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+  if (hex[128] != '\n' || hex[193] != '\n') return 125;
+  for (int i = 0; i < 96; i++) {
+    int hi = hexval(hex[2 * i + (i >= 64)]), lo = hexval(hex[2 * i + 1 + (i >= 64)]);
     if (hi < 0 || lo < 0) return 125;
-    key[i] = (unsigned char)(hi << 4 | lo);
+    if (i < 64) key[i] = (unsigned char)(hi << 4 | lo);
+    else first[i - 64] = (unsigned char)(hi << 4 | lo);
   }
   key_len = 64;
+  first_valid = 1;
   explicit_bzero(hex, sizeof hex);
   int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (nul < 0 || dup2(nul, 0) < 0 || dup2(nul, 1) < 0) return 125;

@@ -521,7 +521,18 @@ class BubblewrapHandle(HostDirHandle):
             return await conn.run(blob, finish, self._gone, stdin=stdin, timeout=timeout)
         except AgentLost:
             self._check_alive()
-            raise
+            if not await self._fall_back():
+                raise
+        proc = await self._start(command, cwd, env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+    async def _fall_back(self) -> bool:
+        """After a lost agent: whether it never started (then commands take the launcher
+        chain from now on, and this one did not run)."""
+        why = await self._agent.failed_start()
+        if why is not None:
+            self._provider.agent_failed(why)
+        return why is not None
 
     def _finisher(self) -> StatusFinisher:
         cg = self._state.cgroups
@@ -547,7 +558,8 @@ class BubblewrapHandle(HostDirHandle):
                                         self._finisher(), self._gone)
             except AgentLost:
                 self._check_alive()
-                raise
+                if not await self._fall_back():
+                    raise
         prefix = launch_prefix(chdir, self._env_for(env), argv)
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)

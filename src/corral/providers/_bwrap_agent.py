@@ -50,6 +50,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import anyio
+
 from corral._errors import CorralError
 from corral.providers._agent_client import AgentConnection, AgentLost
 from corral.providers._agent_source import AGENT_SOURCE
@@ -132,14 +134,33 @@ class BwrapAgentLink:
             return self._conn
         started = self._start(launch)
         try:
-            self._conn = await self._open()
+            if started is None:  # another process started it meanwhile
+                self._conn = await self._open()
+            else:
+                # Ours: its one-time token goes with the first request, no round trip.
+                self._proc, token = started
+                self._conn = AgentConnection.with_token(
+                    connect_unix(self.socket_path), token, what=f"{self._what}'s agent")
         except (OSError, AgentLost, ValueError) as exc:
             raise AgentUnavailable(
                 f"{self._what}'s agent did not start ({self._log() or exc})") from None
-        finally:
-            if started is not None:
-                self._proc = started
         return self._conn
+
+    async def failed_start(self) -> str | None:
+        """Why the agent this link started never served anything, or None: its ``bwrap``
+        exited 1 (bwrap could not make the sandbox) or 125 (the agent refused to start),
+        both before the agent runs any command. (A killed agent makes bwrap exit with
+        128 + its signal.) Called when the connection was lost: bwrap, if it is ending,
+        is given 5 s to be reaped."""
+        proc = self._proc
+        if proc is None:
+            return None
+        with anyio.move_on_after(5):
+            while proc.poll() is None:
+                await anyio.sleep(0.005)
+        if proc.returncode not in (1, 125):
+            return None
+        return f"{self._what}'s agent did not start ({self._log() or 'no message'})"
 
     async def _open(self) -> AgentConnection:
         key = self._key()
@@ -154,7 +175,7 @@ class BwrapAgentLink:
             return " ".join(text.split())
         return ""
 
-    def _start(self, launch: Launch) -> subprocess.Popen[bytes] | None:
+    def _start(self, launch: Launch) -> tuple[subprocess.Popen[bytes], bytes] | None:
         """Start the agent unless another process did meanwhile (under the lock)."""
         if self._proc is not None:
             self._proc.poll()  # reap an earlier agent's bwrap
@@ -164,7 +185,7 @@ class BwrapAgentLink:
             with contextlib.suppress(OSError):
                 connect_unix(self.socket_path).close()
                 return None  # someone else's agent listens now
-            key = secrets.token_bytes(64)
+            key, token = secrets.token_bytes(64), secrets.token_bytes(32)
             tmp = self._private / f".agent.key.{os.getpid()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
                          0o600)
@@ -186,7 +207,8 @@ class BwrapAgentLink:
                     if dfd is not None:
                         os.close(dfd)
                 listener.listen(128)
-                return launch(listener.fileno(), key.hex().encode() + b"\n", log)
+                stdin = key.hex().encode() + b"\n" + token.hex().encode() + b"\n"
+                return launch(listener.fileno(), stdin, log), token
             finally:
                 listener.close()  # the agent holds it now (or nobody: connect is refused)
                 os.close(log)
