@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import struct
 import subprocess
 from collections.abc import AsyncIterator
@@ -145,6 +146,39 @@ async def test_a_replayed_conversation_runs_nothing(sandbox: BubblewrapHandle) -
         assert got[8:9] == b"n" and len(got) == 4 + 5 + 32, got  # only its nonce
     r = await sandbox.process.exec(["ls", "/workspace"])
     assert r.ok and b"replayed" not in r.stdout, r
+
+
+async def test_the_one_time_token_of_a_fresh_agent_works_once(
+    sandbox: BubblewrapHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh agent lets the process that started it in with a one-time token (no round
+    # trip). Captured and replayed with a start request, it is refused: used once, gone.
+    tokens: list[bytes] = []
+    real = AgentConnection.with_token.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[AgentConnection], sock: socket.socket, token: bytes, *,
+            what: str) -> AgentConnection:
+        tokens.append(token)
+        conn: AgentConnection = real(cls, sock, token, what=what)
+        return conn
+
+    monkeypatch.setattr(AgentConnection, "with_token", classmethod(spy))
+    os.kill(agent_pid(sandbox), signal.SIGKILL)
+    cg = sandbox.state.cgroups
+    await wait_until_async(lambda: not cgroups.members(cg), "the agent to be gone")
+    assert (await sandbox.process.exec(["true"])).ok  # a new agent, through its token
+    assert len(tokens) == 1
+    blob = launch_fields("/workspace", {"PATH": "/usr/bin:/bin"}, ["touch", "/workspace/again"])
+    s = connect_unix(private(sandbox) / "agent.sock")
+    s.settimeout(10)
+    s.sendall(frame(0, b"T", tokens[0]) + frame(1, b"S", blob))
+    got = b""
+    while chunk := s.recv(4096):
+        got += chunk
+    s.close()
+    assert got[8:9] == b"n" and len(got) == 4 + 5 + 32, got  # its nonce, then it hung up
+    r = await sandbox.process.exec(["ls", "/workspace"])
+    assert r.ok and b"again" not in r.stdout, r
 
 
 @pytest.fixture
