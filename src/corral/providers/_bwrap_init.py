@@ -46,6 +46,10 @@ cannot be regained, then ``execv`` of an absolute path; uid or gid 0 refused). I
 ``setpriv``, a dynamically linked program that is slower to start (bench/launcher_chain.py);
 without a compiler ``setpriv`` is used as before.
 
+The sandboxes' agent (:mod:`corral.providers._bwrap_agent`, source in
+:mod:`corral.providers._agent_source`) is built, cached (``agent-<hash>``), checked and bound
+read-only the same way, with the init: one key names all three programs.
+
 Compiling at first use rather than at install time: corral is a pure-Python package
 (wheels carry no binaries, and a wheel built elsewhere could not be checked against the
 host's libc anyway); the host's own compiler and libc make a program that matches the
