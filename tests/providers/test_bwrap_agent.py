@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.testing import wait_until_async
 from tests.helpers import agent_resident
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_bwrap")]
@@ -75,11 +76,30 @@ async def test_another_host_process_uses_the_same_agent(sandbox: BubblewrapHandl
         assert agent_resident(sandbox.state.cgroups) == before  # the same agent served it
 
 
+async def test_the_agent_is_started_at_create(provider: BubblewrapProvider,
+                                              sandbox: BubblewrapHandle) -> None:
+    # Ahead of the first command (it comes up while the caller does other work).
+    if sandbox.state.cgroups:
+        await wait_until_async(lambda: len(agent_resident(sandbox.state.cgroups)) == 2,
+                               "the agent to run")
+    r = await sandbox.process.exec(["cat", "/proc/1/comm"])
+    assert r.ok and r.stdout == b"corral-agent\n", r
+
+
 async def test_an_agent_that_cannot_start_leaves_the_launcher_chain(
-    provider: BubblewrapProvider, sandbox: BubblewrapHandle,
+    provider: BubblewrapProvider, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # bwrap refuses the agent's sandbox (an option it does not know): the command runs
     # once, through the launcher chain, and corral says why from then on.
+    monkeypatch.setattr(BubblewrapHandle, "_prestart_agent", lambda self: None)
+    sandbox = await provider.create()
+    try:
+        await _refused(provider, sandbox)
+    finally:
+        await provider.destroy(sandbox.ref)
+
+
+async def _refused(provider: BubblewrapProvider, sandbox: BubblewrapHandle) -> None:
     assert sandbox._agent_args is not None
     sandbox._agent_args = b"--no-such-option\0" + sandbox._agent_args
     r = await sandbox.process.exec(["sh", "-c", "echo ran >> /workspace/count; cat /proc/1/comm"])

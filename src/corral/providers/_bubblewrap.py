@@ -669,6 +669,11 @@ class BubblewrapHandle(HostDirHandle):
         return Outcome(exit_code=code, signal=sig, limit_hit=limit)
 
 
+    def _prestart_agent(self) -> None:
+        """Start the agent ahead of the first command (see BwrapAgentLink.prestart)."""
+        if self._agent_args is not None and self._provider.agent_problem is None:
+            self._agent.prestart(self._launch_agent)
+
     def _gone(self) -> bool:
         return not os.path.exists(f"{self._dir_name}/state.json")
 
@@ -1015,7 +1020,9 @@ class BubblewrapProvider:
             diskquota.remove_files(files)
             remove_tree(sandbox_dir)
             raise
-        return BubblewrapHandle(sandbox_dir, state, self)
+        handle = BubblewrapHandle(sandbox_dir, state, self)
+        handle._prestart_agent()
+        return handle
 
     def _locate(self, sandbox_id: str) -> Path:
         """The state directory of sandbox ``sandbox_id``: in this ``$CORRAL_HOME``, or else

@@ -106,6 +106,7 @@ class BwrapAgentLink:
         self._what = what
         self._conn: AgentConnection | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._token: bytes | None = None  # of an agent started ahead, not yet connected to
 
     @property
     def socket_path(self) -> Path:
@@ -129,6 +130,12 @@ class BwrapAgentLink:
         if conn is not None and conn.dead is None:
             conn.close()  # another event loop's: its commands stay on it
         self._conn = None
+        if self._token is not None:  # started ahead (prestart): its token is still good
+            token, self._token = self._token, None
+            with contextlib.suppress(OSError):
+                self._conn = AgentConnection.with_token(
+                    connect_unix(self.socket_path), token, what=f"{self._what}'s agent")
+                return self._conn
         with contextlib.suppress(OSError, AgentLost, ValueError):
             self._conn = await self._open()
             return self._conn
@@ -161,6 +168,15 @@ class BwrapAgentLink:
         if proc.returncode not in (1, 125):
             return None
         return f"{self._what}'s agent did not start ({self._log() or 'no message'})"
+
+    def prestart(self, launch: Launch) -> None:
+        """Start the agent now (at create), without waiting for it: it comes up while the
+        caller does other work (``ensure`` writes its records), and the first command finds
+        it ready. Best effort: a failure here is met again, and reported, by that command."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            started = self._start(launch)
+            if started is not None:
+                self._proc, self._token = started
 
     async def _open(self) -> AgentConnection:
         key = self._key()
