@@ -154,4 +154,4 @@ def test_a_factory_that_returns_no_provider_is_refused() -> None:
 def test_the_builtins_offer_their_capabilities() -> None:
     assert isinstance(LocalProvider(), ProvidesSnapshots)
     assert BubblewrapProvider.config_model.model_fields.keys() == {"home", "limits",
-                                                                  "host_uid", "bwrap"}
+                                                                  "host_uid", "bwrap", "agent"}
