@@ -94,6 +94,7 @@ static void hmac(const unsigned char *key, size_t klen, const unsigned char *msg
 #define MAXFRAME (16 << 20)
 #define WINDOW (4 << 20)
 #define HELLO "corral-agent-hello-1"
+#define IDLE_MS (10 * 60 * 1000)
 
 typedef struct { unsigned char *p; size_t len, cap; } buf_t;
 typedef struct {
@@ -554,7 +555,14 @@ int main(int argc, char **argv) {
       if (k->err >= 0 && k->unacked[1] < WINDOW) { pf[n] = (struct pollfd){k->err, POLLIN, 0}; who[n++] = 1000000 + 5 * i + 2; }
       if (k->in >= 0 && k->stdin_q.len) { pf[n] = (struct pollfd){k->in, POLLOUT, 0}; who[n++] = 1000000 + 5 * i + 4; }
     }
-    if (poll(pf, (nfds_t)n, -1) < 0) { if (errno == EINTR) continue; return 125; }
+    /* Idle (no connection, no command) for IDLE_MS: exit; the next command starts a new
+       agent. A sandbox nobody uses keeps no process. */
+    int idle = 1;
+    for (int i = 0; i < MAXCONN && idle; i++) idle = conns[i].fd < 0;
+    for (int i = 0; i < MAXCMD && idle; i++) idle = !cmds[i].used;
+    int got = poll(pf, (nfds_t)n, idle ? IDLE_MS : -1);
+    if (got < 0) { if (errno == EINTR) continue; return 125; }
+    if (got == 0 && idle) return 0;
     for (int j = 0; j < n; j++) {
       if (!pf[j].revents) continue;
       int w = who[j];

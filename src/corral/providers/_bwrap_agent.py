@@ -29,9 +29,10 @@ answer (HMAC-SHA256); the key is 64 random bytes made at each agent start, writt
 environment. Every host process of corral connects the same way (a handle made by
 ``resume`` in another process included); one connection per handle and event loop.
 
-Lifetime: started by the first command (under ``private/agent.lock``, so that two host
-processes start one agent), it lives with the sandbox; ``destroy`` kills it with the rest
-of the cgroup. When it is gone (killed, the sandbox's OOM killer), the connection closes:
+Lifetime: started at create (and again by a command that finds none, under
+``private/agent.lock``, so that two host processes start one agent), it lives with the
+sandbox; ``destroy`` kills it with the rest of the cgroup. After 10 minutes with no
+connection and no command it exits by itself (a sandbox nobody uses keeps no process). When it is gone (killed, the sandbox's OOM killer), the connection closes:
 commands running over it report :class:`~corral.providers._agent_client.AgentLost` (they
 died with it: the agent is their pid namespaces' ancestor), and the next command starts a
 new agent. Where the agent cannot start at all (no compiled agent: the perl init; a kernel
