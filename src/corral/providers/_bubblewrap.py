@@ -191,6 +191,9 @@ BASE_ENV = {
 
 _log = library_logger("corral.providers._bubblewrap")
 
+STDIN_INLINE = 256 << 10
+"""An ``exec``'s stdin up to this size goes with its request; more is streamed."""
+
 # Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
@@ -513,6 +516,11 @@ class BubblewrapHandle(HostDirHandle):
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
         conn = await self._agent_conn()
         if conn is None:
+            proc = await self._start(command, cwd, env)
+            return await collect(proc, stdin=stdin, timeout=timeout)
+        if stdin is not None and len(stdin) > STDIN_INLINE:
+            # Streamed, each chunk acknowledged: the agent never holds more than one (its
+            # memory is the sandbox's).
             proc = await self._start(command, cwd, env)
             return await collect(proc, stdin=stdin, timeout=timeout)
         blob = launch_fields(chdir, self._env_for(env), argv)
