@@ -6,6 +6,7 @@ host commands) skip on the other, saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -187,8 +188,13 @@ async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
         # bwrap, the init and the command, each in every one of the sandbox's groups (until
         # the init's child has exec'd ``sleep`` it is a second ``corral-init``: wait for it).
         def names() -> list[str]:
-            return sorted(Path(f"/proc/{pid}/comm").read_text().strip()
-                          for pid in cgroups.members(sandbox.state.cgroups))
+            # A process may end between the listing and the read (the previous command's
+            # init finishes after reporting its status): it is simply not there.
+            found = []
+            for pid in cgroups.members(sandbox.state.cgroups):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    found.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            return sorted(found)
 
         # Through the agent: its bwrap, the agent, the command's init (a fork of the
         # agent) and the command; else bwrap, corral's init and the command.
