@@ -8,6 +8,12 @@ script shows the exec round trip p50 per gap, and the bare write to ``cgroup.pro
 just started ``sleep`` (no corral code), alternating gaps per sample:
 
     python bench/exec_after_idle.py [--n 30] [--gaps 0,5,20,100]
+
+``--bubblewrap`` does the same for bubblewrap's two ways of starting a command (#32),
+sample by sample: the launcher chain (a cgroup move per command) and the sandbox's agent
+(none); ``exec`` of ``true`` per gap, p50, and the agent's p50 minus its back-to-back p50.
+
+    python bench/exec_after_idle.py --bubblewrap [--n 30] [--gaps 0,100]
 """
 
 from __future__ import annotations
@@ -22,12 +28,49 @@ import time
 import anyio
 
 
+async def bubblewrap(n: int, gaps: list[float]) -> None:
+    from corral.providers._bubblewrap import BubblewrapProvider
+
+    old, new = BubblewrapProvider(agent=False), BubblewrapProvider()
+    handles = {"launcher": await old.create(), "agent": await new.create()}
+    ms: dict[tuple[str, float], list[float]] = {(p, g): [] for p in handles for g in gaps}
+    try:
+        for h in handles.values():
+            assert (await h.process.exec("true")).ok
+        for i in range(n):
+            for gap in gaps[i % len(gaps):] + gaps[:i % len(gaps)]:
+                for path, h in handles.items():
+                    await anyio.sleep(gap)
+                    a = time.perf_counter()
+                    r = await h.process.exec(["true"])
+                    ms[(path, gap)].append((time.perf_counter() - a) * 1e3)
+                    assert r.ok, r
+    finally:
+        for h in handles.values():
+            await old.destroy(h.ref)
+    print(f"bubblewrap, p50 over {n} samples per gap and path (gaps alternate); load average "
+          f"{os.getloadavg()[0]:.2f}")
+    base = statistics.median(ms[("agent", gaps[0])])
+    for gap in gaps:
+        agent = statistics.median(ms[("agent", gap)])
+        print(f"  idle {gap * 1e3:5.0f} ms: launcher {statistics.median(ms[('launcher', gap)]):7.2f}"
+              f" ms   agent {agent:7.2f} ms   agent minus its {gaps[0] * 1e3:.0f} ms gap "
+              f"{agent - base:+6.2f} ms")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--gaps", default="0,5,20,100", help="idle gaps in ms, comma-separated")
+    ap.add_argument("--bubblewrap", action="store_true",
+                    help="bubblewrap's launcher chain vs its agent (#32)")
     args = ap.parse_args()
     gaps = [float(g) / 1e3 for g in args.gaps.split(",")]
+    if args.bubblewrap:
+        with tempfile.TemporaryDirectory() as home:
+            os.environ["CORRAL_HOME"] = home
+            await bubblewrap(args.n, gaps)
+        return
     with tempfile.TemporaryDirectory() as home:
         os.environ["CORRAL_HOME"] = home
         from corral.providers import _cgroups as cgroups

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import base64
 import os
 import sqlite3
@@ -10,7 +11,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,25 @@ def pg_sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(postgres_database_url(), autocommit=True) as conn:
         cur = conn.execute(query, args or None)
         return cur.fetchall() if cur.description else []
+
+
+
+def agent_resident(dirs: Sequence[str]) -> set[int]:
+    """The host pids of a bubblewrap sandbox's agent in its cgroups (``dirs``): the agent
+    (a ``corral-agent`` whose parent is ``bwrap``) and that ``bwrap``, which live as long
+    as the sandbox; every other member is a command's (corral.providers._bwrap_agent)."""
+    from corral.providers import _cgroups as cgroups
+
+    def read(pid: int, name: str) -> str:
+        with open(f"/proc/{pid}/{name}") as fh:
+            return fh.read()
+
+    found: set[int] = set()
+    for pid in cgroups.members(list(dirs)):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if read(pid, "comm").strip() != "corral-agent":
+                continue
+            parent = int(read(pid, "stat").rsplit(")", 1)[1].split()[1])
+            if read(parent, "comm").strip() == "bwrap":
+                found |= {pid, parent}
+    return found

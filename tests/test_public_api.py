@@ -57,6 +57,7 @@ INTERNAL_PROTOCOLS = {
     "ApprovalChannel": "the part of a Store approvals use (ApprovalStore + SecretStore)",
     "AgentSite": "where a run's supervisor lives: corral's own two sites, chosen by a provider's capabilities",
     "ConfigModel": "the part of a harness configuration class the harness registry uses",
+    "Collectable": "what run-to-completion drives: a launched process or an agent's command",
     "Destroys": "what destroying needs of a provider (gc, reclaim)",
     "PipeStore": "the part of a Store the pipe uses",
     "PolicyLike": "the part of corral's Policy a harness maps",

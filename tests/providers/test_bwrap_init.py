@@ -133,9 +133,13 @@ async def test_every_process_runs_as_the_sandboxs_host_uid(
                     out.append({k: v.strip() for k, v in (ln.split(":", 1) for ln in lines)})
             return out
 
-        await wait_until_async(lambda: sorted(s["Name"] for s in seen())
-                               == ["bwrap", "corral-init" if provider.init.kind == "c" else "perl",
-                                   "sleep"], "bwrap, the init and sleep", interval=0.02)
+        # Through the agent: its bwrap, the agent, the command's init (a fork of the
+        # agent) and the command.
+        want = (["bwrap", "corral-agent", "corral-agent", "sleep"]
+                if provider.command_path()[0] == "agent"
+                else ["bwrap", "corral-init" if provider.init.kind == "c" else "perl", "sleep"])
+        await wait_until_async(lambda: sorted(s["Name"] for s in seen()) == want,
+                               "bwrap, the init and sleep", interval=0.02)
         for status in seen():
             assert status["Uid"].split() == [str(uid)] * 4, status
             assert status["Gid"].split() == [str(uid)] * 4, status

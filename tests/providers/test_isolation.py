@@ -6,6 +6,7 @@ host commands) skip on the other, saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from corral.providers._docker import DockerProvider
 from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
 from corral.testing._providers import start_host_command
 from corral.testing import wait_until_async
+from tests.helpers import agent_resident
 
 pytestmark = pytest.mark.anyio
 
@@ -165,8 +167,10 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
             return b"sleep 60" not in ps.stdout
         await wait_until_async(no_sleepers, "the command's sleepers to end", interval=0.1)
         return
-    await wait_until_async(lambda: not cgroups.members(sandbox.state.cgroups),
-                           "the sandbox's cgroups to empty", interval=0.02)
+    # Nothing but the sandbox's agent (its bwrap and itself) stays.
+    cg = sandbox.state.cgroups
+    await wait_until_async(lambda: cgroups.members(cg) <= agent_resident(cg),
+                           "the sandbox's cgroups to hold nothing but its agent", interval=0.02)
 
 
 async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
@@ -184,10 +188,20 @@ async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
         # bwrap, the init and the command, each in every one of the sandbox's groups (until
         # the init's child has exec'd ``sleep`` it is a second ``corral-init``: wait for it).
         def names() -> list[str]:
-            return sorted(Path(f"/proc/{pid}/comm").read_text().strip()
-                          for pid in cgroups.members(sandbox.state.cgroups))
+            # A process may end between the listing and the read (the previous command's
+            # init finishes after reporting its status): it is simply not there.
+            found = []
+            for pid in cgroups.members(sandbox.state.cgroups):
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    found.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            return sorted(found)
 
-        await wait_until_async(lambda: names() == ["bwrap", "corral-init", "sleep"],
+        # Through the agent: its bwrap, the agent, the command's init (a fork of the
+        # agent) and the command; else bwrap, corral's init and the command.
+        want = (["bwrap", "corral-agent", "corral-agent", "sleep"]
+                if sandbox._provider.command_path()[0] == "agent"
+                else ["bwrap", "corral-init", "sleep"])
+        await wait_until_async(lambda: names() == want,
                                "bwrap, the init and sleep in the cgroups", interval=0.02)
         groups = [cgroups.members([d]) for d in sandbox.state.cgroups]
         assert all(g == groups[0] for g in groups), groups
@@ -250,8 +264,8 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
         # killed members can take a moment to be released
-        await wait_until_async(lambda: not cgroups.members([pids_dir]),
-                               "the pids cgroup to empty", interval=0.02)
+        await wait_until_async(lambda: cgroups.members([pids_dir]) <= agent_resident([pids_dir]),
+                               "the pids cgroup to hold nothing but the agent", interval=0.02)
         after = await h.process.exec(["true"])
         assert after.ok and after.limit_hit is None
     finally:

@@ -171,4 +171,4 @@ def test_the_builtins_offer_their_capabilities(corral_home: Path) -> None:
     docker = DockerProvider()
     assert not isinstance(docker, SandboxDirs) and not isinstance(docker, PrunesOrphans)
     assert BubblewrapProvider.config_model.model_fields.keys() == {"home", "limits",
-                                                                  "host_uid", "bwrap"}
+                                                                  "host_uid", "bwrap", "agent"}

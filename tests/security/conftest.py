@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import agent_resident
+
 from tests.agents.conftest import (  # noqa: F401 - fixtures, found by pytest by name
     agent_installs,
     agents_env,
@@ -71,7 +73,8 @@ class Target:
         return f"{stem}-{os.getpid()}-{secrets.token_hex(3)}"
 
     def processes_left(self, name: str) -> list[str]:
-        """The processes still running in the kept sandbox ``name`` (its init aside)."""
+        """The processes still running in the kept sandbox ``name`` (its init, and on
+        bubblewrap its agent, aside)."""
         if self.provider == "docker":
             from corral.providers._docker import DockerProvider, container_name
 
@@ -80,8 +83,10 @@ class Target:
                     if "sleep 1000" in p[-1] or "python" in p[-1]]
         state = json.loads((self.home / "sandboxes" / "bubblewrap" / name / "state.json")
                            .read_text())
+        resident = agent_resident(state["cgroups"])  # the sandbox's agent and its bwrap
         return [pid for cg in state["cgroups"]
-                for pid in Path(cg, "cgroup.procs").read_text().split()]
+                for pid in Path(cg, "cgroup.procs").read_text().split()
+                if int(pid) not in resident]
 
 
 @pytest.fixture(params=ISOLATING)

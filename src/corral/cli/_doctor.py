@@ -59,8 +59,16 @@ def _bubblewrap() -> list[Check]:
                             "kernel.apparmor_restrict_unprivileged_userns=0"))
     # The real thing: create a sandbox, run a command in it, destroy it.
     try:
-        detail = anyio.run(_try_sandbox)
+        detail, (how, why) = anyio.run(_try_sandbox)
         checks.append(Check("bubblewrap", "ok", f"{path}: {detail}"))
+        # How the test sandbox's commands started: through its agent, or (the fallback) a
+        # launcher chain and bwrap per command, and why.
+        if how == "agent":
+            checks.append(Check("sandbox commands", "ok", f"through the sandbox's agent: {why}"))
+        else:
+            checks.append(Check("sandbox commands", "warn",
+                                f"a launcher chain per command (~7 ms each): {why}",
+                                "apt-get install gcc, then run corral doctor again"))
     except Exception as exc:  # noqa: BLE001 - every failure is reported, none raised
         checks.append(Check("bubblewrap", "missing", f"a test sandbox failed: {exc}",
                             "check user namespaces (above) and that bwrap runs: "
@@ -68,7 +76,7 @@ def _bubblewrap() -> list[Check]:
     return checks
 
 
-async def _try_sandbox() -> str:
+async def _try_sandbox() -> tuple[str, tuple[str, str]]:
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as tmp:
         provider = BubblewrapProvider(home=tmp)
         handle = await provider.create()
@@ -81,11 +89,13 @@ async def _try_sandbox() -> str:
                 raise RuntimeError("the test sandbox can see host network interfaces")
             mode = handle.state.limit_mode
             disk = "a disk quota" if handle.state.disk_fsid else "no disk quota"
+            path = provider.command_path()
         finally:
             await provider.destroy(handle.ref)
     limits = {"cgroup": "limits via cgroups", "rlimit": "limits via rlimits only",
               "none": "no resource limits"}[mode]
-    return f"a test sandbox ran as an unprivileged user without network; {limits}; {disk}"
+    return (f"a test sandbox ran as an unprivileged user without network; {limits}; {disk}",
+            path)
 
 
 def _cgroups() -> Check:

@@ -1,8 +1,12 @@
 """The bubblewrap provider: the default isolated provider on Linux.
 
 A sandbox is a host state directory (``$CORRAL_HOME/sandboxes/bubblewrap/<id>``) plus,
-where the machine has them, cgroups that hold its limits. Nothing runs between commands:
-every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, with
+where the machine has them, cgroups that hold its limits, and (from its first command on)
+its agent: one long-lived process that starts its commands, each one request over a unix
+socket (:mod:`corral.providers._bwrap_agent`; ``agent=False``, or a host where the agent
+cannot start, takes the launcher chain below for every command: ``corral doctor`` says
+which). The agent is started exactly as a command is, below; its sandbox, and so each
+command's, is one ``bwrap`` invocation over the state directory, with
 
 * new user, pid, ipc, uts, net and cgroup namespaces (``--unshare-all``), no further user
   namespaces inside (``--disable-userns``), a new session;
@@ -22,7 +26,7 @@ every ``exec``/``spawn`` is one ``bwrap`` invocation over the state directory, w
 * a disk limit when corral runs as root: the writable areas are a quota-limited btrfs
   subvolume in corral's own pool (:mod:`corral.providers._diskquota`).
 
-How a command starts (``exec``/``spawn``): corral starts the launcher, which is ``bwrap``
+How a command (or the agent) starts on the launcher chain: corral starts the launcher, which is ``bwrap``
 behind the uid drop (when corral runs as root: the sandbox's host uid and gid, no
 supplementary groups, no_new_privs; corral's own compiled launcher, built and cached with
 the init by :mod:`corral.providers._bwrap_init`, or ``setpriv`` where there is no C
@@ -90,13 +94,27 @@ import anyio.to_thread
 from pydantic import field_validator
 
 from corral._errors import ConfigError, CorralError, PrerequisiteMissing
+from corral._log import library_logger
 from corral._paths import SHARED_ROOT, corral_home, net_root
 from corral.providers import _btrfs as btrfs
 from corral.providers import _cgroups as cgroups
 from corral.providers import _diskquota as diskquota
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
-from corral.providers._bwrap_init import INSIDE_PATH, PERL_INIT, InitProgram, find_init
+from corral.providers._agent_client import (
+    AgentConnection,
+    AgentLost,
+    AgentProcess,
+    StatusFinisher,
+)
+from corral.providers._bwrap_agent import AgentUnavailable, BwrapAgentLink, agent_argv
+from corral.providers._bwrap_init import (
+    AGENT_INSIDE_PATH,
+    INSIDE_PATH,
+    PERL_INIT,
+    InitProgram,
+    find_init,
+)
 from corral.providers._snapshots import HostDirSnapshots
 from corral.providers._limits import merged_limits
 from corral.providers._process import (
@@ -172,6 +190,11 @@ BASE_ENV = {
     "TMPDIR": "/tmp",
 }
 
+_log = library_logger("corral.providers._bubblewrap")
+
+STDIN_INLINE = 256 << 10
+"""An ``exec``'s stdin up to this size goes with its request; more is streamed."""
+
 # Joins the sandbox's cgroups by writing its own pid, then execs the rest of argv.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
@@ -182,15 +205,22 @@ _JOIN = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift;
 _PRCTL_NR = {"x86_64": 157, "aarch64": 167, "riscv64": 167, "ppc64le": 171, "s390x": 172}
 
 
+def launch_fields(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
+    """The launch fields of a command (NUL-terminated: cwd, the number of variables,
+    ``NAME=VALUE`` each, then argv): the agent's start request, and the body of
+    :func:`launch_prefix`."""
+    if any("\0" in a for a in argv):
+        raise ConfigError("a command argument contains a NUL byte, which no program can receive")
+    fields = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
+    return b"".join(f.encode() + b"\0" for f in fields)
+
+
 def launch_prefix(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
     """The head of a sandboxed command's stdin, read by the init: what to run, where and
     with which environment (``<length>\n`` + NUL-terminated fields: cwd, the number of
     variables, ``NAME=VALUE`` each, then argv). None of it is in a host process's argv or
     environment."""
-    if any("\0" in a for a in argv):
-        raise ConfigError("a command argument contains a NUL byte, which no program can receive")
-    fields = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
-    blob = b"".join(f.encode() + b"\0" for f in fields)
+    blob = launch_fields(cwd, env, argv)
     return str(len(blob)).encode() + b"\n" + blob
 
 
@@ -234,7 +264,7 @@ class _BwrapProcessApi:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
-    ) -> SandboxProcess:
+    ) -> SandboxProcess | AgentProcess:
         """Start ``command`` in the sandbox and return at once (stream its output)."""
         return await self._h._start(command, cwd, env)
 
@@ -248,8 +278,7 @@ class _BwrapProcessApi:
         timeout: float | None = None,
     ) -> ExecResult:
         """Run to completion; a timeout kills everything the command started."""
-        proc = await self._h._start(command, cwd, env)
-        return await collect(proc, stdin=stdin, timeout=timeout)
+        return await self._h._exec(command, cwd, env, stdin, timeout)
 
 
 class _Run:
@@ -328,35 +357,7 @@ class _Run:
                 if raw.strip():
                     status = int(raw.split()[0])
         self.close()
-        sig: int | None = None
-        if status is not None:
-            if status & 0x7F:
-                sig = status & 0x7F
-                code = 128 + sig
-            else:
-                code = (status >> 8) & 0xFF
-        elif rc < 0:
-            sig, code = -rc, 128 - rc
-        elif 128 < rc <= 128 + 64:
-            sig, code = rc - 128, rc  # no reporter: read bwrap's 128+N as a signal
-        else:
-            code = rc
-        limit: str | None = None
-        if self.before is not None:
-            oom, refused = cgroups.limit_counters(self.h.state.cgroups)
-            if oom > self.before[0]:
-                limit = "memory"
-            elif refused > self.before[1]:
-                limit = "pids"
-        st = self.h.state
-        if limit is None and (code != 0 or sig is not None) and st.disk_fsid and st.disk_bytes:
-            # The quota fails writes (EDQUOT) rather than killing anything: a failed command
-            # in a sandbox that is now full is taken to have failed for that reason.
-            if diskquota.reached(st.disk_fsid, st.disk_subvol, st.disk_bytes):
-                limit = "disk"
-        if limit is None and sig == signal.SIGXCPU:
-            limit = "cpu"
-        return Outcome(exit_code=code, signal=sig, limit_hit=limit)
+        return self.h._outcome(status, rc, self.before)
 
     def close(self) -> None:
         for fd in (self.status_r, self.report_r):
@@ -425,7 +426,16 @@ class BubblewrapHandle(HostDirHandle):
         init = self._init_program.path
         if init is not None:  # last of the binds: nothing above can hide it
             bwrap += ["--ro-bind", str(init), INSIDE_PATH]
-        bwrap += ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
+        tail = ["--remount-ro", "/", "--clearenv", "--as-pid-1", "--chdir", "/"]
+        agent = self._init_program.agent if provider.use_agent else None
+        # The agent's sandbox: the same, plus the agent's program and the one capability it
+        # keeps for itself, in the sandbox's own user namespace (see _bwrap_agent).
+        self._agent_args: bytes | None = None
+        if agent is not None:
+            self._agent_args = b"".join(a.encode() + b"\0" for a in [
+                *bwrap[1:], "--ro-bind", str(agent), AGENT_INSIDE_PATH, *tail,
+                "--cap-add", "CAP_SYS_ADMIN"])
+        bwrap += tail
         self._bwrap = bwrap
         # In front of bwrap for every command: rlimits (the rlimit mode), then the drop to
         # the sandbox's host uid when corral is root (the launcher; see "How a command
@@ -467,6 +477,7 @@ class BubblewrapHandle(HostDirHandle):
         self._env["CORRAL_SANDBOX_ID"] = state.id
         self._init_nr = str(provider.prctl_nr)
         self._filter = provider.seccomp.hex() if provider.seccomp else "-"
+        self._agent = BwrapAgentLink(self._dir / "private", f"sandbox {state.id!r}")
 
     @property
     def process(self) -> ProcessApi:
@@ -486,13 +497,78 @@ class BubblewrapHandle(HostDirHandle):
             return [INSIDE_PATH, *args]
         return ["/usr/bin/perl", "-e", PERL_INIT, "--", *args, self._init_nr]
 
-    async def _start(
-        self, command: Command, cwd: str | None, env: Mapping[str, str] | None
-    ) -> SandboxProcess:
+    async def _agent_conn(self) -> AgentConnection | None:
+        """The connection to the sandbox's agent (started if needed), or None when commands
+        take the launcher chain (see :meth:`BubblewrapProvider.command_path`)."""
+        if self._agent_args is None or self._provider.agent_problem is not None:
+            return None
+        try:
+            return await self._agent.connection(self._launch_agent)
+        except AgentUnavailable as exc:
+            self._check_alive()  # destroyed meanwhile: say that instead
+            self._provider.agent_failed(str(exc))
+            return None
+
+    async def _exec(self, command: Command, cwd: str | None, env: Mapping[str, str] | None,
+                    stdin: bytes | None, timeout: float | None) -> ExecResult:
         self._check_alive()
         self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        conn = await self._agent_conn()
+        if conn is None:
+            proc = await self._start(command, cwd, env)
+            return await collect(proc, stdin=stdin, timeout=timeout)
+        if stdin is not None and len(stdin) > STDIN_INLINE:
+            # Streamed, each chunk acknowledged: the agent never holds more than one (its
+            # memory is the sandbox's).
+            proc = await self._start(command, cwd, env)
+            return await collect(proc, stdin=stdin, timeout=timeout)
+        blob = launch_fields(chdir, self._env_for(env), argv)
+        finish = self._finisher()
+        try:
+            return await conn.run(blob, finish, self._gone, stdin=stdin, timeout=timeout)
+        except AgentLost:
+            self._check_alive()
+            if not await self._fall_back():
+                raise
+        proc = await self._start(command, cwd, env)
+        return await collect(proc, stdin=stdin, timeout=timeout)
+
+    async def _fall_back(self) -> bool:
+        """After a lost agent: whether it never started (then commands take the launcher
+        chain from now on, and this one did not run)."""
+        why = await self._agent.failed_start()
+        if why is not None:
+            self._provider.agent_failed(why)
+        return why is not None
+
+    def _finisher(self) -> StatusFinisher:
+        cg = self._state.cgroups
+        before = cgroups.limit_counters(cg) if cg else None
+
+        def finish(status: int | None, reported: bool) -> Outcome:
+            # Could not start (status None): the agent said why on the command's stderr.
+            return self._outcome(126 << 8 if status is None else status, 0, before)
+
+        return finish
+
+    async def _start(
+        self, command: Command, cwd: str | None, env: Mapping[str, str] | None
+    ) -> SandboxProcess | AgentProcess:
+        self._check_alive()
+        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
+        argv = to_argv(command)
+        chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
+        conn = await self._agent_conn()
+        if conn is not None:
+            try:
+                return await conn.start(launch_fields(chdir, self._env_for(env), argv),
+                                        self._finisher(), self._gone)
+            except AgentLost:
+                self._check_alive()
+                if not await self._fall_back():
+                    raise
         prefix = launch_prefix(chdir, self._env_for(env), argv)
         status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -565,6 +641,82 @@ class BubblewrapHandle(HostDirHandle):
                 os.write(fd, str(pid).encode())
             finally:
                 os.close(fd)
+
+    def _outcome(self, status: int | None, rc: int,
+                 before: tuple[int, int] | None) -> Outcome:
+        """The outcome of a command: its raw wait ``status`` as its init reported it (None:
+        no report, then the launcher's return code ``rc`` says what it can), and which
+        limit it hit (the cgroups' counters against ``before``, the disk quota)."""
+        sig: int | None = None
+        if status is not None:
+            if status & 0x7F:
+                sig = status & 0x7F
+                code = 128 + sig
+            else:
+                code = (status >> 8) & 0xFF
+        elif rc < 0:
+            sig, code = -rc, 128 - rc
+        elif 128 < rc <= 128 + 64:
+            sig, code = rc - 128, rc  # no reporter: read bwrap's 128+N as a signal
+        else:
+            code = rc
+        limit: str | None = None
+        if before is not None:
+            oom, refused = cgroups.limit_counters(self._state.cgroups)
+            if oom > before[0]:
+                limit = "memory"
+            elif refused > before[1]:
+                limit = "pids"
+        st = self._state
+        if limit is None and (code != 0 or sig is not None) and st.disk_fsid and st.disk_bytes:
+            # The quota fails writes (EDQUOT) rather than killing anything: a failed command
+            # in a sandbox that is now full is taken to have failed for that reason.
+            if diskquota.reached(st.disk_fsid, st.disk_subvol, st.disk_bytes):
+                limit = "disk"
+        if limit is None and sig == signal.SIGXCPU:
+            limit = "cpu"
+        return Outcome(exit_code=code, signal=sig, limit_hit=limit)
+
+
+    def _prestart_agent(self) -> None:
+        """Start the agent ahead of the first command (see BwrapAgentLink.prestart)."""
+        if self._agent_args is not None and self._provider.agent_problem is None:
+            self._agent.prestart(self._launch_agent)
+
+    def _gone(self) -> bool:
+        return not os.path.exists(f"{self._dir_name}/state.json")
+
+    def _launch_agent(self, listen_fd: int, stdin: bytes, log_fd: int) -> subprocess.Popen[bytes]:
+        """Start the sandbox's agent: the launcher chain, then bwrap with the agent's
+        options (over a pipe, as :meth:`_start` gives a command's), moved into the
+        sandbox's cgroups before bwrap forks; its key on stdin."""
+        assert self._agent_args is not None
+        args_r, args_w = os.pipe2(os.O_CLOEXEC)
+        full = [*self._start_prefix, self._provider.bwrap, "--args", str(args_r), "--",
+                *agent_argv(listen_fd, self._filter)]
+        try:
+            try:
+                proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=log_fd, env=self._host_env, start_new_session=True,
+                                        pass_fds=(listen_fd, args_r), bufsize=0)
+            finally:
+                os.close(args_r)
+            try:
+                self._confine(proc.pid)
+                with contextlib.suppress(BrokenPipeError):
+                    _write_all(args_w, self._agent_args)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                proc.wait()
+                raise
+        finally:
+            os.close(args_w)
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write(stdin)
+        proc.stdin.close()
+        return proc
 
     async def host_gid(self) -> int | None:
         """The sandbox's host gid: the unprivileged ``host_uid`` when corral is root (the
@@ -653,6 +805,9 @@ class BubblewrapConfig(ProviderConfig):
     """The unprivileged host uid sandboxes run as when corral runs as root."""
     bwrap: str | None = None
     """The ``bwrap`` program (default: found on ``PATH``)."""
+    agent: bool = True
+    """Run commands through one long-lived agent per sandbox (false: a launcher chain and
+    ``bwrap`` per command, as before)."""
 
     @field_validator("limits")
     @classmethod
@@ -686,6 +841,7 @@ class BubblewrapProvider:
         host_uid: int = DEFAULT_HOST_UID,
         bwrap: str | None = None,
         init: Literal["auto", "perl"] = "auto",
+        agent: bool = True,
     ) -> None:
         found = bwrap or shutil.which("bwrap")
         if not found:
@@ -698,6 +854,8 @@ class BubblewrapProvider:
         self._limits, self._disk_asked = _limits_from(limits)
         self._host_uid = host_uid if os.geteuid() == 0 else None
         self._init_prefer: Literal["auto", "perl"] = init
+        self.use_agent = agent
+        self.agent_problem: str | None = None
         if self.init.kind == "perl" and not os.path.exists("/usr/bin/perl"):
             raise PrerequisiteMissing(
                 "the sandboxes' init process (it decides the exit status out of the "
@@ -725,6 +883,25 @@ class BubblewrapProvider:
         """The sandboxes' init (and, as root, the launcher): see
         :mod:`corral.providers._bwrap_init`."""
         return find_init(prefer=self._init_prefer)
+
+    def agent_failed(self, reason: str) -> None:
+        """An agent could not start: this provider's commands take the launcher chain from
+        now on (said once in the log, and by :meth:`command_path`)."""
+        if self.agent_problem is None:
+            self.agent_problem = reason
+            _log.warning("bubblewrap: commands take the launcher chain (%s)", reason)
+
+    def command_path(self) -> tuple[Literal["agent", "launcher"], str]:
+        """How commands start, and why: ``"agent"`` (one long-lived agent per sandbox,
+        :mod:`corral.providers._bwrap_agent`) or ``"launcher"`` (a launcher chain and
+        ``bwrap`` per command)."""
+        if not self.use_agent:
+            return "launcher", "the agent is turned off (agent = false)"
+        if self.init.agent is None:
+            return "launcher", f"no compiled agent ({self.init.reason})"
+        if self.agent_problem is not None:
+            return "launcher", self.agent_problem
+        return "agent", f"one agent per sandbox ({self.init.agent})"
 
     @property
     def name(self) -> str:
@@ -852,7 +1029,9 @@ class BubblewrapProvider:
             diskquota.remove_files(files)
             remove_tree(sandbox_dir)
             raise
-        return BubblewrapHandle(sandbox_dir, state, self)
+        handle = BubblewrapHandle(sandbox_dir, state, self)
+        handle._prestart_agent()
+        return handle
 
     def _locate(self, sandbox_id: str) -> Path:
         """The state directory of sandbox ``sandbox_id``: in this ``$CORRAL_HOME``, or else

@@ -46,6 +46,10 @@ cannot be regained, then ``execv`` of an absolute path; uid or gid 0 refused). I
 ``setpriv``, a dynamically linked program that is slower to start (bench/launcher_chain.py);
 without a compiler ``setpriv`` is used as before.
 
+The sandboxes' agent (:mod:`corral.providers._bwrap_agent`, source in
+:mod:`corral.providers._agent_source`) is built, cached (``agent-<hash>``), checked and bound
+read-only the same way, with the init: one key names all three programs.
+
 Compiling at first use rather than at install time: corral is a pure-Python package
 (wheels carry no binaries, and a wheel built elsewhere could not be checked against the
 host's libc anyway); the host's own compiler and libc make a program that matches the
@@ -66,11 +70,14 @@ from typing import Literal
 from collections.abc import Callable
 
 from corral._paths import SHARED_ROOT, corral_home
+from corral.providers._agent_source import AGENT_SOURCE
 
-__all__ = ["C_SOURCE", "INSIDE_PATH", "LAUNCH_SOURCE", "PERL_INIT", "InitProgram", "cache_dir", "find_init"]
+__all__ = ["AGENT_INSIDE_PATH", "C_SOURCE", "INSIDE_PATH", "LAUNCH_SOURCE", "PERL_INIT", "InitProgram", "cache_dir", "find_init"]
 
 INSIDE_PATH = "/run/corral-init"
 """Where the C init is bound (read-only) in every sandbox."""
+AGENT_INSIDE_PATH = "/run/corral-agent"
+"""Where the agent is bound (read-only) in a sandbox whose commands it runs."""
 
 C_SOURCE = r"""/* corral's pid 1 for a bubblewrap command (see corral.providers._bwrap_init). */
 #define _GNU_SOURCE
@@ -299,7 +306,7 @@ int main(int argc, char **argv) {
 }
 """
 
-_KEY = hashlib.sha256((C_SOURCE + LAUNCH_SOURCE).encode()).hexdigest()[:16]
+_KEY = hashlib.sha256((C_SOURCE + LAUNCH_SOURCE + AGENT_SOURCE).encode()).hexdigest()[:16]
 _FIXED_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
@@ -307,12 +314,14 @@ _FIXED_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 class InitProgram:
     """Which init a provider runs: ``kind`` ``"c"`` (``path`` is the cached binary on the
     host) or ``"perl"``; ``reason`` says why, for ``corral doctor``. ``launcher`` (as root,
-    with the C init) is the cached program that replaces ``setpriv``."""
+    with the C init) is the cached program that replaces ``setpriv``; ``agent`` (with the C
+    init) the in-sandbox agent (:mod:`corral.providers._bwrap_agent`)."""
 
     kind: Literal["c", "perl"]
     path: Path | None
     reason: str
     launcher: Path | None = None
+    agent: Path | None = None
 
 
 def cache_dir() -> Path:
@@ -333,7 +342,8 @@ def find_init(directory: Path | None = None, *, prefer: Literal["auto", "perl"] 
     found = _found.get(directory)
     # Built or checked once per process; found again if removed meanwhile (a cleaned
     # /var/lib under a long-running server): a stat per call, no more.
-    if found is None or any(p is not None and not p.exists() for p in (found.path, found.launcher)):
+    if found is None or any(p is not None and not p.exists()
+                            for p in (found.path, found.launcher, found.agent)):
         found = _found[directory] = _find(directory)
     return found
 
@@ -349,15 +359,18 @@ def _find(directory: Path) -> InitProgram:
     if problem:
         return InitProgram("perl", None, f"the init cache is not safe to use: {problem}")
     binary, launcher = directory / f"init-{_KEY}", directory / f"launch-{_KEY}"
+    agent = directory / f"agent-{_KEY}"
     # Checked once per process, before anything of it runs: ours, and it still works here
     # (a filesystem remounted noexec, a libc upgrade under a dynamic build).
-    if _usable(binary, _smoke) and (not root or _usable(launcher, _smoke_launcher)):
-        return InitProgram("c", binary, f"compiled C init {binary}", launcher if root else None)
-    error = _build(directory, binary, launcher if root else None)
+    if (_usable(binary, _smoke) and _usable(agent, _smoke_agent)
+            and (not root or _usable(launcher, _smoke_launcher))):
+        return InitProgram("c", binary, f"compiled C init {binary}", launcher if root else None,
+                           agent)
+    error = _build(directory, binary, launcher if root else None, agent)
     if error:
         return InitProgram("perl", None, error)
     return InitProgram("c", binary, f"compiled C init {binary} (built now)",
-                       launcher if root else None)
+                       launcher if root else None, agent)
 
 
 def _usable(path: Path, smoke: Callable[[Path], bool]) -> bool:
@@ -401,11 +414,11 @@ def untrusted(path: Path, *, reachable: bool) -> str | None:
     return None
 
 
-def _build(directory: Path, binary: Path, launcher: Path | None) -> str | None:
+def _build(directory: Path, binary: Path, launcher: Path | None, agent: Path) -> str | None:
     cc = next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
     if cc is None:
         return "no C compiler on PATH (apt-get install gcc): using the perl init"
-    wanted = [(C_SOURCE, binary, _smoke)]
+    wanted = [(C_SOURCE, binary, _smoke), (AGENT_SOURCE, agent, _smoke_agent)]
     if launcher is not None:
         wanted.append((LAUNCH_SOURCE, launcher, _smoke_launcher))
     with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
@@ -438,6 +451,17 @@ def _build(directory: Path, binary: Path, launcher: Path | None) -> str | None:
         for out, dest in built:  # the launcher last: it is only used with its init
             os.rename(out, dest)
     return None
+
+
+def _smoke_agent(program: Path) -> bool:
+    """The fresh agent must run here: without its arguments it refuses with 125 (the real
+    check is its hello, at each sandbox's first command)."""
+    try:
+        done = subprocess.run([str(program)], env=_FIXED_ENV, capture_output=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 125
 
 
 def _smoke_launcher(program: Path) -> bool:

@@ -15,14 +15,14 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
 import anyio
 
 from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, Command, ExecResult, Process
 from corral._errors import ConfigError
 
-__all__ = ["Outcome", "SandboxProcess", "collect", "drain", "feed_stdin", "merge_env", "popen",
+__all__ = ["Collectable", "Outcome", "SandboxProcess", "collect", "drain", "feed_stdin", "merge_env", "popen",
            "to_argv"]
 
 
@@ -174,6 +174,10 @@ class SandboxProcess(Process):
                 )
         return self._result
 
+    def forget_result(self) -> None:
+        """Let the next :meth:`wait` build its result again (after a timeout's kill)."""
+        self._result = None
+
     async def kill(self, sig: int = signal.SIGKILL) -> None:
         if self._popen.poll() is None:
             await self._killer(sig)
@@ -206,8 +210,18 @@ async def feed_stdin(proc: Process, data: bytes | None) -> None:
             pass
 
 
+class Collectable(Process, Protocol):
+    """What :func:`collect` drives: a process that can be told it timed out."""
+
+    timed_out: bool
+
+    def forget_result(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 async def collect(
-    proc: SandboxProcess, *, stdin: bytes | None, timeout: float | None
+    proc: Collectable, *, stdin: bytes | None, timeout: float | None
 ) -> ExecResult:
     """Feed stdin, drain both pipes, wait; on timeout kill the whole tree."""
     out: list[bytes] = []
@@ -228,7 +242,7 @@ async def collect(
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(drain, proc.stdout, out)
                         tg.start_soon(drain, proc.stderr, err)
-                proc._result = None
+                proc.forget_result()
                 res = await proc.wait()
         else:
             res = await proc.wait()

@@ -1,0 +1,124 @@
+"""The bubblewrap sandbox's agent (#32): how commands reach it, and the fallback.
+
+The attacks on its channel are in tests/security/test_agent_channel.py; the provider kit
+(tests/providers/test_bubblewrap_conformance.py) runs through it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.testing import wait_until_async
+from tests.helpers import agent_resident
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_bwrap")]
+
+
+@pytest.fixture
+def provider(corral_home: Path) -> BubblewrapProvider:
+    return BubblewrapProvider()
+
+
+@pytest.fixture
+async def sandbox(provider: BubblewrapProvider) -> AsyncIterator[BubblewrapHandle]:
+    h = await provider.create()
+    try:
+        yield h
+    finally:
+        await provider.destroy(h.ref)
+
+
+async def test_commands_go_through_one_agent_per_sandbox(
+    provider: BubblewrapProvider, sandbox: BubblewrapHandle
+) -> None:
+    assert provider.command_path()[0] == "agent", provider.command_path()
+    for _ in range(3):
+        r = await sandbox.process.exec(["sh", "-c", "echo $$; cat /proc/1/comm"])
+        assert r.ok and r.stdout == b"2\ncorral-agent\n", r  # its own pid namespace
+    proc = await sandbox.process.spawn(["sleep", "30"])
+    try:
+        if sandbox.state.cgroups:
+            assert len(agent_resident(sandbox.state.cgroups)) == 2  # one bwrap, one agent
+    finally:
+        await proc.kill()
+        await proc.wait()
+        await proc.aclose()
+
+
+async def test_another_host_process_uses_the_same_agent(sandbox: BubblewrapHandle,
+                                                        corral_home: Path) -> None:
+    assert (await sandbox.process.exec(["true"])).ok
+    before = agent_resident(sandbox.state.cgroups) if sandbox.state.cgroups else set()
+    code = (
+        "import anyio, json, sys\n"
+        "from corral.providers._bubblewrap import BubblewrapProvider\n"
+        "async def main():\n"
+        "    p = BubblewrapProvider()\n"
+        f"    h = await p.resume({sandbox.id!r})\n"
+        "    r = await h.process.exec(['sh', '-c', 'echo from $CORRAL_SANDBOX_ID'])\n"
+        "    print(json.dumps([r.exit_code, r.stdout.decode(), p.command_path()[0]]))\n"
+        "anyio.run(main)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False,
+                          env={"CORRAL_HOME": str(corral_home), "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": str(Path(__file__).parents[2] / "src")})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [0, f"from {sandbox.id}\n", "agent"]
+    if sandbox.state.cgroups:
+        assert agent_resident(sandbox.state.cgroups) == before  # the same agent served it
+
+
+async def test_the_agent_is_started_at_create(provider: BubblewrapProvider,
+                                              sandbox: BubblewrapHandle) -> None:
+    # Ahead of the first command (it comes up while the caller does other work).
+    if sandbox.state.cgroups:
+        await wait_until_async(lambda: len(agent_resident(sandbox.state.cgroups)) == 2,
+                               "the agent to run")
+    r = await sandbox.process.exec(["cat", "/proc/1/comm"])
+    assert r.ok and r.stdout == b"corral-agent\n", r
+
+
+async def test_an_agent_that_cannot_start_leaves_the_launcher_chain(
+    provider: BubblewrapProvider, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bwrap refuses the agent's sandbox (an option it does not know): the command runs
+    # once, through the launcher chain, and corral says why from then on.
+    monkeypatch.setattr(BubblewrapHandle, "_prestart_agent", lambda self: None)
+    sandbox = await provider.create()
+    try:
+        await _refused(provider, sandbox)
+    finally:
+        await provider.destroy(sandbox.ref)
+
+
+async def _refused(provider: BubblewrapProvider, sandbox: BubblewrapHandle) -> None:
+    assert sandbox._agent_args is not None
+    sandbox._agent_args = b"--no-such-option\0" + sandbox._agent_args
+    r = await sandbox.process.exec(["sh", "-c", "echo ran >> /workspace/count; cat /proc/1/comm"])
+    assert r.ok and r.stdout == b"corral-init\n", r
+    how, why = provider.command_path()
+    assert how == "launcher" and "did not start" in why and "no-such-option" in why, why
+    assert (await sandbox.fs.read("count")) == b"ran\n"
+    proc = await sandbox.process.spawn(["cat", "/proc/1/comm"])
+    assert [c async for c in proc.stdout] == [b"corral-init\n"]
+    assert (await proc.wait()).ok
+    await proc.aclose()
+
+
+async def test_the_agent_can_be_turned_off(corral_home: Path) -> None:
+    provider = BubblewrapProvider(agent=False)
+    assert provider.command_path() == ("launcher", "the agent is turned off (agent = false)")
+    h = await provider.create()
+    try:
+        r = await h.process.exec(["cat", "/proc/1/comm"])
+        assert r.ok and r.stdout == b"corral-init\n", r
+    finally:
+        await provider.destroy(h.ref)
