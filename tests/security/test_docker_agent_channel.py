@@ -311,3 +311,25 @@ async def test_the_container_is_the_only_way_in(sandbox: DockerHandle) -> None:
                and e["Running"]]
     assert len(loaders) == 1, execs
     assert loaders[0]["ProcessConfig"]["user"] == "0:0"
+
+
+async def test_an_agent_that_cannot_start_leaves_docker_exec(corral_home: Path,
+                                                             tmp_path: Path) -> None:
+    # A binary the container cannot run (not a program at all): the agent does not answer,
+    # the provider says why, and commands take a docker exec each, in the container.
+    provider = DockerProvider()
+    broken = tmp_path / "agent"
+    broken.write_bytes(b"not a program\n")
+    provider._agent_binary = broken
+    h = await provider.create()
+    try:
+        r = await h.process.exec(["sh", "-c", "id -u; hostname"])
+        assert r.ok and r.stdout == b"1000\nsandbox\n", r
+        how, why = provider.command_path()
+        assert how == "exec" and "did not start" in why, why
+        assert agents(h) == []
+        assert await h.fs.exists("/workspace") is True
+        off = DockerProvider(agent=False)
+        assert off.command_path() == ("exec", "the agent is turned off (agent = false)")
+    finally:
+        await provider.destroy(h.ref)
