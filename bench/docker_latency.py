@@ -7,16 +7,28 @@ The exec round trip is ``exec(["true"])`` in a live sandbox next to ``docker exe
 run, so both see the same machine load; it prints medians, p90 and the paired ratios.
 
     python bench/docker_latency.py [--runs 15] [--image corral-base:<version>]
+
+``--paths`` compares docker's two ways of running a command in one run, sample by sample
+(#32): a ``docker exec`` per command (``agent = false``) and the sandbox's agent behind one
+exec stream, next to the Docker API's own exec (the SDK: create, start, inspect of ``true``)
+and the docker CLI's. Rows: exec round trip, exec after 100 ms idle, 50 MiB of stdout and
+200k lines (against ``docker exec`` through the CLI into a pipe), time to interactive, and an
+agent-like script (200 short commands, each after a 50 ms pause) against the same commands
+run bare on the host (the sum of the commands' own times, and the script's whole time).
+
+    PYTHONPATH=src python bench/docker_latency.py --paths [--runs 20] [--script 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import time
 
 import anyio
+import anyio.to_thread
 
 from corral.providers._docker import DockerProvider
 
@@ -24,6 +36,10 @@ from corral.providers._docker import DockerProvider
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs)
 
 
 def row(name: str, xs: list[float]) -> str:
@@ -77,4 +93,126 @@ async def main() -> None:
     print(f"{'ratio exec / docker exec (medians)':<34} {statistics.median(rtt) / statistics.median(bare_exec):.2f}x (target <= 1.3x)")
 
 
-anyio.run(main)
+# The agent-like script: what a coding agent runs between model turns.
+SCRIPT = [["true"], ["ls", "-la", "/etc"], ["cat", "/etc/os-release"],
+          ["sh", "-c", "echo hi | wc -c"], ["grep", "-c", "root", "/etc/passwd"]]
+BIG = ["head", "-c", str(50 << 20), "/dev/zero"]
+LINES = ["seq", "1", "200000"]
+
+
+async def paths(runs: int, script_len: int, image: str | None) -> None:
+    """docker exec per command vs the agent, interleaved, with the API's and CLI's exec."""
+    old, new = DockerProvider(image, agent=False), DockerProvider(image)
+    ho, hn = await old.create(), await new.create()
+    api = new.api
+    rows: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        rows.setdefault(name, []).append(value)
+
+    def api_exec(argv: list[str]) -> None:
+        exec_id = api.exec_create(hn.container, argv, user="1000:1000")["Id"]
+        api.exec_start(exec_id)
+        assert api.exec_inspect(exec_id)["ExitCode"] == 0
+
+    def cli_exec(argv: list[str]) -> bytes:
+        return subprocess.run(["docker", "exec", "-u", "1000:1000", hn.container, *argv],
+                              capture_output=True, check=True).stdout
+
+    async def ours(h: object, argv: list[str]) -> float:
+        t = time.perf_counter()
+        r = await h.process.exec(argv)  # type: ignore[attr-defined]
+        dt = time.perf_counter() - t
+        assert r.ok, r
+        return dt
+
+    try:
+        assert new.command_path()[0] == "agent", new.command_path()
+        await hn.process.exec(["true"])  # the agent is up
+        await ho.process.exec(["true"])
+        for _ in range(runs):
+            t = time.perf_counter()
+            await anyio.to_thread.run_sync(api_exec, ["true"])
+            a = time.perf_counter() - t
+            t = time.perf_counter()
+            cli_exec(["true"])
+            c = time.perf_counter() - t
+            e = await ours(ho, ["true"])
+            g = await ours(hn, ["true"])
+            add("exec: agent", g)
+            add("exec: docker exec path (old)", e)
+            add("exec: Docker API's own exec", a)
+            add("exec: docker CLI exec", c)
+            add("  exec agent / API exec (ratio)", g / a)
+            add("  exec agent / old path (ratio)", g / e)
+            await anyio.sleep(0.1)
+            add("exec after 100 ms idle: agent", await ours(hn, ["true"]))
+        for _ in range(max(3, runs // 4)):
+            for name, argv in (("50 MiB stdout", BIG), ("200k lines", LINES)):
+                t = time.perf_counter()
+                out = cli_exec(argv)
+                c = time.perf_counter() - t
+                t = time.perf_counter()
+                r = await hn.process.exec(argv)
+                g = time.perf_counter() - t
+                assert r.ok and len(r.stdout) == len(out), (len(r.stdout), len(out))
+                e = await ours(ho, argv)
+                add(f"{name}: agent", g)
+                add(f"{name}: docker CLI exec", c)
+                add(f"{name}: docker exec path (old)", e)
+                add(f"  {name}: agent throughput / CLI (ratio)", c / g)
+        for _ in range(max(3, runs // 4)):
+            for label, p in (("old", old), ("agent", new)):
+                t = time.perf_counter()
+                h = await p.create()
+                r = await h.process.exec(["true"])
+                add(f"time to interactive: {label}", time.perf_counter() - t)
+                assert r.ok, r
+                await p.destroy(h.ref)
+        # The agent-like script: per command, bare host then the old path then the agent,
+        # each after a 50 ms pause.
+        sums = {"host": 0.0, "old": 0.0, "agent": 0.0}
+        walls = {"host": 0.0, "old": 0.0, "agent": 0.0}
+        for i in range(script_len):
+            cmd = SCRIPT[i % len(SCRIPT)]
+            t0 = time.perf_counter()
+            await anyio.sleep(0.05)
+            t = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            sums["host"] += time.perf_counter() - t
+            walls["host"] += time.perf_counter() - t0
+            for label, h in (("old", ho), ("agent", hn)):
+                t0 = time.perf_counter()
+                await anyio.sleep(0.05)
+                sums[label] += await ours(h, cmd)
+                walls[label] += time.perf_counter() - t0
+    finally:
+        await old.destroy(ho.ref)
+        await new.destroy(hn.ref)
+    print(f"docker: docker exec per command vs the agent, interleaved, {runs} runs; load "
+          f"average {os.getloadavg()[0]:.2f}")
+    for label, xs in rows.items():
+        if "ratio" in label:
+            print(f"  {label:<46} p50 {p50(xs):7.2f} x")
+        else:
+            print(f"  {label:<46} p50 {p50(xs) * 1e3:8.1f} ms   p90 {pct(xs, 0.9) * 1e3:8.1f} ms")
+    print(f"  {script_len}-command script, each after 50 ms:")
+    for label in sums:
+        print(f"    {label:<6} commands {sums[label] * 1e3:8.1f} ms "
+              f"({sums[label] / sums['host']:5.2f}x bare host)   whole script "
+              f"{walls[label] * 1e3:8.1f} ms ({walls[label] / walls['host']:5.2f}x)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--paths" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--paths", action="store_true")
+        ap.add_argument("--runs", type=int, default=20)
+        ap.add_argument("--script", type=int, default=200)
+        ap.add_argument("--image", default=None)
+        a = ap.parse_args()
+        anyio.run(paths, a.runs, a.script, a.image)
+    else:
+        anyio.run(main)

@@ -120,6 +120,8 @@ def test_doctor_checks_the_docker_daemon_and_image(corral_cmd: list[str],
     out = r.stdout.decode()
     assert "[ ok ] docker " in out and "daemon " in out
     assert "[ ok ] docker image" in out and "corral-base:" in out
+    # how a test container's commands ran: through its agent (the compiled agent is there)
+    assert "[ ok ] docker commands    through the sandbox's agent" in out, out
     gone = run([*corral_cmd, "doctor"], {**cli_env, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert "[warn] docker " in gone.stdout.decode() and "start dockerd" in gone.stdout.decode()
 

@@ -259,7 +259,37 @@ def _docker() -> list[Check]:
     except Exception:  # noqa: BLE001 - reported
         checks.append(Check("docker image", "warn", f"{BASE_IMAGE} is not built",
                             "corral images build (needs mmdebstrap; or set [provider] image)"))
+        return checks
+    checks.append(_docker_commands())
     return checks
+
+
+def _docker_commands() -> Check:
+    """How a test container's commands run: through its agent (one exec stream per
+    sandbox), or (the fallback) a ``docker exec`` each, and why."""
+    async def try_it() -> tuple[str, str]:
+        from corral.providers._docker import DockerProvider
+
+        provider = DockerProvider()
+        handle = await provider.create()
+        try:
+            r = await handle.process.exec(["true"])
+            if not r.ok:
+                raise RuntimeError(f"`true` failed in the test container: {r.describe()}")
+            return provider.command_path()
+        finally:
+            await provider.destroy(handle.ref)
+
+    try:
+        how, why = anyio.run(try_it)
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, none raised
+        return Check("docker commands", "warn", f"a test container failed: {exc}",
+                     "check that `docker run --rm corral-base:<version> true` works")
+    if how == "agent":
+        return Check("docker commands", "ok", f"through the sandbox's agent: {why}")
+    return Check("docker commands", "warn", f"a docker exec per command (tens of ms each): {why}",
+                 "apt-get install gcc (the agent is compiled on the host), then run corral "
+                 "doctor again")
 
 
 def collect(store_url: str | None = None) -> list[Check]:

@@ -219,13 +219,19 @@ class AgentConnection:
                 round_, self._round = self._round, anyio.Event()
                 round_.set()
 
+    def _recv(self) -> bytes:
+        """The agent's next bytes (b"" at the end; raises :class:`BlockingIOError` when none
+        are ready). The transport seam: docker's attach stream frames them
+        (:class:`corral.providers._docker_agent.DockerStreamConnection`)."""
+        return self._sock.recv(1 << 18)
+
     async def _read_once(self) -> None:
         try:
-            data = self._sock.recv(1 << 18)
+            data = self._recv()
         except BlockingIOError:
             await anyio.wait_readable(self._sock)
             try:
-                data = self._sock.recv(1 << 18)
+                data = self._recv()
             except BlockingIOError:
                 return
             except OSError as exc:

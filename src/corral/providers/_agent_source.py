@@ -22,6 +22,10 @@ AGENT_SOURCE = r"""/* corral's in-sandbox agent (see corral.providers._bwrap_age
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/mount.h>
@@ -98,7 +102,7 @@ static void hmac(const unsigned char *key, size_t klen, const unsigned char *msg
 
 typedef struct { unsigned char *p; size_t len, cap; } buf_t;
 typedef struct {
-  int fd, authed;
+  int fd, wfd, authed;        /* wfd: where answers go (fd itself, but stdout in stdio mode) */
   unsigned char nonce[32];
   buf_t in, out;
 } conn_t;
@@ -111,6 +115,7 @@ typedef struct {
   int close_in;               /* close stdin once the queue is written */
   long unacked[2];
   int have_status, status;
+  int ctl;                    /* docker mode: the control pipe to the command's init */
 } cmd_t;
 
 static conn_t conns[MAXCONN];
@@ -120,6 +125,17 @@ static unsigned char key[64];
 static size_t key_len;
 static unsigned char first[32]; /* a one-time token: the launching host's first connection */
 static int first_valid;
+/* Docker mode (corral.providers._docker_agent): the agent is the container's root, its one
+   connection is its stdin/stdout (a docker exec stream), commands run as run_uid. */
+static int stdio_mode;
+static long run_uid = -1;
+
+static void close_conn_fds(int c) {
+  if (conns[c].wfd >= 0 && conns[c].wfd != conns[c].fd) close(conns[c].wfd);
+  conns[c].wfd = -1;
+  if (conns[c].fd >= 0) close(conns[c].fd);
+  conns[c].fd = -1;
+}
 
 static int put(buf_t *b, const void *p, size_t n) {
   if (b->len + n > b->cap) {
@@ -144,14 +160,14 @@ static void send_frame(int c, uint32_t id, char type, const void *p, size_t n) {
   unsigned char h[9];
   uint32_t len = (uint32_t)(n + 5);
   memcpy(h, &len, 4); memcpy(h + 4, &id, 4); h[8] = (unsigned char)type;
-  if (put(&conns[c].out, h, 9) || put(&conns[c].out, p, n)) { conns[c].out.len = 0; close(conns[c].fd); conns[c].fd = -1; }
+  if (put(&conns[c].out, h, 9) || put(&conns[c].out, p, n)) { conns[c].out.len = 0; close_conn_fds(c); }
 }
 static void send_text(int c, uint32_t id, char type, const char *msg) { send_frame(c, id, type, msg, strlen(msg)); }
 
 static void xclose(int *fd) { if (*fd >= 0) { close(*fd); *fd = -1; } }
 
 static void drop_conn(int c) {
-  xclose(&conns[c].fd);
+  close_conn_fds(c);
   bfree(&conns[c].in); bfree(&conns[c].out);
   explicit_bzero(conns[c].nonce, 32);
   conns[c].authed = 0;
@@ -167,9 +183,10 @@ static void drop_conn(int c) {
 
 static void free_cmd(cmd_t *k) {
   xclose(&k->pidfd); xclose(&k->report); xclose(&k->in); xclose(&k->out); xclose(&k->err);
+  xclose(&k->ctl);
   bfree(&k->stdin_q);
   memset(k, 0, sizeof *k);
-  k->pidfd = k->report = k->in = k->out = k->err = -1;
+  k->pidfd = k->report = k->in = k->out = k->err = k->ctl = -1;
 }
 
 /* ---- the per-command init: pid 1 of the command's own pid namespace ---- */
@@ -269,7 +286,9 @@ static void mini_init(char *blob, size_t len) {
   _exit(0); /* the kernel now kills whatever is left in the namespace */
 }
 
+static void start_docker(int c, uint32_t id, char *blob, size_t len);
 static void start(int c, uint32_t id, char *blob, size_t len) {
+  if (run_uid >= 0) { start_docker(c, id, blob, len); return; }
   int slot = -1;
   for (int i = 0; i < MAXCMD; i++) {
     if (cmds[i].used && cmds[i].conn == c && cmds[i].id == id) { send_text(c, id, 'e', "request id in use"); return; }
@@ -318,6 +337,241 @@ static void start(int c, uint32_t id, char *blob, size_t len) {
   k->have_status = 0; k->close_in = 0;
   int nb[4] = {k->in, k->out, k->err, k->report};
   for (int i = 0; i < 4; i++) fcntl(nb[i], F_SETFL, O_NONBLOCK);
+  uint32_t p32 = (uint32_t)pid;
+  send_frame(c, id, 'p', &p32, 4);
+}
+
+/* ---- docker mode: no pid namespace (the container grants no CAP_SYS_ADMIN); each
+   command's init is a root child of the agent, a child subreaper: every process the
+   command starts stays its descendant, whatever it does (setsid, double forks), so the init
+   finds them all in /proc and kills them with the command (see _docker_agent). ---- */
+static unsigned char *tree_mark;   /* a bitmap of pids: this init's descendants */
+static size_t tree_bytes;
+
+/* Signal every descendant of this process (pid ns of the container); how many. */
+static int signal_tree(int sig) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  size_t cap = 256, np = 0;
+  pid_t (*pp)[2] = malloc(cap * sizeof *pp);
+  struct dirent *e;
+  while (pp && (e = readdir(d))) {
+    long pid;
+    if (num(e->d_name, &pid) || pid <= 0) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0) continue;
+    buf[r] = 0;
+    char *rp = strrchr(buf, ')');
+    long ppid;
+    char state;
+    if (!rp || sscanf(rp + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (np == cap) { cap *= 2; pid_t (*q)[2] = realloc(pp, cap * sizeof *pp); if (!q) break; pp = q; }
+    pp[np][0] = (pid_t)pid; pp[np][1] = (pid_t)ppid; np++;
+  }
+  closedir(d);
+  if (!pp) return 0;
+  pid_t me = getpid();
+  size_t need = 0;
+  for (size_t i = 0; i < np; i++) if ((size_t)pp[i][0] / 8 + 1 > need) need = (size_t)pp[i][0] / 8 + 1;
+  if ((size_t)me / 8 + 1 > need) need = (size_t)me / 8 + 1;
+  if (need > tree_bytes) { free(tree_mark); tree_mark = calloc(need, 1); tree_bytes = tree_mark ? need : 0; }
+  if (!tree_mark) { free(pp); return 0; }
+  memset(tree_mark, 0, tree_bytes);
+  tree_mark[me / 8] |= (unsigned char)(1 << (me % 8));
+  int hit = 0;
+  for (int changed = 1; changed;) {
+    changed = 0;
+    for (size_t i = 0; i < np; i++) {
+      pid_t p = pp[i][0], q = pp[i][1];
+      if (q <= 0 || (tree_mark[p / 8] >> (p % 8)) & 1) continue;
+      if ((tree_mark[q / 8] >> (q % 8)) & 1) { tree_mark[p / 8] |= (unsigned char)(1 << (p % 8)); changed = 1; }
+    }
+  }
+  for (size_t i = 0; i < np; i++) {
+    pid_t p = pp[i][0];
+    if (p != me && (tree_mark[p / 8] >> (p % 8)) & 1) { kill(p, sig); hit++; }
+  }
+  free(pp);
+  return hit;
+}
+
+/* Kill every descendant and reap them all; the command's own status into *st. */
+static void kill_all(pid_t main_pid, int *st, int *done) {
+  for (;;) {
+    signal_tree(SIGKILL);
+    int s;
+    pid_t w = waitpid(-1, &s, 0);
+    if (w < 0) { if (errno == EINTR) continue; return; } /* ECHILD: nothing is left */
+    if (w == main_pid && !*done) { *st = s; *done = 1; }
+    while ((w = waitpid(-1, &s, WNOHANG)) > 0)
+      if (w == main_pid && !*done) { *st = s; *done = 1; }
+    if (w < 0 && errno == ECHILD) return;
+  }
+}
+
+/* Which limit counters of the container's cgroup moved: memory (oom kills), pids (forks
+   refused); v2, then v1. */
+static long counter(const char *path, const char *name) {
+  FILE *f = fopen(path, "re");
+  if (!f) return -1;
+  char k[64];
+  long v, out = -1;
+  while (fscanf(f, "%63s %ld", k, &v) == 2) if (!strcmp(k, name)) { out = v; break; }
+  fclose(f);
+  return out;
+}
+static void limit_counters(long out[2]) {
+  out[0] = counter("/sys/fs/cgroup/memory.events", "oom_kill");
+  if (out[0] < 0) out[0] = counter("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill");
+  out[1] = counter("/sys/fs/cgroup/pids.events", "max");
+  if (out[1] < 0) out[1] = counter("/sys/fs/cgroup/pids/pids.events", "max");
+}
+
+/* fds on entry: 3 stdin-r, 4 stdout-w, 5 stderr-w, 6 report-w, 7 control-r. The report is
+   the raw wait status, plus 1<<16 when the memory limit was hit meanwhile, 1<<17 the pids
+   limit, and 1<<18 (alone) when the working directory does not exist. */
+static void mini_init_docker(char *blob, size_t len) {
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) _exit(125);
+  size_t nf = 0;
+  for (size_t i = 0; i < len; i++) nf += blob[i] == '\0';
+  char **f = calloc(nf + 1, sizeof(char *));
+  if (!f) _exit(125);
+  for (size_t i = 0, k = 0; k < nf; k++) { f[k] = blob + i; i += strlen(blob + i) + 1; }
+  long nenv;
+  if (nf < 3 || num(f[1], &nenv) || nenv < 0 || (size_t)nenv > nf - 3) _exit(125);
+  const char *cwd = f[0];
+  char **args = f + 2 + nenv;
+  char **envp = calloc((size_t)nenv + 1, sizeof(char *));
+  if (!envp) _exit(125);
+  memcpy(envp, f + 2, (size_t)nenv * sizeof(char *));
+  char line[32];
+  struct stat sb;
+  if (stat(cwd, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    int n = snprintf(line, sizeof line, "%d\n", 1 << 18);
+    ssize_t wr;
+    do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
+    _exit(0);
+  }
+  sigset_t chld, none;
+  sigemptyset(&chld); sigaddset(&chld, SIGCHLD); sigemptyset(&none);
+  sigprocmask(SIG_BLOCK, &chld, NULL);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) _exit(125);
+  long before[2], after[2];
+  limit_counters(before);
+  pid_t pid = fork();
+  if (pid < 0) { dprintf(5, "corral: cannot start %s: fork: %s\n", args[0], strerror(errno)); _exit(126); }
+  if (pid == 0) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    for (int s = 1; s < 32; s++)
+      if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (dup2(3, 0) < 0 || dup2(4, 1) < 0 || dup2(5, 2) < 0) _exit(125);
+    syscall(SYS_close_range, 3, ~0U, 0);
+    setsid();
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) { ssize_t wr = write(oom, "1000", 4); (void)wr; close(oom); }
+    /* The agent's uid: no groups; leaving uid 0 drops every capability. */
+    if (setgroups(0, NULL) != 0 || setgid((gid_t)run_uid) != 0 || setuid((uid_t)run_uid) != 0) {
+      dprintf(2, "corral: cannot become uid %ld: %s\n", run_uid, strerror(errno));
+      _exit(125);
+    }
+    explicit_bzero(key, sizeof key);
+    if (chdir(cwd) != 0) { dprintf(2, "corral: cannot enter %s: %s\n", cwd, strerror(errno)); _exit(126); }
+    environ = envp;
+    execvp(args[0], args);
+    int e = errno;
+    dprintf(2, "corral: %s: %s\n", args[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+  }
+  close(3); close(4); close(5);
+  int st = 255 << 8, done = 0;
+  while (!done) {
+    struct pollfd p[2] = {{sfd, POLLIN, 0}, {7, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) { if (errno == EINTR) continue; break; }
+    if (p[1].revents) {
+      unsigned char s;
+      ssize_t r = read(7, &s, 1);
+      if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
+        /* The agent is gone: nobody can wait for the command any more; end it. */
+        kill_all(pid, &st, &done);
+        _exit(0);
+      }
+      if (r == 1 && s == SIGKILL) kill_all(pid, &st, &done);
+      else if (r == 1 && s > 0 && s < 65) signal_tree(s);
+    }
+    if (p[0].revents) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) > 0) {}
+      int s;
+      pid_t w;
+      while ((w = waitpid(-1, &s, WNOHANG)) > 0)
+        if (w == pid && !done) { st = s; done = 1; }
+    }
+  }
+  kill_all(pid, &st, &done); /* what the command left running ends with it */
+  limit_counters(after);
+  int rep = st & 0xffff;
+  if (after[0] > before[0]) rep |= 1 << 16;
+  else if (after[1] > before[1]) rep |= 1 << 17;
+  int n = snprintf(line, sizeof line, "%d\n", rep);
+  ssize_t wr;
+  do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
+  _exit(0);
+}
+
+static void start_docker(int c, uint32_t id, char *blob, size_t len) {
+  int slot = -1;
+  for (int i = 0; i < MAXCMD; i++) {
+    if (cmds[i].used && cmds[i].conn == c && cmds[i].id == id) { send_text(c, id, 'e', "request id in use"); return; }
+    if (!cmds[i].used && slot < 0) slot = i;
+  }
+  if (slot < 0) { send_text(c, id, 'e', "too many commands at once in this sandbox"); return; }
+  if (len < 1 || blob[len - 1] != '\0') { send_text(c, id, 'e', "malformed start request"); return; }
+  /* fds: 0/1 stdin (r, w), 2/3 stdout, 4/5 stderr, 6/7 report, 8/9 control */
+  int fds[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  for (int i = 0; i < 5; i++)
+    if (pipe2(fds + 2 * i, O_CLOEXEC)) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "cannot start the command: pipe: %s", strerror(errno));
+      send_text(c, id, 'e', msg);
+      for (int j = 0; j < 10; j++) xclose(&fds[j]);
+      return;
+    }
+  pid_t pid = fork();
+  if (pid == 0) {
+    int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
+    for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
+    for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
+    syscall(SYS_close_range, 8, ~0U, 0);
+    fcntl(6, F_SETFD, FD_CLOEXEC);
+    fcntl(7, F_SETFD, FD_CLOEXEC);
+    mini_init_docker(blob, len);
+  }
+  int pidfd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+  if (pid < 0 || pidfd < 0) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "cannot start the command: %s: %s", pid < 0 ? "fork" : "pidfd_open", strerror(errno));
+    if (pid > 0) { kill(pid, SIGKILL); waitpid(pid, NULL, 0); }
+    send_text(c, id, 'e', msg);
+    for (int j = 0; j < 10; j++) xclose(&fds[j]);
+    return;
+  }
+  close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]); close(fds[8]);
+  cmd_t *k = &cmds[slot];
+  k->used = 1; k->conn = c; k->id = id; k->pid = pid; k->pidfd = pidfd;
+  k->in = fds[1]; k->out = fds[2]; k->err = fds[4]; k->report = fds[6]; k->ctl = fds[9];
+  k->unacked[0] = k->unacked[1] = 0;
+  k->have_status = 0; k->close_in = 0;
+  int nb[5] = {k->in, k->out, k->err, k->report, k->ctl};
+  for (int i = 0; i < 5; i++) fcntl(nb[i], F_SETFL, O_NONBLOCK);
   uint32_t p32 = (uint32_t)pid;
   send_frame(c, id, 'p', &p32, 4);
 }
@@ -386,7 +640,10 @@ static int frame(int c, uint32_t id, char type, unsigned char *p, size_t n) {
     return 0;
   case 'K':
     if (n != 1) return -1;
-    if ((k = find(c, id)) && k->pidfd >= 0 && !k->have_status)
+    if ((k = find(c, id)) && k->ctl >= 0 && !k->have_status) {
+      ssize_t wr; /* docker mode: the command's init signals its tree (SIGKILL: kills it all) */
+      do wr = write(k->ctl, p, 1); while (wr < 0 && errno == EINTR);
+    } else if (k && k->pidfd >= 0 && !k->have_status)
       syscall(SYS_pidfd_send_signal, k->pidfd, (int)p[0], NULL, 0);
     return 0;
   case 'A': {
@@ -473,7 +730,7 @@ static void accept_conn(void) {
   int c = -1;
   for (int i = 0; i < MAXCONN; i++) if (conns[i].fd < 0) { c = i; break; }
   if (c < 0) { close(fd); return; } /* full: refuse, keep serving the others */
-  conns[c].fd = fd;
+  conns[c].fd = conns[c].wfd = fd;
   conns[c].authed = 0;
   if (getrandom(conns[c].nonce, 32, 0) != 32) { drop_conn(c); return; }
   send_frame(c, 0, 'n', conns[c].nonce, 32);
@@ -488,9 +745,17 @@ static int hexval(char ch) {
 int main(int argc, char **argv) {
   long lfd;
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return 125;
-  if (argc != 3 || num(argv[1], &lfd) || lfd < 3) return 125;
-  listen_fd = (int)lfd;
-  const char *filter = argv[2];
+  const char *filter;
+  if (argc == 3 && !strcmp(argv[1], "stdio")) {
+    /* Docker mode: `agent stdio <uid>` (see the docker-mode notes above). */
+    if (num(argv[2], &run_uid) || run_uid <= 0) return 125;
+    stdio_mode = 1;
+    filter = "-";
+  } else {
+    if (argc != 3 || num(argv[1], &lfd) || lfd < 3) return 125;
+    listen_fd = (int)lfd;
+    filter = argv[2];
+  }
   if (strcmp(filter, "-") != 0) {
     size_t n = strlen(filter);
     if (n == 0 || n % 16) return 125;
@@ -525,17 +790,29 @@ int main(int argc, char **argv) {
   key_len = 64;
   first_valid = 1;
   explicit_bzero(hex, sizeof hex);
-  int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (nul < 0 || dup2(nul, 0) < 0 || dup2(nul, 1) < 0) return 125;
-  close(nul);
-  if (fcntl(listen_fd, F_SETFD, FD_CLOEXEC) || fcntl(listen_fd, F_SETFL, O_NONBLOCK)) return 125;
+  if (!stdio_mode) {
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (nul < 0 || dup2(nul, 0) < 0 || dup2(nul, 1) < 0) return 125;
+    close(nul);
+    if (fcntl(listen_fd, F_SETFD, FD_CLOEXEC) || fcntl(listen_fd, F_SETFL, O_NONBLOCK)) return 125;
+  }
   syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC);
   signal(SIGPIPE, SIG_IGN);
-  for (int i = 0; i < MAXCONN; i++) conns[i].fd = -1;
-  for (int i = 0; i < MAXCMD; i++) { cmds[i].pidfd = cmds[i].report = cmds[i].in = cmds[i].out = cmds[i].err = -1; }
+  for (int i = 0; i < MAXCONN; i++) conns[i].fd = conns[i].wfd = -1;
+  for (int i = 0; i < MAXCMD; i++) { cmds[i].pidfd = cmds[i].report = cmds[i].in = cmds[i].out = cmds[i].err = cmds[i].ctl = -1; }
+  if (stdio_mode) {
+    /* The one connection: stdin in, stdout out (stderr: the agent's log). */
+    if (fcntl(0, F_SETFL, O_NONBLOCK) || fcntl(1, F_SETFL, O_NONBLOCK)) return 125;
+    conns[0].fd = 0; conns[0].wfd = 1; conns[0].authed = 0;
+    if (getrandom(conns[0].nonce, 32, 0) != 32) return 125;
+    send_frame(0, 0, 'n', conns[0].nonce, 32);
+    /* Out before anything is read (as after an accept): a pipe takes 41 bytes at once. */
+    ssize_t r = write(1, conns[0].out.p, conns[0].out.len);
+    if (r > 0) drop(&conns[0].out, (size_t)r);
+  }
 
-  static struct pollfd pf[1 + MAXCONN + 5 * MAXCMD];
-  static int who[1 + MAXCONN + 5 * MAXCMD];
+  static struct pollfd pf[1 + 2 * MAXCONN + 5 * MAXCMD];
+  static int who[1 + 2 * MAXCONN + 5 * MAXCMD];
   for (;;) {
     int n = 0;
     pf[n] = (struct pollfd){listen_fd, POLLIN, 0}; who[n++] = -1;
@@ -543,8 +820,9 @@ int main(int argc, char **argv) {
       if (conns[i].fd >= 0) {
         /* A host that does not read its answers is not read from either (bounded). */
         short ev = conns[i].out.len < (64u << 20) ? POLLIN : 0;
-        if (conns[i].out.len) ev |= POLLOUT;
+        if (conns[i].out.len && conns[i].wfd == conns[i].fd) ev |= POLLOUT;
         pf[n] = (struct pollfd){conns[i].fd, ev, 0}; who[n++] = i;
+        if (conns[i].out.len && conns[i].wfd != conns[i].fd) { pf[n] = (struct pollfd){conns[i].wfd, POLLOUT, 0}; who[n++] = i; }
       }
     for (int i = 0; i < MAXCMD; i++) {
       cmd_t *k = &cmds[i];
@@ -569,13 +847,14 @@ int main(int argc, char **argv) {
       if (w == -1) { accept_conn(); continue; }
       if (w < 1000000) {
         conn_t *cn = &conns[w];
-        if (cn->fd != pf[j].fd) continue; /* dropped meanwhile */
-        if (pf[j].revents & POLLOUT) {
-          ssize_t r = write(cn->fd, cn->out.p, cn->out.len);
+        if (cn->fd != pf[j].fd && cn->wfd != pf[j].fd) continue; /* dropped meanwhile */
+        int wr_side = cn->wfd == pf[j].fd, rd_side = cn->fd == pf[j].fd;
+        if (wr_side && cn->out.len && (pf[j].revents & POLLOUT || (!rd_side && pf[j].revents & (POLLHUP | POLLERR)))) {
+          ssize_t r = write(cn->wfd, cn->out.p, cn->out.len);
           if (r > 0) drop(&cn->out, (size_t)r);
           else if (r < 0 && errno != EAGAIN && errno != EINTR) { drop_conn(w); continue; }
         }
-        if (pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(w);
+        if (rd_side && pf[j].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(w);
         continue;
       }
       cmd_t *k = &cmds[(w - 1000000) / 5];
@@ -593,10 +872,17 @@ int main(int argc, char **argv) {
     /* Whatever a reply queued: try to send it at once (saves a poll round). */
     for (int i = 0; i < MAXCONN; i++)
       if (conns[i].fd >= 0 && conns[i].out.len) {
-        ssize_t r = write(conns[i].fd, conns[i].out.p, conns[i].out.len);
+        ssize_t r = write(conns[i].wfd, conns[i].out.p, conns[i].out.len);
         if (r > 0) drop(&conns[i].out, (size_t)r);
         else if (r < 0 && errno != EAGAIN && errno != EINTR) drop_conn(i);
       }
+    if (stdio_mode && conns[0].fd < 0) {
+      /* Docker mode: nobody can reach this agent any more; it stays while its (detached)
+         commands run, as their inits end them when it goes. */
+      int busy = 0;
+      for (int i = 0; i < MAXCMD && !busy; i++) busy = cmds[i].used;
+      if (!busy) return 0;
+    }
   }
 }
 """

@@ -36,13 +36,15 @@ import posixpath
 import shutil
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.to_thread
 from pydantic import field_validator
 
 from corral._errors import ConfigError
+from corral._log import library_logger
 from corral.providers._docker_client import (
     BASE_IMAGE,
     LABEL,
@@ -51,23 +53,33 @@ from corral.providers._docker_client import (
     docker_errors,
     unavailable,
 )
+from corral.providers._agent_client import AgentConnection, AgentLost, AgentProcess
+from corral.providers._docker_agent import (
+    AgentUnavailable,
+    DockerAgentLink,
+    agent_problem,
+    docker_outcome,
+    launch_fields,
+)
 from corral.providers._docker_exec import (
     DockerProcess,
     collect,
     fields,
     header,
+    helper_argv,
     open_exec,
     run_to_end,
     start_exec,
     start_helper,
 )
 from corral.providers._limits import merged_limits
-from corral.providers._process import to_argv
+from corral.providers._process import Outcome, to_argv
 from corral.providers._state import new_id, validate_id
 import corral._validate as validate
 from corral.sandbox._contracts import (
     Capabilities,
     Command,
+    ExecResult,
     FileInfo,
     HostCommand,
     HostRoute,
@@ -90,6 +102,8 @@ if TYPE_CHECKING:
     from corral.providers._docker_snapshots import DockerSnapshots
 
 __all__ = ["DOCKER_CAPABILITIES", "DockerConfig", "DockerHandle", "DockerProvider"]
+
+_log = library_logger("corral.providers._docker")
 
 DOCKER_CAPABILITIES = Capabilities(
     background_processes=True,
@@ -205,6 +219,9 @@ class DockerConfig(ProviderConfig):
     """The daemon (default: ``$DOCKER_HOST``, else the local socket)."""
     uid: int = 1000
     """The agent's uid (and gid) inside the container."""
+    agent: bool = True
+    """Run commands through one long-lived agent per sandbox (``false``: a ``docker exec``
+    per command, the fallback where the agent cannot start)."""
 
     @field_validator("limits")
     @classmethod
@@ -236,6 +253,11 @@ def host_node() -> str | None:
     return os.path.realpath(found) if found else None
 
 
+def _helper_outcome(status: int | None, _reported: bool) -> Outcome:
+    """A helper's outcome (it has no working directory of the caller's to miss)."""
+    return docker_outcome(status, WORKDIR)
+
+
 def _not_area(path: str) -> str:
     if path in AREAS:
         raise PathEscapeError(f"{path!r} is one of the sandbox's areas: it cannot be removed "
@@ -257,8 +279,8 @@ class _DockerProcessApi:
     async def exec(self, command: Command, *, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, stdin: bytes | None = None,
                    timeout: float | None = None) -> Any:
-        proc = await self._h.start(to_argv(command), cwd=cwd, env=env)
-        return await collect(proc, stdin=stdin, timeout=timeout)
+        return await self._h.run(to_argv(command), cwd=cwd, env=env, stdin=stdin,
+                                 timeout=timeout)
 
 
 def _fs_error(path: str, stderr: bytes) -> OSError:
@@ -320,8 +342,7 @@ class _DockerFS:
     async def _op(self, op: str, path: str, *, data: bytes | None = None,
                   **extra: Any) -> bytes:
         full = confine(path)
-        proc = await self._h.start_helper("fs", {"op": op, "path": full, **extra})
-        res = await collect(proc, stdin=data, timeout=None)
+        res = await self._h.run_helper("fs", {"op": op, "path": full, **extra}, data)
         if res.exit_code == 3:
             raise _fs_error(path, res.stderr)
         if not res.ok:
@@ -492,10 +513,112 @@ class DockerHandle:
             merged[key] = value
         return merged
 
-    async def start(self, argv: list[str], *, cwd: str | None,
-                    env: Mapping[str, str] | None) -> DockerProcess:
+    # ------------------------------------------------------------ commands
+
+    async def _agent(self) -> AgentConnection | None:
+        """The connection to this handle's agent (started if needed), or None when
+        commands take ``docker exec`` (see :meth:`DockerProvider.command_path`)."""
+        link = self._provider.agent_link(self._id)
+        if link is None:
+            return None
+        conn = link.live()
+        if conn is not None:
+            return conn
+        try:
+            return await link.connection()
+        except AgentUnavailable as exc:
+            self._check_running()  # destroyed meanwhile: say that instead
+            self._provider.agent_failed(str(exc))
+            return None
+        except Exception as exc:
+            raise self._provider.translate(exc, self._id) from None
+
+    def _gone(self) -> bool:
+        """Whether the container is gone or stopped (blocking: only asked when an agent's
+        stream ended under a running command)."""
+        try:
+            info = self._provider.api.inspect_container(self.container)
+        except Exception:  # noqa: BLE001 - gone, or the daemon with it
+            return True
+        return not (info.get("State") or {}).get("Running")
+
+    def _check_running(self) -> None:
+        if self._gone():
+            raise SandboxGoneError(f"sandbox {self._id!r} (docker) no longer exists or is "
+                                   "not running")
+
+    def _lost(self, exc: AgentLost) -> BaseException:
+        if self._gone():
+            return SandboxGoneError(f"sandbox {self._id!r} (docker) was destroyed while a "
+                                    "command ran")
+        return exc
+
+    async def run(self, argv: list[str], *, cwd: str | None, env: Mapping[str, str] | None,
+                  stdin: bytes | None, timeout: float | None) -> ExecResult:
+        """``exec``: through the agent (one request), else ``docker exec``."""
         want = cwd or WORKDIR
         full = confine(want)
+        conn = await self._agent()
+        if conn is None:
+            proc = await self._exec_start(argv, full, want, env)
+            return await collect(proc, stdin=stdin, timeout=timeout)
+        blob = launch_fields(full, self._env(env), argv)
+        try:
+            return await conn.run(blob, lambda st, _rep: docker_outcome(st, want), self._gone,
+                                  stdin=stdin, timeout=timeout)
+        except AgentLost as exc:
+            raise self._lost(exc) from None
+
+    async def start(self, argv: list[str], *, cwd: str | None,
+                    env: Mapping[str, str] | None) -> DockerProcess | AgentProcess:
+        """``spawn``: through the agent, else ``docker exec``."""
+        want = cwd or WORKDIR
+        full = confine(want)
+        conn = await self._agent()
+        if conn is None:
+            return await self._exec_start(argv, full, want, env)
+        blob = launch_fields(full, self._env(env), argv)
+        try:
+            return await conn.start(blob, lambda st, _rep: docker_outcome(st, want),
+                                    self._gone)
+        except AgentLost as exc:
+            raise self._lost(exc) from None
+
+    async def run_helper(self, mode: str, obj: Mapping[str, Any],
+                         data: bytes | None) -> ExecResult:
+        """The in-container helper's ``mode`` (as the agent's uid) to its end, ``data`` on
+        its stdin after the header: through the agent when there is one."""
+        conn = await self._agent()
+        if conn is None:
+            proc = await self._exec_helper(mode, obj)
+            return await collect(proc, stdin=data, timeout=None)
+        blob = launch_fields(WORKDIR, BASE_ENV, helper_argv(mode))
+        try:
+            return await conn.run(blob, _helper_outcome, self._gone,
+                                  stdin=header(obj) + (data or b""), timeout=None)
+        except AgentLost as exc:
+            raise self._lost(exc) from None
+
+    async def start_helper(self, mode: str, obj: Mapping[str, Any],
+                           user: str | None = None) -> DockerProcess | AgentProcess:
+        """Start the helper's ``mode`` with ``obj`` as its header: as the agent's uid through
+        the agent when there is one, else (and as root, ``user="0:0"``) ``docker exec``."""
+        if user is None:
+            conn = await self._agent()
+            if conn is not None:
+                blob = launch_fields(WORKDIR, BASE_ENV, helper_argv(mode))
+                try:
+                    proc = await conn.start(blob, _helper_outcome, self._gone)
+                    await proc.write_stdin(header(obj))
+                except AgentLost as exc:
+                    raise self._lost(exc) from None
+                except BrokenPipeError:
+                    pass  # the helper ended at once: its status says why
+                return proc
+        return await self._exec_helper(mode, obj, user)
+
+    async def _exec_start(self, argv: list[str], full: str, want: str,
+                          env: Mapping[str, str] | None) -> DockerProcess:
         merged = self._env(env)
         p = self._provider
         try:
@@ -505,7 +628,7 @@ class DockerHandle:
         except Exception as exc:
             raise self._provider.translate(exc, self._id) from None
 
-    async def start_helper(self, mode: str, obj: Mapping[str, Any],
+    async def _exec_helper(self, mode: str, obj: Mapping[str, Any],
                            user: str | None = None) -> DockerProcess:
         p = self._provider
         try:
@@ -519,7 +642,7 @@ class DockerHandle:
 
     async def _root(self, mode: str, obj: Mapping[str, Any]) -> Any:
         """Run the in-container supervisor script's ``mode`` as root; its result."""
-        proc = await self.start_helper(mode, obj, user="0:0")
+        proc = await self._exec_helper(mode, obj, user="0:0")
         return await collect(proc, stdin=None, timeout=120)
 
     async def launch_supervised(
@@ -585,8 +708,12 @@ class DockerProvider:
 
     def __init__(self, image: str | None = None, *, runtime: str | None = None,
                  limits: ResourceLimits | Mapping[str, Any] = DEFAULT_LIMITS,
-                 docker_host: str | None = None, uid: int = 1000) -> None:
+                 docker_host: str | None = None, uid: int = 1000, agent: bool = True) -> None:
         docker_errors()  # the SDK is installed, or a one-line error naming the extra
+        self.use_agent = agent
+        self.agent_problem: str | None = None
+        self._agent_binary: Path | None | bool = False  # False: not looked for yet
+        self._links: dict[str, DockerAgentLink] = {}
         self.image = image or BASE_IMAGE
         self.runtime = runtime
         self._limits = _limits_from(limits)
@@ -611,6 +738,64 @@ class DockerProvider:
 
             self._remaps = await anyio.to_thread.run_sync(remaps)
         return None if self._remaps else self.uid
+
+    # ------------------------------------------------------------ the agent
+
+    def _find_agent(self) -> Path | None:
+        if self._agent_binary is False:
+            from corral.providers._bwrap_init import find_init
+
+            program = find_init()
+            binary = program.agent if program.kind == "c" else None
+            arch = None
+            with contextlib.suppress(Exception):
+                arch = str(self.api.info().get("Architecture") or "") or None
+            problem = agent_problem(binary, arch)
+            if problem is not None:
+                self.agent_failed(problem if binary is not None
+                                  else f"no compiled agent ({program.reason})")
+            self._agent_binary = binary
+        return self._agent_binary if isinstance(self._agent_binary, Path) else None
+
+    def agent_link(self, sandbox_id: str) -> DockerAgentLink | None:
+        """The way to the sandbox's agent (one per sandbox in this provider), or None when
+        commands take ``docker exec``."""
+        link = self._links.get(sandbox_id)
+        if link is not None:
+            return link if self.agent_problem is None else None
+        if not self.use_agent or self.agent_problem is not None:
+            return None
+        binary = self._find_agent()
+        if binary is None or self.agent_problem is not None:
+            return None
+        link = self._links[sandbox_id] = DockerAgentLink(
+            lambda: self.api, container_name(sandbox_id), self.uid,
+            f"sandbox {sandbox_id!r}", binary)
+        return link
+
+    def agent_failed(self, reason: str) -> None:
+        """An agent could not start: this provider's commands take ``docker exec`` from now
+        on (said once in the log, and by :meth:`command_path`)."""
+        if self.agent_problem is None:
+            self.agent_problem = reason
+            _log.warning("docker: commands take docker exec (%s)", reason)
+
+    def command_path(self) -> tuple[Literal["agent", "exec"], str]:
+        """How commands start, and why: ``"agent"`` (one long-lived agent per sandbox
+        behind one exec stream, :mod:`corral.providers._docker_agent`) or ``"exec"`` (a
+        ``docker exec`` per command)."""
+        if not self.use_agent:
+            return "exec", "the agent is turned off (agent = false)"
+        if self.agent_problem is None:
+            self._find_agent()
+        if self.agent_problem is not None:
+            return "exec", self.agent_problem
+        return "agent", f"one agent per sandbox over one exec stream ({self._agent_binary})"
+
+    def _drop_link(self, sandbox_id: str) -> None:
+        link = self._links.pop(sandbox_id, None)
+        if link is not None:
+            link.close()
 
     @property
     def client(self) -> Any:
@@ -889,6 +1074,7 @@ class DockerProvider:
             validate_id(sandbox_id)
         except ConfigError:
             return
+        self._drop_link(sandbox_id)
         try:
             await anyio.to_thread.run_sync(self._remove, sandbox_id)
         except Exception as exc:
