@@ -31,6 +31,7 @@ from corral.providers._agent_client import AgentLost, frame, hello_answer
 from corral.providers._docker import DockerHandle, DockerProvider, container_name
 from corral.providers._docker_agent import (
     DockerStreamConnection,
+    hello,
     launch_fields,
     loader_argv,
 )
@@ -149,7 +150,7 @@ async def _raw_agent(h: DockerHandle, key: bytes) -> socket.socket:
                                   stderr=True, user="0:0")["Id"]
         raw = api.exec_start(exec_id, socket=True)
         sock: socket.socket = raw._sock
-        sock.sendall(b"%012d" % len(binary) + binary + key.hex().encode() + b"\n")
+        sock.sendall(hello(binary, key))
         return sock
 
     return await anyio.to_thread.run_sync(start)

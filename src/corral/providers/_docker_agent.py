@@ -57,7 +57,7 @@ from corral.providers._agent_client import AgentConnection, AgentLost
 from corral.providers._process import Outcome
 
 __all__ = ["LOADER", "AgentUnavailable", "DockerAgentLink", "DockerStreamConnection",
-           "agent_problem", "docker_outcome", "launch_fields", "loader_argv"]
+           "agent_problem", "docker_outcome", "hello", "launch_fields", "loader_argv"]
 
 LOADER = r"""
 import os, sys
@@ -118,6 +118,14 @@ def docker_outcome(status: int | None, cwd: str) -> Outcome:
         sig = wait & 0x7F
         return Outcome(exit_code=128 + sig, signal=sig, limit_hit=limit)
     return Outcome(exit_code=(wait >> 8) & 0xFF, limit_hit=limit)
+
+
+def hello(binary: bytes, key: bytes) -> bytes:
+    """What the loader reads on the stream first: the agent's binary (its length, then its
+    bytes), the key, and a one-time token (bubblewrap's first connection skips its round
+    trip with it; this stream is the agent's only connection, so it is never used)."""
+    return (b"%012d" % len(binary) + binary + key.hex().encode() + b"\n"
+            + secrets.token_bytes(32).hex().encode() + b"\n")
 
 
 class DockerStreamConnection(AgentConnection):
@@ -216,10 +224,7 @@ class DockerAgentLink:
                 raise AgentUnavailable("the daemon's exec stream is not a plain socket "
                                        "(TLS or ssh)")
             try:
-                # the key, then a one-time token (bubblewrap's first connection skips its
-                # round trip with it; this stream is the only connection: never used)
-                sock.sendall(b"%012d" % len(binary) + binary + key.hex().encode() + b"\n"
-                             + secrets.token_bytes(32).hex().encode() + b"\n")
+                sock.sendall(hello(binary, key))
             except OSError:
                 sock.close()
                 raise
