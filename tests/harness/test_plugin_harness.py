@@ -24,7 +24,7 @@ from corral.harness import register_harness, unregister_harness
 from corral.journal._layout import JournalPaths, read_status
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
-from tests.plugins import plug_harness
+from tests.plugins import plug_harness, read_until
 
 PACKAGE = {"name": plug_harness.DIST, "version": plug_harness.VERSION}
 
@@ -52,18 +52,6 @@ def _script(go: Path, *lines: str) -> str:
 def _start(cli: CliHome, run_id: str, tag: str, script: str) -> subprocess.Popen[str]:
     return cli.popen("run", "--harness", "plug-sh", "--model", tag, "--provider", "local",
                      "--run-id", run_id, "--json", "--", script)
-
-
-def _read_until(proc: subprocess.Popen[str], text: str) -> list[dict[str, Any]]:
-    """The NDJSON events ``proc`` prints, up to the one whose text has ``text``."""
-    assert proc.stdout is not None
-    seen: list[dict[str, Any]] = []
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the process ended before printing {text!r}: {seen}"
-        seen.append(json.loads(line))
-        if text in seen[-1]["event"].get("delta", ""):
-            return seen
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -102,7 +90,7 @@ def test_an_entry_point_harness_is_taken_over_after_a_sigkill_and_reaped_elsewhe
     go_p, go_q = tmp_path / "go-p", tmp_path / "go-q"
     # Process 1 runs two runs of the plugin's harness and dies in each.
     first = _start(cli, "p", "blue", _script(go_p, "one", "two", "three"))
-    _read_until(first, "two")
+    read_until(first, "two")
     _kill(first)
     record = cli.raw("p")
     assert record is not None and record["status"] == "running"
@@ -112,12 +100,12 @@ def test_an_entry_point_harness_is_taken_over_after_a_sigkill_and_reaped_elsewhe
     started = int(record["driver_epoch"])
 
     other = _start(cli, "q", "green", _script(go_q, "x", "y"))
-    _read_until(other, "x")
+    read_until(other, "x")
     _kill(other)
 
     # Process 2 attaches to p and follows it to its end: every event once, in order.
     second = cli.popen("attach", "p", "--json")
-    printed = _read_until(second, "two")
+    printed = read_until(second, "two")
     wait_until(lambda: int(cli.raw("p")["driver_epoch"]) == started + 1,
                "the attach to hold the claim", timeout=30)
     go_p.touch()

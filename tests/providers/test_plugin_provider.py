@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from corral.journal._layout import JournalPaths, read_status
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
-from tests.plugins import plug_provider
+from tests.plugins import plug_provider, read_until
 
 # Prints two lines, waits for the test's go-ahead (a host file: the local provider does not
 # isolate), prints a third.
@@ -61,18 +60,6 @@ def _config(tmp_path: Path) -> Path:
     return config
 
 
-def _read_until(proc: subprocess.Popen[str], text: str) -> list[dict[str, Any]]:
-    """The NDJSON events ``proc`` prints, up to the one whose text has ``text``."""
-    assert proc.stdout is not None
-    seen: list[dict[str, Any]] = []
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"the process ended before printing {text!r}: {seen}"
-        seen.append(json.loads(line))
-        if text in seen[-1]["event"].get("delta", ""):
-            return seen
-
-
 def _exited(paths: JournalPaths) -> bool:
     st = read_status(paths.status)
     return st is not None and st.state == "exited"
@@ -89,7 +76,7 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
     # Process 1 starts the run on the plugin's provider, then dies mid-run.
     first = cli.popen("run", "--config", str(config), "--run-id", "p", "--json",
                       "--file-events", "--", "sh", "-c", SCRIPT, "sh", str(go))
-    _read_until(first, "one")
+    read_until(first, "one")
     first.send_signal(signal.SIGKILL)
     first.wait()
     record = cli.raw("p")
@@ -106,7 +93,7 @@ def test_an_entry_point_provider_survives_takeover_and_is_reaped_in_a_third_proc
 
     # Process 2 takes the run over, prints every event once, then detaches.
     second = cli.popen("attach", "p", "--json")
-    printed = _read_until(second, "two")
+    printed = read_until(second, "two")
     wait_until(lambda: cli.epoch("p") == started + 1, "the attach to hold the claim", timeout=30)
     second.send_signal(signal.SIGTERM)
     rest, err = second.communicate(timeout=30)
