@@ -21,7 +21,7 @@ import pytest
 from corral.journal._layout import encode_run_id
 from corral.providers._docker import DockerProvider, container_name
 from tests.corral_cli import CliHome
-from tests.providers.test_plugin_provider import _read_until
+from tests.plugins import read_until
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.usefixtures("need_docker")
@@ -100,7 +100,7 @@ def test_host_b_finishes_a_run_whose_host_a_was_killed(
 def _takeover(a: Host, b: Host) -> None:
     first = a.popen("run", "--provider", "docker", "--run-id", "mh", "--json", "--",
                     "sh", "-c", SCRIPT)
-    _read_until(first, "one")
+    read_until(first, "one")
     first.send_signal(signal.SIGKILL)
     first.wait()
     record = _show(a, "mh")
@@ -110,7 +110,7 @@ def _takeover(a: Host, b: Host) -> None:
     shutil.rmtree(a.home)  # host A is gone, its journals directory with it
 
     second = b.popen("attach", "mh", "--json")
-    printed = _read_until(second, "two")
+    printed = read_until(second, "two")
     wait_until(lambda: int(_show(b, "mh")["driver_epoch"]) == epoch + 1,
                "host B to hold the claim", timeout=60)
     if not _container_exists(sandbox_id):

@@ -21,7 +21,7 @@ from corral.journal._layout import encode_run_id
 from corral.providers._docker import DockerProvider, container_name
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
-from tests.providers.test_plugin_provider import _read_until
+from tests.plugins import read_until
 
 # Prints two lines, waits for a file that never comes (the sandbox goes first).
 SCRIPT = "echo one; echo two; while [ ! -e go ]; do sleep 0.05; done; echo three"
@@ -100,7 +100,7 @@ def test_removed_mid_output_with_the_driver_alive(
     driver = a.popen("run", "--provider", provider, "--run-id", "g1", "--json", "--",
                      "sh", "-c", SCRIPT)
     try:
-        _read_until(driver, "two")
+        read_until(driver, "two")
         sandbox_id = _sandbox_id(a, "g1")
         _remove(provider, a.home, sandbox_id)
         printed, err = driver.communicate(timeout=BOUND)
@@ -125,7 +125,7 @@ def test_removed_mid_output_with_the_driver_killed(
     a, b = _hosts(tmp_path, corral_cmd, cli_env)
     driver = a.popen("run", "--provider", provider, "--run-id", "g2", "--json", "--",
                      "sh", "-c", SCRIPT)
-    _read_until(driver, "two")
+    read_until(driver, "two")
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     sandbox_id = _sandbox_id(a, "g2")
