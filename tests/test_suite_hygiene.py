@@ -137,3 +137,21 @@ def test_processes_a_test_leaves_are_ended_and_named(tmp_path: Path, which: str)
     finally:
         if _alive(pid):
             os.kill(pid, 9)
+
+
+def _serial_files() -> list[str]:
+    """The files scripts/test.sh runs alone, before the rest (the rest pass ignores them)."""
+    text = (REPO / "scripts" / "test.sh").read_text()
+    start = text.index("serial=(")
+    return text[start + len("serial=("):text.index(")", start)].split()
+
+
+def test_the_serial_files_collect() -> None:
+    """The rest pass ignores the serial files, so a broken import in one of them shows only
+    in the docker pass: collect them here too (once a moved helper failed CI that way)."""
+    files = _serial_files()
+    assert files and all((REPO / f).is_file() for f in files), files
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *files],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
