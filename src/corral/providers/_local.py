@@ -50,6 +50,7 @@ import anyio.to_thread
 from corral._errors import CorralError
 from corral._paths import corral_home
 from corral.providers import _cgroups as cgroups
+from corral.providers import _cgspawn as cgspawn
 from corral.providers import _procscan as procscan
 from corral.providers._base import HostDirHandle
 from corral.providers._hostfs import HostFS
@@ -128,16 +129,14 @@ class _LocalProcessApi:
         argv, host_env, host_cwd = self._h._launch(command, cwd, env)
         group = self._h._kill_group()
         try:
-            proc = popen(argv, env=host_env, cwd=host_cwd)
+            proc = self._h._start(argv, host_env, host_cwd, group)
         except (FileNotFoundError, PermissionError) as exc:
             # Report like a shell would (127 not found, 126 not executable), as the
             # isolated providers do, instead of raising for the command's own problem.
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             script = f'echo "corral: $0: {exc.strerror}" >&2; exit {code}'
-            proc = popen(["/bin/sh", "-c", script, argv[0]], env=host_env, cwd=host_cwd)
+            proc = self._h._start(["/bin/sh", "-c", script, argv[0]], host_env, host_cwd, group)
         pid = proc.pid
-        if group is not None:
-            self._h._join(group, proc)
 
         async def killer(sig: int) -> None:
             await anyio.to_thread.run_sync(_kill_tree, pid, sig)
@@ -250,6 +249,38 @@ class LocalHandle(HostDirHandle):
         with contextlib.suppress(OSError):
             os.close(os.open(Path(self.private_dir, _UNGROUPED), os.O_WRONLY | os.O_CREAT, 0o600))
 
+    def _start(self, argv: list[str], env: dict[str, str], cwd: str,
+               group: str | None) -> subprocess.Popen[bytes]:
+        """Start a command in its own session, in the sandbox's group when it has one:
+        created there where the host allows it (``_cgspawn``: no move, no moment
+        outside), else moved there right after it starts."""
+        if group is not None and (spawner := cgspawn.spawner()) is not None:
+            try:
+                fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise self._gone() from None
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                try:
+                    return cgspawn.InGroupPopen(argv, spawner=spawner, cgroup_fd=fd, env=env,
+                                                cwd=cwd)
+                except cgroups.GroupGone:
+                    raise self._gone() from None
+                except cgspawn.CloneRefused:
+                    pass  # clone3 refused here (seccomp, permissions): move it instead
+                finally:
+                    os.close(fd)
+        proc = popen(argv, env=env, cwd=cwd)
+        if group is not None:
+            self._join(group, proc)
+        return proc
+
+    def _gone(self) -> SandboxGoneError:
+        # destroy removed the group after our liveness check: the sandbox is gone.
+        return SandboxGoneError(
+            f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one")
+
     def _join(self, group: str, proc: subprocess.Popen[bytes]) -> None:
         try:
             if not cgroups.join_kill_group(group, proc.pid):
@@ -258,9 +289,7 @@ class LocalHandle(HostDirHandle):
             # destroy removed the group after our liveness check: the sandbox is gone.
             _kill_tree(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise SandboxGoneError(
-                f"sandbox {self.id!r} ({self.provider_name}) no longer exists; create a new one"
-            ) from None
+            raise self._gone() from None
         except OSError:
             self._mark_ungrouped()
 
