@@ -286,8 +286,8 @@ def join_kill_group(group: str, pid: int) -> bool:
     """Move ``pid`` and the descendants it already has into ``group``; True when that
     certainly caught every process it started.
 
-    The launcher moves a child it has just started (Python cannot start a child inside a
-    group without an extra exec), so the child runs for a moment outside it. Everything
+    The local provider's fallback where it cannot start a child inside the group
+    (``_cgspawn``): the child runs for a moment outside it. Everything
     it forks after the move is a member. What it forked before is moved by walking its
     children (zombies stay listed until reaped), except the children of a process that
     already exited: so the answer is False when a process of the tree had exited

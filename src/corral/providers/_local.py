@@ -21,11 +21,14 @@ double-forking daemon escapes, so ``killable_processes`` is False.
 corral may create groups in (with ``cgroup.kill``), each sandbox gets one group that holds
 its processes (see ``_cgroups``): destroy kills the group, and a daemon that left its
 session by ``setsid`` and a double fork dies with it, without a scan of the host's
-processes. The group is joined by corral right after it starts a command (one write; a
-program that forks and lets its intermediate exit between its exec and that write could
-escape it) and by a host command's own argv before it execs the command.
-When a launch may have lost that race (the command had already forked or exited when corral
-moved it) or could not join, the sandbox is marked, and its destroy also kills every
+processes. corral starts each command inside the group (``clone3`` with
+``CLONE_INTO_CGROUP``, see ``_cgspawn``): no moment outside it, and no cgroup move, which
+the kernel makes wait for an RCU grace period after an idle moment. Where that cannot be
+used (no C compiler, ``clone3`` refused) the command is moved into the group right after it
+starts (one write; a program that forks and lets its intermediate exit between its exec
+and that write could escape it). A host command's own argv joins the group before it
+execs the command. When a move may have lost that race (the command had already forked
+or exited when corral moved it) or could not join, the sandbox is marked, and its destroy also kills every
 process that carries the sandbox's tag in its environment, which reads the environment of
 every process on the host; so does destroy on hosts without such a hierarchy. Neither
 holds against a hostile command: the local provider isolates nothing.
