@@ -250,3 +250,26 @@ async def test_a_missing_command_still_reports_127(spawner: cgspawn.Spawner) -> 
         assert r.exit_code == 127 and b"no-such-command-corral: No such file" in r.stderr, r
     finally:
         await provider.destroy(h.ref)
+
+
+# ------------------------------------------------------------------ the cache
+
+def test_a_planted_library_is_never_loaded(spawner: cgspawn.Spawner, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    planted = cache / f"cgspawn-{cgspawn._KEY}.so"
+    planted.write_bytes(b"not a library")
+    planted.chmod(0o666)  # others could have swapped it
+    found = cgspawn.spawner(cache)
+    assert found is not None, cgspawn.reason(cache)
+    assert planted.stat().st_mode & 0o022 == 0 and planted.read_bytes() != b"not a library"
+    assert _run(found, ["sh", "-c", "exit 5"])[0] == 5
+
+
+def test_a_cache_others_can_write_is_not_used(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    assert cgspawn.spawner(cache) is None
+    assert "not safe" in cgspawn.reason(cache)
+    assert list(cache.iterdir()) == []
