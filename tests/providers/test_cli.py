@@ -155,9 +155,16 @@ def test_doctor_checks_a_postgres_store(corral_cmd: list[str], cli_env: dict[str
 def test_doctor_names_the_cgroup_mount_option_that_makes_moves_quick() -> None:
     from corral.cli._doctor import _cgroup_migrations
 
-    slow = _cgroup_migrations("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,relatime 0 0\n")
-    assert slow is not None and slow.status == "warn"
+    plain = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,relatime 0 0\n"
+    slow = _cgroup_migrations(plain, in_group="no C compiler")
+    assert slow is not None and slow.status == "warn" and "no C compiler" in slow.detail
     assert slow.fix.startswith("mount -o remount,favordynmods /sys/fs/cgroup ")
-    quick = _cgroup_migrations("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,favordynmods 0 0\n")
+    assert "gcc" in slow.fix
+    # local commands born in their group: only the fallback paths still move one
+    born = _cgroup_migrations(plain, in_group=None)
+    assert born is not None and born.status == "ok" and "fallback" in born.detail
+    assert born.fix.startswith("mount -o remount,favordynmods")
+    quick = _cgroup_migrations("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,favordynmods 0 0\n",
+                               in_group="no C compiler")
     assert quick is not None and quick.status == "ok"
-    assert _cgroup_migrations("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n") is None
+    assert _cgroup_migrations("cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n", in_group=None) is None

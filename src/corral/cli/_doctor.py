@@ -109,11 +109,13 @@ def _cgroups() -> Check:
                  "mount cgroup v1 memory,pids,cpu,freezer hierarchies (cgroup v2 is not supported yet)")
 
 
-def _cgroup_migrations(mounts: str | None = None) -> Check | None:
+def _cgroup_migrations(mounts: str | None, *, in_group: str | None) -> Check | None:
     """Whether moving a command into its sandbox's cgroup is quick. Without the cgroup2
     mount option ``favordynmods`` (Linux 6.1+) the kernel waits for an RCU grace period
-    (~10 ms here) before a move that follows an idle moment: every sandboxed command
-    started after a pause pays it (docs/benchmarks.md, bench/exec_after_idle.py)."""
+    (~10 ms here) before a move that follows an idle moment (docs/benchmarks.md,
+    bench/exec_after_idle.py). ``in_group`` is None when local commands are started inside
+    their group (no move), else why they are not: then every local command after a pause
+    pays the wait; otherwise only the fallback paths do."""
     if mounts is None:
         try:
             mounts = Path("/proc/mounts").read_text()
@@ -126,11 +128,26 @@ def _cgroup_migrations(mounts: str | None = None) -> Check | None:
     slow = [f[1] for f in v2 if "favordynmods" not in f[3].split(",")]
     if not slow:
         return Check("cgroup moves", "ok", "cgroup2 is mounted with favordynmods")
+    fix = (f"mount -o remount,favordynmods {slow[0]}  (host-wide, Linux 6.1+; makes "
+           "fork and exit slightly slower); add it to the mount's options to keep it")
+    if in_group is None:
+        return Check("cgroup moves", "ok",
+                     "local commands start inside their sandbox's cgroup (no move); only the "
+                     "fallback paths move one (bubblewrap without its agent, a local agent "
+                     "run's start), and those wait ~10 ms after an idle moment", fix)
     return Check("cgroup moves", "warn",
-                 "cgroup2 is mounted without favordynmods: a command started after an idle "
-                 "moment waits ~10 ms for its move into the sandbox's cgroup",
-                 f"mount -o remount,favordynmods {slow[0]}  (host-wide, Linux 6.1+; makes "
-                 "fork and exit slightly slower); add it to the mount's options to keep it")
+                 "cgroup2 is mounted without favordynmods and local commands are moved into "
+                 f"their sandbox's cgroup ({in_group}): a command started after an idle "
+                 "moment waits ~10 ms for the move",
+                 f"{fix}; or apt-get install gcc (local commands are then started inside "
+                 "their group)")
+
+
+def _in_group_spawner() -> str | None:
+    """None when local commands start inside their cgroup, else why not."""
+    from corral.providers import _cgspawn  # builds the helper on first use: doctor only
+
+    return None if _cgspawn.spawner() is not None else _cgspawn.reason()
 
 
 def _disk_quota() -> Check:
@@ -295,7 +312,7 @@ def _docker_commands() -> Check:
 def collect(store_url: str | None = None) -> list[Check]:
     checks = _bubblewrap()
     checks.append(_cgroups())
-    if (moves := _cgroup_migrations()) is not None:
+    if (moves := _cgroup_migrations(None, in_group=_in_group_spawner())) is not None:
         checks.append(moves)
     checks.append(_disk_quota())
     checks.append(_sandbox_init())
