@@ -61,6 +61,7 @@ from corral.providers._docker_agent import (
     docker_outcome,
     launch_fields,
 )
+from corral.providers._docker_fs_server import FsServers
 from corral.providers._docker_exec import (
     DockerProcess,
     collect,
@@ -342,7 +343,13 @@ class _DockerFS:
     async def _op(self, op: str, path: str, *, data: bytes | None = None,
                   **extra: Any) -> bytes:
         full = confine(path)
-        res = await self._h.run_helper("fs", {"op": op, "path": full, **extra}, data)
+        head = {"op": op, "path": full, **extra}
+        answer = await self._h.fs_servers.call(head, path, data)
+        if answer is not None:  # the handle's file server
+            if not answer.ok:
+                raise _fs_error(path, answer.payload)
+            return answer.data if op == "read" else answer.payload
+        res = await self._h.run_helper("fs", head, data)
         if res.exit_code == 3:
             raise _fs_error(path, res.stderr)
         if not res.ok:
@@ -358,6 +365,18 @@ class _DockerFS:
 
     async def read_stream(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         full = confine(path)
+        served = await self._h.fs_servers.read_stream({"op": "read", "path": full}, path)
+        if served is not None:
+            async with contextlib.aclosing(served):
+                buf = bytearray()
+                async for chunk in served:
+                    buf += chunk
+                    while len(buf) >= chunk_size:
+                        yield bytes(buf[:chunk_size])
+                        del buf[:chunk_size]
+                if buf:
+                    yield bytes(buf)
+            return
         proc = await self._h.start_helper("fs", {"op": "read", "path": full})
         await proc.close_stdin()
         buf = bytearray()
@@ -379,6 +398,13 @@ class _DockerFS:
 
     async def write_stream(self, path: str, chunks: AsyncIterator[bytes]) -> int:
         full = confine(path)
+        served = await self._h.fs_servers.write_stream({"op": "write", "path": full}, path,
+                                                       chunks)
+        if served is not None:
+            answer, written = served
+            if not answer.ok:
+                raise _fs_error(path, answer.payload)
+            return written
         proc = await self._h.start_helper("fs", {"op": "write", "path": full})
         total = 0
         try:
@@ -431,6 +457,8 @@ class DockerHandle:
         self._info = info
         self._fs = _DockerFS(self)
         self._process = _DockerProcessApi(self)
+        self.fs_servers = FsServers(self._start_fs_server, self._gone, _fs_error,
+                                    f"sandbox {sandbox_id!r}")
 
     @property
     def id(self) -> str:
@@ -581,6 +609,18 @@ class DockerHandle:
         try:
             return await conn.start(blob, lambda st, _rep: docker_outcome(st, want),
                                     self._gone)
+        except AgentLost as exc:
+            raise self._lost(exc) from None
+
+    async def _start_fs_server(self) -> AgentProcess | None:
+        """A file server (the helper's ``serve`` mode, as the agent's uid) through the
+        agent, or None when commands take ``docker exec``."""
+        conn = await self._agent()
+        if conn is None:
+            return None
+        blob = launch_fields(WORKDIR, BASE_ENV, helper_argv("serve"))
+        try:
+            return await conn.start(blob, _helper_outcome, self._gone)
         except AgentLost as exc:
             raise self._lost(exc) from None
 
