@@ -18,8 +18,10 @@ A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sa
 
 Everything goes through the API (the official SDK, blocking, in worker threads), so a
 process with another ``$CORRAL_HOME`` on another machine finds, drives and destroys the
-same sandboxes: the container is the state. Commands and file operations run under the
-in-container helper (:mod:`corral._insandbox.container`) as the agent's uid. The sandbox's
+same sandboxes: the container is the state. Commands run through the sandbox's agent
+(:mod:`._docker_agent`), file operations through its long-lived file server
+(:mod:`._docker_fs_server`), both as the agent's uid; without the agent, each runs under the
+in-container helper (:mod:`corral._insandbox.container`) started by a ``docker exec``. The sandbox's
 own environment (``SandboxSpec.env``, which never holds a secret) is the container's; a
 command's environment, secrets included, travels on the exec's stdin, never in a container's
 or an exec's configuration.
@@ -335,7 +337,8 @@ def _json_answer(raw: bytes, op: str, path: str) -> Any:
 
 
 class _DockerFS:
-    """The sandbox's files, through the in-container helper (as the agent's uid)."""
+    """The sandbox's files, through the handle's file server, else the in-container helper
+    per operation (as the agent's uid either way)."""
 
     def __init__(self, handle: DockerHandle) -> None:
         self._h = handle
@@ -457,8 +460,7 @@ class DockerHandle:
         self._info = info
         self._fs = _DockerFS(self)
         self._process = _DockerProcessApi(self)
-        self.fs_servers = FsServers(self._start_fs_server, self._gone, _fs_error,
-                                    f"sandbox {sandbox_id!r}")
+        self.fs_servers = provider.fs_servers(self)
 
     @property
     def id(self) -> str:
@@ -754,6 +756,7 @@ class DockerProvider:
         self.agent_problem: str | None = None
         self._agent_binary: Path | None | bool = False  # False: not looked for yet
         self._links: dict[str, DockerAgentLink] = {}
+        self._fs_servers: dict[str, FsServers] = {}
         self.image = image or BASE_IMAGE
         self.runtime = runtime
         self._limits = _limits_from(limits)
@@ -832,7 +835,17 @@ class DockerProvider:
             return "exec", self.agent_problem
         return "agent", f"one agent per sandbox over one exec stream ({self._agent_binary})"
 
+    def fs_servers(self, handle: DockerHandle) -> FsServers:
+        """The sandbox's file servers: one pool per sandbox in this provider, like its agent
+        link (a handle made per turn must not leave servers behind)."""
+        servers = self._fs_servers.get(handle.id)
+        if servers is None:
+            servers = self._fs_servers[handle.id] = FsServers(
+                handle._start_fs_server, handle._gone, _fs_error, f"sandbox {handle.id!r}")
+        return servers
+
     def _drop_link(self, sandbox_id: str) -> None:
+        self._fs_servers.pop(sandbox_id, None)  # they end with the agent's stream
         link = self._links.pop(sandbox_id, None)
         if link is not None:
             link.close()

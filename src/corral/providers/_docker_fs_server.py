@@ -46,7 +46,7 @@ _CHUNK = 1 << 20
 _NO_WAIT = 256 << 10
 """Sent without waiting for the agent's acknowledgement (one round trip less); the rest of
 a request is sent chunk by chunk as it is written, so the agent never holds more."""
-_KEEP_IDLE = 4
+_KEEP_IDLE = 2
 _START_TIMEOUT = 30.0
 
 
