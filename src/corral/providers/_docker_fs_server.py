@@ -46,6 +46,8 @@ _CHUNK = 1 << 20
 _NO_WAIT = 256 << 10
 """Sent without waiting for the agent's acknowledgement (one round trip less); the rest of
 a request is sent chunk by chunk as it is written, so the agent never holds more."""
+_AHEAD = 4
+"""Chunks of a request (256 KiB each) on their way at once: what the agent may hold."""
 _KEEP_IDLE = 2
 _START_TIMEOUT = 30.0
 
@@ -134,13 +136,13 @@ class _Server:
         try:
             await self.proc.send_stdin(data[:_NO_WAIT])
             if len(data) > _NO_WAIT:
-                await self.proc.write_stdin(data[_NO_WAIT:])
+                await self.proc.write_stdin_ahead(data[_NO_WAIT:], _AHEAD)
         except BrokenPipeError as exc:
             raise _Lost(f"its stdin closed ({exc})", self.answered) from None
 
     async def send_chunk(self, data: bytes) -> None:
         try:
-            await self.proc.write_stdin(data)
+            await self.proc.write_stdin_ahead(data, _AHEAD)
         except BrokenPipeError as exc:
             raise _Lost(f"its stdin closed ({exc})", self.answered) from None
 
