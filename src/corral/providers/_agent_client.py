@@ -434,14 +434,15 @@ class AgentProcess:
             with _suppress(AgentLost):
                 await self._conn._send(frame(self._id, b"A", struct.pack("<BI", which, m)))
 
-    async def write_stdin(self, data: bytes) -> None:
-        """Write all of ``data`` (acknowledged once in the command's stdin pipe); raises
-        :class:`BrokenPipeError` once stdin is closed."""
+    async def write_stdin(self, data: bytes, *, chunk_size: int = _STDIN_CHUNK) -> None:
+        """Write all of ``data`` (acknowledged once in the command's stdin pipe), a chunk
+        at a time (what the agent holds at most); raises :class:`BrokenPipeError` once
+        stdin is closed."""
         view = memoryview(data)
         while view:
             if not self._stdin_open or self._cmd.stdin_broken or self._finished():
                 raise BrokenPipeError("stdin is closed")
-            chunk, view = view[:_STDIN_CHUNK], view[_STDIN_CHUNK:]
+            chunk, view = view[:chunk_size], view[chunk_size:]
             want = self._cmd.stdin_acks + 1
 
             def written(want: int = want) -> bool:
@@ -454,29 +455,6 @@ class AgentProcess:
                 raise BrokenPipeError(str(exc)) from None
             if self._cmd.stdin_broken or self._cmd.stdin_acks < want:
                 raise BrokenPipeError("stdin is closed")
-
-    async def write_stdin_ahead(self, data: bytes, ahead: int) -> None:
-        """:meth:`write_stdin` with up to ``ahead`` chunks on their way at once (a round
-        trip per ``ahead`` chunks, not per chunk; the agent holds at most that many)."""
-        c = self._cmd
-        base, sent = c.stdin_acks, 0
-        try:
-            for i in range(0, len(data), _STDIN_CHUNK):
-                if not self._stdin_open or c.stdin_broken or self._finished():
-                    raise BrokenPipeError("stdin is closed")
-                await self._conn._send(frame(self._id, b"I", data[i:i + _STDIN_CHUNK]))
-                sent += 1
-                want = sent - ahead
-
-                def room(want: int = want) -> bool:
-                    return c.stdin_acks - base >= want or self._finished()
-
-                await self._conn._until(room)
-            await self._conn._until(lambda: c.stdin_acks - base >= sent or self._finished())
-        except AgentLost as exc:
-            raise BrokenPipeError(str(exc)) from None
-        if c.stdin_broken or c.stdin_acks - base < sent:
-            raise BrokenPipeError("stdin is closed")
 
     def reachable(self) -> bool:
         """Its connection is alive and of this event loop (it can be killed, closed)."""

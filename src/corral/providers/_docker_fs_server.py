@@ -46,8 +46,9 @@ _CHUNK = 1 << 20
 _NO_WAIT = 256 << 10
 """Sent without waiting for the agent's acknowledgement (one round trip less); the rest of
 a request is sent chunk by chunk as it is written, so the agent never holds more."""
-_AHEAD = 4
-"""Chunks of a request (256 KiB each) on their way at once: what the agent may hold."""
+_AGENT_HOLDS = 1 << 20
+"""A request's bytes are sent a chunk this large at a time, each once the agent has written
+the one before into the server's stdin (a round trip per chunk; the agent holds one)."""
 _KEEP_IDLE = 2
 _START_TIMEOUT = 30.0
 
@@ -136,13 +137,13 @@ class _Server:
         try:
             await self.proc.send_stdin(data[:_NO_WAIT])
             if len(data) > _NO_WAIT:
-                await self.proc.write_stdin_ahead(data[_NO_WAIT:], _AHEAD)
+                await self.proc.write_stdin(data[_NO_WAIT:], chunk_size=_AGENT_HOLDS)
         except BrokenPipeError as exc:
             raise _Lost(f"its stdin closed ({exc})", self.answered) from None
 
     async def send_chunk(self, data: bytes) -> None:
         try:
-            await self.proc.write_stdin_ahead(data, _AHEAD)
+            await self.proc.write_stdin(data, chunk_size=_AGENT_HOLDS)
         except BrokenPipeError as exc:
             raise _Lost(f"its stdin closed ({exc})", self.answered) from None
 
