@@ -266,3 +266,23 @@ async def test_concurrent_and_nested_operations_each_get_a_server(
         assert await sandbox.fs.read("other") == b"o"
         rest = b"".join([c async for c in stream])
     assert first + rest == blobs["c7"]
+
+
+async def test_a_server_killed_as_it_starts_fails_the_operation_not_the_servers(
+    sandbox: DockerHandle,
+) -> None:
+    # Killed before it says it is ready (by the agent's uid, say): that operation fails
+    # with EIO; the sandbox keeps its file servers (no fall back for good).
+    async def killed() -> object:
+        conn = await sandbox._agent()
+        assert conn is not None
+        blob = launch_fields(WORKDIR, BASE_ENV, [PY, "-c", "import os; os.kill(os.getpid(), 9)"])
+        return await conn.start(blob, _helper_outcome, sandbox._gone)
+
+    servers = FsServers(killed, sandbox._gone,  # type: ignore[arg-type]
+                        sandbox.fs_servers._fs_error, "test")
+    sandbox.fs_servers = servers
+    with pytest.raises(OSError) as caught:
+        await sandbox.fs.read("f")
+    assert caught.value.errno == errno.EIO and "killed as it started" in str(caught.value)
+    assert servers.problem is None

@@ -197,10 +197,23 @@ class FsServers:
             err = b""
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 err = b"".join([c async for c in proc.stderr])[-300:]
+            killed: int | None = -1  # its agent went away: so did it
+            if server.proc.reachable():
+                killed = None
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    try:
+                        killed = (await server.proc.wait()).signal
+                    except AgentLost:
+                        killed = -1
             await server.stop()
             if await anyio.to_thread.run_sync(self._gone):
                 raise SandboxGoneError(f"{self._what} no longer exists or is not "
                                        "running") from None
+            if killed is not None:
+                # killed (by the agent's uid, say) or lost with its agent: not a reason to
+                # give up on servers; this operation fails, the next one starts a new one
+                raise OSError(errno.EIO, f"the sandbox's file server was killed as it "
+                                         f"started ({exc or 'timed out'})") from None
             self.problem = (f"the file server did not start ({exc or 'timed out'}"
                             f"{': ' + err.decode(errors='replace').strip() if err else ''})")
             _log.warning("docker: %s: file operations take a helper each: %s", self._what,
