@@ -160,7 +160,7 @@ class _Server:
 
 
 class FsServers:
-    """A handle's file servers: ``start()`` starts one (through the agent; None when there is
+    """A sandbox's file servers: ``start()`` starts one (through the agent; None when there is
     no agent), ``gone()`` (blocking) says whether the sandbox was destroyed, ``fs_error``
     makes the error a server reported (its JSON, hostile) into an ``OSError``."""
 
