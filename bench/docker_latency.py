@@ -17,6 +17,14 @@ agent-like script (200 short commands, each after a 50 ms pause) against the sam
 run bare on the host (the sum of the commands' own times, and the script's whole time).
 
     PYTHONPATH=src python bench/docker_latency.py --paths [--runs 20] [--script 200]
+
+``--fs`` compares docker's file operations, sample by sample (#32, dkfs): the handle's
+long-lived file server (the helper's ``serve`` mode behind the agent), the helper started
+per operation through the agent (before), and per operation through ``docker exec``
+(``agent = false``). Rows: read, write and stat of a 100-byte file, read and write of
+10 MiB, and the first operation of a new handle (the server's start).
+
+    PYTHONPATH=src python bench/docker_latency.py --fs [--runs 20]
 """
 
 from __future__ import annotations
@@ -203,10 +211,63 @@ async def paths(runs: int, script_len: int, image: str | None) -> None:
               f"{walls[label] * 1e3:8.1f} ms ({walls[label] / walls['host']:5.2f}x)")
 
 
+async def fs_paths(runs: int, image: str | None) -> None:
+    """File operations: the file server vs a helper per operation, interleaved."""
+    agent, off = DockerProvider(image), DockerProvider(image, agent=False)
+    hs, hx = await agent.create(), await off.create()
+    hp = await DockerProvider(image).resume(hs.ref)  # the same sandbox, its own agent
+    assert hp is not None
+    hp.fs_servers.problem = "bench: the helper per operation"
+    ways = (("server", hs), ("helper per op via agent (before)", hp),
+            ("helper per op via docker exec", hx))
+    rows: dict[str, list[float]] = {}
+    small, big = os.urandom(100), os.urandom(10 << 20)
+
+    async def timed(name: str, op: object) -> None:
+        t = time.perf_counter()
+        await op  # type: ignore[misc]
+        rows.setdefault(name, []).append(time.perf_counter() - t)
+
+    try:
+        for _label, h in ways:
+            await h.fs.write("small", small)
+            await h.fs.write("big", big)
+        assert agent.command_path()[0] == "agent", agent.command_path()
+        for _ in range(runs):
+            for label, h in ways:
+                await timed(f"read 100 B: {label}", h.fs.read("small"))
+                await timed(f"write 100 B: {label}", h.fs.write("small", small))
+                await timed(f"stat: {label}", h.fs.stat("small"))
+            for label, h in ways:
+                await timed(f"read 10 MiB: {label}", h.fs.read("big"))
+                await timed(f"write 10 MiB: {label}", h.fs.write("big", big))
+            await hs.fs_servers.aclose()  # the idle servers stop: the next op starts one
+            await timed("first op, the server's start: server", hs.fs.stat("small"))
+        assert hs.fs_servers.problem is None and await hs.fs.read("big") == big
+    finally:
+        await agent.destroy(hs.ref)
+        await off.destroy(hx.ref)
+    print(f"docker file operations, interleaved, {runs} runs; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    for label, xs in rows.items():
+        print(f"  {label:<56} p50 {p50(xs) * 1e3:8.2f} ms   p90 {pct(xs, 0.9) * 1e3:8.2f} ms")
+    for op in ("read 100 B", "write 100 B", "stat", "read 10 MiB", "write 10 MiB"):
+        new = p50(rows[f"{op}: server"])
+        print(f"  {op + ': server / before (p50 ratio)':<56} "
+              f"{new / p50(rows[f'{op}: helper per op via agent (before)']):8.2f} x")
+
+
 if __name__ == "__main__":
     import sys
 
-    if "--paths" in sys.argv:
+    if "--fs" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--fs", action="store_true")
+        ap.add_argument("--runs", type=int, default=20)
+        ap.add_argument("--image", default=None)
+        a = ap.parse_args()
+        anyio.run(fs_paths, a.runs, a.image)
+    elif "--paths" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--paths", action="store_true")
         ap.add_argument("--runs", type=int, default=20)

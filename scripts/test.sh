@@ -89,7 +89,7 @@ serial=(tests/agents/test_docker_agents.py tests/runs/test_docker_multihost.py
         tests/runs/test_sandbox_gone.py tests/server/test_chaos_docker.py
         tests/security/test_local_users_docker.py tests/runs/test_docker_cancel.py
         tests/providers/test_docker_checkpoints.py tests/agents/test_threads_docker.py
-        tests/security/test_docker_agent_channel.py)
+        tests/security/test_docker_agent_channel.py tests/security/test_docker_fs_server.py)
 # Every phase runs (mypy, ruff, the serial files, the rest), whatever an earlier one did;
 # the status is non-zero if any failed, and the last line is pytest's summary with the
 # counts of both pytest phases (scripts/test_phases.sh).

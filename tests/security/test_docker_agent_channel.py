@@ -193,6 +193,22 @@ async def test_a_replayed_conversation_runs_nothing(sandbox: DockerHandle) -> No
     assert r.ok and b"replayed" not in r.stdout, r
 
 
+async def test_a_one_time_token_opens_no_docker_agent(sandbox: DockerHandle) -> None:
+    # Docker's agent reads the key alone (no token) and accepts no 'T' frame at all: not
+    # the all-zero token its unset slot holds, nor any other; it hangs up before the
+    # request. Only the HMAC hello opens it.
+    marker = "/workspace/by-token"
+    blob = launch_fields("/workspace", {"PATH": "/usr/bin:/bin"}, ["touch", marker])
+    for token in (bytes(32), secrets.token_bytes(32)):
+        s = await _raw_agent(sandbox, secrets.token_bytes(64))
+        s.sendall(frame(0, b"T", token) + frame(1, b"S", blob))
+        got = await anyio.to_thread.run_sync(_read_stream, s)
+        s.close()
+        assert got[8:9] == b"n" and len(got) == 4 + 5 + 32, got  # only its nonce
+    r = await sandbox.process.exec(["ls", "/workspace"])
+    assert r.ok and b"by-token" not in r.stdout, r
+
+
 async def test_a_flood_of_requests_and_garbage_leaves_the_sandbox_serving(
     corral_home: Path,
 ) -> None:

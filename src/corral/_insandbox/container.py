@@ -11,6 +11,16 @@ removed or renamed relative to that descriptor without following the final compo
 Errors: exit status 3, ``{"errno", "msg", "escape"}`` on stderr. (``chown``, run as root at
 set-up, gives the agent its areas.)
 
+``serve``: the same operations, many in one process (one per docker handle, started through
+the sandbox's agent, :mod:`corral.providers._docker_fs_server`). It first makes itself
+non-dumpable, so the agent's other processes (same uid, no capabilities) can no longer open
+its ``/proc/<pid>/fd`` pipes, read its memory or attach to it; then it answers ``r`` (ready)
+and serves requests in turn: each is the same header; a ``write``'s bytes follow as chunks
+(8 ASCII digits of length, then the bytes; a zero length ends them). Each answer is frames
+of ``<kind: 1 byte><length: 4 bytes big-endian><payload>``: ``d`` data (a read's bytes),
+then one ``o`` (done: the JSON answer, ``{"size": n}`` for a read) or ``e`` (the error's
+JSON, as above). It ends at the end of its stdin.
+
 This runs with the agent's uid, so nothing it does exceeds what the agent could do itself.
 (Commands run under :mod:`corral._insandbox.container_exec`.)
 """
@@ -24,6 +34,7 @@ import posixpath
 import shutil
 import stat as st
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -106,27 +117,47 @@ def _lstat(path: str) -> os.stat_result:
         os.close(pfd)
 
 
-def _copy_out(fd: int) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _raw_out(data: bytes) -> None:
+    _write_all(1, data)
+
+
+def _copy_out(fd: int, emit: Callable[[bytes], None]) -> int:
+    total = 0
     while True:
         data = os.read(fd, CHUNK)
         if not data:
-            return
-        view = memoryview(data)
-        while view:
-            view = view[os.write(1, view):]
+            return total
+        total += len(data)
+        emit(data)
 
 
-def _copy_in(fd: int) -> None:
+def _stdin_chunks() -> Iterator[bytes]:
     while True:
         data = os.read(0, CHUNK)
         if not data:
             return
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        yield data
 
 
-def _write(h: dict[str, Any]) -> None:
+def _framed_chunks() -> Iterator[bytes]:
+    """A ``serve`` write's bytes: length-prefixed chunks, a zero length ends them."""
+    while True:
+        n = int(_read_exact(8))
+        if not n:
+            return
+        while n:
+            data = _read_exact(min(n, CHUNK))
+            n -= len(data)
+            yield data
+
+
+def _write(h: dict[str, Any], chunks: Iterator[bytes]) -> None:
     path = h["path"]
     try:
         pfd = _resolve(path)
@@ -152,7 +183,8 @@ def _write(h: dict[str, Any]) -> None:
         finally:
             os.close(dfd)
     try:
-        _copy_in(fd)
+        for data in chunks:
+            _write_all(fd, data)
         if h.get("mode") is not None:
             os.fchmod(fd, h["mode"])
     finally:
@@ -218,7 +250,7 @@ def _rename(h: dict[str, Any]) -> None:
         os.close(sfd)
 
 
-def _list(h: dict[str, Any]) -> None:
+def _list(h: dict[str, Any]) -> list[dict[str, Any]]:
     path = h["path"]
     pfd = _resolve(path)
     try:
@@ -235,57 +267,112 @@ def _list(h: dict[str, Any]) -> None:
             out.append(_info(posixpath.join(path, name), s))
     finally:
         os.close(dfd)
-    print(json.dumps(out))
+    return out
+
+
+def _do(h: dict[str, Any], emit: Callable[[bytes], None], chunks: Iterator[bytes]) -> Any:
+    """One operation; its JSON answer (a read's bytes go to ``emit``). Raises Escape or
+    OSError. A write's ``chunks`` are consumed whatever happens (``serve`` stays in step)."""
+    op, path = h["op"], h["path"]
+    if op == "write":
+        try:
+            _write(h, chunks)
+        finally:
+            for _ in chunks:  # what a failed write did not take
+                pass
+        return None
+    if op == "read":
+        pfd = _resolve(path)
+        try:
+            fd = _regular(_open(pfd, os.O_RDONLY), path)
+        finally:
+            os.close(pfd)
+        try:
+            return {"size": _copy_out(fd, emit)}
+        finally:
+            os.close(fd)
+    if op == "stat":
+        return _info(path, _lstat(path))
+    if op == "exists":
+        try:
+            _lstat(path)
+            return True
+        except FileNotFoundError:
+            return False
+    if op == "list":
+        return _list(h)
+    if op == "mkdir":
+        _mkdir(h)
+    elif op == "remove":
+        _remove(h)
+    elif op == "rename":
+        _rename(h)
+    elif op == "chown":
+        # setup (as root): the writable areas belong to the agent
+        for p in h["paths"]:
+            os.makedirs(p, exist_ok=True)
+            os.chown(p, h["uid"], h["gid"])
+    else:
+        raise OSError(errno.EINVAL, "unknown operation " + str(op))
+    return None
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, Escape):
+        return {"errno": 0, "msg": "outside", "escape": True}
+    assert isinstance(exc, OSError)
+    return {"errno": exc.errno or errno.EIO, "msg": exc.strerror or str(exc), "escape": False}
 
 
 def fs() -> None:
     h = _header()
-    op, path = h["op"], h["path"]
     try:
-        if op == "read":
-            pfd = _resolve(path)
-            try:
-                fd = _regular(_open(pfd, os.O_RDONLY), path)
-            finally:
-                os.close(pfd)
-            try:
-                _copy_out(fd)
-            finally:
-                os.close(fd)
-        elif op == "write":
-            _write(h)
-        elif op == "stat":
-            print(json.dumps(_info(path, _lstat(path))))
-        elif op == "exists":
-            try:
-                _lstat(path)
-                print("true")
-            except FileNotFoundError:
-                print("false")
-        elif op == "list":
-            _list(h)
-        elif op == "mkdir":
-            _mkdir(h)
-        elif op == "remove":
-            _remove(h)
-        elif op == "rename":
-            _rename(h)
-        elif op == "chown":
-            # setup (as root): the writable areas belong to the agent
-            for p in h["paths"]:
-                os.makedirs(p, exist_ok=True)
-                os.chown(p, h["uid"], h["gid"])
+        answer = _do(h, _raw_out, _stdin_chunks())
+    except (Escape, OSError) as exc:
+        sys.stderr.write(json.dumps(_error(exc)))
+        sys.exit(3)
+    if h["op"] not in ("read", "write", "mkdir", "remove", "rename", "chown"):
+        print(json.dumps(answer))
+
+
+def _frame(kind: bytes, payload: bytes) -> None:
+    _write_all(1, kind + len(payload).to_bytes(4, "big") + payload)
+
+
+def _undumpable() -> None:
+    """Make this process non-dumpable (``PR_SET_DUMPABLE`` 0), and check it took: the
+    ``/proc`` entries of a non-dumpable process belong to root, so the agent's processes
+    can neither open its pipes nor attach to it. Fails (exit 4) when it cannot."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (ImportError, OSError, AttributeError):
+        pass
+    if os.stat("/proc/self/fd").st_uid != 0:
+        sys.stderr.write("corral: the file server cannot make itself non-dumpable\n")
+        sys.exit(4)
+
+
+def serve() -> None:
+    _undumpable()
+    _frame(b"r", b"")
+    while True:
+        first = os.read(0, 8)
+        if not first:
+            return  # the host hung up
+        size = int(first + _read_exact(8 - len(first)))
+        h = json.loads(_read_exact(size))
+        chunks = _framed_chunks() if h.get("op") == "write" else iter(())
+        try:
+            answer = _do(h, lambda data: _frame(b"d", data), chunks)
+        except (Escape, OSError) as exc:
+            _frame(b"e", json.dumps(_error(exc)).encode())
         else:
-            raise OSError(errno.EINVAL, "unknown operation " + op)
-    except Escape:
-        sys.stderr.write(json.dumps({"errno": 0, "msg": "outside", "escape": True}))
-        sys.exit(3)
-    except OSError as exc:
-        sys.stderr.write(json.dumps({"errno": exc.errno or errno.EIO,
-                                     "msg": exc.strerror or str(exc), "escape": False}))
-        sys.exit(3)
+            _frame(b"o", json.dumps(answer).encode())
 
 
 if __name__ == "__main__":
-    MODES = {"fs": fs}
+    MODES = {"fs": fs, "serve": serve}
     MODES[sys.argv[1]]()

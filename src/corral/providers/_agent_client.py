@@ -434,14 +434,15 @@ class AgentProcess:
             with _suppress(AgentLost):
                 await self._conn._send(frame(self._id, b"A", struct.pack("<BI", which, m)))
 
-    async def write_stdin(self, data: bytes) -> None:
-        """Write all of ``data`` (acknowledged once in the command's stdin pipe); raises
-        :class:`BrokenPipeError` once stdin is closed."""
+    async def write_stdin(self, data: bytes, *, chunk_size: int = _STDIN_CHUNK) -> None:
+        """Write all of ``data`` (acknowledged once in the command's stdin pipe), a chunk
+        at a time (what the agent holds at most); raises :class:`BrokenPipeError` once
+        stdin is closed."""
         view = memoryview(data)
         while view:
             if not self._stdin_open or self._cmd.stdin_broken or self._finished():
                 raise BrokenPipeError("stdin is closed")
-            chunk, view = view[:_STDIN_CHUNK], view[_STDIN_CHUNK:]
+            chunk, view = view[:chunk_size], view[chunk_size:]
             want = self._cmd.stdin_acks + 1
 
             def written(want: int = want) -> bool:
@@ -454,6 +455,26 @@ class AgentProcess:
                 raise BrokenPipeError(str(exc)) from None
             if self._cmd.stdin_broken or self._cmd.stdin_acks < want:
                 raise BrokenPipeError("stdin is closed")
+
+    def reachable(self) -> bool:
+        """Its connection is alive and of this event loop (it can be killed, closed)."""
+        return self._conn.usable()
+
+    def running(self) -> bool:
+        """Not known to have ended, and its connection alive on this event loop."""
+        return not self._finished() and self._conn.usable()
+
+    async def send_stdin(self, data: bytes) -> None:
+        """Send ``data`` for the command's stdin without waiting for it to be written: no
+        round trip, so the caller must bound what it sends this way (the agent holds it
+        until the command reads it). Raises :class:`BrokenPipeError` once stdin is closed."""
+        if not self._stdin_open or self._cmd.stdin_broken or self._finished():
+            raise BrokenPipeError("stdin is closed")
+        try:
+            for i in range(0, len(data), _STDIN_CHUNK):
+                await self._conn._send(frame(self._id, b"I", data[i:i + _STDIN_CHUNK]))
+        except AgentLost as exc:
+            raise BrokenPipeError(str(exc)) from None
 
     async def close_stdin(self) -> None:
         if self._stdin_open:

@@ -771,24 +771,25 @@ int main(int argc, char **argv) {
     free(prog);
   }
   /* The key (128 hex digits) and the one-time token (64), each with a newline, on
-     stdin; then stdin is /dev/null. */
+     stdin; then stdin is /dev/null. Docker mode gets the key alone: its stream is its one
+     connection, which always answers the nonce (no token, so no 'T' is ever accepted). */
   char hex[129 + 65];
-  size_t got = 0;
-  while (got < sizeof hex) {
-    ssize_t r = read(0, hex + got, sizeof hex - got);
+  size_t got = 0, want = stdio_mode ? 129 : sizeof hex;
+  while (got < want) {
+    ssize_t r = read(0, hex + got, want - got);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 125;
     got += (size_t)r;
   }
-  if (hex[128] != '\n' || hex[193] != '\n') return 125;
-  for (int i = 0; i < 96; i++) {
+  if (hex[128] != '\n' || (!stdio_mode && hex[193] != '\n')) return 125;
+  for (int i = 0; i < (stdio_mode ? 64 : 96); i++) {
     int hi = hexval(hex[2 * i + (i >= 64)]), lo = hexval(hex[2 * i + 1 + (i >= 64)]);
     if (hi < 0 || lo < 0) return 125;
     if (i < 64) key[i] = (unsigned char)(hi << 4 | lo);
     else first[i - 64] = (unsigned char)(hi << 4 | lo);
   }
   key_len = 64;
-  first_valid = 1;
+  first_valid = !stdio_mode;
   explicit_bzero(hex, sizeof hex);
   if (!stdio_mode) {
     int nul = open("/dev/null", O_RDWR | O_CLOEXEC);

@@ -18,8 +18,10 @@ A sandbox is a container named ``corral-<id>`` (labels ``corral=1``, ``corral.sa
 
 Everything goes through the API (the official SDK, blocking, in worker threads), so a
 process with another ``$CORRAL_HOME`` on another machine finds, drives and destroys the
-same sandboxes: the container is the state. Commands and file operations run under the
-in-container helper (:mod:`corral._insandbox.container`) as the agent's uid. The sandbox's
+same sandboxes: the container is the state. Commands run through the sandbox's agent
+(:mod:`._docker_agent`), file operations through its long-lived file server
+(:mod:`._docker_fs_server`), both as the agent's uid; without the agent, each runs under the
+in-container helper (:mod:`corral._insandbox.container`) started by a ``docker exec``. The sandbox's
 own environment (``SandboxSpec.env``, which never holds a secret) is the container's; a
 command's environment, secrets included, travels on the exec's stdin, never in a container's
 or an exec's configuration.
@@ -61,6 +63,7 @@ from corral.providers._docker_agent import (
     docker_outcome,
     launch_fields,
 )
+from corral.providers._docker_fs_server import FsServers
 from corral.providers._docker_exec import (
     DockerProcess,
     collect,
@@ -334,7 +337,8 @@ def _json_answer(raw: bytes, op: str, path: str) -> Any:
 
 
 class _DockerFS:
-    """The sandbox's files, through the in-container helper (as the agent's uid)."""
+    """The sandbox's files, through the handle's file server, else the in-container helper
+    per operation (as the agent's uid either way)."""
 
     def __init__(self, handle: DockerHandle) -> None:
         self._h = handle
@@ -342,7 +346,13 @@ class _DockerFS:
     async def _op(self, op: str, path: str, *, data: bytes | None = None,
                   **extra: Any) -> bytes:
         full = confine(path)
-        res = await self._h.run_helper("fs", {"op": op, "path": full, **extra}, data)
+        head = {"op": op, "path": full, **extra}
+        answer = await self._h.fs_servers.call(head, path, data)
+        if answer is not None:  # the handle's file server
+            if not answer.ok:
+                raise _fs_error(path, answer.payload)
+            return answer.data if op == "read" else answer.payload
+        res = await self._h.run_helper("fs", head, data)
         if res.exit_code == 3:
             raise _fs_error(path, res.stderr)
         if not res.ok:
@@ -358,6 +368,18 @@ class _DockerFS:
 
     async def read_stream(self, path: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
         full = confine(path)
+        served = await self._h.fs_servers.read_stream({"op": "read", "path": full}, path)
+        if served is not None:
+            async with contextlib.aclosing(served):
+                buf = bytearray()
+                async for chunk in served:
+                    buf += chunk
+                    while len(buf) >= chunk_size:
+                        yield bytes(buf[:chunk_size])
+                        del buf[:chunk_size]
+                if buf:
+                    yield bytes(buf)
+            return
         proc = await self._h.start_helper("fs", {"op": "read", "path": full})
         await proc.close_stdin()
         buf = bytearray()
@@ -379,6 +401,13 @@ class _DockerFS:
 
     async def write_stream(self, path: str, chunks: AsyncIterator[bytes]) -> int:
         full = confine(path)
+        served = await self._h.fs_servers.write_stream({"op": "write", "path": full}, path,
+                                                       chunks)
+        if served is not None:
+            answer, written = served
+            if not answer.ok:
+                raise _fs_error(path, answer.payload)
+            return written
         proc = await self._h.start_helper("fs", {"op": "write", "path": full})
         total = 0
         try:
@@ -431,6 +460,7 @@ class DockerHandle:
         self._info = info
         self._fs = _DockerFS(self)
         self._process = _DockerProcessApi(self)
+        self.fs_servers = provider.fs_servers(self)
 
     @property
     def id(self) -> str:
@@ -584,6 +614,18 @@ class DockerHandle:
         except AgentLost as exc:
             raise self._lost(exc) from None
 
+    async def _start_fs_server(self) -> AgentProcess | None:
+        """A file server (the helper's ``serve`` mode, as the agent's uid) through the
+        agent, or None when commands take ``docker exec``."""
+        conn = await self._agent()
+        if conn is None:
+            return None
+        blob = launch_fields(WORKDIR, BASE_ENV, helper_argv("serve"))
+        try:
+            return await conn.start(blob, _helper_outcome, self._gone)
+        except AgentLost as exc:
+            raise self._lost(exc) from None
+
     async def run_helper(self, mode: str, obj: Mapping[str, Any],
                          data: bytes | None) -> ExecResult:
         """The in-container helper's ``mode`` (as the agent's uid) to its end, ``data`` on
@@ -714,6 +756,7 @@ class DockerProvider:
         self.agent_problem: str | None = None
         self._agent_binary: Path | None | bool = False  # False: not looked for yet
         self._links: dict[str, DockerAgentLink] = {}
+        self._fs_servers: dict[str, FsServers] = {}
         self.image = image or BASE_IMAGE
         self.runtime = runtime
         self._limits = _limits_from(limits)
@@ -792,7 +835,17 @@ class DockerProvider:
             return "exec", self.agent_problem
         return "agent", f"one agent per sandbox over one exec stream ({self._agent_binary})"
 
+    def fs_servers(self, handle: DockerHandle) -> FsServers:
+        """The sandbox's file servers: one pool per sandbox in this provider, like its agent
+        link (a handle made per turn must not leave servers behind)."""
+        servers = self._fs_servers.get(handle.id)
+        if servers is None:
+            servers = self._fs_servers[handle.id] = FsServers(
+                handle._start_fs_server, handle._gone, _fs_error, f"sandbox {handle.id!r}")
+        return servers
+
     def _drop_link(self, sandbox_id: str) -> None:
+        self._fs_servers.pop(sandbox_id, None)  # they end with the agent's stream
         link = self._links.pop(sandbox_id, None)
         if link is not None:
             link.close()

@@ -122,10 +122,10 @@ def docker_outcome(status: int | None, cwd: str) -> Outcome:
 
 def hello(binary: bytes, key: bytes) -> bytes:
     """What the loader reads on the stream first: the agent's binary (its length, then its
-    bytes), the key, and a one-time token (bubblewrap's first connection skips its round
-    trip with it; this stream is the agent's only connection, so it is never used)."""
-    return (b"%012d" % len(binary) + binary + key.hex().encode() + b"\n"
-            + secrets.token_bytes(32).hex().encode() + b"\n")
+    bytes), then the key. No one-time token (bubblewrap's first connection skips the nonce's
+    round trip with one): this stream is the agent's only connection, and in this mode it
+    reads no token and accepts none; the HMAC hello is the only way in."""
+    return b"%012d" % len(binary) + binary + key.hex().encode() + b"\n"
 
 
 class DockerStreamConnection(AgentConnection):

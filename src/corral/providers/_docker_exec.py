@@ -36,7 +36,7 @@ from corral.sandbox._contracts import TIMEOUT_EXIT_CODE, ExecResult, Process, Sa
 __all__ = ["DockerProcess", "collect", "fields", "header", "helper_argv", "open_exec",
            "run_to_end", "start_exec", "start_helper"]
 
-_SOURCES = {"fs": inspect.getsource(fs_helper), "run": inspect.getsource(exec_helper),
+_SOURCES = {"fs": inspect.getsource(fs_helper), "serve": inspect.getsource(fs_helper), "run": inspect.getsource(exec_helper),
             "kill": inspect.getsource(exec_helper),
             **dict.fromkeys(("start", "read", "status", "stop"), inspect.getsource(supervisor))}
 _MARK = b"\0corral-exit:"
