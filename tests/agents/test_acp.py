@@ -23,7 +23,7 @@ from corral.testing._leaks import assert_no_secrets
 from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT
 
-from corral.testing._harness import normalized
+from corral.testing._harness_world import normalized
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted

@@ -26,7 +26,7 @@ from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text,
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._permission import POLICY_DENIED_EVENT
 
-from corral.testing._harness import approval_request, logged_events
+from corral.testing._harness_events import approval_request, logged_events
 from .conftest import REAL_KEY
 from .test_host_tools import _store
 
