@@ -20,7 +20,8 @@ from corral.harness._registry import build_harness
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.policy._policy import Policy
 from corral.testing._harness_events import steps
-from corral.testing._model_server import ModelServer, Text
+from corral.testing._model_script import Text
+from corral.testing._model_server import ModelServer
 
 from .conftest import REAL_KEY, agent_cli_env, run_agent
 from tests.helpers import trusted

@@ -25,7 +25,7 @@ while a check runs (a Runner in this process reads them), so run checks one at a
 
 What the harness must give for the checks to hold: AG-UI events where every tool call has
 a start, an end and one result; the model's shell tool is one
-:class:`~corral.testing._model_server.ToolCall` finds (``req.shell_tool``); a
+:class:`~corral.testing._model_script.ToolCall` finds (``req.shell_tool``); a
 ``corral.session`` CUSTOM event carrying ``sessionId`` per run (the thread's CLI
 session); host tools offered under a name ending with the tool's own name; and a
 journal a successor can translate afresh to the same events (``corral attach``).

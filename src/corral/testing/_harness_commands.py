@@ -12,7 +12,7 @@ from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._hello import LoopbackHello
 from corral.testing._kit import Kit
 from corral.testing._leaks import assert_no_secrets
-from corral.testing._model_server import Text, ToolCall
+from corral.testing._model_script import Text, ToolCall
 from corral.tools._approvals import APPROVAL_RESOLVED_EVENT, answer_approval
 from corral.testing._harness_events import (
     approval_request, customs, every_call_has_one_result, logged_events, ndjson_events, ok,

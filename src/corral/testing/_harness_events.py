@@ -14,7 +14,7 @@ from corral.testing._harness_world import (
     HostToolCall,
     HarnessWorld,
 )
-from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
 from corral.testing._polling import wait_until_async
 from corral.tools._approvals import (
     APPROVAL_REQUEST_EVENT,

@@ -15,7 +15,7 @@ from corral.sandbox._definition import Sandbox
 from corral.sandbox._lifecycle import Lifecycle
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit
-from corral.testing._model_server import ModelRequest, Reply, Text
+from corral.testing._model_script import ModelRequest, Reply, Text
 from corral.tools import Toolset, tool
 from corral.tools._approvals import APPROVAL_RESOLVED_EVENT, answer_approval
 from corral.tools._projection import TOKEN_ENV, run_tools_token

@@ -9,7 +9,7 @@ from typing import Any
 
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit
-from corral.testing._model_server import ModelRequest, Reply, Text
+from corral.testing._model_script import ModelRequest, Reply, Text
 from corral.testing._harness_events import customs, ndjson_events, ok, texts
 
 __all__ = ["SESSION_CHECKS"]

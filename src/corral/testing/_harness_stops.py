@@ -17,7 +17,7 @@ from corral.journal._layout import JournalPaths, read_status
 from corral.journal._supervisor import process_alive
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit
-from corral.testing._model_server import Hang, ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_script import Hang, ModelRequest, Reply, Text, ToolCall
 from corral.testing._polling import wait_until, wait_until_async
 from corral.testing._harness_events import (
     every_call_has_one_result, ndjson_events, ok, steps, texts,
