@@ -57,7 +57,8 @@ from corral.journal._layout import JournalPaths
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import launch_supervised_async
 from corral.sandbox._contracts import SandboxSpec
-from corral.testing._model_server import ModelRequest, ModelServer, shell_then_text
+from corral.testing._model_script import ModelRequest, shell_then_text
+from corral.testing._model_server import ModelServer
 
 PROMPT = "run the command"
 

@@ -14,7 +14,8 @@ import anyio
 from corral.runs._runner import Runner, RunRequest
 from corral.stores._protocols import Store
 from corral.stores import open_store
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV, run_tools_token
 

@@ -20,10 +20,11 @@ from corral.harness._acp import AcpHarness
 from corral.net._model_proxy import Upstream
 from corral.testing import wait_until
 from corral.testing._leaks import assert_no_secrets
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT
 
-from corral.testing._harness import normalized
+from corral.testing._harness_world import normalized
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted

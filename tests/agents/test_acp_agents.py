@@ -19,7 +19,8 @@ from corral.agents._installs import InstalledAgent, install_agent
 from corral.harness._acp import AcpHarness
 from corral.net._model_proxy import PLACEHOLDER_KEY, Upstream
 from corral.policy._policy import Policy
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 
 from .conftest import REAL_KEY, agent_cache, assert_key_outside, run_agent
 from tests.helpers import trusted

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
 from tests.server.test_acp_agent import Editor, acp_client  # noqa: F401 - the fixture
 
 from .conftest import agent_cli_env

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.testing._model_server import ModelServer, shell_then_text
+from corral.testing._model_script import shell_then_text
+from corral.testing._model_server import ModelServer
 from tests.server.conftest import TOKEN, Home
 from tests.server.test_agui_client import run_http_agent
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text
-from corral.testing._model_server import ToolCall, shell_then_text
+from corral.testing._model_script import ModelRequest, Reply, Text
+from corral.testing._model_server import ModelServer
+from corral.testing._model_script import ToolCall, shell_then_text
 from corral.testing import wait_until
 from tests.server.conftest import TOKEN, Home
 

@@ -25,9 +25,10 @@ from corral.runs._sandbox_site import mirror_paths
 from corral.runs._keep_services import is_services_daemon
 from corral.runs._spec import RunSpec
 from corral.providers._docker import DockerProvider, container_name
-from corral.testing._harness import Gate, kill_after_tool_result, normalized
+from corral.testing._harness_stops import Gate, kill_after_tool_result
+from corral.testing._harness_world import normalized
 from corral.testing._leaks import assert_no_secrets
-from corral.testing._model_server import Text, ToolCall, shell_then_text
+from corral.testing._model_script import Text, ToolCall, shell_then_text
 
 from .conftest import CLIS, REAL_KEY
 from . import test_runner_agents

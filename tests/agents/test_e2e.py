@@ -21,13 +21,8 @@ from corral.harness._base import AgentRequest, RunContext, translate_run
 from corral.journal._layout import JournalPaths
 from corral.journal._sentinel import new_nonce
 from corral.journal._supervisor import launch_supervised_async
-from corral.testing._model_server import (
-    Fail,
-    Hang,
-    ModelServer,
-    Text,
-    shell_then_text,
-)
+from corral.testing._model_script import Fail, Hang, Text, shell_then_text
+from corral.testing._model_server import ModelServer
 from corral.testing import wait_until_async
 
 from .conftest import (

@@ -25,7 +25,8 @@ from corral._errors import ConfigError
 from corral.agents._prepare import NET_MOUNT
 from corral.harness._cli_base import entry_argv
 from corral.net._egress import EgressProxy, parse_allowlist
-from corral.testing._model_server import ModelServer, shell_then_text
+from corral.testing._model_script import shell_then_text
+from corral.testing._model_server import ModelServer
 
 from .conftest import make_harness, run_agent
 

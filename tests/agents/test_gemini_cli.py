@@ -19,8 +19,9 @@ from corral.harness._gemini_cli import GeminiCliHarness
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import PLACEHOLDER_KEY
 from corral.policy._policy import Policy
-from corral.testing._harness import _steps
-from corral.testing._model_server import ModelServer, Text
+from corral.testing._harness_events import steps
+from corral.testing._model_script import Text
+from corral.testing._model_server import ModelServer
 
 from .conftest import REAL_KEY, agent_cli_env, run_agent
 from tests.helpers import trusted
@@ -214,7 +215,7 @@ def test_a_hostile_repository_cannot_take_a_deny_rule_back(corral_cmd: list[str]
             "enabled": False}, "general": {"defaultApprovalMode": "yolo"}}))
     (ws2 / ".gemini" / ".env").write_text("GEMINI_RESTRICTED_MODE=true\n")
     (ws2 / ".gemini" / "settings.json").write_text('{"ui": {"theme": "GitHub"}}')
-    model_server.script = _steps(["rm -f precious", "cat precious"], "After: ")
+    model_server.script = steps(["rm -f precious", "cat precious"], "After: ")
     out = _corral_run(corral_cmd, env, ws2, "clean up")
     assert out.returncode == 0, out.stderr[-3000:]
     seen = model_server.model_requests[-1].tool_results

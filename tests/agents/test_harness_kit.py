@@ -12,7 +12,7 @@ import pytest
 
 from corral.agents._installs import InstalledAgent, install_agent
 from corral.testing import HARNESS_KIT, HarnessCase, pytest_checks
-from corral.testing._model_server import ModelRequest, Reply, Text
+from corral.testing._model_script import ModelRequest, Reply, Text
 from corral.testing._plugin import require
 
 from .conftest import CLIS, agent_cache

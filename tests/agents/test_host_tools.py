@@ -23,7 +23,8 @@ from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
-from corral.testing._harness import call_then_answer, host_tool_by_suffix, logged_events
+from corral.testing._harness_events import call_then_answer, logged_events
+from corral.testing._harness_world import host_tool_by_suffix
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]
 

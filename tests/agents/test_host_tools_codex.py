@@ -21,7 +21,8 @@ from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._projection import TOKEN_ENV
 
-from corral.testing._harness import call_then_answer, host_tool_by_suffix
+from corral.testing._harness_events import call_then_answer
+from corral.testing._harness_world import host_tool_by_suffix
 from .conftest import files_containing, make_harness, upstream_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("bwrap")]

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from corral._errors import ConfigError, PrerequisiteMissing
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream, Usage, UsageMeter
-from corral.testing._model_server import Fail, Hang, ModelServer, Text, ToolCall
+from corral.testing._model_script import Fail, Hang, Text, ToolCall
+from corral.testing._model_server import ModelServer
 
 KEY = "sk-host-only-123"
 ANTHROPIC_BODY = {"model": "claude-x", "stream": True, "max_tokens": 10,

@@ -21,15 +21,8 @@ from corral.harness._opencode import OpencodeHarness
 from corral.net._model_proxy import Upstream
 from corral.policy._policy import Policy
 from corral.sandbox._redact import Redactor
-from corral.testing._model_server import (
-    Hang,
-    ModelRequest,
-    ModelServer,
-    Reply,
-    Text,
-    ToolCall,
-    shell_then_text,
-)
+from corral.testing._model_script import Hang, ModelRequest, Reply, Text, ToolCall, shell_then_text
+from corral.testing._model_server import ModelServer
 
 from .conftest import REAL_KEY, agent_cache, files_containing, run_agent
 

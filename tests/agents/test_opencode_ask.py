@@ -17,7 +17,7 @@ import pytest
 
 from corral.agents._installs import InstalledAgent
 from corral.testing import wait_until
-from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 
 from tests.helpers import trusted

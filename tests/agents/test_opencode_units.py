@@ -22,7 +22,8 @@ from corral.harness._opencode import OpencodeHarness, acp_reasons, opencode_conf
 from corral.harness._registry import build_harness
 from corral.net._model_proxy import ModelProxy, Upstream
 from corral.policy._policy import Policy
-from corral.testing._model_server import Fail, ModelServer, Text
+from corral.testing._model_script import Fail, Text
+from corral.testing._model_server import ModelServer
 
 from .test_model_proxy import ANTHROPIC_BODY, KEY, sock, with_proxy  # noqa: F401 - fixture
 from .test_translators import batches, check_well_formed, journal, j, json_value, kinds, translate

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from tests.server.conftest import TOKEN, Home, uvicorn_server
 from tests.server.test_page import drive_page
 

@@ -22,11 +22,12 @@ from corral.sandbox._lifecycle import Lifecycle
 from corral.policy._policy import Policy
 from corral.sandbox._sources import LocalDir
 from corral.sandbox._workspace import Workspace
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from corral.tools._approvals import APPROVAL_REQUEST_EVENT, APPROVAL_RESOLVED_EVENT
 from corral.tools._permission import POLICY_DENIED_EVENT
 
-from corral.testing._harness import approval_request, logged_events
+from corral.testing._harness_events import approval_request, logged_events
 from .conftest import REAL_KEY
 from .test_host_tools import _store
 

@@ -16,7 +16,8 @@ from corral.harness._claude_code import ClaudeCodeHarness
 from corral.harness._cli_base import PolicyLike
 from corral.harness._codex import CodexHarness
 from corral.policy._policy import Policy
-from corral.testing._model_server import ModelServer, shell_then_text
+from corral.testing._model_script import shell_then_text
+from corral.testing._model_server import ModelServer
 
 from .conftest import run_agent, upstream_for
 

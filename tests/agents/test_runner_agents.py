@@ -21,13 +21,8 @@ from typing import Any
 import pytest
 
 from corral.journal._layout import JournalPaths, read_status
-from corral.testing._model_server import (
-    ModelRequest,
-    ModelServer,
-    Reply,
-    Text,
-    ToolCall,
-)
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 
 from .conftest import agent_cli_env
 from tests.helpers import HelloServer, trusted, wait_until

@@ -17,7 +17,7 @@ import pytest
 from corral.agents._installs import install_agent
 from corral.testing import HarnessCase
 from corral.testing._harness_world import world
-from corral.testing._model_server import ModelRequest, Reply, Text
+from corral.testing._model_script import ModelRequest, Reply, Text
 from corral.testing._plugin import require
 
 from .conftest import agent_cache

@@ -16,7 +16,8 @@ import anyio
 import pytest
 
 from corral.stores import open_store
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text
+from corral.testing._model_script import ModelRequest, Reply, Text
+from corral.testing._model_server import ModelServer
 from tests.agents.conftest import agent_cli_env
 from tests.helpers import pg_schema_url
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from tests.agents.conftest import agent_cli_env
 from tests.helpers import pg_schema_url
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.journal._supervisor import StreamRedactor
+from corral.journal._supervise import StreamRedactor
 from corral.sandbox._redact import Redactor
 
 SECRETS = {"TOKEN": "s3cr3t-T0KEN-value", "KEY": "line1\nline2-key"}

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from corral.providers._bubblewrap import SYSTEM_PATHS
 from corral.policy._parts import command_parts, program_name
 from corral.policy._policy import Policy
-from corral.policy._shellparse import ShellParseError
+from corral.policy._shelltree import ShellParseError
 from tests.policy.test_policy_evaluated_code import BYPASSES, ORDINARY, TAINTS
 
 SANDBOX_BASH = "/usr/bin/bash"

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from corral.policy._parts import command_parts
 from corral.policy._policy import Policy
-from corral.policy._shellparse import ShellParseError, parse
+from corral.policy._shellparse import parse
+from corral.policy._shelltree import ShellParseError
 
 # the builtins that take names or arithmetic are allowed on purpose: a rule allowing
 # `read *` must not allow `read 'a[$(pwned)]'`

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.policy._parts import command_parts
-from corral.policy._shellparse import ShellParseError, parse
+from corral.policy._shellparse import parse
+from corral.policy._shelltree import ShellParseError
 
 
 def argvs(cmd: str) -> list[list[str]]:

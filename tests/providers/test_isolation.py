@@ -23,7 +23,7 @@ from corral.providers import _cgroups as cgroups
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
 from corral.providers._docker import DockerProvider
 from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
-from corral.testing._providers import start_host_command
+from corral.testing._provider_case import start_host_command
 from corral.testing import wait_until_async
 from tests.helpers import agent_resident
 
@@ -330,7 +330,7 @@ async def test_killing_a_host_command_launcher_kills_its_sandboxed_tree(
     sandbox: BubblewrapHandle,
 ) -> None:
     bwrap_only(sandbox, "host commands (docker has no host_processes)")
-    from corral.testing._providers import assert_beating, assert_stopped, heartbeat_cmd
+    from corral.testing._provider_case import assert_beating, assert_stopped, heartbeat_cmd
 
     hc = sandbox.host_command(f"setsid sh -c '{heartbeat_cmd('hb')}' & sleep 1000")
     gen = _launcher_group_kill(hc)

@@ -17,7 +17,7 @@ from corral.providers import _localdirs, _state
 from corral.providers._local import LocalProvider
 from corral.sandbox._contracts import SandboxGoneError
 from corral.testing import wait_until
-from corral.testing._providers import start_host_command
+from corral.testing._provider_case import start_host_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("corral_home")]
 

@@ -23,7 +23,8 @@ from corral._telemetry import context_of
 from corral.net._model_proxy import PLACEHOLDER_KEY, ModelProxy, Upstream
 from corral.runs._runner import Runner, RunRequest
 from corral.stores import open_store
-from corral.testing._model_server import ModelServer, Text
+from corral.testing._model_script import Text
+from corral.testing._model_server import ModelServer
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -19,12 +19,11 @@ import pytest
 
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
 from corral.sandbox._checkpoint import (
-    CheckpointError,
     SessionSource,
-    _script,
     checkpoint_workspace,
     restore_checkpoint,
 )
+from corral.sandbox._checkpoint_script import CheckpointError, script
 from corral.stores import CorruptCheckpoint, SQLiteStore
 from corral.testing._checkpoints import sample, tree
 
@@ -135,7 +134,7 @@ async def test_the_in_sandbox_restore_refuses_paths_out_of_the_workspace(
                        "roots": [{"root": ".", "entries": entries}]}).encode()
     frames = struct.pack(">cI", b"H", len(head)) + head
     frames += struct.pack(">cI", b"D", 1) + b"x" + struct.pack(">cI", b"E", 0)
-    got = await a.process.exec(["/usr/bin/python3", "-I", "-S", "-c", _script()],
+    got = await a.process.exec(["/usr/bin/python3", "-I", "-S", "-c", script()],
                                stdin=frames, cwd=a.workdir)
     assert got.exit_code == 1 and b"error" in got.stdout
     found = await a.process.exec(["sh", "-c", "test -e /tmp/escaped && echo ESCAPED; true"])

@@ -25,7 +25,8 @@ from corral.agents._prepare import PreparedAgent, prepare_agent, with_agent_bind
 from corral.harness._base import AgentRequest
 from corral.harness._claude_code import ClaudeCodeHarness
 from corral.sandbox._contracts import Handle, Provider, SandboxSpec
-from corral.testing._model_server import ModelServer, Text
+from corral.testing._model_script import Text
+from corral.testing._model_server import ModelServer
 from corral.tools import Toolset, tool
 from corral.tools._mcp_server import HostToolServer
 from tests.agents.conftest import upstream_for

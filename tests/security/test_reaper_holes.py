@@ -31,7 +31,7 @@ from corral.stores._records import RunPatch, RunStatus
 from corral.runs._reap_sweep import ReapOutcome
 from corral.stores._protocols import Store
 from corral.stores._sqlite import SQLiteStore
-from corral.testing._reaper import DirSandboxes, ReaperWorld, entry
+from corral.testing._reaper_world import DirSandboxes, ReaperWorld, entry
 from tests.corral_cli import CliHome
 from tests.helpers import wait_until
 

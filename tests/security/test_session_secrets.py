@@ -27,7 +27,8 @@ from corral.providers._local import LocalProvider
 from corral.sandbox._redact import Redactor
 from corral.stores import open_store
 from corral.testing._leaks import assert_nothing_written_holds, find_secrets
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_server import ModelServer
 from tests.agents.conftest import CLIS, agent_cli_env
 
 pytestmark = pytest.mark.timeout(300)

@@ -32,7 +32,8 @@ from corral.stores._protocols import (
 from corral.stores import default_store_url, open_store
 from corral.stores._memory import MemoryStore
 from corral.stores._protocols import StoredSession
-from corral.stores._sqlite import SCHEMA_VERSION, SQLiteStore
+from corral.stores._sqlite import SQLiteStore
+from corral.stores._sqlite_tables import SCHEMA_VERSION
 from corral.stores._sqlite_tables import MIGRATIONS
 from tests.helpers import one_line_refusal
 

@@ -154,6 +154,36 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
     budget = [limit, False]
     out = _Sink(f"{d}/journal", job.get("redact") or {}, budget)
     err = _Sink(f"{d}/journal.err", job.get("redact") or {}, budget)
+    pid, out_r, err_r = _start_agent(job)
+    _status(d, {"state": "running", "supervisor_pid": os.getpid(), "agent_pid": pid})
+    os.write(ready_w, json.dumps({"pid": os.getpid()}).encode())
+    os.close(ready_w)
+    deadline = time.monotonic() + job["timeout"] if job.get("timeout") else None
+    open_fds = {out_r: out, err_r: err}
+    status, timed_out = _pump_until_exit(pid, deadline, open_fds, budget)
+    # stragglers of the agent's session must not write after the trailer
+    _kill_session(pid, SIGKILL)
+    _drain(open_fds)
+    out.flush()
+    err.flush()
+    if budget[1]:
+        err._write(f"\ncorral: stopped: the agent wrote more than {limit} bytes of output "
+                   "(the run's output limit)\n".encode(), charge=False)
+    if timed_out:
+        code, sig = TIMEOUT_EXIT_CODE, None
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        code = 128 + sig
+    else:
+        code, sig = os.WEXITSTATUS(status), None
+    os.write(out.fd, _trailer(job["nonce"], code, sig))
+    _status(d, {"state": "exited", "code": code, "signal": sig, "agent_pid": pid})
+
+
+def _start_agent(job: dict) -> tuple[int, int, int]:  # type: ignore[type-arg]
+    """Fork the agent as the job's uid in its own session, its output piped to this
+    process and the job's stdin written to it; returns its pid and the read ends of its
+    stdout and stderr."""
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -185,12 +215,14 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
         except OSError:
             pass
     os.close(in_w)
-    _status(d, {"state": "running", "supervisor_pid": os.getpid(), "agent_pid": pid})
-    os.write(ready_w, json.dumps({"pid": os.getpid()}).encode())
-    os.close(ready_w)
-    deadline = time.monotonic() + job["timeout"] if job.get("timeout") else None
-    open_fds = {out_r: out, err_r: err}
-    status = None
+    return pid, out_r, err_r
+
+
+def _pump_until_exit(pid: int, deadline: float | None, open_fds: dict[int, _Sink],
+                     budget: list) -> tuple[int, bool]:  # type: ignore[type-arg]
+    """Feed the agent's output to its sinks until it exits (stopped past the output limit
+    or the deadline); returns its wait status and whether the deadline stopped it."""
+    status: int | None = None
     timed_out = over = False
     while status is None:
         wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
@@ -213,8 +245,11 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
             timed_out = True
             _kill_session(pid, SIGKILL)
             _, status = os.waitpid(pid, 0)
-    # stragglers of the agent's session must not write after the trailer
-    _kill_session(pid, SIGKILL)
+    return status, timed_out
+
+
+def _drain(open_fds: dict[int, _Sink]) -> None:
+    """What is still in the pipes, without waiting for a straggler that holds them."""
     for fd, sink in list(open_fds.items()):
         os.set_blocking(fd, False)
         try:
@@ -225,20 +260,6 @@ def _supervise(job: dict, ready_w: int) -> None:  # type: ignore[type-arg]
                 sink.feed(chunk)
         except OSError:
             pass
-    out.flush()
-    err.flush()
-    if budget[1]:
-        err._write(f"\ncorral: stopped: the agent wrote more than {limit} bytes of output "
-                   "(the run's output limit)\n".encode(), charge=False)
-    if timed_out:
-        code, sig = TIMEOUT_EXIT_CODE, None
-    elif os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        code = 128 + sig
-    else:
-        code, sig = os.WEXITSTATUS(status), None
-    os.write(out.fd, _trailer(job["nonce"], code, sig))
-    _status(d, {"state": "exited", "code": code, "signal": sig, "agent_pid": pid})
 
 
 def start() -> None:

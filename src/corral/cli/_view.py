@@ -24,6 +24,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import anyio
@@ -144,23 +145,7 @@ async def follow(
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with anyio.create_task_group() as tg:
 
-            async def on_signals() -> None:
-                async for signum in signals:
-                    if "signal" not in outcome:
-                        outcome["signal"] = signum
-                        outcome["at"] = time.monotonic()
-                        stop.set()
-                        if signum != signal.SIGINT:
-                            return
-                        printer.end_line()
-                        say("detaching… press Ctrl-C again within 2 s to cancel the run")
-                    elif signum == signal.SIGINT and (
-                        time.monotonic() - outcome["at"] <= SECOND_SIGINT_WINDOW
-                    ):
-                        cancel.set()
-                        return
-
-            tg.start_soon(on_signals)
+            tg.start_soon(_on_signals, signals, outcome, stop, cancel, printer)
             async with anyio.create_task_group() as work:
                 work.start_soon(drive)
                 with show_scope:
@@ -182,7 +167,34 @@ async def follow(
             tg.cancel_scope.cancel()
 
     printer.close()
-    if cancel.is_set():
+    return await _ended(store, run_id, runners, cancel.is_set(), outcome)
+
+
+async def _on_signals(signals: AsyncIterator[signal.Signals], outcome: dict[str, Any],
+                      stop: anyio.Event,
+                      cancel: anyio.Event, printer: EventPrinter) -> None:
+    """The first SIGINT or SIGTERM stops driving (noted in ``outcome``); a second SIGINT
+    within :data:`SECOND_SIGINT_WINDOW` asks for the run's cancel."""
+    async for signum in signals:
+        if "signal" not in outcome:
+            outcome["signal"] = signum
+            outcome["at"] = time.monotonic()
+            stop.set()
+            if signum != signal.SIGINT:
+                return
+            printer.end_line()
+            say("detaching… press Ctrl-C again within 2 s to cancel the run")
+        elif signum == signal.SIGINT and (
+            time.monotonic() - outcome["at"] <= SECOND_SIGINT_WINDOW
+        ):
+            cancel.set()
+            return
+
+
+async def _ended(store: Store, run_id: str, runners: _RunnerWhenNeeded, cancel: bool,
+                 outcome: dict[str, Any]) -> int:
+    """How a followed run ended for the viewer, said on stderr: its exit code."""
+    if cancel:
         with anyio.CancelScope(shield=True):
             cancelled = await (await runners.get()).cancel(run_id)
         say(f"run {run_id} cancelled ({cancelled.status.value})")

@@ -2,7 +2,7 @@
 
 Stdlib only, and run by path in isolated mode: it reads the job (the nonce included) from
 its pipe, forks once more (the double fork of :mod:`corral.journal._supervisor`), starts the
-agent and feeds its stdin, and only then imports :mod:`corral.journal._supervisor` — from
+agent and feeds its stdin, and only then imports :mod:`corral.journal._supervise` — from
 the corral tree this file belongs to, never from ``PYTHONPATH`` or a site directory — for
 everything else (journal files, status, readiness report, pumps, the wait, the trailer).
 
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
         # corral's own tree (…/corral/journal/_boot.py → …), ahead of anything else
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))))
-        from corral.journal._supervisor import supervise
+        from corral.journal._supervise import supervise
 
         return supervise(job, ready_fd, started)
     except BaseException as exc:  # noqa: BLE001 - last words go to the supervisor log

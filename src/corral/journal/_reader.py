@@ -150,10 +150,7 @@ async def read_journal(
     sentinel arrived, :class:`JournalAbandonedError` is raised instead of waiting forever.
     Stop early by breaking out and calling ``aclose()`` or by cancelling the task.
     """
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise JournalError(f"journal offset must be a non-negative integer, got {after!r}")
-    if poll <= 0 or chunk_size <= 0 or max_line_bytes <= 0:
-        raise JournalError("poll, chunk_size and max_line_bytes must be positive")
+    _check_options(after, poll, chunk_size, max_line_bytes)
     key = normalize_nonce(nonce) if nonce is not None else None
     path, paths = _split(target)
 
@@ -163,23 +160,15 @@ async def read_journal(
     # Registered before the first read, so no write between a read and a wait is missed.
     watch = FileWatch.open(path) if follow else None
     try:
-        if after > 0:
-            f.seek(after - 1)
-            if f.read(1) != b"\n":
-                raise JournalError(
-                    f"journal offset {after} of {path} is not at a line boundary; resume only "
-                    "from 0 or from an end_offset the reader yielded"
-                )
+        _seek_line_boundary(f, path, after)
         base = after  # absolute offset of buf[0]
         buf = bytearray()
         scan = 0  # buf[:scan] is known to hold no newline past the consumed part
-        sleep = 0.002
-        idle_since = time.monotonic()
+        idle = _Idle(poll, liveness_interval)
         while True:
             chunk = f.read(chunk_size)
             if chunk:
-                sleep = 0.002
-                idle_since = time.monotonic()
+                idle.reset()
                 buf += chunk
                 start = 0
                 while True:
@@ -201,37 +190,90 @@ async def read_journal(
                 del buf[:start]
                 base += start
                 scan = len(buf)
-                if len(buf) > max_line_bytes:
-                    raise JournalError(
-                        f"journal {path} has a line longer than {max_line_bytes} bytes at "
-                        f"offset {base}; raise max_line_bytes to read it"
-                    )
+                _check_line_length(path, base, len(buf), max_line_bytes)
                 await anyio.lowlevel.checkpoint()
                 continue
             _check_unchanged(f, path, base, len(buf))
             if not follow:
                 return
-            if paths is not None and time.monotonic() - idle_since >= liveness_interval:
-                idle_since = time.monotonic()
-                if _supervisor_gone(paths):
-                    # One more read: the sentinel may have landed just before it exited.
-                    if f.seek(0, os.SEEK_END) == base + len(buf):
-                        raise JournalAbandonedError(
-                            f"the supervisor of journal {path} is gone and the journal has no "
-                            "exit sentinel after offset "
-                            f"{base}; the agent's exit status is lost (its output is kept)"
-                        )
-                    f.seek(base + len(buf))
-                    continue
-            if watch is not None:
-                await watch.wait(max(poll, liveness_interval))
-            else:
-                await anyio.sleep(sleep)
-                sleep = min(sleep * 2, poll)
+            if paths is not None and idle.check_liveness() and _supervisor_gone(paths):
+                _abandoned_unless_grown(f, path, base, base + len(buf))
+                continue
+            await idle.wait(watch)
     finally:
         f.close()
         if watch is not None:
             watch.close()
+
+
+def _check_options(after: int, poll: float, chunk_size: int, max_line_bytes: int) -> None:
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise JournalError(f"journal offset must be a non-negative integer, got {after!r}")
+    if poll <= 0 or chunk_size <= 0 or max_line_bytes <= 0:
+        raise JournalError("poll, chunk_size and max_line_bytes must be positive")
+
+
+def _check_line_length(path: Path, base: int, unfinished: int, max_line_bytes: int) -> None:
+    """``unfinished`` bytes at ``base`` hold no newline yet: refuse past the limit."""
+    if unfinished > max_line_bytes:
+        raise JournalError(
+            f"journal {path} has a line longer than {max_line_bytes} bytes at "
+            f"offset {base}; raise max_line_bytes to read it"
+        )
+
+
+def _seek_line_boundary(f: BinaryIO, path: Path, after: int) -> None:
+    """Put ``f`` at ``after``, which must start a line."""
+    if after > 0:
+        f.seek(after - 1)
+        if f.read(1) != b"\n":
+            raise JournalError(
+                f"journal offset {after} of {path} is not at a line boundary; resume only "
+                "from 0 or from an end_offset the reader yielded"
+            )
+
+
+def _abandoned_unless_grown(f: BinaryIO, path: Path, base: int, read_to: int) -> None:
+    """The supervisor is gone: one more look at the end (the sentinel may have landed just
+    before it exited); raise :class:`JournalAbandonedError` when nothing came, else put
+    ``f`` back where reading goes on."""
+    if f.seek(0, os.SEEK_END) == read_to:
+        raise JournalAbandonedError(
+            f"the supervisor of journal {path} is gone and the journal has no "
+            "exit sentinel after offset "
+            f"{base}; the agent's exit status is lost (its output is kept)"
+        )
+    f.seek(read_to)
+
+
+class _Idle:
+    """A follower at the end of the journal: how long it waits for more, and when it is
+    time to check that the supervisor is still there."""
+
+    def __init__(self, poll: float, liveness_interval: float) -> None:
+        self.poll = poll
+        self.liveness_interval = liveness_interval
+        self.reset()
+
+    def reset(self) -> None:
+        """The journal grew."""
+        self.sleep = 0.002
+        self.since = time.monotonic()
+
+    def check_liveness(self) -> bool:
+        """Whether the journal has been still for ``liveness_interval`` (once per interval)."""
+        if time.monotonic() - self.since < self.liveness_interval:
+            return False
+        self.since = time.monotonic()
+        return True
+
+    async def wait(self, watch: FileWatch | None) -> None:
+        """Until the file may have grown: inotify's word, or a sleep growing to ``poll``."""
+        if watch is not None:
+            await watch.wait(max(self.poll, self.liveness_interval))
+        else:
+            await anyio.sleep(self.sleep)
+            self.sleep = min(self.sleep * 2, self.poll)
 
 
 class JournalTamperedError(JournalError):

@@ -506,6 +506,38 @@ class ModelProxy:
 
     async def handle(self, request: Request) -> Response:
         """Forward one request (see the module docstring)."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        url = self._target(request)
+        if isinstance(url, Response):
+            return url
+        api = self.upstream.api
+        self.usage.requests += 1
+        # one "chat" span per model call (GenAI semantic conventions); it ends with the
+        # response's stream, carrying the tokens the response reported
+        chat = span_at("chat", {"gen_ai.operation.name": "chat",
+                                "gen_ai.provider.name": api, "server.address":
+                                urlsplit(self.upstream.base_url).hostname or ""},
+                       parent=self.trace_parent)
+        resp = await self._send(request, url, chat)
+        if isinstance(resp, Response):
+            return resp
+        out_headers = [(k, v) for k, v in resp.headers.multi_items()
+                       if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"]
+        ctype = resp.headers.get("content-type", "")
+        if resp.status_code >= 500:
+            self._failed(f"status {resp.status_code}")
+        else:
+            self._failures = 0
+        if resp.status_code >= 400:
+            return await self._upstream_error(resp, out_headers, chat)
+        meter = UsageMeter(api, sse="text/event-stream" in ctype)
+        return Response(resp.status_code, out_headers, self._stream(resp, meter, chat))
+
+    def _refused(self, request: Request) -> Response | None:
+        """The answer to a request this proxy does not forward at all: not the run's key,
+        the token budget used up, the model API failing too often."""
         api = self.upstream.api
         if not self._authorized(request):
             # Before anything else: not forwarded, not counted, not written anywhere.
@@ -521,10 +553,15 @@ class ModelProxy:
             refusal = (f"the model API failed {self._failures} times in a row (last: "
                        f"{self._last_failure}); no further model requests are allowed in "
                        "this run")
-        if refusal is not None:
-            self.usage.refused += 1
-            self._save_usage()
-            return _error(api, 403, "permission_error", f"corral model proxy: {refusal}")
+        if refusal is None:
+            return None
+        self.usage.refused += 1
+        self._save_usage()
+        return _error(api, 403, "permission_error", f"corral model proxy: {refusal}")
+
+    def _target(self, request: Request) -> str | Response:
+        """The upstream URL of ``request``, or the answer refusing its path."""
+        api = self.upstream.api
         try:
             url = self.upstream.url_for(request.target)
         except ConfigError as exc:
@@ -534,6 +571,13 @@ class ModelProxy:
             return _error(api, 403, "permission_error",
                           f"corral model proxy: {request.target.split('?', 1)[0]!r} is not a "
                           "model API path this sandbox may call")
+        return url
+
+    async def _send(self, request: Request, url: str, chat: span_at
+                    ) -> httpx.Response | Response:
+        """The upstream's streamed response (with the real key, without the sandbox's
+        credentials), or the answer saying it could not be reached."""
+        api = self.upstream.api
         headers = [(k, v) for k, v in request.headers
                    if k not in HOP_BY_HOP and k not in CREDENTIAL_HEADERS
                    and k != "accept-encoding"]
@@ -542,15 +586,8 @@ class ModelProxy:
         client = self._http()
         upstream_req = client.build_request(request.method, url, headers=headers,
                                             content=request.body)
-        self.usage.requests += 1
-        # one "chat" span per model call (GenAI semantic conventions); it ends with the
-        # response's stream, carrying the tokens the response reported
-        chat = span_at("chat", {"gen_ai.operation.name": "chat",
-                                "gen_ai.provider.name": api, "server.address":
-                                urlsplit(self.upstream.base_url).hostname or ""},
-                       parent=self.trace_parent)
         try:
-            resp = await client.send(upstream_req, stream=True)
+            return await client.send(upstream_req, stream=True)
         except httpx.TimeoutException:
             self._failed(f"no answer within {self.idle_timeout:g}s")
             chat.end(error="timeout")
@@ -565,28 +602,22 @@ class ModelProxy:
             return _error(api, 502, "api_error",
                           f"corral model proxy: cannot reach the model API at "
                           f"{self.upstream.base_url}: {exc.__class__.__name__}: {exc}")
-        out_headers = [(k, v) for k, v in resp.headers.multi_items()
-                       if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding"]
-        ctype = resp.headers.get("content-type", "")
-        if resp.status_code >= 500:
-            self._failed(f"status {resp.status_code}")
-        else:
-            self._failures = 0
-        if resp.status_code >= 400:
-            try:
-                data = self._scrub(await resp.aread())
-            except httpx.HTTPError:
-                data = _error_body(api, "api_error", "corral model proxy: upstream error body "
-                                   "could not be read")
-            finally:
-                await resp.aclose()
-            self._save_usage()
-            chat.set("error.type", str(resp.status_code))
-            chat.end(error=f"upstream status {resp.status_code}")
-            out_headers.append(("content-length", str(len(data))))
-            return Response(resp.status_code, out_headers, data)
-        meter = UsageMeter(api, sse="text/event-stream" in ctype)
-        return Response(resp.status_code, out_headers, self._stream(resp, meter, chat))
+
+    async def _upstream_error(self, resp: httpx.Response, out_headers: list[tuple[str, str]],
+                              chat: span_at) -> Response:
+        """An upstream error answer, passed on whole with any key in it scrubbed."""
+        try:
+            data = self._scrub(await resp.aread())
+        except httpx.HTTPError:
+            data = _error_body(self.upstream.api, "api_error",
+                               "corral model proxy: upstream error body could not be read")
+        finally:
+            await resp.aclose()
+        self._save_usage()
+        chat.set("error.type", str(resp.status_code))
+        chat.end(error=f"upstream status {resp.status_code}")
+        out_headers.append(("content-length", str(len(data))))
+        return Response(resp.status_code, out_headers, data)
 
     async def _stream(self, resp: httpx.Response, meter: UsageMeter,
                       chat: span_at) -> AsyncIterator[bytes]:

@@ -6,8 +6,10 @@ one place with its tests (tests/policy/, the differential test against bash amon
 depends on nothing of corral but its errors and field validators:
 
 - :mod:`~corral.policy._shellparse`: a shell command string → every simple command it would
-  run, or :class:`~corral.policy._shellparse.ShellParseError` when it cannot be read with
-  certainty;
+  run (:mod:`~corral.policy._shelltree`'s values), or
+  :class:`~corral.policy._shelltree.ShellParseError` when it cannot be read with certainty;
+  its word reader is :mod:`~corral.policy._shellwords`, and what bash evaluates inside data
+  (arithmetic, subscripts) is judged by :mod:`~corral.policy._shelleval`;
 - :mod:`~corral.policy._parts`: those commands, looked through shells with ``-c``,
   ``eval`` and argv wrappers (``env``, ``sudo``, ``xargs``, …): the parts to judge;
 - :mod:`~corral.policy._policy`: :class:`Policy` (allow / ask / deny rules over the parts,

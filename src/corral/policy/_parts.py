@@ -17,19 +17,13 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from corral.policy._shellparse import (
-    MAX_DEPTH,
-    Names,
-    Redirect,
-    ShellParseError,
-    SimpleCommand,
-    Word,
-    check_evaluated,
-    parse,
-)
+from corral.policy._shelleval import Names, check_evaluated
+from corral.policy._shellparse import parse
+from corral.policy._shelltree import MAX_DEPTH, Redirect, ShellParseError, SimpleCommand, Word
 
 __all__ = ["Part", "command_parts", "program_name"]
 
@@ -165,7 +159,7 @@ def program_name(word: Word) -> str:
 def command_parts(command: str) -> list[Part]:
     """Every part ``command`` would run, in rough execution order.
 
-    Raises :class:`~corral.policy._shellparse.ShellParseError` when the string (or a
+    Raises :class:`~corral.policy._shelltree.ShellParseError` when the string (or a
     string it hands to a shell) cannot be read with certainty.
     """
     parts: list[Part] = []
@@ -215,69 +209,122 @@ def _expand_argv(
 ) -> None:
     if depth > MAX_DEPTH:
         raise ShellParseError(f"commands nested deeper than {MAX_DEPTH} levels")
-    prog = argv[0]
-    name = program_name(prog)
-    if prog.dynamic:
-        out.append(Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail))
+    call = _Call(argv, program_name(argv[0]), via, env, writes, out, depth, names, open_tail)
+    if argv[0].dynamic:
+        call.command()
         return
-
-    if name in _NAME_BUILTINS:
-        sets = _name_operands(name, argv, names)
-        out.append(Part(argv, "command", via, env=env, sets=sets, writes=writes))
-        return
-
-    if name in SHELLS:
-        script = _shell_script(argv)
-        if script is not None:
-            out.append(_wrapper(argv, via, env, writes))
-            if script.dynamic:
-                raise ShellParseError(f"`{name} -c` runs a string computed at run time")
-            _reparse(script.text, via + (f"{name} -c",), out, depth, names)
+    for expand in _EXPANDERS:
+        if expand(call):
             return
+    call.command()
 
-    if name == "eval":
-        out.append(_wrapper(argv, via, env, writes))
-        if any(w.dynamic for w in argv[1:]) or open_tail:
-            raise ShellParseError("`eval` runs a string computed at run time")
-        _reparse(" ".join(w.text for w in argv[1:]), via + ("eval",), out, depth, names)
-        return
 
-    if name == "trap":
-        # `trap ACTION SIG…` runs ACTION later, in this shell: it is code, like eval's
-        out.append(_wrapper(argv, via, env, writes))
-        args = list(argv[1:])
-        if args and args[0].text == "--" and not args[0].dynamic:
-            args = args[1:]
-        listing = any(not w.dynamic and w.text.startswith("-") and w.text not in ("-", "--")
-                      for w in args[:1])
-        if len(args) >= 2 and not listing:
-            action = args[0]
-            if action.dynamic or open_tail:
-                raise ShellParseError("`trap` runs a string computed at run time")
-            if action.text not in ("", "-"):
-                _reparse(action.text, via + ("trap",), out, depth, names)
-        elif open_tail:
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One argv being looked through, and where its parts go."""
+
+    argv: tuple[Word, ...]
+    name: str
+    via: tuple[str, ...]
+    env: tuple[str, ...]
+    writes: tuple[Word, ...]
+    out: list[Part]
+    depth: int
+    names: Names
+    open_tail: bool
+
+    def command(self, *, scan_suffixes: bool = False) -> None:
+        """The argv is a part of its own, judged as a command."""
+        self.out.append(Part(self.argv, "command", self.via, env=self.env, writes=self.writes,
+                             open_tail=self.open_tail, scan_suffixes=scan_suffixes))  # fmt: skip
+
+    def wrapper(self, open_tail: bool = False) -> None:
+        self.out.append(_wrapper(self.argv, self.via, self.env, self.writes, open_tail))
+
+    def reparse(self, text: str, how: str) -> None:
+        """``text`` is run as a shell string."""
+        _reparse(text, self.via + (how,), self.out, self.depth, self.names)
+
+
+def _name_builtin(call: _Call) -> bool:
+    if call.name not in _NAME_BUILTINS:
+        return False
+    sets = _name_operands(call.name, call.argv, call.names)
+    call.out.append(Part(call.argv, "command", call.via, env=call.env, sets=sets,
+                         writes=call.writes))  # fmt: skip
+    return True
+
+
+def _shell_c(call: _Call) -> bool:
+    """``sh -c STRING``: the string is parsed again."""
+    if call.name not in SHELLS:
+        return False
+    script = _shell_script(call.argv)
+    if script is None:
+        return False
+    call.wrapper()
+    if script.dynamic:
+        raise ShellParseError(f"`{call.name} -c` runs a string computed at run time")
+    call.reparse(script.text, f"{call.name} -c")
+    return True
+
+
+def _eval(call: _Call) -> bool:
+    if call.name != "eval":
+        return False
+    call.wrapper()
+    if any(w.dynamic for w in call.argv[1:]) or call.open_tail:
+        raise ShellParseError("`eval` runs a string computed at run time")
+    call.reparse(" ".join(w.text for w in call.argv[1:]), "eval")
+    return True
+
+
+def _trap(call: _Call) -> bool:
+    """``trap ACTION SIG…`` runs ACTION later, in this shell: it is code, like eval's."""
+    if call.name != "trap":
+        return False
+    call.wrapper()
+    args = list(call.argv[1:])
+    if args and args[0].text == "--" and not args[0].dynamic:
+        args = args[1:]
+    listing = any(not w.dynamic and w.text.startswith("-") and w.text not in ("-", "--")
+                  for w in args[:1])  # fmt: skip
+    if len(args) >= 2 and not listing:
+        action = args[0]
+        if action.dynamic or call.open_tail:
             raise ShellParseError("`trap` runs a string computed at run time")
-        return
+        if action.text not in ("", "-"):
+            call.reparse(action.text, "trap")
+    elif call.open_tail:
+        raise ShellParseError("`trap` runs a string computed at run time")
+    return True
 
-    if name in ("complete", "compgen", "bind") and any(
-            w.dynamic or w.text.startswith(("-C", "-F", "-x")) for w in argv[1:]):
-        # a completion command or key binding is code run later
-        raise ShellParseError(f"`{name}` with a command to run later")
 
-    if name == "watch":
-        out.append(_wrapper(argv, via, env, writes))
-        rest = _skip_options(argv, 1, frozenset({"-n", "--interval", "-d", "--differences"}))
-        if rest < len(argv):
-            if any(w.dynamic for w in argv[rest:]):
-                raise ShellParseError("`watch` runs a string computed at run time")
-            _reparse(" ".join(w.text for w in argv[rest:]), via + ("watch",), out, depth, names)
-        return
+def _refuse_callbacks(call: _Call) -> bool:
+    """A completion command or key binding is code run later: refused."""
+    if call.name in ("complete", "compgen", "bind") and any(
+        w.dynamic or w.text.startswith(("-C", "-F", "-x")) for w in call.argv[1:]
+    ):
+        raise ShellParseError(f"`{call.name}` with a command to run later")
+    return False
 
-    if name == "find":
-        _expand_find(argv, via, env, writes, out, depth, names, open_tail)
-        return
 
+def _watch(call: _Call) -> bool:
+    if call.name != "watch":
+        return False
+    argv = call.argv
+    call.wrapper()
+    rest = _skip_options(argv, 1, frozenset({"-n", "--interval", "-d", "--differences"}))
+    if rest < len(argv):
+        if any(w.dynamic for w in argv[rest:]):
+            raise ShellParseError("`watch` runs a string computed at run time")
+        call.reparse(" ".join(w.text for w in argv[rest:]), "watch")
+    return True
+
+
+def _string_options(call: _Call) -> bool:
+    """``su -c STRING``, ``flock -c STRING``, …: each string is parsed again."""
+    argv, name = call.argv, call.name
     string_opts = _STRING_OPTS.get(name, frozenset())
     found_string = False
     for i, w in enumerate(argv[1:], start=1):
@@ -291,40 +338,41 @@ def _expand_argv(
         if value is not None:
             if value.dynamic:
                 raise ShellParseError(f"`{name}` runs a string computed at run time")
-            _reparse(value.text, via + (name,), out, depth, names)
+            call.reparse(value.text, name)
             found_string = True
     if found_string or name in ("su", "script"):
         # su USER / script FILE: the only command they run is the string (or a shell)
-        out.append(_wrapper(argv, via, env, writes))
-        return
+        call.wrapper()
+        return True
+    return False
 
-    if name in _WRAPPER_ARG_OPTS:
-        inner_env = env
-        i = _skip_options(argv, 1, _WRAPPER_ARG_OPTS.get(name, frozenset()))
-        if name == "env":
-            while i < len(argv) and "=" in argv[i].text and not argv[i].text.startswith("="):
-                inner_env = inner_env + (argv[i].text.split("=", 1)[0],)
-                i += 1
-                i = _skip_options(argv, i, _WRAPPER_ARG_OPTS["env"])
-        elif name == "chrt":
-            while i < len(argv) and argv[i].text.isdigit():
-                i += 1
-        i += _WRAPPER_LEADING_POSITIONALS.get(name, 0)
-        if i >= len(argv):
-            # nothing wrapped (`sudo -s`, `exec`, bare `xargs`): judge the wrapper itself
-            out.append(
-                Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail,
-                     scan_suffixes=True)
-            )  # fmt: skip
-            return
-        out.append(_wrapper(argv, via, env, writes, open_tail))
-        _expand_argv(
-            argv[i:], via + (name,), inner_env, (), out, depth + 1, names,
-            open_tail=open_tail or name == "xargs",
-        )  # fmt: skip
-        return
 
-    out.append(Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail))
+def _argv_wrapper(call: _Call) -> bool:
+    """``env A=b cmd``, ``sudo cmd``, ``xargs cmd``, …: the wrapped argv is a part too."""
+    argv, name = call.argv, call.name
+    if name not in _WRAPPER_ARG_OPTS:
+        return False
+    inner_env = call.env
+    i = _skip_options(argv, 1, _WRAPPER_ARG_OPTS.get(name, frozenset()))
+    if name == "env":
+        while i < len(argv) and "=" in argv[i].text and not argv[i].text.startswith("="):
+            inner_env = inner_env + (argv[i].text.split("=", 1)[0],)
+            i += 1
+            i = _skip_options(argv, i, _WRAPPER_ARG_OPTS["env"])
+    elif name == "chrt":
+        while i < len(argv) and argv[i].text.isdigit():
+            i += 1
+    i += _WRAPPER_LEADING_POSITIONALS.get(name, 0)
+    if i >= len(argv):
+        # nothing wrapped (`sudo -s`, `exec`, bare `xargs`): judge the wrapper itself
+        call.command(scan_suffixes=True)
+        return True
+    call.wrapper(call.open_tail)
+    _expand_argv(
+        argv[i:], call.via + (name,), inner_env, (), call.out, call.depth + 1, call.names,
+        open_tail=call.open_tail or name == "xargs",
+    )  # fmt: skip
+    return True
 
 
 _DECLARERS = frozenset({"export", "declare", "typeset", "readonly", "local"})
@@ -349,21 +397,38 @@ def _name_operands(name: str, argv: tuple[Word, ...], names: Names) -> tuple[str
     runs ``id``). A name known only at run time could be ``PATH`` or hold a subscript,
     so it cannot be judged.
     """
-    how = f"`{name}`"
     if name in ("test", "["):
-        for i in range(2, len(argv)):
-            prev, word = argv[i - 1], argv[i]
-            if prev.dynamic or prev.text in ("-v", "-R"):  # `-v NAME` (or could be)
-                if word.dynamic or "[" in word.text:
-                    check_evaluated(word.text, f"a name operand of `{name}`", names)
+        _test_operands(name, argv, names)
         return ()
     if name == "let":
         sets: set[str] = set()
         for w in argv[1:]:
             sets |= check_evaluated(w.text, "`let`", names)
         return tuple(sorted(sets))
-    operands: list[Word] = []
-    named: list[Word] = []  # names given as option arguments (`read -a NAME`)
+    i, opts, named = _builtin_options(name, argv)
+    operands = _name_words(name, list(argv[i:]), named, names)
+    if name in _DECLARERS and ({"n", "i"} & opts) and name != "export":
+        raise ShellParseError(
+            f"`{name} -{'n' if 'n' in opts else 'i'}`: a nameref or integer variable makes "
+            "bash evaluate values assigned or read later"
+        )
+    functions = name in _DECLARERS | {"unset"} and bool({"f", "F"} & opts)
+    return tuple(_check_name(name, w, functions, names) for w in named + operands)
+
+
+def _test_operands(name: str, argv: tuple[Word, ...], names: Names) -> None:
+    """``test -v NAME``: bash evaluates a subscript in NAME."""
+    for i in range(2, len(argv)):
+        prev, word = argv[i - 1], argv[i]
+        if prev.dynamic or prev.text in ("-v", "-R"):  # `-v NAME` (or could be)
+            if word.dynamic or "[" in word.text:
+                check_evaluated(word.text, f"a name operand of `{name}`", names)
+
+
+def _builtin_options(name: str, argv: tuple[Word, ...]) -> tuple[int, set[str], list[Word]]:
+    """Read a builtin's options: the index of its first operand, the option letters, and
+    the names given as option arguments (``read -a NAME``)."""
+    named: list[Word] = []
     opts: set[str] = set()
     i = 1
     with_arg = _OPTS_WITH_ARG.get(name, "")
@@ -397,44 +462,42 @@ def _name_operands(name: str, argv: tuple[Word, ...], names: Names) -> tuple[str
                     named.append(value)
                 break
         i += 1
-    operands = list(argv[i:])
+    return i, opts, named
+
+
+def _name_words(name: str, operands: list[Word], named: list[Word], names: Names) -> list[Word]:
+    """Which of a builtin's operands are names (its implicit one when none is given)."""
     if name == "printf":
-        operands = []  # the format and its arguments
-    elif name == "getopts":
-        operands = operands[1:2]  # getopts OPTSTRING NAME [ARG…]
-        if operands:
+        return []  # the format and its arguments
+    if name == "getopts":
+        if operands[1:2]:
             names.assigned("OPTARG", None, "`getopts`")
-    elif name in ("wait",):
-        operands = []  # job ids
-    elif name in ("mapfile", "readarray") and not operands:
-        operands = [Word("MAPFILE")]
-    elif name == "read" and not operands and not named:
-        operands = [Word("REPLY")]
-    if name in _DECLARERS and ({"n", "i"} & opts) and name != "export":
-        raise ShellParseError(
-            f"`{name} -{'n' if 'n' in opts else 'i'}`: a nameref or integer variable makes "
-            "bash evaluate values assigned or read later"
-        )
-    out: list[str] = []
-    functions = name in _DECLARERS | {"unset"} and bool({"f", "F"} & opts)
-    for w in named + operands:
-        text = w.text
-        m = _DECL_NAME_RE.match(text)
-        if m is None or "$" in m.group(1):
-            raise ShellParseError(f"`{name}` is given {text!r}, not a plain variable name")
-        if m.group(2) and not functions:
-            check_evaluated(m.group(2)[1:-1], f"the subscript of a name given to `{name}`", names)
-        var = m.group(1)
-        out.append(var)
-        if functions or name == "unset":
-            continue
-        if name in _DECLARERS:
-            if m.group(3):
-                rhs = text[m.end() :]
-                names.assigned(var, Word(rhs, w.expands, w.glob), how)
-        else:
-            names.assigned(var, None, how)  # read, mapfile, printf -v, getopts
-    return tuple(out)
+        return operands[1:2]  # getopts OPTSTRING NAME [ARG…]
+    if name == "wait":
+        return []  # job ids
+    if name in ("mapfile", "readarray") and not operands:
+        return [Word("MAPFILE")]
+    if name == "read" and not operands and not named:
+        return [Word("REPLY")]
+    return operands
+
+
+def _check_name(name: str, w: Word, functions: bool, names: Names) -> str:
+    """Check one name given to builtin ``name``, note the value it gets; return the name."""
+    text = w.text
+    m = _DECL_NAME_RE.match(text)
+    if m is None or "$" in m.group(1):
+        raise ShellParseError(f"`{name}` is given {text!r}, not a plain variable name")
+    if m.group(2) and not functions:
+        check_evaluated(m.group(2)[1:-1], f"the subscript of a name given to `{name}`", names)
+    var = m.group(1)
+    if functions or name == "unset":
+        return var
+    if name not in _DECLARERS:
+        names.assigned(var, None, f"`{name}`")  # read, mapfile, printf -v, getopts
+    elif m.group(3):
+        names.assigned(var, Word(text[m.end() :], w.expands, w.glob), f"`{name}`")
+    return var
 
 
 def _wrapper(
@@ -492,16 +555,11 @@ def _shell_script(argv: tuple[Word, ...]) -> Word | None:
     return None
 
 
-def _expand_find(
-    argv: tuple[Word, ...],
-    via: tuple[str, ...],
-    env: tuple[str, ...],
-    writes: tuple[Word, ...],
-    out: list[Part],
-    depth: int,
-    names: Names,
-    open_tail: bool,
-) -> None:
+def _find(call: _Call) -> bool:
+    """``find … -exec cmd ;``: each executed argv is a part too."""
+    if call.name != "find":
+        return False
+    argv = call.argv
     execs: list[tuple[tuple[Word, ...], bool]] = []
     i = 1
     while i < len(argv):
@@ -520,8 +578,17 @@ def _expand_find(
         else:
             i += 1
     if not execs:
-        out.append(Part(argv, "command", via, env=env, writes=writes, open_tail=open_tail))
-        return
-    out.append(_wrapper(argv, via, env, writes, open_tail))
+        call.command()
+        return True
+    call.wrapper(call.open_tail)
     for inner, tail in execs:
-        _expand_argv(inner, via + ("find -exec",), (), (), out, depth + 1, names, open_tail=tail)
+        _expand_argv(inner, call.via + ("find -exec",), (), (), call.out, call.depth + 1,
+                     call.names, open_tail=tail)  # fmt: skip
+    return True
+
+
+_EXPANDERS: tuple[Callable[[_Call], bool], ...] = (
+    _name_builtin, _shell_c, _eval, _trap, _refuse_callbacks, _watch, _find, _string_options,
+    _argv_wrapper,
+)  # fmt: skip
+"""Each looks through one kind of program, in this order; a plain command is none's."""

@@ -43,7 +43,7 @@ from corral._errors import ConfigError
 from corral.policy._allowlist import parse_allowlist  # the egress proxy's parser too
 import corral._validate as v
 from corral.policy._parts import Part, command_parts, program_name
-from corral.policy._shellparse import ShellParseError, Word
+from corral.policy._shelltree import ShellParseError, Word
 
 __all__ = ["Decision", "Policy", "Verdict"]
 

@@ -33,42 +33,59 @@ manifest): a hostile manifest is refused with :class:`~corral.stores.CorruptChec
 A provider's native snapshot may serve as the fast local copy; the store copy is what any
 host can restore. Wiring (a checkpoint when a thread's run ends, undo, fork, continuation)
 is the caller's: these two functions are the whole API.
+
+Its parts: the chunks in the store (:mod:`~corral.sandbox._checkpoint_chunks`), the secret
+scan (:mod:`~corral.sandbox._checkpoint_scan`), the script and its frames
+(:mod:`~corral.sandbox._checkpoint_script`; on the host: :mod:`~corral.sandbox._checkpoint_host`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
-import posixpath
 import secrets as _secrets
-import signal
-import struct
 import time
 import uuid
-import zlib
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from corral._errors import CorralError
-from corral._insandbox import checkpoint as checkpoint_script
-from corral.sandbox._checkpoint_host import Buffered, host_save
-from corral.sandbox._contracts import Described, Handle, HostPaths, Process
+from corral.sandbox._checkpoint_chunks import (
+    BATCH_BYTES,
+    CHUNK_BYTES,
+    ChunkUploader,
+    decode,
+)
+from corral.sandbox._checkpoint_scan import (
+    ContentScanner,
+    Secrets,
+    fingerprint,
+    named_secrets,
+    same_secrets,
+    secret_items,
+)
+from corral.sandbox._checkpoint_script import (
+    HEAD,
+    MAX_HEADER,
+    CheckpointError,
+    Frames,
+    HostSource,
+    SandboxSource,
+    first_bytes,
+    host_source,
+    host_workspace,
+    running_script,
+    sandbox_source,
+)
+from corral.sandbox._contracts import Handle, Process
 from corral.sandbox._leakscan import _pattern
-from corral.sandbox._redact import Redactor
 from corral.stores._checkpoints import (
     Checkpoint,
     CheckpointEntry,
-    CorruptCheckpoint,
     MissingChunks,
     SessionPart,
     UnknownCheckpoint,
@@ -77,8 +94,6 @@ from corral.stores._checkpoints import (
 from corral.stores._protocols import CheckpointStore
 
 __all__ = [
-    "CHUNK_BYTES",
-    "CheckpointError",
     "CheckpointTooLarge",
     "DEFAULT_MAX_BYTES",
     "SessionSource",
@@ -88,22 +103,13 @@ __all__ = [
 
 log = logging.getLogger("corral.sandbox.checkpoint")
 
-CHUNK_BYTES: Final = 1 << 20
 DEFAULT_MAX_BYTES: Final = 1 << 30
 """The default size cap of a checkpoint: 1 GiB of file content."""
 SANDBOX_PYTHON: Final = "/usr/bin/python3"
-_BATCH_BYTES: Final = 8 << 20
-"""Chunk bytes sent to the store per ``put_chunks``."""
-_HEAD: Final = struct.Struct(">cI")
-_MAX_HEADER: Final = 256 << 20
-_ENCODED_RAW: Final = b"\x00"
-_ENCODED_ZLIB: Final = b"\x01"
 
-Secrets = Redactor | Mapping[str, str] | Iterable[tuple[str, str]]
-
-
-class CheckpointError(CorralError):
-    """A checkpoint or restore could not be made (the message says why)."""
+Content = dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]]
+"""What was read of each file, by (root index, path): its size, its chunks' digests, and
+why it was left out (``None``: kept)."""
 
 
 class CheckpointTooLarge(CheckpointError):
@@ -130,300 +136,6 @@ class SessionSource:
     harness: str
     session_id: str
     root: str
-
-
-def _script() -> str:
-    return Path(checkpoint_script.__file__).read_text()
-
-
-def _secret_items(secrets: Secrets) -> list[tuple[str, str]]:
-    if isinstance(secrets, Redactor):
-        return secrets.items()
-    if isinstance(secrets, Mapping):
-        return [(str(k), str(v)) for k, v in secrets.items()]
-    return [(str(k), str(v)) for k, v in secrets]
-
-
-def _fingerprint(items: list[tuple[str, str]], salt: bytes) -> str:
-    """``salt:HMAC-SHA256(salt, sorted values)``: equal for equal secret sets, the values
-    not recoverable from it (but by guessing: keep secrets high in entropy)."""
-    mac = hmac.new(salt, b"\0".join(sorted(v.encode() for _n, v in items)), hashlib.sha256)
-    return f"{salt.hex()}:{mac.hexdigest()}"
-
-
-def _same_secrets(scan: str, items: list[tuple[str, str]]) -> bool:
-    salt_hex, _, _ = scan.partition(":")
-    try:
-        salt = bytes.fromhex(salt_hex)
-    except ValueError:
-        return False
-    return bool(salt) and hmac.compare_digest(_fingerprint(items, salt), scan)
-
-
-def _encode(raw: bytes) -> bytes:
-    # zlib spends ~70 ms per MiB on bytes that do not compress (binaries, archives): a
-    # 4 KiB sample decides first
-    sample = raw[:4096]
-    if len(zlib.compress(sample, 1)) * 10 >= len(sample) * 9:
-        return _ENCODED_RAW + raw
-    packed = zlib.compress(raw, 1)
-    if len(packed) * 10 < len(raw) * 9:
-        return _ENCODED_ZLIB + packed
-    return _ENCODED_RAW + raw
-
-
-def _decode(digest: str, stored: bytes) -> bytes:
-    try:
-        if stored[:1] == _ENCODED_ZLIB:
-            raw = zlib.decompress(stored[1:])
-        elif stored[:1] == _ENCODED_RAW:
-            raw = stored[1:]
-        else:
-            raise ValueError("unknown encoding")
-    except (zlib.error, ValueError) as exc:
-        raise CorruptCheckpoint(f"chunk {digest} in the store is unreadable: {exc}") from None
-    if hashlib.sha256(raw).hexdigest() != digest:
-        raise CorruptCheckpoint(f"chunk {digest} in the store does not match its digest")
-    return raw
-
-
-class _Frames:
-    """Frames read from the script's stdout (untrusted: sizes are checked)."""
-
-    def __init__(self, stream: AsyncIterator[bytes]) -> None:
-        self._stream = stream
-        self._buf = bytearray()
-        self._pos = 0
-
-    async def _fill(self, n: int) -> None:
-        while len(self._buf) - self._pos < n:
-            if self._pos:
-                del self._buf[:self._pos]
-                self._pos = 0
-            try:
-                self._buf += await self._stream.__anext__()
-            except StopAsyncIteration:
-                raise CheckpointError("the sandbox's checkpoint output ended early") from None
-
-    async def next(self, limit: int) -> tuple[bytes, bytes]:
-        await self._fill(_HEAD.size)
-        kind, length = _HEAD.unpack_from(self._buf, self._pos)
-        if length > limit:
-            raise CheckpointError(f"the sandbox sent a frame of {length} bytes (limit {limit})")
-        self._pos += _HEAD.size
-        await self._fill(length)
-        with memoryview(self._buf) as view:
-            data = bytes(view[self._pos:self._pos + length])
-        self._pos += length
-        return kind, data
-
-
-@dataclass
-class _Uploader:
-    """Chunks waiting for the store, put in batches (only those it lacks). A full batch is
-    put by a task in ``tg`` while the stream goes on (one batch in flight at a time), so
-    the sandbox keeps reading while the store writes; the task's error is raised by the
-    next :meth:`add` or :meth:`flush` (never through the task group)."""
-
-    store: CheckpointStore
-    now: float | None
-    tg: Any = None
-    pending: dict[str, bytes] = field(default_factory=dict)
-    size: int = 0
-    sent: int = 0
-    _busy: anyio.Event | None = None
-    _error: BaseException | None = None
-
-    async def add(self, digest: str, raw: bytes) -> None:
-        if digest in self.pending:
-            return
-        self.pending[digest] = raw
-        self.size += len(raw)
-        if self.size >= _BATCH_BYTES:
-            await self._wait()
-            batch, self.pending, self.size = self.pending, {}, 0
-            if self.tg is None:
-                await self._put(batch)
-            else:
-                self._busy = anyio.Event()
-                self.tg.start_soon(self._background, batch, self._busy)
-
-    async def _wait(self) -> None:
-        if self._busy is not None:
-            await self._busy.wait()
-            self._busy = None
-        if self._error is not None:
-            raise self._error
-
-    async def _background(self, batch: dict[str, bytes], done: anyio.Event) -> None:
-        try:
-            await self._put(batch)
-        except Exception as exc:  # raised in the stream's task by the next add/flush
-            self._error = exc
-        finally:
-            done.set()
-
-    async def _put(self, batch: dict[str, bytes]) -> None:
-        missing = await self.store.missing_chunks(list(batch), now=self.now)
-        if missing:
-            encoded = await anyio.to_thread.run_sync(
-                lambda: {d: _encode(batch[d]) for d in missing})
-            await self.store.put_chunks(encoded, now=self.now)
-            self.sent += sum(len(v) for v in encoded.values())
-
-    async def flush(self) -> None:
-        await self._wait()
-        if self.pending:
-            batch, self.pending, self.size = self.pending, {}, 0
-            await self._put(batch)
-
-
-@dataclass
-class _Scanner:
-    """One file's chunks, scanned for secrets before any of them may be stored; the last
-    chunk is held back until the next one is scanned (a value across the boundary)."""
-
-    pattern: Any
-    table: dict[bytes, str]
-    longest: int
-    held: list[tuple[str, bytes]] = field(default_factory=list)
-    carry: bytes = b""
-    found: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        if self.pattern is None or self.found is not None:
-            return
-        buf = self.carry + data
-        m = self.pattern.search(buf)
-        if m is not None:
-            self.found = self.table[m.group(0)]
-        self.carry = buf[-(self.longest - 1):] if self.longest > 1 else b""
-
-
-async def _spawn(handle: Handle, python: str, cwd: str | None) -> Process:
-    return await handle.process.spawn([python, "-I", "-S", "-c", _script()], cwd=cwd)
-
-
-async def _release(proc: Process) -> None:
-    """Close the process's pipes (a provider's process may have no ``aclose``)."""
-    aclose = getattr(proc, "aclose", None)
-    if aclose is not None:
-        with anyio.CancelScope(shield=True):
-            await aclose()
-
-
-async def _stderr_of(proc: Process, into: list[bytes]) -> None:
-    async for part in proc.stderr:
-        if sum(map(len, into)) < 4096:
-            into.append(part)
-
-
-async def _finish(proc: Process, err: list[bytes], what: str) -> None:
-    result = await proc.wait()
-    await _stderr_of(proc, err)
-    if not result.ok:
-        tail = b"".join(err)[-500:].decode("utf-8", "replace").strip()
-        raise CheckpointError(f"{what} in the sandbox failed ({result.describe()})"
-                              + (f": {tail}" if tail else ""))
-
-
-class _SandboxSource:
-    """The save request answered by the script in the sandbox (one exec)."""
-
-    def __init__(self, proc: Process) -> None:
-        self.proc = proc
-        self.stdout: AsyncIterator[bytes] = proc.stdout
-        self.err: list[bytes] = []
-
-    async def kill(self) -> None:
-        await self.proc.kill(signal.SIGKILL)
-
-    async def finish(self) -> None:
-        await _finish(self.proc, self.err, "reading the workspace")
-
-
-@asynccontextmanager
-async def _sandbox_source(handle: Handle, python: str, request: bytes
-                          ) -> AsyncIterator[_SandboxSource]:
-    proc = await _spawn(handle, python, handle.workdir)
-    try:
-        await proc.write_stdin(request)
-        await proc.close_stdin()
-        yield _SandboxSource(proc)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await proc.kill(signal.SIGKILL)
-        raise
-    finally:
-        await _release(proc)
-
-
-class _HostSource:
-    """The save request answered on the host (:func:`host_save`, in a worker thread),
-    its frames handed over about 1 MiB at a time through a bounded stream."""
-
-    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
-        self.stdout: AsyncIterator[bytes] = receive
-        self._receive = receive
-        self._done = anyio.Event()
-        self._error: BaseException | None = None
-
-    async def produce(self, send: MemoryObjectSendStream[bytes], request: bytes,
-                      root: str) -> None:
-        def run() -> None:
-            out = Buffered(lambda data: anyio.from_thread.run(send.send, data), CHUNK_BYTES)
-            host_save(request, out, root)
-            out.close()
-
-        try:
-            async with send:
-                await anyio.to_thread.run_sync(run)
-        except Exception as exc:  # raised by finish (a reader stopped early sees no end)
-            self._error = exc
-        finally:
-            self._done.set()
-
-    async def kill(self) -> None:
-        await self._receive.aclose()  # the producer's next hand-over fails: it stops
-
-    async def finish(self) -> None:
-        await self._done.wait()
-        if self._error is not None:
-            raise CheckpointError(f"reading the workspace from the host failed: "
-                                  f"{self._error}") from self._error
-
-
-@asynccontextmanager
-async def _host_source(request: bytes, root: str) -> AsyncIterator[_HostSource]:
-    send, receive = anyio.create_memory_object_stream[bytes](4)
-    source = _HostSource(receive)
-    failed: Exception | None = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(source.produce, send, request, root)
-        try:
-            yield source
-        except Exception as exc:  # raised after the group (not as an exception group)
-            failed = exc
-        finally:
-            await receive.aclose()
-    if failed is not None:
-        raise failed
-
-
-def _host_workspace(handle: Handle) -> str | None:
-    """The host directory of ``handle``'s workspace, when a checkpoint may read it there:
-    the provider keeps it in a host directory (:class:`HostPaths`) and binds nothing
-    under it (what the sandbox sees there is then exactly that directory)."""
-    if not isinstance(handle, HostPaths):
-        return None
-    workdir = posixpath.normpath(handle.workdir)
-    binds = handle.binds if isinstance(handle, Described) else ()
-    for _host, inside in binds:
-        inside = posixpath.normpath(inside)
-        if inside == workdir or inside.startswith(workdir.rstrip("/") + "/") \
-                or workdir.startswith(inside.rstrip("/") + "/"):
-            return None
-    return handle.host_path(workdir)
 
 
 def _known(parent: Checkpoint | None, same_secrets: bool,
@@ -488,7 +200,7 @@ async def checkpoint_workspace(
             raise CheckpointError(f"the parent checkpoint {parent!r} is not in the store")
         parent = found
     try:
-        return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
+        return await _checkpoint(handle, store, thread_id, run_id, secret_items(secrets),
                                  max_bytes, on_too_large, parent, session, checkpoint_id,
                                  python, now, session_part, meta, host_read)
     except MissingChunks:
@@ -496,7 +208,7 @@ async def checkpoint_workspace(
         # meanwhile): take the checkpoint again reading everything.
         if parent is None:
             raise
-        return await _checkpoint(handle, store, thread_id, run_id, _secret_items(secrets),
+        return await _checkpoint(handle, store, thread_id, run_id, secret_items(secrets),
                                  max_bytes, on_too_large, None, session, checkpoint_id,
                                  python, now, session_part, meta, host_read)
 
@@ -508,127 +220,34 @@ async def _checkpoint(
     python: str, now: float | None, attached: SessionPart | None = None,
     meta: Mapping[str, Any] | None = None, host_read: bool = True,
 ) -> Checkpoint | None:
-    same = parent is not None and _same_secrets(parent.scan, items)
+    same = parent is not None and same_secrets(parent.scan, items)
     reuse_ws = _known(parent, same, parent.entries if parent else ())
     parent_session = parent.session if parent is not None else None
     reuse_s = {} if session is None or parent_session is None or \
         parent_session.root != session.root else _known(parent, same, parent_session.entries)
     roots = ["."] + ([session.root] if session is not None else [])
     request = _save_request(roots, [reuse_ws, reuse_s][:len(roots)])
-    pattern, table, longest = _pattern(items)
-    uploader = _Uploader(store, now)
-    listings: list[Any] = []
-    content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]] = {}
-    host_root = _host_workspace(handle) if session is None and host_read else None
-    failed: Exception | None = None
-    complete = False
-    async with (_host_source(request, host_root) if host_root is not None
-                else _sandbox_source(handle, python, request)) as proc:
+    uploader = ChunkUploader(store, now)
+    host_root = host_workspace(handle) if session is None and host_read else None
+    async with (host_source(request, host_root) if host_root is not None
+                else sandbox_source(handle, python, request)) as proc:
+        save = _SaveStream(proc, len(roots), max_bytes, on_too_large, _pattern(items),
+                           uploader, thread_id)
         try:
-            async def stream() -> bool:
-                nonlocal listings
-                frames = _Frames(proc.stdout)
-                kind, head = await frames.next(_MAX_HEADER)
-                if kind != b"H":
-                    raise CheckpointError("the sandbox's checkpoint output has no listing")
-                try:
-                    listings = json.loads(head)["roots"]
-                    if not isinstance(listings, list) or len(listings) != len(roots):
-                        raise ValueError("wrong number of roots")
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
-                                          ) from None
-                total = sum(int(e[3]) for r in listings for e in r.get("entries", ())
-                            if e[1] == "file")
-                if max_bytes is not None and total > max_bytes:
-                    await proc.kill()
-                    _too_large(total, max_bytes, on_too_large)
-                    return False
-                received = 0
-                for index, listing in enumerate(listings):
-                    named = _named_secrets(listing, pattern)
-                    for e in listing.get("entries", ()):
-                        if not e[7]:
-                            continue
-                        scanner = _Scanner(pattern, table, longest)
-                        if e[0] in named:  # left out of the manifest: its content is not kept
-                            scanner.found = "-"
-                        digests: list[str] = []
-                        size = 0
-                        skipped: str | None = None
-                        while True:
-                            kind, data = await frames.next(CHUNK_BYTES)
-                            if kind == b"D":
-                                size += len(data)
-                                received += len(data)
-                                if max_bytes is not None and received > max_bytes:
-                                    await proc.kill()
-                                    _too_large(received, max_bytes, on_too_large)
-                                    return False
-                                scanner.feed(data)
-                                if scanner.found is None:
-                                    digest = hashlib.sha256(data).hexdigest()
-                                    digests.append(digest)
-                                    scanner.held.append((digest, data))
-                                    if len(scanner.held) > 1:
-                                        await uploader.add(*scanner.held.pop(0))
-                            elif kind == b"E":
-                                break
-                            elif kind == b"X":
-                                skipped = "unreadable"
-                                log.warning("checkpoint of thread %s: %s left out, unreadable "
-                                            "in the sandbox (%s)", thread_id, e[0],
-                                            data[:200].decode("utf-8", "replace"))
-                                break
-                            else:
-                                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-                        if scanner.found == "-":
-                            continue
-                        if scanner.found is not None:
-                            skipped = "secret"
-                            log.warning("checkpoint of thread %s: %s left out, it holds the "
-                                        "value of secret %s", thread_id, e[0], scanner.found)
-                        if skipped is None:
-                            for held in scanner.held:
-                                await uploader.add(*held)
-                            content[(index, e[0])] = (size, tuple(digests), None)
-                        else:  # the listed size: an unchanged file is not read again
-                            content[(index, e[0])] = (int(e[3]), (), skipped)
-                kind, _ = await frames.next(0)
-                if kind != b"Z":
-                    raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
-                await uploader.flush()
-                return True
-
-            # the task group holds the uploader's background batch; the stream's own errors
-            # are caught and raised after it (not as an exception group)
-            async with anyio.create_task_group() as tg:
-                uploader.tg = tg
-                try:
-                    complete = await stream()
-                except Exception as exc:
-                    failed = exc
-                    tg.cancel_scope.cancel()
-                else:
-                    if not complete:
-                        tg.cancel_scope.cancel()
-            if failed is not None:
-                raise failed
-            if not complete:
+            if not await _stream_with_uploads(save, uploader):
                 return None
             await proc.finish()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await proc.kill()
             raise
-    entries = _entries(listings[0], 0, content, reuse_ws, pattern, thread_id)
-    session_part = None
+    pattern = save.pattern
+    entries = _entries(save.listings[0], 0, save.content, reuse_ws, pattern, thread_id)
+    session_part = attached
     if session is not None:
-        s_entries = _entries(listings[1], 1, content, reuse_s, pattern, thread_id)
+        s_entries = _entries(save.listings[1], 1, save.content, reuse_s, pattern, thread_id)
         session_part = SessionPart(session.harness, session.session_id, session.root,
                                    s_entries)
-    elif attached is not None:
-        session_part = attached
     cp = Checkpoint(
         checkpoint_id=checkpoint_id or f"ckpt-{uuid.uuid4().hex}",
         thread_id=thread_id,
@@ -640,29 +259,140 @@ async def _checkpoint(
         total_bytes=sum(e.size for e in entries) + (
             sum(e.size for e in session_part.entries) if session_part else 0),
         session=session_part,
-        scan=_fingerprint(items, _secrets.token_bytes(16)),
+        scan=fingerprint(items, _secrets.token_bytes(16)),
         meta={**(meta or {}), "sent_bytes": uploader.sent},
     )
     await store.put_checkpoint(cp, now=now)
     return cp
 
 
-def _named_secrets(listing: Any, pattern: Any) -> set[str]:
-    """The listed paths whose name or link target holds a secret, or that lie under one."""
-    if pattern is None or not isinstance(listing, dict):
-        return set()
-    out: set[str] = set()
-    for raw in listing.get("entries", ()):
+async def _stream_with_uploads(save: _SaveStream, uploader: ChunkUploader) -> bool:
+    """Read the whole save stream while the uploader's background batch is put (in the
+    task group); the stream's own errors are raised after the group, not as an exception
+    group. False: over the size cap, nothing stored."""
+    failed: Exception | None = None
+    complete = False
+    async with anyio.create_task_group() as tg:
+        uploader.tg = tg
         try:
-            path, target = str(raw[0]), raw[6]
-        except (IndexError, TypeError, KeyError):
-            continue
-        parent = path.rpartition("/")[0]
-        if parent in out or pattern.search(path.encode("utf-8", "surrogateescape")) or (
-                isinstance(target, str)
-                and pattern.search(target.encode("utf-8", "surrogateescape"))):
-            out.add(path)
-    return out
+            complete = await save.read()
+        except Exception as exc:
+            failed = exc
+            tg.cancel_scope.cancel()
+        else:
+            if not complete:
+                tg.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return complete
+
+
+@dataclass
+class _SaveStream:
+    """The script's answer to a save request, read frame by frame: the listing of every
+    root, then each file it reads as chunks, scanned for secrets before any is uploaded."""
+
+    proc: SandboxSource | HostSource
+    roots: int
+    max_bytes: int | None
+    on_too_large: str
+    scan: tuple[Any, dict[bytes, str], int]
+    """The secret matcher: pattern, value → name, longest value."""
+    uploader: ChunkUploader
+    thread_id: str
+    listings: list[Any] = field(default_factory=list)
+    content: Content = field(default_factory=dict)
+    received: int = 0
+
+    @property
+    def pattern(self) -> Any:
+        return self.scan[0]
+
+    async def read(self) -> bool:
+        """Read it all; False when over the size cap (the script killed, nothing stored)."""
+        frames = Frames(self.proc.stdout)
+        self.listings = await self._listing(frames)
+        total = sum(int(e[3]) for r in self.listings for e in r.get("entries", ())
+                    if e[1] == "file")
+        if not await self._within_cap(total):
+            return False
+        for index, listing in enumerate(self.listings):
+            named = named_secrets(listing, self.pattern)
+            for e in listing.get("entries", ()):
+                if e[7] and not await self._file(frames, index, e, e[0] in named):
+                    return False
+        kind, _ = await frames.next(0)
+        if kind != b"Z":
+            raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+        await self.uploader.flush()
+        return True
+
+    async def _listing(self, frames: Frames) -> list[Any]:
+        kind, head = await frames.next(MAX_HEADER)
+        if kind != b"H":
+            raise CheckpointError("the sandbox's checkpoint output has no listing")
+        try:
+            listings = json.loads(head)["roots"]
+            if not isinstance(listings, list) or len(listings) != self.roots:
+                raise ValueError("wrong number of roots")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"the sandbox's checkpoint listing is malformed: {exc}"
+                                  ) from None
+        return listings
+
+    async def _within_cap(self, size: int) -> bool:
+        if self.max_bytes is not None and size > self.max_bytes:
+            await self.proc.kill()
+            _too_large(size, self.max_bytes, self.on_too_large)
+            return False
+        return True
+
+    async def _file(self, frames: Frames, index: int, e: Any, named: bool) -> bool:
+        """One file's frames: its chunks (held back until scanned), then its end or why it
+        could not be read. False when over the size cap."""
+        scanner = ContentScanner(*self.scan)
+        if named:  # left out of the manifest: its content is not kept
+            scanner.found = "-"
+        digests: list[str] = []
+        size = 0
+        skipped: str | None = None
+        while True:
+            kind, data = await frames.next(CHUNK_BYTES)
+            if kind == b"D":
+                size += len(data)
+                self.received += len(data)
+                if not await self._within_cap(self.received):
+                    return False
+                scanner.feed(data)
+                if scanner.found is None:
+                    digest = hashlib.sha256(data).hexdigest()
+                    digests.append(digest)
+                    scanner.held.append((digest, data))
+                    if len(scanner.held) > 1:
+                        await self.uploader.add(*scanner.held.pop(0))
+            elif kind == b"E":
+                break
+            elif kind == b"X":
+                skipped = "unreadable"
+                log.warning("checkpoint of thread %s: %s left out, unreadable "
+                            "in the sandbox (%s)", self.thread_id, e[0],
+                            data[:200].decode("utf-8", "replace"))
+                break
+            else:
+                raise CheckpointError(f"unexpected frame {kind!r} from the sandbox")
+        if scanner.found == "-":
+            return True
+        if scanner.found is not None:
+            skipped = "secret"
+            log.warning("checkpoint of thread %s: %s left out, it holds the "
+                        "value of secret %s", self.thread_id, e[0], scanner.found)
+        if skipped is None:
+            for held in scanner.held:
+                await self.uploader.add(*held)
+            self.content[(index, e[0])] = (size, tuple(digests), None)
+        else:  # the listed size: an unchanged file is not read again
+            self.content[(index, e[0])] = (int(e[3]), (), skipped)
+        return True
 
 
 def _too_large(total: int, cap: int, on_too_large: str) -> None:
@@ -674,7 +404,7 @@ def _too_large(total: int, cap: int, on_too_large: str) -> None:
 
 
 def _entries(listing: Any, index: int,
-             content: dict[tuple[int, str], tuple[int, tuple[str, ...], str | None]],
+             content: Content,
              reuse: dict[str, CheckpointEntry], pattern: Any, thread_id: str
              ) -> tuple[CheckpointEntry, ...]:
     """The manifest entries of one root's listing (untrusted: checked here and by
@@ -764,16 +494,9 @@ async def restore_checkpoint(
              if e.kind == "file" and e.skipped is None]
     err: list[bytes] = []
     out: list[bytes] = []
-    proc = await _spawn(handle, python, handle.workdir)
-
-    async def read_out() -> None:
-        async for part in proc.stdout:
-            if sum(map(len, out)) < 4096:
-                out.append(part)
-
-    try:
+    async with running_script(handle, python) as proc:
         try:
-            await proc.write_stdin(_HEAD.pack(b"H", len(head)) + head)
+            await proc.write_stdin(HEAD.pack(b"H", len(head)) + head)
             await _send_files(proc, store, files)
         except (BrokenPipeError, anyio.BrokenResourceError):
             pass  # the script refused and exited: its answer says why
@@ -782,14 +505,8 @@ async def restore_checkpoint(
         result = await proc.wait()
         # read after the exit: the script writes one short line (and a traceback at worst),
         # well under a pipe's buffer
-        await read_out()
-        await _stderr_of(proc, err)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await proc.kill(signal.SIGKILL)
-        raise
-    finally:
-        await _release(proc)
+        await first_bytes(proc.stdout, out)
+        await first_bytes(proc.stderr, err)
     answer = b"".join(out).decode("utf-8", "replace").strip()
     if not result.ok or answer != '{"ok": true}':
         detail = answer or b"".join(err)[-500:].decode("utf-8", "replace").strip()
@@ -808,7 +525,7 @@ async def _send_files(proc: Process, store: CheckpointStore, files: list[Checkpo
     batches: list[list[CheckpointEntry]] = [[]]
     size = 0
     for e in files:
-        if batches[-1] and size + e.size > _BATCH_BYTES:
+        if batches[-1] and size + e.size > BATCH_BYTES:
             batches.append([])
             size = 0
         batches[-1].append(e)
@@ -821,7 +538,7 @@ async def _send_files(proc: Process, store: CheckpointStore, files: list[Checkpo
         if lost:
             raise CheckpointError(f"the store lacks {len(lost)} chunk(s) of this checkpoint")
         return await anyio.to_thread.run_sync(
-            lambda: {d: _decode(d, data) for d, data in got.items()})
+            lambda: {d: decode(d, data) for d, data in got.items()})
 
     async def prefetch(batch: list[CheckpointEntry], slot: dict[str, Any],
                        done: anyio.Event) -> None:
@@ -832,7 +549,7 @@ async def _send_files(proc: Process, store: CheckpointStore, files: list[Checkpo
         finally:
             done.set()
 
-    end = _HEAD.pack(b"E", 0)
+    end = HEAD.pack(b"E", 0)
     failed: Exception | None = None
     # the next batch is fetched and checked while this one is written into the sandbox
     async with anyio.create_task_group() as tg:
@@ -857,7 +574,7 @@ async def _send_files(proc: Process, store: CheckpointStore, files: list[Checkpo
                 for e in batch:
                     for d in e.chunks:
                         raw = chunks[d]
-                        out.append(_HEAD.pack(b"D", len(raw)))
+                        out.append(HEAD.pack(b"D", len(raw)))
                         out.append(raw)
                     out.append(end)
                 del slot, chunks

@@ -30,13 +30,8 @@ from typing import Any, Final
 import anyio
 
 from corral._errors import CorralError
-from corral.sandbox._checkpoint import (
-    CHUNK_BYTES,
-    _decode,
-    _encode,
-    checkpoint_workspace,
-    restore_checkpoint,
-)
+from corral.sandbox._checkpoint import checkpoint_workspace, restore_checkpoint
+from corral.sandbox._checkpoint_chunks import CHUNK_BYTES, decode, encode
 from corral.sandbox._contracts import Handle
 from corral.sandbox._key import RunContext
 from corral.sandbox._redact import Redactor, get_logger
@@ -153,7 +148,7 @@ async def session_part(store: CheckpointStore, session: StoredSession) -> Sessio
         missing = await store.missing_chunks(list(chunks))
         if missing:
             encoded = await anyio.to_thread.run_sync(
-                lambda: {d: _encode(chunks[d]) for d in missing})
+                lambda: {d: encode(chunks[d]) for d in missing})
             await store.put_chunks(encoded)
     ordered = tuple(sorted(entries.values(), key=lambda e: (e.path.count("/"), e.path)))
     return SessionPart(session.harness, session.session_id or "", SESSION_ROOT, ordered)
@@ -168,7 +163,7 @@ async def session_of(store: CheckpointStore, part: SessionPart, thread_id: str,
     if wanted - set(got):
         raise CorruptCheckpoint(f"the store lacks {len(wanted - set(got))} chunk(s) of a "
                                 "saved session")
-    raw = {d: _decode(d, data) for d, data in got.items()}
+    raw = {d: decode(d, data) for d, data in got.items()}
     out = {e.path: b"".join(raw[d] for d in e.chunks) for e in files}
     if posixpath.normpath(part.root) != SESSION_ROOT:
         raise CorruptCheckpoint(f"a saved session rooted at {part.root[:200]!r}, not the "

@@ -28,8 +28,6 @@ does is confined by the sandbox and the policy as for ``corral run``.
 
 from __future__ import annotations
 
-import fcntl
-import io
 import json
 import os
 import uuid
@@ -58,6 +56,18 @@ from corral.server._acp_files import (
     changed_files,
     safe_relative,
 )
+from corral.server._acp_rpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+    ConnectionGone,
+    Rpc,
+    RpcError,
+    stdio_lines,
+)
 from corral.server._acp_updates import UpdateTranslator, text_chunk
 from corral.server._service import RunService
 from corral.stores._records import RunRecord, RunStatus
@@ -72,13 +82,6 @@ PERMISSION_POLL: Final = 0.25
 """Seconds between looks for a run's pending approvals (the store is the channel)."""
 MAX_PROMPT: Final = 1 << 20
 
-# JSON-RPC error codes
-PARSE_ERROR: Final = -32700
-INVALID_REQUEST: Final = -32600
-METHOD_NOT_FOUND: Final = -32601
-INVALID_PARAMS: Final = -32602
-INTERNAL_ERROR: Final = -32603
-RESOURCE_NOT_FOUND: Final = -32002
 
 ALLOW_OPTION: Final = "allow"
 DENY_OPTION: Final = "deny"
@@ -97,19 +100,6 @@ RequestFactory = Callable[[SessionRequest], RunRequest]
 """Builds the run of a prompt (the command line's harness, provider and sandbox)."""
 
 
-class RpcError(Exception):
-    """A JSON-RPC error answer."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class ConnectionGone(Exception):
-    """The editor closed the connection."""
-
-
 @dataclass
 class _Session:
     session_id: str
@@ -126,59 +116,6 @@ class _Session:
     (:mod:`corral.server._acp_files`)."""
 
 
-class _Rpc:
-    """Newline-delimited JSON-RPC 2.0 over two byte channels: our requests and their
-    answers, notifications, and answers to the peer's requests."""
-
-    def __init__(self, send_line: Callable[[bytes], Awaitable[None]]) -> None:
-        self._send_line = send_line
-        self._lock = anyio.Lock()
-        self._next = 0
-        self._waiting: dict[int, tuple[anyio.Event, list[Any]]] = {}
-        self.closed = False
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if self.closed:
-            raise ConnectionGone()
-        data = json.dumps({"jsonrpc": "2.0", **message}, separators=(",", ":")).encode()
-        async with self._lock:
-            await self._send_line(data + b"\n")
-
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
-        await self.send({"method": method, "params": params})
-
-    async def request(self, method: str, params: dict[str, Any]) -> Any:
-        self._next += 1
-        rid = self._next
-        done = anyio.Event()
-        slot: list[Any] = []
-        self._waiting[rid] = (done, slot)
-        try:
-            await self.send({"id": rid, "method": method, "params": params})
-            await done.wait()
-        finally:
-            self._waiting.pop(rid, None)
-        if not slot:
-            raise ConnectionGone()
-        answer = slot[0]
-        if "error" in answer:
-            err = answer["error"] if isinstance(answer["error"], dict) else {}
-            raise RpcError(int(err.get("code", INTERNAL_ERROR)), str(err.get("message", "")))
-        return answer.get("result")
-
-    def answered(self, message: dict[str, Any]) -> None:
-        rid = message.get("id")
-        waiting = self._waiting.get(rid) if isinstance(rid, int) else None
-        if waiting is not None:
-            waiting[1].append(message)
-            waiting[0].set()
-
-    def close(self) -> None:
-        self.closed = True
-        for done, _slot in self._waiting.values():
-            done.set()
-
-
 class AcpAgent:
     """One ACP connection (see the module docstring), keeping its runs with ``service``
     (use inside :meth:`RunService.running`); ``make_request`` builds each prompt's run."""
@@ -191,7 +128,7 @@ class AcpAgent:
         self.sessions: dict[str, _Session] = {}
         self.editor_writes = False
         """The editor advertised ``fs.writeTextFile``: edits go through it."""
-        self._rpc: _Rpc | None = None
+        self._rpc: Rpc | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
     # ------------------------------------------------------------------ the connection
@@ -200,7 +137,7 @@ class AcpAgent:
                     send_line: Callable[[bytes], Awaitable[None]]) -> None:
         """Answer the editor until it closes the connection (``receive_line`` returns
         ``b""``); then stop following every run (they go on, detached)."""
-        rpc = self._rpc = _Rpc(send_line)
+        rpc = self._rpc = Rpc(send_line)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             while True:
@@ -665,38 +602,9 @@ _HANDLERS: Final[dict[str, Callable[[AcpAgent, dict[str, Any]], Awaitable[Any]]]
 }
 
 
-MAX_LINE: Final = 64 << 20
-"""Bytes of one message from the editor; a longer line is refused as not JSON."""
-
-
 async def serve_stdio(service: RunService, make_request: RequestFactory) -> None:
-    """Speak ACP on this process's stdin/stdout until the editor closes stdin. The
-    protocol gets private copies of fds 0 and 1; fd 1 then points at stderr (and fd 0 at
-    ``/dev/null``), so nothing else this process or its children print can corrupt it."""
-    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(2, 1)
-    reader = io.BufferedReader(io.FileIO(wire_in, "rb"), buffer_size=1 << 16)
-    writer = io.FileIO(wire_out, "wb")
-
-    async def receive_line() -> bytes:
-        line: bytes = await anyio.to_thread.run_sync(reader.readline, MAX_LINE,
-                                                     abandon_on_cancel=True)
-        return line
-
-    def write_all(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[writer.write(view) or 0:]
-
-    async def send_line(data: bytes) -> None:
-        try:
-            await anyio.to_thread.run_sync(write_all, data)
-        except OSError:  # the editor is gone (EPIPE)
-            raise ConnectionGone() from None
-
+    """Speak ACP on this process's stdin/stdout (:func:`~corral.server._acp_rpc.stdio_lines`)
+    until the editor closes stdin."""
+    receive_line, send_line = stdio_lines()
     async with service.running():
         await AcpAgent(service, make_request).serve(receive_line, send_line)

@@ -17,6 +17,10 @@ call was sent leaves the append undecided (it may have committed): that is repor
 retried; a connection found dead before, or a call the server refused before running it, is
 retried once on a fresh connection.
 
+How a call runs on the pool and waits out an outage is :mod:`corral.stores._pg_calls`'s; the
+instance records, locks and saved sessions are mixins of their own (``_pg_instances``,
+``_pg_sessions``), as the checkpoints are (``_pg_checkpoints``).
+
 Tails wait for ``LISTEN/NOTIFY`` wake-ups through one listening connection per process
 (:mod:`corral.stores._pg_listen`) and re-read every ``fallback`` seconds regardless.
 
@@ -47,31 +51,27 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 
-from corral._errors import ConfigError
-from corral._log import library_logger
 from corral.stores import _logic
-from corral.stores._pg_direct import LoopStatement, MaybeRun, NotRun, Row, int_array, text_array
+from corral.stores._pg_direct import LoopStatement, int_array, text_array
 from corral.stores._pg_listen import CHANNEL, LISTEN_NAME, Hub, RunWakeups, payload
 from corral.stores._pg_listen import subscribe, unsubscribe
+from corral.stores._pg_calls import Conn, PgCalls, connect_error
 from corral.stores._pg_checkpoints import PostgresCheckpoints
+from corral.stores._pg_instances import INSTANCE_SQL, PostgresInstances
+from corral.stores._pg_sessions import SESSION_SQL, PostgresSessions
 from corral.stores._pg_schema import ensure_schema, qualify
 from corral.stores._pg_url import PgTarget, parse_postgres_url
 from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    InstanceRecord,
-    InvalidEvent,
     LoggedEvent,
     LogTail,
     NewRun,
     RunActive,
     RunExists,
-    SessionInfo,
     SessionLimits,
-    StoredSession,
     StoreError,
-    StoreUnavailable,
     UnknownApproval,
     UnknownRun,
 )
@@ -91,10 +91,7 @@ if logging.getLogger("psycopg.pool").level == logging.NOTSET:
 
 __all__ = ["PostgresStore"]
 
-log = library_logger("corral.stores._postgres")
-
 _T = TypeVar("_T")
-Conn = psycopg.Connection[tuple[Any, ...]]
 
 _READ_BATCH: Final = 1000
 FALLBACK_POLL: Final = 5.0
@@ -104,72 +101,6 @@ _APPEND: Final = (
     "SELECT o_exists, o_epoch, o_closed, o_first "
     "FROM {s}.append_events($1, $2::bigint, $3::bigint[], $4::text[], $5, $6)"
 )
-
-
-class _CommitLost(StoreError):
-    """The connection died during COMMIT: the write may or may not have landed."""
-
-
-class _PoolTimedOut(StoreError):
-    """No pooled connection was handed out within ``pool_wait``."""
-
-
-class _Outage:
-    """How a call waits out an outage: while the server cannot be reached at all (nothing
-    was written), retry with backoff for up to ``outage_wait`` seconds, then fail with
-    :class:`StoreUnavailable`. So a driver pauses through a database restart instead of
-    failing its run."""
-
-    def __init__(self, target: PgTarget) -> None:
-        self.target = target
-        self.started: float | None = None
-        self.delay = 0.1
-
-    def next_wait(self) -> float:
-        """Seconds to wait before the next try; raises once the budget is spent."""
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-            log.warning("PostgreSQL at %s cannot be reached; waiting up to %d s for it",
-                        self.target.where, self.target.outage_wait)
-        if now - self.started >= self.target.outage_wait:
-            raise StoreUnavailable(
-                f"PostgreSQL at {self.target.where} could not be reached for "
-                f"{self.target.outage_wait} s; nothing was written, try again once it is back")
-        wait, self.delay = self.delay, min(self.delay * 2, 2.0)
-        return wait
-
-
-class _Broken(Exception):
-    """A connection failed before the transaction could commit: nothing was written."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
-def connect_error(target: PgTarget, exc: BaseException) -> StoreError | ConfigError:
-    """One line for a failed connection attempt: where, why, and what to do. A value libpq
-    refuses (``port=99999``, ``sslmode=nonsense``) is the URL's fault: a ConfigError."""
-    text = target.scrub(str(exc)).strip()
-    lower = text.lower()
-    if "connection refused" in lower:
-        return StoreError(f"cannot reach PostgreSQL at {target.where}: connection refused; "
-                          "is the server running?")
-    reason = text.splitlines()[0].strip() if text else type(exc).__name__
-    if reason.startswith("connection is bad: invalid"):
-        return ConfigError(f"store URL {target.url}: {reason.removeprefix('connection is bad: ')}")
-    reason = reason.rpartition(" failed: ")[2] if " failed: " in reason else reason
-    reason = reason.removeprefix("FATAL:").strip()
-    hint = ""
-    if "does not exist" in lower and "database" in lower:
-        hint = "; create it first (createdb) or fix the URL"
-    elif "authentication failed" in lower or "password" in lower:
-        hint = "; check the user and password"
-    elif "timeout" in lower or "resolve host" in lower or "translate host" in lower:
-        hint = "; check the host name and port, and that the server is reachable"
-    return StoreError(f"cannot open PostgreSQL store {target.where}: {reason}{hint}")
 
 
 def _load(conn: Conn, sql: Mapping[str, str], run_id: str) -> tuple[int, RunRecord] | None:
@@ -246,25 +177,6 @@ _SQL: Final = {
         "JOIN {s}.runs r ON e.run_seq = r.seq WHERE r.run_id = %s ORDER BY e.log_offset"
     ),
     "tail": "SELECT last_offset, last_journal_offset, log_closed FROM {s}.runs WHERE run_id = %s",
-    "get_instance": "SELECT doc FROM {s}.instances WHERE key = %s",
-    "upsert_instance": (
-        "INSERT INTO {s}.instances (key, expires_at, doc) VALUES (%s, %s, %s) "
-        "ON CONFLICT (key) DO UPDATE SET expires_at = EXCLUDED.expires_at, doc = EXCLUDED.doc"
-    ),
-    "delete_instance": "DELETE FROM {s}.instances WHERE key = %s",
-    "expired_instances": (
-        "SELECT doc FROM {s}.instances WHERE expires_at IS NOT NULL AND expires_at <= %s "
-        "ORDER BY expires_at, key"
-    ),
-    # Taken when free, lapsed (inclusive) or already ours: one statement, so two hosts
-    # racing for a free lock cannot both win.
-    "try_lock": (
-        "INSERT INTO {s}.locks AS l (name, owner, expires_at) VALUES (%s, %s, %s) "
-        "ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, "
-        "expires_at = EXCLUDED.expires_at WHERE l.owner = EXCLUDED.owner OR l.expires_at <= %s "
-        "RETURNING 1"
-    ),
-    "unlock": "DELETE FROM {s}.locks WHERE name = %s AND owner = %s",
     "add_approval": (
         "INSERT INTO {s}.approvals (run_id, approval_id, tool, args, call_id, created_at, "
         "expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s) "
@@ -286,32 +198,6 @@ _SQL: Final = {
         "INSERT INTO {s}.secrets (name, value) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING"
     ),
     "get_secret": "SELECT value FROM {s}.secrets WHERE name = %s",
-    # The header's upsert comes first: its row lock serializes writers of one session, so
-    # the DELETE that follows (a fresh snapshot under READ COMMITTED) sees the files of
-    # whichever writer committed last, and no two writers' files ever mix.
-    "put_session": (
-        "INSERT INTO {s}.sessions AS h (thread_id, harness, session_id, saved_at, run_id, "
-        "size, files) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (thread_id, harness) DO UPDATE SET session_id = EXCLUDED.session_id, "
-        "saved_at = EXCLUDED.saved_at, run_id = EXCLUDED.run_id, size = EXCLUDED.size, "
-        "files = EXCLUDED.files"
-    ),
-    "clear_session_files": "DELETE FROM {s}.session_files WHERE thread_id = %s AND harness = %s",
-    "put_session_file": (
-        "INSERT INTO {s}.session_files (thread_id, harness, path, data) VALUES (%s, %s, %s, %s)"
-    ),
-    # one statement, so one snapshot: the header and files of one committed put
-    "get_session": (
-        "SELECT h.session_id, h.saved_at, h.run_id, f.path, f.data FROM {s}.sessions h "
-        "LEFT JOIN {s}.session_files f ON f.thread_id = h.thread_id AND f.harness = h.harness "
-        "WHERE h.thread_id = %s AND h.harness = %s"
-    ),
-    "list_sessions": (
-        "SELECT harness, session_id, size, files, saved_at, run_id FROM {s}.sessions "
-        "WHERE thread_id = %s ORDER BY harness"
-    ),
-    "delete_session_files": "DELETE FROM {s}.session_files WHERE thread_id = %s",
-    "delete_sessions": "DELETE FROM {s}.sessions WHERE thread_id = %s",
 }
 
 
@@ -328,7 +214,8 @@ def _run_row(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
+class PostgresStore(_logic.RunTransitions, PgCalls, PostgresInstances, PostgresSessions,
+                    PostgresCheckpoints):
     """All store protocols over one PostgreSQL database (``postgresql://…``).
 
     Open with :meth:`open` (or :func:`corral.stores.open_store`); ``fallback`` is how many
@@ -350,7 +237,8 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
         self._pool = pool
         self._clock = clock
         self._fallback = fallback
-        self._sql = {name: qualify(text, target.schema) for name, text in _SQL.items()}
+        self._sql = {name: qualify(text, target.schema)
+                     for name, text in (_SQL | INSTANCE_SQL | SESSION_SQL).items()}
         self._secrets: dict[str, bytes] = {}  # read so far: a stored secret never changes
         self._append_statement = LoopStatement("corral_append", qualify(_APPEND, target.schema))
         self._wakeups = RunWakeups(target.schema)
@@ -416,139 +304,6 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
         await anyio.to_thread.run_sync(self._pool.close, 10.0)
         if thread is not None and thread.is_alive():
             await anyio.to_thread.run_sync(thread.join, 10.0)
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _error(self, exc: BaseException) -> StoreError:
-        if isinstance(exc, psycopg_pool.PoolTimeout):
-            return _PoolTimedOut(
-                f"PostgreSQL store {self.target.where}: all {self.target.pool_max} connections "
-                f"stayed busy for {self.target.pool_wait} s; raise pool_max in the store URL")
-        if isinstance(exc, psycopg_pool.PoolClosed) or self._closed:
-            return StoreError(f"PostgreSQL store {self.target.where} is closed")
-        if isinstance(exc, psycopg.OperationalError):
-            return StoreError(f"lost the connection to PostgreSQL at {self.target.where}: "
-                              f"{self.target.scrub(_first_line(exc))}")
-        return StoreError(f"PostgreSQL store {self.target.where}: "
-                          f"{self.target.scrub(_first_line(exc))}")
-
-    def _attempt(self, fn: Callable[[Conn], _T], write: bool) -> _T:
-        with self._pool.connection() as conn:
-            if not write:
-                try:
-                    return fn(conn)
-                except psycopg.OperationalError as exc:
-                    if conn.broken:
-                        raise _Broken() from exc
-                    raise
-            body_done = False
-            try:
-                with conn.transaction():
-                    result = fn(conn)
-                    body_done = True
-            except psycopg.OperationalError as exc:
-                if conn.broken and not body_done:
-                    # before COMMIT: the server rolls back what it got, a retry is safe
-                    raise _Broken() from exc
-                if conn.broken:
-                    raise _CommitLost(
-                        f"lost the connection to PostgreSQL at {self.target.where} while "
-                        "committing: the write may or may not have been applied") from None
-                raise
-            return result
-
-    def _run(self, fn: Callable[[Conn], _T], write: bool) -> _T:
-        """:meth:`_run_once`, waiting out an outage (:class:`_Outage`)."""
-        outage = _Outage(self.target)
-        while True:
-            try:
-                return self._run_once(fn, write)
-            except StoreError as exc:
-                if self._closed or not self._unreachable(exc):
-                    raise
-                time.sleep(outage.next_wait())
-
-    def _unreachable(self, exc: StoreError) -> bool:
-        """Whether ``exc`` is an outage (no connection to the server can be made now) rather
-        than a busy pool or a failed statement: a fresh connection attempt decides."""
-        if isinstance(exc, StoreUnavailable | _CommitLost):
-            return False  # (a lost COMMIT is never retried: it may have landed)
-        if isinstance(exc, _PoolTimedOut):
-            # Fewer connections than pool_max yet none handed out: the pool cannot (re)make
-            # them, an outage (or its tail: the pool reconnects with its own backoff).
-            if self._pool.get_stats().get("pool_size", 0) < self.target.pool_max:
-                return True
-        try:
-            with psycopg.connect(self.target.dsn(connect_timeout=2), autocommit=True):
-                return False
-        except psycopg.Error:
-            return True
-
-    def _run_once(self, fn: Callable[[Conn], _T], write: bool) -> _T:
-        """Run ``fn`` in one transaction (one statement, autocommit, when it only reads).
-        A connection that turns out dead before anything was written (a restarted server
-        leaves the whole pool dead) is replaced and the operation tried once more."""
-        try:
-            try:
-                return self._attempt(fn, write)
-            except _Broken:
-                self._pool.check()  # drop the pool's other dead connections too
-                try:
-                    return self._attempt(fn, write)
-                except _Broken as again:
-                    assert again.__cause__ is not None
-                    raise again.__cause__ from None
-        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
-            raise self._error(exc) from None
-        except UnicodeEncodeError as exc:
-            # a lone surrogate in a string: not representable in UTF-8 (nor in SQLite)
-            raise InvalidEvent(f"a value is not valid Unicode text: {exc.reason}") from None
-
-    async def _tx(self, fn: Callable[[Conn], _T]) -> _T:
-        """``fn`` in one transaction, in a worker thread."""
-        return await anyio.to_thread.run_sync(self._run, fn, True)
-
-    async def _direct(self, statement: LoopStatement, params: Sequence[str | None]) -> Row:
-        """:meth:`_direct_once`, waiting out an outage (:class:`_Outage`)."""
-        outage = _Outage(self.target)
-        while True:
-            try:
-                return await self._direct_once(statement, params)
-            except StoreError as exc:
-                if self._closed or not await anyio.to_thread.run_sync(self._unreachable, exc):
-                    raise
-                await anyio.sleep(outage.next_wait())
-
-    async def _direct_once(self, statement: LoopStatement, params: Sequence[str | None]) -> Row:
-        """``statement`` in autocommit mode from the event loop (no worker thread): its
-        first row. A connection found dead before the statement ran (a restarted server
-        leaves the whole pool dead) is replaced and the statement tried once more; one lost
-        after it was sent is a :class:`StoreError` saying the write may or may not have been
-        applied."""
-        try:
-            try:
-                return await statement.first_row(self._pool, params)
-            except NotRun:
-                await anyio.to_thread.run_sync(self._pool.check)
-                try:
-                    return await statement.first_row(self._pool, params)
-                except NotRun as again:
-                    assert again.__cause__ is not None
-                    raise again.__cause__ from None
-        except MaybeRun:
-            raise _CommitLost(
-                f"lost the connection to PostgreSQL at {self.target.where} while "
-                "committing: the write may or may not have been applied") from None
-        except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
-            raise self._error(exc) from None
-        except UnicodeEncodeError as exc:
-            raise InvalidEvent(f"a value is not valid Unicode text: {exc.reason}") from None
-
-    async def _stmt(self, fn: Callable[[Conn], _T]) -> _T:
-        """``fn`` in autocommit mode, for reads and for single statements that may run twice
-        (no BEGIN/COMMIT round trips): after a lost connection it may be retried whether
-        or not the server ran it."""
-        return await anyio.to_thread.run_sync(self._run, fn, False)
 
     def _insert(self, conn: Conn, record: RunRecord) -> bool:
         row = conn.execute(self._sql["insert_run"], (record.run_id, *_run_row(record))).fetchone()
@@ -783,45 +538,6 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
             raise UnknownRun(run_id)
         return LogTail(int(row[0]), None if row[1] is None else int(row[1]), bool(row[2]))
 
-    # ------------------------------------------------------------------ instances
-
-    async def get_instance(self, key: str) -> InstanceRecord | None:
-        sql = self._sql["get_instance"]
-        row = await self._stmt(lambda conn: conn.execute(sql, (key,)).fetchone())
-        if row is None:
-            return None
-        return InstanceRecord.from_dict(_logic.decode_event(row[0]))
-
-    async def upsert_instance(self, record: InstanceRecord) -> None:
-        doc = _logic.json_text(record.to_dict())
-        sql = self._sql["upsert_instance"]
-        await self._stmt(lambda conn: conn.execute(sql, (record.key, record.expires_at, doc)))
-
-    async def delete_instance(self, key: str) -> None:
-        sql = self._sql["delete_instance"]
-        await self._stmt(lambda conn: conn.execute(sql, (key,)))
-
-    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
-        sql = self._sql["expired_instances"]
-        rows = await self._stmt(lambda conn: conn.execute(sql, (float(now),)).fetchall())
-        return [InstanceRecord.from_dict(_logic.decode_event(row[0])) for row in rows]
-
-    # ------------------------------------------------------------------ named locks
-
-    async def try_lock(
-        self, name: str, owner: str, ttl: float, *, now: float | None = None
-    ) -> bool:
-        ttl = _logic.check_ttl(ttl)
-        at = self._now(now)
-        sql = self._sql["try_lock"]
-        row = await self._stmt(
-            lambda conn: conn.execute(sql, (name, owner, at + ttl, at)).fetchone())
-        return row is not None
-
-    async def unlock(self, name: str, owner: str) -> bool:
-        sql = self._sql["unlock"]
-        return await self._tx(lambda conn: conn.execute(sql, (name, owner)).rowcount > 0)
-
     # ------------------------------------------------------------------ approvals
 
     async def add_approval(self, request: ApprovalRequest) -> None:
@@ -898,59 +614,3 @@ class PostgresStore(_logic.RunTransitions, PostgresCheckpoints):
         value = await self._tx(op)
         self._secrets[name] = value
         return value
-
-
-    # ------------------------------------------------------------------ saved sessions
-
-    async def put_session(self, session: StoredSession) -> SessionInfo:
-        stored = _logic.checked_session(session, self.session_limits)
-        info = stored.info()
-        key = (stored.thread_id, stored.harness)
-        sql = self._sql
-
-        def op(conn: Conn) -> None:
-            conn.execute(sql["put_session"], (*key, info.session_id, info.saved_at,
-                                              info.run_id, info.size, info.files))
-            conn.execute(sql["clear_session_files"], key)
-            with conn.cursor() as cur:
-                cur.executemany(sql["put_session_file"],
-                                [(*key, path, data) for path, data in stored.files.items()])
-
-        await self._tx(op)
-        return info
-
-    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
-        sql = self._sql["get_session"]
-
-        def op(conn: Conn) -> list[tuple[Any, ...]]:
-            # binary results: the files come as they are, not as hex text twice their size
-            with conn.cursor(binary=True) as cur:
-                return cur.execute(sql, (thread_id, harness)).fetchall()
-
-        rows = await self._stmt(op)
-        if not rows:
-            return None
-        session_id, saved_at, run_id = rows[0][:3]
-        files = [(path, data) for *_h, path, data in rows if path is not None]
-        return _logic.session_from_rows(thread_id, harness, session_id, saved_at, run_id,
-                                        files)
-
-    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
-        sql = self._sql["list_sessions"]
-        rows = await self._stmt(lambda conn: conn.execute(sql, (thread_id,)).fetchall())
-        return [SessionInfo(thread_id, h, sid, int(size), int(n), float(at), rid)
-                for h, sid, size, n, at, rid in rows]
-
-    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
-        sql = self._sql
-        extra = "" if harness is None else " AND harness = %s"
-        args = (thread_id,) if harness is None else (thread_id, harness)
-
-        def op(conn: Conn) -> int:
-            # the headers first: their row locks wait out a put in flight, whose files the
-            # next statement (a fresh snapshot) then sees and removes
-            count = int(conn.execute(sql["delete_sessions"] + extra, args).rowcount)
-            conn.execute(sql["delete_session_files"] + extra, args)
-            return count
-
-        return await self._tx(op)

@@ -18,6 +18,11 @@ here back to back; ~660 µs and ~350 µs after 15 ms idle, p90 2.4–2.9 ms and 
 checkpoint does ``fsync``): one in :data:`_THREAD_EVERY` of its writes goes through the
 writer's thread instead, whose commit checkpoints a WAL of 1000 pages or more.
 
+The connections, and the schema's upgrade on open, are :mod:`corral.stores._sqlite_conn`'s;
+the instance records and locks, and the saved sessions, are mixins of their own
+(``_sqlite_instances``, ``_sqlite_sessions``), as the checkpoints are
+(``_sqlite_checkpoints``).
+
 ``synchronous=NORMAL`` (the default) survives process crashes; a power loss can drop the last
 transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
 """
@@ -25,10 +30,8 @@ transactions. Use ``sqlite:///path?synchronous=full`` to fsync every commit.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import sqlite3
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -39,8 +42,6 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from corral._log import library_logger
-from corral._paths import storage_problem
 from corral.stores._records import (
     CorruptRecord,
     RunRecord,
@@ -52,15 +53,12 @@ from corral.stores._protocols import (
     ApprovalAnswer,
     ApprovalExists,
     ApprovalRequest,
-    InstanceRecord,
     LoggedEvent,
     LogTail,
     NewRun,
     RunActive,
     RunExists,
-    SessionInfo,
     SessionLimits,
-    StoredSession,
     StoreError,
     UnknownApproval,
     UnknownRun,
@@ -69,16 +67,16 @@ from corral.stores import _logic
 from corral.stores._signal import NotifySignal
 from corral.stores._checkpoints import ThreadHead, manifest_from_bytes
 from corral.stores._sqlite_checkpoints import SQLiteCheckpoints
+from corral.stores._sqlite_conn import Busy, Conn, open_schema, store_error
+from corral.stores._sqlite_instances import SQLiteInstances
+from corral.stores._sqlite_sessions import SQLiteSessions
 from corral.stores._sqlite_tables import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
     latest_runs,
     records,
     runs_of_thread,
 )
 
 _T = TypeVar("_T")
-log = library_logger("corral.stores._sqlite")
 
 
 _UNATTENDED: Final = "COALESCE(detached_since, json_extract(doc, '$.claim_expires_at'))"
@@ -96,103 +94,6 @@ loop's connection never checkpoints): so the WAL stays bounded."""
 _READ_BATCH: Final = 1000
 _FALLBACK_POLL: Final = 1.0
 """Seconds a tailer waits for a poke before re-checking the store anyway."""
-
-
-def store_error(path: Path, exc: sqlite3.Error, doing: str = "cannot use") -> StoreError:
-    """One line for a SQLite failure: the file, SQLite's reason and, when the file system
-    is read-only or full (SQLite's own words are vague: "disk I/O error", "unable to open
-    database file"), that and the fix."""
-    problem = storage_problem(path)
-    if problem is None and not _writable(path):
-        return StoreError(
-            f"{doing} SQLite store {path}: permission denied ({exc}); fix the owner or mode "
-            "of the file or its directory, or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
-        )
-    if problem is None:
-        return StoreError(f"{doing} SQLite store {path}: {exc}")
-    return StoreError(
-        f"{doing} SQLite store {path}: the file system is {problem} ({exc}); "
-        + ("make it writable" if problem == "read-only" else "free some space")
-        + " or point CORRAL_STORE (or CORRAL_HOME) elsewhere"
-    )
-
-
-def _writable(path: Path) -> bool:
-    """Whether this process may write ``path`` (or create it in its nearest existing
-    directory)."""
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    if p.is_dir():
-        return os.access(p, os.W_OK | os.X_OK)
-    return os.access(p, os.W_OK) and os.access(p.parent, os.W_OK | os.X_OK)
-
-
-class _Busy:
-    """What :meth:`_Conn.transact_now` returns when it would have had to wait."""
-
-
-_BUSY: Final = _Busy()
-
-
-class _Conn:
-    """One sqlite3 connection, used by one thread at a time."""
-
-    def __init__(self, path: Path, synchronous: str, *, wait: bool = True) -> None:
-        """``wait=False``: a connection for :meth:`transact_now` (busy timeout 0, never
-        checkpoints)."""
-        self.path = path
-        self.conn = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=30.0 if wait else 0.0
-        )
-        self.conn.execute(f"PRAGMA busy_timeout = {30000 if wait else 0}")
-        self.conn.execute(f"PRAGMA synchronous = {synchronous}")
-        if not wait:
-            self.conn.execute("PRAGMA wal_autocheckpoint = 0")
-        self.lock = threading.Lock()
-
-    def _transaction(self, fn: Callable[[sqlite3.Connection], _T], begin: str) -> _T:
-        self.conn.execute(begin)
-        try:
-            result = fn(self.conn)
-            self.conn.execute("COMMIT")
-        except BaseException:
-            # also after a failed COMMIT (disk full): SQLite may have kept the
-            # transaction open, and the next BEGIN would fail on it
-            if self.conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    self.conn.execute("ROLLBACK")
-            raise
-        return result
-
-    def transact(self, fn: Callable[[sqlite3.Connection], _T], begin: str) -> _T:
-        with self.lock:
-            try:
-                return self._transaction(fn, begin)
-            except sqlite3.Error as exc:
-                # nothing was written (the transaction rolled back); callers and the CLI
-                # get one StoreError line instead of a sqlite3 traceback
-                raise store_error(self.path, exc) from None
-
-    def transact_now(self, fn: Callable[[sqlite3.Connection], _T], begin: str) -> _T | _Busy:
-        """:meth:`transact` on the calling thread, or :data:`_BUSY` (nothing written) when
-        that would wait: the connection is in use, or SQLite does not grant the transaction
-        at once (with a busy timeout of 0 it says SQLITE_BUSY instead of waiting). ``fn``
-        may then run again elsewhere: it must do nothing but read and write the database."""
-        if not self.lock.acquire(blocking=False):
-            return _BUSY
-        try:
-            return self._transaction(fn, begin)
-        except sqlite3.Error as exc:
-            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                return _BUSY
-            raise store_error(self.path, exc) from None
-        finally:
-            self.lock.release()
-
-    def close(self) -> None:
-        with self.lock:
-            self.conn.close()
 
 
 def _load(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
@@ -248,7 +149,7 @@ def _fetch_after(
 
 
 
-class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
+class SQLiteStore(_logic.RunTransitions, SQLiteInstances, SQLiteSessions, SQLiteCheckpoints):
     """All store protocols over one SQLite file (``sqlite:///path/to/file.db``)."""
 
     def __init__(
@@ -275,77 +176,30 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
         """Shared secrets read so far: a stored secret never changes (insert-if-absent),
         so each is read once per store object, not once per use (every ensure uses one)."""
         try:
-            self._writer = _Conn(self.path, synchronous)
+            self._writer = Conn(self.path, synchronous)
         except sqlite3.Error as exc:
             raise store_error(self.path, exc, "cannot open") from None
-        self._init_schema()
         try:
-            self._reader = _Conn(self.path, synchronous)
+            self.migrated_from = open_schema(self._writer.conn, self.path)
+        except StoreError:
+            self._writer.close()
+            raise
+        try:
+            self._reader = Conn(self.path, synchronous)
         except sqlite3.Error as exc:
             self._writer.close()
             raise store_error(self.path, exc, "cannot open") from None
-        self._soon: _Conn | None = None
+        self._soon: Conn | None = None
         """The event loop's connection (:meth:`_write_soon`); None where commits fsync."""
         if synchronous in _LOOP_SYNCHRONOUS:
             try:
-                self._soon = _Conn(self.path, synchronous, wait=False)
+                self._soon = Conn(self.path, synchronous, wait=False)
             except sqlite3.Error as exc:
                 self._writer.close()
                 self._reader.close()
                 raise store_error(self.path, exc, "cannot open") from None
         self._soon_writes = 0
         self._signal = NotifySignal(Path(str(self.path) + ".notify"))
-
-    def _init_schema(self) -> None:
-        conn = self._writer.conn
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"SQLite store {self.path}: WAL mode unavailable (got {mode})")
-            version = self._check_version(conn)
-            if version < SCHEMA_VERSION:
-                self.migrated_from = self._migrate(conn)
-        except (sqlite3.DatabaseError, StoreError) as exc:
-            self._writer.close()
-            if isinstance(exc, StoreError):
-                raise
-            if storage_problem(self.path) is not None or not _writable(self.path):
-                raise store_error(self.path, exc, "cannot open") from None
-            raise StoreError(f"{self.path} is not a usable SQLite store: {exc}") from None
-
-    def _check_version(self, conn: sqlite3.Connection) -> int:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"SQLite store {self.path} has schema version {version}, newer than this "
-                f"corral understands ({SCHEMA_VERSION}); upgrade corral"
-            )
-        return version
-
-    def _migrate(self, conn: sqlite3.Connection) -> int | None:
-        """Bring the file to :data:`SCHEMA_VERSION` in one ``BEGIN IMMEDIATE`` transaction:
-        of several processes opening an old file at once, the first migrates and the others
-        find the new version when they get the lock. Returns the version migrated from,
-        ``None`` when another process had done it."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = self._check_version(conn)  # again, under the lock
-            for step in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[step]:
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {step + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
-        if version == SCHEMA_VERSION:
-            return None
-        if version > 0:  # a new file is not news; an upgraded one is
-            log.info("SQLite store %s: schema migrated from version %d to %d", self.path,
-                     version, SCHEMA_VERSION)
-        return version
 
     async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         return await anyio.to_thread.run_sync(self._writer.transact, fn, "BEGIN IMMEDIATE")
@@ -361,7 +215,7 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
             self._soon_writes += 1
             if self._soon_writes % _THREAD_EVERY:
                 done = self._soon.transact_now(fn, "BEGIN IMMEDIATE")
-                if not isinstance(done, _Busy):
+                if not isinstance(done, Busy):
                     return done
         return await self._write(fn)
 
@@ -370,7 +224,7 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
         await anyio.lowlevel.checkpoint()
         if self._soon is not None:
             done = self._soon.transact_now(fn, "BEGIN")
-            if not isinstance(done, _Busy):
+            if not isinstance(done, Busy):
                 return done
         return await self._read(fn)
 
@@ -599,108 +453,6 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
             raise UnknownRun(run_id)
         return LogTail(int(row[0]), None if row[1] is None else int(row[1]), bool(row[2]))
 
-    # ------------------------------------------------------------------ instances
-
-    async def get_instance(self, key: str) -> InstanceRecord | None:
-        row = await self._read_soon(
-            lambda conn: conn.execute("SELECT doc FROM instances WHERE key = ?", (key,)).fetchone()
-        )
-        if row is None:
-            return None
-        return InstanceRecord.from_dict(_logic.decode_event(row[0]))
-
-    async def upsert_instance(self, record: InstanceRecord) -> None:
-        doc = _logic.json_text(record.to_dict())
-        await self._write_soon(
-            lambda conn: conn.execute(
-                "INSERT OR REPLACE INTO instances (key, expires_at, doc) VALUES (?, ?, ?)",
-                (record.key, record.expires_at, doc),
-            )
-        )
-
-    async def delete_instance(self, key: str) -> None:
-        await self._write_soon(lambda conn: conn.execute("DELETE FROM instances WHERE key = ?", (key,)))
-
-    async def list_expired_instances(self, now: float) -> list[InstanceRecord]:
-        rows = await self._read(
-            lambda conn: conn.execute(
-                "SELECT doc FROM instances WHERE expires_at IS NOT NULL AND expires_at <= ? "
-                "ORDER BY expires_at",
-                (now,),
-            ).fetchall()
-        )
-        return [InstanceRecord.from_dict(_logic.decode_event(row[0])) for row in rows]
-
-    # ------------------------------------------------------------------ named locks
-
-    async def try_lock(
-        self, name: str, owner: str, ttl: float, *, now: float | None = None
-    ) -> bool:
-        ttl = _logic.check_ttl(ttl)
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(
-                "SELECT owner, expires_at FROM locks WHERE name = ?", (name,)
-            ).fetchone()
-            if row is not None and row[0] != owner and float(row[1]) > at:
-                return False
-            conn.execute(
-                "INSERT OR REPLACE INTO locks (name, owner, expires_at) VALUES (?, ?, ?)",
-                (name, owner, at + ttl),
-            )
-            return True
-
-        return await self._write_soon(op)
-
-    async def try_lock_reading_instance(
-        self, name: str, owner: str, ttl: float, key: str, *, now: float | None = None
-    ) -> tuple[bool, InstanceRecord | None]:
-        """:meth:`try_lock`, and when it is taken, the instance record ``key`` as it is
-        under the lock, in the same transaction (one round trip for ``ensure``)."""
-        ttl = _logic.check_ttl(ttl)
-        at = self._now(now)
-
-        def op(conn: sqlite3.Connection) -> tuple[bool, Any]:
-            row = conn.execute(
-                "SELECT owner, expires_at FROM locks WHERE name = ?", (name,)
-            ).fetchone()
-            if row is not None and row[0] != owner and float(row[1]) > at:
-                return False, None
-            conn.execute(
-                "INSERT OR REPLACE INTO locks (name, owner, expires_at) VALUES (?, ?, ?)",
-                (name, owner, at + ttl),
-            )
-            return True, conn.execute(
-                "SELECT doc FROM instances WHERE key = ?", (key,)).fetchone()
-
-        taken, row = await self._write_soon(op)
-        if not taken or row is None:
-            return taken, None
-        return True, InstanceRecord.from_dict(_logic.decode_event(row[0]))
-
-    async def upsert_instance_unlocking(self, record: InstanceRecord, name: str,
-                                        owner: str) -> None:
-        """:meth:`upsert_instance` then :meth:`unlock`, in one transaction (``ensure``'s
-        last record and the release of the key's lock: one round trip)."""
-        doc = _logic.json_text(record.to_dict())
-
-        def op(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR REPLACE INTO instances (key, expires_at, doc) VALUES (?, ?, ?)",
-                (record.key, record.expires_at, doc),
-            )
-            conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
-
-        await self._write_soon(op)
-
-    async def unlock(self, name: str, owner: str) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute("DELETE FROM locks WHERE name = ? AND owner = ?", (name, owner))
-            return cur.rowcount > 0
-
-        return await self._write_soon(op)
-
     # ------------------------------------------------------------------ approvals
 
     async def add_approval(self, request: ApprovalRequest) -> None:
@@ -786,61 +538,3 @@ class SQLiteStore(_logic.RunTransitions, SQLiteCheckpoints):
                                 f"{_logic.SECRET_BYTES} bytes; the store is corrupt")
         self._secrets[name] = value
         return value
-
-    # ------------------------------------------------------------------ saved sessions
-
-    async def put_session(self, session: StoredSession) -> SessionInfo:
-        stored = _logic.checked_session(session, self.session_limits)
-        info = stored.info()
-        key = (stored.thread_id, stored.harness)
-
-        def op(conn: sqlite3.Connection) -> None:
-            # one BEGIN IMMEDIATE transaction: readers see the old session or this one
-            conn.execute("DELETE FROM session_files WHERE thread_id = ? AND harness = ?", key)
-            conn.executemany(
-                "INSERT INTO session_files (thread_id, harness, path, data) VALUES (?, ?, ?, ?)",
-                [(*key, path, data) for path, data in stored.files.items()])
-            conn.execute(
-                "INSERT OR REPLACE INTO sessions (thread_id, harness, session_id, saved_at, "
-                "run_id, size, files) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (*key, info.session_id, info.saved_at, info.run_id, info.size, info.files))
-
-        await self._write(op)
-        return info
-
-    async def get_session(self, thread_id: str, harness: str) -> StoredSession | None:
-        key = (thread_id, harness)
-
-        def op(conn: sqlite3.Connection) -> tuple[Any, list[Any]] | None:
-            head = conn.execute(
-                "SELECT session_id, saved_at, run_id FROM sessions "
-                "WHERE thread_id = ? AND harness = ?", key).fetchone()
-            if head is None:
-                return None
-            return head, conn.execute(
-                "SELECT path, data FROM session_files WHERE thread_id = ? AND harness = ?",
-                key).fetchall()
-
-        found = await self._read(op)  # one read transaction: one instant
-        if found is None:
-            return None
-        (session_id, saved_at, run_id), files = found
-        return _logic.session_from_rows(thread_id, harness, session_id, saved_at, run_id,
-                                        files)
-
-    async def list_sessions(self, thread_id: str) -> list[SessionInfo]:
-        rows = await self._read(lambda conn: conn.execute(
-            "SELECT harness, session_id, size, files, saved_at, run_id FROM sessions "
-            "WHERE thread_id = ? ORDER BY harness", (thread_id,)).fetchall())
-        return [SessionInfo(thread_id, h, sid, int(size), int(n), float(at), rid)
-                for h, sid, size, n, at, rid in rows]
-
-    async def delete_sessions(self, thread_id: str, harness: str | None = None) -> int:
-        where = "thread_id = ?" + ("" if harness is None else " AND harness = ?")
-        args = (thread_id,) if harness is None else (thread_id, harness)
-
-        def op(conn: sqlite3.Connection) -> int:
-            conn.execute(f"DELETE FROM session_files WHERE {where}", args)
-            return int(conn.execute(f"DELETE FROM sessions WHERE {where}", args).rowcount)
-
-        return await self._write(op)

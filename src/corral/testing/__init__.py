@@ -54,16 +54,18 @@ if TYPE_CHECKING or not lazy_namespace(globals()):
         wait_until as wait_until,
         wait_until_async as wait_until_async,
     )
+    from corral.testing._provider_case import ProviderCase as ProviderCase
     from corral.testing._providers import (
         PROVIDER_KIT as PROVIDER_KIT,
-        ProviderCase as ProviderCase,
         check_provider as check_provider,
     )
     from corral.testing._reaper import (
         REAPER_KIT as REAPER_KIT,
+        check_reaper as check_reaper,
+    )
+    from corral.testing._reaper_world import (
         DirSandboxes as DirSandboxes,
         ReaperWorld as ReaperWorld,
-        check_reaper as check_reaper,
     )
     from corral.testing._sessions import (
         SESSION_STORE_KIT as SESSION_STORE_KIT,

@@ -29,7 +29,7 @@ from corral.server._app import create_app
 from corral.server._config import ServerConfig
 from corral.testing._harness_world import HarnessWorld, world
 from corral.testing._kit import Kit
-from corral.testing._model_server import ModelRequest, Reply, Text, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, Text, ToolCall
 from corral.testing._polling import wait_until_async
 
 __all__ = [

@@ -46,7 +46,8 @@ from corral.policy._policy import Policy, Verdict
 from corral.stores import open_store
 from corral.stores._protocols import Store
 from corral.testing._kit import Factory, opened
-from corral.testing._model_server import ModelRequest, ModelServer, Reply, ToolCall
+from corral.testing._model_script import ModelRequest, Reply, ToolCall
+from corral.testing._model_server import ModelServer
 
 __all__ = [
     "FEATURES",

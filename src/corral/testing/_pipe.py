@@ -25,7 +25,7 @@ from corral.stores._protocols import ClaimLost, ClaimRefused, Store, StoreError
 from corral.stores._records import RunError, RunPatch, RunRecord, RunStatus
 from corral.testing._polling import wait_until_async
 from corral.testing._kit import Factory, Kit, KitReport, raises
-from corral.testing._stores import DEADLINE, T0, claimed_run, event, new_run
+from corral.testing._store_fixtures import DEADLINE, T0, claimed_run, event, new_run
 
 __all__ = [
     "PIPE_KIT",
