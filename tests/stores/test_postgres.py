@@ -7,6 +7,7 @@ PostgreSQL server is required (``CORRAL_TEST_POSTGRES``): without one these test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import operator
 import os
@@ -67,11 +68,32 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _own_ports() -> set[int]:
+    """The local ports of this process's TCP sockets (the server sees them as its
+    connections' ``client_port``)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def _backends(application_name: str) -> list[int]:
-    """pids of this test database's connections named ``application_name``."""
-    rows = _sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND application_name = %s", application_name)
-    return [int(r[0]) for r in rows]
+    """pids of this process's connections to the test database named
+    ``application_name`` (not another test process's: the server is shared)."""
+    rows = _sql("SELECT pid, client_port FROM pg_stat_activity WHERE datname = "
+                "current_database() AND application_name = %s", application_name)
+    mine = _own_ports()
+    return [int(r[0]) for r in rows if r[1] in mine]
 
 
 def _closed_port() -> int:
@@ -454,10 +476,12 @@ async def test_a_dead_pooled_connection_is_replaced_before_anything_is_written(
     async with opened(pg_url + "&pool_min=1&pool_max=1") as store:
         await store.create(NewRun("r", "t"))
         claim = await store.acquire_claim("r", "me", 600)
-        for pid in _backends("corral"):
+        assert (first := _backends("corral"))  # the pool's connection, found to be killed
+        for pid in first:
             _sql("SELECT pg_terminate_backend(%s)", pid)
         assert await store.append("r", [({"type": "X"}, 1)], epoch=claim.epoch) == [1]
-        for pid in _backends("corral"):
+        assert (second := _backends("corral")) and not set(second) & set(first)
+        for pid in second:
             _sql("SELECT pg_terminate_backend(%s)", pid)
         got = await store.get("r")
         assert got is not None and got.driver_epoch == claim.epoch

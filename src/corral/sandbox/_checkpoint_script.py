@@ -147,7 +147,10 @@ async def running_script(handle: Handle, python: str) -> AsyncIterator[Process]:
 async def sandbox_source(handle: Handle, python: str, request: bytes
                           ) -> AsyncIterator[SandboxSource]:
     async with running_script(handle, python) as proc:
-        await proc.write_stdin(request)
+        try:
+            await proc.write_stdin(request)
+        except (BrokenPipeError, anyio.BrokenResourceError):
+            pass  # the script ended before reading: its output ends early, which says so
         await proc.close_stdin()
         yield SandboxSource(proc)
 
