@@ -33,12 +33,18 @@ import argparse
 import os
 import statistics
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
 
 from corral.providers._docker import DockerProvider
+
+# The scripts of sandbox_latency (bench/ is sys.path[0]): an agent's commands in a git
+# checkout of corral's sources, and the smallest commands.
+from sandbox_latency import _GIT_ENV, SCRIPTS, _checkout
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -101,9 +107,6 @@ async def main() -> None:
     print(f"{'ratio exec / docker exec (medians)':<34} {statistics.median(rtt) / statistics.median(bare_exec):.2f}x (target <= 1.3x)")
 
 
-# The agent-like script: what a coding agent runs between model turns.
-SCRIPT = [["true"], ["ls", "-la", "/etc"], ["cat", "/etc/os-release"],
-          ["sh", "-c", "echo hi | wc -c"], ["grep", "-c", "root", "/etc/passwd"]]
 BIG = ["head", "-c", str(50 << 20), "/dev/zero"]
 LINES = ["seq", "1", "200000"]
 
@@ -114,6 +117,7 @@ async def paths(runs: int, script_len: int, image: str | None) -> None:
     ho, hn = await old.create(), await new.create()
     api = new.api
     rows: dict[str, list[float]] = {}
+    scripts: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
 
     def add(name: str, value: float) -> None:
         rows.setdefault(name, []).append(value)
@@ -177,23 +181,31 @@ async def paths(runs: int, script_len: int, image: str | None) -> None:
                 add(f"time to interactive: {label}", time.perf_counter() - t)
                 assert r.ok, r
                 await p.destroy(h.ref)
-        # The agent-like script: per command, bare host then the old path then the agent,
-        # each after a 50 ms pause.
-        sums = {"host": 0.0, "old": 0.0, "agent": 0.0}
-        walls = {"host": 0.0, "old": 0.0, "agent": 0.0}
-        for i in range(script_len):
-            cmd = SCRIPT[i % len(SCRIPT)]
-            t0 = time.perf_counter()
-            await anyio.sleep(0.05)
-            t = time.perf_counter()
-            subprocess.run(cmd, capture_output=True, check=True)
-            sums["host"] += time.perf_counter() - t
-            walls["host"] += time.perf_counter() - t0
-            for label, h in (("old", ho), ("agent", hn)):
-                t0 = time.perf_counter()
-                await anyio.sleep(0.05)
-                sums[label] += await ours(h, cmd)
-                walls[label] += time.perf_counter() - t0
+        # The scripts: per command, bare host then the old path then the agent, each after
+        # a 50 ms pause. "trivial" in the container's root; "agent" in a git checkout of
+        # corral's sources (on the host: a copy in a temporary directory).
+        with tempfile.TemporaryDirectory() as tmp:
+            checkout = Path(tmp)
+            _checkout(checkout)
+            for h in (ho, hn):
+                await _copy_checkout(h, checkout)
+            for kind, commands in SCRIPTS.items():
+                host_cwd = str(checkout) if kind == "agent" else None
+                sums = scripts[kind] = ({"host": 0.0, "old": 0.0, "agent": 0.0},
+                                        {"host": 0.0, "old": 0.0, "agent": 0.0})
+                for i in range(script_len):
+                    cmd = commands[i % len(commands)]
+                    t0 = time.perf_counter()
+                    await anyio.sleep(0.05)
+                    t = time.perf_counter()
+                    subprocess.run(cmd, capture_output=True, check=True, cwd=host_cwd)
+                    sums[0]["host"] += time.perf_counter() - t
+                    sums[1]["host"] += time.perf_counter() - t0
+                    for label, h in (("old", ho), ("agent", hn)):
+                        t0 = time.perf_counter()
+                        await anyio.sleep(0.05)
+                        sums[0][label] += await ours(h, cmd)
+                        sums[1][label] += time.perf_counter() - t0
     finally:
         await old.destroy(ho.ref)
         await new.destroy(hn.ref)
@@ -204,11 +216,24 @@ async def paths(runs: int, script_len: int, image: str | None) -> None:
             print(f"  {label:<46} p50 {p50(xs):7.2f} x")
         else:
             print(f"  {label:<46} p50 {p50(xs) * 1e3:8.1f} ms   p90 {pct(xs, 0.9) * 1e3:8.1f} ms")
-    print(f"  {script_len}-command script, each after 50 ms:")
-    for label in sums:
-        print(f"    {label:<6} commands {sums[label] * 1e3:8.1f} ms "
-              f"({sums[label] / sums['host']:5.2f}x bare host)   whole script "
-              f"{walls[label] * 1e3:8.1f} ms ({walls[label] / walls['host']:5.2f}x)")
+    for kind, (sums, walls) in scripts.items():
+        print(f"  {script_len}-command {kind} script, each after 50 ms:")
+        for label in sums:
+            print(f"    {label:<6} commands {sums[label] * 1e3:8.1f} ms "
+                  f"({sums[label] / sums['host']:5.2f}x bare host)   whole script "
+                  f"{walls[label] * 1e3:8.1f} ms ({walls[label] / walls['host']:5.2f}x)")
+
+
+async def _copy_checkout(h: object, checkout: Path) -> None:
+    """``checkout``'s files into the sandbox's workspace (its own git repository)."""
+    for path in sorted(checkout.rglob("*")):
+        rel = path.relative_to(checkout)
+        if path.is_file() and rel.parts[0] != ".git":
+            await h.fs.write(str(rel), path.read_bytes())  # type: ignore[attr-defined]
+    env = {"HOME": "/tmp", **_GIT_ENV}
+    for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "x"]):
+        r = await h.process.exec(argv, env=env)  # type: ignore[attr-defined]
+        assert r.ok, r
 
 
 async def fs_paths(runs: int, image: str | None) -> None:
