@@ -197,7 +197,7 @@ def registration(name: str, *, recorded: Mapping[str, Any] | None = None) -> Reg
             package=package if isinstance(package, str) and package else None,
             version=version if isinstance(version, str) else None,
             in_process=recorded is not None and recorded.get("in_process") is True,
-            recorded=True))
+            recorded=recorded is not None))
     return reg
 
 

@@ -155,31 +155,30 @@ async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensur
         budget=request.token_budget, timeout=request.timeout,
         expected_session=expected, refused_session=refused,
         on_session_lost=request.on_session_lost)
-    prepared, pending = started.prepared, started.pending
-    if prepared.session_lost is not None:
-        await announce_lost(store, run_id, prepared.session_lost, epoch)
-    tools_socket = prepared.host_tools.socket if prepared.host_tools else None
-    plan.spec = plan.spec.with_agent(
-        resumed_session=prepared.resumed.session_id if prepared.resumed else None,
-        sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
-                                  tools_socket) if p],
-        own_net_dir=str(prepared.own_net_dir) if prepared.own_net_dir else None,
-        # where a driver serves the host tools (the token is derived, never stored)
-        tools_socket=str(tools_socket) if tools_socket else None,
-        # what a driver needs to restart a dead services daemon (no key in it)
-        services=started.services_job,
-    )
-    await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    cmd = prepared.command
-    try:
+    prepared, tools = started.prepared, started.prepared.host_tools
+    try:  # the daemon runs now: a start that fails from here on stops it
+        if prepared.session_lost is not None:
+            await announce_lost(store, run_id, prepared.session_lost, epoch)
+        plan.spec = plan.spec.with_agent(
+            resumed_session=prepared.resumed.session_id if prepared.resumed else None,
+            sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
+                                      tools.socket if tools else None) if p],
+            own_net_dir=str(prepared.own_net_dir) if prepared.own_net_dir else None,
+            # where a driver serves the host tools (the token is derived, never stored)
+            tools_socket=str(tools.socket) if tools else None,
+            # what a driver needs to restart a dead services daemon (no key in it)
+            services=started.services_job,
+        )
+        await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
+        cmd = prepared.command
         pid = await site.launch(SupervisedCommand(
             cmd.argv, cmd.env, cmd.cwd, cmd.stdin, cmd.timeout, request.max_output,
             redactor.table(), host_job=started.host_job))  # an ACP run's bridge
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(pending.abandon)
+            await anyio.to_thread.run_sync(started.pending.abandon)
         raise
-    services = await anyio.to_thread.run_sync(pending.ready)
+    services = await anyio.to_thread.run_sync(started.pending.ready)
     plan.spec = plan.spec.with_agent(services_pid=services.pid)
     await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     return pid
