@@ -147,6 +147,34 @@ class Registry(Generic[R]):
         with self._lock:
             return sorted(set(self._registered) | set(declared))
 
+    def missing(self, name: str, register: str, *, package: str | None = None,
+                version: str | None = None, in_process: bool = False,
+                recorded: bool = False) -> str:
+        """One line saying that nothing here registers ``name``, and what to do:
+        ``register`` is the function that registers one in this process
+        (``corral.harness.register_harness``). ``package`` (and its ``version``) is the
+        distribution a record named; ``recorded``: a run recorded it, so the line says
+        the plugin is not installed *here* (``in_process``: only the process that
+        started the run registered it)."""
+        kind, group = self.group.kind, self.group.group
+        known = f"known {kind}{'es' if kind.endswith('s') else 's'}: {', '.join(self.names())}"
+        point = f"(entry point {name!r} in group {group!r})"
+        if not (recorded and package):
+            where = (f"install the package {package!r}" if package
+                     else "install the package that provides it")
+            return (f"unknown {kind} {name!r}{did_you_mean(name, self.names())}: no installed "
+                    f"package declares it {point}; {where}, or call {register}({name!r}, "
+                    f"factory); {known}")
+        what = f"{package!r}" + (f" {version}" if version is not None else "")
+        if in_process:
+            return (f"{kind} {name!r} is not installed here: only the process that started "
+                    f"the run registered it ({register.rpartition('.')[2]}"
+                    + (f", package {what}" if version is not None else "")
+                    + f"); declare it as an entry point in group {group!r} of an installed "
+                    f"package to drive its runs from any process; {known}")
+        return (f"{kind} {name!r} is not installed here: install the package {what}, which "
+                f"declares it {point}; {known}")
+
 
 def registering(kind: str, name: object, factory: object, package: str | None) -> str:
     """Check a registration of ``factory`` as the ``kind`` called ``name`` (one-line

@@ -27,9 +27,11 @@ PICK = {"name": "pick", "description": "Pick a color.",
 def test_the_spec_keeps_an_agent_runs_frontend_tools_only() -> None:
     sandbox = Sandbox(provider="bubblewrap")
     agent = RunRequest(prompt="x", harness="claude-code", frontend_tools=[PICK])
-    assert agent.spec(sandbox).frontend_tools == [PICK]
+    spec = RunSpec.of_request(agent, sandbox, agent.harness_choice(sandbox))
+    assert spec.frontend_tools == [PICK]
     command = RunRequest(command=["true"], frontend_tools=[PICK])
-    assert command.spec(sandbox).frontend_tools is None  # a command calls no tools
+    spec = RunSpec.of_request(command, sandbox, command.harness_choice(sandbox))
+    assert spec.frontend_tools is None  # a command calls no tools
 
 
 def test_a_driver_without_a_toolset_serves_the_runs_frontend_tools() -> None:

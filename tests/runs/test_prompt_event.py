@@ -4,7 +4,7 @@ start batch (so it is there exactly once, whoever drives the run later)."""
 from __future__ import annotations
 
 from corral.harness._events import event_to_dict, run_started
-from corral.runs._plan import PROMPT_EVENT, with_prompt
+from corral.runs._launch import PROMPT_EVENT, with_prompt
 from corral.runs._request import RunRequest
 
 

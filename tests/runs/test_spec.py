@@ -59,7 +59,7 @@ def test_a_spec_is_written_with_its_version_and_options_apart() -> None:
     request = RunRequest(command=["echo", "hi"], options={"files": "mine", "agent": 7,
                                                           "sandbox": "x"})
     sandbox = request.definition()
-    stored = request.spec(sandbox).to_json()
+    stored = RunSpec.of_request(request, sandbox, request.harness_choice(sandbox)).to_json()
     assert stored["version"] == SPEC_VERSION == 1
     assert stored["harness_options"] == {"files": "mine", "agent": 7, "sandbox": "x"}
     # the run's own fields are the run's, whatever the options are called
@@ -102,8 +102,9 @@ def test_a_v0_record_is_migrated_on_read() -> None:
 
 def test_the_harness_is_rebuilt_from_a_v1_spec() -> None:
     sandbox = Sandbox(provider="local", policy=Policy(default="deny"))
-    request = RunRequest(prompt="go", harness="claude-code", options={"version": "2.0.1"})
-    spec = request.spec(sandbox)
+    request = RunRequest(prompt="go", harness="claude-code", options={"version": "2.0.1"},
+                         sandbox=sandbox)
+    spec = RunSpec.of_request(request, sandbox, request.harness_choice(sandbox))
     assert spec.permission_prompt and spec.policy == sandbox.policy.to_dict()
     harness = harness_for_record(record(spec.to_json(), harness="claude-code"))
     assert isinstance(harness, ClaudeCodeHarness)
@@ -358,7 +359,8 @@ def test_the_spec_pickles_and_says_its_public_namespace() -> None:
 
 def test_reading_a_spec_and_rebuilding_its_harness_loads_no_pydantic() -> None:
     request = RunRequest(command=["echo", "hi"])
-    stored = request.spec(request.definition()).to_json()
+    sandbox = request.definition()
+    stored = RunSpec.of_request(request, sandbox, request.harness_choice(sandbox)).to_json()
     code = (
         "import json, sys\n"
         "from corral.runs._spec import check_harness, harness_for_record, run_spec_of\n"

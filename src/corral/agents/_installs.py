@@ -59,6 +59,7 @@ __all__ = [
     "agents_root",
     "check_version",
     "find_installed",
+    "installed_at",
     "install_agent",
     "list_installed",
     "missing_companions",
@@ -204,6 +205,14 @@ def list_installed(root: Path | None = None) -> list[InstalledAgent]:
             if agent is not None and agent.name == name and agent.version == entry.name:
                 found.append(agent)
     return found
+
+
+def installed_at(name: str, version: str, *, root: Path | None = None
+                 ) -> InstalledAgent | None:
+    """The install of agent ``name`` at ``version``, if there is one (what a harness,
+    which knows its package and version, runs)."""
+    return next((a for a in list_installed(root) if a.name == name and a.version == version),
+                None)
 
 
 def find_installed(

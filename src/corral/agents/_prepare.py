@@ -1,6 +1,7 @@
 """Running an agent CLI in a sandbox: binds at creation, then :func:`prepare_agent` per run.
 
-The Runner's sequence::
+The sequence (the Runner makes it through :func:`corral.agents._start.start_agent`, with
+the services as a detached daemon)::
 
     spec = with_agent_binds(SandboxSpec(...))          # once, when creating the sandbox
     handle = await provider.create(spec)
@@ -41,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from corral._telemetry import carrier
 from corral._errors import AgentNotInstalled, ConfigError, CorralError, PrerequisiteMissing
 from corral._insandbox import acp_client as acp_client
 from corral._insandbox import command_gate as command_gate
@@ -54,7 +54,7 @@ from corral.agents._installs import (
     InstalledAgent,
     agents_root,
     ensure_mount_source,
-    find_installed,
+    installed_at,
 )
 from corral.agents._sessions import (
     SANDBOX_HOME,
@@ -67,8 +67,9 @@ from corral.agents._sessions import (
 from corral.agents._services import (
     PROXY_TOKEN_NAME,
     PendingServices,
+    launch_services,
     run_proxy_token,
-    start_services,
+    services_job,
 )
 from corral.net._egress import EgressProxy
 from corral.net._model_proxy import ModelProxy, Upstream, Usage
@@ -239,22 +240,8 @@ class PreparedAgent:
         driver restarting a dead daemon adds the key from its own environment).
         ``status``: the file whose ``state`` turning ``exited`` stops the daemon (default:
         the run's supervisor status, ``paths.status``)."""
-        up = self.model_proxy.upstream
-        return {
-            "upstream": {"api": up.api, "base_url": up.base_url,
-                         "allowed_paths": list(up.allowed_paths)
-                         if up.allowed_paths is not None else None},
-            "budget": self.model_proxy.budget,
-            "idle_timeout": self.model_proxy.idle_timeout,
-            "max_failures": self.model_proxy.max_failures,
-            "model_socket": str(self.model_socket),
-            "egress": [r.source for r in self.egress_proxy.rules]
-            if self.egress_proxy is not None else None,
-            "egress_socket": str(self.egress_socket) if self.egress_socket else None,
-            "status": str(status or paths.status),
-            # the run's trace (the start's span): the daemon's "chat" spans join it
-            "trace": carrier(),
-        }
+        return services_job(self.model_proxy, self.model_socket, self.egress_proxy,
+                            self.egress_socket, status or paths.status)
 
     async def start_services(self, paths: JournalPaths, status: Path | None = None
                              ) -> PendingServices:
@@ -263,12 +250,8 @@ class PreparedAgent:
         Launch the agent, then call ``ready()`` on the result (the daemon's ~0.2 s
         start-up overlaps the CLI's). ``paths`` are the run's journal paths; ``status`` as
         for :meth:`services_job`."""
-        job = self.services_job(paths, status)
-        job["upstream"]["api_key"] = self.model_proxy.upstream.api_key
-        job["token"] = self.proxy_token
-        paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return await anyio.to_thread.run_sync(
-            lambda: start_services(job, paths.directory, paths.token))
+        return await launch_services(self.services_job(paths, status), self.model_proxy,
+                                     self.proxy_token, paths)
 
     async def finish(self, paths: JournalPaths | None = None, nonce: str | None = None
                      ) -> FinishReport:
@@ -391,7 +374,7 @@ def agent_prerequisites(harness: CliHarness, *, agents: Path | None = None,
     pkg = harness.package.name
     # (an ACP agent given as a command, --agent-command, comes from no install)
     needs_install = getattr(harness, "needs_install", True)
-    install = find_installed(pkg, harness.version, root=agents) if needs_install else None
+    install = installed_at(pkg, harness.version, root=agents) if needs_install else None
     if install is None and needs_install:
         raise AgentNotInstalled(
             f"{pkg} {harness.version} is not installed: run `corral agents install "
@@ -526,6 +509,35 @@ async def prepare_agent(
     if len(str(model_socket)) > MAX_SOCKET_PATH:
         raise ConfigError(f"socket path {model_socket} is too long for a unix socket; set "
                           "CORRAL_SHARED_DIR or CORRAL_HOME to a shorter directory")
+    resumed: SavedSession | None = None
+    lost: dict[str, str] | None = None
+    if resume and "resume" not in options and sessions is not None:
+        saved = await load_session(sessions, thread_id, harness.name) \
+            if refused_session else None
+        try:
+            if refused_session and saved is not None and saved.session_id == refused_session:
+                # not again (nor from a kept sandbox's copy): it would fail the same way
+                raise SessionUnusable(refused_session, "the agent refused it in the "
+                                      "thread's last turn")
+            resumed = await restore_session(handle, thread_id, harness.name, store=sessions,
+                                            check=harness.session_problem)
+        except SessionUnusable as exc:
+            lost = {"harness": harness.name, "expected": exc.session_id,
+                    "reason": f"the saved session cannot be resumed: {exc.problem}"}
+        if resumed is not None and resumed.session_id is not None:
+            options["resume"] = resumed.session_id
+            if expected_session and resumed.session_id != expected_session:
+                # the thread's last turn went on in a session it could not save
+                lost = {"harness": harness.name, "expected": expected_session,
+                        "reason": f"the store holds an earlier session, "
+                                  f"{resumed.session_id}, which this turn continues"}
+        elif lost is None and expected_session:
+            lost = {"harness": harness.name, "expected": expected_session,
+                    "reason": "the saved session is not in the store"}
+    if lost is not None and on_session_lost == "fail":
+        raise SessionLost(f"thread {thread_id!r}: its {harness.name} session "
+                          f"{lost['expected']} cannot be continued ({lost['reason']}) and "
+                          'on_session_lost is "fail"')
     options["proxy_token"] = secret
     forward: list[dict[str, Any]] = [
         {"name": "model", "port": 0, "unix": f"{sock_dir_inside}/model-{token}.sock"}]
@@ -567,35 +579,6 @@ async def prepare_agent(
                                                      and f.get("name") in ours)), *forward]
     if timeout is not None:
         options["timeout"] = timeout
-    resumed: SavedSession | None = None
-    lost: dict[str, str] | None = None
-    if resume and "resume" not in options and sessions is not None:
-        saved = await load_session(sessions, thread_id, harness.name) \
-            if refused_session else None
-        try:
-            if refused_session and saved is not None and saved.session_id == refused_session:
-                # not again (nor from a kept sandbox's copy): it would fail the same way
-                raise SessionUnusable(refused_session, "the agent refused it in the "
-                                      "thread's last turn")
-            resumed = await restore_session(handle, thread_id, harness.name, store=sessions,
-                                            check=harness.session_problem)
-        except SessionUnusable as exc:
-            lost = {"harness": harness.name, "expected": exc.session_id,
-                    "reason": f"the saved session cannot be resumed: {exc.problem}"}
-        if resumed is not None and resumed.session_id is not None:
-            options["resume"] = resumed.session_id
-            if expected_session and resumed.session_id != expected_session:
-                # the thread's last turn went on in a session it could not save
-                lost = {"harness": harness.name, "expected": expected_session,
-                        "reason": f"the store holds an earlier session, "
-                                  f"{resumed.session_id}, which this turn continues"}
-        elif lost is None and expected_session:
-            lost = {"harness": harness.name, "expected": expected_session,
-                    "reason": "the saved session is not in the store"}
-    if lost is not None and on_session_lost == "fail":
-        raise SessionLost(f"thread {thread_id!r}: its {harness.name} session "
-                          f"{lost['expected']} cannot be continued ({lost['reason']}) and "
-                          'on_session_lost is "fail"')
     for rel in harness.guarded_workspace_files:
         # Read just before the CLI starts, while nothing of the agent runs in the sandbox.
         path = f"{request.workdir.rstrip('/')}/{rel}"

@@ -13,6 +13,7 @@ SIGTERM. Usage is written after every request to ``<token>.usage.json`` next to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from corral._telemetry import configure_from_env, context_of
+from corral._telemetry import carrier, configure_from_env, context_of
 from corral._errors import CorralError
 from corral.journal._layout import JournalPaths
 from corral.journal._supervisor import (
@@ -45,8 +46,10 @@ __all__ = [
     "PendingServices",
     "ServicesProcess",
     "ServicesStartError",
+    "launch_services",
     "main",
     "run_proxy_token",
+    "services_job",
     "start_services",
 ]
 
@@ -62,6 +65,40 @@ async def run_proxy_token(store: SecretStore, run_id: str) -> str:
     sharing the store serves with the token the agent already has, and the token is
     stored nowhere."""
     return derive_token(await corral_key(store), "corral-proxy-token", run_id)
+
+
+def services_job(proxy: ModelProxy, model_socket: Path, egress: EgressProxy | None,
+                 egress_socket: Path | None, status: Path) -> dict[str, Any]:
+    """The daemon's job for a run's model ``proxy`` (and ``egress`` proxy) on these
+    sockets, *without* the upstream key or the run's token (safe to record: a driver
+    restarting a dead daemon adds them). The daemon stops when ``status``'s ``state``
+    turns ``exited``."""
+    up = proxy.upstream
+    return {
+        "upstream": {"api": up.api, "base_url": up.base_url,
+                     "allowed_paths": list(up.allowed_paths)
+                     if up.allowed_paths is not None else None},
+        "budget": proxy.budget,
+        "idle_timeout": proxy.idle_timeout,
+        "max_failures": proxy.max_failures,
+        "model_socket": str(model_socket),
+        "egress": [r.source for r in egress.rules] if egress is not None else None,
+        "egress_socket": str(egress_socket) if egress_socket else None,
+        "status": str(status),
+        # the run's trace (the start's span): the daemon's "chat" spans join it
+        "trace": carrier(),
+    }
+
+
+async def launch_services(job: dict[str, Any], proxy: ModelProxy, token: str,
+                          paths: JournalPaths) -> PendingServices:
+    """Start the daemon for ``job`` (:func:`services_job`) beside the run's journal
+    ``paths``, handing it the upstream key and the run's ``token`` over its pipe only."""
+    full = {**job, "upstream": {**job["upstream"], "api_key": proxy.upstream.api_key},
+            "token": token}
+    paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return await anyio.to_thread.run_sync(
+        lambda: start_services(full, paths.directory, paths.token))
 
 
 class ServicesStartError(CorralError):
@@ -106,6 +143,15 @@ class PendingServices:
             raise ServicesStartError(f"the run's services did not start within {timeout}s: "
                                      f"{file_tail(self.log_path)}")
         return ServicesProcess(int(report["pid"]), self.usage_path, self.log_path)
+
+    def abandon(self) -> None:
+        """Stop the daemon when its agent never started (it would wait for a minute)."""
+        try:
+            services = self.ready(10.0)
+        except CorralError:
+            return
+        with contextlib.suppress(OSError):
+            os.kill(services.pid, signal.SIGTERM)
 
 
 def start_services(job: dict[str, Any], private_dir: Path, token: str, *,

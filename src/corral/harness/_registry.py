@@ -37,7 +37,6 @@ from typing import Any, Protocol
 
 from corral._errors import ConfigError
 from corral._plugins import EntryPointGroup, Loaded, Registry, registering
-from corral._suggest import did_you_mean
 from corral.harness._base import Harness
 
 __all__ = [
@@ -48,6 +47,7 @@ __all__ = [
     "HarnessNotInstalled",
     "Registration",
     "build_harness",
+    "build_registered",
     "harness_names",
     "register_harness",
     "registration",
@@ -183,28 +183,6 @@ def harness_names() -> list[str]:
     return _harnesses.names()
 
 
-def _missing(name: str, recorded: Mapping[str, Any] | None) -> str:
-    known = ", ".join(harness_names())
-    package = recorded.get("name") if recorded is not None else None
-    if not isinstance(package, str) or not package:
-        return (f"unknown harness {name!r}{did_you_mean(name, harness_names())}: no "
-                f"installed package declares it (entry point {name!r} in group {GROUP!r}); "
-                "install the package that provides it, or call "
-                f"corral.harness.register_harness({name!r}, factory); known harnesses: "
-                f"{known}")
-    version = recorded.get("version") if recorded is not None else None
-    what = f"{package!r}" + (f" {version}" if isinstance(version, str) else "")
-    if recorded is not None and recorded.get("in_process") is True:
-        return (f"harness {name!r} is not installed here: only the process that started "
-                "the run registered it (register_harness"
-                + (f", package {what}" if isinstance(version, str) else "")
-                + f"); declare it as an entry point in group {GROUP!r} of an installed "
-                f"package to drive its runs from any process; known harnesses: {known}")
-    return (f"harness {name!r} is not installed here: install the package {what}, which "
-            f"declares it (entry point {name!r} in group {GROUP!r}); known harnesses: "
-            f"{known}")
-
-
 def registration(name: str, *, recorded: Mapping[str, Any] | None = None) -> Registration:
     """The registration of ``name``; :class:`HarnessNotInstalled` (one line, naming the
     package ``recorded`` by a run, when given) if nothing registers it."""
@@ -212,7 +190,14 @@ def registration(name: str, *, recorded: Mapping[str, Any] | None = None) -> Reg
         raise ConfigError(f"harness: expected a harness name, got {name!r}")
     reg = _harnesses.find(name)
     if reg is None:
-        raise HarnessNotInstalled(_missing(name, recorded))
+        package = recorded.get("name") if recorded is not None else None
+        version = recorded.get("version") if recorded is not None else None
+        raise HarnessNotInstalled(_harnesses.missing(
+            name, "corral.harness.register_harness",
+            package=package if isinstance(package, str) and package else None,
+            version=version if isinstance(version, str) else None,
+            in_process=recorded is not None and recorded.get("in_process") is True,
+            recorded=recorded is not None))
     return reg
 
 
@@ -222,6 +207,13 @@ def build_harness(name: str, config: Mapping[str, Any], *,
     validated by its model first; see :class:`~corral.harness._config.HarnessConfig`).
     ``recorded``: the package a run recorded (``RunSpec.harness_package``), named if the
     harness is not installed here."""
+    return build_registered(name, config, recorded=recorded)[1]
+
+
+def build_registered(name: str, config: Mapping[str, Any], *,
+                     recorded: Mapping[str, Any] | None = None
+                     ) -> tuple[Registration, Harness]:
+    """:func:`build_harness`, with the registration that built it."""
     reg = registration(name, recorded=recorded)
     given = {k: v for k, v in config.items() if k != "output_schema"}  # the registry's
     harness: Harness
@@ -237,4 +229,4 @@ def build_harness(name: str, config: Mapping[str, Any], *,
                 f"the {name} harness cannot return a structured result (output_schema): "
                 "use an agent CLI harness (claude-code, codex, opencode, gemini-cli, acp)")
         use(schema)
-    return harness
+    return reg, harness

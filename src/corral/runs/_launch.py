@@ -1,22 +1,22 @@
 """Starting a run's agent (its request checked: :mod:`corral.runs._plan`): log the start
-batch, make the sandbox, record the file events' baseline, and launch the supervised agent
-(a command, or an agent CLI with its services daemon) at the run's agent site."""
+batch (with the prompt: :data:`PROMPT_EVENT`), make the sandbox, record the file events'
+baseline, and launch the supervised agent (a command, or an agent CLI started with its
+services daemon: :func:`corral.agents._start.start_agent`) at the run's agent site; or
+record why the start failed (:func:`fail_start`)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import anyio.to_thread
+from ag_ui.core import CustomEvent, RunStartedEvent
 
-from corral._errors import CorralError
 from corral._log import library_logger
-from corral.agents._prepare import prepare_agent, with_agent_binds
-from corral.agents._services import PendingServices, run_proxy_token
+from corral.agents._prepare import with_agent_binds
+from corral.agents._start import start_agent
 from corral.harness._base import RunContext
 from corral.harness._cli_base import CliHarness
 from corral.harness._events import event_to_dict
@@ -24,18 +24,16 @@ from corral.journal._layout import JournalPaths
 from corral.journal._prune import delete_journal
 from corral.runs._file_feed import file_baseline
 from corral.runs._pipe import PipeStore, Produced, pipe_to_run_log
-from corral.runs._plan import StartPlan, with_prompt
-from corral.runs._request import RunStartError
+from corral.runs._plan import StartPlan
+from corral.runs._request import RunRequest, RunStartError
 from corral.runs._session_lost import announce_lost, expected_session
 from corral.runs._site import AgentSite, SupervisedCommand
 from corral.sandbox._ensure import Ensured
 from corral.sandbox._key import RunContext as SandboxContext
 from corral.stores._protocols import Store
 from corral.stores._records import RunPatch
-from corral.tools._projection import TOKEN_ENV as TOOLS_TOKEN_NAME
-from corral.tools._projection import run_tools_token
 
-__all__ = ["fail_start", "launch_run"]
+__all__ = ["PROMPT_EVENT", "fail_start", "launch_run", "with_prompt"]
 
 log = library_logger("corral.runs._runner")
 
@@ -83,6 +81,23 @@ async def launch_run(plan: StartPlan, store: Store, run_id: str, thread_id: str,
     log.info("run %s: agent started (supervisor pid %d)", run_id, pid)
 
 
+PROMPT_EVENT = "corral.prompt"
+"""The CUSTOM event after an agent run's ``RUN_STARTED``: ``{"prompt": text}``, the prompt
+that started the run, so a viewer shows the conversation from the log alone. (Not AG-UI's
+``RUN_STARTED.input``: AG-UI clients add its messages to their own by id, and the client
+that started a run already holds its prompt under an id corral never sees.)"""
+
+
+def with_prompt(start: list[Any], request: RunRequest) -> list[Any]:
+    """The start batch of a run, with its prompt (:data:`PROMPT_EVENT`) after
+    ``RUN_STARTED``."""
+    if request.prompt is None:
+        return start
+    at = 1 if start and isinstance(start[0], RunStartedEvent) else len(start)
+    return [*start[:at], CustomEvent(name=PROMPT_EVENT, value={"prompt": request.prompt}),
+            *start[at:]]
+
+
 async def fail_start(plan: StartPlan, store: PipeStore, run_id: str, epoch: int,
                      exc: BaseException) -> None:
     """Record the run as failed (its log ends with a ``RUN_ERROR`` saying why, redacted)."""
@@ -118,83 +133,52 @@ async def _launch_agent(plan: StartPlan, ensured: Ensured, site: AgentSite, stor
 async def _launch_cli_agent(plan: StartPlan, harness: CliHarness, ensured: Ensured,
                             site: AgentSite, store: Store, run_id: str, thread_id: str,
                             epoch: int) -> int:
-    """Prepare an agent CLI in the sandbox, start its model proxy as a detached daemon
-    (so the run keeps its model when no process drives it), launch it supervised, and
-    record what a successor needs to finish the run."""
+    """Start an agent CLI in the sandbox with its model proxy as a detached daemon (so the
+    run keeps its model when no process drives it), launch it supervised, and record what
+    a successor needs to finish the run."""
     sandbox, request = plan.sandbox, plan.request
     instructions = sandbox.workspace.instructions
-    # derived from corral's key, so any driver of the run (any host) serves with this token
-    tools_token = await run_tools_token(store, run_id) if plan.tools is not None else None
-    proxy_token = await run_proxy_token(store, run_id)
-    redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens below
+    redactor = ensured.redactor  # the sandbox's secrets, and the run's tokens
     # the session the thread's conversation is in, by its history: a store without it
     # makes this turn a new conversation, which the run must say (or fail, if asked)
     expected, refused = await expected_session(store, thread_id, run_id, harness.name)
-    prepared = await prepare_agent(
-        harness, ensured.handle, plan.agent_request, thread_id=thread_id, run_id=run_id,
+    paths = site.paths
+    state = await site.services_watch()  # what the services daemon stops with
+    started = await start_agent(
+        harness, ensured.handle, plan.agent_request, store=store, thread_id=thread_id,
+        run_id=run_id, journal=paths, watch=state, redactor=redactor,
+        secrets_env=ensured.secrets.env(), host_tools=plan.tools is not None,
         instructions=instructions if isinstance(instructions, str) else None,
         # an allowlist: the agent's only way out is the egress proxy (the sandbox has no
         # network of its own); the services daemon serves it next to the model proxy
         egress=list(sandbox.policy.allow_hosts) if sandbox.policy.allow_hosts else None,
-        host_tools=plan.tools is not None,
-        tools_token=tools_token,
-        proxy_token=proxy_token,
-        # the run's tokens are secrets of the run: the journal redacts them too
-        redactor=redactor,
-        budget=request.token_budget,
-        timeout=request.timeout,
-        # the thread's CLI session: restored from the store, whichever host saved it
-        sessions=store,
-        expected_session=expected,
-        refused_session=refused,
-        on_session_lost=request.on_session_lost,
-    )
-    if prepared.session_lost is not None:
-        await announce_lost(store, run_id, prepared.session_lost, epoch)
-    # The sandbox's secrets join the agent's environment (as for any agent), under the
-    # CLI's own variables: a secret never replaces the placeholder key or the endpoint.
-    prepared.command = replace(
-        prepared.command, env={**ensured.secrets.env(), **prepared.command.env}
-    )
-    tools_socket = prepared.host_tools.socket if prepared.host_tools else None
-    if tools_token is not None:
-        redactor.add(TOOLS_TOKEN_NAME, tools_token)
-    paths = site.paths
-    state = await site.services_watch()  # what the services daemon stops with
-    plan.spec = plan.spec.with_agent(
-        resumed_session=prepared.resumed.session_id if prepared.resumed else None,
-        sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
-                                  tools_socket) if p],
-        own_net_dir=str(prepared.own_net_dir) if prepared.own_net_dir else None,
-        # where a driver serves the host tools (the token is derived, never stored)
-        tools_socket=str(tools_socket) if tools_socket else None,
-        # what a driver needs to restart a dead services daemon (no key in it)
-        services=prepared.services_job(paths, state),
-    )
-    await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
-    pending = await prepared.start_services(paths, state)
-    cmd = prepared.command
-    try:
+        budget=request.token_budget, timeout=request.timeout,
+        expected_session=expected, refused_session=refused,
+        on_session_lost=request.on_session_lost)
+    prepared, tools = started.prepared, started.prepared.host_tools
+    try:  # the daemon runs now: a start that fails from here on stops it
+        if prepared.session_lost is not None:
+            await announce_lost(store, run_id, prepared.session_lost, epoch)
+        plan.spec = plan.spec.with_agent(
+            resumed_session=prepared.resumed.session_id if prepared.resumed else None,
+            sockets=[str(p) for p in (prepared.model_socket, prepared.egress_socket,
+                                      tools.socket if tools else None) if p],
+            own_net_dir=str(prepared.own_net_dir) if prepared.own_net_dir else None,
+            # where a driver serves the host tools (the token is derived, never stored)
+            tools_socket=str(tools.socket) if tools else None,
+            # what a driver needs to restart a dead services daemon (no key in it)
+            services=started.services_job,
+        )
+        await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
+        cmd = prepared.command
         pid = await site.launch(SupervisedCommand(
             cmd.argv, cmd.env, cmd.cwd, cmd.stdin, cmd.timeout, request.max_output,
-            redactor.table(),
-            # an ACP run's bridge: a host process beside the supervisor
-            host_job=prepared.agent_spec() if prepared.bridge is not None else None))
+            redactor.table(), host_job=started.host_job))  # an ACP run's bridge
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: _stop_pending(pending))
+            await anyio.to_thread.run_sync(started.pending.abandon)
         raise
-    services = await anyio.to_thread.run_sync(pending.ready)
+    services = await anyio.to_thread.run_sync(started.pending.ready)
     plan.spec = plan.spec.with_agent(services_pid=services.pid)
     await store.update(run_id, RunPatch(spec=plan.spec.to_json()))
     return pid
-
-
-def _stop_pending(pending: PendingServices) -> None:
-    """Stop a services daemon whose agent never started (it would wait for a minute)."""
-    try:
-        services = pending.ready(10.0)
-    except CorralError:
-        return
-    with contextlib.suppress(OSError):
-        os.kill(services.pid, signal.SIGTERM)

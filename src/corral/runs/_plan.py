@@ -1,20 +1,15 @@
 """Checking a run request before anything is recorded: the :class:`StartPlan` that
 :meth:`corral.runs.Runner.start` records and launches (the definition, the run spec, the
-harness, the provider and where the agent will live), and the run's first batch with its
-prompt (:data:`PROMPT_EVENT`)."""
+harness, the provider and where the agent will live)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from ag_ui.core import CustomEvent, RunStartedEvent
 
 from corral._errors import ConfigError
 from corral.agents._prepare import agent_prerequisites
 from corral.harness._base import AgentCommand, AgentRequest, Harness
 from corral.harness._cli_base import CliHarness
-from corral.harness._registry import build_harness
 from corral.runs._placement import placement
 from corral.runs._request import RunRequest
 from corral.runs._site import AgentSite
@@ -24,7 +19,7 @@ from corral.sandbox._definition import Sandbox
 from corral.sandbox._ensure import Ensured
 from corral.tools._core import Toolset
 
-__all__ = ["PROMPT_EVENT", "StartPlan", "plan_start", "with_prompt"]
+__all__ = ["StartPlan", "plan_start"]
 
 
 @dataclass(slots=True)
@@ -52,10 +47,12 @@ class StartPlan:
 def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
     """Check ``request`` before anything is recorded (a missing CLI or key, a prompt-less
     agent run, a provider that cannot host a supervised agent are the user's to fix):
-    raises :class:`ConfigError`."""
+    raises :class:`ConfigError`. Each lower package is asked once, in the layers' order:
+    the harness, the sandbox's provider, the agent CLI's prerequisites."""
     sandbox = request.definition()
-    spec = request.spec(sandbox)
-    harness = build_harness(request.harness, spec.harness_config())
+    chosen = request.harness_choice(sandbox)
+    spec = RunSpec.of_request(request, sandbox, chosen)
+    harness = chosen.harness
     agent_request = AgentRequest(
         prompt=request.prompt, env=dict(request.env), options=request.options
     )
@@ -100,20 +97,3 @@ def plan_start(request: RunRequest, default_tools: Toolset | None) -> StartPlan:
         tools = None
     return StartPlan(request, sandbox, spec, harness, agent_request, provider, site, tools,
                      command)
-
-
-PROMPT_EVENT = "corral.prompt"
-"""The CUSTOM event after an agent run's ``RUN_STARTED``: ``{"prompt": text}``, the prompt
-that started the run, so a viewer shows the conversation from the log alone. (Not AG-UI's
-``RUN_STARTED.input``: AG-UI clients add its messages to their own by id, and the client
-that started a run already holds its prompt under an id corral never sees.)"""
-
-
-def with_prompt(start: list[Any], request: RunRequest) -> list[Any]:
-    """The start batch of a run, with its prompt (:data:`PROMPT_EVENT`) after
-    ``RUN_STARTED``."""
-    if request.prompt is None:
-        return start
-    at = 1 if start and isinstance(start[0], RunStartedEvent) else len(start)
-    return [*start[:at], CustomEvent(name=PROMPT_EVENT, value={"prompt": request.prompt}),
-            *start[at:]]

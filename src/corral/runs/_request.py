@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from corral._errors import ConfigError, CorralError
-from corral.harness._registry import registration
-from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import DEFAULT_PROVIDER
 from corral.stores._records import RunRecord
 
@@ -25,6 +23,9 @@ if TYPE_CHECKING:
     # machinery (ensure, bootstrap, policy), which a driver taking over a run (``corral
     # attach``) needs only when the run ends.
     from corral.sandbox._definition import Sandbox
+
+    # The harness adapters load only for a run being started.
+    from corral.harness._choice import HarnessChoice
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -191,38 +192,18 @@ class RunRequest:
             sandbox = replace(sandbox, workspace=replace(sandbox.workspace, source=source))
         return sandbox
 
-    def spec(self, sandbox: Sandbox) -> RunSpec:
-        """The run spec recorded for this request run in ``sandbox``."""
-        from corral.policy._policy import Policy  # start-up cost: see the imports
+    def harness_choice(self, sandbox: Sandbox) -> HarnessChoice:
+        """This run's harness in ``sandbox``, and what the run records of it."""
+        # start-up cost: see the imports
+        from corral.harness._choice import choose_harness
+        from corral.policy._policy import Policy
 
-        policy, prompt = None, False
-        if self.harness != "command" and sandbox.policy != Policy():
-            # Only a policy the user wrote: the default one (default "ask") cannot be
-            # enforced by the agent CLIs, and without one they run with their permission
-            # prompts off, confined by the sandbox.
-            policy = sandbox.policy.to_dict()
-            # The CLI asks corral (permission prompt tool, command gate hook) on the run's
-            # MCP server: the policy is evaluated live (ask rules become corral approvals).
-            prompt = self.harness in ("claude-code", "codex", "gemini-cli", "acp")
-            if self.harness == "opencode":
-                # ask rules route opencode through `opencode acp`, which asks corral
-                from corral.harness._opencode import acp_reasons
-
-                prompt = bool(acp_reasons(sandbox.policy))
-        return RunSpec(
-            harness_options=dict(self.options),
-            argv=list(self.command) if self.command is not None else None,
-            sandbox=sandbox.to_dict(),
-            # names only: a driver that cannot redact them all withholds file events
-            secret_names=list(sandbox.secrets),
-            policy=policy,
-            permission_prompt=prompt,
-            frontend_tools=([dict(t) for t in self.frontend_tools]
-                            if self.frontend_tools and self.harness != "command" else None),
-            output_schema=(dict(self.output_schema) if self.output_schema is not None
-                           else None),
-            harness_package=registration(self.harness).recorded(),
-        )
+        # Only a policy the user wrote: the default one (default "ask") cannot be enforced
+        # by the agent CLIs, and without one they run with their permission prompts off,
+        # confined by the sandbox.
+        return choose_harness(self.harness, self.options, argv=self.command,
+                              policy=sandbox.policy if sandbox.policy != Policy() else None,
+                              output_schema=self.output_schema)
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,6 @@ from corral.stores._protocols import (
 from corral.stores._records import RunPatch, RunRecord
 
 if TYPE_CHECKING:
-    from corral.runs._plan import StartPlan
     from corral.journal._prune import PruneResult
     from corral.runs._reap_sweep import ReapResult
     from corral.runs._threads import Threads
@@ -245,32 +244,26 @@ class Runner:
             await preflight()
         run_id = request.run_id or new_run_id()
         thread_id = request.thread_id or run_id
-        # (an exception marks the span failed)
-        with span("corral.run.start", {"corral.run.id": run_id, "corral.thread.id": thread_id,
-                                       "gen_ai.agent.name": plan.harness.name}):
-            return await self._start(plan, request, run_id, thread_id)
-
-    async def _start(self, plan: StartPlan, request: RunRequest, run_id: str,
-                     thread_id: str) -> RunRecord:
-        from corral.runs._launch import fail_start, launch_run  # start-up cost, as _plan
-
-        sandbox = plan.sandbox
-        trace = carrier()  # this start's span: drivers on any host continue its trace
-        if trace:
-            plan.spec = replace(plan.spec, trace=trace)
-        if len(sandbox.secrets):
-            self._run_secrets[run_id] = sandbox.secrets
-        if plan.tools is not None:
-            self._run_tools[run_id] = plan.tools
-        nonce = new_nonce()
-        self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Imported here for start-up cost, as _plan
+        from corral.runs._launch import fail_start, launch_run
         # (the instance key's module loads the workspace definitions: start-up cost for
         # a driver taking a run over, which never computes a key)
         from corral.sandbox._key import RunContext as SandboxContext
 
-        sctx = SandboxContext(thread_id=thread_id, run_id=run_id)
-        await self.store.create(
-            NewRun(
+        # (an exception marks the span failed)
+        with span("corral.run.start", {"corral.run.id": run_id, "corral.thread.id": thread_id,
+                                       "gen_ai.agent.name": plan.harness.name}):
+            sandbox = plan.sandbox
+            trace = carrier()  # this start's span: drivers on any host continue its trace
+            if trace:
+                plan.spec = replace(plan.spec, trace=trace)
+            if len(sandbox.secrets):
+                self._run_secrets[run_id] = sandbox.secrets
+            if plan.tools is not None:
+                self._run_tools[run_id] = plan.tools
+            nonce = new_nonce()
+            self.journals_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            await self.store.create(NewRun(
                 run_id=run_id,
                 thread_id=thread_id,
                 harness=request.harness,  # the registry's name: any process rebuilds it
@@ -281,27 +274,28 @@ class Runner:
                 # soon as the sandbox does, so if this process dies mid-bootstrap (the
                 # workspace copy) whoever ends the run (the reaper) still finds and
                 # reclaims it.
-                sandbox_key=sandbox.key(sctx),
-            )
-        )
-        paths = JournalPaths.for_run(self.journals_dir, run_id)
-        async with hold_claim(self.store, run_id, self.owner, self.lease_ttl) as held:
-            try:
-                await launch_run(plan, self.store, run_id, thread_id, paths, nonce,
-                                 held.epoch)
-            except BaseException as exc:
-                self._forget(run_id)
-                with anyio.CancelScope(shield=True):
-                    if plan.ensured is not None:
-                        if plan.site is not None:  # maybe launched, then something failed
-                            with anyio.move_on_after(30), contextlib.suppress(Exception):
-                                await plan.site.stop(0.5)
-                        await self._finish_sandbox(await self._require(run_id), "aborted")
-                    await fail_start(plan, self.store, run_id, held.epoch, exc)
-                if isinstance(exc, Exception):
-                    message = sandbox.secrets.redactor().redact(str(exc))
-                    raise RunStartError(f"run {run_id} could not start: {message}") from None
-                raise
+                sandbox_key=sandbox.key(SandboxContext(thread_id=thread_id, run_id=run_id)),
+            ))
+            paths = JournalPaths.for_run(self.journals_dir, run_id)
+            async with hold_claim(self.store, run_id, self.owner, self.lease_ttl) as held:
+                try:
+                    await launch_run(plan, self.store, run_id, thread_id, paths, nonce,
+                                     held.epoch)
+                except BaseException as exc:
+                    self._forget(run_id)
+                    with anyio.CancelScope(shield=True):
+                        if plan.ensured is not None:
+                            if plan.site is not None:  # maybe launched, then it failed
+                                with anyio.move_on_after(30), contextlib.suppress(Exception):
+                                    await plan.site.stop(0.5)
+                            await self._finish_sandbox(await self._require(run_id),
+                                                       "aborted")
+                        await fail_start(plan, self.store, run_id, held.epoch, exc)
+                    if isinstance(exc, Exception):
+                        message = sandbox.secrets.redactor().redact(str(exc))
+                        raise RunStartError(f"run {run_id} could not start: {message}"
+                                            ) from None
+                    raise
         return await self._require(run_id)
 
     async def _finish_agent(self, record: RunRecord) -> None:

@@ -33,11 +33,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from corral._errors import ConfigError
+from corral.harness._choice import HarnessChoice, run_config
 from corral.harness._registry import build_harness, registration
 from corral.stores._records import RunRecord
 
 if TYPE_CHECKING:
     from corral.harness._base import Harness
+    from corral.runs._request import RunRequest
+    from corral.sandbox._definition import Sandbox
 
 __all__ = ["SPEC_VERSION", "RunSpec", "check_harness", "harness_for_record", "run_spec_of"]
 
@@ -87,20 +90,33 @@ class RunSpec:
     starting process): what a process lacking the harness names
     (:meth:`corral.harness._registry.Registration.recorded`)."""
 
+    @classmethod
+    def of_request(cls, request: RunRequest, sandbox: Sandbox, harness: HarnessChoice
+                   ) -> RunSpec:
+        """The spec recorded for ``request`` run in ``sandbox`` with ``harness``."""
+        agent = request.harness != "command"
+        return cls(
+            harness_options=dict(request.options),
+            argv=list(request.command) if request.command is not None else None,
+            sandbox=sandbox.to_dict(),
+            # names only: a driver that cannot redact them all withholds file events
+            secret_names=list(sandbox.secrets),
+            policy=harness.policy,
+            permission_prompt=harness.permission_prompt,
+            frontend_tools=([dict(t) for t in request.frontend_tools]
+                            if request.frontend_tools and agent else None),
+            output_schema=(dict(request.output_schema) if request.output_schema is not None
+                           else None),
+            harness_package=harness.package,
+        )
+
     def harness_config(self) -> dict[str, Any]:
         """The mapping a harness is built from (``build_harness(name, config)``): its
         options, plus what the run decided for it (command, policy, permission prompt),
         which wins over an option of the same name."""
-        out = dict(self.harness_options)
-        if self.argv is not None:
-            out["argv"] = list(self.argv)
-        if self.policy is not None:
-            out["policy"] = dict(self.policy)
-        if self.permission_prompt:
-            out["permission_prompt"] = True
-        if self.output_schema is not None:
-            out["output_schema"] = dict(self.output_schema)
-        return out
+        return run_config(self.harness_options, argv=self.argv, policy=self.policy,
+                          permission_prompt=self.permission_prompt,
+                          output_schema=self.output_schema)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object stored as ``record.spec`` (fields that are ``None`` left out:

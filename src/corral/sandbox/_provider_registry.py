@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corral._errors import ConfigError
 from corral._plugins import EntryPointGroup, Loaded, Registry, config_message, registering
-from corral._suggest import did_you_mean
 from corral.sandbox._contracts import Provider
 from corral.sandbox._workspace import canonical_json
 
@@ -150,29 +149,28 @@ def registration(name: str, *, package: str | None = None) -> Registration:
         return reg
     if not isinstance(name, str) or not name:
         raise ConfigError(f"provider: expected a provider name, got {name!r}")
-    where = f"install the package {package!r}" if package else "install the package that provides it"
-    known = provider_names()
-    hint = did_you_mean(name, known)
-    raise ConfigError(
-        f"unknown provider {name!r}{hint}: no installed package declares it (entry point {name!r} "
-        f"in group {GROUP!r}); {where}, or call corral.providers.register_provider({name!r}, "
-        f"factory); known providers: {', '.join(known)}"
-    )
+    raise ConfigError(_providers.missing(name, "corral.providers.register_provider",
+                                         package=package))
 
 
 def parse_config(name: str, raw: Mapping[str, Any] | ProviderConfig | None = None,
                  *, package: str | None = None) -> ProviderConfig:
     """Validate ``raw`` against the configuration model of provider ``name``."""
+    return _parsed(name, raw, package)[1]
+
+
+def _parsed(name: str, raw: Mapping[str, Any] | ProviderConfig | None, package: str | None
+            ) -> tuple[Registration, ProviderConfig]:
     reg = registration(name, package=package)
     if isinstance(raw, ProviderConfig):
         if not isinstance(raw, reg.config):
             raise ConfigError(f"provider {name!r}: expected a {reg.config.__name__}, "
                               f"got a {type(raw).__name__}")
-        return raw
+        return reg, raw
     if raw is not None and not isinstance(raw, Mapping):
         raise ConfigError("provider: expected a table of settings")
     try:
-        return reg.config.model_validate(dict(raw or {}))
+        return reg, reg.config.model_validate(dict(raw or {}))
     except ValidationError as exc:
         raise ConfigError(config_message(exc, reg.config.model_fields, key="provider.",
                                          where="provider.",
@@ -192,10 +190,9 @@ def build_provider(
     package: str | None = None,
 ) -> Provider:
     """Build provider ``name`` with ``config`` (validated first; see :func:`parse_config`)."""
-    cfg = parse_config(name, config, package=package)
-    factory = registration(name, package=package).factory
+    reg, cfg = _parsed(name, config, package)
     kwargs = {key: getattr(cfg, key) for key in cfg.model_fields_set}
-    built = factory(**kwargs)
+    built = reg.factory(**kwargs)
     if not isinstance(built, Provider):
         raise ConfigError(f"provider {name!r}: its factory returned {type(built).__name__}, "
                           "which is not a corral.abc.Provider")

@@ -38,7 +38,7 @@ from corral.harness._registry import build_harness
 from corral.journal._layout import JournalPaths
 from corral.providers import _diskquota as diskquota
 from corral.providers import get_provider
-from corral.runs._plan import with_prompt
+from corral.runs._launch import with_prompt
 from corral.runs._request import RunRequest
 from corral.runs._spec import RunSpec
 from corral.sandbox._contracts import DEFAULT_PROVIDER
