@@ -254,3 +254,20 @@ def agent_resident(dirs: Sequence[str]) -> set[int]:
             if read(parent, "comm").strip() == "bwrap":
                 found |= {pid, parent}
     return found
+
+
+def idle_spare(dirs: Sequence[str]) -> set[int]:
+    """The host pids of a bubblewrap agent's idle warm spare in its cgroups (``dirs``): a
+    ``corral-spare`` (the next command's process, waiting for it) and its parent (that
+    command's init). With :func:`agent_resident`, what stays between commands."""
+    from corral.providers import _cgroups as cgroups
+
+    found: set[int] = set()
+    for pid in cgroups.members(list(dirs)):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{pid}/comm") as fh:
+                if fh.read().strip() != "corral-spare":
+                    continue
+            with open(f"/proc/{pid}/stat") as fh:
+                found |= {pid, int(fh.read().rsplit(")", 1)[1].split()[1])}
+    return found
