@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.sandbox._contracts import ResourceLimits, SandboxSpec
 from corral.testing import wait_until_async
 from corral.testing._plugin import require
 from tests.helpers import agent_resident, idle_spare
@@ -196,3 +197,41 @@ async def test_an_exec_collects_more_output_than_the_agent_holds_back(
         ["sh", "-c", "cat; head -c 3000000 /dev/zero; echo done >&2"], stdin=data)
     assert r.ok and r.stderr == b"done\n", r
     assert r.stdout[:200_000] == data and r.stdout[200_000:] == bytes(3_000_000)
+
+
+async def test_a_spare_the_pids_limit_refuses_is_tried_again_once_nothing_runs(
+    provider: BubblewrapProvider, request: pytest.FixtureRequest
+) -> None:
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=8)))
+    try:
+        cg = h.state.cgroups
+        require(request.config, bool(cg), "cgroups (the pids limit)", "run as root")
+        pids_dir = next(d for d in cg if "/pids/" in d)
+
+        def refused() -> int:
+            for line in Path(pids_dir, "pids.events").read_text().splitlines():
+                if line.startswith("max "):
+                    return int(line.split()[1])
+            return 0
+
+        assert (await h.process.exec(["true"])).ok
+        await wait_until_async(lambda: len(idle_spare(cg)) == 2, "the warm spare")
+        before = refused()
+        # bwrap, the agent, the command's init, sh and three sleeps: no room left for the
+        # next spare's two processes.
+        proc = await h.process.spawn(["sh", "-c", "sleep 100 & sleep 100 & sleep 100 & wait"])
+        try:
+            await wait_until_async(lambda: refused() > before, "the next spare to be refused")
+        finally:
+            await proc.kill(signal.SIGKILL)
+            await proc.wait()
+            await proc.aclose()
+        # Commands start cold meanwhile, and are not taken to have hit the limit.
+        r = await h.process.exec(["sh", "-c", "echo $$"])
+        assert r.ok and r.stdout == b"2\n" and r.limit_hit is None, r
+        # Once nothing has run for a moment, a spare again; refused once, not retried in
+        # a loop while the sleepers held the pids.
+        await wait_until_async(lambda: len(idle_spare(cg)) == 2, "a warm spare again")
+        assert refused() - before <= 2, refused() - before
+    finally:
+        await provider.destroy(h.ref)

@@ -24,6 +24,7 @@ AGENT_SOURCE = r"""/* corral's in-sandbox agent (see corral.providers._bwrap_age
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <grp.h>
@@ -346,13 +347,24 @@ static void mini_init(char *blob, size_t len) {
    its /proc and covers, no capability), with the command's process already forked and
    waiting on a pipe only the agent holds for the launch fields (u32 length, then the
    blob). A request hands them over: the command is then one exec away, and its init is
-   already waiting for it. Made again between requests; one that dies unused is replaced
-   at the next cold start (not at once: a spare that cannot come up must not spin). The
-   spare holds nothing of the agent's (its descriptors are closed, its copy of the key
-   wiped), and once it has its command it is exactly a cold init and its command. ---- */
+   already waiting for it. Made again as soon as a status is sent. After a spare could not
+   be made (the pids limit refused it) or died unused, the next one is only tried once
+   nothing has run for a while (SPARE_RETRY_MS, doubling up to a minute while it keeps
+   failing): a refused fork counts in the sandbox's pids events, which corral reads around
+   each command, and a spare that cannot come up must not spin. The spare holds nothing of
+   the agent's (its descriptors are closed, its copy of the key wiped), and once it has its
+   command it is exactly a cold init and its command. ---- */
 #define SPARE_MAX 60000   /* larger requests start cold (a pipe takes this much at once) */
 static struct { pid_t pid; int pidfd, ctl, in, out, err, report; } spare = {0, -1, -1, -1, -1, -1, -1};
-static int spare_off;
+static int spare_off;      /* the last spare failed: retry when quiet, after spare_wait ms */
+static int spare_wait;
+#define SPARE_RETRY_MS 1000
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int read_full(int fd, void *p, size_t n) {
   size_t got = 0;
@@ -397,6 +409,12 @@ static void spare_drop(void) {
   spare.pid = 0;
 }
 
+/* The spare failed (could not be made, or died unused): the next try waits (see above). */
+static void spare_failed(void) {
+  spare_wait = spare_off ? (spare_wait < 30000 ? 2 * spare_wait : 60000) : SPARE_RETRY_MS;
+  spare_off = 1;
+}
+
 static void make_spare(void) {
   /* fds: 0/1 stdin (r, w), 2/3 stdout, 4/5 stderr, 6/7 report, 8/9 control */
   int fds[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
@@ -428,8 +446,9 @@ static void make_spare(void) {
   return;
 fail:
   for (int j = 0; j < 10; j++) xclose(&fds[j]);
-  spare_off = 1;
+  spare_failed();
 }
+
 
 /* Hand the launch fields to the spare; 0 when it has them (its descriptors are then the
    command's, in k), -1 when this request must start cold (the spare is gone). */
@@ -501,7 +520,6 @@ static void start(int c, uint32_t id, char *blob, size_t len, int batch) {
     return;
   }
   close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]);
-  spare_off = 0; /* a cold start worked: try a spare again */
   k->used = 1; k->conn = c; k->id = id; k->pid = (pid_t)pid; k->pidfd = pidfd;
   k->in = fds[1]; k->out = fds[2]; k->err = fds[4]; k->report = fds[6];
   k->unacked[0] = k->unacked[1] = 0;
@@ -985,10 +1003,15 @@ int main(int argc, char **argv) {
   }
 
   static struct pollfd pf[2 + 2 * MAXCONN + 5 * MAXCMD];
+  long long idle_since = 0;
   static int who[2 + 2 * MAXCONN + 5 * MAXCMD];
   for (;;) {
     /* Between requests (the answers are sent by now): the next command's init. */
     if (run_uid < 0 && spare.pid <= 0 && !spare_off) make_spare();
+    /* After a failed spare: another try once nothing has run for spare_wait ms. */
+    int running = 0;
+    for (int i = 0; i < MAXCMD && !running; i++) running = cmds[i].used && !cmds[i].have_status;
+    int retry = run_uid < 0 && spare.pid <= 0 && spare_off && !running;
     int n = 0;
     pf[n] = (struct pollfd){listen_fd, POLLIN, 0}; who[n++] = -1;
     if (spare.pid > 0) { pf[n] = (struct pollfd){spare.pidfd, POLLIN, 0}; who[n++] = -2; }
@@ -1014,15 +1037,26 @@ int main(int argc, char **argv) {
     int idle = 1;
     for (int i = 0; i < MAXCONN && idle; i++) idle = conns[i].fd < 0;
     for (int i = 0; i < MAXCMD && idle; i++) idle = !cmds[i].used;
-    int got = poll(pf, (nfds_t)n, idle ? IDLE_MS : -1);
+    long long t0 = now_ms();
+    if (!idle) idle_since = 0;
+    else if (!idle_since) idle_since = t0;
+    long long left = idle ? idle_since + IDLE_MS - t0 : -1;
+    int wait = left < 0 && idle ? 0 : (int)left;
+    if (retry && (wait < 0 || wait > spare_wait)) wait = spare_wait;
+    int got = poll(pf, (nfds_t)n, wait);
     if (got < 0) { if (errno == EINTR) continue; return 125; }
-    if (got == 0 && idle) { spare_drop(); return 0; }
+    if (got == 0 && idle && now_ms() - idle_since >= IDLE_MS) { spare_drop(); return 0; }
+    if (got == 0 && retry) {
+      make_spare();
+      if (spare.pid > 0) spare_off = 0;
+      continue;
+    }
     for (int j = 0; j < n; j++) {
       if (!pf[j].revents) continue;
       int w = who[j];
       if (w == -1) { accept_conn(); continue; }
       if (w == -2) { /* the spare died unused (killed, out of memory): replaced later */
-        if (spare.pid > 0 && spare.pidfd == pf[j].fd) { spare_drop(); spare_off = 1; }
+        if (spare.pid > 0 && spare.pidfd == pf[j].fd) { spare_drop(); spare_failed(); }
         continue;
       }
       if (w < 1000000) {
