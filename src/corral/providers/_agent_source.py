@@ -315,6 +315,14 @@ static void child_exec(const launch_t *l) {
 /* The init, once the command's process is started: reap everything until the command
    ends, report its raw status on fd 6 (which only the agent reads), and end (the kernel
    then kills whatever is left in the namespace). */
+static void report_status(int s) {
+  char line[16];
+  int n = snprintf(line, sizeof line, "%d\n", s);
+  ssize_t wr;
+  do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
+  _exit(0);
+}
+
 static void wait_report(pid_t pid) {
   close(3); close(4); close(5);
   int s = 255 << 8;
@@ -324,11 +332,7 @@ static void wait_report(pid_t pid) {
     if (w < 0) { if (errno == EINTR) continue; break; }
     if (w == pid) { s = st; break; }
   }
-  char line[16];
-  int n = snprintf(line, sizeof line, "%d\n", s);
-  ssize_t wr;
-  do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
-  _exit(0);
+  report_status(s);
 }
 
 /* A cold start: the command in a child of the init (the init stays the namespace's
@@ -358,6 +362,8 @@ static void mini_init(char *blob, size_t len) {
 static struct { pid_t pid; int pidfd, ctl, in, out, err, report; } spare = {0, -1, -1, -1, -1, -1, -1};
 static int spare_off;      /* the last spare failed: retry when quiet, after spare_wait ms */
 static int spare_wait;
+static int served;         /* a first request came: spares from now on (a sandbox made and
+                              destroyed unused pays for none) */
 #define SPARE_RETRY_MS 1000
 
 static long long now_ms(void) {
@@ -381,7 +387,10 @@ static int read_full(int fd, void *p, size_t n) {
 static void spare_main(void) {
   init_prepare();
   pid_t pid = fork();
-  if (pid < 0) _exit(125);
+  if (pid < 0) { /* as a cold init says it (if a request was handed over meanwhile) */
+    dprintf(5, "corral: cannot start the command: fork: %s\n", strerror(errno));
+    report_status(126 << 8);
+  }
   if (pid == 0) {
     child_fds();
     prctl(PR_SET_NAME, "corral-spare", 0, 0, 0); /* until the exec: an idle spare, by name */
@@ -470,6 +479,7 @@ static int spare_take(cmd_t *k, char *blob, size_t len) {
 static void start_docker(int c, uint32_t id, char *blob, size_t len, int batch);
 static void start(int c, uint32_t id, char *blob, size_t len, int batch) {
   if (run_uid >= 0) { start_docker(c, id, blob, len, batch); return; }
+  served = 1;
   int slot = -1;
   for (int i = 0; i < MAXCMD; i++) {
     if (cmds[i].used && cmds[i].conn == c && cmds[i].id == id) { send_text(c, id, 'e', "request id in use"); return; }
@@ -1007,11 +1017,11 @@ int main(int argc, char **argv) {
   static int who[2 + 2 * MAXCONN + 5 * MAXCMD];
   for (;;) {
     /* Between requests (the answers are sent by now): the next command's init. */
-    if (run_uid < 0 && spare.pid <= 0 && !spare_off) make_spare();
+    if (run_uid < 0 && spare.pid <= 0 && !spare_off && served) make_spare();
     /* After a failed spare: another try once nothing has run for spare_wait ms. */
     int running = 0;
     for (int i = 0; i < MAXCMD && !running; i++) running = cmds[i].used && !cmds[i].have_status;
-    int retry = run_uid < 0 && spare.pid <= 0 && spare_off && !running;
+    int retry = run_uid < 0 && spare.pid <= 0 && spare_off && !running && served;
     int n = 0;
     pf[n] = (struct pollfd){listen_fd, POLLIN, 0}; who[n++] = -1;
     if (spare.pid > 0) { pf[n] = (struct pollfd){spare.pidfd, POLLIN, 0}; who[n++] = -2; }
