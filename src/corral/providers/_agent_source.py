@@ -392,8 +392,7 @@ static void spare_main(void) {
     report_status(126 << 8);
   }
   if (pid == 0) {
-    child_fds();
-    prctl(PR_SET_NAME, "corral-spare", 0, 0, 0); /* until the exec: an idle spare, by name */
+    child_fds(); /* named corral-spare until its exec: an idle spare, by name */
     uint32_t len;
     if (read_full(7, &len, 4) || len == 0 || len > SPARE_MAX) _exit(0); /* dropped unused */
     char *blob = malloc(len);
@@ -404,6 +403,7 @@ static void spare_main(void) {
     parse_launch(blob, len, &l);
     child_exec(&l);
   }
+  prctl(PR_SET_NAME, "corral-agent", 0, 0, 0);
   close(7);
   wait_report(pid);
 }
@@ -438,6 +438,9 @@ static void make_spare(void) {
   a.exit_signal = SIGCHLD;
   pid = syscall(SYS_clone3, &a, sizeof a);
   if (pid == 0) {
+    /* Named as a spare while it is one (its init takes the agent's name back once its
+       process, below, is forked and named so: whoever counts processes can tell). */
+    prctl(PR_SET_NAME, "corral-spare", 0, 0, 0);
     int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
     for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
     for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
