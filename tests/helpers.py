@@ -254,3 +254,30 @@ def agent_resident(dirs: Sequence[str]) -> set[int]:
             if read(parent, "comm").strip() == "bwrap":
                 found |= {pid, parent}
     return found
+
+
+def idle_spare(dirs: Sequence[str]) -> set[int]:
+    """The host pids of a bubblewrap agent's idle warm spare in its cgroups (``dirs``): a
+    ``corral-spare`` (the next command's process, waiting for it) and its parent (that
+    command's init), two pids once it is made; while it is being made, the init alone is
+    the ``corral-spare``. With :func:`agent_resident`, what stays between commands."""
+    from corral.providers import _cgroups as cgroups
+
+    def read(pid: int, name: str) -> str:
+        with open(f"/proc/{pid}/{name}") as fh:
+            return fh.read()
+
+    def parent(pid: int) -> int:
+        return int(read(pid, "stat").rsplit(")", 1)[1].split()[1])
+
+    found: set[int] = set()
+    for pid in cgroups.members(list(dirs)):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if read(pid, "comm").strip() != "corral-spare":
+                continue
+            found.add(pid)
+            up = parent(pid)
+            if read(up, "comm").strip() == "corral-agent" and \
+                    read(parent(up), "comm").strip() != "bwrap":  # not the agent itself
+                found.add(up)
+    return found

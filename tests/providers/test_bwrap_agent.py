@@ -7,6 +7,8 @@ The attacks on its channel are in tests/security/test_agent_channel.py; the prov
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -15,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from corral.providers._bubblewrap import BubblewrapHandle, BubblewrapProvider
+from corral.sandbox._contracts import ResourceLimits, SandboxSpec
 from corral.testing import wait_until_async
-from tests.helpers import agent_resident
+from corral.testing._plugin import require
+from tests.helpers import agent_resident, idle_spare
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("need_bwrap")]
 
@@ -120,5 +124,114 @@ async def test_the_agent_can_be_turned_off(corral_home: Path) -> None:
     try:
         r = await h.process.exec(["cat", "/proc/1/comm"])
         assert r.ok and r.stdout == b"corral-init\n", r
+    finally:
+        await provider.destroy(h.ref)
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def _spare_init(cg: list[str]) -> int:
+    """The idle spare's init (its pid on the host)."""
+    (pid,) = [p for p in idle_spare(cg) if _comm(p) == "corral-agent"]
+    return pid
+
+
+async def test_the_next_command_runs_in_the_warm_spare_and_a_dead_spare_is_replaced(
+    sandbox: BubblewrapHandle, request: pytest.FixtureRequest
+) -> None:
+    cg = sandbox.state.cgroups
+    require(request.config, bool(cg), "cgroups (to find the spare's processes)", "run as root")
+    assert (await sandbox.process.exec(["true"])).ok
+    await wait_until_async(lambda: len(idle_spare(cg)) == 2, "the agent's warm spare")
+    spare = idle_spare(cg)
+    # The next command is the spare's process, exec'd: no new init was made for it.
+    proc = await sandbox.process.spawn(["sleep", "30"])
+    try:
+        await wait_until_async(lambda: any(_comm(p) == "sleep" for p in spare),
+                               "the spare's process to become the command")
+    finally:
+        await proc.kill(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+    # A new spare; killed (as the sandbox's OOM killer might), the next command starts
+    # cold, in its own namespace as ever, and a new spare follows.
+    await wait_until_async(lambda: len(idle_spare(cg)) == 2 and not idle_spare(cg) & spare,
+                           "a new warm spare")
+    dead = idle_spare(cg)
+    os.kill(_spare_init(cg), signal.SIGKILL)
+    await wait_until_async(lambda: not idle_spare(cg) & dead, "the spare to be gone")
+    for _ in range(2):
+        r = await sandbox.process.exec(["sh", "-c", "echo $$; cat /proc/1/comm"])
+        assert r.ok and r.stdout == b"2\ncorral-agent\n", r
+    await wait_until_async(lambda: len(idle_spare(cg)) == 2 and not idle_spare(cg) & dead,
+                           "a warm spare again")
+
+
+async def test_a_command_too_large_for_the_spare_starts_cold_and_leaves_it_waiting(
+    sandbox: BubblewrapHandle, request: pytest.FixtureRequest
+) -> None:
+    cg = sandbox.state.cgroups
+    require(request.config, bool(cg), "cgroups (to find the spare's processes)", "run as root")
+    assert (await sandbox.process.exec(["true"])).ok
+    await wait_until_async(lambda: len(idle_spare(cg)) == 2, "the agent's warm spare")
+    spare = idle_spare(cg)
+    # Launch fields over the spare's pipe size (60000 bytes): a cold start.
+    r = await sandbox.process.exec(["sh", "-c", 'printf %s "$BIG" | wc -c; echo $$'],
+                                   env={"BIG": "x" * 70000})
+    assert r.ok and r.stdout.split() == [b"70000", b"2"], r
+    assert idle_spare(cg) == spare  # the same spare, still waiting
+
+
+async def test_an_exec_collects_more_output_than_the_agent_holds_back(
+    sandbox: BubblewrapHandle,
+) -> None:
+    # A run request's output is held until its status, at most 64 KiB at a time: more
+    # goes out as it comes, in order, with stdin written as the command reads.
+    data = os.urandom(200_000)
+    r = await sandbox.process.exec(
+        ["sh", "-c", "cat; head -c 3000000 /dev/zero; echo done >&2"], stdin=data)
+    assert r.ok and r.stderr == b"done\n", r
+    assert r.stdout[:200_000] == data and r.stdout[200_000:] == bytes(3_000_000)
+
+
+async def test_a_spare_the_pids_limit_refuses_is_tried_again_once_nothing_runs(
+    provider: BubblewrapProvider, request: pytest.FixtureRequest
+) -> None:
+    h = await provider.create(SandboxSpec(limits=ResourceLimits(pids=8)))
+    try:
+        cg = h.state.cgroups
+        require(request.config, bool(cg), "cgroups (the pids limit)", "run as root")
+        pids_dir = next(d for d in cg if "/pids/" in d)
+
+        def refused() -> int:
+            for line in Path(pids_dir, "pids.events").read_text().splitlines():
+                if line.startswith("max "):
+                    return int(line.split()[1])
+            return 0
+
+        assert (await h.process.exec(["true"])).ok
+        await wait_until_async(lambda: len(idle_spare(cg)) == 2, "the warm spare")
+        before = refused()
+        # bwrap, the agent, the command's init, sh and three sleeps: no room left for the
+        # next spare's two processes.
+        proc = await h.process.spawn(["sh", "-c", "sleep 100 & sleep 100 & sleep 100 & wait"])
+        try:
+            await wait_until_async(lambda: refused() > before, "the next spare to be refused")
+        finally:
+            await proc.kill(signal.SIGKILL)
+            await proc.wait()
+            await proc.aclose()
+        # Commands start cold meanwhile, and are not taken to have hit the limit.
+        r = await h.process.exec(["sh", "-c", "echo $$"])
+        assert r.ok and r.stdout == b"2\n" and r.limit_hit is None, r
+        # Once nothing has run for a moment, a spare again; refused once, not retried in
+        # a loop while the sleepers held the pids.
+        await wait_until_async(lambda: len(idle_spare(cg)) == 2, "a warm spare again")
+        assert refused() - before <= 2, refused() - before
     finally:
         await provider.destroy(h.ref)

@@ -134,8 +134,9 @@ async def test_every_process_runs_as_the_sandboxs_host_uid(
             return out
 
         # Through the agent: its bwrap, the agent, the command's init (a fork of the
-        # agent) and the command.
-        want = (["bwrap", "corral-agent", "corral-agent", "sleep"]
+        # agent) and the command, and the warm spare (the next command's init and its
+        # process, waiting).
+        want = (["bwrap", *["corral-agent"] * 3, "corral-spare", "sleep"]
                 if provider.command_path()[0] == "agent"
                 else ["bwrap", "corral-init" if provider.init.kind == "c" else "perl", "sleep"])
         await wait_until_async(lambda: sorted(s["Name"] for s in seen()) == want,

@@ -25,7 +25,7 @@ from corral.providers._docker import DockerProvider
 from corral.sandbox._contracts import HostCommand, ResourceLimits, SandboxSpec
 from corral.testing._provider_case import start_host_command
 from corral.testing import wait_until_async
-from tests.helpers import agent_resident
+from tests.helpers import agent_resident, idle_spare
 
 pytestmark = pytest.mark.anyio
 
@@ -167,9 +167,9 @@ async def test_exec_leaves_nothing_running(sandbox: BubblewrapHandle) -> None:
             return b"sleep 60" not in ps.stdout
         await wait_until_async(no_sleepers, "the command's sleepers to end", interval=0.1)
         return
-    # Nothing but the sandbox's agent (its bwrap and itself) stays.
+    # Nothing but the sandbox's agent (its bwrap and itself, its idle spare) stays.
     cg = sandbox.state.cgroups
-    await wait_until_async(lambda: cgroups.members(cg) <= agent_resident(cg),
+    await wait_until_async(lambda: cgroups.members(cg) <= agent_resident(cg) | idle_spare(cg),
                            "the sandbox's cgroups to hold nothing but its agent", interval=0.02)
 
 
@@ -197,8 +197,9 @@ async def test_every_process_of_a_command_is_born_in_the_sandboxs_cgroups(
             return sorted(found)
 
         # Through the agent: its bwrap, the agent, the command's init (a fork of the
-        # agent) and the command; else bwrap, corral's init and the command.
-        want = (["bwrap", "corral-agent", "corral-agent", "sleep"]
+        # agent) and the command, and the warm spare (the next command's init and its
+        # process, waiting); else bwrap, corral's init and the command.
+        want = (["bwrap", *["corral-agent"] * 3, "corral-spare", "sleep"]
                 if sandbox._provider.command_path()[0] == "agent"
                 else ["bwrap", "corral-init", "sleep"])
         await wait_until_async(lambda: names() == want,
@@ -264,7 +265,8 @@ async def test_fork_bomb_is_stopped_by_the_pids_limit(provider: BubblewrapProvid
         pids_dir = next(d for d in h.state.cgroups if "/pids/" in d)
         assert int(Path(pids_dir, "pids.peak").read_text()) <= 40
         # killed members can take a moment to be released
-        await wait_until_async(lambda: cgroups.members([pids_dir]) <= agent_resident([pids_dir]),
+        await wait_until_async(lambda: cgroups.members([pids_dir])
+                               <= agent_resident([pids_dir]) | idle_spare([pids_dir]),
                                "the pids cgroup to hold nothing but the agent", interval=0.02)
         after = await h.process.exec(["true"])
         assert after.ok and after.limit_hit is None

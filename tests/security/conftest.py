@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import agent_resident
+from tests.helpers import agent_resident, idle_spare
 
 from tests.agents.conftest import (  # noqa: F401 - fixtures, found by pytest by name
     agent_installs,
@@ -83,7 +83,8 @@ class Target:
                     if "sleep 1000" in p[-1] or "python" in p[-1]]
         state = json.loads((self.home / "sandboxes" / "bubblewrap" / name / "state.json")
                            .read_text())
-        resident = agent_resident(state["cgroups"])  # the sandbox's agent and its bwrap
+        # the sandbox's agent and its bwrap, and the agent's idle spare
+        resident = agent_resident(state["cgroups"]) | idle_spare(state["cgroups"])
         return [pid for cg in state["cgroups"]
                 for pid in Path(cg, "cgroup.procs").read_text().split()
                 if int(pid) not in resident]

@@ -22,6 +22,10 @@ connection itself).
 * ``S`` start: the launch blob (NUL-terminated fields: cwd, the number of variables,
   ``NAME=VALUE`` each, then argv); answered by ``p`` (started, u32 pid in the agent's
   namespace) or ``e`` (could not start, a message).
+* ``R`` run: as ``S``, for a command whose output is read only at its end (``exec``): no
+  ``p``, and its chunks, EOFs and stdin acknowledgements are held (at most 64 KiB) until
+  its status is in, then sent with ``x`` in one write (one wake-up of the host for a short
+  command).
 * ``1``/``2`` stdout/stderr chunks, an empty one at EOF. The agent sends at most
   :data:`WINDOW` unacknowledged bytes per stream; the host acknowledges with ``A``
   (u8 stream 0/1, u32 bytes) as its reader consumes them, so a process nobody reads
@@ -185,7 +189,12 @@ class AgentConnection:
     async def _send(self, data: bytes) -> None:
         if self._pending:
             data, self._pending = self._pending + data, b""
-        async with self._wlock:
+        lock = self._wlock
+        try:
+            lock.acquire_nowait()  # the usual case: no wait, no trip through the loop
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
             view = memoryview(data)
             while view:
                 if self.dead is not None:
@@ -196,6 +205,8 @@ class AgentConnection:
                     await anyio.wait_writable(self._sock)
                 except OSError as exc:
                     self._lost(f"send: {exc.strerror or exc}")
+        finally:
+            lock.release()
 
     def _lost(self, why: str) -> None:
         if self.dead is None:
@@ -307,7 +318,7 @@ class AgentConnection:
         ident = self._next
         self._next += 1
         cmd = self._cmds[ident] = _Cmd()
-        data = frame(ident, b"S", blob)
+        data = frame(ident, b"R", blob)
         for i in range(0, len(stdin or b""), _STDIN_CHUNK):
             assert stdin is not None
             data += frame(ident, b"I", stdin[i:i + _STDIN_CHUNK])
@@ -337,9 +348,12 @@ class AgentConnection:
         try:
             try:
                 await self._send(data)
-                with anyio.move_on_after(float("inf") if timeout is None else timeout) as scope:
+                if timeout is None:
                     await pump()
-                if scope.cancelled_caught:
+                else:
+                    with anyio.move_on_after(timeout) as scope:
+                        await pump()
+                if timeout is not None and scope.cancelled_caught:
                     timed_out = True
                     with anyio.CancelScope(shield=True):
                         await self._send(frame(ident, b"K", bytes([signal.SIGKILL])))

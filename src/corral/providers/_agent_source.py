@@ -23,6 +23,8 @@ AGENT_SOURCE = r"""/* corral's in-sandbox agent (see corral.providers._bwrap_age
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
+#include <sys/uio.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <grp.h>
@@ -116,6 +118,8 @@ typedef struct {
   long unacked[2];
   int have_status, status;
   int ctl;                    /* docker mode: the control pipe to the command's init */
+  int batch;                  /* an 'R' request: output held until the status (see emit) */
+  buf_t held;
 } cmd_t;
 
 static conn_t conns[MAXCONN];
@@ -164,6 +168,26 @@ static void send_frame(int c, uint32_t id, char type, const void *p, size_t n) {
 }
 static void send_text(int c, uint32_t id, char type, const char *msg) { send_frame(c, id, type, msg, strlen(msg)); }
 
+/* A run to completion ('R': the host reads nothing before the end) gets its output in one
+   write with its status: chunks and EOFs are held (up to HOLD bytes, well under the
+   window) until the status is in, so a short command costs the host one wake-up. */
+#define HOLD (64 << 10)
+static void flush_held(cmd_t *k) {
+  int c = k->conn;
+  if (k->held.len && c >= 0 && conns[c].fd >= 0 && put(&conns[c].out, k->held.p, k->held.len)) {
+    conns[c].out.len = 0; close_conn_fds(c);
+  }
+  k->held.len = 0;
+}
+static void emit(cmd_t *k, char type, const void *p, size_t n) {
+  if (!k->batch || k->have_status || k->conn < 0) { send_frame(k->conn, k->id, type, p, n); return; }
+  unsigned char h[9];
+  uint32_t len = (uint32_t)(n + 5);
+  memcpy(h, &len, 4); memcpy(h + 4, &k->id, 4); h[8] = (unsigned char)type;
+  if (put(&k->held, h, 9) || put(&k->held, p, n)) { k->batch = 0; flush_held(k); send_frame(k->conn, k->id, type, p, n); return; }
+  if (k->held.len >= HOLD) flush_held(k);
+}
+
 static void xclose(int *fd) { if (*fd >= 0) { close(*fd); *fd = -1; } }
 
 static void drop_conn(int c) {
@@ -177,14 +201,14 @@ static void drop_conn(int c) {
          (it gets EPIPE, as when the host process that started it exits). */
       cmds[i].conn = -1;
       xclose(&cmds[i].in); xclose(&cmds[i].out); xclose(&cmds[i].err);
-      bfree(&cmds[i].stdin_q);
+      bfree(&cmds[i].stdin_q); bfree(&cmds[i].held);
     }
 }
 
 static void free_cmd(cmd_t *k) {
   xclose(&k->pidfd); xclose(&k->report); xclose(&k->in); xclose(&k->out); xclose(&k->err);
   xclose(&k->ctl);
-  bfree(&k->stdin_q);
+  bfree(&k->stdin_q); bfree(&k->held);
   memset(k, 0, sizeof *k);
   k->pidfd = k->report = k->in = k->out = k->err = k->ctl = -1;
 }
@@ -220,7 +244,10 @@ static void no_caps(void) {
    sandbox's /proc; then no capability at all. */
 static void own_proc(void) {
   static const char *covers[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"};
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(125);
+  /* Slave, not private: nothing mounted here reaches the agent's namespace, and a mount
+     that later reaches the agent's (a host mount under a bound directory) still reaches
+     this one, as it would a namespace made at the request (a warm spare's is made ahead). */
+  if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0) _exit(125);
   if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0) _exit(125);
   for (size_t i = 0; i < sizeof covers / sizeof *covers; i++) {
     if (access(covers[i], F_OK) != 0) continue;
@@ -230,10 +257,26 @@ static void own_proc(void) {
   }
 }
 
-static void mini_init(char *blob, size_t len) {
+/* Everything of the init that does not depend on the command: done at the request (a
+   cold start) or ahead of it (the warm spare, below). */
+static void init_prepare(void) {
   own_proc();
   no_caps();
   setsid();
+  explicit_bzero(key, sizeof key);
+  explicit_bzero(first, sizeof first);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = forward;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  for (int s = 1; s < 32; s++)
+    if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) sigaction(s, &sa, NULL);
+}
+
+typedef struct { const char *cwd; char **args, **envp; } launch_t;
+
+/* The launch fields (cwd, the number of variables, NAME=VALUE each, argv; NUL-terminated). */
+static void parse_launch(char *blob, size_t len, launch_t *l) {
   size_t nf = 0;
   for (size_t i = 0; i < len; i++) nf += blob[i] == '\0';
   char **f = calloc(nf + 1, sizeof(char *));
@@ -241,36 +284,46 @@ static void mini_init(char *blob, size_t len) {
   for (size_t i = 0, k = 0; k < nf; k++) { f[k] = blob + i; i += strlen(blob + i) + 1; }
   long nenv;
   if (nf < 3 || num(f[1], &nenv) || nenv < 0 || (size_t)nenv > nf - 3) _exit(125);
-  const char *cwd = f[0];
-  char **args = f + 2 + nenv;
-  char **envp = calloc((size_t)nenv + 1, sizeof(char *));
-  if (!envp) _exit(125);
-  memcpy(envp, f + 2, (size_t)nenv * sizeof(char *));
+  l->cwd = f[0];
+  l->args = f + 2 + nenv;
+  l->envp = calloc((size_t)nenv + 1, sizeof(char *));
+  if (!l->envp) _exit(125);
+  memcpy(l->envp, f + 2, (size_t)nenv * sizeof(char *));
+}
+
+/* In the command's process (a child of the init): default signals, the pipes at 0..2. */
+static void child_fds(void) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
-  sa.sa_sigaction = forward;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sa.sa_handler = SIG_DFL;
   for (int s = 1; s < 32; s++)
-    if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) sigaction(s, &sa, NULL);
-  pid_t pid = fork();
-  if (pid < 0) { dprintf(5, "corral: cannot start %s: fork: %s\n", args[0], strerror(errno)); _exit(126); }
-  if (pid == 0) {
-    sa.sa_handler = SIG_DFL;
-    sa.sa_flags = 0;
-    for (int s = 1; s < 32; s++)
-      if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
-    sigset_t none; sigemptyset(&none); sigprocmask(SIG_SETMASK, &none, NULL);
-    if (dup2(3, 0) < 0 || dup2(4, 1) < 0 || dup2(5, 2) < 0) _exit(125);
-    close(3); close(4); close(5); close(6);
-    if (chdir(cwd) != 0) { dprintf(2, "corral: cannot enter %s: %s\n", cwd, strerror(errno)); _exit(126); }
-    explicit_bzero(key, sizeof key);
-    explicit_bzero(first, sizeof first);
-    environ = envp; /* execvp searches the command's own PATH */
-    execvp(args[0], args);
-    int e = errno;
-    dprintf(2, "corral: %s: %s\n", args[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
-  }
+    if (s != SIGKILL && s != SIGSTOP) sigaction(s, &sa, NULL);
+  sigset_t none; sigemptyset(&none); sigprocmask(SIG_SETMASK, &none, NULL);
+  if (dup2(3, 0) < 0 || dup2(4, 1) < 0 || dup2(5, 2) < 0) _exit(125);
+  close(3); close(4); close(5); close(6);
+}
+
+static void child_exec(const launch_t *l) {
+  if (chdir(l->cwd) != 0) { dprintf(2, "corral: cannot enter %s: %s\n", l->cwd, strerror(errno)); _exit(126); }
+  environ = l->envp; /* execvp searches the command's own PATH */
+  execvp(l->args[0], l->args);
+  int e = errno;
+  dprintf(2, "corral: %s: %s\n", l->args[0], strerror(e));
+  _exit(e == ENOENT ? 127 : 126);
+}
+
+/* The init, once the command's process is started: reap everything until the command
+   ends, report its raw status on fd 6 (which only the agent reads), and end (the kernel
+   then kills whatever is left in the namespace). */
+static void report_status(int s) {
+  char line[16];
+  int n = snprintf(line, sizeof line, "%d\n", s);
+  ssize_t wr;
+  do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
+  _exit(0);
+}
+
+static void wait_report(pid_t pid) {
   close(3); close(4); close(5);
   int s = 255 << 8;
   for (;;) {
@@ -279,16 +332,157 @@ static void mini_init(char *blob, size_t len) {
     if (w < 0) { if (errno == EINTR) continue; break; }
     if (w == pid) { s = st; break; }
   }
-  char line[16];
-  int n = snprintf(line, sizeof line, "%d\n", s);
-  ssize_t wr;
-  do wr = write(6, line, (size_t)n); while (wr < 0 && errno == EINTR);
-  _exit(0); /* the kernel now kills whatever is left in the namespace */
+  report_status(s);
 }
 
-static void start_docker(int c, uint32_t id, char *blob, size_t len);
-static void start(int c, uint32_t id, char *blob, size_t len) {
-  if (run_uid >= 0) { start_docker(c, id, blob, len); return; }
+/* A cold start: the command in a child of the init (the init stays the namespace's
+   reaper, and it alone writes the report). */
+static void mini_init(char *blob, size_t len) {
+  init_prepare();
+  launch_t l;
+  parse_launch(blob, len, &l);
+  pid_t pid = fork();
+  if (pid < 0) { dprintf(5, "corral: cannot start %s: fork: %s\n", l.args[0], strerror(errno)); _exit(126); }
+  if (pid == 0) { child_fds(); child_exec(&l); }
+  wait_report(pid);
+}
+
+/* ---- the warm spare: the next command's init, made ahead (its pid and mount namespace,
+   its /proc and covers, no capability), with the command's process already forked and
+   waiting on a pipe only the agent holds for the launch fields (u32 length, then the
+   blob). A request hands them over: the command is then one exec away, and its init is
+   already waiting for it. Made again as soon as a status is sent. After a spare could not
+   be made (the pids limit refused it) or died unused, the next one is only tried once
+   nothing has run for a while (SPARE_RETRY_MS, doubling up to a minute while it keeps
+   failing): a refused fork counts in the sandbox's pids events, which corral reads around
+   each command, and a spare that cannot come up must not spin. The spare holds nothing of
+   the agent's (its descriptors are closed, its copy of the key wiped), and once it has its
+   command it is exactly a cold init and its command. ---- */
+#define SPARE_MAX 60000   /* larger requests start cold (a pipe takes this much at once) */
+static struct { pid_t pid; int pidfd, ctl, in, out, err, report; } spare = {0, -1, -1, -1, -1, -1, -1};
+static int spare_off;      /* the last spare failed: retry when quiet, after spare_wait ms */
+static int spare_wait;
+static int served;         /* a first request came: spares from now on (a sandbox made and
+                              destroyed unused pays for none) */
+#define SPARE_RETRY_MS 1000
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int read_full(int fd, void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)p + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+/* fds on entry: 3..6 as for a cold init, 7 the control pipe's read end (close-on-exec). */
+static void spare_main(void) {
+  init_prepare();
+  pid_t pid = fork();
+  if (pid < 0) { /* as a cold init says it (if a request was handed over meanwhile) */
+    dprintf(5, "corral: cannot start the command: fork: %s\n", strerror(errno));
+    report_status(126 << 8);
+  }
+  if (pid == 0) {
+    child_fds(); /* named corral-spare until its exec: an idle spare, by name */
+    uint32_t len;
+    if (read_full(7, &len, 4) || len == 0 || len > SPARE_MAX) _exit(0); /* dropped unused */
+    char *blob = malloc(len);
+    if (!blob || read_full(7, blob, len)) _exit(125);
+    close(7);
+    if (blob[len - 1] != '\0') _exit(125);
+    launch_t l;
+    parse_launch(blob, len, &l);
+    child_exec(&l);
+  }
+  prctl(PR_SET_NAME, "corral-agent", 0, 0, 0);
+  close(7);
+  wait_report(pid);
+}
+
+static void spare_drop(void) {
+  if (spare.pid <= 0) return;
+  xclose(&spare.ctl);
+  syscall(SYS_pidfd_send_signal, spare.pidfd, SIGKILL, NULL, 0);
+  siginfo_t si;
+  while (waitid(P_PIDFD, (id_t)spare.pidfd, &si, WEXITED) != 0 && errno == EINTR) {}
+  xclose(&spare.pidfd); xclose(&spare.in); xclose(&spare.out); xclose(&spare.err); xclose(&spare.report);
+  spare.pid = 0;
+}
+
+/* The spare failed (could not be made, or died unused): the next try waits (see above). */
+static void spare_failed(void) {
+  spare_wait = spare_off ? (spare_wait < 30000 ? 2 * spare_wait : 60000) : SPARE_RETRY_MS;
+  spare_off = 1;
+}
+
+static void make_spare(void) {
+  /* fds: 0/1 stdin (r, w), 2/3 stdout, 4/5 stderr, 6/7 report, 8/9 control */
+  int fds[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  int pidfd = -1;
+  long pid = -1;
+  for (int i = 0; i < 5; i++)
+    if (pipe2(fds + 2 * i, O_CLOEXEC)) goto fail;
+  struct clone_args a;
+  memset(&a, 0, sizeof a);
+  a.flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_PIDFD;
+  a.pidfd = (uint64_t)(uintptr_t)&pidfd;
+  a.exit_signal = SIGCHLD;
+  pid = syscall(SYS_clone3, &a, sizeof a);
+  if (pid == 0) {
+    /* Named as a spare while it is one (its init takes the agent's name back once its
+       process, below, is forked and named so: whoever counts processes can tell). */
+    prctl(PR_SET_NAME, "corral-spare", 0, 0, 0);
+    int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
+    for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
+    for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
+    syscall(SYS_close_range, 8, ~0U, 0);
+    fcntl(6, F_SETFD, FD_CLOEXEC);
+    fcntl(7, F_SETFD, FD_CLOEXEC);
+    spare_main();
+  }
+  if (pid < 0) goto fail;
+  close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]); close(fds[8]);
+  spare.pid = (pid_t)pid; spare.pidfd = pidfd; spare.ctl = fds[9];
+  spare.in = fds[1]; spare.out = fds[2]; spare.err = fds[4]; spare.report = fds[6];
+  int nb[5] = {spare.in, spare.out, spare.err, spare.report, spare.ctl};
+  for (int i = 0; i < 5; i++) fcntl(nb[i], F_SETFL, O_NONBLOCK);
+  return;
+fail:
+  for (int j = 0; j < 10; j++) xclose(&fds[j]);
+  spare_failed();
+}
+
+
+/* Hand the launch fields to the spare; 0 when it has them (its descriptors are then the
+   command's, in k), -1 when this request must start cold (the spare is gone). */
+static int spare_take(cmd_t *k, char *blob, size_t len) {
+  if (spare.pid <= 0 || len > SPARE_MAX) return -1;
+  uint32_t l32 = (uint32_t)len;
+  struct iovec iv[2] = {{&l32, 4}, {blob, len}};
+  ssize_t w;
+  do w = writev(spare.ctl, iv, 2); while (w < 0 && errno == EINTR);
+  if (w != (ssize_t)len + 4) { spare_drop(); return -1; } /* dead, or a short pipe: cold */
+  xclose(&spare.ctl);
+  k->pid = spare.pid; k->pidfd = spare.pidfd;
+  k->in = spare.in; k->out = spare.out; k->err = spare.err; k->report = spare.report;
+  spare.pid = 0;
+  spare.pidfd = spare.in = spare.out = spare.err = spare.report = -1;
+  return 0;
+}
+
+static void start_docker(int c, uint32_t id, char *blob, size_t len, int batch);
+static void start(int c, uint32_t id, char *blob, size_t len, int batch) {
+  if (run_uid >= 0) { start_docker(c, id, blob, len, batch); return; }
+  served = 1;
   int slot = -1;
   for (int i = 0; i < MAXCMD; i++) {
     if (cmds[i].used && cmds[i].conn == c && cmds[i].id == id) { send_text(c, id, 'e', "request id in use"); return; }
@@ -296,6 +490,15 @@ static void start(int c, uint32_t id, char *blob, size_t len) {
   }
   if (slot < 0) { send_text(c, id, 'e', "too many commands at once in this sandbox"); return; }
   if (len < 1 || blob[len - 1] != '\0') { send_text(c, id, 'e', "malformed start request"); return; }
+  cmd_t *k = &cmds[slot];
+  if (spare_take(k, blob, len) == 0) {
+    k->used = 1; k->conn = c; k->id = id;
+    k->unacked[0] = k->unacked[1] = 0;
+    k->have_status = 0; k->close_in = 0; k->batch = batch;
+    uint32_t p32 = (uint32_t)k->pid;
+    if (!batch) send_frame(c, id, 'p', &p32, 4);
+    return;
+  }
   int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
   for (int i = 0; i < 4; i++)
     if (pipe2(fds + 2 * i, O_CLOEXEC)) {
@@ -330,15 +533,14 @@ static void start(int c, uint32_t id, char *blob, size_t len) {
     return;
   }
   close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]);
-  cmd_t *k = &cmds[slot];
   k->used = 1; k->conn = c; k->id = id; k->pid = (pid_t)pid; k->pidfd = pidfd;
   k->in = fds[1]; k->out = fds[2]; k->err = fds[4]; k->report = fds[6];
   k->unacked[0] = k->unacked[1] = 0;
-  k->have_status = 0; k->close_in = 0;
+  k->have_status = 0; k->close_in = 0; k->batch = batch;
   int nb[4] = {k->in, k->out, k->err, k->report};
   for (int i = 0; i < 4; i++) fcntl(nb[i], F_SETFL, O_NONBLOCK);
   uint32_t p32 = (uint32_t)pid;
-  send_frame(c, id, 'p', &p32, 4);
+  if (!batch) send_frame(c, id, 'p', &p32, 4);
 }
 
 /* ---- docker mode: no pid namespace (the container grants no CAP_SYS_ADMIN); each
@@ -527,7 +729,7 @@ static void mini_init_docker(char *blob, size_t len) {
   _exit(0);
 }
 
-static void start_docker(int c, uint32_t id, char *blob, size_t len) {
+static void start_docker(int c, uint32_t id, char *blob, size_t len, int batch) {
   int slot = -1;
   for (int i = 0; i < MAXCMD; i++) {
     if (cmds[i].used && cmds[i].conn == c && cmds[i].id == id) { send_text(c, id, 'e', "request id in use"); return; }
@@ -569,11 +771,11 @@ static void start_docker(int c, uint32_t id, char *blob, size_t len) {
   k->used = 1; k->conn = c; k->id = id; k->pid = pid; k->pidfd = pidfd;
   k->in = fds[1]; k->out = fds[2]; k->err = fds[4]; k->report = fds[6]; k->ctl = fds[9];
   k->unacked[0] = k->unacked[1] = 0;
-  k->have_status = 0; k->close_in = 0;
+  k->have_status = 0; k->close_in = 0; k->batch = batch;
   int nb[5] = {k->in, k->out, k->err, k->report, k->ctl};
   for (int i = 0; i < 5; i++) fcntl(nb[i], F_SETFL, O_NONBLOCK);
   uint32_t p32 = (uint32_t)pid;
-  send_frame(c, id, 'p', &p32, 4);
+  if (!batch) send_frame(c, id, 'p', &p32, 4);
 }
 
 static cmd_t *find(int c, uint32_t id) {
@@ -591,11 +793,11 @@ static void flush_stdin(cmd_t *k) {
       xclose(&k->in);
       k->stdin_q.len = 0;
       unsigned char st = 1;
-      send_frame(k->conn, k->id, 'i', &st, 1);
+      emit(k, 'i', &st, 1);
       return;
     }
     drop(&k->stdin_q, (size_t)w);
-    if (!k->stdin_q.len) { unsigned char st = 0; send_frame(k->conn, k->id, 'i', &st, 1); }
+    if (!k->stdin_q.len) { unsigned char st = 0; emit(k, 'i', &st, 1); }
   }
   if (k->close_in && !k->stdin_q.len) xclose(&k->in);
 }
@@ -628,7 +830,8 @@ static int frame(int c, uint32_t id, char type, unsigned char *p, size_t n) {
   }
   cmd_t *k;
   switch (type) {
-  case 'S': start(c, id, (char *)p, n); return 0;
+  case 'S': start(c, id, (char *)p, n, 0); return 0;
+  case 'R': start(c, id, (char *)p, n, 1); return 0;
   case 'I':
     if (!(k = find(c, id))) return 0;
     if (k->in < 0) { unsigned char st = 1; send_frame(c, id, 'i', &st, 1); return 0; }
@@ -656,7 +859,7 @@ static int frame(int c, uint32_t id, char type, unsigned char *p, size_t n) {
   case 'D':
     if ((k = find(c, id))) {
       k->conn = -1;
-      xclose(&k->in); xclose(&k->out); xclose(&k->err); bfree(&k->stdin_q);
+      xclose(&k->in); xclose(&k->out); xclose(&k->err); bfree(&k->stdin_q); bfree(&k->held);
       if (k->have_status && k->pidfd < 0) free_cmd(k);
     }
     return 0;
@@ -689,9 +892,9 @@ static void pump(cmd_t *k, int which) {
   unsigned char tmp[65536];
   ssize_t r = read(*fd, tmp, sizeof tmp);
   if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
-  if (r <= 0) { xclose(fd); send_frame(k->conn, k->id, which ? '2' : '1', "", 0); return; }
+  if (r <= 0) { xclose(fd); emit(k, which ? '2' : '1', "", 0); return; }
   k->unacked[which] += r;
-  send_frame(k->conn, k->id, which ? '2' : '1', tmp, (size_t)r);
+  emit(k, which ? '2' : '1', tmp, (size_t)r);
 }
 
 /* The command's status: from its init's report (as soon as it is written: the init's own
@@ -707,6 +910,7 @@ static void report(cmd_t *k, int dead) {
   char *nl = r > 0 ? strchr(line, '\n') : NULL;
   if (nl) *nl = 0;
   if (!nl || num(line, &st)) { st = SIGKILL; rep = 0; } /* killed before it could report */
+  flush_held(k);
   k->have_status = 1;
   k->status = (int)st;
   xclose(&k->in);
@@ -812,11 +1016,19 @@ int main(int argc, char **argv) {
     if (r > 0) drop(&conns[0].out, (size_t)r);
   }
 
-  static struct pollfd pf[1 + 2 * MAXCONN + 5 * MAXCMD];
-  static int who[1 + 2 * MAXCONN + 5 * MAXCMD];
+  static struct pollfd pf[2 + 2 * MAXCONN + 5 * MAXCMD];
+  long long idle_since = 0;
+  static int who[2 + 2 * MAXCONN + 5 * MAXCMD];
   for (;;) {
+    /* Between requests (the answers are sent by now): the next command's init. */
+    if (run_uid < 0 && spare.pid <= 0 && !spare_off && served) make_spare();
+    /* After a failed spare: another try once nothing has run for spare_wait ms. */
+    int running = 0;
+    for (int i = 0; i < MAXCMD && !running; i++) running = cmds[i].used && !cmds[i].have_status;
+    int retry = run_uid < 0 && spare.pid <= 0 && spare_off && !running && served;
     int n = 0;
     pf[n] = (struct pollfd){listen_fd, POLLIN, 0}; who[n++] = -1;
+    if (spare.pid > 0) { pf[n] = (struct pollfd){spare.pidfd, POLLIN, 0}; who[n++] = -2; }
     for (int i = 0; i < MAXCONN; i++)
       if (conns[i].fd >= 0) {
         /* A host that does not read its answers is not read from either (bounded). */
@@ -839,13 +1051,28 @@ int main(int argc, char **argv) {
     int idle = 1;
     for (int i = 0; i < MAXCONN && idle; i++) idle = conns[i].fd < 0;
     for (int i = 0; i < MAXCMD && idle; i++) idle = !cmds[i].used;
-    int got = poll(pf, (nfds_t)n, idle ? IDLE_MS : -1);
+    long long t0 = now_ms();
+    if (!idle) idle_since = 0;
+    else if (!idle_since) idle_since = t0;
+    long long left = idle ? idle_since + IDLE_MS - t0 : -1;
+    int wait = left < 0 && idle ? 0 : (int)left;
+    if (retry && (wait < 0 || wait > spare_wait)) wait = spare_wait;
+    int got = poll(pf, (nfds_t)n, wait);
     if (got < 0) { if (errno == EINTR) continue; return 125; }
-    if (got == 0 && idle) return 0;
+    if (got == 0 && idle && now_ms() - idle_since >= IDLE_MS) { spare_drop(); return 0; }
+    if (got == 0 && retry) {
+      make_spare();
+      if (spare.pid > 0) spare_off = 0;
+      continue;
+    }
     for (int j = 0; j < n; j++) {
       if (!pf[j].revents) continue;
       int w = who[j];
       if (w == -1) { accept_conn(); continue; }
+      if (w == -2) { /* the spare died unused (killed, out of memory): replaced later */
+        if (spare.pid > 0 && spare.pidfd == pf[j].fd) { spare_drop(); spare_failed(); }
+        continue;
+      }
       if (w < 1000000) {
         conn_t *cn = &conns[w];
         if (cn->fd != pf[j].fd && cn->wfd != pf[j].fd) continue; /* dropped meanwhile */

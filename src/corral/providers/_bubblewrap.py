@@ -209,10 +209,15 @@ def launch_fields(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> byte
     """The launch fields of a command (NUL-terminated: cwd, the number of variables,
     ``NAME=VALUE`` each, then argv): the agent's start request, and the body of
     :func:`launch_prefix`."""
+    head = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items())]
+    return b"".join(f.encode() + b"\0" for f in head) + argv_fields(argv)
+
+
+def argv_fields(argv: Sequence[str]) -> bytes:
+    """The argv part of :func:`launch_fields`."""
     if any("\0" in a for a in argv):
         raise ConfigError("a command argument contains a NUL byte, which no program can receive")
-    fields = [cwd, str(len(env)), *(f"{k}={v}" for k, v in env.items()), *argv]
-    return b"".join(f.encode() + b"\0" for f in fields)
+    return b"".join(a.encode() + b"\0" for a in argv)
 
 
 def launch_prefix(cwd: str, env: Mapping[str, str], argv: Sequence[str]) -> bytes:
@@ -289,7 +294,7 @@ class _Run:
         self.status_r = status_r
         self.report_r = report_r
         self.init_pid: int | None = None
-        self.before = cgroups.limit_counters(handle.state.cgroups) if handle.state.cgroups else None
+        self.before = handle._limits_now()
         self._status_buf = b""
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -478,6 +483,13 @@ class BubblewrapHandle(HostDirHandle):
         self._init_nr = str(provider.prctl_nr)
         self._filter = provider.seccomp.hex() if provider.seccomp else "-"
         self._agent = BwrapAgentLink(self._dir / "private", f"sandbox {state.id!r}")
+        self._counters = cgroups.LimitCounters(state.cgroups) if state.cgroups else None
+        # The launch fields' head for the default cwd and environment (most commands).
+        self._default_head = launch_fields("/workspace", self._env, [])
+
+    def _limits_now(self) -> tuple[int, int] | None:
+        """The cgroups' limit counters now (None without cgroups)."""
+        return self._counters.read() if self._counters is not None else None
 
     @property
     def process(self) -> ProcessApi:
@@ -511,8 +523,8 @@ class BubblewrapHandle(HostDirHandle):
 
     async def _exec(self, command: Command, cwd: str | None, env: Mapping[str, str] | None,
                     stdin: bytes | None, timeout: float | None) -> ExecResult:
-        self._check_alive()
-        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
+        if self._gone():
+            self._check_alive()
         argv = to_argv(command)
         chdir = self._check_cwd(cwd) if cwd is not None else "/workspace"
         conn = await self._agent_conn()
@@ -524,7 +536,10 @@ class BubblewrapHandle(HostDirHandle):
             # memory is the sandbox's).
             proc = await self._start(command, cwd, env)
             return await collect(proc, stdin=stdin, timeout=timeout)
-        blob = launch_fields(chdir, self._env_for(env), argv)
+        if env or cwd is not None:
+            blob = launch_fields(chdir, self._env_for(env), argv)
+        else:  # the default cwd and environment: only argv is encoded per command
+            blob = self._default_head + argv_fields(argv)
         finish = self._finisher()
         try:
             return await conn.run(blob, finish, self._gone, stdin=stdin, timeout=timeout)
@@ -544,8 +559,7 @@ class BubblewrapHandle(HostDirHandle):
         return why is not None
 
     def _finisher(self) -> StatusFinisher:
-        cg = self._state.cgroups
-        before = cgroups.limit_counters(cg) if cg else None
+        before = self._limits_now()
 
         def finish(status: int | None, reported: bool) -> Outcome:
             # Could not start (status None): the agent said why on the command's stderr.
@@ -661,8 +675,9 @@ class BubblewrapHandle(HostDirHandle):
         else:
             code = rc
         limit: str | None = None
-        if before is not None:
-            oom, refused = cgroups.limit_counters(self._state.cgroups)
+        now = self._limits_now() if before is not None else None
+        if before is not None and now is not None:
+            oom, refused = now
             if oom > before[0]:
                 limit = "memory"
             elif refused > before[1]:
@@ -691,6 +706,7 @@ class BubblewrapHandle(HostDirHandle):
         options (over a pipe, as :meth:`_start` gives a command's), moved into the
         sandbox's cgroups before bwrap forks; its key on stdin."""
         assert self._agent_args is not None
+        self._provider.init  # noqa: B018 - rebuilds the cached programs if they were removed
         args_r, args_w = os.pipe2(os.O_CLOEXEC)
         full = [*self._start_prefix, self._provider.bwrap, "--args", str(args_r), "--",
                 *agent_argv(listen_fd, self._filter)]

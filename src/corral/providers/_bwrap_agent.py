@@ -15,7 +15,11 @@ command gets a new pid namespace (``clone3(CLONE_NEWPID)``) whose init (a fork o
 agent that keeps no capability, no descriptor of the agent's and no file of the host) runs
 the command exactly as the per-command init does (:mod:`corral.providers._bwrap_init`):
 non-dumpable, reaping orphans, reporting the raw wait status on a pipe only the agent
-holds; its death kills everything the command started. The agent itself is non-dumpable
+holds; its death kills everything the command started. The agent makes that init ahead,
+between requests (a warm spare: namespaces, ``/proc`` and its covers done, the command's
+process forked and waiting on a pipe for its launch fields), so a request costs one exec;
+requests larger than the spare's pipe, or arriving when it is gone, make one at once, and
+a spare that dies unused is replaced. The agent itself is non-dumpable
 and a namespace's init: the sandbox's processes can neither trace it, read its memory or
 descriptors, nor signal it.
 

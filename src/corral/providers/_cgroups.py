@@ -141,6 +141,63 @@ def limit_counters(dirs: Sequence[str]) -> tuple[int, int]:
     return oom, refused
 
 
+class LimitCounters:
+    """:func:`limit_counters` for one sandbox's groups, read twice per command: the files
+    are kept open and re-read with one ``pread`` each (no path walk, no ``open``). A file
+    that stops answering (its group was removed and made again) is opened afresh once."""
+
+    __slots__ = ("_files",)
+
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self._files: list[tuple[str, bytes, int | None]] = []
+        for d in dirs:
+            base = os.path.basename(os.path.dirname(os.path.dirname(d)))
+            if base == "memory":
+                self._files.append((os.path.join(d, "memory.oom_control"), b"oom_kill", None))
+            elif base == "pids":
+                self._files.append((os.path.join(d, "pids.events"), b"max", None))
+
+    def read(self) -> tuple[int, int]:
+        """(memory OOM kills, forks refused by pids.max) so far."""
+        oom = refused = 0
+        for i, (path, key, fd) in enumerate(self._files):
+            data = None
+            for _attempt in (0, 1):
+                if fd is None:
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                    except OSError:
+                        break
+                    self._files[i] = (path, key, fd)
+                try:
+                    data = os.pread(fd, 4096, 0)
+                    break
+                except OSError:
+                    os.close(fd)
+                    fd = None
+                    self._files[i] = (path, key, None)
+            if data is None:
+                continue
+            for line in data.split(b"\n"):
+                name, _, val = line.partition(b" ")
+                if name == key:
+                    if key == b"max":
+                        refused = int(val)
+                    else:
+                        oom = int(val)
+        return oom, refused
+
+    def close(self) -> None:
+        for i, (path, key, fd) in enumerate(self._files):
+            if fd is not None:
+                os.close(fd)
+                self._files[i] = (path, key, None)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
 def kill_all(dirs: Sequence[str], *, timeout: float = 10.0) -> bool:
     """SIGKILL every member; freeze first so nothing can fork in between. True when empty."""
     freezer = next((d for d in dirs if "/freezer/" in d), None)
