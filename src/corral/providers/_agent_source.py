@@ -424,6 +424,17 @@ static void spare_failed(void) {
   spare_off = 1;
 }
 
+/* In a command's init (fds as in make_spare): its ends of the five pipes on 3..7, nothing
+   else open; the report (6) and control (7) ends are not inherited by the command. */
+static void init_fds(const int fds[10]) {
+  int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
+  for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
+  for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
+  syscall(SYS_close_range, 8, ~0U, 0);
+  fcntl(6, F_SETFD, FD_CLOEXEC);
+  fcntl(7, F_SETFD, FD_CLOEXEC);
+}
+
 static void make_spare(void) {
   /* fds: 0/1 stdin (r, w), 2/3 stdout, 4/5 stderr, 6/7 report, 8/9 control */
   int fds[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
@@ -441,12 +452,7 @@ static void make_spare(void) {
     /* Named as a spare while it is one (its init takes the agent's name back once its
        process, below, is forked and named so: whoever counts processes can tell). */
     prctl(PR_SET_NAME, "corral-spare", 0, 0, 0);
-    int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
-    for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
-    for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
-    syscall(SYS_close_range, 8, ~0U, 0);
-    fcntl(6, F_SETFD, FD_CLOEXEC);
-    fcntl(7, F_SETFD, FD_CLOEXEC);
+    init_fds(fds);
     spare_main();
   }
   if (pid < 0) goto fail;
@@ -749,12 +755,7 @@ static void start_docker(int c, uint32_t id, char *blob, size_t len, int batch) 
     }
   pid_t pid = fork();
   if (pid == 0) {
-    int keep[5] = {fds[0], fds[3], fds[5], fds[7], fds[8]};
-    for (int i = 0; i < 5; i++) { keep[i] = fcntl(keep[i], F_DUPFD, 100); if (keep[i] < 0) _exit(125); }
-    for (int i = 0; i < 5; i++) if (dup2(keep[i], 3 + i) < 0) _exit(125);
-    syscall(SYS_close_range, 8, ~0U, 0);
-    fcntl(6, F_SETFD, FD_CLOEXEC);
-    fcntl(7, F_SETFD, FD_CLOEXEC);
+    init_fds(fds);
     mini_init_docker(blob, len);
   }
   int pidfd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
