@@ -1,11 +1,12 @@
 """Exec round trip of ``true`` on a live local sandbox after an idle gap.
 
-The local provider moves each command into its sandbox's cgroup v2 group (a write to
-``cgroup.procs``). The kernel takes a global lock for that migration which, when no
-migration happened recently, first waits for an RCU grace period; a tight loop of execs
-(as in the reference's bench) pays it once, an exec after a pause pays it every time. This
-script shows the exec round trip p50 per gap, and the bare write to ``cgroup.procs`` of a
-just started ``sleep`` (no corral code), alternating gaps per sample:
+Moving a process into a cgroup v2 group (a write to ``cgroup.procs``) takes a global lock
+which, when no migration happened recently, first waits for an RCU grace period; a tight
+loop of moves pays it once, a move after a pause pays it every time. The local provider
+used to move each command into its sandbox's group; it now starts them inside it
+(``clone3(CLONE_INTO_CGROUP)``, #32) and moves only where that cannot work. This script
+shows the exec round trip p50 per gap, and the bare write to ``cgroup.procs`` of a just
+started ``sleep`` (no corral code), alternating gaps per sample:
 
     python bench/exec_after_idle.py [--n 30] [--gaps 0,5,20,100]
 
