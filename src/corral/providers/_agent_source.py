@@ -645,18 +645,10 @@ static void limit_counters(long out[2]) {
    limit, and 1<<18 (alone) when the working directory does not exist. */
 static void mini_init_docker(char *blob, size_t len) {
   if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) _exit(125);
-  size_t nf = 0;
-  for (size_t i = 0; i < len; i++) nf += blob[i] == '\0';
-  char **f = calloc(nf + 1, sizeof(char *));
-  if (!f) _exit(125);
-  for (size_t i = 0, k = 0; k < nf; k++) { f[k] = blob + i; i += strlen(blob + i) + 1; }
-  long nenv;
-  if (nf < 3 || num(f[1], &nenv) || nenv < 0 || (size_t)nenv > nf - 3) _exit(125);
-  const char *cwd = f[0];
-  char **args = f + 2 + nenv;
-  char **envp = calloc((size_t)nenv + 1, sizeof(char *));
-  if (!envp) _exit(125);
-  memcpy(envp, f + 2, (size_t)nenv * sizeof(char *));
+  launch_t l;
+  parse_launch(blob, len, &l);
+  const char *cwd = l.cwd;
+  char **args = l.args, **envp = l.envp;
   char line[32];
   struct stat sb;
   if (stat(cwd, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
